@@ -1,0 +1,26 @@
+"""Import every solver module so that its solvers register (explicit, in id order).
+A module whose import fails (e.g. a missing optional dependency) is logged and skipped."""
+import importlib
+import logging
+
+_MODULES = (
+    "nnprim.conv.reference",
+    "nnprim.conv.cpu_gemm",
+    "nnprim.conv.implicit_gemm",
+    "nnprim.conv.im2col_gemm",
+    "nnprim.conv.direct",
+    "nnprim.attention.reference",
+    "nnprim.attention.flash_fwd",
+    "nnprim.attention.flash_bwd",
+    "nnprim.attention.decode",
+)
+
+
+def load_all() -> None:
+    for name in _MODULES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            logging.getLogger("nnprim").debug("solver module %s not present", name)

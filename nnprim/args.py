@@ -1,0 +1,42 @@
+"""Runtime arguments of an invoker: the tensors and per-call values that are not part
+of the problem key (seed, offset, scale value)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .post_ops import PostOp
+from .quant import KVQuant
+
+
+@dataclass
+class ConvArgs:
+    x: torch.Tensor | None = None    # fwd, bwd_weights
+    w: torch.Tensor | None = None    # fwd, bwd_data
+    dy: torch.Tensor | None = None   # bwd_data, bwd_weights
+    bias: torch.Tensor | None = None
+    post_ops: tuple[PostOp, ...] = field(default_factory=tuple)
+
+
+@dataclass
+class AttnArgs:
+    q: torch.Tensor
+    k: torch.Tensor | KVQuant
+    v: torch.Tensor | KVQuant
+    attn_mask: torch.Tensor | None = None
+    scale: float | torch.Tensor | None = None  # raw user value; see effective_scale()
+    seed: int = 0
+    offset: int = 0
+    kv_lens: torch.Tensor | None = None
+    # backward only
+    do: torch.Tensor | None = None
+    o: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+
+    def effective_scale(self, invert: bool) -> float | torch.Tensor:
+        """The multiplier applied to q.k: 1/sqrt(D) by default, scale or 1/scale."""
+        D = self.q.shape[-1]
+        if self.scale is None:
+            return D ** -0.5
+        return 1.0 / self.scale if invert else self.scale

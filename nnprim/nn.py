@@ -1,0 +1,84 @@
+"""torch.nn modules over nnprim's primitives."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .api import conv_forward, sdpa
+
+
+class _ConvNd(nn.Module):
+    ndim: int
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
+                 dilation=1, groups: int = 1, bias: bool = True, post_ops=(),
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        ks = (kernel_size,) * self.ndim if isinstance(kernel_size, int) else tuple(kernel_size)
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        self.post_ops = tuple(post_ops)
+        kw = dict(device=device, dtype=dtype)
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *ks, **kw))
+        self.bias = nn.Parameter(torch.empty(out_channels, **kw)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # torch's default: kaiming-uniform weights, bias in +-1/sqrt(fan_in)
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in = self.weight[0].numel()
+            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return conv_forward(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
+                            dilation=self.dilation, groups=self.groups, post_ops=self.post_ops)
+
+
+class Conv1d(_ConvNd):
+    ndim = 1
+
+
+class Conv2d(_ConvNd):
+    ndim = 2
+
+
+class Conv3d(_ConvNd):
+    ndim = 3
+
+
+class Attention(nn.Module):
+    """Multi-head attention with grouped K/V heads: x (B, S, E) -> (B, S, E).
+    q/k/v/o projections, then nnprim.sdpa."""
+
+    def __init__(self, embed_dim: int, num_heads: int, num_kv_heads: int | None = None,
+                 head_dim: int | None = None, bias: bool = True, causal=None, dropout: float = 0.0,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.head_dim = head_dim or embed_dim // num_heads
+        self.causal, self.dropout = causal, dropout
+        kw = dict(bias=bias, device=device, dtype=dtype)
+        self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, **kw)
+        self.k_proj = nn.Linear(embed_dim, self.num_kv_heads * self.head_dim, **kw)
+        self.v_proj = nn.Linear(embed_dim, self.num_kv_heads * self.head_dim, **kw)
+        self.o_proj = nn.Linear(num_heads * self.head_dim, embed_dim, **kw)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        B, S, _ = x.shape
+        mem = x if memory is None else memory
+        Sk = mem.shape[1]
+        q = self.q_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(mem).view(B, Sk, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(mem).view(B, Sk, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        p = self.dropout if self.training else 0.0
+        seed = 0
+        if p:
+            # a fresh dropout pattern per call, reproducible under torch.manual_seed
+            seed = int(torch.randint(0, 2**62, (1,)).item())
+        o = sdpa(q, k, v, attn_mask=attn_mask, causal=self.causal, dropout_p=p, seed=seed)
+        return self.o_proj(o.transpose(1, 2).reshape(B, S, -1))

@@ -1,0 +1,4 @@
+from .attention import AttentionProblem
+from .conv import ConvProblem
+
+__all__ = ["AttentionProblem", "ConvProblem"]

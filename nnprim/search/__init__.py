@@ -1,0 +1,3 @@
+from .solver import REGISTRY, Solver, register
+
+__all__ = ["REGISTRY", "Solver", "register"]
