@@ -1,0 +1,130 @@
+"""`nnprim bench --suite NAME|FILE`: run a benchmark suite (the JSON format of
+benchmarks/suites/), verify each problem, time ours and torch's own op, print a table."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from ..errors import BadParameterError
+from . import cases
+from .timing import time_ms
+
+SUITE_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "suites"
+
+
+def load_suite(name: str) -> tuple[str, list[dict]]:
+    path = Path(name)
+    if not path.exists():
+        path = SUITE_DIR / (name if name.endswith(".json") else name + ".json")
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in SUITE_DIR.glob("*.json"))) if SUITE_DIR.exists() else "none"
+        raise BadParameterError(f"suite={name!r} is neither a file nor a known suite ({known})")
+    try:
+        data = json.loads(path.read_text())
+        probs = data["problems"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise BadParameterError(f"suite file {path} is not a suite JSON ({e})") from None
+    kind = "attention" if probs and "Hq" in probs[0] else "conv"
+    return kind, probs
+
+
+def add_parser(sub) -> None:
+    b = sub.add_parser("bench", help="run a benchmark suite with verification and torch peers")
+    b.add_argument("--suite", required=True, help="suite name (conv_cpu, conv_gpu, attention_gpu) or JSON file")
+    b.add_argument("--dtype", default=None, help="f32, f16 or bf16 (default: bf16 on cuda, f32 on cpu)")
+    b.add_argument("--device", default="auto")
+    b.add_argument("--direction", default="fwd", help="comma list: fwd,bwd_data,bwd_weights (conv) or fwd,bwd")
+    b.add_argument("--scale", type=int, default=1, help="divide batch sizes by this (quick runs)")
+    b.add_argument("--limit", type=int, default=None, help="run only the first N problems")
+    b.add_argument("--only", default=None, help="comma list of problem names")
+    b.add_argument("--reps", type=int, default=5)
+    b.add_argument("--no-verify", dest="verify", action="store_false")
+    b.add_argument("--no-peer", dest="peer", action="store_false", help="skip timing torch's own op")
+    b.add_argument("--json", default=None, metavar="FILE")
+    b.set_defaults(func=run_bench)
+
+
+def _scaled(spec: dict, scale: int, key: str) -> dict:
+    s = dict(spec)
+    s[key] = max(1, int(s[key]) // scale)
+    return s
+
+
+def run_bench(args) -> int:
+    if args.scale < 1:
+        raise BadParameterError(f"--scale={args.scale} must be >= 1")
+    kind, probs = load_suite(args.suite)
+    device = cases.pick_device(args.device)
+    dtype = cases.parse_dtype(args.dtype or ("bf16" if device == "cuda" else "f32"))
+    dirs = [d for d in args.direction.split(",") if d]
+    valid = ("fwd", "bwd_data", "bwd_weights") if kind == "conv" else ("fwd", "bwd")
+    for d in dirs:
+        if d not in valid:
+            raise BadParameterError(f"--direction {d!r} is not one of {valid} for a {kind} suite")
+    if args.only:
+        names = set(args.only.split(","))
+        probs = [p for p in probs if p.get("name") in names]
+    probs = probs[: args.limit] if args.limit else probs
+    rows, failed = [], 0
+    total = len(probs) * len(dirs)
+    i = 0
+    for spec in probs:
+        for d in dirs:
+            i += 1
+            if kind == "attention" and d == "bwd" and spec.get("mode") == "decode":
+                continue
+            name = spec.get("name", "?")
+            print(f"[{i}/{total}] {name} {d} ...", file=sys.stderr, flush=True)
+            if kind == "conv":
+                case = cases.conv_case(_scaled(spec, args.scale, "N"), dtype=dtype, device=device, direction=d)
+            else:
+                case = cases.attn_case(_scaled(spec, args.scale, "B"), dtype=dtype, device=device, direction=d)
+            row = dict(name=name, direction=d, dtype=str(dtype).replace("torch.", ""), device=device)
+            try:
+                s = case.solver()
+                case.call()
+                row.update(solver=s.name, family=s.family)
+                if args.verify:
+                    err = case.check()
+                    row["rel_err"] = err
+                    row["ok"] = bool(err == err and err <= cases.tolerance(dtype))
+                    failed += not row["ok"]
+                ms = time_ms(case.call, device=device, reps=args.reps)
+                row.update(ms=ms, tflops=cases.tflops(case.flops, ms))
+                if args.peer and case.peer is not None:
+                    pms = time_ms(case.peer, device=device, reps=args.reps)
+                    row.update(peer_ms=pms, peer_tflops=cases.tflops(case.flops, pms), speedup=pms / ms)
+            except (BadParameterError, NotImplementedError) as e:
+                row["error"] = str(e).splitlines()[0]
+                failed += 1
+            rows.append(row)
+    _print_table(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(suite=args.suite, rows=rows), indent=1))
+    return 1 if failed else 0
+
+
+def _fmt(v, spec: str) -> str:
+    return format(v, spec) if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)) else "-"
+
+
+def _print_table(rows: list[dict]) -> None:
+    hdr = f"{'problem':24} {'dir':11} {'solver':26} {'ms':>9} {'GFLOP/s':>9} {'torch ms':>9} {'x torch':>8} {'rel_err':>9}"
+    print(hdr)
+    print("-" * len(hdr))
+    speedups = []
+    for r in rows:
+        if "error" in r:
+            print(f"{r['name'][:24]:24} {r['direction']:11} ERROR: {r['error']}")
+            continue
+        if "speedup" in r:
+            speedups.append(r["speedup"])
+        print(f"{r['name'][:24]:24} {r['direction']:11} {r.get('solver', '-')[:26]:26} {_fmt(r.get('ms'), '9.3f')} "
+              f"{_fmt(r.get('tflops', float('nan')) * 1000, '9.1f')} {_fmt(r.get('peer_ms'), '9.3f')} "
+              f"{_fmt(r.get('speedup'), '8.2f')} {_fmt(r.get('rel_err'), '9.1e')}"
+              + ("" if r.get("ok", True) else "  FAIL"))
+    if speedups:
+        gm = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+        print(f"geometric mean speed-up over torch: {gm:.2f}x over {len(speedups)} problems")

@@ -1,0 +1,208 @@
+"""Build runnable cases (tensors, the nnprim call, the float64 check, the torch peer)
+from a problem spec: the `conv`/`attn` commands and `bench` suites share this."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..args import AttnArgs, ConvArgs
+from ..errors import BadParameterError
+from ..post_ops import Binary, Eltwise, Sum, apply_post_ops
+from ..problems.attention import AttentionProblem
+from ..problems.conv import ConvProblem, to_layout
+from ..search import dispatch
+
+DTYPES = {"f32": torch.float32, "fp32": torch.float32, "float32": torch.float32,
+          "f16": torch.float16, "fp16": torch.float16, "float16": torch.float16,
+          "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "f64": torch.float64}
+
+
+def parse_dtype(s: str) -> torch.dtype:
+    try:
+        return DTYPES[s.lower()]
+    except KeyError:
+        raise BadParameterError(f"dtype={s!r} is not one of f32, f16, bf16") from None
+
+
+def pick_device(s: str) -> str:
+    if s == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if s not in ("cpu", "cuda"):
+        raise BadParameterError(f"device={s!r} is not one of auto, cpu, cuda")
+    if s == "cuda" and not torch.cuda.is_available():
+        raise BadParameterError("device='cuda' but no CUDA device is available")
+    return s
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative Frobenius-norm error of out against ref (NaN where out has NaN/Inf)."""
+    o, r = out.to(torch.float64), ref.to(torch.float64)
+    if not torch.isfinite(o).all():
+        return float("nan")
+    return float((o - r).norm() / r.norm().clamp_min(1e-300))
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    return 1e-4 if dtype in (torch.float32, torch.float64) else 2e-2
+
+
+@dataclass
+class Case:
+    """One runnable problem: `call()` runs nnprim (solver chosen by dispatch or forced),
+    `check()` returns the relative error against float64, `peer()` runs torch's own op."""
+    name: str
+    problem: object
+    flops: float
+    bytes: float
+    call: Callable[[], object]
+    check: Callable[[], float]
+    peer: Callable[[], object] | None = None
+    extra: dict = field(default_factory=dict)
+
+    def solver(self, forced=None):
+        return dispatch.resolve(self.problem, forced)
+
+
+def _randn(shape, dtype, device, gen: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+
+
+def conv_case(spec: dict, *, dtype: torch.dtype, device: str, direction: str = "fwd",
+              layout: str | None = None, bias: bool = False, post_ops: tuple[str, ...] = (),
+              out_dtype: torch.dtype | None = None, solver=None, seed: int = 0) -> Case:
+    """spec: {N, C, K, spatial, filter, stride, padding, dilation, groups, layout, name}."""
+    gen = torch.Generator().manual_seed(seed)
+    layout = layout or spec.get("layout", "nchw")
+    N, C, K, G = int(spec["N"]), int(spec["C"]), int(spec["K"]), int(spec.get("groups", 1))
+    spatial, filt = list(spec["spatial"]), list(spec["filter"])
+    if len(spatial) != len(filt):
+        raise BadParameterError(f"spatial={spatial} and filter={filt} must have the same length")
+    kw = dict(stride=spec.get("stride", 1), padding=spec.get("padding", 0),
+              dilation=spec.get("dilation", 1), groups=G)
+    x = to_layout(_randn((N, C, *spatial), dtype, device, gen), layout)
+    w = to_layout(_randn((K, C // G, *filt), dtype, device, gen), layout)
+    b = _randn((K,), dtype, device, gen) if bias else None
+    p = ConvProblem.from_tensors(x, w, "fwd", bias=b, out_dtype=out_dtype, **kw)
+    y_shape = p.y_shape
+    ops = []
+    for name in post_ops:
+        if name == "sum":
+            ops.append(Sum(to_layout(_randn(y_shape, dtype, device, gen), layout), 1.0))
+        elif name.startswith("binary_"):
+            ops.append(Binary(name[7:], _randn((K,), dtype, device, gen)))
+        else:
+            ops.append(Eltwise(name))
+    from .. import api
+    from ..conv.reference import reference
+
+    if direction == "fwd":
+        from ..api import _normalize_post_ops
+        nops = _normalize_post_ops(ops, y_shape, x.device)
+        from dataclasses import replace
+        p = replace(p, post_ops=tuple(o.signature() for o in nops))
+        args = ConvArgs(x=x, w=w, bias=b, post_ops=nops)
+
+        def call():
+            return api.conv_forward(x, w, b, post_ops=ops, out_dtype=out_dtype, solver=solver, **kw)
+
+        def peer():
+            conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[len(spatial)]
+            pad = kw["padding"]
+            y = conv(x, w, b, kw["stride"], pad, kw["dilation"], G)
+            return apply_post_ops(y, nops)  # the chain as separate eager ops
+    else:
+        dy = to_layout(_randn(y_shape, dtype, device, gen), layout)
+        p = ConvProblem.create(direction, x.shape, w.shape, dtype=dtype, layout=layout, device=device, **kw)
+        if direction == "bwd_data":
+            args = ConvArgs(dy=dy, w=w)
+
+            def call():
+                return api.conv_backward_data(dy, w, x.shape, solver=solver, **kw)
+        else:
+            args = ConvArgs(dy=dy, x=x)
+
+            def call():
+                return api.conv_backward_weights(dy, x, w.shape, solver=solver, **kw)
+        xr = x.detach().requires_grad_(direction == "bwd_data")
+        wr = w.detach().requires_grad_(direction == "bwd_weights")
+        conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[len(spatial)]
+        yr = conv(xr, wr, None, kw["stride"], kw["padding"], kw["dilation"], G)
+        target = xr if direction == "bwd_data" else wr
+
+        def peer():
+            return torch.autograd.grad(yr, target, dy, retain_graph=True)
+
+    def check() -> float:
+        return rel_err(call(), reference(p, args))
+
+    name = spec.get("name", p.key())
+    return Case(name=name, problem=p, flops=p.flops(), bytes=p.bytes(), call=call, check=check,
+                peer=peer if not any(isinstance(e, (list, tuple)) for e in _as_list(kw["padding"])) else None)
+
+
+def _as_list(v) -> list:
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def attn_case(spec: dict, *, dtype: torch.dtype, device: str, direction: str = "fwd",
+              causal=None, mask: str | None = None, dropout_p: float = 0.0, kv_quant: str | None = None,
+              group_size: int | None = None, solver=None, seed: int = 0) -> Case:
+    """spec: {B, Hq, Hkv, Sq, Sk, D, Dv?, causal?, name}."""
+    from .. import api
+    from ..quant import quantize_kv
+    gen = torch.Generator().manual_seed(seed)
+    B, Hq, Hkv, Sq, Sk, D = (int(spec[k]) for k in ("B", "Hq", "Hkv", "Sq", "Sk", "D"))
+    Dv = int(spec.get("Dv", D))
+    if causal is None and spec.get("causal"):
+        causal = "bottom_right" if Sq != Sk else "top_left"
+    q = _randn((B, Hq, Sq, D), dtype, device, gen)
+    k = _randn((B, Hkv, Sk, D), dtype, device, gen)
+    v = _randn((B, Hkv, Sk, Dv), dtype, device, gen)
+    if kv_quant:
+        k = quantize_kv(k, kv_quant, group_size or D)
+        v = quantize_kv(v, kv_quant, group_size or Dv)
+    m = None
+    if mask == "bool":
+        m = torch.rand((B, 1, Sq, Sk), generator=gen).to(device) > 0.2
+    elif mask == "additive":
+        m = _randn((1, Hq, Sq, Sk), dtype, device, gen)
+    opts = dict(attn_mask=m, causal=causal, dropout_p=dropout_p, seed=seed)
+    p = AttentionProblem.from_tensors(q, k, v, direction=direction, return_lse=direction == "bwd", **opts)
+    if direction == "fwd":
+        args = AttnArgs(q=q, k=k, v=v, attn_mask=m, seed=seed)
+
+        def call():
+            return api.sdpa(q, k, v, solver=solver, **opts)
+    else:
+        o, lse = api.sdpa(q, k, v, return_lse=True, **opts)
+        do = _randn(o.shape, dtype, device, gen)
+        args = AttnArgs(q=q, k=k, v=v, attn_mask=m, seed=seed, do=do, o=o, lse=lse)
+
+        def call():
+            return api.sdpa_backward(do, q, k, v, o, lse, solver=solver, **opts)
+
+    def check() -> float:
+        from ..attention import reference as aref
+        if direction == "fwd":
+            ref, _ = aref.reference_forward(p, args)
+            return rel_err(call(), ref)
+        refs = aref.reference_backward(p, args)
+        outs = call()
+        return max(rel_err(a, r) for a, r in zip(outs, refs))
+
+    peer = None
+    if not kv_quant and m is None and not dropout_p:
+        def peer():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal == "top_left",
+                                                  enable_gqa=Hq != Hkv)
+    return Case(name=spec.get("name", p.key()), problem=p, flops=p.flops(), bytes=p.bytes(),
+                call=call, check=check, peer=peer if direction == "fwd" else None,
+                extra=dict(mode=spec.get("mode")))
+
+
+def tflops(flops: float, ms: float) -> float:
+    return flops / ms / 1e9 if ms and math.isfinite(ms) else float("nan")

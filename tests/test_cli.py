@@ -1,0 +1,54 @@
+"""The `nnprim` driver through subprocess: exit codes and output."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ENV = dict(os.environ)
+
+
+def run(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "nnprim", *args], capture_output=True, text=True,
+                          timeout=timeout, env=ENV)
+
+
+def test_conv_verify_ok(tmp_path):
+    out = tmp_path / "r.json"
+    r = run("conv", "-n", "2", "-c", "4", "-k", "6", "--spatial", "9,7", "--filter", "3,3", "--pad", "1,0,2,1",
+            "--stride", "2", "--bias", "--post", "sum,relu", "--time", "--reps", "2", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "solver=" in r.stdout and "OK" in r.stdout
+    res = json.loads(out.read_text())
+    assert res["verified"] and res["time_ms"] > 0
+
+
+def test_attn_verify_ok():
+    r = run("attn", "-b", "1", "--hq", "4", "--hkv", "2", "--sq", "5", "--sk", "9", "-d", "8", "--causal",
+            "bottom_right", "--mask", "bool")
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert "OK" in r.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("conv", "-c", "3", "-k", "4", "--spatial", "9,9", "--filter", "3,3", "-g", "2"), "groups=2"),
+    (("conv", "-c", "3", "-k", "4", "--spatial", "9,9"), "required"),
+    (("conv", "-c", "3", "-k", "4", "--spatial", "9,a", "--filter", "3,3"), "ints"),
+    (("attn", "--hq", "3", "--hkv", "2", "--sq", "4", "-d", "8"), "Hq=3"),
+    (("bench", "--suite", "no_such_suite"), "no_such_suite"),
+    (("frobnicate",), "invalid choice"),
+])
+def test_bad_arguments_exit_2(args, needle):
+    r = run(*args)
+    assert r.returncode == 2
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bench_small_suite(tmp_path):
+    out = tmp_path / "b.json"
+    r = run("bench", "--suite", "conv_cpu", "--scale", "8", "--limit", "2", "--reps", "1", "--json", str(out))
+    assert r.returncode == 0, r.stderr + r.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 and all(row["ok"] for row in rows)

@@ -1,0 +1,88 @@
+"""Bad input: each invalid call raises the right error type with a message naming the
+argument and value."""
+import pytest
+import torch
+
+import nnprim
+from nnprim import BadParameterError, NotSupportedError
+
+x = torch.randn(2, 4, 8, 8)
+w = torch.randn(6, 4, 3, 3)
+q = torch.randn(1, 4, 5, 16)
+k = torch.randn(1, 2, 7, 16)
+v = torch.randn(1, 2, 7, 16)
+
+CONV_BAD = [
+    ("x rank", lambda: nnprim.conv_forward(torch.randn(4, 8, 8), w), "x has"),
+    ("x rank 6", lambda: nnprim.conv_forward(torch.randn(1, 1, 2, 2, 2, 2), torch.randn(1, 1, 1, 1, 1, 1)), "dims"),
+    ("w rank", lambda: nnprim.conv_forward(x, torch.randn(6, 4, 3)), "w has"),
+    ("channels", lambda: nnprim.conv_forward(x, torch.randn(6, 3, 3, 3)), "w.shape[1]=3"),
+    ("groups C", lambda: nnprim.conv_forward(x, torch.randn(6, 4, 3, 3), groups=3), "groups=3"),
+    ("groups K", lambda: nnprim.conv_forward(x, torch.randn(5, 2, 3, 3), groups=2), "groups=2"),
+    ("groups 0", lambda: nnprim.conv_forward(x, w, groups=0), "groups=0"),
+    ("stride 0", lambda: nnprim.conv_forward(x, w, stride=0), "stride"),
+    ("stride len", lambda: nnprim.conv_forward(x, w, stride=(1, 1, 1)), "stride"),
+    ("dilation 0", lambda: nnprim.conv_forward(x, w, dilation=0), "dilation"),
+    ("negative pad", lambda: nnprim.conv_forward(x, w, padding=-1), "padding"),
+    ("bad pad entry", lambda: nnprim.conv_forward(x, w, padding=((1, 2, 3), 1)), "padding"),
+    ("output size", lambda: nnprim.conv_forward(x, torch.randn(6, 4, 9, 9)), "output size"),
+    ("dtype mismatch", lambda: nnprim.conv_forward(x, w.double()), "w.dtype"),
+    ("int dtype", lambda: nnprim.conv_forward(x.int(), w.int()), "x.dtype"),
+    ("not a tensor", lambda: nnprim.conv_forward([1, 2], w), "x must be"),
+    ("bias shape", lambda: nnprim.conv_forward(x, w, torch.randn(5)), "bias shape"),
+    ("out_dtype", lambda: nnprim.conv_forward(x.bfloat16(), w.bfloat16(), out_dtype=torch.int8), "out_dtype"),
+    ("sum shape", lambda: nnprim.conv_forward(x, w, post_ops=[nnprim.Sum(torch.randn(2, 6, 3, 3))]), "Sum tensor"),
+    ("binary shape", lambda: nnprim.conv_forward(x, w, post_ops=[nnprim.Binary("add", torch.randn(7))]), "Binary tensor"),
+    ("eltwise kind", lambda: nnprim.Eltwise("swish2"), "swish2"),
+    ("binary op", lambda: nnprim.Binary("pow", torch.randn(1)), "pow"),
+    ("post op type", lambda: nnprim.conv_forward(x, w, post_ops=["relu"]), "post_ops[0]"),
+    ("bwd dy shape", lambda: nnprim.conv_backward_data(torch.randn(2, 6, 5, 5), w, x.shape), "dy shape"),
+    ("bwd x_shape", lambda: nnprim.conv_backward_data(torch.randn(2, 6, 6, 6), w, "abc"), "x_shape"),
+    ("bwdw dy shape", lambda: nnprim.conv_backward_weights(torch.randn(2, 6, 5, 5), x, w.shape), "dy shape"),
+    ("bias grad rank", lambda: nnprim.conv_backward_bias(torch.randn(3, 3)), "dy has"),
+    ("unknown solver", lambda: nnprim.conv_forward(x, w, solver="NoSuchSolver"), "NoSuchSolver"),
+]
+
+ATTN_BAD = [
+    ("q rank", lambda: nnprim.sdpa(torch.randn(4, 5, 16), k, v), "q must be 4-D"),
+    ("GQA", lambda: nnprim.sdpa(torch.randn(1, 3, 5, 16), k, v), "Hq=3"),
+    ("head dim", lambda: nnprim.sdpa(q, torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)), "head dim"),
+    ("Sk mismatch", lambda: nnprim.sdpa(q, k, torch.randn(1, 2, 6, 16)), "Sk=7"),
+    ("batch", lambda: nnprim.sdpa(q, torch.randn(2, 2, 7, 16), torch.randn(2, 2, 7, 16)), "batch"),
+    ("kv heads", lambda: nnprim.sdpa(q, k, torch.randn(1, 1, 7, 16)), "heads"),
+    ("dtype", lambda: nnprim.sdpa(q, k.half(), v), "k.dtype"),
+    ("mask shape", lambda: nnprim.sdpa(q, k, v, attn_mask=torch.ones(5, 6, dtype=torch.bool)), "attn_mask shape"),
+    ("mask dtype", lambda: nnprim.sdpa(q, k, v, attn_mask=torch.ones(5, 7, dtype=torch.int32)), "attn_mask.dtype"),
+    ("causal", lambda: nnprim.sdpa(q, k, v, causal="upper"), "causal='upper'"),
+    ("scale zero", lambda: nnprim.sdpa(q, k, v, scale=0.0), "scale=0.0"),
+    ("scale tensor", lambda: nnprim.sdpa(q, k, v, scale=torch.ones(2)), "scale tensor"),
+    ("dropout", lambda: nnprim.sdpa(q, k, v, dropout_p=1.0), "dropout_p=1.0"),
+    ("seed", lambda: nnprim.sdpa(q, k, v, seed=-1), "seed=-1"),
+    ("kv_lens shape", lambda: nnprim.sdpa(q, k, v, kv_lens=torch.tensor([3, 4])), "kv_lens shape"),
+    ("kv_lens value", lambda: nnprim.sdpa(q, k, v, kv_lens=torch.tensor([8])), "kv_lens values"),
+    ("kv_lens dtype", lambda: nnprim.sdpa(q, k, v, kv_lens=torch.tensor([3.0])), "kv_lens"),
+    ("quant group", lambda: nnprim.quantize_kv(k, "s8", group_size=5), "group_size=5"),
+    ("quant dtype", lambda: nnprim.quantize_kv(k, "s3"), "s3"),
+    ("bwd lse shape", lambda: nnprim.sdpa_backward(q, q, k, v, q, torch.zeros(1, 4)), "lse shape"),
+    ("bwd do shape", lambda: nnprim.sdpa_backward(torch.randn(1, 4, 5, 8), q, k, v, q, torch.zeros(1, 4, 5)), "do shape"),
+]
+
+
+@pytest.mark.parametrize("name,call,needle", CONV_BAD + ATTN_BAD, ids=[c[0] for c in CONV_BAD + ATTN_BAD])
+def test_bad_parameter(name, call, needle):
+    with pytest.raises(BadParameterError) as e:
+        call()
+    assert needle in str(e.value), str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+def test_not_supported_quantized_backward():
+    kq = nnprim.quantize_kv(k, "s8", 16)
+    with pytest.raises(NotSupportedError, match="quantized"):
+        nnprim.sdpa_backward(q, q, kq, v, q, torch.zeros(1, 4, 5))
+
+
+def test_forced_solver_not_applicable_says_why():
+    with pytest.raises(NotSupportedError) as e:
+        nnprim.sdpa(q, k, v, solver="ConvReference")
+    assert "ConvReference" in str(e.value) and "serves conv" in str(e.value)
