@@ -8,6 +8,13 @@ Layout of `KVQuant.data` for a logical (B, H, S, D) tensor:
 `scales` (f16/bf16/f32) and optional `zero_points` (any real dtype) are either per
 tensor (one element) or grouped: (B, H, S, D // group_size).
 Dequantized value = (q - zero_point) * scale, computed in f32 (or f64 for the reference).
+Per-tensor and grouped scales / zero points may be mixed (e.g. grouped scales with one
+zero point). `group_size=None` means one group per token row (group = D).
+
+`quantize_kv` guarantees |dequantize(quantize(x)) - x| <= scale / 2 per element (half a
+quantization step of the stored scale, up to f32 rounding): the stored (f16/bf16/f32)
+scale is rounded up, never down, and the asymmetric range always contains 0 so the
+integer zero point lies in the code range.
 """
 from __future__ import annotations
 
@@ -59,7 +66,10 @@ class KVQuant:
             if t.device != self.data.device:
                 raise BadParameterError(f"KVQuant {name} is on {t.device} but data is on {self.data.device}")
         if self.scales.dtype not in _SCALE_DTYPES:
-            raise BadParameterError(f"KVQuant scales dtype={self.scales.dtype} must be f16, bf16 or f32")
+            raise BadParameterError(f"KVQuant scales dtype={self.scales.dtype} must be f16, bf16, f32 or f64")
+        zp = self.zero_points
+        if zp is not None and (zp.dtype == torch.bool or zp.is_complex()):
+            raise BadParameterError(f"KVQuant zero_points dtype={zp.dtype} must be a real number type")
 
     @property
     def is_4bit(self) -> bool:
@@ -115,6 +125,15 @@ class KVQuant:
         return q * expand(self.scales)
 
 
+def _round_up(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`scale` (f32) stored in `dtype`, rounded up so codes never saturate early; also kept
+    at or above the smallest normal number of `dtype` (no zero / subnormal scales)."""
+    s = scale.to(dtype)
+    low = s.to(scale.dtype) < scale
+    s = torch.where(low, torch.nextafter(s, torch.full_like(s, float("inf"))), s)
+    return s.clamp(min=torch.finfo(dtype).tiny)
+
+
 def quantize_kv(k: torch.Tensor, dtype: str = "s4", group_size: int | None = 64,
                 symmetric: bool = True, scale_dtype: torch.dtype | None = None) -> KVQuant:
     """Quantize a (B, H, S, D) tensor per (b, h, token, group of `group_size` along D).
@@ -149,13 +168,14 @@ def quantize_kv(k: torch.Tensor, dtype: str = "s4", group_size: int | None = 64,
             zpv = torch.full_like(scale, float(mid))
             zp = zpv
     else:
-        mn, mx = x.amin(dim=-1), x.amax(dim=-1)
+        # the range includes 0 so the rounded zero point lies in [lo, hi]
+        mn, mx = x.amin(dim=-1).clamp(max=0), x.amax(dim=-1).clamp(min=0)
         scale = (mx - mn) / (hi - lo)
-        zpv = torch.round(lo - mn / torch.where(scale > 0, scale, torch.ones_like(scale)))
-        zpv = zpv.clamp(lo, hi)
-        zp = zpv
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale)).to(sdt)
+    scale = _round_up(torch.where(scale > 0, scale, torch.ones_like(scale)), sdt)
     sf = scale.to(torch.float32)
+    if not symmetric:
+        zpv = torch.round(lo - mn / sf).clamp(lo, hi)
+        zp = zpv
     q = torch.round(x / sf.unsqueeze(-1) + zpv.unsqueeze(-1)).clamp(lo, hi).to(torch.int32)
     q = q.reshape(k.shape)
     if dtype == "s8":

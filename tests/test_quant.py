@@ -1,0 +1,104 @@
+"""Quantized K/V format: packing order, dequantization formula, round-trip error within
+half a quantization step, validation."""
+import pytest
+import torch
+
+from nnprim.errors import BadParameterError
+from nnprim.quant import KVQuant, quantize_kv
+
+RANGES = {"s8": (-128, 127), "u8": (0, 255), "s4": (-8, 7), "u4": (0, 15)}
+
+
+def _codes_by_loops(data: torch.Tensor, dtype: str) -> torch.Tensor:
+    """Independent unpacking: element 2i in the low nibble, 2i+1 in the high nibble."""
+    if dtype in ("s8", "u8"):
+        return data.to(torch.int64)
+    B, H, S, Dh = data.shape
+    out = torch.empty(B, H, S, 2 * Dh, dtype=torch.int64)
+    flat = data.reshape(-1, Dh).tolist()
+    res = []
+    for row in flat:
+        r = []
+        for byte in row:
+            for nib in (byte & 0xF, byte >> 4):
+                r.append(nib - 16 if dtype == "s4" and nib >= 8 else nib)
+        res.append(r)
+    out.copy_(torch.tensor(res).reshape(B, H, S, 2 * Dh))
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["s8", "u8", "s4", "u4"])
+def test_unpack_and_dequantize_formula(dtype):
+    g = torch.Generator().manual_seed(1)
+    B, H, S, D, G = 2, 3, 5, 8, 4
+    lo, hi = RANGES[dtype]
+    codes = torch.randint(lo, hi + 1, (B, H, S, D), generator=g)
+    if dtype in ("s4", "u4"):
+        nib = codes & 0xF
+        data = (nib[..., 0::2] | (nib[..., 1::2] << 4)).to(torch.uint8)
+    else:
+        data = codes.to(torch.int8 if dtype == "s8" else torch.uint8)
+    assert torch.equal(_codes_by_loops(data, dtype), codes)
+    scales = torch.rand(B, H, S, D // G, generator=g) + 0.1
+    zps = torch.randint(lo, hi + 1, (B, H, S, D // G), generator=g).float()
+    kq = KVQuant(data, scales, zps, dtype, G)
+    assert kq.shape == (B, H, S, D) and kq.head_dim == D
+    assert torch.equal(kq.unpack().to(torch.int64), codes)
+    want = (codes.double() - zps.double().repeat_interleave(G, -1)) * scales.double().repeat_interleave(G, -1)
+    torch.testing.assert_close(kq.dequantize(torch.float64), want, rtol=0, atol=0)
+    # per-tensor scale, no zero point
+    kt = KVQuant(data, torch.tensor(0.25), None, dtype)
+    torch.testing.assert_close(kt.dequantize(torch.float64), codes.double() * 0.25, rtol=0, atol=0)
+    assert kt.signature() == (dtype, D, "t", "float32", None)
+    assert kq.signature() == (dtype, G, "g", "float32", "g")
+
+
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("group", [None, 4, 16])
+@pytest.mark.parametrize("dtype", ["s8", "u8", "s4", "u4"])
+def test_round_trip_within_half_step(dtype, group, symmetric, in_dtype):
+    g = torch.Generator().manual_seed(7)
+    B, H, S, D = 2, 3, 7, 16
+    x = (torch.randn(B, H, S, D, generator=g) * 3 + 0.5).to(in_dtype)
+    x[0, 0, 0] = torch.rand(D, generator=g).to(in_dtype) + 1.0   # all-positive group (asym. zero point)
+    x[0, 0, 1] = 0                                               # all-zero group
+    kq = quantize_kv(x, dtype, group_size=group, symmetric=symmetric)
+    G = D if group is None else group
+    lo, hi = RANGES[dtype]
+    codes = kq.unpack()
+    assert int(codes.min()) >= lo and int(codes.max()) <= hi
+    assert kq.scales.shape == (B, H, S, D // G)
+    assert kq.scales.dtype == (in_dtype if in_dtype != torch.float32 else torch.float32)
+    if kq.zero_points is not None:
+        zp = kq.zero_points
+        assert torch.equal(zp, zp.round()) and float(zp.min()) >= lo and float(zp.max()) <= hi
+    step = kq.scales.double().repeat_interleave(G, -1)
+    err = (kq.dequantize(torch.float64) - x.double()).abs()
+    assert bool((err <= 0.5 * step * (1 + 1e-5) + 1e-30).all()), float((err / step).max())
+    assert float(err[0, 0, 1].max()) == 0.0
+
+
+def test_validation():
+    d = torch.zeros(1, 1, 2, 8, dtype=torch.int8)
+    s = torch.ones(1)
+    with pytest.raises(BadParameterError, match="dtype"):
+        KVQuant(d, s, dtype="s3")
+    with pytest.raises(BadParameterError, match="uint8"):
+        KVQuant(d, s, dtype="u8")
+    with pytest.raises(BadParameterError, match="group_size"):
+        KVQuant(d, s, dtype="s8", group_size=3)
+    with pytest.raises(BadParameterError, match="even"):
+        KVQuant(torch.zeros(1, 1, 2, 3, dtype=torch.uint8), s, dtype="s4", group_size=3)
+    with pytest.raises(BadParameterError, match="scales shape"):
+        KVQuant(d, torch.ones(1, 1, 2, 3), dtype="s8", group_size=4)
+    with pytest.raises(BadParameterError, match="4-D"):
+        KVQuant(d[0], s, dtype="s8")
+    with pytest.raises(BadParameterError, match="zero_points dtype"):
+        KVQuant(d, s, torch.zeros(1, dtype=torch.bool), dtype="s8")
+    with pytest.raises(BadParameterError, match="group_size"):
+        quantize_kv(torch.randn(1, 1, 2, 72), "s8", group_size=64)
+    with pytest.raises(BadParameterError, match="even"):
+        quantize_kv(torch.randn(1, 1, 2, 5), "s4", group_size=None)
+    with pytest.raises(BadParameterError, match="floating"):
+        quantize_kv(torch.ones(1, 1, 2, 4, dtype=torch.int32), "s8", group_size=None)
