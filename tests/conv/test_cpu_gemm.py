@@ -1,0 +1,279 @@
+"""CPU GEMM convolution solvers (ids 10-12) against the float64 reference.
+
+Outputs and the workspace are poisoned with NaN (unwritten or uninitialised
+elements show), inputs are random and never zero. Tolerances (relative norm):
+f32 1e-5, f16/bf16 1e-2."""
+import math
+
+import pytest
+import torch
+
+import nnprim
+from nnprim.args import ConvArgs
+from nnprim.conv import cpu_gemm
+from nnprim.conv.cpu_gemm import CpuGemmConfig, conv_bias_grad, make_plan, prepare_with
+from nnprim.conv.cpu_im2col import balance211, plan_blocks
+from nnprim.conv.reference import reference
+from nnprim.post_ops import ELTWISE_KINDS, Binary, Eltwise, Sum
+from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
+
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+TINY = CpuGemmConfig(block_bytes=2000)                 # many blocks, level > 0 blocking
+CONFIGS = {
+    "default": CpuGemmConfig(),
+    "tiny_pool2": CpuGemmConfig(block_bytes=2000, nthr=2),
+    "tiny_pool3": CpuGemmConfig(block_bytes=700, nthr=3),
+    "torch": CpuGemmConfig(threads="torch"),
+    "tiny_native_bf16": CpuGemmConfig(block_bytes=2000, nthr=2, bf16_gemm="native"),
+    "f32_gemm": CpuGemmConfig(bf16_gemm="f32"),
+}
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    """NaN-filled outputs and workspace; records workspace sizes."""
+    sizes = []
+
+    def empty(shape, layout, **kw):
+        return empty_in_layout(shape, layout, **kw).fill_(float("nan"))
+
+    def ws(nbytes):
+        sizes.append(nbytes)
+        return torch.full((nbytes,), 255, dtype=torch.uint8)     # NaN in f32, bf16 and f16
+
+    monkeypatch.setattr(cpu_gemm, "empty_in_layout", empty)
+    monkeypatch.setattr(cpu_gemm, "alloc_workspace", ws)
+    return sizes
+
+
+def make(direction, x_shape, w_shape, *, layout="nchw", dtype=torch.float32, out_dtype=None,
+         bias=False, post_ops=(), seed=0, **kw):
+    p = ConvProblem.create(direction, x_shape, w_shape, dtype=dtype, layout=layout,
+                           out_dtype=out_dtype, has_bias=bias,
+                           post_ops=tuple(o.signature() for o in post_ops), **kw)
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(shape):
+        t = torch.randn(shape, generator=g)
+        t = torch.where(t.abs() < 0.05, torch.full_like(t, 0.3), t)   # never zero
+        return to_layout(t.to(dtype), layout)
+
+    args = ConvArgs(x=rnd(p.x_shape), w=rnd(p.w_shape), dy=rnd(p.y_shape),
+                    bias=torch.randn(p.K, generator=g) if bias else None, post_ops=tuple(post_ops))
+    return p, args
+
+
+def check(p, args, cfg=CpuGemmConfig()):
+    out = prepare_with(p, cfg)(args)
+    ref = reference(p, args)
+    shape = {"fwd": p.y_shape, "bwd_data": p.x_shape, "bwd_weights": p.w_shape}[p.direction]
+    assert tuple(out.shape) == shape
+    assert out.dtype == p.out_dtype
+    if p.layout == "nhwc":
+        assert out.permute(0, *range(2, out.dim()), 1).is_contiguous()
+    else:
+        assert out.is_contiguous()
+    assert not out.isnan().any(), "unwritten (NaN) elements"
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < min(TOL[p.dtype], TOL[p.out_dtype]), err
+    return out
+
+
+# x shape, w shape, options: 1D/2D/3D, stride, asymmetric padding, dilation, groups,
+# depthwise, 1x1 (direct), odd sizes
+SHAPES = {
+    "2d_3x3_pad": ((2, 5, 9, 11), (4, 5, 3, 3), dict(padding=1)),
+    "2d_asym_stride_dil_g3": ((3, 6, 7, 9), (6, 2, 3, 2),
+                              dict(padding=((1, 0), (2, 1)), stride=(2, 1), dilation=(1, 2), groups=3)),
+    "2d_depthwise": ((2, 6, 5, 7), (6, 1, 3, 3), dict(groups=6, padding=1, stride=2)),
+    "2d_1x1": ((2, 8, 5, 3), (6, 8, 1, 1), {}),
+    "2d_1x1_s2": ((2, 8, 5, 7), (6, 8, 1, 1), dict(stride=2)),
+    "2d_big_stride": ((1, 3, 9, 9), (2, 3, 2, 2), dict(stride=3, padding=((0, 2), (1, 0)))),
+    "1d": ((2, 4, 15), (5, 4, 3), dict(padding=(((2, 1),)), dilation=2)),
+    "1d_1x1_g2": ((3, 4, 15), (6, 2, 1), dict(groups=2)),
+    "3d": ((2, 4, 5, 6, 7), (6, 2, 3, 1, 2), dict(groups=2, stride=(1, 2, 1), padding=1)),
+    "3d_pad_only_d": ((1, 3, 3, 4, 5), (2, 3, 3, 3, 3), dict(padding=(2, 0, 1))),
+}
+
+
+@pytest.mark.parametrize("cfg", list(CONFIGS))
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weights"])
+def test_grid_f32_bf16(direction, shape, layout, cfg, monkeypatch):
+    xs, ws, kw = SHAPES[shape]
+    if cfg == "tiny_native_bf16":   # exercise the bf16-GEMM path on any CPU
+        monkeypatch.setattr(cpu_gemm, "cpu_has_native_bf16", lambda: True)
+    for dtype in (torch.float32, torch.bfloat16):
+        p, args = make(direction, xs, ws, layout=layout, dtype=dtype, **kw)
+        check(p, args, CONFIGS[cfg])
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weights"])
+def test_f16_and_f32_output(direction):
+    xs, ws, kw = SHAPES["2d_asym_stride_dil_g3"]
+    for layout in ("nchw", "nhwc"):
+        check(*make(direction, xs, ws, layout=layout, dtype=torch.float16, **kw), TINY)
+        check(*make(direction, xs, ws, layout=layout, dtype=torch.bfloat16, out_dtype=torch.float32, **kw), TINY)
+
+
+def test_blocking_boundaries():
+    """Tiny caps force every blocking level: images, outer spatial dims, inner dims."""
+    xs, ws, kw = SHAPES["3d"]
+    seen_levels = set()
+    for cap in (100, 300, 1200, 5000, 40000):
+        cfg = CpuGemmConfig(block_bytes=cap, nthr=1 if cap > 10000 else 2)
+        for direction in ("fwd", "bwd_data", "bwd_weights"):
+            for layout in ("nchw", "nhwc"):
+                p, args = make(direction, xs, ws, layout=layout, **kw)
+                plan = make_plan(p, cfg)
+                blocks = [b for w in plan.work for b in w]
+                for b in blocks:   # column buffer under the cap unless a single position exceeds it
+                    assert b.positions * p.C * math.prod(p.filter) * 4 <= max(cap, p.C * math.prod(p.filter) * 4)
+                seen_levels.add(max(b.nb for b in blocks) > 1)
+                check(p, args, cfg)
+    assert seen_levels == {True, False}
+
+
+def test_plan_blocks_cover_once():
+    out = (5, 6, 7)
+    for cap in (1, 10, 50, 300, 10 ** 6):
+        blocks = plan_blocks(1, 4, out, 1, cap, min_blocks=2)
+        seen = torch.zeros(4, *out, dtype=torch.int32)
+        for b in blocks:
+            seen[b.n0:b.n1, b.lo[0]:b.hi[0], b.lo[1]:b.hi[1], b.lo[2]:b.hi[2]] += 1
+        assert (seen[1:] == 1).all() and (seen[0] == 0).all()
+        assert all(b.positions <= max(cap, 1) for b in blocks)
+
+
+def test_balance211():
+    for n in range(0, 12):
+        for nthr in range(1, 5):
+            parts = [balance211(n, nthr, t) for t in range(nthr)]
+            assert parts[0][0] == 0 and parts[-1][1] == n
+            assert all(parts[i][1] == parts[i + 1][0] for i in range(nthr - 1))
+            sizes = [b - a for a, b in parts]
+            assert max(sizes) - min(sizes) <= 1
+
+
+def _post_ops(K, y_shape, dtype, kind):
+    g = torch.Generator().manual_seed(1)
+    full = torch.randn(y_shape, generator=g).to(dtype)
+    chan = (torch.rand(K, generator=g) + 0.5).reshape(1, K, 1, 1)
+    scal = torch.tensor(1.7).reshape(1, 1, 1, 1)
+    if kind == "sum":
+        return (Sum(full, scale=0.5), Eltwise("relu"))
+    if kind.startswith("binary_"):
+        op = kind.split("_")[1]
+        return (Binary(op, chan), Binary(op, full.abs() + 0.5), Binary(op, scal))
+    pre = (Eltwise("abs"), Eltwise("linear", 1.0, 0.1)) if kind in ("sqrt", "log") else ()
+    alpha, beta = {"relu": (0.1, 0.0), "elu": (0.7, 0.0), "clip": (-0.5, 0.8),
+                   "linear": (0.5, -0.25)}.get(kind, (0.0, 0.0))
+    return pre + (Eltwise(kind, alpha, beta),)
+
+
+@pytest.mark.parametrize("kind", ["sum", *[f"binary_{o}" for o in ("add", "sub", "mul", "div", "max", "min")],
+                                  *ELTWISE_KINDS])
+def test_post_ops(kind):
+    xs, ws, kw = (2, 4, 7, 9), (6, 2, 3, 3), dict(padding=1, groups=2)
+    p0 = ConvProblem.create("fwd", xs, ws, dtype=torch.float32, **kw)
+    for layout, dtype, out_dtype in (("nchw", torch.float32, None), ("nhwc", torch.bfloat16, None),
+                                     ("nhwc", torch.float32, None), ("nchw", torch.bfloat16, torch.float32)):
+        ops = _post_ops(p0.K, p0.y_shape, dtype, kind)
+        if layout == "nhwc":   # residual tensors in the layout of y
+            ops = tuple(Sum(to_layout(o.tensor, "nhwc"), o.scale) if isinstance(o, Sum) else o for o in ops)
+        p, args = make("fwd", xs, ws, layout=layout, dtype=dtype, out_dtype=out_dtype, bias=True,
+                       post_ops=ops, **kw)
+        check(p, args, TINY)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weights"])
+def test_threads_1_vs_2(direction):
+    xs, ws, kw = (5, 6, 9, 8), (4, 3, 3, 3), dict(padding=1, groups=2)
+    outs = []
+    old = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for layout in ("nchw", "nhwc"):
+                p, args = make(direction, xs, ws, layout=layout, **kw)
+                outs.append(check(p, args, CpuGemmConfig(block_bytes=3000)))
+    finally:
+        torch.set_num_threads(old)
+    for a, b in ((outs[0], outs[2]), (outs[1], outs[3])):
+        if direction == "bwd_weights":     # partials summed in another order
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weights"])
+def test_workspace_exact(direction, poison):
+    for layout in ("nchw", "nhwc"):
+        for dtype in (torch.float32, torch.bfloat16):
+            for name in ("2d_asym_stride_dil_g3", "2d_1x1", "3d"):
+                xs, ws, kw = SHAPES[name]
+                p, args = make(direction, xs, ws, layout=layout, dtype=dtype, **kw)
+                solver = nnprim.REGISTRY.get({"fwd": 10, "bwd_data": 11, "bwd_weights": 12}[direction])
+                expect = solver.workspace_size(p)
+                poison.clear()
+                solver.prepare(p)(args)
+                assert poison and poison[-1] == expect
+
+
+def test_workspace_capped():
+    """A large problem keeps the column buffer of each thread under the 32 MiB cap."""
+    p = ConvProblem.create("fwd", (64, 256, 112, 112), (256, 256, 3, 3), dtype=torch.bfloat16, padding=1)
+    for cfg in (CpuGemmConfig(block_bytes=1 << 40), CpuGemmConfig(block_bytes=1 << 40, nthr=4)):
+        plan = make_plan(p, cfg)
+        n, dt = plan.per_thread["col"]
+        assert n * dt.itemsize <= cpu_gemm.COL_CAP_BYTES
+        assert cpu_gemm.CpuGemmFwd().workspace_size(p) < 4 * cpu_gemm.COL_CAP_BYTES
+
+
+def test_registered_and_api():
+    for sid, d in ((10, "fwd"), (11, "bwd_data"), (12, "bwd_weights")):
+        s = nnprim.REGISTRY.get(sid)
+        assert s.family == "gemm" and s.primitive == "conv" and s.directions == {d}
+        p, _ = make(d, (1, 2, 5, 5), (2, 2, 3, 3))
+        assert s.is_applicable(p) and s.estimate(p) > 0
+        assert s.not_supported_reasons(ConvProblem.create(d, (1, 2, 5, 5), (2, 2, 3, 3),
+                                                          dtype=torch.float32, device="cuda"))
+    x = torch.randn(2, 4, 7, 7).to(memory_format=torch.channels_last)
+    w = torch.randn(6, 4, 3, 3)
+    b = torch.randn(6)
+    y = nnprim.conv_forward(x, w, b, padding=1, solver="CpuGemmFwd", post_ops=(Eltwise("relu"),))
+    torch.testing.assert_close(y, torch.relu(torch.nn.functional.conv2d(x, w, b, 1, 1)), rtol=1e-4, atol=1e-4)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    dy = torch.randn_like(y)
+    dx = nnprim.conv_backward_data(dy, w, x.shape, padding=1, solver=11)
+    torch.testing.assert_close(dx, torch.nn.grad.conv2d_input(x.shape, w, dy, 1, 1), rtol=1e-4, atol=1e-4)
+    dw = nnprim.conv_backward_weights(dy, x, w.shape, padding=1, solver=12)
+    torch.testing.assert_close(dw, torch.nn.grad.conv2d_weight(x, w.shape, dy, 1, 1), rtol=1e-4, atol=1e-4)
+
+
+def test_bias_grad():
+    for layout in ("nchw", "nhwc"):
+        for dtype in (torch.float32, torch.bfloat16):
+            dy = to_layout(torch.randn(3, 5, 4, 7).to(dtype), layout)
+            ref = dy.double().sum(dim=(0, 2, 3))
+            db = conv_bias_grad(dy, torch.float32)
+            assert ((db.double() - ref).norm() / ref.norm()) < 1e-5
+            assert conv_bias_grad(dy).dtype == dtype
+
+
+def test_gemm_dtype_choice(monkeypatch):
+    """bf16 uses the native bf16 GEMM only where its rounded output is the result
+    ("auto"), or also in backward ("native"); never without CPU support."""
+    mk = lambda d, **kw: ConvProblem.create(d, (1, 4, 5, 5), (4, 4, 3, 3), dtype=torch.bfloat16, **kw)  # noqa: E731
+    monkeypatch.setattr(cpu_gemm, "cpu_has_native_bf16", lambda: True)
+    auto, native = CpuGemmConfig(), CpuGemmConfig(bf16_gemm="native")
+    assert auto.gemm_dtype(mk("fwd")) == torch.bfloat16
+    assert auto.gemm_dtype(mk("fwd", has_bias=True)) == torch.float32
+    assert auto.gemm_dtype(mk("fwd", out_dtype=torch.float32)) == torch.float32
+    assert auto.gemm_dtype(mk("bwd_weights")) == torch.float32
+    assert native.gemm_dtype(mk("bwd_weights")) == torch.bfloat16
+    assert native.gemm_dtype(mk("fwd", post_ops=(("eltwise", "relu", 0.0, 0.0),))) == torch.float32
+    assert CpuGemmConfig(bf16_gemm="f32").gemm_dtype(mk("fwd")) == torch.float32
+    monkeypatch.setattr(cpu_gemm, "cpu_has_native_bf16", lambda: False)
+    assert native.gemm_dtype(mk("bwd_data")) == torch.float32
