@@ -77,14 +77,43 @@ def _needs_grad(*ts) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in ts)
 
 
+_FWD_PROBLEMS: dict[tuple, ConvProblem] = {}
+
+
+def _plain(v) -> bool:
+    """An int, or a tuple of ints / (int, int) pairs (exact types)."""
+    if type(v) is int:
+        return True
+    return type(v) is tuple and all(type(e) is int or (type(e) is tuple and all(type(f) is int for f in e))
+                                    for e in v)
+
+
+def _fwd_problem(x, w, bias, stride, padding, dilation, groups, out_dtype) -> ConvProblem:
+    """ConvProblem.from_tensors, cached by a cheap tuple of everything it depends on (the
+    hot path's main cost). Only plain ints / tuples of ints are cached: 1.0 or True
+    compare equal to 1 but must still be rejected by validation."""
+    key = p = None
+    if _plain(stride) and _plain(padding) and _plain(dilation) and type(groups) is int:
+        key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.dtype, w.device, stride, padding, dilation,
+               groups, bias is None, out_dtype)
+        p = _FWD_PROBLEMS.get(key)
+    if p is None:
+        p = ConvProblem.from_tensors(x, w, "fwd", stride=stride, padding=padding, dilation=dilation,
+                                     groups=groups, bias=bias, out_dtype=out_dtype)
+        if key is not None:
+            if len(_FWD_PROBLEMS) >= 4096:
+                _FWD_PROBLEMS.clear()
+            _FWD_PROBLEMS[key] = p
+    return p
+
+
 def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
                  stride=1, padding=0, dilation=1, groups: int = 1, post_ops=(),
                  out_dtype: torch.dtype | None = None, solver=None) -> torch.Tensor:
     """y = post_ops(conv(x, w) + bias), cast to out_dtype, in x's layout."""
     check_tensor("x", x)
     check_tensor("w", w)
-    p = ConvProblem.from_tensors(x, w, "fwd", stride=stride, padding=padding, dilation=dilation,
-                                 groups=groups, bias=bias, out_dtype=out_dtype)
+    p = _fwd_problem(x, w, bias, stride, padding, dilation, groups, out_dtype)
     _check_bias(bias, p.K, x.device)
     ops = _normalize_post_ops(post_ops, p.y_shape, x.device)
     if ops:

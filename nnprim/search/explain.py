@@ -1,0 +1,124 @@
+"""`nnprim.explain(problem)`: for every solver of the problem's primitive, whether it
+applies (and why not), its workspace, estimate and measured time (find-db), and which
+solver a call would use now and why. Explaining never benchmarks."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from . import dispatch, finddb
+from .modes import SETTINGS
+from .solver import REGISTRY
+
+
+@dataclass(frozen=True)
+class SolverRow:
+    id: int
+    name: str
+    family: str
+    applicable: bool
+    disabled: bool
+    reasons: tuple[str, ...]
+    workspace_bytes: int | None
+    estimate_ms: float | None
+    measured_ms: float | None
+    status: str | None  # find-db status of this solver for this problem
+
+
+def _safe(fn, default=None):
+    try:
+        return fn()
+    except Exception:
+        return default
+
+
+def rows(problem) -> list[SolverRow]:
+    fp = finddb.device_fingerprint(problem.device)
+    recs = {r.solver_id: r for r in _safe(lambda: finddb.user_db().lookup(
+        fp, finddb.SOLVER_SET_VERSION, problem.key()), [])}
+    sdb = finddb.system_db()
+    if sdb is not None:
+        for r in _safe(lambda: sdb.lookup(fp, finddb.SOLVER_SET_VERSION, problem.key()), []):
+            recs.setdefault(r.solver_id, r)
+    out = []
+    for s in REGISTRY.for_problem(problem):
+        reasons = tuple(s.not_supported_reasons(problem))
+        ok = not reasons
+        r = recs.get(s.id)
+        out.append(SolverRow(
+            s.id, s.name, s.family, ok, SETTINGS.is_disabled(s.family), reasons,
+            _safe(lambda s=s: int(s.workspace_size(problem))) if ok else None,
+            _safe(lambda s=s: s.estimate(problem)) if ok else None,
+            r.time_ms if r is not None else None, r.status if r is not None else None))
+    return out
+
+
+def decision(problem) -> str:
+    """Which solver a call would use now, and why (without benchmarking)."""
+    from .immediate import db_solutions, get_solutions
+    mode = SETTINGS.find_mode
+    hit = dispatch._CHOSEN.get(problem)
+    if hit is not None:
+        return f"would run: {hit[0].name} (already chosen in this process; mode {mode})"
+    name = why = None
+    try:
+        if mode == "fast":
+            sols = get_solutions(problem, 1)
+            if sols:
+                name, why = sols[0].solver, f"mode fast, from {sols[0].source}"
+        elif mode == "normal":
+            from .find import _from_db
+            res = _from_db(problem, None, False)
+            if res:
+                name, why = res[0].solver, f"mode normal, user find-db hit: {res[0].time_ms:.4f} ms"
+        else:
+            sols = db_solutions(problem)
+            if sols:
+                name, why = sols[0].solver, f"mode {mode}, {sols[0].source} hit: {sols[0].time_ms:.4f} ms"
+        if name is None:
+            order = dispatch.heuristic_order(problem)
+            if not order:
+                return "would run: nothing: no enabled solver applies (a call raises NotSupportedError)"
+            if mode != "fast" and any(s.family != "reference" for s in order):
+                return (f"would run: the fastest in a find on the first call (mode {mode}, no find-db record); "
+                        f"heuristic favourite: {order[0].name}")
+            name = order[0].name
+            why = f"mode {mode}, " + ("nothing else applies" if order[0].family == "reference"
+                                      else "first in the heuristic order (no estimate)")
+    except Exception as e:
+        return f"would run: undetermined ({type(e).__name__}: {e})"
+    if REGISTRY.get(name).family == "reference" and SETTINGS.strict:
+        return f"would run: nothing: {name} is the reference and NNPRIM_STRICT=1 (a call raises NotSupportedError)"
+    return f"would run: {name} ({why})"
+
+
+def _fmt(v, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}{unit}"
+    return f"{v}{unit}"
+
+
+_STDOUT = object()
+
+
+def explain(problem, file=_STDOUT) -> str:
+    """Print (to `file`, default sys.stdout; None prints nothing) and return the explanation."""
+    lines = [f"problem: {problem.key()}", f"class:   {problem.class_key()}",
+             f"device:  {finddb.device_fingerprint(problem.device)}",
+             f"mode:    {SETTINGS.find_mode}" + (f"; disabled families: {','.join(sorted(SETTINGS.disabled))}"
+                                                 if SETTINGS.disabled else "")
+             + ("; strict" if SETTINGS.strict else ""),
+             f"{'id':>5}  {'solver':<28} {'family':<14} {'applies':<8} {'workspace':>10} {'estimate':>10} "
+             f"{'measured':>10}  reasons"]
+    for r in rows(problem):
+        applies = "yes" if r.applicable and not r.disabled else ("disabled" if r.applicable else "no")
+        measured = _fmt(r.measured_ms, " ms") if r.status in (None, "ok") else r.status
+        lines.append(f"{r.id:>5}  {r.name:<28} {r.family:<14} {applies:<8} {_fmt(r.workspace_bytes):>10} "
+                     f"{_fmt(r.estimate_ms, ' ms'):>10} {measured:>10}  {'; '.join(r.reasons)}")
+    lines.append(decision(problem))
+    text = "\n".join(lines)
+    if file is not None:
+        print(text, file=sys.stdout if file is _STDOUT else file)
+    return text

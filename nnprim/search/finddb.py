@@ -1,0 +1,422 @@
+"""The find-db: SQLite records of find's measurements (MIOpen's user/system find-db).
+
+One row per (device fingerprint, solver-set version, problem key, solver id):
+class key (for nearest-match), solver name and family, time_ms, workspace bytes,
+status ("ok", "wrong": disagreed with the reference, "failed": raised) and a timestamp.
+
+- User db: `$NNPRIM_CACHE_DIR/finddb.sqlite` (default `~/.cache/nnprim`). Many processes
+  may read and write at once: WAL journal, a busy timeout, every write one short
+  `BEGIN IMMEDIATE` transaction retried while the file is locked. A writer killed
+  mid-transaction leaves the previous records intact (SQLite's atomic commit).
+- A corrupt or unreadable file is reported once, moved aside to `*.corrupt-<time>`
+  and rebuilt empty; an unwritable cache directory falls back to an in-memory db,
+  with a warning. Neither ever crashes the caller.
+- System db: `nnprim/data/system_finddb.sqlite`, shipped read-only, consulted after
+  the user db (build it with `nnprim db build-system --suite FILE`, see
+  nnprim/data/README.md).
+
+This module needs only the standard library (torch is imported lazily for the
+device fingerprint), so tools and tests can load it on its own."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import sqlite3
+import threading
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger("nnprim.finddb")
+
+SCHEMA_VERSION = 1
+SOLVER_SET_VERSION = "1"  # bump when solvers change meaning so that old records are ignored
+DB_NAME = "finddb.sqlite"
+SYSTEM_DB_PATH = Path(__file__).resolve().parent.parent / "data" / "system_finddb.sqlite"
+BUSY_TIMEOUT_MS = 15000
+STATUSES = ("ok", "wrong", "failed")
+
+_COLUMNS = ("device", "solver_set", "problem_key", "class_key", "solver_id", "solver_name", "family",
+            "time_ms", "workspace", "status", "timestamp")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS records (
+    device      TEXT NOT NULL,
+    solver_set  TEXT NOT NULL,
+    problem_key TEXT NOT NULL,
+    class_key   TEXT NOT NULL,
+    solver_id   INTEGER NOT NULL,
+    solver_name TEXT NOT NULL,
+    family      TEXT NOT NULL,
+    time_ms     REAL,
+    workspace   INTEGER NOT NULL DEFAULT 0,
+    status      TEXT NOT NULL,
+    timestamp   REAL NOT NULL,
+    PRIMARY KEY (device, solver_set, problem_key, solver_id)
+);
+CREATE INDEX IF NOT EXISTS records_class ON records (device, solver_set, class_key);
+"""
+
+
+@dataclass(frozen=True)
+class Record:
+    device: str
+    solver_set: str
+    problem_key: str
+    class_key: str
+    solver_id: int
+    solver_name: str
+    family: str
+    time_ms: float | None
+    workspace: int
+    status: str
+    timestamp: float
+
+    def row(self) -> tuple:
+        return tuple(getattr(self, c) for c in _COLUMNS)
+
+
+def _is_busy(e: BaseException) -> bool:
+    msg = str(e).lower()
+    return isinstance(e, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg)
+
+
+def _is_corrupt(e: BaseException) -> bool:
+    """SQLITE_CORRUPT / SQLITE_NOTADB surface as DatabaseError (not its OperationalError child)."""
+    if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError):
+        return True
+    msg = str(e).lower()
+    return "malformed" in msg or "not a database" in msg
+
+
+class FindDb:
+    """A find-db file (or memory). Thread-safe; one connection per process (re-opened
+    after a fork). `readonly` opens an existing file immutably (the system db)."""
+
+    def __init__(self, path: str | os.PathLike | None, *, readonly: bool = False) -> None:
+        self.path = None if path is None else str(path)
+        self.readonly = readonly
+        self.in_memory = self.path is None
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = -1
+        self._reported: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"<FindDb {self.path or ':memory:'}{' ro' if self.readonly else ''}>"
+
+    # ---- connection ----------------------------------------------------------------------
+    def _warn_once(self, what: str, msg: str) -> None:
+        if what in self._reported:
+            log.debug(msg)
+            return
+        self._reported.add(what)
+        log.warning(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+    def _open_file(self) -> sqlite3.Connection:
+        if self.readonly:
+            uri = Path(self.path).as_uri() + "?mode=ro&immutable=1"
+            conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            conn.execute("SELECT count(*) FROM records").fetchone()
+            return conn
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                               check_same_thread=False)
+        try:
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            if conn.execute("SELECT count(*) FROM sqlite_master WHERE name='records'").fetchone()[0] == 0:
+                conn.executescript(_SCHEMA)  # idempotent (IF NOT EXISTS): safe when processes race
+                conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        if self.in_memory:
+            conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            conn.executescript(_SCHEMA)
+            return conn
+        for attempt in range(40):
+            try:
+                return self._open_file()
+            except sqlite3.Error as e:
+                if _is_busy(e):
+                    time.sleep(min(0.5, 0.01 * 2 ** attempt))
+                    continue
+                if self.readonly:
+                    raise
+                if _is_corrupt(e):
+                    self._move_aside(e)
+                    continue
+                self._to_memory(e)
+                return self._open()
+            except OSError as e:
+                if self.readonly:
+                    raise
+                self._to_memory(e)
+                return self._open()
+        raise sqlite3.OperationalError(f"find-db {self.path} stayed locked")
+
+    def _to_memory(self, why: BaseException) -> None:
+        self._warn_once("memory", f"nnprim find-db {self.path} is not writable ({why}); "
+                                  "using an in-memory find-db for this process")
+        self.in_memory = True
+
+    def _move_aside(self, why: BaseException) -> None:
+        dest = f"{self.path}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        self._warn_once("corrupt", f"nnprim find-db {self.path} is corrupt or unreadable ({why}); "
+                                   f"moved aside to {dest} and rebuilt")
+        self.close()
+        try:
+            os.replace(self.path, dest)
+        except FileNotFoundError:
+            pass  # another process moved it first
+        except OSError as e:
+            self._to_memory(e)
+            return
+        for suffix in ("-wal", "-shm", "-journal"):
+            try:
+                os.replace(self.path + suffix, dest + suffix)
+            except OSError:
+                pass
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None or self._pid != os.getpid():
+            self._conn = self._open()
+            self._pid = os.getpid()
+        return self._conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                try:
+                    self._conn.close()
+                except sqlite3.Error:
+                    pass
+            self._conn = None
+
+    def _run(self, op, *, write: bool = False):
+        """Run op(conn); retry while locked; recover once from a corrupt file."""
+        with self._lock:
+            recovered = False
+            for attempt in range(60):
+                try:
+                    conn = self._connection()
+                    if not write:
+                        return op(conn)
+                    conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        out = op(conn)
+                        conn.execute("COMMIT")
+                    except BaseException:
+                        if conn.in_transaction:
+                            conn.execute("ROLLBACK")
+                        raise
+                    return out
+                except sqlite3.Error as e:
+                    if _is_busy(e):
+                        time.sleep(min(0.25, 0.005 * 2 ** min(attempt, 6)))
+                        continue
+                    if self.readonly:
+                        log.debug("read-only find-db %s unusable: %s", self.path, e)
+                        return op(None) if not write else None
+                    if _is_corrupt(e) and not recovered and not self.in_memory:
+                        recovered = True
+                        self._move_aside(e)
+                        continue
+                    if not self.in_memory and isinstance(e, sqlite3.OperationalError) and write:
+                        # e.g. "attempt to write a readonly database", disk full: keep going in memory
+                        self.close()
+                        self._to_memory(e)
+                        continue
+                    raise
+            raise sqlite3.OperationalError(f"find-db {self.path} stayed locked")
+
+    # ---- queries ---------------------------------------------------------------------------
+    @staticmethod
+    def _records(conn, where: str = "", params: tuple = ()) -> list[Record]:
+        if conn is None:
+            return []
+        cur = conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM records {where}", params)
+        return [Record(*row) for row in cur.fetchall()]
+
+    def lookup(self, device: str, solver_set: str, problem_key: str) -> list[Record]:
+        return self._run(lambda c: self._records(
+            c, "WHERE device=? AND solver_set=? AND problem_key=? ORDER BY time_ms",
+            (device, solver_set, problem_key)))
+
+    def by_class(self, device: str, solver_set: str, class_key: str) -> list[Record]:
+        return self._run(lambda c: self._records(
+            c, "WHERE device=? AND solver_set=? AND class_key=?", (device, solver_set, class_key)))
+
+    def all(self) -> list[Record]:
+        return self._run(lambda c: self._records(c, "ORDER BY device, solver_set, problem_key, time_ms"))
+
+    def summary(self) -> list[tuple[str, str, str, int, str | None, float | None]]:
+        """(device, solver_set, problem_key, n records, fastest ok solver, its time)."""
+        def q(c):
+            if c is None:
+                return []
+            return c.execute(
+                "SELECT device, solver_set, problem_key, count(*), "
+                "(SELECT solver_name FROM records r2 WHERE r2.device=r.device AND r2.solver_set=r.solver_set "
+                " AND r2.problem_key=r.problem_key AND r2.status='ok' ORDER BY time_ms LIMIT 1), "
+                "min(CASE WHEN status='ok' THEN time_ms END) "
+                "FROM records r GROUP BY device, solver_set, problem_key ORDER BY problem_key").fetchall()
+        return self._run(q)
+
+    def count(self) -> int:
+        return self._run(lambda c: 0 if c is None else c.execute("SELECT count(*) FROM records").fetchone()[0])
+
+    # ---- writes ------------------------------------------------------------------------------
+    def write(self, records: list[Record]) -> None:
+        """Insert or replace records in one short transaction."""
+        if self.readonly:
+            raise PermissionError(f"{self!r} is read-only")
+        rows = [r.row() for r in records]
+        if not rows:
+            return
+        sql = f"INSERT OR REPLACE INTO records ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+        self._run(lambda c: c.executemany(sql, rows), write=True)
+
+    def replace_problem(self, device: str, solver_set: str, problem_key: str, records: list[Record]) -> None:
+        """Atomically replace every record of one problem (a re-find)."""
+        sql = f"INSERT OR REPLACE INTO records ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+        rows = [r.row() for r in records]
+
+        def op(c):
+            c.execute("DELETE FROM records WHERE device=? AND solver_set=? AND problem_key=?",
+                      (device, solver_set, problem_key))
+            c.executemany(sql, rows)
+        self._run(op, write=True)
+
+    def delete(self, problem_key: str | None = None, device: str | None = None) -> int:
+        """Delete the records of one problem key and/or device (everything when both None)."""
+        conds, params = [], []
+        if problem_key is not None:
+            conds.append("problem_key=?")
+            params.append(problem_key)
+        if device is not None:
+            conds.append("device=?")
+            params.append(device)
+        where = ("WHERE " + " AND ".join(conds)) if conds else ""
+        return self._run(lambda c: c.execute(f"DELETE FROM records {where}", tuple(params)).rowcount, write=True)
+
+    def export_json(self, path: str | os.PathLike) -> int:
+        recs = self.all()
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump({"schema_version": SCHEMA_VERSION, "records": [asdict(r) for r in recs]}, f, indent=1)
+        os.replace(tmp, path)
+        return len(recs)
+
+    def import_json(self, path: str | os.PathLike) -> int:
+        with open(path) as f:
+            data = json.load(f)
+        rows = data["records"] if isinstance(data, dict) else data
+        recs = []
+        for i, r in enumerate(rows):
+            try:
+                recs.append(Record(**{c: r[c] for c in _COLUMNS}))
+            except (KeyError, TypeError) as e:
+                raise ValueError(f"{path}: record {i} lacks field {e}") from None
+        self.write(recs)
+        return len(recs)
+
+
+# ---- the process's dbs ----------------------------------------------------------------
+_DBS: dict[str, FindDb] = {}
+_DBS_LOCK = threading.Lock()
+
+
+def cache_dir() -> str:
+    return os.environ.get("NNPRIM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nnprim")
+
+
+def user_db_path() -> str:
+    return os.path.join(cache_dir(), DB_NAME)
+
+
+def user_db() -> FindDb:
+    """The user find-db of the current NNPRIM_CACHE_DIR (one FindDb per path and process)."""
+    path = user_db_path()
+    db = _DBS.get(path)
+    if db is None:
+        with _DBS_LOCK:
+            db = _DBS.setdefault(path, FindDb(path))
+    return db
+
+
+def system_db() -> FindDb | None:
+    path = os.environ.get("NNPRIM_SYSTEM_DB") or str(SYSTEM_DB_PATH)
+    if not os.path.exists(path):
+        return None
+    key = "system:" + path
+    db = _DBS.get(key)
+    if db is None:
+        with _DBS_LOCK:
+            db = _DBS.setdefault(key, FindDb(path, readonly=True))
+    return db
+
+
+def forget_dbs() -> None:
+    """Close every open db (tests switch NNPRIM_CACHE_DIR; the next use reopens)."""
+    with _DBS_LOCK:
+        for db in _DBS.values():
+            db.close()
+        _DBS.clear()
+
+
+def create_empty(path: str | os.PathLike) -> None:
+    """Write an empty db file with the schema (how the shipped system db starts)."""
+    db = FindDb(path)
+    db._run(lambda c: None, write=True)
+    conn = db._connection()
+    conn.execute("PRAGMA journal_mode=DELETE")  # a single self-contained file to ship
+    db.close()
+
+
+# ---- device fingerprint -----------------------------------------------------------------
+_FINGERPRINTS: dict[str, str] = {}
+_ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "asimd", "sve")
+
+
+def _cpu_model() -> tuple[str, list[str]]:
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                k = k.strip()
+                if k in ("model name", "Model") and model in ("", platform.machine(), platform.processor()):
+                    model = v.strip()
+                elif k in ("flags", "Features") and not flags:
+                    have = set(v.split())
+                    flags = [fl for fl in _ISA_FLAGS if fl in have]
+    except OSError:
+        pass
+    return model, flags
+
+
+def device_fingerprint(device: str) -> str:
+    """'cuda:<name>:sm<major><minor>' or 'cpu:<model>:<isa flags>'."""
+    fp = _FINGERPRINTS.get(device)
+    if fp is None:
+        if device == "cuda":
+            import torch
+            name = torch.cuda.get_device_name()
+            major, minor = torch.cuda.get_device_capability()
+            fp = f"cuda:{name}:sm{major}{minor}"
+        else:
+            model, flags = _cpu_model()
+            fp = f"{device}:{model}:{'+'.join(flags) or platform.machine()}"
+        _FINGERPRINTS[device] = fp
+    return fp

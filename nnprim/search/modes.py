@@ -1,0 +1,202 @@
+"""Search settings: find mode, family switches, strictness, find budget, numerics
+checking and log level (MIOpen's FindMode + MIOPEN_DEBUG_* switches).
+
+Everything lives in one `SETTINGS` object, read from the environment when first
+imported and settable from Python afterwards (`set_find_mode`, `disable_families`,
+...); `SETTINGS.reload()` re-reads the environment. Changing a setting that affects
+which solver runs drops the chosen-solver cache of the hot path.
+
+Environment:
+  NNPRIM_FIND_MODE        normal | fast | hybrid (default) | dynamic_hybrid
+  NNPRIM_DISABLE          comma-separated families (gemm,direct,implicit_gemm,flash,...)
+  NNPRIM_STRICT           1: raise instead of falling back to the reference solver
+  NNPRIM_FIND_BUDGET_MS   wall-time budget of one find (default 2000 ms on CPU, 20000 on CUDA)
+  NNPRIM_FIND_MAX_CANDIDATES  at most this many solvers are benchmarked (default: all)
+  NNPRIM_FIND_REPEATS     timed repeats per candidate (default 5 CUDA, 3 CPU)
+  NNPRIM_CHECK_NUMERICS   1: scan inputs and outputs for NaN/Inf (NumericsError)
+  NNPRIM_LOG_LEVEL        a `logging` level name or number for the "nnprim" logger
+
+Find modes (DESIGN.md, "Solver search"):
+  normal          find on a miss of the user find-db (its records answer a repeated find)
+  fast            never benchmark: user db, system db, nearest record of the same
+                  problem class, else the heuristic (estimate) ranking
+  hybrid          user db or system db hit, else find (the default)
+  dynamic_hybrid  like hybrid, but a find skips solvers with long compilation
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from ..errors import BadParameterError
+
+FIND_MODES = ("normal", "fast", "hybrid", "dynamic_hybrid")
+_MODE_ALIASES = {"1": "normal", "2": "fast", "3": "hybrid", "5": "dynamic_hybrid",
+                 "dynamic-hybrid": "dynamic_hybrid", "dynamichybrid": "dynamic_hybrid"}
+
+log = logging.getLogger("nnprim")
+
+
+def _flag(v: str | None) -> bool:
+    return (v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _parse_mode(v: str, source: str) -> str:
+    m = v.strip().lower()
+    m = _MODE_ALIASES.get(m, m)
+    if m not in FIND_MODES:
+        raise BadParameterError(f"{source}={v!r} is not one of {', '.join(FIND_MODES)}")
+    return m
+
+
+def _parse_families(v) -> frozenset[str]:
+    if v is None:
+        return frozenset()
+    if isinstance(v, str):
+        v = v.split(",")
+    return frozenset(f.strip().lower() for f in v if f and f.strip())
+
+
+def _positive_float(name: str, v: str | None, default: float | None) -> float | None:
+    if v is None or v.strip() == "":
+        return default
+    try:
+        f = float(v)
+    except ValueError:
+        raise BadParameterError(f"{name}={v!r} must be a number") from None
+    if f <= 0:
+        raise BadParameterError(f"{name}={v!r} must be positive")
+    return f
+
+
+@dataclass
+class Settings:
+    find_mode: str = "hybrid"
+    disabled: frozenset[str] = field(default_factory=frozenset)
+    strict: bool = False
+    find_budget_ms: float | None = None         # None: device default (see budget_ms)
+    find_max_candidates: int | None = None
+    find_repeats: int | None = None             # None: device default
+    check_numerics: bool = False
+    log_level: str | None = None
+
+    # ---- environment -----------------------------------------------------------------
+    def reload(self, environ=None) -> Settings:
+        """Re-read every setting from the environment (Python overrides are dropped)."""
+        self._load(os.environ if environ is None else environ)
+        _changed()
+        return self
+
+    def _load(self, env) -> None:
+        mode = env.get("NNPRIM_FIND_MODE")
+        self.find_mode = _parse_mode(mode, "NNPRIM_FIND_MODE") if mode else "hybrid"
+        self.disabled = _parse_families(env.get("NNPRIM_DISABLE"))
+        self.strict = _flag(env.get("NNPRIM_STRICT"))
+        self.find_budget_ms = _positive_float("NNPRIM_FIND_BUDGET_MS", env.get("NNPRIM_FIND_BUDGET_MS"), None)
+        mc = _positive_float("NNPRIM_FIND_MAX_CANDIDATES", env.get("NNPRIM_FIND_MAX_CANDIDATES"), None)
+        self.find_max_candidates = None if mc is None else int(mc)
+        rep = _positive_float("NNPRIM_FIND_REPEATS", env.get("NNPRIM_FIND_REPEATS"), None)
+        self.find_repeats = None if rep is None else int(rep)
+        self.check_numerics = _flag(env.get("NNPRIM_CHECK_NUMERICS"))
+        self.log_level = env.get("NNPRIM_LOG_LEVEL") or None
+        self.apply_log_level()
+
+    def apply_log_level(self) -> None:
+        if not self.log_level:
+            return
+        lv = self.log_level.strip().upper()
+        level = int(lv) if lv.isdigit() else logging.getLevelName(lv)
+        if not isinstance(level, int):
+            log.warning("NNPRIM_LOG_LEVEL=%r is not a logging level; ignored", self.log_level)
+            return
+        log.setLevel(level)
+        if not any(getattr(h, "_nnprim", False) for h in log.handlers):
+            h = logging.StreamHandler()
+            h.setFormatter(logging.Formatter("nnprim %(levelname)s %(name)s: %(message)s"))
+            h._nnprim = True
+            log.addHandler(h)
+
+    # ---- derived -----------------------------------------------------------------------
+    def budget_ms(self, device: str) -> float:
+        if self.find_budget_ms is not None:
+            return self.find_budget_ms
+        return 20000.0 if device == "cuda" else 2000.0
+
+    def repeats(self, device: str) -> int:
+        if self.find_repeats is not None:
+            return self.find_repeats
+        return 5 if device == "cuda" else 3
+
+    def is_disabled(self, family: str) -> bool:
+        return family in self.disabled
+
+
+SETTINGS = Settings()
+try:
+    SETTINGS._load(os.environ)
+except BadParameterError as e:  # a typo in the environment must not break `import nnprim`
+    log.warning("ignoring the environment's search settings: %s", e)
+
+
+def _changed() -> None:
+    """A setting that changes the choice of solver: drop the chosen-solver cache."""
+    from . import dispatch  # late: dispatch imports this module
+    dispatch.clear_choices()
+
+
+# ---- Python setters (public API re-exports these) ---------------------------------------
+def set_find_mode(mode: str) -> None:
+    """Set the find mode: "normal", "fast", "hybrid" or "dynamic_hybrid"."""
+    if not isinstance(mode, str):
+        raise BadParameterError(f"find mode {mode!r} must be a string, one of {', '.join(FIND_MODES)}")
+    SETTINGS.find_mode = _parse_mode(mode, "mode")
+    _changed()
+
+
+def get_find_mode() -> str:
+    return SETTINGS.find_mode
+
+
+def set_disabled(families) -> None:
+    """Disable exactly these solver families (a comma-separated string or an iterable)."""
+    SETTINGS.disabled = _parse_families(families)
+    _changed()
+
+
+def disable_families(*families: str) -> None:
+    """Disable more families: `disable_families("gemm", "direct")` (or one "gemm,direct")."""
+    SETTINGS.disabled = SETTINGS.disabled | _parse_families(",".join(families))
+    _changed()
+
+
+def enable_families(*families: str) -> None:
+    """Re-enable families; with no argument, every family."""
+    if not families:
+        SETTINGS.disabled = frozenset()
+    else:
+        SETTINGS.disabled = SETTINGS.disabled - _parse_families(",".join(families))
+    _changed()
+
+
+def get_disabled() -> frozenset[str]:
+    return SETTINGS.disabled
+
+
+def set_strict(on: bool = True) -> None:
+    SETTINGS.strict = bool(on)
+    _changed()
+
+
+def set_check_numerics(on: bool = True) -> None:
+    SETTINGS.check_numerics = bool(on)
+
+
+def set_find_budget(ms: float | None = None, max_candidates: int | None = None) -> None:
+    """Bound find's wall time (ms) and the number of solvers it benchmarks (None: default)."""
+    if ms is not None and not ms > 0:
+        raise BadParameterError(f"find budget ms={ms!r} must be positive")
+    if max_candidates is not None and (not isinstance(max_candidates, int) or max_candidates < 1):
+        raise BadParameterError(f"max_candidates={max_candidates!r} must be a positive int")
+    SETTINGS.find_budget_ms = ms
+    SETTINGS.find_max_candidates = max_candidates

@@ -1,0 +1,105 @@
+"""NaN/Inf scanning (NNPRIM_CHECK_NUMERICS=1, MIOpen's CheckNumerics) and the output
+comparison find uses for its safety check.
+
+`check_args` scans an invoker's inputs, `check_outputs` its results; each raises
+`NumericsError` naming the first offending tensor with its NaN and Inf counts.
+Exceptions to "no Inf": an additive attention mask may hold -inf (that is how one
+masks), and lse may be -inf for fully masked rows."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..errors import NumericsError
+from ..quant import KVQuant
+
+_INF_OK = frozenset({"attn_mask", "lse"})
+
+
+def _counts(t: torch.Tensor) -> tuple[int, int]:
+    if not t.is_floating_point() or t.numel() == 0:
+        return 0, 0
+    nan = int(torch.isnan(t).sum())
+    inf = int(torch.isinf(t).sum())
+    return nan, inf
+
+
+def check_tensor(name: str, t, where: str) -> None:
+    if isinstance(t, KVQuant):
+        check_tensor(f"{name}.scales", t.scales, where)
+        if t.zero_points is not None:
+            check_tensor(f"{name}.zero_points", t.zero_points, where)
+        return
+    if not isinstance(t, torch.Tensor):
+        return
+    nan, inf = _counts(t)
+    if name in _INF_OK:
+        inf = 0
+    if nan or inf:
+        raise NumericsError(f"{where} tensor {name!r} (shape {tuple(t.shape)}) has {nan} NaN and {inf} Inf "
+                            f"of {t.numel()} elements")
+
+
+def check_args(args) -> None:
+    """Scan every tensor field of a ConvArgs / AttnArgs (and post-op tensors)."""
+    for name, val in vars(args).items():
+        if name == "post_ops":
+            for i, op in enumerate(val or ()):
+                check_tensor(f"post_ops[{i}].tensor", getattr(op, "tensor", None), "input")
+        elif name == "scale" and isinstance(val, float):
+            if not math.isfinite(val):
+                raise NumericsError(f"input scale={val!r} is not finite")
+        else:
+            check_tensor(name, val, "input")
+
+
+_OUT_NAMES = {1: ("out",), 2: ("o", "lse"), 3: ("dq", "dk", "dv")}
+
+
+def check_outputs(out) -> None:
+    if isinstance(out, torch.Tensor):
+        check_tensor("out", out, "output")
+        return
+    names = _OUT_NAMES.get(len(out), ())
+    for i, t in enumerate(out):
+        check_tensor(names[i] if i < len(names) else f"out[{i}]", t, "output")
+
+
+# ---- comparison for find's safety check -----------------------------------------------
+def tolerance(dtype: torch.dtype) -> float:
+    """Relative-norm tolerance of find's check against the reference, by input dtype."""
+    return 1e-4 if dtype in (torch.float32, torch.float64) else 2e-2
+
+
+def _as_tuple(out) -> tuple:
+    return (out,) if isinstance(out, torch.Tensor) else tuple(out)
+
+
+def rel_error(out, ref) -> float:
+    """Largest relative Frobenius-norm error over the output tensors of one invoker call.
+
+    NaN/Inf must sit at the same places in both (e.g. a NaN from log of a negative in a
+    post-op, or a fully masked attention row); the finite elements are compared.
+    Returns inf for a shape mismatch or misplaced non-finite values."""
+    outs, refs = _as_tuple(out), _as_tuple(ref)
+    if len(outs) != len(refs):
+        return math.inf
+    worst = 0.0
+    for o, r in zip(outs, refs):
+        if o is None and r is None:
+            continue
+        if o is None or r is None or tuple(o.shape) != tuple(r.shape):
+            return math.inf
+        o64, r64 = o.detach().to(torch.float64), r.detach().to(torch.float64)
+        fo, fr = torch.isfinite(o64), torch.isfinite(r64)
+        if not torch.equal(fo, fr):
+            return math.inf
+        nf = ~fo
+        if nf.any() and not torch.equal(torch.nan_to_num(o64[nf], nan=0.0), torch.nan_to_num(r64[nf], nan=0.0)):
+            return math.inf  # +inf where the reference has -inf, or inf where it has NaN
+        d = (o64[fo] - r64[fo]).norm()
+        n = r64[fo].norm()
+        err = float(d / n) if n > 0 else float(d)
+        worst = max(worst, err)
+    return worst
