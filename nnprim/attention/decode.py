@@ -1,0 +1,522 @@
+"""Decode attention (flash-decoding): few query rows against a long K/V cache.
+
+Computes, for every batch b and query head h (KV head hk = h // G, G = Hq // Hkv):
+
+    s_ij = scale * q_i . k_j  (+ additive mask | bool mask | causal | kv_lens)
+    lse_i = log sum_j exp(s_ij)         (natural log, f32; -inf for a fully masked row)
+    o_i   = sum_j dropout(softmax(s)_ij) v_j
+
+Layout of the work (memory bound: the time is the time to read K and V once):
+- GQA batching: one program owns all G query heads x Sq rows of one KV head (the rows
+  r = hl * Sq + i, up to `block_m` of them), so K/V of that head are read once.
+- Split-K: the keys of each batch entry (its own kv_lens length) are cut into `splits`
+  contiguous chunks, one program each; a second kernel merges the partial outputs
+  with their LSEs:  o = sum_s exp(lse_s - LSE) o_s,  LSE = log sum_s exp(lse_s).
+  `splits` is chosen so that >= ~2 waves of the GPU's SMs are busy even at batch 1.
+- Quantized K and/or V (`KVQuant`: s8/u8 codes, s4/u4 two per byte along D with the
+  even element in the low nibble, scales and optional zero points per tensor or per
+  (b, h, token, group along D)) are dequantized in registers: (code - zp) * scale.
+
+Supported: Sq 1..16, any Sk (ragged kv_lens incl. 0), D and Dv up to 256 (any size,
+masked to the next power of two), q f32/f16/bf16 (o has q's dtype), GQA/MQA, causal
+top-left and bottom-right (aligned to each entry's kv_lens), bool/additive masks
+broadcastable to (B, Hq, Sq, Sk), scale float/tensor/inverted, dropout (nnprim.dropout),
+return_lse. Forward only: decode serves inference.
+
+Reading order: Triton kernels -> launcher (`decode_forward`) -> solvers (ids 120, 121).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ..args import AttnArgs
+from ..dropout import dropout_keep, dropout_scale, dropout_threshold
+from ..quant import KVQuant
+from ..search.solver import Solver, register
+
+# ---- Triton kernels ---------------------------------------------------------------
+
+# group-parameter layouts (how scales / zero points map onto the (N, D) tile)
+_GL_ROW = 0      # one group per token row (group_size == D)
+_GL_RESHAPE = 1  # power-of-two group: view the tile as (N, D // g, g)
+_GL_GATHER = 2   # any other group size: gather per element
+
+
+@triton.jit
+def _group_param(ptr, offs_n, n_ok, s_n, s_g, GROUPED: tl.constexpr, GL: tl.constexpr,
+                 GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, OTHER: tl.constexpr):
+    """Scale or zero point for a (BLOCK_N, BLOCK_D) tile, broadcastable against it (or
+    against its (BLOCK_N, BLOCK_D // GROUP, GROUP) view when GL == _GL_RESHAPE)."""
+    if not GROUPED:
+        return tl.load(ptr).to(tl.float32)
+    elif GL == 0:
+        return tl.load(ptr + offs_n * s_n, mask=n_ok, other=OTHER).to(tl.float32)[:, None]
+    elif GL == 1:
+        offs_g = tl.arange(0, BLOCK_D // GROUP)
+        p = ptr + offs_n[:, None] * s_n + offs_g[None, :] * s_g
+        m = n_ok[:, None] & (offs_g[None, :] < D // GROUP)
+        return tl.load(p, mask=m, other=OTHER).to(tl.float32)[:, :, None]
+    else:
+        offs_d = tl.arange(0, BLOCK_D)
+        p = ptr + offs_n[:, None] * s_n + (offs_d // GROUP)[None, :] * s_g
+        m = n_ok[:, None] & (offs_d[None, :] < D)
+        return tl.load(p, mask=m, other=OTHER).to(tl.float32)
+
+
+@triton.jit
+def _load_kv_tile(ptr, offs_n, n_ok, s_n, s_d, sc_ptr, sc_n, sc_g, zp_ptr, zp_n, zp_g,
+                  D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                  QBITS: tl.constexpr, SIGNED: tl.constexpr, GROUP: tl.constexpr,
+                  SC_GROUPED: tl.constexpr, HAS_ZP: tl.constexpr, ZP_GROUPED: tl.constexpr,
+                  GL: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """A (BLOCK_N, BLOCK_D) tile of K or V rows `offs_n` in DOT_DTYPE; rows with n_ok False
+    and columns >= D are 0. QBITS: 0 = float tensor, 8 = s8/u8 codes, 4 = packed s4/u4."""
+    if QBITS == 0:
+        offs_d = tl.arange(0, BLOCK_D)
+        p = ptr + offs_n[:, None] * s_n + offs_d[None, :] * s_d
+        x = tl.load(p, mask=n_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+        return x.to(DOT_DTYPE)
+    else:
+        # integer codes -> f32 by conversion (a "magic number" OR into the mantissa of 2**23
+        # measured slower on the H200: benchmarks/DECODE.md)
+        if QBITS == 8:
+            offs_d = tl.arange(0, BLOCK_D)
+            p = ptr + offs_n[:, None] * s_n + offs_d[None, :] * s_d
+            c = tl.load(p, mask=n_ok[:, None] & (offs_d[None, :] < D), other=0)
+            x = c.to(tl.float32)
+        else:
+            offs_b = tl.arange(0, BLOCK_D // 2)
+            p = ptr + offs_n[:, None] * s_n + offs_b[None, :] * s_d
+            c = tl.load(p, mask=n_ok[:, None] & (offs_b[None, :] < D // 2), other=0).to(tl.int32)
+            lo = c & 15
+            hi = (c >> 4) & 15
+            if SIGNED:
+                lo = (lo ^ 8) - 8
+                hi = (hi ^ 8) - 8
+            x = tl.interleave(lo, hi).to(tl.float32)
+        if GL == 1:
+            x = tl.reshape(x, (BLOCK_N, BLOCK_D // GROUP, GROUP))
+        if HAS_ZP:
+            x = x - _group_param(zp_ptr, offs_n, n_ok, zp_n, zp_g, ZP_GROUPED, GL, GROUP, D, BLOCK_D, 0.0)
+        x = x * _group_param(sc_ptr, offs_n, n_ok, sc_n, sc_g, SC_GROUPED, GL, GROUP, D, BLOCK_D, 1.0)
+        if GL == 1:
+            x = tl.reshape(x, (BLOCK_N, BLOCK_D))
+        return x.to(DOT_DTYPE)
+
+
+@triton.jit
+def _decode_fwd_kernel(
+        Q, K, V, KS, KZ, VS, VZ, MASK, LENS, SCALE_PTR, O, LSE, PO, PL,
+        s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
+        s_ksb, s_ksh, s_ksn, s_ksg, s_kzb, s_kzh, s_kzn, s_kzg,
+        s_vsb, s_vsh, s_vsn, s_vsg, s_vzb, s_vzh, s_vzn, s_vzg,
+        s_mb, s_mh, s_mq, s_mk, s_ob, s_oh, s_oq, s_od,
+        Hq, Hkv, Sq, Sk, scale, seed, offset, threshold, drop_scale, SPLITS,
+        G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+        ONE_SPLIT: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LENS: tl.constexpr,
+        SCALE_FROM_PTR: tl.constexpr, INV_SCALE: tl.constexpr, DROPOUT: tl.constexpr,
+        INF_AS_ZERO: tl.constexpr, WRITE_LSE: tl.constexpr,
+        KBITS: tl.constexpr, K_SIGNED: tl.constexpr, K_GROUP: tl.constexpr, K_SC_G: tl.constexpr,
+        K_ZP: tl.constexpr, K_ZP_G: tl.constexpr, K_GL: tl.constexpr,
+        VBITS: tl.constexpr, V_SIGNED: tl.constexpr, V_GROUP: tl.constexpr, V_SC_G: tl.constexpr,
+        V_ZP: tl.constexpr, V_ZP_G: tl.constexpr, V_GL: tl.constexpr,
+        DOT_DTYPE: tl.constexpr, F32_DOT: tl.constexpr):
+    """One program: KV head (b, hk), key chunk `split`, query-row block `mblk` (rows
+    r = hl * Sq + i of the G query heads sharing hk). ONE_SPLIT (SPLITS == 1) writes o (q's dtype)
+    and lse directly; otherwise it writes f32 partials PO (rows, SPLITS, DV) normalised
+    by their own sum, and PL (rows, SPLITS) = their lse (natural log)."""
+    LOG2E: tl.constexpr = 1.4426950408889634
+    LN2: tl.constexpr = 0.6931471805599453
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    mblk = tl.program_id(2)
+    b = pid_bh // Hkv
+    hk = pid_bh % Hkv
+    b64 = b.to(tl.int64)
+    hk64 = hk.to(tl.int64)
+
+    rows = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < G * Sq
+    hl = rows // Sq
+    qi = rows % Sq
+    h = hk * G + hl
+
+    # keys visible to row i: j < L and (causal) j <= i + shift
+    if HAS_LENS:
+        L = tl.load(LENS + b).to(tl.int32)
+    else:
+        L = Sk
+    if CAUSAL == 1:
+        shift = 0
+    else:
+        shift = L - Sq
+    if CAUSAL == 0:
+        kv_end = L
+    else:
+        kv_end = tl.maximum(tl.minimum(L, Sq + shift), 0)
+    n_blocks = tl.cdiv(kv_end, BLOCK_N)
+    per = tl.cdiv(n_blocks, SPLITS)
+    start = split * per * BLOCK_N
+    end = tl.minimum(start + per * BLOCK_N, kv_end)
+    if CAUSAL != 0:
+        row_lim = tl.minimum(qi + shift + 1, L)
+
+    if SCALE_FROM_PTR:
+        sc = tl.load(SCALE_PTR).to(tl.float32)
+        if INV_SCALE:
+            sc = 1.0 / sc
+    else:
+        sc = scale
+    qk_scale = sc * LOG2E
+
+    offs_d = tl.arange(0, BLOCK_D)
+    q_ptr = Q + b64 * s_qb + h.to(tl.int64)[:, None] * s_qh + qi[:, None] * s_qs + offs_d[None, :] * s_qd
+    q = tl.load(q_ptr, mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_DTYPE)
+
+    k_base = K + b64 * s_kb + hk64 * s_kh
+    v_base = V + b64 * s_vb + hk64 * s_vh
+    ks_base = KS + b64 * s_ksb + hk64 * s_ksh
+    kz_base = KZ + b64 * s_kzb + hk64 * s_kzh
+    vs_base = VS + b64 * s_vsb + hk64 * s_vsh
+    vz_base = VZ + b64 * s_vzb + hk64 * s_vzh
+    if MASK_KIND != 0:
+        m_base = MASK + b64 * s_mb + h.to(tl.int64)[:, None] * s_mh + qi[:, None] * s_mq
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_DV), tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        k = _load_kv_tile(k_base, offs_n, n_ok, s_kn, s_kd, ks_base, s_ksn, s_ksg, kz_base, s_kzn, s_kzg,
+                          D, BLOCK_D, BLOCK_N, KBITS, K_SIGNED, K_GROUP, K_SC_G, K_ZP, K_ZP_G, K_GL,
+                          DOT_DTYPE)
+        if F32_DOT:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = s * qk_scale
+        valid = n_ok[None, :] & row_ok[:, None]
+        if CAUSAL != 0:
+            valid = valid & (offs_n[None, :] < row_lim[:, None])
+        if MASK_KIND == 1:
+            mk = tl.load(m_base + offs_n[None, :] * s_mk, mask=valid, other=0)
+            valid = valid & (mk != 0)
+        elif MASK_KIND == 2:
+            mk = tl.load(m_base + offs_n[None, :] * s_mk, mask=valid, other=0.0)
+            s = s + mk.to(tl.float32) * LOG2E
+        s = tl.where(valid, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:
+            keep = dropout_keep(seed, offset, b, h[:, None], qi[:, None], offs_n[None, :], Hq, Sq, Sk,
+                                threshold)
+            p = tl.where(keep, p, 0.0)
+        v = _load_kv_tile(v_base, offs_n, n_ok, s_vn, s_vd, vs_base, s_vsn, s_vsg, vz_base, s_vzn, s_vzg,
+                          DV, BLOCK_DV, BLOCK_N, VBITS, V_SIGNED, V_GROUP, V_SC_G, V_ZP, V_ZP_G, V_GL,
+                          DOT_DTYPE)
+        if F32_DOT:
+            pv = tl.dot(p.to(DOT_DTYPE), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(DOT_DTYPE), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    if DROPOUT:
+        acc = acc * drop_scale
+    has = l_i > 0.0
+    lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_ok = offs_dv[None, :] < DV
+    if ONE_SPLIT:
+        if INF_AS_ZERO:
+            o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
+        else:
+            o = acc / l_i[:, None]  # 0 / 0 = NaN for a fully masked row
+        o_ptr = O + b64 * s_ob + h.to(tl.int64)[:, None] * s_oh + qi[:, None] * s_oq + offs_dv[None, :] * s_od
+        tl.store(o_ptr, o.to(O.dtype.element_ty), mask=row_ok[:, None] & dv_ok)
+        if WRITE_LSE:
+            tl.store(LSE + (b64 * Hq + h) * Sq + qi, lse, mask=row_ok)
+    else:
+        o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
+        prow = (b64 * Hq + h) * Sq + qi  # row of the (B, Hq, Sq) output
+        tl.store(PO + (prow[:, None] * SPLITS + split) * DV + offs_dv[None, :], o, mask=row_ok[:, None] & dv_ok)
+        tl.store(PL + prow * SPLITS + split, lse, mask=row_ok)
+
+
+@triton.jit
+def _decode_combine_kernel(PO, PL, O, LSE, n_rows, s_ob, s_oh, s_oq, s_od, Hq, Sq,
+                           SPLITS: tl.constexpr, DV: tl.constexpr, BLOCK_R: tl.constexpr,
+                           BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+                           INF_AS_ZERO: tl.constexpr, WRITE_LSE: tl.constexpr):
+    """Merge SPLITS partials of BLOCK_R output rows: LSE = log sum_s exp(lse_s),
+    o = sum_s exp(lse_s - LSE) o_s (NaN, or 0 with INF_AS_ZERO, when every lse_s = -inf)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_ok = rows < n_rows
+    rows64 = rows.to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    s_ok = offs_s < SPLITS
+    lse_s = tl.load(PL + rows64[:, None] * SPLITS + offs_s[None, :], mask=r_ok[:, None] & s_ok[None, :],
+                    other=float("-inf"))
+    mx = tl.max(lse_s, 1)
+    mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.exp(lse_s - mx_safe[:, None])
+    den = tl.sum(w, 1)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    po = tl.load(PO + (rows64[:, None, None] * SPLITS + offs_s[None, :, None]) * DV + offs_dv[None, None, :],
+                 mask=r_ok[:, None, None] & s_ok[None, :, None] & (offs_dv[None, None, :] < DV), other=0.0)
+    num = tl.sum(w[:, :, None] * po, 1)
+    if INF_AS_ZERO:
+        o = tl.where(den[:, None] > 0.0, num / tl.where(den > 0.0, den, 1.0)[:, None], 0.0)
+    else:
+        o = num / den[:, None]
+    b = rows64 // (Hq * Sq)
+    h = (rows64 // Sq) % Hq
+    qi = rows64 % Sq
+    o_ptr = O + b[:, None] * s_ob + h[:, None] * s_oh + qi[:, None] * s_oq + offs_dv[None, :] * s_od
+    tl.store(o_ptr, o.to(O.dtype.element_ty), mask=r_ok[:, None] & (offs_dv[None, :] < DV))
+    if WRITE_LSE:
+        tl.store(LSE + rows64, mx_safe + tl.log(den), mask=r_ok)
+
+
+# ---- launcher ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_n: int = 64    # keys per step: power of two in [16, 256]
+    block_m: int = 64    # cap on query rows (G * Sq) per program: power of two in [16, 128]
+    num_warps: int = 4   # 1, 2, 4, 8
+    num_stages: int = 3  # 1..6
+    splits: int = 0      # key chunks per (b, hk): 0 = choose from the problem, else 1..4096
+
+
+def _num_sms(device: str) -> int:
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return 132  # H200; under the interpreter only the split logic is exercised
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def default_config(problem) -> DecodeConfig:
+    """Tiles by head dim and quantization, from the H200 sweeps in benchmarks/DECODE.md
+    (bf16 D=128: block_n 128 is within ~4% of the best config on every suite problem;
+    quantized: block_n 64, 8 warps for grouped 8-bit codes)."""
+    if problem.device != "cuda":
+        return DecodeConfig(block_n=16, block_m=16, num_warps=4, num_stages=1)
+    d = max(problem.D, problem.Dv)
+    if d > 128:
+        return DecodeConfig(block_n=32, num_warps=4, num_stages=3)
+    if problem.quantized:
+        grouped8 = any(qs is not None and qs[0] in ("s8", "u8") and qs[1] < d
+                       for qs in (problem.k_quant, problem.v_quant))
+        return DecodeConfig(block_n=64, num_warps=8 if grouped8 else 4, num_stages=3)
+    return DecodeConfig(block_n=128, num_warps=4, num_stages=3)
+
+
+def m_blocks(problem, cfg: DecodeConfig) -> tuple[int, int]:
+    """(BLOCK_M, number of row blocks) for the G * Sq rows of one KV head."""
+    rows = problem.group * problem.Sq
+    bm = max(16, min(cfg.block_m, triton.next_power_of_2(rows)))
+    return bm, triton.cdiv(rows, bm)
+
+
+def choose_splits(problem, cfg: DecodeConfig, num_sms: int | None = None) -> int:
+    """Key chunks per (b, hk, row block): enough programs for >= ~2 waves of the SMs
+    (several CTAs fit per SM), each chunk at least 4 key blocks long."""
+    if cfg.splits:
+        return cfg.splits
+    sms = num_sms or _num_sms(problem.device)
+    _, nm = m_blocks(problem, cfg)
+    base = problem.B * problem.Hkv * nm
+    keys = problem.Sk if problem.causal != "top_left" else min(problem.Sk, problem.Sq)
+    max_splits = max(1, triton.cdiv(keys, 4 * cfg.block_n))
+    want = triton.cdiv(4 * sms, base)
+    return max(1, min(want, max_splits, 4096))
+
+
+def workspace_bytes(problem, cfg: DecodeConfig | None = None) -> int:
+    cfg = cfg or default_config(problem)
+    s = choose_splits(problem, cfg)
+    if s == 1:
+        return 0
+    return problem.B * problem.Hq * problem.Sq * s * (problem.Dv + 1) * 4
+
+
+def _empty(shape, dtype, device) -> torch.Tensor:
+    """Every buffer the launcher allocates (tests replace this to poison them)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _quant_meta(t, D: int, dummy: torch.Tensor):
+    """(data, scales, zps, 4 strides each for data/scales/zps, constexpr dict) of K or V."""
+    if not isinstance(t, KVQuant):
+        meta = dict(BITS=0, SIGNED=False, GROUP=D, SC_G=False, ZP=False, ZP_G=False, GL=_GL_ROW)
+        return t, dummy, dummy, tuple(t.stride()), (0, 0, 0, 0), (0, 0, 0, 0), meta
+    g = t.group
+    gl = _GL_ROW if g == D else (_GL_RESHAPE if g & (g - 1) == 0 else _GL_GATHER)
+
+    def strides(x):
+        return (0, 0, 0, 0) if x is None or x.numel() == 1 else tuple(x.stride())
+
+    zp = t.zero_points
+    meta = dict(BITS=4 if t.is_4bit else 8, SIGNED=t.dtype in ("s8", "s4"), GROUP=g,
+                SC_G=t.scales.numel() != 1, ZP=zp is not None, ZP_G=zp is not None and zp.numel() != 1,
+                GL=gl)
+    return (t.data, t.scales, dummy if zp is None else zp, tuple(t.data.stride()),
+            strides(t.scales), strides(zp), meta)
+
+
+def decode_forward(problem, args: AttnArgs, cfg: DecodeConfig | None = None,
+                   out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run decode attention for a validated `problem`; returns (o, lse or None)."""
+    cfg = cfg or default_config(problem)
+    q = args.q
+    B, Hq, Sq, D, Dv, Hkv = problem.B, problem.Hq, problem.Sq, problem.D, problem.Dv, problem.Hkv
+    dev = q.device
+    dummy = q  # never dereferenced where a constexpr flag says absent
+    k, ks, kz, sk, sks, skz, km = _quant_meta(args.k, D, dummy)
+    v, vs, vz, sv, svs, svz, vm = _quant_meta(args.v, Dv, dummy)
+    o = out if out is not None else _empty((B, Hq, Sq, Dv), q.dtype, dev)
+    write_lse = problem.return_lse
+    lse = _empty((B, Hq, Sq), torch.float32, dev) if write_lse else dummy
+    bm, nm = m_blocks(problem, cfg)
+    splits = choose_splits(problem, cfg)
+
+    mask = args.attn_mask
+    if mask is not None:
+        m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        smask = tuple(0 if m4.shape[i] == 1 else m4.stride(i) for i in range(4))
+        if mask.dtype == torch.bool:
+            m4 = m4.view(torch.uint8)
+    else:
+        m4, smask = dummy, (0, 0, 0, 0)
+    mask_kind = {"none": 0, "bool": 1, "additive": 2}[problem.mask]
+
+    scale_ptr, scale_val = dummy, D ** -0.5
+    if problem.scale == "tensor":
+        scale_ptr = args.scale.reshape(1)
+    elif problem.scale == "float":
+        scale_val = 1.0 / args.scale if problem.invert_scale else float(args.scale)
+    dropout = problem.dropout_p > 0
+    thr = dropout_threshold(problem.dropout_p) if dropout else 0
+    dscale = dropout_scale(problem.dropout_p) if dropout else 1.0
+    lens = args.kv_lens if problem.has_kv_lens else dummy
+
+    if splits == 1:
+        po = pl = dummy
+    else:
+        po = _empty((B * Hq * Sq, splits, Dv), torch.float32, dev)
+        pl = _empty((B * Hq * Sq, splits), torch.float32, dev)
+    interp = _interpreting()
+    f32 = q.dtype == torch.float32
+    dot_dtype = tl.float32 if (f32 or interp) else (tl.bfloat16 if q.dtype == torch.bfloat16 else tl.float16)
+    grid = (B * Hkv, splits, nm)
+    _decode_fwd_kernel[grid](
+        q, k, v, ks, kz, vs, vz, m4, lens, scale_ptr, o, lse, po, pl,
+        *q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *smask, *o.stride(),
+        Hq, Hkv, Sq, problem.Sk, scale_val, args.seed, args.offset, thr, dscale, splits,
+        G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n,
+        BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
+        ONE_SPLIT=splits == 1, CAUSAL={None: 0, "top_left": 1, "bottom_right": 2}[problem.causal],
+        MASK_KIND=mask_kind, HAS_LENS=problem.has_kv_lens,
+        SCALE_FROM_PTR=problem.scale == "tensor", INV_SCALE=problem.invert_scale, DROPOUT=dropout,
+        INF_AS_ZERO=problem.inf_as_zero, WRITE_LSE=write_lse,
+        KBITS=km["BITS"], K_SIGNED=km["SIGNED"], K_GROUP=km["GROUP"], K_SC_G=km["SC_G"], K_ZP=km["ZP"],
+        K_ZP_G=km["ZP_G"], K_GL=km["GL"],
+        VBITS=vm["BITS"], V_SIGNED=vm["SIGNED"], V_GROUP=vm["GROUP"], V_SC_G=vm["SC_G"], V_ZP=vm["ZP"],
+        V_ZP_G=vm["ZP_G"], V_GL=vm["GL"],
+        DOT_DTYPE=dot_dtype, F32_DOT=f32 or interp,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if splits > 1:
+        n_rows = B * Hq * Sq
+        block_s = triton.next_power_of_2(splits)
+        block_dv = max(16, triton.next_power_of_2(Dv))
+        block_r = max(1, min(16, 4096 // (block_s * block_dv)))
+        block_r = 1 << (block_r.bit_length() - 1)
+        _decode_combine_kernel[(triton.cdiv(n_rows, block_r),)](
+            po, pl, o, lse, n_rows, *o.stride(), Hq, Sq,
+            SPLITS=splits, DV=Dv, BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_DV=block_dv,
+            INF_AS_ZERO=problem.inf_as_zero, WRITE_LSE=write_lse, num_warps=4)
+    return o, (lse if write_lse else None)
+
+
+# ---- solvers ----------------------------------------------------------------------
+
+_BW = 3.8e12         # achievable K/V read bandwidth on an H200, bytes/s
+_LAUNCH_MS = 0.008   # two kernel launches
+
+
+class _DecodeBase(Solver):
+    family = "decode"
+    primitive = "attention"
+    directions = frozenset({"fwd"})
+    uses_triton = True
+    max_sq = 16
+    max_d = 256
+
+    def not_supported_reasons(self, problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if problem.Sq > self.max_sq:
+            reasons.append(f"Sq={problem.Sq} > {self.max_sq}: decode serves thin queries (use flash)")
+        if max(problem.D, problem.Dv) > self.max_d:
+            reasons.append(f"head dim D={problem.D}, Dv={problem.Dv} > {self.max_d}")
+        return reasons
+
+    def workspace_size(self, problem) -> int:
+        return workspace_bytes(problem)
+
+    def estimate(self, problem) -> float:
+        """Roofline: bytes read (q, K/V incl. scales, o) at ~3.8 TB/s; dequant adds ALU."""
+        t = problem.bytes() / _BW * 1e3
+        if problem.quantized:
+            t *= 1.15
+        return t + _LAUNCH_MS
+
+    def prepare(self, problem):
+        cfg = default_config(problem)
+
+        def invoker(args: AttnArgs):
+            return decode_forward(problem, args, cfg)
+        return invoker
+
+
+@register
+class DecodeSplitK(_DecodeBase):
+    """Flash-decoding with f32/f16/bf16 K/V."""
+    id = 120
+    name = "decode_split_k"
+
+    def not_supported_reasons(self, problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if problem.quantized:
+            reasons.append("quantized K/V: served by decode_split_k_quant (121)")
+        return reasons
+
+
+@register
+class DecodeSplitKQuant(_DecodeBase):
+    """Flash-decoding with K and/or V quantized (KVQuant s8/u8/s4/u4), dequantized in registers."""
+    id = 121
+    name = "decode_split_k_quant"
+
+    def not_supported_reasons(self, problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if not problem.quantized:
+            reasons.append("K/V not quantized: served by decode_split_k (120)")
+        return reasons
+
+
+__all__ = ["DecodeConfig", "DecodeSplitK", "DecodeSplitKQuant", "choose_splits", "decode_forward",
+           "default_config", "workspace_bytes"]
