@@ -198,8 +198,9 @@ def _benchmark(problem, tensors, limit, exhaustive, dynamic_only, progress):
                     outcome = "wrong"
                     continue
             del out
-            if t1 >= share / 2:
-                t = t1
+            if t1 >= share / 2:  # slow: one more run (the first included JIT compilation)
+                t, out = once_ms(lambda inv=inv: inv(args), dev)
+                del out
             else:
                 t = median_ms(lambda inv=inv: inv(args), dev, repeats=repeats, warmup=1,
                               budget_ms=share - t1, first_ms=t1)

@@ -1,0 +1,379 @@
+"""Direct convolution in Triton for grouped and depthwise convolutions with few channels
+per group (family `direct`, solvers 40/41/42). These are memory bound: a program owns a
+tile of [BP pixels, BC channels] of the output (channels contiguous in NHWC) and walks
+the taps, re-reading its shifted input tiles from L1/L2, so DRAM sees each input and
+output about once.
+
+Forward / backward data (one kernel, `TRANSPOSED` selects the direction):
+  fwd:      y[n, k, o]  = sum_{c < Cg, tap} x[n, grp(k)*Cg + c, o*st - pad + tap*dil] * w[k, c, tap]
+  bwd_data: dx[n, c, i] = sum_{k < Kg, tap} dy[n, grp(c)*Kg + k, o] * w[grp(c)*Kg + k, c % Cg, tap]
+            with o = (i + pad - tap*dil) / st when exact and in range.
+Two inner products: FMA over the group's channels (any C/groups, K/groups; depthwise),
+or, when C/groups == K/groups >= 2 divides the channel block, a tensor-core product of
+the [BP, BC] source tile with the block-diagonal [BC, BC] slice of the weights (a few
+times the MACs, but tensor cores have ~15x the FMA rate: resnext-style groups).
+Forward fuses bias and the post-op chain.
+
+Backward weights: dw[k, c, tap] = sum_{n, o} dy[n, k, o] * x[n, grp(k)*Cg + c, o*st - pad + tap*dil];
+a program owns BC output channels and a slice of the pixels, holds a [BJ = taps*Cg, BC]
+accumulator, reads each dy tile once and the shifted x tiles through the cache; slices
+are summed in a fixed order by a second kernel (deterministic; workspace
+SPLIT * K * taps*Cg * 4 bytes).
+
+Supported: groups > 1 with C/groups <= 16 and K/groups <= 16; 1D/2D/3D; both layouts;
+any stride/padding/dilation; f32/f16/bf16."""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..args import ConvArgs
+from ..problems.conv import ConvProblem, empty_in_layout
+from ..search.solver import Solver, register
+from . import configs
+from .implicit_gemm import gemm_shape_reasons, geom, roofline_ms, strides5
+from .implicit_gemm_bwd import NUM_SMS, _split_reduce_kernel
+from .triton_epilogue import epilogue, epilogue_args, interpreting, post_op_bytes, post_op_reasons, tl_dot_precision, y_strides
+
+MAX_CH_PER_GROUP = 16
+
+
+@triton.jit
+def _direct_kernel(
+        src_ptr, w_ptr, dst_ptr, bias_ptr,
+        p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
+        M, NDST, SRC_G, DST_G, SD, SH, SW, DD, DH, DW, T, R, S,
+        ssn, ssc, ssd, ssh, ssw, sw_dst, sw_src, swt, swr, sws, sdn, sdp, sdc,
+        std, sth, stw, pdd, pdh, pdw, dld, dlh, dlw,
+        HAS_BIAS: tl.constexpr,
+        P0_KIND: tl.constexpr, P0_SUB: tl.constexpr, P0_BC: tl.constexpr,
+        P1_KIND: tl.constexpr, P1_SUB: tl.constexpr, P1_BC: tl.constexpr,
+        P2_KIND: tl.constexpr, P2_SUB: tl.constexpr, P2_BC: tl.constexpr,
+        P3_KIND: tl.constexpr, P3_SUB: tl.constexpr, P3_BC: tl.constexpr,
+        TRANSPOSED: tl.constexpr, DOT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+        BP: tl.constexpr, BC: tl.constexpr):
+    """dst tile [BP pixels, BC channels]; SRC_G/DST_G source/destination channels per group."""
+    rp = tl.program_id(0) * BP + tl.arange(0, BP)
+    rc = tl.program_id(1) * BC + tl.arange(0, BC)
+    mp = rp < M
+    mc = rc < NDST
+    qw = rp % DW
+    tmp = rp // DW
+    qh = tmp % DH
+    tmp = tmp // DH
+    qd = tmp % DD
+    n = tmp // DD
+    grp = rc // DST_G
+    dst_local = rc - grp * DST_G
+    if TRANSPOSED:
+        w_dst = dst_local * sw_dst
+    else:
+        w_dst = rc * sw_dst
+    src_row = src_ptr + n * ssn
+    acc = tl.zeros((BP, BC), dtype=tl.float32)
+    if DOT:
+        # src channels of this block: the same BC channels (SRC_G == DST_G, BC % DST_G == 0)
+        rs = tl.program_id(1) * BC + tl.arange(0, BC)
+        ms = rs < NDST
+        grp_s = rs // SRC_G
+        src_local = rs - grp_s * SRC_G
+        if TRANSPOSED:
+            w_src = rs * sw_src
+        else:
+            w_src = src_local * sw_src
+        wmask = (grp_s[:, None] == grp[None, :]) & ms[:, None] & mc[None, :]
+    for tap in range(0, T * R * S):
+        s = tap % S
+        r = (tap // S) % R
+        t = tap // (S * R)
+        if TRANSPOSED:
+            nd_ = qd + pdd - t * dld
+            nh_ = qh + pdh - r * dlh
+            nw_ = qw + pdw - s * dlw
+            id_ = nd_ // std
+            ih_ = nh_ // sth
+            iw_ = nw_ // stw
+            ok = (mp & (nd_ >= 0) & (nh_ >= 0) & (nw_ >= 0) & (id_ * std == nd_) & (ih_ * sth == nh_)
+                  & (iw_ * stw == nw_) & (id_ < SD) & (ih_ < SH) & (iw_ < SW))
+        else:
+            id_ = qd * std - pdd + t * dld
+            ih_ = qh * sth - pdh + r * dlh
+            iw_ = qw * stw - pdw + s * dlw
+            ok = mp & (id_ >= 0) & (id_ < SD) & (ih_ >= 0) & (ih_ < SH) & (iw_ >= 0) & (iw_ < SW)
+        pix = src_row + id_ * ssd + ih_ * ssh + iw_ * ssw
+        w_tap = t * swt + r * swr + s * sws
+        if DOT:
+            a = tl.load(pix[:, None] + (rs * ssc)[None, :], mask=ok[:, None] & ms[None, :], other=0.0)
+            b = tl.load(w_ptr + w_tap + w_src[:, None] + w_dst[None, :], mask=wmask, other=0.0)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=PREC)
+        else:
+            for j in range(0, SRC_G):
+                cs = grp * SRC_G + j
+                a = tl.load(pix[:, None] + (cs * ssc)[None, :], mask=ok[:, None] & mc[None, :], other=0.0)
+                if TRANSPOSED:
+                    wv = tl.load(w_ptr + w_tap + w_dst + cs * sw_src, mask=mc, other=0.0)
+                else:
+                    wv = tl.load(w_ptr + w_tap + w_dst + j * sw_src, mask=mc, other=0.0)
+                acc += a.to(tl.float32) * wv.to(tl.float32)[None, :]
+    P = DD * DH * DW
+    pixd = rp - n * P
+    off = (n * sdn + pixd * sdp)[:, None] + (rc * sdc)[None, :]
+    mask = mp[:, None] & mc[None, :]
+    acc = epilogue(acc, off, rc, mc, mask, bias_ptr,
+                   p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
+                   HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
+                   P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC)
+    tl.store(dst_ptr + off, acc.to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _direct_bwd_w_kernel(
+        dy_ptr, x_ptr, ws_ptr, PT, CHUNK, K, Cg, Kg, D, H, W, OD, OH, OW, T, R, S,
+        sdn, sdk, sdd, sdh, sdw, sxn, sxc, sxd, sxh, sxw,
+        std, sth, stw, pdd, pdh, pdw, dld, dlh, dlw,
+        BP: tl.constexpr, BJ: tl.constexpr, BC: tl.constexpr):
+    """ws[split, k, j] = sum over this split's pixels of dy[p, k] * x[p shifted by tap(j), c(j)]."""
+    rk = tl.program_id(0) * BC + tl.arange(0, BC)
+    sp = tl.program_id(1)
+    mk = rk < K
+    grp = rk // Kg
+    NJ = Cg * T * R * S
+    rj = tl.arange(0, BJ)
+    mj = rj < NJ
+    c = rj % Cg
+    tap = rj // Cg
+    ss = tap % S
+    rr = (tap // S) % R
+    tt = tap // (S * R)
+    xc = (grp * Cg)[None, :] + c[:, None]                  # [BJ, BC] input channel
+    acc = tl.zeros((BJ, BC), dtype=tl.float32)
+    p_begin = sp * CHUNK
+    p_end = tl.minimum(p_begin + CHUNK, PT)
+    for p0 in range(p_begin, p_end, BP):
+        rp = p0 + tl.arange(0, BP)
+        mp = rp < p_end
+        ow = rp % OW
+        tmp = rp // OW
+        oh = tmp % OH
+        tmp = tmp // OH
+        od = tmp % OD
+        n = tmp // OD
+        dyv = tl.load(dy_ptr + (n * sdn + od * sdd + oh * sdh + ow * sdw)[:, None] + (rk * sdk)[None, :],
+                      mask=mp[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        idd = (od * std - pdd)[:, None] + (tt * dld)[None, :]      # [BP, BJ]
+        ihh = (oh * sth - pdh)[:, None] + (rr * dlh)[None, :]
+        iww = (ow * stw - pdw)[:, None] + (ss * dlw)[None, :]
+        ok = (mp[:, None] & mj[None, :] & (idd >= 0) & (idd < D) & (ihh >= 0) & (ihh < H)
+              & (iww >= 0) & (iww < W))
+        pix = (n * sxn)[:, None] + idd * sxd + ihh * sxh + iww * sxw  # [BP, BJ]
+        xv = tl.load(x_ptr + pix[:, :, None] + (xc * sxc)[None, :, :],
+                     mask=ok[:, :, None] & mk[None, None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(xv * dyv[:, None, :], axis=0)
+    off = ((sp * K + rk) * NJ)[None, :] + rj[:, None]
+    tl.store(ws_ptr + off, acc, mask=mj[:, None] & mk[None, :])
+
+
+@triton.jit
+def _direct_bwd_w_tap_kernel(
+        dy_ptr, x_ptr, ws_ptr, PT, CHUNK, K, Cg, Kg, D, H, W, OD, OH, OW, T, R, S,
+        sdn, sdk, sdd, sdh, sdw, sxn, sxc, sxd, sxh, sxw,
+        std, sth, stw, pdd, pdh, pdw, dld, dlh, dlw,
+        BP: tl.constexpr, BC: tl.constexpr):
+    """One (tap, c) column j per program (axis 0, so programs sharing a pixel slice run
+    together and re-read it from L2): elementwise [BP, BC] accumulator, one reduction."""
+    j = tl.program_id(0)
+    rk = tl.program_id(1) * BC + tl.arange(0, BC)
+    sp = tl.program_id(2)
+    mk = rk < K
+    NJ = Cg * T * R * S
+    c = j % Cg
+    tap = j // Cg
+    ss = tap % S
+    rr = (tap // S) % R
+    tt = tap // (S * R)
+    xc = ((rk // Kg) * Cg + c) * sxc
+    acc = tl.zeros((BP, BC), dtype=tl.float32)
+    p_begin = sp * CHUNK
+    p_end = tl.minimum(p_begin + CHUNK, PT)
+    for p0 in range(p_begin, p_end, BP):
+        rp = p0 + tl.arange(0, BP)
+        mp = rp < p_end
+        ow = rp % OW
+        tmp = rp // OW
+        oh = tmp % OH
+        tmp = tmp // OH
+        od = tmp % OD
+        n = tmp // OD
+        dyv = tl.load(dy_ptr + (n * sdn + od * sdd + oh * sdh + ow * sdw)[:, None] + (rk * sdk)[None, :],
+                      mask=mp[:, None] & mk[None, :], other=0.0)
+        idd = od * std - pdd + tt * dld
+        ihh = oh * sth - pdh + rr * dlh
+        iww = ow * stw - pdw + ss * dlw
+        ok = mp & (idd >= 0) & (idd < D) & (ihh >= 0) & (ihh < H) & (iww >= 0) & (iww < W)
+        xv = tl.load(x_ptr + (n * sxn + idd * sxd + ihh * sxh + iww * sxw)[:, None] + xc[None, :],
+                     mask=ok[:, None] & mk[None, :], other=0.0)
+        acc += dyv.to(tl.float32) * xv.to(tl.float32)
+    tl.store(ws_ptr + (sp * K + rk) * NJ + j, tl.sum(acc, axis=0), mask=mk)
+
+
+# ---- launchers -------------------------------------------------------------------------------
+def _use_dot(src_g: int, dst_g: int, BC: int) -> bool:
+    return src_g == dst_g and src_g >= 2 and BC % dst_g == 0
+
+
+def _run_direct(p: ConvProblem, src: torch.Tensor, w: torch.Tensor, dst: torch.Tensor, epi: dict,
+                transposed: bool, tile: configs.DirectTile) -> None:
+    gm = geom(p)
+    if transposed:
+        src_sp, dst_sp, ndst, src_g, dst_g = gm.out, gm.inp, gm.C, gm.Kg, gm.Cg
+    else:
+        src_sp, dst_sp, ndst, src_g, dst_g = gm.inp, gm.out, gm.K, gm.Cg, gm.Kg
+    M = gm.N * math.prod(dst_sp)
+    BC = max(16, min(tile.BC, triton.next_power_of_2(ndst)))
+    BP = max(16, min(tile.BP, triton.next_power_of_2(M)))
+    dot = _use_dot(src_g, dst_g, BC)
+    sw = strides5(w)
+    sw_dst, sw_src = (sw[1], sw[0]) if transposed else (sw[0], sw[1])
+    sd = y_strides(p, (gm.N, ndst, math.prod(dst_sp)))
+    grid = (triton.cdiv(M, BP), triton.cdiv(ndst, BC))
+    _direct_kernel[grid](
+        src, w, dst, M=M, NDST=ndst, SRC_G=src_g, DST_G=dst_g, SD=src_sp[0], SH=src_sp[1], SW=src_sp[2],
+        DD=dst_sp[0], DH=dst_sp[1], DW=dst_sp[2], T=gm.filt[0], R=gm.filt[1], S=gm.filt[2],
+        **dict(zip(("ssn", "ssc", "ssd", "ssh", "ssw"), strides5(src))), sw_dst=sw_dst, sw_src=sw_src,
+        swt=sw[2], swr=sw[3], sws=sw[4], sdn=sd[0], sdp=sd[1], sdc=sd[2],
+        std=gm.stride[0], sth=gm.stride[1], stw=gm.stride[2], pdd=gm.pad[0], pdh=gm.pad[1],
+        pdw=gm.pad[2], dld=gm.dil[0], dlh=gm.dil[1], dlw=gm.dil[2], **epi,
+        TRANSPOSED=transposed, DOT=dot, UPCAST=interpreting() and src.dtype == torch.bfloat16,
+        PREC=tl_dot_precision(src.dtype), BP=BP, BC=BC, num_warps=tile.warps)
+
+
+def conv_fwd(p: ConvProblem, args: ConvArgs, tile: configs.DirectTile | None = None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    x = args.x
+    y = out if out is not None else empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype, device=x.device)
+    _run_direct(p, x, args.w, y, epilogue_args(p, args.bias, args.post_ops, y), False,
+                tile or configs.pick_direct(p))
+    return y
+
+
+def conv_bwd_data(p: ConvProblem, args: ConvArgs, tile: configs.DirectTile | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    dy = args.dy
+    dx = out if out is not None else empty_in_layout(p.x_shape, p.layout, dtype=p.out_dtype, device=dy.device)
+    _run_direct(p, dy, args.w, dx, epilogue_args(p, None, (), dx), True, tile or configs.pick_direct(p))
+    return dx
+
+
+def plan_bwd_w(p: ConvProblem, tile: configs.DirectTile) -> tuple[int, int, int, int, int]:
+    gm = geom(p)
+    BJ = max(2, triton.next_power_of_2(gm.Cg * gm.taps))
+    BC = max(16, min(tile.BC, triton.next_power_of_2(gm.K)))
+    # keep the [BP, BJ, BC] product tile near 8K elements
+    BP = max(2, min(tile.BP, 8192 // (BJ * BC)))
+    PT = gm.N * gm.P
+    progs = triton.cdiv(gm.K, BC)
+    split = max(1, min(triton.cdiv(4 * NUM_SMS, progs), PT // (BP * 16)))
+    chunk = triton.cdiv(triton.cdiv(PT, split), BP) * BP
+    return BP, BJ, BC, triton.cdiv(PT, chunk), chunk
+
+
+def conv_bwd_weights(p: ConvProblem, args: ConvArgs, tile: configs.DirectTile | None = None,
+                     out: torch.Tensor | None = None, tap_grid: bool = False) -> torch.Tensor:
+    """tap_grid=False: one program holds every (tap, c) column ([BJ, BC] accumulator);
+    tap_grid=True: one program per column (see _direct_bwd_w_tap_kernel)."""
+    gm = geom(p)
+    dy, x = args.dy, args.x
+    dw = out if out is not None else empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype, device=x.device)
+    tile = tile or configs.pick_direct(p)
+    BP, BJ, BC, split, chunk = plan_bwd_w(p, tile)
+    nj = gm.Cg * gm.taps
+    geo = (gm.N * gm.P, chunk, gm.K, gm.Cg, gm.Kg, *gm.inp, *gm.out, *gm.filt,
+           *strides5(dy), *strides5(x), *gm.stride, *gm.pad, *gm.dil)
+    if tap_grid:
+        PT = gm.N * gm.P
+        BP = max(16, min(tile.BP, triton.next_power_of_2(PT)))
+        split = max(1, min(triton.cdiv(4 * NUM_SMS, nj * triton.cdiv(gm.K, BC)), PT // (BP * 8)))
+        chunk = triton.cdiv(triton.cdiv(PT, split), BP) * BP
+        split = triton.cdiv(PT, chunk)
+        geo = (PT, chunk) + geo[2:]
+    ws = torch.empty((split, gm.K, nj), dtype=torch.float32, device=x.device)
+    if tap_grid:
+        _direct_bwd_w_tap_kernel[(nj, triton.cdiv(gm.K, BC), split)](dy, x, ws, *geo, BP=BP, BC=BC,
+                                                                     num_warps=tile.warps)
+    else:
+        _direct_bwd_w_kernel[(triton.cdiv(gm.K, BC), split)](dy, x, ws, *geo, BP=BP, BJ=BJ, BC=BC, num_warps=4)
+    E = gm.K * nj
+    _split_reduce_kernel[(triton.cdiv(E, 1024),)](ws, dw, E, nj, gm.Cg, gm.filt[1], gm.filt[2], split,
+                                                  *strides5(dw), BLOCK=1024)
+    return dw
+
+
+# ---- solvers ---------------------------------------------------------------------------------
+class _DirectBase(Solver):
+    family = "direct"
+    primitive = "conv"
+    uses_triton = True
+
+    def not_supported_reasons(self, problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if reasons and reasons[0].startswith("serves"):
+            return reasons
+        cg, kg = problem.C // problem.groups, problem.K // problem.groups
+        if problem.groups == 1:
+            reasons.append("direct serves grouped convolutions only (groups > 1)")
+        if cg > MAX_CH_PER_GROUP or kg > MAX_CH_PER_GROUP:
+            reasons.append(f"C/groups={cg} and K/groups={kg} must be <= {MAX_CH_PER_GROUP}")
+        return reasons + gemm_shape_reasons(problem) + post_op_reasons(problem)
+
+    def estimate(self, problem) -> float | None:
+        gm = geom(problem)
+        # FMA path: ~40 TFLOP/s of f32 FMA; dot path and bwd weights are cache/bandwidth bound
+        dot = _use_dot(gm.Cg, gm.Kg, 64) and problem.direction != "bwd_weights"
+        nbytes = problem.bytes() + post_op_bytes(problem)
+        t_c = problem.flops() / (200e12 if dot else 40e12)
+        t_m = nbytes / 4.2e12
+        return max(t_c, t_m) / 0.7 * 1e3 + 0.005 if t_c > 0 else roofline_ms(0, nbytes, problem.dtype)
+
+
+@register
+class DirectFwd(_DirectBase):
+    id = 40
+    name = "direct_fwd"
+    directions = frozenset({"fwd"})
+
+    def prepare(self, problem):
+        tile = configs.pick_direct(problem)
+        return lambda args: conv_fwd(problem, args, tile)
+
+
+@register
+class DirectBwdData(_DirectBase):
+    id = 41
+    name = "direct_bwd_data"
+    directions = frozenset({"bwd_data"})
+
+    def prepare(self, problem):
+        tile = configs.pick_direct(problem)
+        return lambda args: conv_bwd_data(problem, args, tile)
+
+
+@register
+class DirectBwdWeights(_DirectBase):
+    id = 42
+    name = "direct_bwd_weights"
+    directions = frozenset({"bwd_weights"})
+
+    def workspace_size(self, problem) -> int:
+        gm = geom(problem)
+        _, _, _, split, _ = plan_bwd_w(problem, configs.pick_direct(problem))
+        return split * gm.K * gm.Cg * gm.taps * 4
+
+    def prepare(self, problem):
+        tile = configs.pick_direct(problem)
+        return lambda args: conv_bwd_weights(problem, args, tile)

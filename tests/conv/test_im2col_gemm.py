@@ -1,0 +1,88 @@
+"""im2col + GEMM convolution (solvers 30/31/32) against the float64 reference, through
+TRITON_INTERPRET=1, with NaN-poisoned outputs."""
+import pytest
+import torch
+
+from nnprim.args import ConvArgs
+from nnprim.conv import im2col_gemm as gm
+from nnprim.conv import reference as ref
+from nnprim.post_ops import Binary, Eltwise, Sum
+from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
+from nnprim.search.solver import REGISTRY
+
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+RUN = {"fwd": gm.conv_fwd, "bwd_data": gm.conv_bwd_data, "bwd_weights": gm.conv_bwd_weights}
+CASES = [
+    ((2, 5, 7, 9), (6, 5, 3, 3), dict(padding=1)),
+    ((2, 8, 7, 9), (6, 4, 3, 2), dict(stride=(2, 1), padding=((1, 0), (0, 2)), dilation=(1, 2), groups=2)),
+    ((3, 40, 6, 5), (20, 20, 1, 1), dict(groups=2)),                   # pointwise: no im2col (nhwc)
+    ((2, 34, 6, 5), (20, 34, 1, 1), dict(stride=2)),
+    ((2, 3, 5, 6, 7), (4, 3, 2, 3, 3), dict(padding=1, stride=(1, 2, 2))),
+    ((2, 3, 17), (4, 3, 3), dict(padding=((2, 1),), stride=3)),
+    ((2, 6, 6, 6), (6, 1, 3, 3), dict(padding=1, groups=6)),
+]
+
+
+def _ids(c):
+    return f"x{'x'.join(map(str, c[0]))}-w{'x'.join(map(str, c[1]))}-" + \
+        "-".join(f"{k}{v}" for k, v in c[2].items()).replace(" ", "")
+
+
+def check(p, bias=None, post_ops=()):
+    g = torch.Generator().manual_seed(1)
+    mk = lambda s: to_layout(torch.randn(s, generator=g).to(p.dtype), p.layout)  # noqa: E731
+    x, w, dy = mk(p.x_shape), mk(p.w_shape), mk(p.y_shape)
+    shape = {"fwd": p.y_shape, "bwd_data": p.x_shape, "bwd_weights": p.w_shape}[p.direction]
+    out = empty_in_layout(shape, p.layout, dtype=p.out_dtype).fill_(float("nan"))
+    out = RUN[p.direction](p, ConvArgs(x=x, w=w, dy=dy, bias=bias, post_ops=post_ops), out=out)
+    exp = {"fwd": lambda: ref.conv_fwd_f64(p, x, w, bias, post_ops),
+           "bwd_data": lambda: ref.conv_bwd_data_f64(p, dy, w),
+           "bwd_weights": lambda: ref.conv_bwd_weights_f64(p, dy, x)}[p.direction]()
+    assert not torch.isnan(out).any(), "unwritten (poisoned) elements remain"
+    err = ((out.double() - exp).norm() / exp.norm()).item()
+    assert err < TOL[p.dtype], err
+
+
+@pytest.mark.parametrize("direction", list(RUN))
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+def test_f32_vs_reference(direction, case, layout):
+    xs, ws, kw = case
+    check(ConvProblem.create(direction, xs, ws, dtype=torch.float32, layout=layout, **kw))
+
+
+@pytest.mark.parametrize("direction", list(RUN))
+def test_bf16(direction):
+    check(ConvProblem.create(direction, (2, 6, 7, 5), (10, 3, 3, 3), dtype=torch.bfloat16, layout="nhwc",
+                             padding=1, groups=2))
+
+
+def test_row_blocks(monkeypatch):
+    """A tiny workspace cap forces one image per block; results stay exact."""
+    monkeypatch.setattr(gm, "WORKSPACE_CAP", 1)
+    for direction in RUN:
+        p = ConvProblem.create(direction, (3, 5, 6, 7), (4, 5, 3, 3), dtype=torch.float32, layout="nhwc",
+                               padding=1)
+        assert gm.images_per_block(p) == 1
+        check(p)
+
+
+def test_fused_epilogue_bf16_f32_out():
+    g = torch.Generator().manual_seed(3)
+    y = (2, 6, 6, 7)
+    res = to_layout(torch.randn(y, generator=g), "nhwc").to(torch.bfloat16)
+    chain = (Sum(res, 1.0), Binary("mul", torch.rand(1, 6, 1, 1, generator=g).to(torch.bfloat16) + 0.5),
+             Eltwise("gelu_erf"))
+    p = ConvProblem.create("fwd", (2, 5, 6, 7), (6, 5, 3, 3), dtype=torch.bfloat16, out_dtype=torch.float32,
+                           layout="nhwc", padding=1, has_bias=True, post_ops=tuple(o.signature() for o in chain))
+    check(p, bias=torch.randn(6, generator=g), post_ops=chain)
+
+
+def test_solvers_registered():
+    p = ConvProblem.create("fwd", (2, 5, 6, 7), (6, 5, 3, 3), dtype=torch.float32, layout="nhwc", padding=1)
+    for sid, d in ((30, "fwd"), (31, "bwd_data"), (32, "bwd_weights")):
+        s = REGISTRY.get(sid)
+        q = p.with_direction(d)
+        assert s.family == "gemm" and s.is_applicable(q)
+        assert 0 < s.workspace_size(q) <= gm.WORKSPACE_CAP + 10 ** 6
+        assert s.estimate(q) > 0
