@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import BadParameterError
 from . import cases
+from .problem_args import parse_dtype, pick_device
 from .timing import time_ms
 
 SUITE_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "suites"
@@ -56,8 +57,8 @@ def run_bench(args) -> int:
     if args.scale < 1:
         raise BadParameterError(f"--scale={args.scale} must be >= 1")
     kind, probs = load_suite(args.suite)
-    device = cases.pick_device(args.device)
-    dtype = cases.parse_dtype(args.dtype or ("bf16" if device == "cuda" else "f32"))
+    device = pick_device(args.device)
+    dtype = parse_dtype(args.dtype or ("bf16" if device == "cuda" else "f32"))
     dirs = [d for d in args.direction.split(",") if d]
     valid = ("fwd", "bwd_data", "bwd_weights") if kind == "conv" else ("fwd", "bwd")
     for d in dirs:

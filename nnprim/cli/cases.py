@@ -3,8 +3,8 @@ from a problem spec: the `conv`/`attn` commands and `bench` suites share this.""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -15,27 +15,6 @@ from ..post_ops import Binary, Eltwise, Sum, apply_post_ops
 from ..problems.attention import AttentionProblem
 from ..problems.conv import ConvProblem, to_layout
 from ..search import dispatch
-
-DTYPES = {"f32": torch.float32, "fp32": torch.float32, "float32": torch.float32,
-          "f16": torch.float16, "fp16": torch.float16, "float16": torch.float16,
-          "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "f64": torch.float64}
-
-
-def parse_dtype(s: str) -> torch.dtype:
-    try:
-        return DTYPES[s.lower()]
-    except KeyError:
-        raise BadParameterError(f"dtype={s!r} is not one of f32, f16, bf16") from None
-
-
-def pick_device(s: str) -> str:
-    if s == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if s not in ("cpu", "cuda"):
-        raise BadParameterError(f"device={s!r} is not one of auto, cpu, cuda")
-    if s == "cuda" and not torch.cuda.is_available():
-        raise BadParameterError("device='cuda' but no CUDA device is available")
-    return s
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -157,7 +136,7 @@ def attn_case(spec: dict, *, dtype: torch.dtype, device: str, direction: str = "
     gen = torch.Generator().manual_seed(seed)
     B, Hq, Hkv, Sq, Sk, D = (int(spec[k]) for k in ("B", "Hq", "Hkv", "Sq", "Sk", "D"))
     Dv = int(spec.get("Dv", D))
-    if causal is None and spec.get("causal"):
+    if causal is None and spec.get("causal") not in (None, False, "none"):
         causal = "bottom_right" if Sq != Sk else "top_left"
     q = _randn((B, Hq, Sq, D), dtype, device, gen)
     k = _randn((B, Hkv, Sk, D), dtype, device, gen)

@@ -85,7 +85,7 @@ def cmd_path(args) -> int:
 
 def cmd_build_system(args) -> int:
     from ..search.find import find
-    from .find import suite_problems
+    from .problem_args import suite_problems
     probs = []
     for suite in args.suite:
         probs += suite_problems(suite, dtype=args.dtype, device=args.device, directions=args.direction)

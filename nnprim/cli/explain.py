@@ -2,7 +2,7 @@
 reasons, workspace, estimate and measured time (find-db), and which would run and why."""
 from __future__ import annotations
 
-from .find import add_problem_parsers, problem_from_args
+from .problem_args import add_problem_parsers, problem_from_args
 
 
 def run_explain(args) -> int:

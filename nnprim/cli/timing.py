@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def time_ms(fn: Callable[[], object], *, device: str = "cpu", reps: int = 10, warmup: int = 2) -> float:

@@ -1,0 +1,196 @@
+"""Problems from command-line flags and suite specs, shared by the `conv`, `attn`,
+`find`, `explain`, `bench` and `db build-system` commands."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from ..errors import BadParameterError
+from ..problems.attention import AttentionProblem
+from ..problems.conv import ConvProblem
+
+DTYPES = {"f32": torch.float32, "fp32": torch.float32, "float32": torch.float32, "f16": torch.float16,
+          "fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def parse_dtype(s: str) -> torch.dtype:
+    try:
+        return DTYPES[s.lower()]
+    except KeyError:
+        raise BadParameterError(f"dtype={s!r} is not one of f32, f16, bf16") from None
+
+
+def pick_device(s: str) -> str:
+    if s == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if s not in ("cpu", "cuda"):
+        raise BadParameterError(f"device={s!r} is not one of auto, cpu, cuda")
+    if s == "cuda" and not torch.cuda.is_available():
+        raise BadParameterError("device='cuda' but no CUDA device is available")
+    return s
+
+
+def ints(s: str) -> list[int]:
+    try:
+        return [int(v) for v in s.replace("x", ",").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {s!r}") from None
+
+
+# ---- problems from specs ------------------------------------------------------------------
+def per_dim(v, nd: int, name: str):
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    if len(v) == 1:
+        return int(v[0])
+    if len(v) == nd:
+        return [int(e) for e in v]
+    if name == "padding" and len(v) == 2 * nd:
+        return [(int(v[2 * i]), int(v[2 * i + 1])) for i in range(nd)]
+    raise BadParameterError(f"{name}={v} must have 1 or {nd} values")
+
+
+def conv_problem(spec: dict, *, dtype: torch.dtype, device: str, direction: str = "fwd",
+                 layout: str | None = None, bias: bool = False) -> ConvProblem:
+    """spec: {N, C, K, spatial, filter, stride, padding, dilation, groups, layout} (suite format)."""
+    try:
+        spatial, filt = [int(v) for v in spec["spatial"]], [int(v) for v in spec["filter"]]
+        nd = len(spatial)
+        x_shape = (int(spec.get("N", 1)), int(spec["C"]), *spatial)
+        w_shape = (int(spec["K"]), int(spec["C"]) // int(spec.get("groups", 1)), *filt)
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadParameterError(f"conv spec {spec!r} is incomplete or malformed ({e})") from None
+    return ConvProblem.create(direction, x_shape, w_shape, dtype=dtype, layout=layout or spec.get("layout", "nchw"),
+                              device=device, stride=per_dim(spec.get("stride", 1), nd, "stride"),
+                              padding=per_dim(spec.get("padding", 0), nd, "padding"),
+                              dilation=per_dim(spec.get("dilation", 1), nd, "dilation"),
+                              groups=int(spec.get("groups", 1)), has_bias=bias)
+
+
+def attn_problem(spec: dict, *, dtype: torch.dtype, device: str, direction: str = "fwd") -> AttentionProblem:
+    """spec: {B, Hq, Hkv, Sq, Sk, D, Dv, causal, mask, dropout, kv_quant, group_size}."""
+    try:
+        B, Hq = int(spec.get("B", 1)), int(spec["Hq"])
+        Hkv, Sq = int(spec.get("Hkv") or Hq), int(spec["Sq"])
+        Sk, D = int(spec.get("Sk") or Sq), int(spec["D"])
+        Dv = int(spec.get("Dv") or D)
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadParameterError(f"attention spec {spec!r} is incomplete or malformed ({e})") from None
+    if min(B, Hq, Hkv, Sq, Sk, D, Dv) < 1 or Hq % Hkv:
+        raise BadParameterError(f"attention spec {spec!r}: sizes must be positive and Hq % Hkv == 0")
+    causal = spec.get("causal")
+    if causal is True:
+        causal = "bottom_right" if Sq < Sk else "top_left"
+    causal = None if causal in (None, False, "none") else causal
+    if causal not in (None, "top_left", "bottom_right"):
+        raise BadParameterError(f"causal={causal!r} must be none, top_left or bottom_right")
+    mask = spec.get("mask") or "none"
+    if mask not in ("none", "bool", "additive"):
+        raise BadParameterError(f"mask={mask!r} must be none, bool or additive")
+    quant = None
+    if spec.get("kv_quant"):
+        q = spec["kv_quant"]
+        if q not in ("s8", "u8", "s4", "u4"):
+            raise BadParameterError(f"kv_quant={q!r} must be s8, u8, s4 or u4")
+        g = int(spec.get("group_size") or D)
+        sdt = str(dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32).replace("torch.", "")
+        quant = (q, g, "g", sdt, "g" if q in ("u8", "u4") else None)
+    if direction == "bwd" and quant:
+        raise BadParameterError("attention backward with quantized K/V is not supported")
+    return AttentionProblem(direction=direction, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, Dv=Dv, dtype=dtype,
+                            device=device, causal=causal, mask=mask,
+                            mask_shape=(1, 1, Sq, Sk) if mask != "none" else (),
+                            dropout_p=float(spec.get("dropout", 0.0)), return_lse=direction == "bwd",
+                            k_quant=quant, v_quant=quant)
+
+
+def add_conv_args(c: argparse.ArgumentParser) -> None:
+    """Flags describing one convolution problem."""
+    c.add_argument("-n", "--batch", type=int, default=1)
+    c.add_argument("-c", "--channels", type=int, required=True, help="input channels C")
+    c.add_argument("-k", "--out-channels", type=int, required=True, help="output channels K")
+    c.add_argument("--spatial", type=ints, required=True, help="input size, e.g. 56,56 (1-3 dims)")
+    c.add_argument("--filter", type=ints, required=True, help="filter size, e.g. 3,3")
+    c.add_argument("--stride", type=ints, default=[1])
+    c.add_argument("--pad", type=ints, default=[0], help="padding per dim, or before,after pairs as 2*nd ints")
+    c.add_argument("--dilation", type=ints, default=[1])
+    c.add_argument("-g", "--groups", type=int, default=1)
+    c.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw")
+    c.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_weights"), default="fwd")
+    c.add_argument("--bias", action="store_true")
+    c.add_argument("--dtype", default="f32", help="f32, f16 or bf16 (default f32)")
+    c.add_argument("--device", default="auto", help="auto, cpu or cuda")
+
+
+def add_attn_args(a: argparse.ArgumentParser) -> None:
+    """Flags describing one attention problem."""
+    a.add_argument("-b", "--batch", type=int, default=1)
+    a.add_argument("--hq", type=int, required=True, help="query heads")
+    a.add_argument("--hkv", type=int, default=None, help="key/value heads (default hq)")
+    a.add_argument("--sq", type=int, required=True)
+    a.add_argument("--sk", type=int, default=None, help="keys (default sq)")
+    a.add_argument("-d", "--head-dim", type=int, required=True)
+    a.add_argument("--dv", type=int, default=None)
+    a.add_argument("--causal", choices=("none", "top_left", "bottom_right"), default="none")
+    a.add_argument("--mask", choices=("none", "bool", "additive"), default="none")
+    a.add_argument("--dropout", type=float, default=0.0)
+    a.add_argument("--kv-quant", choices=("s8", "u8", "s4", "u4"), default=None)
+    a.add_argument("--group-size", type=int, default=None)
+    a.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
+    a.add_argument("--dtype", default="f32", help="f32, f16 or bf16 (default f32)")
+    a.add_argument("--device", default="auto", help="auto, cpu or cuda")
+
+
+def add_problem_parsers(sub, func) -> None:
+    """`conv` and `attn` sub-subcommands describing one problem (flags as `nnprim conv/attn`)."""
+    c = sub.add_parser("conv", help="a convolution problem")
+    add_conv_args(c)
+    c.set_defaults(func=func, kind="conv")
+    a = sub.add_parser("attn", help="an attention problem")
+    add_attn_args(a)
+    a.set_defaults(func=func, kind="attn")
+
+
+def conv_spec(args) -> dict:
+    """Suite-format spec from `add_conv_args` flags."""
+    if not 1 <= len(args.spatial) <= 3 or len(args.filter) != len(args.spatial):
+        raise BadParameterError(f"--spatial {args.spatial} and --filter {args.filter} must both have 1-3 values")
+    nd = len(args.spatial)
+    return dict(N=args.batch, C=args.channels, K=args.out_channels, spatial=args.spatial, filter=args.filter,
+                stride=per_dim(args.stride, nd, "stride"), padding=per_dim(args.pad, nd, "padding"),
+                dilation=per_dim(args.dilation, nd, "dilation"), groups=args.groups, layout=args.layout)
+
+
+def attn_spec(args) -> dict:
+    """Suite-format spec from `add_attn_args` flags."""
+    return dict(B=args.batch, Hq=args.hq, Hkv=args.hkv or args.hq, Sq=args.sq, Sk=args.sk or args.sq,
+                D=args.head_dim, Dv=args.dv or args.head_dim, causal=args.causal, mask=args.mask,
+                dropout=args.dropout, kv_quant=args.kv_quant, group_size=args.group_size)
+
+
+def problem_from_args(args):
+    dtype, device = parse_dtype(args.dtype), pick_device(args.device)
+    if args.kind == "conv":
+        return conv_problem(conv_spec(args), dtype=dtype, device=device, direction=args.direction, bias=args.bias)
+    return attn_problem(attn_spec(args), dtype=dtype, device=device, direction=args.direction)
+
+
+def suite_problems(suite: str, *, dtype: str | None, device: str, directions: str | None):
+    """(name, problem) for every problem of a suite and every direction asked."""
+    from .bench import load_suite
+    kind, specs = load_suite(suite)
+    dev = pick_device(device)
+    dt = parse_dtype(dtype or ("bf16" if dev == "cuda" else "f32"))
+    out = []
+    for spec in specs:
+        name = spec.get("name", "?")
+        if kind == "conv":
+            for d in (directions or "fwd").split(","):
+                out.append((f"{name}/{d}", conv_problem(spec, dtype=dt, device=dev, direction=d)))
+        else:
+            dirs = directions or ("fwd,bwd" if spec.get("mode") == "train" else "fwd")
+            for d in dirs.split(","):
+                out.append((f"{name}/{d}", attn_problem(spec, dtype=dt, device=dev, direction=d)))
+    return out
+
+
