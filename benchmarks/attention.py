@@ -1,0 +1,316 @@
+"""Flash attention (solvers 110/111) on the GPU: correctness at real sizes, then speed
+against the peers (torch SDPA with the CUDNN_ATTENTION and FLASH_ATTENTION backends)
+measured in the same run.
+
+    PYTHONUNBUFFERED=1 python benchmarks/attention.py [--subset N1,N2] [--tune]
+                       [--out DIR] [--features] [--date 2026-11-29]
+
+Default: every `train` problem of benchmarks/suites/attention_gpu.json with the tuned
+table's tiles (what the solvers pick). `--tune` times candidate tile configs (and TMA vs
+pointer loads) per problem as well; benchmarks/tune_attention.py is this mode.
+Correctness: each problem's forward and backward is compared with a float32 torch
+reference on one batch entry and the query heads of one kv head (heads are independent,
+so the slice checks the full launch); `--features` also checks options (masks, kv_lens,
+dropout, GQA, Dv != D, strides, f32/f16) against nnprim's float64 reference.
+Writes $OUT (or --out) /attention_<date>[_tune].json and prints a table.
+FLOPs follow the peers' convention: fwd 4*B*Hq*Sq*Sk*D (x0.5 causal when Sq == Sk),
+bwd 2.5x that.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import types
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _import_nnprim():
+    """Import nnprim; if a module unrelated to attention fails to import (work in
+    progress elsewhere), fall back to a bare package so the attention modules load."""
+    try:
+        import nnprim  # noqa: F401
+    except Exception as e:  # pragma: no cover - only on a broken tree
+        print(f"[warn] import nnprim failed ({type(e).__name__}: {e}); using a bare package")
+        for m in [m for m in sys.modules if m == "nnprim" or m.startswith("nnprim.")]:
+            del sys.modules[m]
+        pkg = types.ModuleType("nnprim")
+        pkg.__path__ = [str(ROOT / "nnprim")]
+        sys.modules["nnprim"] = pkg
+
+
+_import_nnprim()
+import triton  # noqa: E402
+from triton.testing import do_bench  # noqa: E402
+
+from nnprim.args import AttnArgs  # noqa: E402
+from nnprim.attention import configs, flash_bwd, flash_fwd  # noqa: E402
+from nnprim.attention.configs import TileConfig as T  # noqa: E402
+from nnprim.problems.attention import AttentionProblem  # noqa: E402
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+
+# candidate tiles for --tune: forward (BM, BN, warps, stages, tma), backward (BM, BN, warps, stages)
+FWD_CANDS = {
+    64: [(128, 64, 4, 3, True), (128, 64, 4, 4, True), (128, 128, 8, 3, True), (128, 64, 8, 3, True),
+         (256, 64, 8, 3, True)],
+    128: [(128, 64, 8, 3, True), (128, 128, 8, 2, True), (128, 64, 4, 3, True), (128, 64, 8, 4, True),
+          (256, 64, 8, 2, True)],
+    256: [(128, 64, 8, 2, True), (128, 32, 8, 3, True), (64, 64, 4, 2, True), (128, 64, 8, 1, True)],
+}
+BWD_CANDS = {
+    64: [(64, 128, 4, 3), (64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)],
+    128: [(64, 128, 8, 2), (64, 64, 4, 2), (32, 128, 4, 2), (64, 128, 8, 3), (128, 64, 8, 2)],
+    256: [(64, 64, 8, 1), (32, 64, 4, 2), (64, 64, 4, 1), (32, 128, 8, 1), (16, 64, 4, 2)],
+}
+
+
+def bench(fn, rep=80):
+    return do_bench(fn, warmup=20, rep=rep, return_mode="median")
+
+
+def rel(x, ref):
+    x = x.float()
+    ref = ref.float()
+    return ((x - ref).norm() / ref.norm()).item()
+
+
+def flops_of(p):
+    frac = 0.5 if (p["causal"] and p["Sq"] == p["Sk"]) else 1.0
+    return 4.0 * p["B"] * p["Hq"] * p["Sq"] * p["Sk"] * p["D"] * frac
+
+
+def ref_slice(q, k, v, do, causal):
+    """f32 math reference for batch 0 and the query heads of kv head 0."""
+    g = q.shape[1] // k.shape[1]
+    qs = q[:1, :g].float().detach().requires_grad_()
+    ks = k[:1, :1].float().detach().requires_grad_()
+    vs = v[:1, :1].float().detach().requires_grad_()
+    Sq, Sk = q.shape[2], k.shape[2]
+    s = (qs @ ks.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+    if causal:
+        i = torch.arange(Sq, device=DEV)[:, None]
+        j = torch.arange(Sk, device=DEV)[None, :]
+        s = s.masked_fill(j > i + (Sk - Sq), float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    o = torch.softmax(s, -1) @ vs
+    dq, dk, dv = torch.autograd.grad(o, (qs, ks, vs), do[:1, :g].float())
+    return o.detach(), lse.detach(), dq, dk, dv
+
+
+def run_problem(p, tune: bool, check: bool):
+    B, Hq, Hkv, Sq, Sk, D, causal = p["B"], p["Hq"], p["Hkv"], p["Sq"], p["Sk"], p["D"], p["causal"]
+    torch.manual_seed(0)
+    q = torch.randn(B, Hq, Sq, D, device=DEV, dtype=BF16)
+    k = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=BF16)
+    v = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=BF16)
+    cz = "bottom_right" if causal else None
+    prob = AttentionProblem.from_tensors(q, k, v, causal=cz, return_lse=True)
+    pb = prob.with_direction("bwd")
+    fcfg, bcfg = configs.choose(prob)
+    fl = flops_of(p)
+    row = dict(name=p["name"], B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, causal=causal,
+               fwd_cfg=list(fcfg.as_tuple()), bwd_cfg=list(bcfg.as_tuple()))
+    args = AttnArgs(q, k, v)
+    o, lse = flash_fwd.flash_forward(prob, args, fcfg)
+    do = torch.randn_like(o)
+    bargs = AttnArgs(q, k, v, do=do, o=o, lse=lse)
+    if check:
+        dq, dk, dv = flash_bwd.flash_backward(pb, bargs, bcfg)
+        ro, rl, rdq, rdk, rdv = ref_slice(q, k, v, do, causal)
+        g = Hq // Hkv
+        row["err"] = dict(o=rel(o[:1, :g], ro), lse=rel(lse[:1, :g], rl), dq=rel(dq[:1, :g], rdq),
+                          dk=rel(dk[:1, :1], rdk), dv=rel(dv[:1, :1], rdv))
+        with torch.no_grad():
+            oc = F.scaled_dot_product_attention(q[:1, :g], k[:1, :1].expand(1, g, Sk, D),
+                                                v[:1, :1].expand(1, g, Sk, D), is_causal=causal)
+        row["err"]["o_torch_bf16"] = rel(oc, ro)
+        row["ok"] = all(e < 1.5e-2 for key, e in row["err"].items() if key != "o_torch_bf16")
+        del ro, rl, rdq, rdk, rdv, dq, dk, dv
+    # ours with the table's config
+    ms = bench(lambda: flash_fwd.flash_forward(prob, args, fcfg))
+    row["ours_fwd_ms"] = ms
+    row["ours_fwd_tflops"] = fl / ms / 1e9
+    ms = bench(lambda: flash_bwd.flash_backward(pb, bargs, bcfg))
+    row["ours_bwd_ms"] = ms
+    row["ours_bwd_tflops"] = 2.5 * fl / ms / 1e9
+    # per-kernel split of the backward, with registers / spills of each kernel
+    _, launches = flash_bwd.backward_launches(pb, bargs, configs.FITTED.get(
+        ("bwd", pb.key(), bcfg, None), bcfg))
+    row["bwd_kernels"] = {}
+    for kname, launch in launches:
+        ck = launch()
+        row["bwd_kernels"][kname] = dict(ms=round(bench(launch, rep=40), 3),
+                                         regs=getattr(ck, "n_regs", None),
+                                         spills=getattr(ck, "n_spills", None))
+    _, flaunch = flash_fwd.forward_launch(prob, args)
+    ck = flaunch(configs.FITTED.get(("fwd", prob.key(), fcfg, None), fcfg))
+    row["fwd_kernel"] = dict(regs=getattr(ck, "n_regs", None), spills=getattr(ck, "n_spills", None))
+    if tune:
+        dcls = 64 if D <= 64 else (128 if D <= 128 else 256)
+        row["tune_fwd"] = {}
+        for c in FWD_CANDS[dcls]:
+            cfg = T(*c[:4])
+            try:
+                ms = bench(lambda cfg=cfg, c=c: flash_fwd.flash_forward(prob, args, cfg, use_tma=c[4]),
+                           rep=40)
+                row["tune_fwd"][str(c)] = round(fl / ms / 1e9, 1)
+            except Exception as e:  # out of resources etc.
+                row["tune_fwd"][str(c)] = "ERR " + str(e).split("\n")[0][:80]
+        row["tune_bwd"] = {}
+        for c in BWD_CANDS[dcls]:
+            cfg = T(*c)
+            try:
+                ms = bench(lambda cfg=cfg: flash_bwd.flash_backward(pb, bargs, cfg), rep=40)
+                row["tune_bwd"][str(c)] = round(2.5 * fl / ms / 1e9, 1)
+            except Exception as e:
+                row["tune_bwd"][str(c)] = "ERR " + str(e).split("\n")[0][:80]
+    # peers, same tensors
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    for pname, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            def f(be=be):
+                with sdpa_kernel([be]):
+                    return F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal,
+                                                          enable_gqa=Hq != Hkv)
+            with torch.no_grad():
+                ms = bench(f)
+            row[f"{pname}_fwd_tflops"] = fl / ms / 1e9
+            out = f()
+            ms = bench(lambda out=out: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True))
+            row[f"{pname}_bwd_tflops"] = 2.5 * fl / ms / 1e9
+        except Exception as e:
+            row[f"{pname}_err"] = str(e).split("\n")[0][:100]
+    for pname in ("cudnn", "flash"):
+        for d in ("fwd", "bwd"):
+            if f"{pname}_{d}_tflops" in row:
+                row[f"vs_{pname}_{d}"] = row[f"ours_{d}_tflops"] / row[f"{pname}_{d}_tflops"]
+    for key, val in list(row.items()):
+        if isinstance(val, float):
+            row[key] = round(val, 4 if key.startswith(("vs_", "err")) else 2)
+    return row
+
+
+def feature_checks():
+    """Options at medium sizes vs nnprim's float64 reference (forward and backward)."""
+    from nnprim.attention.reference import reference_backward, reference_forward
+    g = torch.Generator(device=DEV).manual_seed(1)
+
+    def rnd(*s, dt=BF16):
+        return torch.randn(*s, device=DEV, generator=g).to(dt)
+
+    cases = []
+    B, Hq, Hkv, Sq, Sk = 2, 8, 2, 1000, 1531
+    cases.append(("gqa_br_boolmask_d80_dv64", dict(q=rnd(B, Hq, Sq, 80), k=rnd(B, Hkv, Sk, 80),
+                  v=rnd(B, Hkv, Sk, 64), causal="bottom_right",
+                  attn_mask=torch.rand(B, 1, Sq, Sk, device=DEV, generator=g) > 0.2)))
+    cases.append(("f32_causal_d128", dict(q=rnd(1, 4, 777, 128, dt=torch.float32),
+                  k=rnd(1, 4, 777, 128, dt=torch.float32), v=rnd(1, 4, 777, 128, dt=torch.float32),
+                  causal="top_left")))
+    am = torch.randn(1, 4, 513, 700, device=DEV, generator=g)
+    cases.append(("d256_additive_kvlens_dropout", dict(q=rnd(2, 4, 513, 256), k=rnd(2, 4, 700, 256),
+                  v=rnd(2, 4, 700, 256), attn_mask=am, kv_lens=torch.tensor([700, 333], device=DEV),
+                  dropout_p=0.1, seed=1234, offset=99, softmax_inf_as_zero=True)))
+    cases.append(("f16_bshd_strides_d64", dict(q=rnd(2, 1024, 8, 64, dt=torch.float16).transpose(1, 2),
+                  k=rnd(2, 1100, 8, 64, dt=torch.float16).transpose(1, 2),
+                  v=rnd(2, 1100, 8, 64, dt=torch.float16).transpose(1, 2), causal="top_left")))
+    cases.append(("d112_tensor_scale_inv_mqa", dict(q=rnd(1, 8, 600, 112), k=rnd(1, 1, 900, 112),
+                  v=rnd(1, 1, 900, 112), scale=torch.tensor(9.0, device=DEV), invert_scale=True)))
+    res = []
+    for name, c in cases:
+        q, k, v = c.pop("q"), c.pop("k"), c.pop("v")
+        seed, offset = c.pop("seed", 0), c.pop("offset", 0)
+        p = AttentionProblem.from_tensors(q, k, v, return_lse=True, **c)
+        args = AttnArgs(q, k, v, attn_mask=c.get("attn_mask"), scale=c.get("scale"), seed=seed,
+                        offset=offset, kv_lens=c.get("kv_lens"))
+        fcfg, bcfg = configs.choose(p)
+        out = torch.full((q.shape[0], q.shape[1], q.shape[2], v.shape[-1]), float("nan"),
+                         device=DEV, dtype=q.dtype)
+        o, lse = flash_fwd.flash_forward(p, args, fcfg, out=out)
+        ro, rl = reference_forward(p, args)
+        do = torch.randn(o.shape, device=DEV, generator=g).to(q.dtype)
+        pb = p.with_direction("bwd")
+        bargs = AttnArgs(q, k, v, attn_mask=args.attn_mask, scale=args.scale, seed=seed,
+                         offset=offset, kv_lens=args.kv_lens, do=do, o=o, lse=lse)
+        grads = flash_bwd.flash_backward(pb, bargs, bcfg)
+        rg = reference_backward(pb, bargs)
+
+        def err(x, r):
+            fin = torch.isfinite(r)
+            if not torch.equal(torch.isfinite(x), fin):
+                return float("inf")
+            return ((x.double()[fin] - r[fin]).norm() / r[fin].norm()).item()
+        errs = dict(o=err(o, ro), lse=err(lse, rl), dq=err(grads[0], rg[0]), dk=err(grads[1], rg[1]),
+                    dv=err(grads[2], rg[2]))
+        tol = 2e-5 if q.dtype == torch.float32 else 1.5e-2
+        row = dict(name=name, dtype=str(q.dtype), errs={kk: round(vv, 6) for kk, vv in errs.items()},
+                   tma=flash_fwd.tma_ok(q, k, v), ok=all(e < tol for e in errs.values()))
+        print("[feature]", row, flush=True)
+        res.append(row)
+    return res
+
+
+def geomean(xs):
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--suite", default=str(ROOT / "benchmarks/suites/attention_gpu.json"))
+    ap.add_argument("--subset", default="")
+    ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--features", action="store_true")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--date", default=time.strftime("%Y-%m-%d"))
+    a = ap.parse_args()
+    probs = [p for p in json.load(open(a.suite))["problems"] if p["mode"] == "train"]
+    if a.subset:
+        want = a.subset.split(",")
+        probs = sorted((p for p in probs if p["name"] in want), key=lambda p: want.index(p["name"]))
+    res = dict(date=a.date, machine=torch.cuda.get_device_name(), torch=torch.__version__,
+               triton=triton.__version__, cudnn=torch.backends.cudnn.version(), rows=[])
+    out = Path(a.out) / f"attention_{a.date}{'_tune' if a.tune else ''}.json"
+    t0 = time.time()
+    if a.features:
+        res["features"] = feature_checks()
+        print(f"features done {time.time() - t0:.0f}s", flush=True)
+    for p in probs:
+        row = run_problem(p, a.tune, not a.no_check)
+        torch.cuda.empty_cache()
+        res["rows"].append(row)
+        print(f"[{time.time() - t0:.0f}s]", json.dumps(row), flush=True)
+        json.dump(res, open(out, "w"), indent=1)
+    rows = res["rows"]
+    for key in ("vs_cudnn_fwd", "vs_flash_fwd", "vs_cudnn_bwd", "vs_flash_bwd"):
+        res[f"geomean_{key}"] = round(geomean([r.get(key) for r in rows]), 3)
+    json.dump(res, open(out, "w"), indent=1)
+    hdr = f"{'problem':28s} {'ours f':>7s} {'cudnn f':>7s} {'flash f':>7s} {'ours b':>7s} " \
+          f"{'cudnn b':>7s} {'flash b':>7s} {'f/cud':>6s} {'f/fla':>6s} {'b/cud':>6s} {'b/fla':>6s} ok"
+    print(hdr)
+    for r in rows:
+        print(f"{r['name']:28s} {r['ours_fwd_tflops']:7.1f} {r.get('cudnn_fwd_tflops', 0):7.1f} "
+              f"{r.get('flash_fwd_tflops', 0):7.1f} {r['ours_bwd_tflops']:7.1f} "
+              f"{r.get('cudnn_bwd_tflops', 0):7.1f} {r.get('flash_bwd_tflops', 0):7.1f} "
+              f"{r.get('vs_cudnn_fwd', 0):6.3f} {r.get('vs_flash_fwd', 0):6.3f} "
+              f"{r.get('vs_cudnn_bwd', 0):6.3f} {r.get('vs_flash_bwd', 0):6.3f} {r.get('ok')}")
+        if "tune_fwd" in r:
+            print("   fwd:", r["tune_fwd"], "\n   bwd:", r["tune_bwd"])
+    print("geomeans:", {k: v for k, v in res.items() if k.startswith("geomean")})
+    print(f"wrote {out} in {time.time() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

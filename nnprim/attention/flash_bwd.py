@@ -1,0 +1,483 @@
+"""Flash attention backward in Triton (solver 111 `flash_bwd`, family `flash`).
+
+With P_ij = exp(s_ij - lse_i) (recomputed from q, k and the forward's lse), Z the
+dropout keep mask and r = 1 / (1 - p):
+
+    D_i   = sum_d dO_id O_id                            (preprocess kernel, f32)
+    dV_j  = sum_i (r Z_ij P_ij) dO_i
+    dP_ij = r Z_ij dO_i . v_j
+    dS_ij = P_ij (dP_ij - D_i)
+    dQ_i  = scale sum_j dS_ij k_j,    dK_j = scale sum_i dS_ij q_i
+
+Three kernels, no atomics, deterministic run to run:
+1. preprocess: D_i (0 for fully masked rows, whose lse is -inf: their gradients are 0,
+   as softmax_inf_as_zero asks; without it the forward's o is NaN there and the float64
+   reference's gradients are NaN, while these kernels still give 0);
+2. dK/dV: one program per (BLOCK_N keys, b, kv head); it loops over the query heads that
+   share the kv head (the GQA reduction, in a fixed order) and over query blocks, with
+   the causal range split into masked diagonal blocks and unmasked blocks;
+3. dQ: one program per (BLOCK_M query rows, b, query head), looping over key blocks.
+f32 accumulation throughout; results are cast to the input dtype when stored.
+Masks, scales, kv_lens, causal alignment and dropout follow flash_fwd exactly.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+from ..dropout import dropout_keep
+from ..search.solver import register
+from . import configs
+from .flash_fwd import (
+    _CAUSAL_CODE,
+    _MASK_CODE,
+    FlashBase,
+    _dot,
+    block_d,
+    dropout_args,
+    ensure_allocator,
+    interpreting,
+    mask_view,
+    roofline_ms,
+    scale_args,
+    tma_ok,
+)
+
+
+@triton.jit
+def _bwd_preprocess(O, DO, LSE, DELTA, sob, soh, sos, sod, sdb, sdh, sds, sdd, Hq, Sq, Dv,
+                    BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hq).to(tl.int64)
+    h = (pid_bh % Hq).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_DV)
+    msk = (offs_m[:, None] < Sq) & (offs_d[None, :] < Dv)
+    o = tl.load(O + b * sob + h * soh + offs_m[:, None].to(tl.int64) * sos + offs_d[None, :] * sod,
+                mask=msk, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None].to(tl.int64) * sds + offs_d[None, :] * sdd,
+                 mask=msk, other=0.0).to(tl.float32)
+    row = pid_bh.to(tl.int64) * Sq + offs_m
+    lse = tl.load(LSE + row, mask=offs_m < Sq, other=0.0)
+    delta = tl.sum(o * do, 1)
+    delta = tl.where(lse == float("-inf"), 0.0, delta)
+    tl.store(DELTA + row, delta, mask=offs_m < Sq)
+
+
+@triton.jit
+def _scores(a, b_t, mask_ptrs, rows, cols, kv_len, shift, qk_scale, Sq, Sk,
+            MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+            UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """log2-domain scores of the tile a @ b_t with masks; rows/cols are the query/key
+    index blocks broadcast to the tile's shape (either orientation)."""
+    s = _dot(a, b_t, None, UPCAST, IEEE) * qk_scale
+    if MASK_KIND != 0:
+        mvalid = (rows < Sq) & (cols < Sk)
+        if MASK_KIND == 1:
+            mv = tl.load(mask_ptrs, mask=mvalid, other=1)
+            s = tl.where(mv != 0, s, float("-inf"))
+        else:
+            mv = tl.load(mask_ptrs, mask=mvalid, other=0.0).to(tl.float32)
+            s = s + mv * 1.4426950408889634
+    if MASKED:
+        valid = cols < kv_len
+        if CAUSAL != 0:
+            valid = valid & (cols <= rows + shift)
+        s = tl.where(valid, s, float("-inf"))
+    return s
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base, mask_base,
+                sqs, sqd, sds, sdd, smi, smj, offs_n, offs_d, offs_dv, lo, hi,
+                kv_len, shift, qk_scale, seed, offset, b, h, Hq, Sq, Sk, threshold, inv_keep,
+                D, Dv, BLOCK_M: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr, USE_TMA: tl.constexpr,
+                UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """Query blocks [lo, hi) for one key block; tiles are transposed: [BLOCK_N, BLOCK_M]."""
+    offs_m0 = tl.arange(0, BLOCK_M)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + offs_m0
+        rmask = offs_m < Sq
+        if USE_TMA:
+            q = q_desc.load([start_m, 0])
+        else:
+            q = tl.load(q_base + offs_m[:, None].to(tl.int64) * sqs + offs_d[None, :] * sqd,
+                        mask=rmask[:, None] & (offs_d[None, :] < D), other=0.0)
+        lse = tl.load(lse_base + offs_m, mask=rmask, other=float("inf"))
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+        mptr = mask_base
+        if MASK_KIND != 0:
+            mptr = mask_base + offs_m[None, :].to(tl.int64) * smi + offs_n[:, None].to(tl.int64) * smj
+        sT = _scores(k, tl.trans(q), mptr, offs_m[None, :], offs_n[:, None], kv_len, shift,
+                     qk_scale, Sq, Sk, MASKED, CAUSAL, MASK_KIND, UPCAST, IEEE)
+        pT = tl.math.exp2(sT - lse2[None, :])
+        if USE_TMA:
+            do = do_desc.load([start_m, 0])
+        else:
+            do = tl.load(do_base + offs_m[:, None].to(tl.int64) * sds + offs_dv[None, :] * sdd,
+                         mask=rmask[:, None] & (offs_dv[None, :] < Dv), other=0.0)
+        if DROPOUT:
+            keep = dropout_keep(seed, offset, b, h, offs_m[None, :], offs_n[:, None], Hq, Sq, Sk,
+                                threshold)
+            pdT = tl.where(keep, pT * inv_keep, 0.0)
+        else:
+            pdT = pT
+        dv = _dot(pdT.to(do.dtype), do, dv, UPCAST, IEEE)
+        delta = tl.load(delta_base + offs_m, mask=rmask, other=0.0)
+        dpT = _dot(v, tl.trans(do), None, UPCAST, IEEE)
+        if DROPOUT:
+            dpT = tl.where(keep, dpT * inv_keep, 0.0)
+        dsT = pT * (dpT - delta[None, :])
+        dk = _dot(dsT.to(q.dtype), q, dk, UPCAST, IEEE)
+    return dk, dv
+
+
+@triton.jit
+def _flash_bwd_dkdv_kernel(
+        Q, K, V, DO, LSE, DELTA, DK, DV, MASK, SCALE, KVLENS,
+        sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+        sdb, sdh, sds, sdd, sdkb, sdkh, sdks, sdkd, sdvb, sdvh, sdvs, sdvd,
+        smb, smh, smi, smj,
+        Hq, Hkv, Sq, Sk, GROUP, D, Dv, scale, seed, offset, threshold, inv_keep,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+        SCALE_PTR: tl.constexpr, INVERT: tl.constexpr, HAS_KVLENS: tl.constexpr,
+        DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """One program: BLOCK_N keys of one (b, kv head); loops over GROUP query heads."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // Hkv
+    hk = pid_bh % Hkv
+    b64 = b.to(tl.int64)
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    nmask = offs_n < Sk
+    if USE_TMA:
+        k = tl.make_tensor_descriptor(K + b64 * skb + hk.to(tl.int64) * skh, shape=[Sk, D],
+                                      strides=[sks, 1], block_shape=[BLOCK_N, BLOCK_D]).load([start_n, 0])
+        v = tl.make_tensor_descriptor(V + b64 * svb + hk.to(tl.int64) * svh, shape=[Sk, Dv],
+                                      strides=[svs, 1], block_shape=[BLOCK_N, BLOCK_DV]).load([start_n, 0])
+    else:
+        k = tl.load(K + b64 * skb + hk.to(tl.int64) * skh + offs_n[:, None].to(tl.int64) * sks
+                    + offs_d[None, :] * skd, mask=nmask[:, None] & (offs_d[None, :] < D), other=0.0)
+        v = tl.load(V + b64 * svb + hk.to(tl.int64) * svh + offs_n[:, None].to(tl.int64) * svs
+                    + offs_dv[None, :] * svd, mask=nmask[:, None] & (offs_dv[None, :] < Dv),
+                    other=0.0)
+    if SCALE_PTR:
+        sc = tl.load(SCALE).to(tl.float32)
+        if INVERT:
+            sc = 1.0 / sc
+    else:
+        sc = scale
+    qk_scale = sc * 1.4426950408889634
+    if HAS_KVLENS:
+        kv_len = tl.load(KVLENS + b).to(tl.int32)
+    else:
+        kv_len = Sk
+    if CAUSAL == 2:
+        shift = kv_len - Sq
+    else:
+        shift = 0
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+    # query range: rows that see a key of the block start at lo; from `full` on (up to the
+    # last whole block of rows) every row sees every key of the block.
+    m_end = tl.cdiv(Sq, BLOCK_M) * BLOCK_M
+    m_whole = (Sq // BLOCK_M) * BLOCK_M
+    if CAUSAL != 0:
+        lo = tl.maximum(start_n - shift, 0)
+        lo = (lo // BLOCK_M) * BLOCK_M
+        full = tl.maximum(start_n + BLOCK_N - 1 - shift, 0)
+        full = tl.cdiv(full, BLOCK_M) * BLOCK_M
+    else:
+        lo = 0
+        full = 0
+    lo = tl.minimum(lo, m_end)
+    if start_n >= kv_len:
+        lo = m_end  # no visible key in this block
+    full = tl.maximum(full, lo)
+    if start_n + BLOCK_N > kv_len:
+        full = m_end  # the block crosses kv_len: mask every query block
+    full = tl.minimum(full, m_end)
+    whole = tl.maximum(m_whole, full)
+    for g in range(GROUP):
+        h = hk * GROUP + g
+        h64 = h.to(tl.int64)
+        q_base = Q + b64 * sqb + h64 * sqh
+        do_base = DO + b64 * sdb + h64 * sdh
+        lse_base = LSE + (b64 * Hq + h64) * Sq
+        delta_base = DELTA + (b64 * Hq + h64) * Sq
+        mask_base = MASK
+        if MASK_KIND != 0:
+            mask_base = MASK + b64 * smb + h64 * smh
+        if USE_TMA:
+            q_desc = tl.make_tensor_descriptor(q_base, shape=[Sq, D], strides=[sqs, 1],
+                                               block_shape=[BLOCK_M, BLOCK_D])
+            do_desc = tl.make_tensor_descriptor(do_base, shape=[Sq, Dv], strides=[sds, 1],
+                                                block_shape=[BLOCK_M, BLOCK_DV])
+        else:
+            q_desc = None
+            do_desc = None
+        # masked diagonal blocks, unmasked blocks, masked tail block(s)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base,
+                             mask_base,
+                             sqs, sqd, sds, sdd, smi, smj, offs_n, offs_d, offs_dv, lo, full,
+                             kv_len, shift, qk_scale, seed, offset, b, h, Hq, Sq, Sk, threshold,
+                             inv_keep, D, Dv, BLOCK_M, True, CAUSAL, MASK_KIND, DROPOUT, USE_TMA,
+                             UPCAST, IEEE)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base,
+                             mask_base,
+                             sqs, sqd, sds, sdd, smi, smj, offs_n, offs_d, offs_dv, full, m_whole,
+                             kv_len, shift, qk_scale, seed, offset, b, h, Hq, Sq, Sk, threshold,
+                             inv_keep, D, Dv, BLOCK_M, False, CAUSAL, MASK_KIND, DROPOUT, USE_TMA,
+                             UPCAST, IEEE)
+        dk, dv = _dkdv_inner(dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base,
+                             mask_base,
+                             sqs, sqd, sds, sdd, smi, smj, offs_n, offs_d, offs_dv, whole, m_end,
+                             kv_len, shift, qk_scale, seed, offset, b, h, Hq, Sq, Sk, threshold,
+                             inv_keep, D, Dv, BLOCK_M, True, CAUSAL, MASK_KIND, DROPOUT, USE_TMA,
+                             UPCAST, IEEE)
+    dk = dk * sc
+    tl.store(DK + b64 * sdkb + hk.to(tl.int64) * sdkh + offs_n[:, None].to(tl.int64) * sdks
+             + offs_d[None, :] * sdkd, dk.to(DK.dtype.element_ty),
+             mask=nmask[:, None] & (offs_d[None, :] < D))
+    tl.store(DV + b64 * sdvb + hk.to(tl.int64) * sdvh + offs_n[:, None].to(tl.int64) * sdvs
+             + offs_dv[None, :] * sdvd, dv.to(DV.dtype.element_ty),
+             mask=nmask[:, None] & (offs_dv[None, :] < Dv))
+
+
+@triton.jit
+def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, mask_base, sks, skd, svs, svd, smj,
+              offs_m, offs_d, offs_dv, lo, hi, kv_len, shift, qk_scale, seed, offset, b, h,
+              Hq, Sq, Sk, threshold, inv_keep, D, Dv, BLOCK_N: tl.constexpr,
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+              DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, UPCAST: tl.constexpr,
+              IEEE: tl.constexpr):
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        nmask = offs_n < Sk
+        if USE_TMA:
+            k = k_desc.load([start_n, 0])
+            v = v_desc.load([start_n, 0])
+        else:
+            k = tl.load(k_base + offs_n[:, None].to(tl.int64) * sks + offs_d[None, :] * skd,
+                        mask=nmask[:, None] & (offs_d[None, :] < D), other=0.0)
+            v = tl.load(v_base + offs_n[:, None].to(tl.int64) * svs + offs_dv[None, :] * svd,
+                        mask=nmask[:, None] & (offs_dv[None, :] < Dv), other=0.0)
+        mptr = mask_base
+        if MASK_KIND != 0:
+            mptr = mask_base + offs_n[None, :].to(tl.int64) * smj
+        s = _scores(q, tl.trans(k), mptr, offs_m[:, None], offs_n[None, :], kv_len, shift,
+                    qk_scale, Sq, Sk, MASKED, CAUSAL, MASK_KIND, UPCAST, IEEE)
+        p = tl.math.exp2(s - lse2[:, None])
+        dp = _dot(do, tl.trans(v), None, UPCAST, IEEE)
+        if DROPOUT:
+            keep = dropout_keep(seed, offset, b, h, offs_m[:, None], offs_n[None, :], Hq, Sq, Sk,
+                                threshold)
+            dp = tl.where(keep, dp * inv_keep, 0.0)
+        ds = p * (dp - delta[:, None])
+        dq = _dot(ds.to(k.dtype), k, dq, UPCAST, IEEE)
+    return dq
+
+
+@triton.jit
+def _flash_bwd_dq_kernel(
+        Q, K, V, DO, LSE, DELTA, DQ, MASK, SCALE, KVLENS,
+        sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+        sdb, sdh, sds, sdd, sdqb, sdqh, sdqs, sdqd, smb, smh, smi, smj,
+        Hq, Sq, Sk, GROUP, D, Dv, scale, seed, offset, threshold, inv_keep,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+        SCALE_PTR: tl.constexpr, INVERT: tl.constexpr, HAS_KVLENS: tl.constexpr,
+        DROPOUT: tl.constexpr, USE_TMA: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """One program: BLOCK_M query rows of one (b, h), looping over key blocks."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // Hq
+    h = pid_bh % Hq
+    hk = h // GROUP
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    rmask = offs_m < Sq
+    if USE_TMA:
+        q = tl.make_tensor_descriptor(Q + b64 * sqb + h64 * sqh, shape=[Sq, D], strides=[sqs, 1],
+                                      block_shape=[BLOCK_M, BLOCK_D]).load([start_m, 0])
+        do = tl.make_tensor_descriptor(DO + b64 * sdb + h64 * sdh, shape=[Sq, Dv], strides=[sds, 1],
+                                       block_shape=[BLOCK_M, BLOCK_DV]).load([start_m, 0])
+    else:
+        q = tl.load(Q + b64 * sqb + h64 * sqh + offs_m[:, None].to(tl.int64) * sqs
+                    + offs_d[None, :] * sqd, mask=rmask[:, None] & (offs_d[None, :] < D), other=0.0)
+        do = tl.load(DO + b64 * sdb + h64 * sdh + offs_m[:, None].to(tl.int64) * sds
+                     + offs_dv[None, :] * sdd, mask=rmask[:, None] & (offs_dv[None, :] < Dv),
+                     other=0.0)
+    row = pid_bh.to(tl.int64) * Sq + offs_m
+    lse = tl.load(LSE + row, mask=rmask, other=float("inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+    delta = tl.load(DELTA + row, mask=rmask, other=0.0)
+    if SCALE_PTR:
+        sc = tl.load(SCALE).to(tl.float32)
+        if INVERT:
+            sc = 1.0 / sc
+    else:
+        sc = scale
+    qk_scale = sc * 1.4426950408889634
+    if HAS_KVLENS:
+        kv_len = tl.load(KVLENS + b).to(tl.int32)
+    else:
+        kv_len = Sk
+    if CAUSAL == 2:
+        shift = kv_len - Sq
+    else:
+        shift = 0
+    k_base = K + b64 * skb + hk.to(tl.int64) * skh
+    v_base = V + b64 * svb + hk.to(tl.int64) * svh
+    if USE_TMA:
+        k_desc = tl.make_tensor_descriptor(k_base, shape=[Sk, D], strides=[sks, 1],
+                                           block_shape=[BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[Sk, Dv], strides=[svs, 1],
+                                           block_shape=[BLOCK_N, BLOCK_DV])
+    else:
+        k_desc = None
+        v_desc = None
+    mask_base = MASK
+    if MASK_KIND != 0:
+        mask_base = MASK + b64 * smb + h64 * smh + offs_m[:, None].to(tl.int64) * smi
+    hi = kv_len
+    if CAUSAL != 0:
+        last_row = tl.minimum(start_m + BLOCK_M, Sq) - 1
+        hi = tl.minimum(hi, last_row + shift + 1)
+        full = tl.minimum(kv_len, start_m + shift + 1)
+    else:
+        full = kv_len
+    hi = tl.maximum(hi, 0)
+    full = tl.maximum(full, 0)
+    full = (full // BLOCK_N) * BLOCK_N
+    full = tl.minimum(full, hi)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, mask_base, sks, skd, svs, svd, smj,
+                   offs_m, offs_d, offs_dv, 0, full, kv_len, shift, qk_scale, seed, offset, b, h,
+                   Hq, Sq, Sk, threshold, inv_keep, D, Dv, BLOCK_N, False, CAUSAL, MASK_KIND,
+                   DROPOUT, USE_TMA, UPCAST, IEEE)
+    dq = _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, mask_base, sks, skd, svs, svd, smj,
+                   offs_m, offs_d, offs_dv, full, hi, kv_len, shift, qk_scale, seed, offset, b, h,
+                   Hq, Sq, Sk, threshold, inv_keep, D, Dv, BLOCK_N, True, CAUSAL, MASK_KIND,
+                   DROPOUT, USE_TMA, UPCAST, IEEE)
+    dq = dq * sc
+    tl.store(DQ + b64 * sdqb + h64 * sdqh + offs_m[:, None].to(tl.int64) * sdqs
+             + offs_d[None, :] * sdqd, dq.to(DQ.dtype.element_ty),
+             mask=rmask[:, None] & (offs_d[None, :] < D))
+
+
+# ---- launcher ---------------------------------------------------------------------------
+
+def backward_launches(problem, args, cfg: configs.TileConfig, *, out=None,
+                      use_tma: bool | None = None):
+    """((dq, dk, dv), [(name, launch)]): the output buffers and the three kernel launches
+    (preprocess, dkdv, dq) as closures returning the compiled kernel, so the benchmark
+    can time each. `out` = (dq, dk, dv) buffers (tests pass poisoned ones)."""
+    q, k, v, do, o, lse = args.q, args.k, args.v, args.do, args.o, args.lse
+    B, Hq, Hkv, Sq, Sk = problem.B, problem.Hq, problem.Hkv, problem.Sq, problem.Sk
+    D, Dv = problem.D, problem.Dv
+    if out is not None:
+        dq, dk, dv = out
+    else:
+        dq = torch.empty((B, Hq, Sq, D), dtype=q.dtype, device=q.device)
+        dk = torch.empty((B, Hkv, Sk, D), dtype=q.dtype, device=q.device)
+        dv = torch.empty((B, Hkv, Sk, Dv), dtype=q.dtype, device=q.device)
+    lse = lse.contiguous()
+    if lse.dtype != torch.float32:
+        lse = lse.float()
+    delta = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+    mask, ms = mask_view(problem, args.attn_mask)
+    scale, scale_t = scale_args(problem, args)
+    seed, offset, threshold, inv_keep = dropout_args(problem, args)
+    BD, BDV = block_d(D), block_d(Dv)
+    interp = interpreting()
+    if use_tma is None:
+        use_tma = tma_ok(q, k, v, do)
+    if use_tma:
+        ensure_allocator(q.device)
+    common = dict(USE_TMA=use_tma, CAUSAL=_CAUSAL_CODE[problem.causal],
+                  MASK_KIND=_MASK_CODE[problem.mask], SCALE_PTR=scale_t is not None,
+                  INVERT=problem.invert_scale, HAS_KVLENS=args.kv_lens is not None,
+                  DROPOUT=problem.dropout_p > 0, UPCAST=interp and q.dtype == torch.bfloat16,
+                  IEEE=q.dtype == torch.float32, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages)
+    mask_arg = mask if mask is not None else q
+    scale_arg = scale_t if scale_t is not None else q
+    kvl_arg = args.kv_lens if args.kv_lens is not None else q
+    PRE_M = 64 if not interp else 16
+    BM, BN = cfg.block_m, cfg.block_n
+
+    def pre():
+        return _bwd_preprocess[(triton.cdiv(Sq, PRE_M), B * Hq)](
+            o, do, lse, delta, *o.stride(), *do.stride(), Hq, Sq, Dv, BLOCK_M=PRE_M, BLOCK_DV=BDV)
+
+    def dkdv():
+        return _flash_bwd_dkdv_kernel[(triton.cdiv(Sk, BN), B * Hkv)](
+            q, k, v, do, lse, delta, dk, dv, mask_arg, scale_arg, kvl_arg,
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *ms,
+            Hq, Hkv, Sq, Sk, problem.group, D, Dv, scale, seed, offset, threshold, inv_keep,
+            BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, BLOCK_DV=BDV, **common)
+
+    def dqk():
+        return _flash_bwd_dq_kernel[(triton.cdiv(Sq, BN), B * Hq)](
+            q, k, v, do, lse, delta, dq, mask_arg, scale_arg, kvl_arg,
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *ms,
+            Hq, Sq, Sk, problem.group, D, Dv, scale, seed, offset, threshold, inv_keep,
+            BLOCK_M=BN, BLOCK_N=BM, BLOCK_D=BD, BLOCK_DV=BDV, **common)
+
+    return (dq, dk, dv), [("pre", pre), ("dkdv", dkdv), ("dq", dqk)]
+
+
+def flash_backward(problem, args, cfg: configs.TileConfig, *, out=None,
+                   use_tma: bool | None = None):
+    """Launch preprocess, dK/dV and dQ kernels. Returns (dq, dk, dv) in q's dtype. A tile
+    config that does not fit the GPU's shared memory is shrunk (configs.shrink)."""
+    key = ("bwd", problem.key(), cfg, use_tma)
+    cfg = configs.FITTED.get(key, cfg)
+    while True:
+        outs, launches = backward_launches(problem, args, cfg, out=out, use_tma=use_tma)
+        try:
+            for _, launch in launches:
+                launch()
+            return outs
+        except OutOfResources:
+            cfg = configs.shrink(cfg)
+            configs.FITTED[key] = cfg
+
+
+# ---- solver -----------------------------------------------------------------------------
+
+@register
+class FlashBackward(FlashBase):
+    """Triton flash attention backward: preprocess + dK/dV + dQ, deterministic."""
+    id = 111
+    name = "flash_bwd"
+    directions = frozenset({"bwd"})
+
+    def workspace_size(self, problem) -> int:
+        return 4 * problem.B * problem.Hq * problem.Sq  # delta (f32)
+
+    def estimate(self, problem) -> float | None:
+        return roofline_ms(problem, 0.45)
+
+    def prepare(self, problem):
+        _, bwd_cfg = configs.choose(problem)
+
+        def invoker(args):
+            return flash_backward(problem, args, bwd_cfg)
+        return invoker
+

@@ -1,0 +1,423 @@
+"""Flash attention forward in Triton (solver 110 `flash_fwd`, family `flash`).
+
+Computes, per (b, h) with kv head hk = h // (Hq // Hkv) (GQA/MQA by index mapping):
+
+    s_ij  = scale * q_i . k_j  + bias_ij          (bias: additive mask, or -inf where a
+                                                   bool mask / causal / kv_lens hides j)
+    lse_i = log sum_j exp(s_ij)                   (natural log, f32, before dropout)
+    o_i   = sum_j keep_ij / (1 - p) * exp(s_ij - lse_i) v_j
+
+with an online softmax in the log2 domain (log2(e) folded into the scale, exp2), f32
+accumulation and one pass over K/V per block of BLOCK_M query rows. A fully masked row
+gives o = NaN and lse = -inf (o = 0 with softmax_inf_as_zero).
+
+Supported: f32/f16/bf16 (f32 dots in IEEE precision), head dims 1..256 with D != Dv
+(tiles padded to a power of two, masked loads), any strides (64-bit base offsets),
+causal top-left and bottom-right (per-batch alignment with kv_lens) with block skipping:
+the key loop is split into unmasked full blocks and masked boundary blocks; bool/additive
+mask buffers broadcast through zero strides; scale as float or tensor (loaded in the
+kernel) and its inverse; kv_lens; dropout (nnprim.dropout's Philox definition);
+return_lse. On Hopper the kernel reads Q/K/V through TMA tensor descriptors when the
+strides allow (16-byte aligned, unit inner stride). Not supported: quantized K/V (the
+decode family serves those).
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+from ..dropout import dropout_keep, dropout_scale, dropout_threshold
+from ..search.solver import Solver, register
+from . import configs
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+_CAUSAL_CODE = {None: 0, "top_left": 1, "bottom_right": 2}
+_MASK_CODE = {"none": 0, "bool": 1, "additive": 2}
+
+
+# ---- Triton kernels -------------------------------------------------------------------
+
+@triton.jit
+def _dot(a, b, acc, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """acc + a @ b; UPCAST (interpreter, bf16) computes in f32; IEEE for f32 inputs."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, k_desc, v_desc, mask_ptrs, stride_kn, stride_vn,
+               stride_mj, offs_m, offs_d, offs_dv, lo, hi, kv_len, shift, qk_scale,
+               seed, offset, b, h, Hq, Sq, Sk, threshold, D, Dv,
+               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+               MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
+               EVEN_DV: tl.constexpr, USE_TMA: tl.constexpr, UPCAST: tl.constexpr,
+               IEEE: tl.constexpr, SCALE_POS: tl.constexpr):
+    """Key blocks [lo, hi). MASKED blocks check kv bounds and causality per element."""
+    FAST: tl.constexpr = (not MASKED) and MASK_KIND == 0 and SCALE_POS
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        # -- K tile [BLOCK_N, BLOCK_D]
+        if USE_TMA:
+            k = k_desc.load([start_n, 0])
+        else:
+            kp = k_ptrs + tl.cast(start_n, tl.int64) * stride_kn
+            if MASKED:
+                k = tl.load(kp, mask=(offs_n[:, None] < Sk) & (offs_d[None, :] < D), other=0.0)
+            elif EVEN_D:
+                k = tl.load(kp)
+            else:
+                k = tl.load(kp, mask=offs_d[None, :] < D, other=0.0)
+        qk = _dot(q, tl.trans(k), None, UPCAST, IEEE)
+        if FAST:
+            # unmasked block, no mask buffer, positive scale: max commutes with the scale
+            # and the scale folds into one FMA per element
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+            m_use = m_new
+        else:
+            s = qk * qk_scale
+        if MASK_KIND != 0 and not FAST:
+            mp = mask_ptrs + tl.cast(start_n, tl.int64) * stride_mj
+            mvalid = offs_m[:, None] < Sq
+            if MASKED:
+                mvalid = mvalid & (offs_n[None, :] < Sk)
+            if MASK_KIND == 1:
+                mv = tl.load(mp, mask=mvalid, other=1)
+                s = tl.where(mv != 0, s, float("-inf"))
+            else:
+                mv = tl.load(mp, mask=mvalid, other=0.0).to(tl.float32)
+                s = s + mv * 1.4426950408889634
+        if MASKED:
+            valid = offs_n[None, :] < kv_len
+            if CAUSAL != 0:
+                valid = valid & (offs_n[None, :] <= offs_m[:, None] + shift)
+            s = tl.where(valid, s, float("-inf"))
+        if not FAST:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            if MASKED or MASK_KIND != 0:
+                m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            else:
+                m_use = m_new
+            p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if DROPOUT:
+            keep = dropout_keep(seed, offset, b, h, offs_m[:, None], offs_n[None, :], Hq, Sq, Sk,
+                                threshold)
+            p = tl.where(keep, p, 0.0)
+        # -- V tile [BLOCK_N, BLOCK_DV]
+        if USE_TMA:
+            v = v_desc.load([start_n, 0])
+        else:
+            vp = v_ptrs + tl.cast(start_n, tl.int64) * stride_vn
+            if MASKED:
+                v = tl.load(vp, mask=(offs_n[:, None] < Sk) & (offs_dv[None, :] < Dv), other=0.0)
+            elif EVEN_DV:
+                v = tl.load(vp)
+            else:
+                v = tl.load(vp, mask=offs_dv[None, :] < Dv, other=0.0)
+        acc = _dot(p.to(v.dtype), v, acc, UPCAST, IEEE)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _flash_fwd_kernel(
+        Q, K, V, O, LSE, MASK, SCALE, KVLENS,
+        sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+        sob, soh, sos, sod, smb, smh, smi, smj,
+        Hq, Sq, Sk, GROUP, D, Dv, scale, seed, offset, threshold, inv_keep,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+        SCALE_PTR: tl.constexpr, INVERT: tl.constexpr, HAS_KVLENS: tl.constexpr,
+        DROPOUT: tl.constexpr, INF_AS_ZERO: tl.constexpr, STORE_LSE: tl.constexpr,
+        USE_TMA: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+        SCALE_POS: tl.constexpr):
+    """One program: BLOCK_M query rows of one (b, h). Layout: any strides; lse (B, Hq, Sq)
+    contiguous f32."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // Hq
+    h = pid_bh % Hq
+    hk = h // GROUP
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    b64 = b.to(tl.int64)
+    q_base = Q + b64 * sqb + h.to(tl.int64) * sqh
+    k_base = K + b64 * skb + hk.to(tl.int64) * skh
+    v_base = V + b64 * svb + hk.to(tl.int64) * svh
+
+    if SCALE_PTR:
+        sc = tl.load(SCALE).to(tl.float32)
+        if INVERT:
+            sc = 1.0 / sc
+    else:
+        sc = scale
+    qk_scale = sc * 1.4426950408889634
+
+    if HAS_KVLENS:
+        kv_len = tl.load(KVLENS + b).to(tl.int32)
+    else:
+        kv_len = Sk
+    if CAUSAL == 2:
+        shift = kv_len - Sq
+    else:
+        shift = 0
+
+    if USE_TMA:
+        q_desc = tl.make_tensor_descriptor(q_base, shape=[Sq, D], strides=[sqs, 1],
+                                           block_shape=[BLOCK_M, BLOCK_D])
+        k_desc = tl.make_tensor_descriptor(k_base, shape=[Sk, D], strides=[sks, 1],
+                                           block_shape=[BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[Sk, Dv], strides=[svs, 1],
+                                           block_shape=[BLOCK_N, BLOCK_DV])
+        q = q_desc.load([start_m, 0])
+        k_ptrs = K
+        v_ptrs = V
+    else:
+        q_desc = None
+        k_desc = None
+        v_desc = None
+        q = tl.load(q_base + offs_m[:, None].to(tl.int64) * sqs + offs_d[None, :] * sqd,
+                    mask=(offs_m[:, None] < Sq) & (offs_d[None, :] < D), other=0.0)
+        k_ptrs = k_base + offs_n[:, None].to(tl.int64) * sks + offs_d[None, :] * skd
+        v_ptrs = v_base + offs_n[:, None].to(tl.int64) * svs + offs_dv[None, :] * svd
+    if MASK_KIND != 0:
+        mask_ptrs = (MASK + b64 * smb + h.to(tl.int64) * smh + offs_m[:, None].to(tl.int64) * smi
+                     + offs_n[None, :].to(tl.int64) * smj)
+    else:
+        mask_ptrs = MASK
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+
+    # key range: [0, hi) visible to some row of the block; [0, full) visible to all rows
+    hi = kv_len
+    if CAUSAL != 0:
+        last_row = tl.minimum(start_m + BLOCK_M, Sq) - 1
+        hi = tl.minimum(hi, last_row + shift + 1)
+        full = tl.minimum(kv_len, start_m + shift + 1)
+    else:
+        full = kv_len
+    hi = tl.maximum(hi, 0)
+    full = tl.maximum(full, 0)
+    full = (full // BLOCK_N) * BLOCK_N
+    full = tl.minimum(full, hi)
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, k_desc, v_desc, mask_ptrs, sks, svs, smj,
+        offs_m, offs_d, offs_dv, 0, full, kv_len, shift, qk_scale,
+        seed, offset, b, h, Hq, Sq, Sk, threshold, D, Dv,
+        BLOCK_N, False, CAUSAL, MASK_KIND, DROPOUT, BLOCK_D == D, BLOCK_DV == Dv, USE_TMA,
+        UPCAST, IEEE, SCALE_POS)
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, k_desc, v_desc, mask_ptrs, sks, svs, smj,
+        offs_m, offs_d, offs_dv, full, hi, kv_len, shift, qk_scale,
+        seed, offset, b, h, Hq, Sq, Sk, threshold, D, Dv,
+        BLOCK_N, True, CAUSAL, MASK_KIND, DROPOUT, BLOCK_D == D, BLOCK_DV == Dv, USE_TMA,
+        UPCAST, IEEE, False)
+
+    # -- epilogue: normalise, lse, store
+    inv_l = 1.0 / l_i
+    if DROPOUT:
+        inv_l = inv_l * inv_keep
+    o = acc * inv_l[:, None]
+    if INF_AS_ZERO:
+        o = tl.where((l_i == 0.0)[:, None], 0.0, o)
+    row_ok = offs_m < Sq
+    o_base = O + b64 * sob + h.to(tl.int64) * soh
+    tl.store(o_base + offs_m[:, None].to(tl.int64) * sos + offs_dv[None, :] * sod,
+             o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < Dv))
+    if STORE_LSE:
+        lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+        tl.store(LSE + pid_bh.to(tl.int64) * Sq + offs_m, lse, mask=row_ok)
+
+
+# ---- launcher ---------------------------------------------------------------------------
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+_ALLOCATOR_SET = False
+
+
+def ensure_allocator(device: torch.device) -> None:
+    """In-kernel TMA descriptors need a scratch allocator (set once per process)."""
+    global _ALLOCATOR_SET
+    if not _ALLOCATOR_SET:
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
+                                                                    device=device))
+        _ALLOCATOR_SET = True
+
+
+def tma_ok(*tensors: torch.Tensor) -> bool:
+    """TMA needs a CUDA Hopper+ device, unit inner stride and 16-byte aligned strides/bases."""
+    if interpreting():
+        return False
+    for t in tensors:
+        if t.device.type != "cuda" or t.stride(-1) != 1:
+            return False
+        e = t.element_size()
+        if t.data_ptr() % 16 or any((s * e) % 16 for s in t.stride()[:-1]):
+            return False
+        if t.shape[-1] * e < 16:
+            return False
+    return torch.cuda.get_device_capability(tensors[0].device)[0] >= 9
+
+
+def mask_view(problem, attn_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, tuple]:
+    """(tensor, 4 strides) of the mask broadcast to (B, Hq, Sq, Sk): zero strides where
+    broadcast. Bool masks are read as uint8."""
+    if attn_mask is None:
+        return None, (0, 0, 0, 0)
+    m = attn_mask
+    if m.dtype == torch.bool:
+        m = m.view(torch.uint8)
+    m = m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))
+    m = m.expand(problem.B, problem.Hq, problem.Sq, problem.Sk)
+    return m, tuple(m.stride())
+
+
+def block_d(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
+
+
+def scale_args(problem, args) -> tuple[float, torch.Tensor | None]:
+    """(float scale, scale tensor or None): a tensor scale is read by the kernel."""
+    if problem.scale == "tensor":
+        return 1.0, args.scale.reshape(1)
+    return float(args.effective_scale(problem.invert_scale)), None
+
+
+def dropout_args(problem, args) -> tuple[int, int, int, float]:
+    if problem.dropout_p > 0:
+        return (int(args.seed), int(args.offset), dropout_threshold(problem.dropout_p),
+                dropout_scale(problem.dropout_p))
+    return 0, 0, 0, 1.0
+
+
+def forward_launch(problem, args, *, use_tma: bool | None = None,
+                   out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None):
+    """((o, lse), launch): output buffers and a closure launch(cfg) -> compiled kernel.
+    lse is allocated when problem.return_lse or lse_out is given; `out`/`lse_out` let
+    tests pass poisoned buffers."""
+    q, k, v = args.q, args.k, args.v
+    B, Hq, Sq, Sk, D, Dv = problem.B, problem.Hq, problem.Sq, problem.Sk, problem.D, problem.Dv
+    o = out if out is not None else torch.empty((B, Hq, Sq, Dv), dtype=q.dtype, device=q.device)
+    want_lse = problem.return_lse or lse_out is not None
+    lse = lse_out if lse_out is not None else (
+        torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if want_lse else None)
+    mask, ms = mask_view(problem, args.attn_mask)
+    scale, scale_t = scale_args(problem, args)
+    seed, offset, threshold, inv_keep = dropout_args(problem, args)
+    if use_tma is None:
+        use_tma = tma_ok(q, k, v)
+    if use_tma:
+        ensure_allocator(q.device)
+    interp = interpreting()
+    flags = dict(
+        BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv),
+        CAUSAL=_CAUSAL_CODE[problem.causal], MASK_KIND=_MASK_CODE[problem.mask],
+        SCALE_PTR=scale_t is not None, INVERT=problem.invert_scale,
+        HAS_KVLENS=args.kv_lens is not None, DROPOUT=problem.dropout_p > 0,
+        INF_AS_ZERO=problem.inf_as_zero, STORE_LSE=lse is not None, USE_TMA=use_tma,
+        UPCAST=interp and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
+        SCALE_POS=scale_t is None and scale > 0)
+    tensors = (q, k, v, o, lse if lse is not None else o, mask if mask is not None else q,
+               scale_t if scale_t is not None else q,
+               args.kv_lens if args.kv_lens is not None else q)
+    sizes = (*q.stride(), *k.stride(), *v.stride(), *o.stride(), *ms,
+             Hq, Sq, Sk, problem.group, D, Dv, scale, seed, offset, threshold, inv_keep)
+
+    def launch(cfg: configs.TileConfig):
+        grid = (triton.cdiv(Sq, cfg.block_m), B * Hq)
+        return _flash_fwd_kernel[grid](*tensors, *sizes, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                                       num_warps=cfg.num_warps, num_stages=cfg.num_stages, **flags)
+    return (o, lse if want_lse else None), launch
+
+
+def flash_forward(problem, args, cfg: configs.TileConfig, *, use_tma: bool | None = None,
+                  out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None):
+    """Run the forward kernel: (o, lse). A tile config that does not fit the GPU's shared
+    memory is shrunk (configs.shrink) and remembered."""
+    outs, launch = forward_launch(problem, args, use_tma=use_tma, out=out, lse_out=lse_out)
+    key = ("fwd", problem.key(), cfg, use_tma)
+    cfg = configs.FITTED.get(key, cfg)
+    while True:
+        try:
+            launch(cfg)
+            return outs
+        except OutOfResources:
+            cfg = configs.shrink(cfg)
+            configs.FITTED[key] = cfg
+
+
+# ---- solver -----------------------------------------------------------------------------
+
+PEAK_TFLOPS = {torch.bfloat16: 750.0, torch.float16: 750.0, torch.float32: 50.0}
+PEAK_TBS = 4.2
+
+
+def roofline_ms(problem, efficiency: float) -> float:
+    """max(compute, memory) time on an H200-class GPU at `efficiency` of peak, plus a
+    launch overhead; on CPU (interpreter) a slow constant rate."""
+    if problem.device != "cuda":
+        return problem.flops() / 2e7 + 1.0
+    flops = problem.flops()
+    t_c = flops / (PEAK_TFLOPS.get(problem.dtype, 750.0) * 1e12 * efficiency)
+    t_m = problem.bytes() / (PEAK_TBS * 1e12 * 0.8)
+    # small problems under-fill the 132 SMs: scale by the wave quantisation
+    tiles = problem.B * problem.Hq * math.ceil(problem.Sq / 128)
+    waves = math.ceil(tiles / 132)
+    fill = tiles / (waves * 132)
+    return max(t_c / max(fill, 0.05), t_m) * 1e3 + 0.01
+
+
+class FlashBase(Solver):
+    family = "flash"
+    primitive = "attention"
+    uses_triton = True
+    max_head_dim = 256
+
+    def not_supported_reasons(self, problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if problem.quantized:
+            reasons.append("quantized K/V are not supported (use the decode family)")
+        if max(problem.D, problem.Dv) > self.max_head_dim:
+            reasons.append(f"head dims D={problem.D}, Dv={problem.Dv} exceed {self.max_head_dim}")
+        return reasons
+
+
+@register
+class FlashForward(FlashBase):
+    """Triton flash attention forward (online softmax, TMA on Hopper when strides allow)."""
+    id = 110
+    name = "flash_fwd"
+    directions = frozenset({"fwd"})
+
+    def estimate(self, problem) -> float | None:
+        return roofline_ms(problem, 0.65)
+
+    def prepare(self, problem):
+        fwd_cfg, _ = configs.choose(problem)
+
+        def invoker(args):
+            return flash_forward(problem, args, fwd_cfg)
+        return invoker
