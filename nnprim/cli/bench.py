@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from ..errors import BadParameterError
+from ..search.timing import median_ms
 from . import cases
 from .problem_args import parse_dtype, pick_device
-from .timing import time_ms
 
 SUITE_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "suites"
 
@@ -92,10 +92,10 @@ def run_bench(args) -> int:
                     row["rel_err"] = err
                     row["ok"] = bool(err == err and err <= cases.tolerance(dtype))
                     failed += not row["ok"]
-                ms = time_ms(case.call, device=device, reps=args.reps)
+                ms = median_ms(case.call, device, repeats=args.reps, warmup=2)
                 row.update(ms=ms, tflops=cases.tflops(case.flops, ms))
                 if args.peer and case.peer is not None:
-                    pms = time_ms(case.peer, device=device, reps=args.reps)
+                    pms = median_ms(case.peer, device, repeats=args.reps, warmup=2)
                     row.update(peer_ms=pms, peer_tflops=cases.tflops(case.flops, pms), speedup=pms / ms)
             except (BadParameterError, NotImplementedError) as e:
                 row["error"] = str(e).splitlines()[0]

@@ -15,18 +15,7 @@ from ..post_ops import Binary, Eltwise, Sum, apply_post_ops
 from ..problems.attention import AttentionProblem
 from ..problems.conv import ConvProblem, to_layout
 from ..search import dispatch
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Relative Frobenius-norm error of out against ref (NaN where out has NaN/Inf)."""
-    o, r = out.to(torch.float64), ref.to(torch.float64)
-    if not torch.isfinite(o).all():
-        return float("nan")
-    return float((o - r).norm() / r.norm().clamp_min(1e-300))
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    return 1e-4 if dtype in (torch.float32, torch.float64) else 2e-2
+from ..search.numerics import rel_error, tolerance  # noqa: F401  (the CLI uses find's comparison)
 
 
 @dataclass
@@ -116,7 +105,7 @@ def conv_case(spec: dict, *, dtype: torch.dtype, device: str, direction: str = "
             return torch.autograd.grad(yr, target, dy, retain_graph=True)
 
     def check() -> float:
-        return rel_err(call(), reference(p, args))
+        return rel_error(call(), reference(p, args))
 
     name = spec.get("name", p.key())
     return Case(name=name, problem=p, flops=p.flops(), bytes=p.bytes(), call=call, check=check,
@@ -168,10 +157,10 @@ def attn_case(spec: dict, *, dtype: torch.dtype, device: str, direction: str = "
         from ..attention import reference as aref
         if direction == "fwd":
             ref, _ = aref.reference_forward(p, args)
-            return rel_err(call(), ref)
+            return rel_error(call(), ref)
         refs = aref.reference_backward(p, args)
         outs = call()
-        return max(rel_err(a, r) for a, r in zip(outs, refs))
+        return max(rel_error(a, r) for a, r in zip(outs, refs))
 
     peer = None
     if not kv_quant and m is None and not dropout_p:

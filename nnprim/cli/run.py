@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..search.timing import median_ms
 from . import cases
 from .problem_args import add_attn_args, add_conv_args, attn_spec, conv_spec, parse_dtype, pick_device
-from .timing import time_ms
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -45,7 +45,7 @@ def report(case: cases.Case, args, direction: str) -> int:
         ok = err == err and err <= tol
         res.update(rel_err=err, tolerance=tol, verified=ok)
     if args.time:
-        ms = time_ms(case.call, device=case.problem.device, reps=args.reps)
+        ms = median_ms(case.call, case.problem.device, repeats=args.reps, warmup=2)
         res.update(time_ms=ms, tflops=cases.tflops(case.flops, ms), gbps=case.bytes / ms / 1e6)
     parts = [f"{res['problem']}", f"solver={s.name} ({s.family}, id {s.id})"]
     if "time_ms" in res:
