@@ -13,6 +13,8 @@ _MODULES = (
     "nnprim.attention.flash_fwd",
     "nnprim.attention.flash_bwd",
     "nnprim.attention.decode",
+    "nnprim.attention.decode_quant",
+    "nnprim.attention.cpu_flash",
 )
 
 
