@@ -1,13 +1,15 @@
 """Tile configurations of the GPU convolution kernels, chosen by problem class.
 
-The table is what `benchmarks/conv.py` measured on an H200 (its `tune` section times
-the candidates below per class and prints the winners); a class with no measured
-entry falls back to the heuristic in `pick`. `NNPRIM_CONV_CONFIG="BM,BN,BK,warps,stages"`
+The table is what `benchmarks/conv.py` measured on an H200 (it times the candidates
+of each problem; results in benchmarks/results/); a class with no measured entry
+falls back to a default in `pick`. `NNPRIM_CONV_CONFIG="BM,BN,BK,warps,stages"`
 overrides the choice for the implicit-GEMM kernels (validated)."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+import torch
 
 from ..errors import BadParameterError
 from ..problems.conv import ConvProblem
@@ -33,31 +35,69 @@ class DirectTile:
     BP: int       # output pixels per program: 16..256, power of two
     BC: int       # channels per program: 16..128, power of two
     warps: int    # 1..8
+    BW: int = 0   # pixel-tile width (power of two <= BP; the tile is BP/BW rows): 0 = auto
 
 
-# problem class -> tile; measured on H200 2026-11-29 (benchmarks/results/conv_quick_2026-11-29.json:
-# rn50_r3_3x3, rn50_r3_3x3s2, rn50_r2_1x1b, rn50_conv1). Narrow classes reuse the wide
-# tile: `fit` clamps BN to the GEMM's N side.
+# problem class -> tile; measured on H200 2026-11-29 (benchmarks/results/conv_2026-11-29.json,
+# the variant with the best geometric mean over the suite's problems of the class).
+# tma_1x1: 1x1 stride-1 NHWC half (the TMA GEMM; bwd_weights: the TMA split reduction);
+# tma_conv: stride-1 NHWC half, larger filters (the TMA convolution kernels);
+# the other classes run the pointer-gather implicit GEMM. Narrow problems reuse the
+# wide tiles: `fit` clamps blocks to the GEMM's sides.
 TABLE: dict[tuple[str, str], GemmTile] = {
+    ("fwd", "tma_1x1"): GemmTile(128, 128, 64, 8, 3),
+    ("fwd", "tma_conv"): GemmTile(128, 128, 64, 4, 4),
     ("fwd", "1x1"): GemmTile(128, 256, 64, 8, 3),
     ("fwd", "small_c"): GemmTile(128, 128, 64, 8, 3),
     ("fwd", "generic"): GemmTile(128, 256, 64, 8, 3),
+    ("bwd_data", "tma_1x1"): GemmTile(128, 128, 64, 8, 3),
+    ("bwd_data", "tma_conv"): GemmTile(128, 128, 64, 4, 4),
     ("bwd_data", "1x1"): GemmTile(128, 128, 64, 4, 4),
     ("bwd_data", "generic"): GemmTile(128, 128, 64, 8, 3),
+    ("bwd_weights", "tma_1x1"): GemmTile(128, 128, 64, 8, 3),     # BK = pixels per step
+    ("bwd_weights", "tma_conv"): GemmTile(128, 128, 128, 8, 3),
     ("bwd_weights", "1x1"): GemmTile(64, 128, 64, 4, 3),
     ("bwd_weights", "generic"): GemmTile(128, 128, 64, 8, 3),
 }
 
 DIRECT_TABLE: dict[str, DirectTile] = {
-    "fwd": DirectTile(128, 32, 4),
+    "fwd": DirectTile(256, 16, 4),
     "bwd_data": DirectTile(128, 32, 4),
     "bwd_weights": DirectTile(128, 64, 4),
+    "bwd_weights_tiles": DirectTile(128, 16, 4),   # C/groups == 1 (depthwise): the 2-D-tile kernel
 }
+
+# directions whose stride-1 NHWC problems use the TMA kernels (the TMA convolution; for
+# backward weights also the 1x1 TMA split reduction) instead of pointer gathers
+TMA_CONV_DIRECTIONS: frozenset[str] = frozenset({"fwd", "bwd_data", "bwd_weights"})
+
+
+def plain_gemm_eligible(p: ConvProblem) -> bool:
+    """1x1, stride 1, unpadded, ungrouped NHWC f16/bf16 with 16-byte channel rows."""
+    return (p.dtype in (torch.float16, torch.bfloat16) and p.layout == "nhwc" and p.groups == 1
+            and all(f == 1 for f in p.filter) and all(s == 1 for s in p.stride)
+            and not any(p.pad_before) and not any(p.pad_after) and p.C % 8 == 0 and p.K % 8 == 0)
+
+
+def tma_conv_eligible(p: ConvProblem) -> bool:
+    """Stride 1, ungrouped NHWC f16/bf16 with 16-byte channel rows, filter beyond 1x1."""
+    return (p.dtype in (torch.float16, torch.bfloat16) and p.layout == "nhwc" and p.groups == 1
+            and all(s == 1 for s in p.stride) and not all(f == 1 for f in p.filter)
+            and p.C % 8 == 0 and p.K % 8 == 0)
+
+
+def use_tma_conv(p: ConvProblem) -> bool:
+    return p.direction in TMA_CONV_DIRECTIONS
 
 
 def shape_class(p: ConvProblem) -> str:
-    """1x1 (a plain GEMM), small_c (forward with C/groups < 32 and a filter: the flat-K
-    gather), or generic."""
+    """tma_1x1 / tma_conv (a TMA kernel serves it), 1x1 (a plain GEMM through pointer
+    loads), small_c (forward with C/groups < 32 and a filter: the flat-K gather), or
+    generic."""
+    if plain_gemm_eligible(p) and (p.direction != "bwd_weights" or use_tma_conv(p)):
+        return "tma_1x1"
+    if tma_conv_eligible(p) and use_tma_conv(p):
+        return "tma_conv"
     if all(f == 1 for f in p.filter):
         return "1x1"
     if p.direction == "fwd" and p.C // p.groups < 32:
@@ -86,4 +126,11 @@ def pick(p: ConvProblem) -> GemmTile:
 
 
 def pick_direct(p: ConvProblem) -> DirectTile:
+    if p.direction == "bwd_weights" and direct_bwd_w_tiles(p):
+        return DIRECT_TABLE["bwd_weights_tiles"]
     return DIRECT_TABLE[p.direction]
+
+
+def direct_bwd_w_tiles(p: ConvProblem) -> bool:
+    """Backward weights of depthwise-like problems (C/groups == 1) run the 2-D-tile kernel."""
+    return p.C // p.groups == 1

@@ -1,8 +1,8 @@
 """Direct convolution in Triton for grouped and depthwise convolutions with few channels
 per group (family `direct`, solvers 40/41/42). These are memory bound: a program owns a
-tile of [BP pixels, BC channels] of the output (channels contiguous in NHWC) and walks
-the taps, re-reading its shifted input tiles from L1/L2, so DRAM sees each input and
-output about once.
+tile of [BP pixels, BC channels] of the output (channels contiguous in NHWC; the pixels
+a 2-D BP/BW x BW rectangle of one image) and walks the taps, re-reading its shifted
+input tiles from L1/L2, so DRAM sees each input and output about once.
 
 Forward / backward data (one kernel, `TRANSPOSED` selects the direction):
   fwd:      y[n, k, o]  = sum_{c < Cg, tap} x[n, grp(k)*Cg + c, o*st - pad + tap*dil] * w[k, c, tap]
@@ -18,7 +18,9 @@ Backward weights: dw[k, c, tap] = sum_{n, o} dy[n, k, o] * x[n, grp(k)*Cg + c, o
 a program owns BC output channels and a slice of the pixels, holds a [BJ = taps*Cg, BC]
 accumulator, reads each dy tile once and the shifted x tiles through the cache; slices
 are summed in a fixed order by a second kernel (deterministic; workspace
-SPLIT * K * taps*Cg * 4 bytes).
+SPLIT * K * taps*Cg * 4 bytes). Depthwise-like problems (C/groups == 1) use the 2-D-tile
+variant instead (`_direct_bwd_w_tiles_kernel`: columns outer, a few spatial tiles per
+program, elementwise accumulation; measured faster there, slower for resnext groups).
 
 Supported: groups > 1 with C/groups <= 16 and K/groups <= 16; 1D/2D/3D; both layouts;
 any stride/padding/dilation; f32/f16/bf16."""
@@ -31,41 +33,50 @@ import triton
 import triton.language as tl
 
 from ..args import ConvArgs
-from ..problems.conv import ConvProblem, empty_in_layout
+from ..problems.conv import ConvProblem
 from ..search.solver import Solver, register
 from . import configs
-from .implicit_gemm import gemm_shape_reasons, geom, roofline_ms, strides5
+from .implicit_gemm import gemm_shape_reasons, geom, layout_strides, roofline_ms, strides5_of
 from .implicit_gemm_bwd import NUM_SMS, _split_reduce_kernel
-from .triton_epilogue import epilogue, epilogue_args, interpreting, post_op_bytes, post_op_reasons, tl_dot_precision, y_strides
+from .launch import Launch
+from .triton_epilogue import NO_EPILOGUE, epilogue, interpreting, plan_epilogue, post_op_bytes, post_op_reasons, tl_dot_precision
 
 MAX_CH_PER_GROUP = 16
 
 
 @triton.jit
 def _direct_kernel(
-        src_ptr, w_ptr, dst_ptr, bias_ptr,
-        p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
-        M, NDST, SRC_G, DST_G, SD, SH, SW, DD, DH, DW, T, R, S,
+        src_ptr, w_ptr, dst_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+        NDST, SRC_G, DST_G, SD, SH, SW, DD, DH, DW, T, R, S,
         ssn, ssc, ssd, ssh, ssw, sw_dst, sw_src, swt, swr, sws, sdn, sdp, sdc,
         std, sth, stw, pdd, pdh, pdw, dld, dlh, dlw,
+        p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
         HAS_BIAS: tl.constexpr,
         P0_KIND: tl.constexpr, P0_SUB: tl.constexpr, P0_BC: tl.constexpr,
         P1_KIND: tl.constexpr, P1_SUB: tl.constexpr, P1_BC: tl.constexpr,
         P2_KIND: tl.constexpr, P2_SUB: tl.constexpr, P2_BC: tl.constexpr,
         P3_KIND: tl.constexpr, P3_SUB: tl.constexpr, P3_BC: tl.constexpr,
         TRANSPOSED: tl.constexpr, DOT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-        BP: tl.constexpr, BC: tl.constexpr):
-    """dst tile [BP pixels, BC channels]; SRC_G/DST_G source/destination channels per group."""
-    rp = tl.program_id(0) * BP + tl.arange(0, BP)
+        BP: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr):
+    """dst tile [BP pixels, BC channels]: the pixels are a 2-D (BP/BW) x BW rectangle
+    of one (n, d) slice, so the shifted source tiles of the taps overlap in L1;
+    SRC_G/DST_G source/destination channels per group."""
+    BH: tl.constexpr = BP // BW
+    pid = tl.program_id(0)
+    n_tw = tl.cdiv(DW, BW)
+    n_th = tl.cdiv(DH, BH)
+    tw = pid % n_tw
+    tmp = pid // n_tw
+    th = tmp % n_th
+    nd = tmp // n_th
+    qd = nd % DD
+    n = nd // DD
+    ri = tl.arange(0, BP)
+    qh = th * BH + ri // BW
+    qw = tw * BW + ri % BW
     rc = tl.program_id(1) * BC + tl.arange(0, BC)
-    mp = rp < M
+    mp = (qh < DH) & (qw < DW)
     mc = rc < NDST
-    qw = rp % DW
-    tmp = rp // DW
-    qh = tmp % DH
-    tmp = tmp // DH
-    qd = tmp % DD
-    n = tmp // DD
     grp = rc // DST_G
     dst_local = rc - grp * DST_G
     if TRANSPOSED:
@@ -121,8 +132,7 @@ def _direct_kernel(
                 else:
                     wv = tl.load(w_ptr + w_tap + w_dst + j * sw_src, mask=mc, other=0.0)
                 acc += a.to(tl.float32) * wv.to(tl.float32)[None, :]
-    P = DD * DH * DW
-    pixd = rp - n * P
+    pixd = (qd * DH + qh) * DW + qw
     off = (n * sdn + pixd * sdp)[:, None] + (rc * sdc)[None, :]
     mask = mp[:, None] & mc[None, :]
     acc = epilogue(acc, off, rc, mc, mask, bias_ptr,
@@ -222,52 +232,131 @@ def _direct_bwd_w_tap_kernel(
     tl.store(ws_ptr + (sp * K + rk) * NJ + j, tl.sum(acc, axis=0), mask=mk)
 
 
+@triton.jit
+def _direct_bwd_w_tiles_kernel(
+        dy_ptr, x_ptr, ws_ptr, NT, TPS, K, Cg, Kg, D, H, W, OD, OH, OW, T, R, S,
+        sdn, sdk, sdd, sdh, sdw, sxn, sxc, sxd, sxh, sxw,
+        std, sth, stw, pdd, pdh, pdw, dld, dlh, dlw,
+        BP: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr):
+    """ws[sp, k, j] = sum over the output pixels of spatial tiles [sp*TPS, (sp+1)*TPS) of
+    dy[p, k] * x[p shifted by tap(j), grp(k)*Cg + c(j)]. A tile is a 2-D (BP/BW) x BW
+    rectangle of one (n, od) slice of the output; the columns j = (tap, c) are the outer
+    loop, so each runs an elementwise [BP, BC] accumulation over the program's few
+    tiles (their dy and x halo stay in L1 across the columns) and one reduction."""
+    BH: tl.constexpr = BP // BW
+    rk = tl.program_id(0) * BC + tl.arange(0, BC)
+    sp = tl.program_id(1)
+    mk = rk < K
+    grp = rk // Kg
+    NJ = Cg * T * R * S
+    n_tw = tl.cdiv(OW, BW)
+    n_th = tl.cdiv(OH, BH)
+    t_begin = sp * TPS
+    t_end = tl.minimum(t_begin + TPS, NT)
+    ri = tl.arange(0, BP)
+    dy_col = (rk * sdk)[None, :]
+    for j in range(0, NJ):
+        c = j % Cg
+        tap = j // Cg
+        ss = tap % S
+        rr = (tap // S) % R
+        tt = tap // (S * R)
+        x_col = ((grp * Cg + c) * sxc)[None, :]
+        acc = tl.zeros((BP, BC), dtype=tl.float32)
+        for t in range(t_begin, t_end):
+            tw = t % n_tw
+            tmp = t // n_tw
+            th = tmp % n_th
+            nd = tmp // n_th
+            od = nd % OD
+            n = nd // OD
+            oh = th * BH + ri // BW
+            ow = tw * BW + ri % BW
+            mp = (oh < OH) & (ow < OW)
+            dyv = tl.load(dy_ptr + (n * sdn + od * sdd + oh * sdh + ow * sdw)[:, None] + dy_col,
+                          mask=mp[:, None] & mk[None, :], other=0.0)
+            idd = od * std - pdd + tt * dld
+            ihh = oh * sth - pdh + rr * dlh
+            iww = ow * stw - pdw + ss * dlw
+            ok = mp & (idd >= 0) & (idd < D) & (ihh >= 0) & (ihh < H) & (iww >= 0) & (iww < W)
+            xv = tl.load(x_ptr + (n * sxn + idd * sxd + ihh * sxh + iww * sxw)[:, None] + x_col,
+                         mask=ok[:, None] & mk[None, :], other=0.0)
+            acc += dyv.to(tl.float32) * xv.to(tl.float32)
+        tl.store(ws_ptr + (sp * K + rk) * NJ + j, tl.sum(acc, axis=0), mask=mk)
+
+
 # ---- launchers -------------------------------------------------------------------------------
 def _use_dot(src_g: int, dst_g: int, BC: int) -> bool:
     return src_g == dst_g and src_g >= 2 and BC % dst_g == 0
 
 
-def _run_direct(p: ConvProblem, src: torch.Tensor, w: torch.Tensor, dst: torch.Tensor, epi: dict,
-                transposed: bool, tile: configs.DirectTile) -> None:
-    gm = geom(p)
-    if transposed:
-        src_sp, dst_sp, ndst, src_g, dst_g = gm.out, gm.inp, gm.C, gm.Kg, gm.Cg
-    else:
-        src_sp, dst_sp, ndst, src_g, dst_g = gm.inp, gm.out, gm.K, gm.Cg, gm.Kg
-    M = gm.N * math.prod(dst_sp)
-    BC = max(16, min(tile.BC, triton.next_power_of_2(ndst)))
-    BP = max(16, min(tile.BP, triton.next_power_of_2(M)))
-    dot = _use_dot(src_g, dst_g, BC)
-    sw = strides5(w)
-    sw_dst, sw_src = (sw[1], sw[0]) if transposed else (sw[0], sw[1])
-    sd = y_strides(p, (gm.N, ndst, math.prod(dst_sp)))
-    grid = (triton.cdiv(M, BP), triton.cdiv(ndst, BC))
-    _direct_kernel[grid](
-        src, w, dst, M=M, NDST=ndst, SRC_G=src_g, DST_G=dst_g, SD=src_sp[0], SH=src_sp[1], SW=src_sp[2],
-        DD=dst_sp[0], DH=dst_sp[1], DW=dst_sp[2], T=gm.filt[0], R=gm.filt[1], S=gm.filt[2],
-        **dict(zip(("ssn", "ssc", "ssd", "ssh", "ssw"), strides5(src))), sw_dst=sw_dst, sw_src=sw_src,
-        swt=sw[2], swr=sw[3], sws=sw[4], sdn=sd[0], sdp=sd[1], sdc=sd[2],
-        std=gm.stride[0], sth=gm.stride[1], stw=gm.stride[2], pdd=gm.pad[0], pdh=gm.pad[1],
-        pdw=gm.pad[2], dld=gm.dil[0], dlh=gm.dil[1], dlw=gm.dil[2], **epi,
-        TRANSPOSED=transposed, DOT=dot, UPCAST=interpreting() and src.dtype == torch.bfloat16,
-        PREC=tl_dot_precision(src.dtype), BP=BP, BC=BC, num_warps=tile.warps)
+def _spatial_tile(BP: int, DH: int, DW: int, BW: int = 0) -> tuple[int, int]:
+    """(BP, BW): a rectangle of BP/BW rows x BW columns, about 8 rows when the image
+    has rows (2-D/3-D), one row for 1-D."""
+    if BW <= 0:
+        BW = min(triton.next_power_of_2(DW), BP if DH == 1 else max(BP // 8, 1))
+    BW = min(BW, BP)
+    return BP, BW
+
+
+class DirectPlan:
+    """Forward (epilogue fused) or backward data through `_direct_kernel`, one launch."""
+
+    def __init__(self, p: ConvProblem, tile: configs.DirectTile | None = None, strides: tuple | None = None):
+        self.p, self.tile = p, tile or configs.pick_direct(p)
+        tile = self.tile
+        transposed = p.direction == "bwd_data"
+        ins = (p.y_shape, p.w_shape, p.x_shape) if transposed else (p.x_shape, p.w_shape, p.y_shape)
+        self.strides = strides or tuple(layout_strides(s, p.layout) for s in ins)
+        self.out_shape = ins[2]
+        self.variants: dict = {}
+        gm = geom(p)
+        if transposed:
+            src_sp, dst_sp, ndst, src_g, dst_g = gm.out, gm.inp, gm.C, gm.Kg, gm.Cg
+        else:
+            src_sp, dst_sp, ndst, src_g, dst_g = gm.inp, gm.out, gm.K, gm.Cg, gm.Kg
+        self.epi = NO_EPILOGUE if transposed else plan_epilogue(p)
+        M = gm.N * math.prod(dst_sp)
+        BC = max(16, min(tile.BC, triton.next_power_of_2(ndst)))
+        BP = max(16, min(tile.BP, triton.next_power_of_2(M)))
+        BP, BW = _spatial_tile(BP, dst_sp[1], dst_sp[2], tile.BW)
+        dot = _use_dot(src_g, dst_g, BC)
+        ss, sw, sd = (strides5_of(s) for s in self.strides)
+        sw_dst, sw_src = (sw[1], sw[0]) if transposed else (sw[0], sw[1])
+        tiles = gm.N * dst_sp[0] * triton.cdiv(dst_sp[1], BP // BW) * triton.cdiv(dst_sp[2], BW)
+        self.launch = Launch(
+            _direct_kernel, (tiles, triton.cdiv(ndst, BC)),
+            (ndst, src_g, dst_g, *src_sp, *dst_sp, *gm.filt, *ss, sw_dst, sw_src, sw[2], sw[3], sw[4],
+             sd[0], sd[4], sd[1], *gm.stride, *gm.pad, *gm.dil, *self.epi.scalars(), *self.epi.constexprs(),
+             transposed, dot, interpreting() and p.dtype == torch.bfloat16, tl_dot_precision(p.dtype),
+             BP, BW, BC),
+            num_warps=tile.warps)
+
+    def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
+        p = self.p
+        src = args.dy if p.direction == "bwd_data" else args.x
+        w = args.w
+        if out is not None and out.stride() != self.strides[2]:
+            return out.copy_(self(args))
+        dst = out if out is not None else torch.empty_strided(self.out_shape, self.strides[2], dtype=p.out_dtype,
+                                                              device=src.device)
+        if (src.stride(), w.stride()) != self.strides[:2]:
+            key = (src.stride(), w.stride(), self.strides[2])
+            if key not in self.variants:
+                self.variants[key] = DirectPlan(p, self.tile, key)
+            return self.variants[key](args, dst)
+        self.launch(src, w, dst, *self.epi.pointers(args.bias, args.post_ops, dst))
+        return dst
 
 
 def conv_fwd(p: ConvProblem, args: ConvArgs, tile: configs.DirectTile | None = None,
              out: torch.Tensor | None = None) -> torch.Tensor:
-    x = args.x
-    y = out if out is not None else empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype, device=x.device)
-    _run_direct(p, x, args.w, y, epilogue_args(p, args.bias, args.post_ops, y), False,
-                tile or configs.pick_direct(p))
-    return y
+    return DirectPlan(p, tile)(args, out)
 
 
 def conv_bwd_data(p: ConvProblem, args: ConvArgs, tile: configs.DirectTile | None = None,
                   out: torch.Tensor | None = None) -> torch.Tensor:
-    dy = args.dy
-    dx = out if out is not None else empty_in_layout(p.x_shape, p.layout, dtype=p.out_dtype, device=dy.device)
-    _run_direct(p, dy, args.w, dx, epilogue_args(p, None, (), dx), True, tile or configs.pick_direct(p))
-    return dx
+    return DirectPlan(p, tile)(args, out)
 
 
 def plan_bwd_w(p: ConvProblem, tile: configs.DirectTile) -> tuple[int, int, int, int, int]:
@@ -283,35 +372,109 @@ def plan_bwd_w(p: ConvProblem, tile: configs.DirectTile) -> tuple[int, int, int,
     return BP, BJ, BC, triton.cdiv(PT, chunk), chunk
 
 
+class BwdWeightsPlan:
+    """Backward weights: partial sums per pixel slice into a workspace, then the ordered
+    reduction. tap_grid=False: one program holds every (tap, c) column ([BJ, BC]
+    accumulator); tap_grid=True: one program per column (see _direct_bwd_w_tap_kernel)."""
+
+    def __init__(self, p: ConvProblem, tile: configs.DirectTile | None = None, tap_grid: bool = False,
+                 strides: tuple | None = None):
+        self.p, self.tile, self.tap_grid = p, tile or configs.pick_direct(p), tap_grid
+        tile = self.tile
+        self.strides = strides or tuple(layout_strides(s, p.layout) for s in (p.y_shape, p.x_shape, p.w_shape))
+        self.variants: dict = {}
+        gm = geom(p)
+        BP, BJ, BC, split, chunk = plan_bwd_w(p, tile)
+        nj = gm.Cg * gm.taps
+        sd, sx, sw = (strides5_of(s) for s in self.strides)
+        PT = gm.N * gm.P
+        if tap_grid:
+            BP = max(16, min(tile.BP, triton.next_power_of_2(PT)))
+            split = max(1, min(triton.cdiv(4 * NUM_SMS, nj * triton.cdiv(gm.K, BC)), PT // (BP * 8)))
+            chunk = triton.cdiv(triton.cdiv(PT, split), BP) * BP
+            split = triton.cdiv(PT, chunk)
+        geo = (PT, chunk, gm.K, gm.Cg, gm.Kg, *gm.inp, *gm.out, *gm.filt, *sd, *sx, *gm.stride, *gm.pad, *gm.dil)
+        if tap_grid:
+            self.launch = Launch(_direct_bwd_w_tap_kernel, (nj, triton.cdiv(gm.K, BC), split), (*geo, BP, BC),
+                                 num_warps=tile.warps)
+        else:
+            self.launch = Launch(_direct_bwd_w_kernel, (triton.cdiv(gm.K, BC), split), (*geo, BP, BJ, BC),
+                                 num_warps=4)
+        self.ws_shape = (split, gm.K, nj)
+        E = gm.K * nj
+        self.reduce = Launch(_split_reduce_kernel, (triton.cdiv(E, 1024),),
+                             (E, nj, gm.Cg, gm.filt[1], gm.filt[2], split, *sw, 1024))
+
+    def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
+        p, dy, x = self.p, args.dy, args.x
+        dw = out if out is not None else torch.empty_strided(p.w_shape, self.strides[2], dtype=p.out_dtype,
+                                                             device=x.device)
+        if (dy.stride(), x.stride(), dw.stride()) != self.strides:
+            key = (dy.stride(), x.stride(), dw.stride())
+            if key not in self.variants:
+                self.variants[key] = BwdWeightsPlan(p, self.tile, self.tap_grid, key)
+            return self.variants[key](args, dw)
+        ws = torch.empty(self.ws_shape, dtype=torch.float32, device=x.device)
+        self.launch(dy, x, ws)
+        self.reduce(ws, dw)
+        return dw
+
+
+class BwdWeightsTilePlan:
+    """Backward weights over 2-D spatial tiles (`_direct_bwd_w_tiles_kernel`), then the
+    ordered reduction of the per-slice partials (workspace SPLIT * K * taps*Cg * 4 bytes)."""
+
+    def __init__(self, p: ConvProblem, tile: configs.DirectTile | None = None, strides: tuple | None = None):
+        self.p, self.tile = p, tile or configs.pick_direct(p)
+        tile = self.tile
+        self.strides = strides or tuple(layout_strides(s, p.layout) for s in (p.y_shape, p.x_shape, p.w_shape))
+        self.variants: dict = {}
+        gm = geom(p)
+        nj = gm.Cg * gm.taps
+        BC = max(16, min(tile.BC, triton.next_power_of_2(gm.K)))
+        BP, BW = _spatial_tile(max(16, min(tile.BP, triton.next_power_of_2(gm.P))), gm.out[1], gm.out[2], tile.BW)
+        nt = gm.N * gm.out[0] * triton.cdiv(gm.out[1], BP // BW) * triton.cdiv(gm.out[2], BW)
+        nkb = triton.cdiv(gm.K, BC)
+        split = max(1, min(nt, triton.cdiv(8 * NUM_SMS, nkb)))
+        tps = triton.cdiv(nt, split)
+        split = triton.cdiv(nt, tps)
+        sd, sx, sw = (strides5_of(s) for s in self.strides)
+        self.launch = Launch(_direct_bwd_w_tiles_kernel, (nkb, split),
+                             (nt, tps, gm.K, gm.Cg, gm.Kg, *gm.inp, *gm.out, *gm.filt, *sd, *sx,
+                              *gm.stride, *gm.pad, *gm.dil, BP, BW, BC), num_warps=tile.warps)
+        self.ws_shape = (split, gm.K, nj)
+        E = gm.K * nj
+        self.reduce = Launch(_split_reduce_kernel, (triton.cdiv(E, 1024),),
+                             (E, nj, gm.Cg, gm.filt[1], gm.filt[2], split, *sw, 1024))
+
+    def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
+        p, dy, x = self.p, args.dy, args.x
+        dw = out if out is not None else torch.empty_strided(p.w_shape, self.strides[2], dtype=p.out_dtype,
+                                                             device=x.device)
+        if (dy.stride(), x.stride(), dw.stride()) != self.strides:
+            key = (dy.stride(), x.stride(), dw.stride())
+            if key not in self.variants:
+                self.variants[key] = BwdWeightsTilePlan(p, self.tile, key)
+            return self.variants[key](args, dw)
+        ws = torch.empty(self.ws_shape, dtype=torch.float32, device=x.device)
+        self.launch(dy, x, ws)
+        self.reduce(ws, dw)
+        return dw
+
+
+def bwd_weights_plan(p: ConvProblem):
+    """The backward-weights plan the solver uses: the 2-D-tile kernel for C/groups == 1
+    (depthwise), the [taps*Cg, BC]-accumulator kernel otherwise (measured, see configs)."""
+    if configs.direct_bwd_w_tiles(p):
+        return BwdWeightsTilePlan(p)
+    return BwdWeightsPlan(p)
+
+
 def conv_bwd_weights(p: ConvProblem, args: ConvArgs, tile: configs.DirectTile | None = None,
                      out: torch.Tensor | None = None, tap_grid: bool = False) -> torch.Tensor:
-    """tap_grid=False: one program holds every (tap, c) column ([BJ, BC] accumulator);
-    tap_grid=True: one program per column (see _direct_bwd_w_tap_kernel)."""
-    gm = geom(p)
-    dy, x = args.dy, args.x
-    dw = out if out is not None else empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype, device=x.device)
-    tile = tile or configs.pick_direct(p)
-    BP, BJ, BC, split, chunk = plan_bwd_w(p, tile)
-    nj = gm.Cg * gm.taps
-    geo = (gm.N * gm.P, chunk, gm.K, gm.Cg, gm.Kg, *gm.inp, *gm.out, *gm.filt,
-           *strides5(dy), *strides5(x), *gm.stride, *gm.pad, *gm.dil)
-    if tap_grid:
-        PT = gm.N * gm.P
-        BP = max(16, min(tile.BP, triton.next_power_of_2(PT)))
-        split = max(1, min(triton.cdiv(4 * NUM_SMS, nj * triton.cdiv(gm.K, BC)), PT // (BP * 8)))
-        chunk = triton.cdiv(triton.cdiv(PT, split), BP) * BP
-        split = triton.cdiv(PT, chunk)
-        geo = (PT, chunk) + geo[2:]
-    ws = torch.empty((split, gm.K, nj), dtype=torch.float32, device=x.device)
-    if tap_grid:
-        _direct_bwd_w_tap_kernel[(nj, triton.cdiv(gm.K, BC), split)](dy, x, ws, *geo, BP=BP, BC=BC,
-                                                                     num_warps=tile.warps)
-    else:
-        _direct_bwd_w_kernel[(triton.cdiv(gm.K, BC), split)](dy, x, ws, *geo, BP=BP, BJ=BJ, BC=BC, num_warps=4)
-    E = gm.K * nj
-    _split_reduce_kernel[(triton.cdiv(E, 1024),)](ws, dw, E, nj, gm.Cg, gm.filt[1], gm.filt[2], split,
-                                                  *strides5(dw), BLOCK=1024)
-    return dw
+    if tile is None and not tap_grid:
+        return bwd_weights_plan(p)(args, out)
+    return BwdWeightsPlan(p, tile, tap_grid)(args, out)
 
 
 # ---- solvers ---------------------------------------------------------------------------------
@@ -348,8 +511,7 @@ class DirectFwd(_DirectBase):
     directions = frozenset({"fwd"})
 
     def prepare(self, problem):
-        tile = configs.pick_direct(problem)
-        return lambda args: conv_fwd(problem, args, tile)
+        return DirectPlan(problem)
 
 
 @register
@@ -359,8 +521,7 @@ class DirectBwdData(_DirectBase):
     directions = frozenset({"bwd_data"})
 
     def prepare(self, problem):
-        tile = configs.pick_direct(problem)
-        return lambda args: conv_bwd_data(problem, args, tile)
+        return DirectPlan(problem)
 
 
 @register
@@ -370,10 +531,7 @@ class DirectBwdWeights(_DirectBase):
     directions = frozenset({"bwd_weights"})
 
     def workspace_size(self, problem) -> int:
-        gm = geom(problem)
-        _, _, _, split, _ = plan_bwd_w(problem, configs.pick_direct(problem))
-        return split * gm.K * gm.Cg * gm.taps * 4
+        return math.prod(bwd_weights_plan(problem).ws_shape) * 4
 
     def prepare(self, problem):
-        tile = configs.pick_direct(problem)
-        return lambda args: conv_bwd_weights(problem, args, tile)
+        return bwd_weights_plan(problem)

@@ -22,10 +22,11 @@ import triton
 import triton.language as tl
 
 from ..args import ConvArgs
-from ..problems.conv import ConvProblem, empty_in_layout, to_layout
+from ..problems.conv import ConvProblem, to_layout
 from ..search.solver import Solver, register
-from .implicit_gemm import Geom, gemm_shape_reasons, geom, roofline_ms, strides5
-from .triton_epilogue import epilogue_args, epilogue_copy_kernel, post_op_bytes, post_op_reasons, y_strides
+from .implicit_gemm import Geom, gemm_shape_reasons, geom, layout_strides, roofline_ms, strides5_of
+from .launch import Launch
+from .triton_epilogue import epilogue_copy_kernel, plan_epilogue, post_op_bytes, post_op_reasons
 
 WORKSPACE_CAP = 256 * 2 ** 20
 
@@ -168,79 +169,151 @@ def _rows_nhwc(t: torch.Tensor, gm: Geom, ch: int) -> torch.Tensor:
     return t.permute(*perm).reshape(-1, ch)
 
 
-def _im2col(x: torch.Tensor, gm: Geom, m0: int, mc: int, pointwise: bool) -> torch.Tensor:
-    if pointwise:
-        return _rows_nhwc(x, gm, gm.C)[m0:m0 + mc].view(mc, gm.G, gm.Cg).transpose(0, 1)
-    ncol = gm.Cg * gm.taps
-    col = torch.empty((gm.G, mc, ncol), dtype=x.dtype, device=x.device)
-    BM, BJ = 64, min(64, triton.next_power_of_2(ncol))
-    grid = (triton.cdiv(mc, BM), triton.cdiv(ncol, BJ), gm.G)
-    _im2col_kernel[grid](x, col, m0, mc, gm.Cg, *_geo_args(gm), *strides5(x), *_conv_args(gm),
-                         BM=BM, BJ=BJ)
-    return col
+class _Blocks:
+    """Row blocks of whole images (bounded column buffer) and the im2col launch of each."""
+
+    def __init__(self, p: ConvProblem, sx: tuple[int, ...] | None):
+        gm = self.gm = geom(p)
+        self.pointwise = is_pointwise(p)
+        nb = images_per_block(p)
+        self.blocks = [(n0 * gm.P, min(nb, gm.N - n0) * gm.P, n0, min(nb, gm.N - n0)) for n0 in range(0, gm.N, nb)]
+        self.ncol = gm.Cg * gm.taps
+        self.im2col = []
+        if self.pointwise or sx is None:
+            return
+        BM, BJ = 64, min(64, triton.next_power_of_2(self.ncol))
+        for m0, mc, _, _ in self.blocks:
+            self.im2col.append(Launch(_im2col_kernel, (triton.cdiv(mc, BM), triton.cdiv(self.ncol, BJ), gm.G),
+                                      (m0, mc, gm.Cg, *_geo_args(gm), *strides5_of(sx), *_conv_args(gm), BM, BJ)))
+
+    def col(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """The column matrix (G, mc, T*R*S*Cg) of block i (x itself for pointwise problems)."""
+        m0, mc, _, _ = self.blocks[i]
+        gm = self.gm
+        if self.pointwise:
+            return _rows_nhwc(x, gm, gm.C)[m0:m0 + mc].view(mc, gm.G, gm.Cg).transpose(0, 1)
+        col = torch.empty((gm.G, mc, self.ncol), dtype=x.dtype, device=x.device)
+        self.im2col[i](x, col)
+        return col
 
 
-# ---- directions ------------------------------------------------------------------------------
+def _std(p: ConvProblem, shapes, strides):
+    return strides or tuple(layout_strides(s, p.layout) for s in shapes)
+
+
+def _variant(plan, key: tuple):
+    """The plan of `plan`'s problem for other strides (made once, then kept)."""
+    v = plan.variants.get(key)
+    if v is None:
+        v = plan.variants[key] = type(plan)(plan.p, key)
+    return v
+
+
+class FwdPlan:
+    """y = epilogue(col @ W^T) per row block."""
+
+    def __init__(self, p: ConvProblem, strides: tuple | None = None):
+        self.p = p
+        self.variants: dict = {}
+        self.strides = _std(p, (p.x_shape, p.w_shape, p.y_shape), strides)
+        self.rows = _Blocks(p, self.strides[0])
+        gm = self.rows.gm
+        self.epi = plan_epilogue(p)
+        sy = strides5_of(self.strides[2])
+        BM, BN = 64, min(64, max(16, triton.next_power_of_2(gm.Kg)))
+        self.epilogues = [
+            Launch(epilogue_copy_kernel, (triton.cdiv(mc, BM), triton.cdiv(gm.Kg, BN), gm.G),
+                   (m0, mc, gm.Kg, gm.P, mc * gm.Kg, gm.Kg, 1, sy[0], sy[4], sy[1],
+                    *self.epi.scalars(), *self.epi.constexprs(), BM, BN))
+            for m0, mc, _, _ in self.rows.blocks]
+
+    def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
+        p, x = self.p, args.x
+        if out is not None and out.stride() != self.strides[2]:
+            return out.copy_(self(args))
+        y = out if out is not None else torch.empty_strided(p.y_shape, self.strides[2], dtype=p.out_dtype,
+                                                            device=x.device)
+        if x.stride() != self.strides[0]:
+            return _variant(self, (x.stride(), args.w.stride(), self.strides[2]))(args, y)
+        gm = self.rows.gm
+        wt = _w_groups(args.w, gm).to(x.dtype).transpose(1, 2)      # (G, CRSg, Kg)
+        ptrs = self.epi.pointers(args.bias, args.post_ops, y)
+        for i, launch in enumerate(self.epilogues):
+            acc = _bmm_f32(self.rows.col(x, i), wt)                    # (G, mc, Kg) f32
+            launch(acc.contiguous(), y, *ptrs)
+        return y
+
+
+class BwdDataPlan:
+    """dcol = dy @ W per row block (f32), then col2im."""
+
+    def __init__(self, p: ConvProblem, strides: tuple | None = None):
+        self.p = p
+        self.variants: dict = {}
+        self.strides = _std(p, (p.y_shape, p.w_shape, p.x_shape), strides)
+        gm = self.gm = geom(p)
+        self.rows = _Blocks(p, None)
+        sx = strides5_of(self.strides[2])
+        HWD = math.prod(gm.inp)
+        BM, BC = 64, min(64, max(16, triton.next_power_of_2(gm.Cg)))
+        self.col2im = [
+            Launch(_col2im_kernel, (triton.cdiv(nimg * HWD, BM), triton.cdiv(gm.Cg, BC), gm.G),
+                   (n0, nimg * HWD, mc, gm.Cg, *_geo_args(gm), *sx, *_conv_args(gm), BM, BC))
+            for m0, mc, n0, nimg in self.rows.blocks]
+
+    def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
+        p, gm = self.p, self.gm
+        dy = to_layout(args.dy, "nhwc")
+        dx = out if out is not None else torch.empty_strided(p.x_shape, self.strides[2], dtype=p.out_dtype,
+                                                             device=dy.device)
+        if dx.stride() != self.strides[2]:
+            return _variant(self, (self.strides[0], self.strides[1], dx.stride()))(args, dx)
+        wg = _w_groups(args.w, gm).to(dy.dtype)                      # (G, Kg, CRSg)
+        dy2 = _rows_nhwc(dy, gm, gm.K)
+        for (m0, mc, _, _), launch in zip(self.rows.blocks, self.col2im):
+            dyg = dy2[m0:m0 + mc].view(mc, gm.G, gm.Kg).transpose(0, 1)
+            launch(_bmm_f32(dyg, wg).contiguous(), dx)               # (G, mc, CRSg) f32
+        return dx
+
+
+class BwdWeightsPlan:
+    """dw = sum over row blocks of dy^T @ col (f32), then cast into dw's layout."""
+
+    def __init__(self, p: ConvProblem, strides: tuple | None = None):
+        self.p = p
+        self.variants: dict = {}
+        self.strides = _std(p, (p.y_shape, p.x_shape, p.w_shape), strides)
+        self.rows = _Blocks(p, self.strides[1])
+
+    def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
+        p, x = self.p, args.x
+        if x.stride() != self.strides[1]:
+            return _variant(self, (self.strides[0], x.stride(), self.strides[2]))(args, out)
+        gm = self.rows.gm
+        dy = to_layout(args.dy, "nhwc")
+        dw = out if out is not None else torch.empty_strided(p.w_shape, self.strides[2], dtype=p.out_dtype,
+                                                             device=x.device)
+        dy2 = _rows_nhwc(dy, gm, gm.K)
+        acc = None
+        for i, (m0, mc, _, _) in enumerate(self.rows.blocks):
+            dyg = dy2[m0:m0 + mc].view(mc, gm.G, gm.Kg).permute(1, 2, 0)   # (G, Kg, mc)
+            part = _bmm_f32(dyg, self.rows.col(x, i))                      # (G, Kg, CRSg)
+            acc = part if acc is None else acc.add_(part)
+        nd = len(p.filter)
+        dw.copy_(acc.reshape(gm.K, *p.filter, gm.Cg).permute(0, nd + 1, *range(1, nd + 1)))
+        return dw
+
+
 def conv_fwd(p: ConvProblem, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
-    gm = geom(p)
-    x = args.x
-    y = out if out is not None else empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype, device=x.device)
-    wt = _w_groups(args.w, gm).to(x.dtype).transpose(1, 2)      # (G, CRSg, Kg)
-    epi = epilogue_args(p, args.bias, args.post_ops, y)
-    sy = y_strides(p, (gm.N, gm.K, gm.P))
-    nb = images_per_block(p)
-    pw = is_pointwise(p)
-    BM, BN = 64, min(64, max(16, triton.next_power_of_2(gm.Kg)))
-    for n0 in range(0, gm.N, nb):
-        m0, mc = n0 * gm.P, min(nb, gm.N - n0) * gm.P
-        acc = _bmm_f32(_im2col(x, gm, m0, mc, pw), wt)            # (G, mc, Kg) f32
-        grid = (triton.cdiv(mc, BM), triton.cdiv(gm.Kg, BN), gm.G)
-        epilogue_copy_kernel[grid](acc, y, m0=m0, M=mc, NCH=gm.Kg, P=gm.P, s_sg=acc.stride(0),
-                                   s_sm=acc.stride(1), s_sn=acc.stride(2), s_yn=sy[0], s_yp=sy[1],
-                                   s_yc=sy[2], **epi, BM=BM, BN=BN)
-    return y
+    return FwdPlan(p)(args, out)
 
 
 def conv_bwd_data(p: ConvProblem, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
-    gm = geom(p)
-    dy = to_layout(args.dy, "nhwc")
-    dx = out if out is not None else empty_in_layout(p.x_shape, p.layout, dtype=p.out_dtype, device=dy.device)
-    wg = _w_groups(args.w, gm).to(dy.dtype)                      # (G, Kg, CRSg)
-    dy2 = _rows_nhwc(dy, gm, gm.K)
-    nb = images_per_block(p)
-    sx = strides5(dx)
-    HWD = math.prod(gm.inp)
-    BM, BC = 64, min(64, max(16, triton.next_power_of_2(gm.Cg)))
-    for n0 in range(0, gm.N, nb):
-        nimg = min(nb, gm.N - n0)
-        m0, mc = n0 * gm.P, nimg * gm.P
-        dyg = dy2[m0:m0 + mc].view(mc, gm.G, gm.Kg).transpose(0, 1)
-        dcol = _bmm_f32(dyg, wg).contiguous()                    # (G, mc, CRSg) f32
-        mi = nimg * HWD
-        grid = (triton.cdiv(mi, BM), triton.cdiv(gm.Cg, BC), gm.G)
-        _col2im_kernel[grid](dcol, dx, n0, mi, mc, gm.Cg, *_geo_args(gm), *sx, *_conv_args(gm),
-                             BM=BM, BC=BC)
-    return dx
+    return BwdDataPlan(p)(args, out)
 
 
 def conv_bwd_weights(p: ConvProblem, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
-    gm = geom(p)
-    x = args.x
-    dy = to_layout(args.dy, "nhwc")
-    dw = out if out is not None else empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype, device=x.device)
-    dy2 = _rows_nhwc(dy, gm, gm.K)
-    nb = images_per_block(p)
-    pw = is_pointwise(p)
-    acc = None
-    for n0 in range(0, gm.N, nb):
-        m0, mc = n0 * gm.P, min(nb, gm.N - n0) * gm.P
-        dyg = dy2[m0:m0 + mc].view(mc, gm.G, gm.Kg).permute(1, 2, 0)   # (G, Kg, mc)
-        part = _bmm_f32(dyg, _im2col(x, gm, m0, mc, pw))               # (G, Kg, CRSg)
-        acc = part if acc is None else acc.add_(part)
-    nd = len(p.filter)
-    full = acc.reshape(gm.K, *p.filter, gm.Cg).permute(0, nd + 1, *range(1, nd + 1))
-    dw.copy_(full)
-    return dw
+    return BwdWeightsPlan(p)(args, out)
 
 
 # ---- solvers ---------------------------------------------------------------------------------
@@ -277,7 +350,7 @@ class GemmFwd(_GemmBase):
     directions = frozenset({"fwd"})
 
     def prepare(self, problem):
-        return lambda args: conv_fwd(problem, args)
+        return FwdPlan(problem)
 
 
 @register
@@ -287,7 +360,7 @@ class GemmBwdData(_GemmBase):
     directions = frozenset({"bwd_data"})
 
     def prepare(self, problem):
-        return lambda args: conv_bwd_data(problem, args)
+        return BwdDataPlan(problem)
 
 
 @register
@@ -297,4 +370,4 @@ class GemmBwdWeights(_GemmBase):
     directions = frozenset({"bwd_weights"})
 
     def prepare(self, problem):
-        return lambda args: conv_bwd_weights(problem, args)
+        return BwdWeightsPlan(problem)

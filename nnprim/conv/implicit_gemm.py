@@ -20,6 +20,16 @@ into stride phases i = ph + stride*q; within a phase the contributing taps form 
 arithmetic progression known on the host, so no tap is masked out for divisibility
 (no wasted MACs at stride 2). f32 accumulation; output cast to the problem's dtype.
 
+TMA paths (Hopper tensor descriptors; f16/bf16 NHWC, groups 1, 16-byte channel rows):
+1x1 stride-1 unpadded forward / backward data run as a plain GEMM (`_gemm_tma_kernel`);
+stride-1 convolutions with a filter run `_conv_tma_kernel` (the output tile is a
+rectangle of one image, each tap's source tile a shifted box of a 5-D descriptor whose
+zero fill is the padding); backward weights has its own (implicit_gemm_bwd.py). Which
+directions use them: configs.TMA_CONV_DIRECTIONS (measured).
+
+Invokers are plans (`FwdPlan`, `BwdDataPlan`): every launch argument is computed in
+`prepare`; a call allocates the output and launches (conv/launch.py).
+
 Supported: 1D/2D/3D, nchw/nhwc, any stride/padding/dilation/groups, f32 (exact, no
 TF32), f16, bf16 (f32 or bf16 output for forward). Not supported: tensors of 2**31
 elements or more (int32 indexing), more than 4 fused post-ops."""
@@ -31,12 +41,14 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..args import ConvArgs
-from ..problems.conv import ConvProblem, empty_in_layout
+from ..problems.conv import ConvProblem
 from ..search.solver import Solver, register
 from . import configs
-from .triton_epilogue import epilogue, epilogue_args, interpreting, post_op_bytes, post_op_reasons, tl_dot_precision, y_strides
+from .launch import Launch
+from .triton_epilogue import NO_EPILOGUE, epilogue, interpreting, plan_epilogue, post_op_bytes, post_op_reasons, tl_dot_precision
 
 PEAK_TFLOPS = {torch.bfloat16: 750.0, torch.float16: 750.0, torch.float32: 50.0}
 PEAK_TBS = 4.2
@@ -82,12 +94,6 @@ def geom(p: ConvProblem) -> Geom:
                 (1,) * k + p.dilation)
 
 
-def strides5(t: torch.Tensor) -> tuple[int, ...]:
-    """Strides of t as a logical (N, C, D, H, W) tensor (0 for the missing dims)."""
-    s = t.stride()
-    return (s[0], s[1]) + (0,) * (5 - t.dim()) + tuple(s[2:])
-
-
 def gemm_shape_reasons(p: ConvProblem) -> list[str]:
     reasons = []
     for name, shape in (("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape)):
@@ -110,11 +116,11 @@ def fit(block: int, n: int, lo: int = 16) -> int:
 # ---- forward kernel ----------------------------------------------------------------------
 @triton.jit
 def _conv_fwd_kernel(
-        x_ptr, w_ptr, y_ptr, bias_ptr,
-        p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
+        x_ptr, w_ptr, y_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
         M, Cg, Kg, D, H, W, OD, OH, OW, T, R, S,
         sxn, sxc, sxd, sxh, sxw, swk, swc, swt, swr, sws, syn, syp, syk,
         std, sth, stw, pdd, pdh, pdw, dld, dlh, dlw,
+        p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
         HAS_BIAS: tl.constexpr,
         P0_KIND: tl.constexpr, P0_SUB: tl.constexpr, P0_BC: tl.constexpr,
         P1_KIND: tl.constexpr, P1_SUB: tl.constexpr, P1_BC: tl.constexpr,
@@ -208,44 +214,288 @@ def _conv_fwd_kernel(
     tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+# ---- 1x1 stride-1 NHWC: a plain GEMM through TMA ------------------------------------------
+@triton.jit
+def _gemm_tma_kernel(
+        a_desc, b_desc, y_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+        M, N, KR,
+        p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
+        HAS_BIAS: tl.constexpr,
+        P0_KIND: tl.constexpr, P0_SUB: tl.constexpr, P0_BC: tl.constexpr,
+        P1_KIND: tl.constexpr, P1_SUB: tl.constexpr, P1_BC: tl.constexpr,
+        P2_KIND: tl.constexpr, P2_SUB: tl.constexpr, P2_BC: tl.constexpr,
+        P3_KIND: tl.constexpr, P3_SUB: tl.constexpr, P3_BC: tl.constexpr,
+        TRANS_B: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    """y[m, n] = epilogue(sum_k A[m, k] * B[k, n]) with A [M, KR] and B either [N, KR]
+    (TRANS_B: forward, B = w as [K, C]) or [KR, N] (backward data, B = w as [K, C],
+    N = C), both read by TMA (out-of-bounds rows/columns come back as zeros); y is
+    [M, N] row-major (NHWC), stored with vector stores along n."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % gsize
+    pid_n = (pid % width) // gsize
+    off_m = pid_m * BM
+    off_n = pid_n * BN
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, tl.cdiv(KR, BK)):
+        a = a_desc.load([off_m, k * BK])
+        if TRANS_B:
+            b = tl.trans(b_desc.load([off_n, k * BK]))
+        else:
+            b = b_desc.load([k * BK, off_n])
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PREC)
+    rm = off_m + tl.arange(0, BM)
+    rn = off_n + tl.arange(0, BN)
+    mask_n = rn < N
+    mask = (rm < M)[:, None] & mask_n[None, :]
+    y_off = rm[:, None] * N + rn[None, :]
+    acc = epilogue(acc, y_off, rn, mask_n, mask, bias_ptr,
+                   p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
+                   HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
+                   P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC)
+    tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _conv_tma_kernel(
+        a_desc, b_desc, y_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+        NSL, NCH, CRED, OD, OH, OW, T, R, S, syn, syd, syh, syw, pdd, pdh, pdw, dld, dlh, dlw,
+        p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
+        HAS_BIAS: tl.constexpr,
+        P0_KIND: tl.constexpr, P0_SUB: tl.constexpr, P0_BC: tl.constexpr,
+        P1_KIND: tl.constexpr, P1_SUB: tl.constexpr, P1_BC: tl.constexpr,
+        P2_KIND: tl.constexpr, P2_SUB: tl.constexpr, P2_BC: tl.constexpr,
+        P3_KIND: tl.constexpr, P3_SUB: tl.constexpr, P3_BC: tl.constexpr,
+        TRANSPOSED: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+        BH: tl.constexpr, BW: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    """Stride-1 NHWC convolution (groups 1) with every operand read by TMA: an output
+    tile is a BH x BW rectangle of one (n, od) slice; for each tap the source tile is
+    the same rectangle shifted by tap*dil - pad (forward) or pad - tap*dil (backward
+    data), read through a 5-D descriptor over the source [N, D, H, W, CRED] whose
+    out-of-bounds zero fill is the padding. The weights are w as [K, T*R*S*C]:
+    forward reads [BN, BK] boxes at (k, tap*C + c) and transposes; backward data reads
+    [BK, BN] boxes at (k, tap*C + c). Columns past C spill into the next tap's
+    weights: they only produce output columns that are masked at the store."""
+    BM: tl.constexpr = BH * BW
+    pid = tl.program_id(0)
+    n_tw = tl.cdiv(OW, BW)
+    n_th = tl.cdiv(OH, BH)
+    num_m = NSL * n_th * n_tw
+    num_n = tl.cdiv(NCH, BN)
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    gsize = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % gsize
+    pid_n = (pid % width) // gsize
+    tw = pid_m % n_tw
+    tmp = pid_m // n_tw
+    th = tmp % n_th
+    nd = tmp // n_th
+    od = nd % OD
+    n = nd // OD
+    oh0 = th * BH
+    ow0 = tw * BW
+    off_n = pid_n * BN
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    nk = tl.cdiv(CRED, BK)
+    for it in range(0, T * R * S * nk):
+        tap = it // nk
+        c0 = (it - tap * nk) * BK
+        ss = tap % S
+        rr = (tap // S) % R
+        tt = tap // (S * R)
+        if TRANSPOSED:
+            a = a_desc.load([n, od + pdd - tt * dld, oh0 + pdh - rr * dlh, ow0 + pdw - ss * dlw, c0])
+            b = b_desc.load([c0, tap * NCH + off_n])
+        else:
+            a = a_desc.load([n, od - pdd + tt * dld, oh0 - pdh + rr * dlh, ow0 - pdw + ss * dlw, c0])
+            b = tl.trans(b_desc.load([off_n, tap * CRED + c0]))
+        a = tl.reshape(a, (BM, BK))
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PREC)
+    ri = tl.arange(0, BM)
+    oh = oh0 + ri // BW
+    ow = ow0 + ri % BW
+    rn = off_n + tl.arange(0, BN)
+    mask_n = rn < NCH
+    mask = ((oh < OH) & (ow < OW))[:, None] & mask_n[None, :]
+    y_off = (n * syn + od * syd + oh * syh + ow * syw)[:, None] + rn[None, :]
+    acc = epilogue(acc, y_off, rn, mask_n, mask, bias_ptr,
+                   p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
+                   HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
+                   P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC)
+    tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def layout_strides(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
+    """Strides of a contiguous logical (N, C, *spatial) tensor stored in `layout`."""
+    phys = tuple(shape) if layout == "nchw" else (shape[0], *shape[2:], shape[1])
+    st, acc = [0] * len(phys), 1
+    for i in range(len(phys) - 1, -1, -1):
+        st[i] = acc
+        acc *= phys[i]
+    if layout == "nchw":
+        return tuple(st)
+    return (st[0], st[-1], *st[1:-1])
+
+
+def is_plain_gemm(p: ConvProblem) -> bool:
+    """1x1, stride 1, unpadded, ungrouped NHWC, f16/bf16 with 16-byte rows: x (or dy)
+    is a row-major [pixels, channels] matrix and w a [K, C] one; TMA can read both."""
+    return configs.plain_gemm_eligible(p)
+
+
+def same_memory(shapes, strides_a, strides_b) -> bool:
+    """Whether tensors of `shapes` with strides_a and strides_b address the same
+    elements (strides of size-1 dims do not matter)."""
+    return all(all(n == 1 or x == y for n, x, y in zip(sh, a, b))
+               for sh, a, b in zip(shapes, strides_a, strides_b))
+
+
+class _Plan:
+    """An invoker planned in prepare: output allocation and launches with every
+    scalar precomputed for the problem's standard strides (its layout, contiguous).
+    A call with other strides (views, size-1 dims strided differently, an `out`
+    buffer in another order) gets a plan for those strides, made on first use and
+    kept in `variants`."""
+
+    def __init__(self, p: ConvProblem, tile: configs.GemmTile | None, strides: tuple | None):
+        self.p = p
+        self.tile = tile or configs.pick(p)
+        ins = {"fwd": (p.x_shape, p.w_shape, p.y_shape), "bwd_data": (p.y_shape, p.w_shape, p.x_shape),
+               "bwd_weights": (p.y_shape, p.x_shape, p.w_shape)}[p.direction]
+        std = tuple(layout_strides(s, p.layout) for s in ins)
+        self.strides = strides or std
+        self.out_shape = ins[2]
+        self.std = same_memory(ins, self.strides, std)
+        self.variants: dict = {}
+
+    def variant(self, strides: tuple) -> _Plan:
+        v = self.variants.get(strides)
+        if v is None:
+            v = self.variants[strides] = type(self)(self.p, self.tile, strides)
+        return v
+
+    def alloc(self, dtype: torch.dtype, device) -> torch.Tensor:
+        return torch.empty_strided(self.out_shape, self.strides[2], dtype=dtype, device=device)
+
+
+def is_tma_conv(p: ConvProblem) -> bool:
+    """Stride-1 ungrouped NHWC f16/bf16 with 16-byte channel rows, filter larger than
+    1x1: the TMA convolution kernel can read x (dy) and w."""
+    return configs.tma_conv_eligible(p)
+
+
+def conv_tile(BM: int, OH: int, OW: int) -> tuple[int, int]:
+    """(BH, BW) of a TMA convolution's output rectangle: whole (power-of-two) rows of
+    up to BM pixels, as many rows as fit (fewer for small images)."""
+    BW = min(triton.next_power_of_2(OW), BM)
+    return min(triton.next_power_of_2(OH), max(BM // BW, 1)), BW
+
+
+def _tma_conv_setup(plan: _Plan, p: ConvProblem, tile: configs.GemmTile, epi) -> None:
+    """Plan `_conv_tma_kernel` (forward or stride-1 backward data) on `plan`."""
+    gm = geom(p)
+    transposed = p.direction == "bwd_data"
+    src_sp, dst_sp = (gm.out, gm.inp) if transposed else (gm.inp, gm.out)
+    nch, cred = (gm.C, gm.K) if transposed else (gm.K, gm.C)
+    pad = gm.pad
+    BH, BW = conv_tile(tile.BM, dst_sp[1], dst_sp[2])
+    BN, BK = fit(tile.BN, nch), fit(tile.BK, cred)
+    sd = strides5_of(plan.strides[2])
+    n_m = gm.N * dst_sp[0] * triton.cdiv(dst_sp[1], BH) * triton.cdiv(dst_sp[2], BW)
+    plan.da = ([gm.N, *src_sp, cred], [math.prod(src_sp) * cred, src_sp[1] * src_sp[2] * cred, src_sp[2] * cred,
+                                       cred, 1], [1, 1, BH, BW, BK])
+    plan.db = ([gm.K, gm.taps * gm.C], [gm.taps * gm.C, 1], [BK, BN] if transposed else [BN, BK])
+    plan.launch = Launch(
+        _conv_tma_kernel, (n_m * triton.cdiv(nch, BN),),
+        (gm.N * dst_sp[0], nch, cred, *dst_sp, *gm.filt, sd[0], sd[2], sd[3], sd[4], *pad, *gm.dil,
+         *epi.scalars(), *epi.constexprs(), transposed, interpreting() and p.dtype == torch.bfloat16,
+         tl_dot_precision(p.dtype), BH, BW, BN, BK, tile.group_m),
+        num_warps=tile.warps, num_stages=tile.stages)
+
+
+class FwdPlan(_Plan):
+    """Forward: y = epilogue(conv(x, w)), one launch: the implicit GEMM, the TMA GEMM
+    for plain-GEMM problems, or the TMA convolution (stride 1, `configs.use_tma_conv`)."""
+
+    def __init__(self, p: ConvProblem, tile: configs.GemmTile | None = None, strides: tuple | None = None,
+                 tma: bool = True, tma_conv: bool | None = None):
+        super().__init__(p, tile, strides)
+        gm, tile = geom(p), self.tile
+        self.epi = plan_epilogue(p)
+        sx, sw, sy = (strides5_of(s) for s in self.strides)
+        upcast = interpreting() and p.dtype == torch.bfloat16
+        M = gm.N * gm.P
+        BM, BN = fit(tile.BM, M), fit(tile.BN, gm.Kg)
+        if tma_conv is None:
+            tma_conv = configs.use_tma_conv(p)
+        self.tma = tma and self.std and (is_plain_gemm(p) or (tma_conv and is_tma_conv(p)))
+        self.fallback = None
+        if self.tma and not is_plain_gemm(p):
+            _tma_conv_setup(self, p, tile, self.epi)
+            return
+        if self.tma:
+            BK = fit(tile.BK, gm.C)
+            self.da = ([M, p.C], [p.C, 1], [BM, BK])
+            self.db = ([p.K, p.C], [p.C, 1], [BN, BK])
+            self.launch = Launch(
+                _gemm_tma_kernel, (triton.cdiv(M, BM) * triton.cdiv(gm.K, BN),),
+                (M, gm.K, gm.C, *self.epi.scalars(), *self.epi.constexprs(), True, upcast,
+                 tl_dot_precision(p.dtype), BM, BN, BK, tile.group_m),
+                num_warps=tile.warps, num_stages=tile.stages)
+            return
+        flat = gm.Cg < 32 and gm.taps > 1
+        BK = fit(tile.BK, gm.Cg * gm.taps if flat else gm.Cg)
+        sy3 = (sy[0], sy[4], sy[1])   # (n, pixel, channel): pixels are w-fastest in both layouts
+        self.launch = Launch(
+            _conv_fwd_kernel, (triton.cdiv(M, BM) * triton.cdiv(gm.Kg, BN), gm.G),
+            (M, gm.Cg, gm.Kg, *gm.inp, *gm.out, *gm.filt, *sx, *sw, *sy3, *gm.stride, *gm.pad, *gm.dil,
+             *self.epi.scalars(), *self.epi.constexprs(), flat, upcast, tl_dot_precision(p.dtype),
+             BM, BN, BK, tile.group_m),
+            num_warps=tile.warps, num_stages=tile.stages)
+
+    def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
+        x, w = args.x, args.w
+        if out is not None and out.stride() != self.strides[2]:
+            return out.copy_(self(args))
+        y = out if out is not None else self.alloc(self.p.out_dtype, x.device)
+        if (x.stride(), w.stride()) != self.strides[:2]:
+            return self.variant((x.stride(), w.stride(), self.strides[2]))(args, y)
+        ptrs = self.epi.pointers(args.bias, args.post_ops, y)
+        if self.tma:
+            if x.data_ptr() % 16 or w.data_ptr() % 16:
+                self.fallback = self.fallback or FwdPlan(self.p, self.tile, self.strides, tma=False)
+                return self.fallback(args, y)
+            self.launch(TensorDescriptor(x, *self.da), TensorDescriptor(w, *self.db), y, *ptrs)
+        else:
+            self.launch(x, w, y, *ptrs)
+        return y
+
+
+def strides5_of(s: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of a logical (N, C, *spatial) tensor as (N, C, D, H, W) (0 for missing dims)."""
+    return (s[0], s[1]) + (0,) * (5 - len(s)) + tuple(s[2:])
+
+
+def strides5(t: torch.Tensor) -> tuple[int, ...]:
+    return strides5_of(t.stride())
+
+
 def conv_fwd(p: ConvProblem, args: ConvArgs, tile: configs.GemmTile | None = None,
              out: torch.Tensor | None = None) -> torch.Tensor:
-    """Launch the forward kernel; `out` (optional, y-shaped in p.layout) receives y."""
-    gm = geom(p)
-    tile = tile or configs.pick(p)
-    x, w = args.x, args.w
-    y = out if out is not None else empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype, device=x.device)
-    M = gm.N * gm.P
-    flat = gm.Cg < 32 and gm.taps > 1
-    BM = fit(tile.BM, M)
-    BN = fit(tile.BN, gm.Kg)
-    BK = fit(tile.BK, gm.Cg * gm.taps if flat else gm.Cg)
-    sy = y_strides(p, (gm.N, gm.K, gm.P))
-    epi = epilogue_args(p, args.bias, args.post_ops, y)
-    grid = (triton.cdiv(M, BM) * triton.cdiv(gm.Kg, BN), gm.G)
-    _conv_fwd_kernel[grid](
-        x, w, y, M=M, Cg=gm.Cg, Kg=gm.Kg, D=gm.inp[0], H=gm.inp[1], W=gm.inp[2],
-        OD=gm.out[0], OH=gm.out[1], OW=gm.out[2], T=gm.filt[0], R=gm.filt[1], S=gm.filt[2],
-        **_sx(x), **_sw(w), syn=sy[0], syp=sy[1], syk=sy[2], **_spd(gm), **epi,
-        FLAT_K=flat, UPCAST=interpreting() and x.dtype == torch.bfloat16,
-        PREC=tl_dot_precision(x.dtype), BM=BM, BN=BN, BK=BK, GROUP_M=tile.group_m,
-        num_warps=tile.warps, num_stages=tile.stages)
-    return y
-
-
-def _sx(x: torch.Tensor) -> dict:
-    s = strides5(x)
-    return dict(sxn=s[0], sxc=s[1], sxd=s[2], sxh=s[3], sxw=s[4])
-
-
-def _sw(w: torch.Tensor) -> dict:
-    s = strides5(w)
-    return dict(swk=s[0], swc=s[1], swt=s[2], swr=s[3], sws=s[4])
-
-
-def _spd(gm: Geom) -> dict:
-    return dict(std=gm.stride[0], sth=gm.stride[1], stw=gm.stride[2], pdd=gm.pad[0], pdh=gm.pad[1],
-                pdw=gm.pad[2], dld=gm.dil[0], dlh=gm.dil[1], dlw=gm.dil[2])
+    """One-shot forward (plans, then runs); `out` (optional, y-shaped) receives y."""
+    return FwdPlan(p, tile)(args, out)
 
 
 # ---- backward data kernel --------------------------------------------------------------------
@@ -344,32 +594,74 @@ def dim_phases(size: int, filt: int, st: int, pad: int, dil: int) -> list[Phase]
     return out
 
 
+class BwdDataPlan(_Plan):
+    """Backward data: one implicit-GEMM launch per stride phase, or one TMA GEMM for
+    plain-GEMM problems, or one TMA convolution (stride 1, `configs.use_tma_conv`)."""
+
+    def __init__(self, p: ConvProblem, tile: configs.GemmTile | None = None, strides: tuple | None = None,
+                 tma: bool = True, tma_conv: bool | None = None):
+        super().__init__(p, tile, strides)
+        gm, tile = geom(p), self.tile
+        upcast = interpreting() and p.dtype == torch.bfloat16
+        prec = tl_dot_precision(p.dtype)
+        BN = fit(tile.BN, gm.Cg)
+        BK = fit(tile.BK, gm.Kg)
+        if tma_conv is None:
+            tma_conv = configs.use_tma_conv(p)
+        self.tma = tma and self.std and (is_plain_gemm(p) or (tma_conv and is_tma_conv(p)))
+        self.fallback = None
+        self.launches = []
+        if self.tma and not is_plain_gemm(p):
+            _tma_conv_setup(self, p, tile, NO_EPILOGUE)
+            self.launches.append(self.launch)
+            return
+        if self.tma:
+            M = gm.N * gm.P
+            BM = fit(tile.BM, M)
+            self.da = ([M, p.K], [p.K, 1], [BM, BK])
+            self.db = ([p.K, p.C], [p.C, 1], [BK, BN])
+            self.launches.append(Launch(
+                _gemm_tma_kernel, (triton.cdiv(M, BM) * triton.cdiv(gm.C, BN),),
+                (M, gm.C, gm.K, *NO_EPILOGUE.scalars(), *NO_EPILOGUE.constexprs(), False, upcast, prec,
+                 BM, BN, BK, tile.group_m),
+                num_warps=tile.warps, num_stages=tile.stages))
+            return
+        sd, sw, sx = (strides5_of(s) for s in self.strides)
+        per_dim = [dim_phases(gm.inp[i], gm.filt[i], gm.stride[i], gm.pad[i], gm.dil[i]) for i in range(3)]
+        for pd_ in per_dim[0]:
+            for ph_ in per_dim[1]:
+                for pw_ in per_dim[2]:
+                    M = gm.N * pd_.Q * ph_.Q * pw_.Q
+                    BM = fit(tile.BM, M)
+                    ph3 = (pd_, ph_, pw_)
+                    self.launches.append(Launch(
+                        _conv_bwd_data_kernel, (triton.cdiv(M, BM) * triton.cdiv(gm.Cg, BN), gm.G),
+                        (M, gm.Cg, gm.Kg, *gm.inp, *gm.out, *(q.Q for q in ph3),
+                         *sd, *sw, *sx, *(q.ph for q in ph3), *gm.stride,
+                         *(q.r0 for q in ph3), *(q.rs for q in ph3), *(q.nr for q in ph3),
+                         *(q.bs for q in ph3), *(q.dc for q in ph3), upcast, prec, BM, BN, BK, tile.group_m),
+                        num_warps=tile.warps, num_stages=tile.stages))
+
+    def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
+        dy, w = args.dy, args.w
+        dx = out if out is not None else self.alloc(self.p.out_dtype, dy.device)
+        if (dy.stride(), w.stride(), dx.stride()) != self.strides:
+            return self.variant((dy.stride(), w.stride(), dx.stride()))(args, dx)
+        if self.tma:
+            if dy.data_ptr() % 16 or w.data_ptr() % 16:
+                self.fallback = self.fallback or BwdDataPlan(self.p, self.tile, self.strides, tma=False)
+                return self.fallback(args, dx)
+            self.launches[0](TensorDescriptor(dy, *self.da), TensorDescriptor(w, *self.db), dx, dx, dx, dx, dx, dx)
+            return dx
+        for launch in self.launches:
+            launch(dy, w, dx)
+        return dx
+
+
 def conv_bwd_data(p: ConvProblem, args: ConvArgs, tile: configs.GemmTile | None = None,
                   out: torch.Tensor | None = None) -> torch.Tensor:
-    gm = geom(p)
-    tile = tile or configs.pick(p)
-    dy, w = args.dy, args.w
-    dx = out if out is not None else empty_in_layout(p.x_shape, p.layout, dtype=p.out_dtype, device=dy.device)
-    BN = fit(tile.BN, gm.Cg)
-    BK = fit(tile.BK, gm.Kg)
-    sd, sw, sx = strides5(dy), strides5(w), strides5(dx)
-    per_dim = [dim_phases(gm.inp[i], gm.filt[i], gm.stride[i], gm.pad[i], gm.dil[i]) for i in range(3)]
-    for pd_ in per_dim[0]:
-        for ph_ in per_dim[1]:
-            for pw_ in per_dim[2]:
-                M = gm.N * pd_.Q * ph_.Q * pw_.Q
-                BM = fit(tile.BM, M)
-                grid = (triton.cdiv(M, BM) * triton.cdiv(gm.Cg, BN), gm.G)
-                ph3 = (pd_, ph_, pw_)
-                _conv_bwd_data_kernel[grid](
-                    dy, w, dx, M, gm.Cg, gm.Kg, *gm.inp, *gm.out, *(q.Q for q in ph3),
-                    *sd, *sw, *sx, *(q.ph for q in ph3), *gm.stride,
-                    *(q.r0 for q in ph3), *(q.rs for q in ph3), *(q.nr for q in ph3),
-                    *(q.bs for q in ph3), *(q.dc for q in ph3),
-                    UPCAST=interpreting() and dy.dtype == torch.bfloat16, PREC=tl_dot_precision(dy.dtype),
-                    BM=BM, BN=BN, BK=BK, GROUP_M=tile.group_m,
-                    num_warps=tile.warps, num_stages=tile.stages)
-    return dx
+    """One-shot backward data (plans, then runs); `out` (optional, x-shaped) receives dx."""
+    return BwdDataPlan(p, tile)(args, out)
 
 
 # ---- solvers ---------------------------------------------------------------------------------
@@ -402,8 +694,7 @@ class ImplicitGemmFwd(_IGemmBase):
     directions = frozenset({"fwd"})
 
     def prepare(self, problem):
-        tile = configs.pick(problem)
-        return lambda args: conv_fwd(problem, args, tile)
+        return FwdPlan(problem)
 
 
 @register
@@ -413,8 +704,7 @@ class ImplicitGemmBwdData(_IGemmBase):
     directions = frozenset({"bwd_data"})
 
     def prepare(self, problem):
-        tile = configs.pick(problem)
-        return lambda args: conv_bwd_data(problem, args, tile)
+        return BwdDataPlan(problem)
 
 
 # bwd_weights (id 22) lives in implicit_gemm_bwd.py; imported here so that loading this

@@ -11,15 +11,19 @@ dw's dtype in the problem's layout. With SPLIT = 1 the first kernel stores dw it
 Workspace: SPLIT * K * T*R*S*C/groups * 4 bytes."""
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..args import ConvArgs
-from ..problems.conv import ConvProblem, empty_in_layout
+from ..problems.conv import ConvProblem
 from ..search.solver import register
 from . import configs
-from .implicit_gemm import _IGemmBase, fit, geom, strides5
+from .implicit_gemm import _IGemmBase, _Plan, conv_tile, fit, geom, is_plain_gemm, is_tma_conv, strides5_of
+from .launch import Launch
 from .triton_epilogue import interpreting, tl_dot_precision
 
 NUM_SMS = 132
@@ -88,6 +92,56 @@ def _conv_bwd_w_kernel(
 
 
 @triton.jit
+def _conv_bwd_w_tma_kernel(
+        dy_desc, x_desc, out_ptr,
+        NT, TPS, K, C, OD, OH, OW, T, R, S, pdd, pdh, pdw, dld, dlh, dlw,
+        swk, swc, swt, swr, sws,
+        DIRECT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+        BH: tl.constexpr, BW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """Stride-1 NHWC backward weights with TMA reads: program (k block, tap x c block,
+    split) sums dy[o, k] * x[o - pad + tap*dil, c] over the output tiles
+    [sp*TPS, (sp+1)*TPS) (BH x BW rectangles of one (n, od) slice). Out-of-bounds dy
+    rows read as zeros, so tile tails and the padding need no masks."""
+    BP: tl.constexpr = BH * BW
+    pid_k = tl.program_id(0)
+    pid_j = tl.program_id(1)
+    sp = tl.program_id(2)
+    ncb = tl.cdiv(C, BN)
+    tap = pid_j // ncb
+    c0 = (pid_j - tap * ncb) * BN
+    ss = tap % S
+    rr = (tap // S) % R
+    tt = tap // (S * R)
+    n_tw = tl.cdiv(OW, BW)
+    n_th = tl.cdiv(OH, BH)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for t in range(sp * TPS, tl.minimum(sp * TPS + TPS, NT)):
+        tw = t % n_tw
+        tmp = t // n_tw
+        th = tmp % n_th
+        nd = tmp // n_th
+        od = nd % OD
+        n = nd // OD
+        a = dy_desc.load([n, od, th * BH, tw * BW, pid_k * BM])
+        b = x_desc.load([n, od - pdd + tt * dld, th * BH - pdh + rr * dlh, tw * BW - pdw + ss * dlw, c0])
+        a = tl.trans(tl.reshape(a, (BP, BM)))
+        b = tl.reshape(b, (BP, BN))
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PREC)
+    rk = pid_k * BM + tl.arange(0, BM)
+    rc = c0 + tl.arange(0, BN)
+    mask = (rk < K)[:, None] & (rc < C)[None, :]
+    if DIRECT:
+        off = (rk * swk)[:, None] + (rc * swc + tt * swt + rr * swr + ss * sws)[None, :]
+        tl.store(out_ptr + off, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        off = ((sp * K + rk) * (T * R * S * C))[:, None] + (tap * C + rc)[None, :]
+        tl.store(out_ptr + off, acc, mask=mask)
+
+
+@triton.jit
 def _split_reduce_kernel(ws_ptr, dw_ptr, E, NCOL, Cg, R, S, SPLIT,
                          swk, swc, swt, swr, sws, BLOCK: tl.constexpr):
     """dw[e] = sum_s ws[s, e] in order s = 0..SPLIT-1; e = (g*Kg + k)*NCOL + j."""
@@ -123,30 +177,93 @@ def plan_split(p: ConvProblem, tile: configs.GemmTile) -> tuple[int, int, int, i
     return BM, BN, BK, split, chunk
 
 
+class BwdWeightsPlan(_Plan):
+    """Backward weights: the split-reduction GEMM (pointer gathers, or TMA reads for
+    stride-1 NHWC when `configs.use_tma_conv`), then (SPLIT > 1) the ordered sum of the
+    partials into dw."""
+
+    def __init__(self, p: ConvProblem, tile: configs.GemmTile | None = None, strides: tuple | None = None,
+                 tma_conv: bool | None = None):
+        super().__init__(p, tile, strides)
+        gm, tile = geom(p), self.tile
+        ncol = gm.Cg * gm.taps
+        sd, sx, sw = (strides5_of(s) for s in self.strides)
+        if tma_conv is None:
+            tma_conv = configs.use_tma_conv(p)
+        self.tma = tma_conv and self.std and (is_tma_conv(p) or is_plain_gemm(p))
+        if self.tma:
+            split = self._tma_setup(p, tile, sw)
+        else:
+            split = self._gather_setup(p, tile, sd, sx, sw)
+        E = gm.K * ncol
+        self.reduce = Launch(_split_reduce_kernel, (triton.cdiv(E, 1024),),
+                             (E, ncol, gm.Cg, gm.filt[1], gm.filt[2], split, *sw, 1024))
+
+    def _tma_setup(self, p: ConvProblem, tile: configs.GemmTile, sw: tuple) -> int:
+        gm = geom(p)
+        BH, BW = conv_tile(tile.BK, gm.out[1], gm.out[2])
+        BM, BN = fit(tile.BM, gm.K), fit(tile.BN, gm.C)
+        nt = gm.N * gm.out[0] * triton.cdiv(gm.out[1], BH) * triton.cdiv(gm.out[2], BW)
+        progs = triton.cdiv(gm.K, BM) * gm.taps * triton.cdiv(gm.C, BN)
+        split = max(1, min(max(nt // 4, 1), triton.cdiv(2 * NUM_SMS, progs)))
+        tps = triton.cdiv(nt, split)
+        split = triton.cdiv(nt, tps)
+        self.direct = split == 1
+        self.ws_shape = (split, gm.K, gm.taps * gm.C)
+        self.da = ([gm.N, *gm.out, gm.K], [gm.P * gm.K, gm.out[1] * gm.out[2] * gm.K, gm.out[2] * gm.K, gm.K, 1],
+                   [1, 1, BH, BW, BM])
+        P_in = gm.inp[0] * gm.inp[1] * gm.inp[2]
+        self.db = ([gm.N, *gm.inp, gm.C], [P_in * gm.C, gm.inp[1] * gm.inp[2] * gm.C, gm.inp[2] * gm.C, gm.C, 1],
+                   [1, 1, BH, BW, BN])
+        self.launch = Launch(
+            _conv_bwd_w_tma_kernel, (triton.cdiv(gm.K, BM), gm.taps * triton.cdiv(gm.C, BN), split),
+            (nt, tps, gm.K, gm.C, *gm.out, *gm.filt, *gm.pad, *gm.dil, *sw, self.direct,
+             interpreting() and p.dtype == torch.bfloat16, tl_dot_precision(p.dtype), BH, BW, BM, BN),
+            num_warps=tile.warps, num_stages=tile.stages)
+        return split
+
+    def _gather_setup(self, p: ConvProblem, tile: configs.GemmTile, sd: tuple, sx: tuple, sw: tuple) -> int:
+        gm = geom(p)
+        BM, BN, BK, split, chunk = plan_split(p, tile)
+        ncol = gm.Cg * gm.taps
+        self.direct = split == 1
+        self.ws_shape = (split, gm.K, ncol)
+        self.launch = Launch(
+            _conv_bwd_w_kernel, (triton.cdiv(gm.Kg, BM) * triton.cdiv(ncol, BN), gm.G, split),
+            (gm.N * gm.P, chunk, gm.Cg, gm.Kg, *gm.inp, *gm.out, *gm.filt, *sd, *sx, *sw,
+             *gm.stride, *gm.pad, *gm.dil, self.direct, interpreting() and p.dtype == torch.bfloat16,
+             tl_dot_precision(p.dtype), BM, BN, BK),
+            num_warps=tile.warps, num_stages=tile.stages)
+        return split
+
+    def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
+        dy, x = args.dy, args.x
+        dw = out if out is not None else self.alloc(self.p.out_dtype, dy.device)
+        if (dy.stride(), x.stride(), dw.stride()) != self.strides:
+            return self.variant((dy.stride(), x.stride(), dw.stride()))(args, dw)
+        if self.tma and (dy.data_ptr() % 16 or x.data_ptr() % 16):
+            return self.variant_no_tma()(args, dw)
+        if self.tma:
+            dy, x = TensorDescriptor(dy, *self.da), TensorDescriptor(x, *self.db)
+        if self.direct:
+            self.launch(dy, x, dw)
+        else:
+            ws = torch.empty(self.ws_shape, dtype=torch.float32, device=dw.device)
+            self.launch(dy, x, ws)
+            self.reduce(ws, dw)
+        return dw
+
+    def variant_no_tma(self) -> BwdWeightsPlan:
+        v = self.variants.get("no_tma")
+        if v is None:
+            v = self.variants["no_tma"] = BwdWeightsPlan(self.p, self.tile, self.strides, tma_conv=False)
+        return v
+
+
 def conv_bwd_weights(p: ConvProblem, args: ConvArgs, tile: configs.GemmTile | None = None,
                      out: torch.Tensor | None = None) -> torch.Tensor:
-    gm = geom(p)
-    tile = tile or configs.pick(p)
-    dy, x = args.dy, args.x
-    dw = out if out is not None else empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype, device=dy.device)
-    BM, BN, BK, split, chunk = plan_split(p, tile)
-    ncol = gm.Cg * gm.taps
-    sw = strides5(dw)
-    direct = split == 1
-    target = dw if direct else torch.empty((split, gm.K, ncol), dtype=torch.float32, device=dy.device)
-    grid = (triton.cdiv(gm.Kg, BM) * triton.cdiv(ncol, BN), gm.G, split)
-    _conv_bwd_w_kernel[grid](
-        dy, x, target, gm.N * gm.P, chunk, gm.Cg, gm.Kg, *gm.inp, *gm.out, *gm.filt,
-        *strides5(dy), *strides5(x), *sw, *gm.stride, *gm.pad, *gm.dil,
-        DIRECT=direct, UPCAST=interpreting() and dy.dtype == torch.bfloat16,
-        PREC=tl_dot_precision(dy.dtype), BM=BM, BN=BN, BK=BK,
-        num_warps=tile.warps, num_stages=tile.stages)
-    if not direct:
-        E = gm.K * ncol
-        BLOCK = 1024
-        _split_reduce_kernel[(triton.cdiv(E, BLOCK),)](
-            target, dw, E, ncol, gm.Cg, gm.filt[1], gm.filt[2], split, *sw, BLOCK=BLOCK)
-    return dw
+    """One-shot backward weights (plans, then runs); `out` (optional, w-shaped) receives dw."""
+    return BwdWeightsPlan(p, tile)(args, out)
 
 
 @register
@@ -156,10 +273,8 @@ class ImplicitGemmBwdWeights(_IGemmBase):
     directions = frozenset({"bwd_weights"})
 
     def workspace_size(self, problem) -> int:
-        gm = geom(problem)
-        _, _, _, split, _ = plan_split(problem, configs.pick(problem))
-        return 0 if split == 1 else split * gm.K * gm.Cg * gm.taps * 4
+        plan = BwdWeightsPlan(problem)
+        return 0 if plan.direct else math.prod(plan.ws_shape) * 4
 
     def prepare(self, problem):
-        tile = configs.pick(problem)
-        return lambda args: conv_bwd_weights(problem, args, tile)
+        return BwdWeightsPlan(problem)

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from ..post_ops import BINARY_OPS, ELTWISE_KINDS, Binary, Eltwise, Sum
+from ..post_ops import BINARY_OPS, ELTWISE_KINDS
 from ..problems.conv import ConvProblem, to_layout
 
 MAX_POST_OPS = 4
@@ -188,25 +189,61 @@ def y_strides(p: ConvProblem, shape_nc: tuple[int, int, int]) -> tuple[int, int,
     return ch * pix, 1, pix
 
 
-def epilogue_args(p: ConvProblem, bias: torch.Tensor | None, post_ops: tuple, dummy: torch.Tensor) -> dict:
-    """Keyword arguments of `epilogue` for a kernel launch: pointers, scalars, constexprs.
-    Full-size tensors are converted to p.layout (a copy only when they are not in it)."""
-    kw: dict = {"bias_ptr": bias.contiguous() if bias is not None else dummy,
-                "HAS_BIAS": bias is not None}
-    ops = list(post_ops) + [None] * (MAX_POST_OPS - len(post_ops))
-    for i, op in enumerate(ops):
-        ptr, a, b, kind, sub, bc = dummy, 0.0, 0.0, 0, 0, 0
-        if isinstance(op, Sum):
-            ptr, a, kind = to_layout(op.tensor, p.layout), float(op.scale), 1
-        elif isinstance(op, Eltwise):
-            a, b, kind, sub = float(op.alpha), float(op.beta), 2, ELTWISE_KINDS.index(op.kind)
-        elif isinstance(op, Binary):
-            kind, sub = 3, BINARY_OPS.index(op.op)
-            bc = _binary_bc(p, tuple(op.tensor.shape))
-            ptr = to_layout(op.tensor, p.layout) if bc == 2 else op.tensor.reshape(-1).contiguous()
-        kw.update({f"p{i}_ptr": ptr, f"p{i}_a": a, f"p{i}_b": b,
-                   f"P{i}_KIND": kind, f"P{i}_SUB": sub, f"P{i}_BC": bc})
-    return kw
+@dataclass(frozen=True)
+class EpiloguePlan:
+    """A problem's fused epilogue, fixed in `prepare`: the constexprs and the f32 scalars
+    come from the problem's post-op signatures; only the tensors (bias, Sum and Binary
+    operands) are read from the invoker's args on each call.
+
+    Kernels take the epilogue's arguments as `bias_ptr, p0_ptr .. p3_ptr` (per call,
+    with the other tensors at the head of the signature), `p0_a, p0_b .. p3_a, p3_b`
+    (`scalars()`) and `HAS_BIAS, P0_KIND, P0_SUB, P0_BC .. P3_BC` (`constexprs()`)."""
+    layout: str
+    has_bias: bool
+    ops: tuple[tuple[int, int, int, float, float], ...]   # MAX_POST_OPS x (KIND, SUB, BC, alpha, beta)
+
+    @property
+    def needs_tensors(self) -> bool:
+        return self.has_bias or any(o[0] in (1, 3) for o in self.ops)
+
+    def scalars(self) -> tuple[float, ...]:
+        return tuple(v for o in self.ops for v in (o[3], o[4]))
+
+    def constexprs(self) -> tuple:
+        return (self.has_bias,) + tuple(v for o in self.ops for v in o[:3])
+
+    def pointers(self, bias: torch.Tensor | None, post_ops: tuple, dummy: torch.Tensor) -> tuple:
+        """(bias_ptr, p0_ptr, .., p3_ptr) for one call; `dummy` fills the unused slots.
+        Full-size tensors are brought to the problem's layout (a copy only when they
+        are not in it)."""
+        if not self.needs_tensors:
+            return (dummy,) * (MAX_POST_OPS + 1)
+        ptrs = [bias.contiguous() if self.has_bias else dummy]
+        for i, (kind, _, bc, _, _) in enumerate(self.ops):
+            if kind == 1 or (kind == 3 and bc == 2):
+                ptrs.append(to_layout(post_ops[i].tensor, self.layout))
+            elif kind == 3:
+                ptrs.append(post_ops[i].tensor.reshape(-1).contiguous())
+            else:
+                ptrs.append(dummy)
+        return tuple(ptrs)
+
+
+NO_EPILOGUE = EpiloguePlan("nhwc", False, ((0, 0, 0, 0.0, 0.0),) * MAX_POST_OPS)
+
+
+def plan_epilogue(p: ConvProblem) -> EpiloguePlan:
+    """The epilogue of p (its bias flag and post-op signatures; forward problems)."""
+    ops = []
+    for sig in p.post_ops:
+        if sig[0] == "sum":
+            ops.append((1, 0, 0, float(sig[1]), 0.0))
+        elif sig[0] == "eltwise":
+            ops.append((2, ELTWISE_KINDS.index(sig[1]), 0, float(sig[2]), float(sig[3])))
+        else:
+            ops.append((3, BINARY_OPS.index(sig[1]), _binary_bc(p, tuple(sig[2])), 0.0, 0.0))
+    ops += [(0, 0, 0, 0.0, 0.0)] * (MAX_POST_OPS - len(ops))
+    return EpiloguePlan(p.layout, bool(p.has_bias), tuple(ops))
 
 
 def post_op_bytes(p: ConvProblem) -> float:
@@ -222,10 +259,9 @@ def post_op_bytes(p: ConvProblem) -> float:
 
 # ---- standalone epilogue kernel (used by the gemm family) ----------------------------
 @triton.jit
-def epilogue_copy_kernel(src_ptr, y_ptr, bias_ptr,
-                         p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b,
-                         p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
+def epilogue_copy_kernel(src_ptr, y_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
                          m0, M, NCH, P, s_sg, s_sm, s_sn, s_yn, s_yp, s_yc,
+                         p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
                          HAS_BIAS: tl.constexpr,
                          P0_KIND: tl.constexpr, P0_SUB: tl.constexpr, P0_BC: tl.constexpr,
                          P1_KIND: tl.constexpr, P1_SUB: tl.constexpr, P1_BC: tl.constexpr,

@@ -94,3 +94,39 @@ def test_applicability():
     assert any("groups" in r for r in REGISTRY.get(40).not_supported_reasons(dense))
     wide = ConvProblem.create("fwd", (1, 64, 4, 4), (64, 32, 3, 3), dtype=torch.float32, groups=2)
     assert any("<= 16" in r for r in REGISTRY.get(40).not_supported_reasons(wide))
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
+@pytest.mark.parametrize("bw", [4, 16])
+def test_spatial_tiles_tails(direction, bw):
+    """2-D pixel tiles (BP/BW rows x BW columns) over 15x31 images leave row and column tails."""
+    from nnprim.conv import configs
+    p = ConvProblem.create(direction, (2, 16, 15, 31), (16, 1, 3, 3), dtype=torch.float32, layout="nhwc",
+                           padding=1, groups=16)
+    tile = configs.DirectTile(64, 16, 4, bw)
+    g = torch.Generator().manual_seed(4)
+    mk = lambda s: to_layout(torch.randn(s, generator=g), p.layout)  # noqa: E731
+    x, w, dy = mk(p.x_shape), mk(p.w_shape), mk(p.y_shape)
+    out = empty_in_layout(p.x_shape if direction == "bwd_data" else p.y_shape, p.layout,
+                          dtype=p.out_dtype).fill_(float("nan"))
+    out = RUN[direction](p, ConvArgs(x=x, w=w, dy=dy), tile=tile, out=out)
+    exp = ref.conv_fwd_f64(p, x, w) if direction == "fwd" else ref.conv_bwd_data_f64(p, dy, w)
+    assert not torch.isnan(out).any()
+    assert ((out.double() - exp).norm() / exp.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_bwd_weights_spatial_tiles(case):
+    """The 2-D-tile backward-weights kernel (BwdWeightsTilePlan) on every case shape."""
+    from nnprim.conv import configs
+    xs, ws, kw = case
+    p = ConvProblem.create("bwd_weights", xs, ws, dtype=torch.float32, layout="nhwc", **kw)
+    g = torch.Generator().manual_seed(6)
+    mk = lambda s: to_layout(torch.randn(s, generator=g), p.layout)  # noqa: E731
+    x, dy = mk(p.x_shape), mk(p.y_shape)
+    out = empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype).fill_(float("nan"))
+    plan = direct.BwdWeightsTilePlan(p, configs.DirectTile(64, 16, 4, 8))
+    out = plan(ConvArgs(x=x, dy=dy), out)
+    exp = ref.conv_bwd_weights_f64(p, dy, x)
+    assert not torch.isnan(out).any()
+    assert ((out.double() - exp).norm() / exp.norm()).item() < 1e-5

@@ -175,3 +175,137 @@ def test_not_supported_reasons():
                            post_ops=(("binary", "add", (1, 4, 5, 1)),))
     assert any("Binary" in r for r in s.not_supported_reasons(p))
     assert math.isfinite(s.estimate(p))
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_plain_gemm_tma(direction, dtype):
+    """1x1 stride-1 NHWC runs as a TMA GEMM: 105 rows, C=24 and K=40 against 16/32
+    blocks leave tails on every side (zero-filled out-of-bounds TMA reads)."""
+    p = ConvProblem.create(direction, (3, 24, 5, 7), (40, 24, 1, 1), dtype=dtype, layout="nhwc")
+    plan = {"fwd": ig.FwdPlan, "bwd_data": ig.BwdDataPlan}[direction](p, configs.GemmTile(32, 32, 16, 4, 2))
+    assert plan.tma
+    check(lambda p, a, out: plan(a, out), p)
+
+
+def test_plain_gemm_tma_fused_epilogue():
+    g = torch.Generator().manual_seed(5)
+    base = ConvProblem.create("fwd", (2, 32, 3, 5), (48, 32, 1, 1), dtype=torch.bfloat16, layout="nhwc")
+    chain = (Sum(to_layout(torch.randn(base.y_shape, generator=g).to(torch.bfloat16), "nhwc"), 0.5),
+             Binary("mul", (torch.rand(1, 48, 1, 1, generator=g) + 0.5).to(torch.bfloat16)), Eltwise("relu"))
+    p = ConvProblem.create("fwd", (2, 32, 3, 5), (48, 32, 1, 1), dtype=torch.bfloat16, layout="nhwc",
+                           has_bias=True, post_ops=tuple(o.signature() for o in chain))
+    plan = ig.FwdPlan(p, configs.GemmTile(16, 32, 16, 4, 2))
+    assert plan.tma
+    check(lambda p, a, out: plan(a, out), p, bias=torch.randn(48, generator=g), post_ops=chain)
+
+
+@pytest.mark.parametrize("sid", [20, 21, 22])
+def test_prepared_invoker_reuse_and_strides(sid):
+    """A prepared invoker is called repeatedly (new inputs each time, the cached launch)
+    and with inputs whose strides differ from the layout's (a plan for those strides)."""
+    s = REGISTRY.get(sid)
+    q = ConvProblem.create(next(iter(s.directions)), (2, 6, 5, 7), (4, 6, 3, 3), dtype=torch.float32,
+                           layout="nhwc", padding=1, stride=(2, 1))
+    inv = s.prepare(q)
+    run = lambda p, a, out: inv(a, out)  # noqa: E731
+    for seed in (0, 1):
+        check(run, q, seed=seed)
+    x, w, dy = tensors(q, 2)
+    args = ConvArgs(x=x.contiguous(), w=w.contiguous(), dy=dy.contiguous())   # nchw-strided tensors
+    out = inv(args)
+    exp = {"fwd": lambda: ref.conv_fwd_f64(q, x, w), "bwd_data": lambda: ref.conv_bwd_data_f64(q, dy, w),
+           "bwd_weights": lambda: ref.conv_bwd_weights_f64(q, dy, x)}[q.direction]()
+    assert rel_err(out, exp) < 1e-5
+    assert inv.variants
+
+
+def test_launch_fast_path(monkeypatch):
+    """After the first (JIT) launch, a Launch calls the compiled kernel directly with the
+    grid, the current stream and the full argument list; a pointer with another 16-byte
+    alignment goes back through the JIT."""
+    from nnprim.conv import launch
+
+    calls = []
+
+    class Compiled:
+        function, packed_metadata = "fn", "meta"
+
+        def run(self, *a):
+            calls.append(("fast", a))
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *a, **o: calls.append(("jit", grid, a, o)) or Compiled()
+
+    monkeypatch.setattr(launch, "_stream", lambda: 7)
+    lc = launch.Launch(Kernel(), (3, 2), (5, True), num_warps=4)
+    lc.fast = True
+    t = torch.zeros(8)
+    lc(t)
+    lc(t)
+    lc(t[1:])
+    assert [c[0] for c in calls] == ["jit", "fast", "jit"]
+    assert calls[0][1] == (3, 2, 1) and calls[0][2][1:] == (5, True) and calls[0][3] == {"num_warps": 4}
+    assert calls[1][1][:9] == (3, 2, 1, 7, "fn", "meta", None, None, None)
+    assert calls[1][1][9] is t and calls[1][1][10:] == (5, True)
+
+
+TMA_CONV_CASES = [
+    ((2, 24, 7, 9), (40, 24, 3, 3), dict(padding=1)),
+    ((1, 16, 6, 5), (24, 16, 3, 2), dict(padding=((2, 0), (0, 1)), dilation=(2, 1))),
+    ((2, 16, 19), (8, 16, 5), dict(padding=2)),
+    ((1, 8, 3, 4, 5), (16, 8, 3, 3, 3), dict(padding=1)),
+]
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data"])
+@pytest.mark.parametrize("case", TMA_CONV_CASES, ids=_ids)
+def test_tma_conv(direction, case):
+    """Stride-1 NHWC through the TMA convolution kernel: zero-filled out-of-bounds reads
+    are the (asymmetric, dilated) padding; channel tails (24 vs BK/BN 16) read the next
+    tap's weights into masked columns only."""
+    xs, ws, kw = case
+    p = ConvProblem.create(direction, xs, ws, dtype=torch.bfloat16, layout="nhwc", **kw)
+    assert ig.is_tma_conv(p)
+    plan = {"fwd": ig.FwdPlan, "bwd_data": ig.BwdDataPlan}[direction](p, configs.GemmTile(32, 16, 16, 4, 2),
+                                                                        tma_conv=True)
+    assert plan.tma
+    check(lambda p, a, out: plan(a, out), p)
+
+
+def test_tma_conv_fused_epilogue_f16():
+    g = torch.Generator().manual_seed(9)
+    base = ConvProblem.create("fwd", (2, 16, 5, 6), (24, 16, 3, 3), dtype=torch.float16, layout="nhwc", padding=1)
+    chain = (Sum(to_layout(torch.randn(base.y_shape, generator=g).to(torch.float16), "nhwc"), 1.0), Eltwise("relu"))
+    p = ConvProblem.create("fwd", (2, 16, 5, 6), (24, 16, 3, 3), dtype=torch.float16, layout="nhwc", padding=1,
+                           has_bias=True, post_ops=tuple(o.signature() for o in chain))
+    plan = ig.FwdPlan(p, configs.GemmTile(16, 16, 16, 4, 2), tma_conv=True)
+    assert plan.tma
+    check(lambda p, a, out: plan(a, out), p, bias=torch.randn(24, generator=g), post_ops=chain)
+
+
+@pytest.mark.parametrize("case", TMA_CONV_CASES + [((2, 16, 5, 7), (24, 16, 1, 1), {})], ids=_ids)
+@pytest.mark.parametrize("bp", [16, 64])
+def test_tma_bwd_weights(case, bp):
+    """Stride-1 NHWC backward weights with TMA reads, split over pixel tiles (bp pixels
+    per step) or not: tile tails, padding and channel tails come from zero fill."""
+    xs, ws, kw = case
+    p = ConvProblem.create("bwd_weights", xs, ws, dtype=torch.bfloat16, layout="nhwc", **kw)
+    plan = igb.BwdWeightsPlan(p, configs.GemmTile(16, 16, bp, 4, 2), tma_conv=True)
+    assert plan.tma
+    check(lambda p, a, out: plan(a, out), p)
+
+
+def test_default_plans_use_tma_when_eligible():
+    """The solvers' own plans (prepare) pick the TMA kernels for stride-1 NHWC half
+    problems (configs.TMA_CONV_DIRECTIONS) and stay exact."""
+    for xs, ws in (((2, 16, 5, 6), (24, 16, 3, 3)), ((2, 16, 3, 5), (24, 16, 1, 1))):
+        for sid in (20, 21, 22):
+            s = REGISTRY.get(sid)
+            p = ConvProblem.create(next(iter(s.directions)), xs, ws, dtype=torch.bfloat16, layout="nhwc",
+                                   padding=ws[2] // 2)
+            inv = s.prepare(p)
+            assert inv.tma, (xs, sid)
+            check(lambda p, a, out, inv=inv: inv(a, out), p)
+            assert s.workspace_size(p) >= 0
