@@ -8,32 +8,49 @@ Math (groups G, Kg = K/G, Cg = C/G, F = prod(filter), M = output positions):
                accumulator block, then the cast to the output dtype.
                GEMM per group: (Kg x Cg*F) @ col (Cg*F x M)  [nchw]
                                col (M x F*Cg) @ w^T (F*Cg x Kg) [nhwc: rows are positions]
-  bwd_data     col = w^T @ dy, then col2im: dx[.., o*s + f*d - pad] += col[.., f, o]
+  bwd_data     stride 1: dx = fwd conv of dy with w'[c, k, f] = w[k, c, F-1-f], padding
+               d*(f-1) - pad; else col = w^T @ dy, then col2im:
+               dx[.., o*s + f*d - pad] += col[.., f, o] (f32 accumulator).
   bwd_weights  dw[g] += dy[g] (Kg x M) @ col^T (M x Cg*F), summed over images; the
                images are split across threads (balance211), each thread keeps an f32
                partial, the partials are added in thread order at the end.
 
 Supported: 1D/2D/3D, nchw (contiguous) and nhwc (channels-last) natively, groups
 (depthwise included), stride, dilation, asymmetric padding; f32/f16/bf16 inputs with
-f32 accumulation; bf16/f16 tiles are converted to f32 on the way into the column
-buffer and the GEMM is torch's f32 matmul (MKL) -- on CPUs without native bf16 that
-is far faster than a bf16 GEMM. On CPUs with avx512_bf16/amx_bf16, bf16 problems whose
-GEMM output is the final result use torch's bf16 matmul instead (CpuGemmConfig.bf16_gemm).
-1x1 stride-1 unpadded convolutions use the input as the GEMM operand (no im2col when no
-conversion is needed) and need no col2im.
+f32 accumulation. GEMM engines (CpuGemmConfig.gemm_dtype / use_onednn):
+  - f32 forward, ungrouped: oneDNN's f32 matmul (`mkldnn::_linear_pointwise`, 10-30 %
+    faster than MKL's sgemm on AMD), bias fused (nhwc), a leading residual add fused
+    as its binary post-op, a trailing ReLU fused into the copy to y;
+  - bf16 on CPUs with avx512_bf16/amx_bf16, bf16 output: torch's bf16 matmul (oneDNN,
+    f32 accumulation inside) for plain forward and both backward directions (one
+    rounding of each block's GEMM output, then f32 accumulation); forward with bias or
+    post-ops keeps the f32 GEMM so the post-ops see the f32 accumulator;
+  - otherwise bf16/f16 tiles are converted to f32 on the way into the column buffer and
+    the GEMM is torch's f32 matmul -- on CPUs without native bf16 far faster than a
+    bf16 GEMM.
+1x1 stride-1 unpadded convolutions use the input as the GEMM operand (no im2col when
+no conversion is needed) and need no col2im. Stride-1 backward data runs as the forward
+convolution of dy with the flipped, transposed filter (transposed_fwd): no col2im.
+nchw forward with the bf16 GEMM computes output rows on the padded-width grid where
+the waste is small (_wide_width): each column-tile row is then one contiguous run.
 
 Blocking: output positions are cut into blocks whose column buffer stays under
 `CpuGemmConfig.block_bytes` (at most COL_CAP_BYTES = 32 MiB per thread);
 `workspace_size` is exactly the bytes the invoker allocates (column buffers,
-staging for padded regions, accumulators, f32 weights, partials).
-Threads: "pool" runs torch.get_num_threads() workers on a thread pool, each on its
-balance211 share of the blocks (torch ops release the GIL); "torch" runs one worker
-and relies on torch's parallel GEMM and copies."""
+staging of the zero-padded images -- each image padded once, the halo zeroed once
+per call --, accumulators, GEMM-dtype weights, partials).
+Threads: "torch" (default) runs one worker and relies on torch's parallel GEMM and
+copies on large blocks (fewer, larger parallel regions); "pool" runs
+torch.get_num_threads() workers on a thread pool, each on its balance211 share of the
+blocks (torch ops release the GIL, but each worker's ops open their own OpenMP teams,
+oversubscribing the cores)."""
 from __future__ import annotations
 
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import torch
@@ -47,14 +64,15 @@ from .cpu_im2col import (
     F32,
     Block,
     balance211,
+    block_source,
     col_view,
+    has_padding,
     logical,
     physical,
     plan_blocks,
     scatter_taps,
-    source_region,
+    stage_images,
     stage_numel,
-    touches_padding,
 )
 
 ORDER = {"nchw": "gcfno", "nhwc": "gnofc"}   # column tile axes per layout
@@ -71,12 +89,30 @@ def cpu_has_native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+@lru_cache(maxsize=1)
+def onednn_linear_available() -> bool:
+    """torch's oneDNN matmul with fused bias / binary post-op (`mkldnn::_linear_pointwise`,
+    what inductor's CPU backend calls) works in this build. Its f32 GEMM runs 10-30 %
+    faster than MKL's sgemm on AMD CPUs (MKL takes its generic path there)."""
+    try:
+        op = torch.ops.mkldnn._linear_pointwise
+        a = torch.ones(2, 3)
+        ok = op(a, a, None, "none", [], "").sum().item() == 12.0
+        ok = ok and op.binary(a, torch.ones(2, 2), a, torch.ones(2), "add").sum().item() == 20.0
+        return bool(ok and torch.backends.mkldnn.is_available())
+    except Exception:   # noqa: BLE001 -- any failure: fall back to torch.matmul
+        return False
+
+
 @dataclass(frozen=True)
 class CpuGemmConfig:
-    block_bytes: int = 4 << 20      # column-buffer bytes per block; 1 .. COL_CAP_BYTES
-    threads: str = "pool"           # "pool" | "torch"
+    block_bytes: int = 8 << 20      # column-buffer bytes per block; 1 .. COL_CAP_BYTES
+    threads: str = "torch"          # "torch" (one worker, torch's parallel ops) | "pool"
     nthr: int | None = None         # worker count for "pool"; None = torch.get_num_threads()
     bf16_gemm: str = "auto"         # "auto" | "f32" | "native" (see gemm_dtype)
+    gemm: str = "auto"              # "auto" | "onednn" | "matmul" (see use_onednn)
+    bwd_data_as_fwd: bool = True    # stride-1 backward data as a forward conv (transposed_fwd)
+    wide: float = 0.1               # padded-width forward (_wide_width) when junk/Wo <= this; 0 = off
 
     def workers(self) -> int:
         if self.threads == "torch":
@@ -88,18 +124,31 @@ class CpuGemmConfig:
 
     def gemm_dtype(self, p: ConvProblem) -> torch.dtype:
         """The GEMM's operand dtype. f32 (bf16/f16 tiles converted), except bf16 on a CPU
-        with native bf16: "auto" then uses the bf16 GEMM (f32 accumulation inside, one
-        rounding of its output) where that output is the final result -- forward without
-        bias or post-ops to a bf16 output, backward data of a 1x1 stride-1 unpadded
-        convolution -- and "native" everywhere except forward with bias or post-ops (GEMM
-        outputs are then rounded to bf16 before the f32 col2im / minibatch reduction)."""
-        if p.dtype != torch.bfloat16 or self.bf16_gemm == "f32" or not cpu_has_native_bf16():
+        with native bf16 and a bf16 output: the bf16 GEMM (oneDNN, f32 accumulation
+        inside) for forward without bias or post-ops (its one rounding is the result's),
+        and with "native" also for both backward directions, where each block's GEMM
+        output is rounded to bf16 once before the f32 accumulation across blocks (col2im
+        over taps, the minibatch reduction): ~2e-3 relative error, inside the bf16
+        tolerance, for 1.6-2.5x the speed, but not the contract's f32 accumulation, so
+        "auto" keeps the f32 GEMM there. Forward with bias or post-ops keeps the f32 GEMM:
+        the post-ops see the f32 accumulator, as in the seed. "f32" always converts."""
+        if (p.dtype != torch.bfloat16 or p.out_dtype != p.dtype or self.bf16_gemm == "f32"
+                or not cpu_has_native_bf16()):
             return F32
-        plain_fwd = p.direction == "fwd" and not p.has_bias and not p.post_ops and p.out_dtype == p.dtype
-        if self.bf16_gemm == "native":
-            return p.dtype if plain_fwd or p.direction != "fwd" else F32
-        exact = plain_fwd or (p.direction == "bwd_data" and _is_direct(p))
-        return p.dtype if exact else F32
+        plain_fwd = p.direction == "fwd" and not p.has_bias and not p.post_ops
+        if plain_fwd or (p.direction != "fwd" and self.bf16_gemm == "native"):
+            return p.dtype
+        return F32
+
+    def use_onednn(self, p: ConvProblem) -> bool:
+        """f32 forward GEMMs of ungrouped problems go through oneDNN's matmul with the
+        bias and a residual add fused ("auto", where available); "matmul" keeps
+        torch.matmul (MKL) everywhere."""
+        if self.gemm == "matmul" or p.direction != "fwd" or p.groups != 1:
+            return False
+        if self.gemm_dtype(p) != F32 or not onednn_linear_available():
+            return False
+        return self.gemm == "onednn" or p.dtype == F32 or p.has_bias or bool(p.post_ops)
 
 
 @dataclass
@@ -113,6 +162,9 @@ class Plan:
     shared: dict[str, tuple[int, torch.dtype]] = field(default_factory=dict)
     direct: bool = False                     # 1x1, stride 1, no padding: no im2col / col2im
     gemm_dtype: torch.dtype = F32
+    onednn: bool = False                     # forward GEMM through oneDNN's matmul
+    as_fwd: ConvProblem | None = None        # bwd_data run as this forward convolution of dy
+    wide: int = 0                            # > 0: forward GEMM over rows this wide (_wide_width)
 
     @staticmethod
     def _bytes(n: int, dt: torch.dtype) -> int:
@@ -125,9 +177,8 @@ class Plan:
     def has(self, name: str) -> bool:
         return self.per_thread.get(name, (0, F32))[0] > 0
 
-    def carve(self) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
-        """Allocate the workspace (one byte buffer) and cut it into named typed pieces."""
-        ws = alloc_workspace(self.workspace_bytes())
+    def carve(self, ws: torch.Tensor) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
+        """Cut the workspace (workspace_bytes() bytes) into named typed pieces."""
         off = 0
 
         def take(n: int, dt: torch.dtype) -> torch.Tensor:
@@ -146,8 +197,43 @@ _ALIGN = 64
 
 
 def alloc_workspace(nbytes: int) -> torch.Tensor:
-    """The invoker's workspace, bytes aligned to 64 (tests poison it through this hook)."""
+    """A fresh workspace of nbytes bytes."""
     return torch.empty(nbytes, dtype=torch.uint8)
+
+
+class _Arena:
+    """One workspace kept between calls of all the invokers of this process (grown as
+    needed, at most KEEP_BYTES kept): a large fresh allocation is mmapped by the C
+    allocator and page-faulted in on every call (~2-4 ms per 32 MiB). A call that finds
+    the arena busy (another thread inside an invoker) gets a fresh buffer."""
+
+    KEEP_BYTES = 256 << 20
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.buf: torch.Tensor | None = None
+
+    @contextmanager
+    def lease(self, nbytes: int):
+        if nbytes > self.KEEP_BYTES or not self.lock.acquire(blocking=False):
+            yield alloc_workspace(nbytes)
+            return
+        try:
+            if self.buf is None or self.buf.numel() < nbytes:
+                self.buf = None
+                self.buf = alloc_workspace(nbytes)
+            yield self.buf[:nbytes]
+        finally:
+            self.lock.release()
+
+
+_ARENA = _Arena()
+
+
+def workspace(nbytes: int):
+    """Context manager giving an invocation its workspace (tests replace it to hand out
+    fresh NaN-poisoned buffers)."""
+    return _ARENA.lease(nbytes)
 
 
 def _is_direct(p: ConvProblem) -> bool:
@@ -156,14 +242,40 @@ def _is_direct(p: ConvProblem) -> bool:
 
 
 def _max_stage(p: ConvProblem, blocks: list[Block]) -> int:
-    return max((stage_numel(p, b) for b in blocks if touches_padding(p, b)), default=0)
+    """Staging for the zero-padded images of the largest block (0 without padding)."""
+    if not has_padding(p):
+        return 0
+    return max((stage_numel(p, b.nb) for b in blocks), default=0)
+
+
+def transposed_fwd(p: ConvProblem) -> ConvProblem | None:
+    """Backward data of a stride-1 convolution as a forward one: dx = conv(dy, w'),
+    w'[g*Cg + c, k, f] = w[g*Kg + k, c, F-1-f], padding d*(f-1) - pad on each side
+    (when that is >= 0). Its im2col-GEMM needs no col2im, and the GEMM output is the
+    result (one rounding; native bf16 GEMM directly into dx). None when not applicable."""
+    if any(s != 1 for s in p.stride) or _is_direct(p):
+        return None
+    span = [d * (f - 1) for d, f in zip(p.dilation, p.filter)]
+    pb = [t - a for t, a in zip(span, p.pad_before)]
+    pa = [t - a for t, a in zip(span, p.pad_after)]
+    if min(pb + pa) < 0:
+        return None
+    return ConvProblem.create("fwd", (p.N, p.K, *p.out_size), (p.C, p.K // p.groups, *p.filter),
+                              dtype=p.dtype, out_dtype=p.out_dtype, layout=p.layout, device=p.device,
+                              stride=1, padding=tuple(zip(pb, pa)), dilation=p.dilation, groups=p.groups)
 
 
 def make_plan(p: ConvProblem, cfg: CpuGemmConfig = CpuGemmConfig()) -> Plan:
+    if p.direction == "bwd_data" and cfg.bwd_data_as_fwd:
+        pf = transposed_fwd(p)
+        if pf is not None:
+            sub = make_plan(pf, cfg)
+            return Plan(p=p, nthr=sub.nthr, work=sub.work, per_thread=sub.per_thread, shared=sub.shared,
+                        gemm_dtype=sub.gemm_dtype, onednn=sub.onednn, as_fwd=pf)
     nthr = cfg.workers()
     F = math.prod(p.filter)
     Cg = p.C // p.groups
-    bpp = p.C * F * 4
+    bpp = p.C * F * cfg.gemm_dtype(p).itemsize     # column bytes per output position
     direct = _is_direct(p)
     wnumel = p.K * Cg * F
     if p.direction == "bwd_weights":
@@ -185,14 +297,15 @@ def make_plan(p: ConvProblem, cfg: CpuGemmConfig = CpuGemmConfig()) -> Plan:
             work = [[b for g in groups[slice(*balance211(len(groups), nthr, t))] for b in g]
                     for t in range(nthr)]
     allb = [b for w in work for b in w]
-    max_pos = max((b.positions for b in allb), default=0)
     gd = cfg.gemm_dtype(p)
+    wide = _wide_width(p, allb, gd, cfg.wide)
+    max_pos = max((_wide_positions(b, wide) for b in allb), default=0)
     same = p.dtype == gd            # inputs are already GEMM operands (no conversion)
     per: dict[str, tuple[int, torch.dtype]] = {}
     nhwc_view = direct and same and p.layout == "nhwc"
     if p.direction == "fwd":
         per["col"] = (0 if nhwc_view else max_pos * p.C * F, gd)
-        per["stage"] = (_max_stage(p, allb), p.dtype)
+        per["stage"] = (_max_stage(p, allb) + _wide_slack(p, wide), p.dtype)
         per["acc"] = (max_pos * p.K, gd)
     elif p.direction == "bwd_data":
         per["col"] = (max_pos * p.C * F, gd)
@@ -200,18 +313,62 @@ def make_plan(p: ConvProblem, cfg: CpuGemmConfig = CpuGemmConfig()) -> Plan:
         if not direct:
             padded = math.prod(i + a + b for i, a, b in zip(p.in_size, p.pad_before, p.pad_after))
             per["acc"] = (max((b.nb for b in allb), default=0) * p.C * padded, F32)
+            per["col32"] = (max_pos * p.C * F if gd != F32 else 0, F32)
     else:
         per["col"] = (0 if nhwc_view else max_pos * p.C * F, gd)
-        per["stage"] = (_max_stage(p, allb), p.dtype)
+        per["stage"] = (_max_stage(p, allb) + _wide_slack(p, wide), p.dtype)
         per["dy"] = (0 if (same and p.layout == "nhwc") else max_pos * p.K, gd)
         per["partial"] = (wnumel, F32)
         if gd != F32:
             per["gemm_out"] = (wnumel, gd)
+    onednn = cfg.use_onednn(p) and not wide
+    if onednn:
+        per["acc"] = (0, gd)         # oneDNN returns a fresh output per block
     shared = {} if p.direction == "bwd_weights" else {"w": (wnumel, gd)}
-    return Plan(p=p, nthr=nthr, work=work, per_thread=per, shared=shared, direct=direct, gemm_dtype=gd)
+    return Plan(p=p, nthr=nthr, work=work, per_thread=per, shared=shared, direct=direct, gemm_dtype=gd,
+                onednn=onednn, wide=wide)
+
+
+def _wide_width(p: ConvProblem, blocks: list[Block], gd: torch.dtype, max_junk: float) -> int:
+    """Padded-width ("wide") forward for nchw, padded, stride 1 in the last two spatial
+    dims: output rows are computed Wp = padded width wide, so a column-tile row of a
+    block is ONE contiguous run of its staged padded input (rows*Wp long) instead of
+    rows runs of Wo; the junk columns ow >= Wo are computed and dropped. The im2col
+    copy gets 2-6x faster for narrow images in bf16 (1.3-2x in f32), for (Wp-Wo)/Wo more
+    GEMM work: used for the bf16 GEMM when that is at most `max_junk` (f32 problems use
+    the oneDNN path with the fused epilogue, or gain too little). Backward weights: dy
+    is widened with zeros in the junk columns (and the stage slack is zeroed), so they
+    add nothing to dw. Returns Wp, or 0."""
+    wp = p.in_size[-1] + p.pad_before[-1] + p.pad_after[-1]
+    if (p.direction == "bwd_data" or p.layout != "nchw" or p.ndim < 2 or not has_padding(p)
+            or any(s != 1 for s in p.stride[-2:]) or gd == F32
+            or wp - p.out_size[-1] > max_junk * p.out_size[-1]):
+        return 0
+    if any(b.lo[-1] != 0 or b.hi[-1] != p.out_size[-1] for b in blocks):
+        return 0
+    return wp
+
+
+def _wide_positions(b: Block, wide: int) -> int:
+    return b.positions if not wide else b.positions // b.out[-1] * wide
+
+
+def _wide_slack(p: ConvProblem, wide: int) -> int:
+    """Elements read past the staged images by the junk columns of the last row."""
+    return (p.filter[-1] - 1) * p.dilation[-1] if wide else 0
 
 
 # ---- helpers ----------------------------------------------------------------------
+def _bmm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out (G, m, n) = a (G, m, k) @ b (G, k, n). One group goes through the 2D GEMM,
+    which takes transposed operands as they are (the batched one copies them first)."""
+    if a.shape[0] == 1:
+        torch.mm(a[0], b[0], out=out[0])
+    else:
+        torch.matmul(a, b, out=out)
+    return out
+
+
 @lru_cache(maxsize=8)
 def _pool(n: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=n, thread_name_prefix="nnprim-cpu-gemm")
@@ -310,11 +467,15 @@ def _y_block(p: ConvProblem, t: torch.Tensor, blk: Block) -> torch.Tensor:
     return t[idx].unflatten(1, (p.groups, p.K // p.groups))
 
 
-def _acc_logical(p: ConvProblem, acc: torch.Tensor, blk: Block) -> torch.Tensor:
-    """The GEMM output (nchw: G, Kg, nb*M; nhwc: G, nb*M, Kg) as (nb, G, Kg, out..)."""
+def _acc_logical(p: ConvProblem, acc: torch.Tensor, blk: Block, wide: int = 0) -> torch.Tensor:
+    """The GEMM output (nchw: G, Kg, nb*M; nhwc: G, nb*M, Kg) as (nb, G, Kg, out..)
+    (wide: the output rows are `wide` long; the junk columns are sliced off)."""
     nd = p.ndim
     G, Kg = p.groups, p.K // p.groups
     if p.layout == "nchw":
+        if wide:
+            v = acc.view(G, Kg, blk.nb, *blk.out[:-1], wide)[..., :blk.out[-1]]
+            return v.permute(2, 0, 1, *range(3, 3 + nd))
         return acc.view(G, Kg, blk.nb, *blk.out).permute(2, 0, 1, *range(3, 3 + nd))
     return acc.view(G, blk.nb, *blk.out, Kg).permute(1, 0, 2 + nd, *range(2, 2 + nd))
 
@@ -339,11 +500,48 @@ def _y_gemm_view(p: ConvProblem, y: torch.Tensor, blk: Block) -> torch.Tensor | 
     return v.view(shape)
 
 
-def _im2col(p: ConvProblem, x: torch.Tensor, blk: Block, ws: dict, direct_view: bool) -> torch.Tensor:
-    """Column tile of block `blk` as a 3D f32 GEMM operand: nchw (G, Cg*F, nb*M),
-    nhwc (G, nb*M, F*Cg)."""
+class _Source:
+    """Where one worker's blocks read x from: x itself, or (problems with padding) its
+    images zero-padded in the worker's staging buffer, staged once per image group
+    (the halo zeroed once per call)."""
+
+    def __init__(self, p: ConvProblem, x: torch.Tensor, stage: torch.Tensor | None):
+        self.p, self.x, self.stage = p, x, stage
+        self.padded = has_padding(p)
+        self.key: tuple[int, int] | None = None
+        self.src = physical(x, p.layout)
+
+    def region(self, blk: Block) -> torch.Tensor:
+        if not self.padded:
+            return block_source(self.p, self.src, blk, 0, False)
+        if self.key != (blk.n0, blk.n1):
+            self.src = stage_images(self.p, self.x, blk.n0, blk.n1, self.stage, zero_halo=self.key is None)
+            self.key = (blk.n0, blk.n1)
+        return block_source(self.p, self.src, blk, blk.n0, True)
+
+
+def _im2col_wide(p: ConvProblem, src: torch.Tensor, blk: Block, ws: dict, wide: int) -> torch.Tensor:
+    """Wide column tile (G, Cg*F, nb*rows*wide) of a staged nchw block (_wide_width):
+    element (g, c, f.., n, o_outer.., r) = src[n, g*Cg+c, o_outer + f_outer.., f_h*d_h*wide
+    + f_w*d_w + r]; the last two output dims are one contiguous run."""
+    G, Cg = p.groups, p.C // p.groups
+    sn, sc, *ssp = src.stride()
+    fstr = [d * t for d, t in zip(p.dilation, ssp)]
+    ostr = [s * t for s, t in zip(p.stride[:-2], ssp[:-2])]
+    rows = blk.out[-2] * wide
+    shape = [G, Cg, *p.filter, blk.nb, *blk.out[:-2], rows]
+    strides = [Cg * sc, sc, *fstr, sn, *ostr, 1]
+    cv = src.as_strided(shape, strides, src.storage_offset())
+    CF, M = Cg * math.prod(p.filter), blk.nb * math.prod(blk.out[:-2]) * rows
+    col = ws["col"][:cv.numel()].view(cv.shape)
+    col.copy_(cv)
+    return col.view(G, CF, M)
+
+
+def _im2col(p: ConvProblem, src: torch.Tensor, blk: Block, ws: dict, direct_view: bool) -> torch.Tensor:
+    """Column tile of block `blk` (read from `src`, a _Source region) as a 3D GEMM
+    operand: nchw (G, Cg*F, nb*M), nhwc (G, nb*M, F*Cg)."""
     order = ORDER[p.layout]
-    src = source_region(p, x, blk, ws.get("stage"))
     cv = col_view(p, src, blk, order)
     G, CF, M = p.groups, (p.C // p.groups) * math.prod(p.filter), blk.positions
     shape3 = (G, CF, M) if p.layout == "nchw" else (G, M, CF)
@@ -355,10 +553,55 @@ def _im2col(p: ConvProblem, x: torch.Tensor, blk: Block, ws: dict, direct_view: 
 
 
 # ---- forward ------------------------------------------------------------------------
-def conv_fwd(plan: Plan, args: ConvArgs) -> torch.Tensor:
+def _fusable_residual(p: ConvProblem, post_ops) -> bool:
+    """The chain starts with a plain residual add (Sum with scale 1, or Binary add) of a
+    y-shaped f32 tensor in y's layout: oneDNN adds it inside the GEMM (binary post-op)."""
+    if not post_ops:
+        return False
+    op = post_ops[0]
+    if not ((isinstance(op, Sum) and op.scale == 1.0) or (isinstance(op, Binary) and op.op == "add")):
+        return False
+    t = op.tensor
+    return (tuple(t.shape) == tuple(p.y_shape) and t.dtype == F32
+            and physical(t, p.layout).is_contiguous())
+
+
+def _fwd_block_onednn(p: ConvProblem, col: torch.Tensor, w2: torch.Tensor, bias: torch.Tensor | None,
+                      post_ops, fuse: bool, y: torch.Tensor, blk: Block) -> None:
+    """One block through oneDNN's f32 matmul: y_block = post_ops(w2 @ col + bias).
+    nhwc: out (M, K) = col (M, CF) . w2^T, bias fused; nchw: out (K, M) = w2 . col (CF, M),
+    bias added after. A leading residual add is fused as oneDNN's binary post-op; the
+    rest of the chain runs in place on the (cache-resident) output, and the final
+    copy into y doubles as a trailing ReLU (clamp with out=)."""
+    ops = list(post_ops)
+    other = _y_gemm_view(p, ops[0].tensor, blk) if fuse else None
+    if other is not None:
+        other = other[0]
+        ops = ops[1:]
+    if p.layout == "nhwc":
+        a, b, fb = col[0], w2, bias
+    else:
+        a, b, fb = w2, col[0].t(), None
+    lin = torch.ops.mkldnn._linear_pointwise
+    out = lin(a, b, fb, "none", [], "") if other is None else lin.binary(a, other, b, fb, "add")
+    acc = _acc_logical(p, out.unsqueeze(0), blk)          # (nb, 1, K, out..)
+    if bias is not None and fb is None:
+        acc.add_(bias.view(1, 1, -1, *([1] * p.ndim)))
+    dst = _y_block(p, y, blk)
+    last = ops[-1] if ops else None
+    relu_last = (isinstance(last, Eltwise) and last.kind == "relu" and last.alpha == 0.0
+                 and y.dtype == out.dtype)
+    apply_post_ops_block(acc, blk, 1, None, ops[:-1] if relu_last else ops)
+    if relu_last:
+        torch.clamp(acc, min=0.0, out=dst)
+    else:
+        dst.copy_(acc)
+
+
+def conv_fwd(plan: Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     p = plan.p
     x = to_layout(args.x, p.layout)
-    threads, shared = plan.carve()
+    threads, shared = plan.carve(ws)
     wg = _weights_gemm(p, args.w, shared["w"])
     bias = args.bias.to(F32) if args.bias is not None else None
     y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
@@ -366,22 +609,31 @@ def conv_fwd(plan: Plan, args: ConvArgs) -> torch.Tensor:
     G = p.groups
     plain = bias is None and not args.post_ops and p.out_dtype == plan.gemm_dtype
     into_y = p.out_dtype == plan.gemm_dtype == F32     # GEMM (and post-ops) straight into y
+    fuse = plan.onednn and _fusable_residual(p, args.post_ops)
+    wide = plan.wide
 
     def worker(t: int) -> None:
         ws = threads[t]
+        src = _Source(p, x, ws.get("stage"))
         for blk in plan.work[t]:
-            col = _im2col(p, x, blk, ws, direct_view)
-            M = blk.positions
-            dst = _y_gemm_view(p, y, blk) if plain or into_y else None
+            if wide:
+                col = _im2col_wide(p, src.region(blk), blk, ws, wide)
+            else:
+                col = _im2col(p, src.region(blk), blk, ws, direct_view)
+            if plan.onednn:
+                _fwd_block_onednn(p, col, wg[0], bias, args.post_ops, fuse, y, blk)
+                continue
+            M = col.shape[-1] if wide else blk.positions
+            dst = _y_gemm_view(p, y, blk) if (plain or into_y) and not wide else None
             if p.layout == "nchw":
                 acc = dst if dst is not None else ws["acc"][:p.K * M].view(G, p.K // G, M)
-                torch.matmul(wg, col, out=acc)
+                _bmm(wg, col, acc)
             else:
                 acc = dst if dst is not None else ws["acc"][:p.K * M].view(G, M, p.K // G)
-                torch.matmul(col, wg.transpose(1, 2), out=acc)
+                _bmm(col, wg.transpose(1, 2), acc)
             if plain and dst is not None:
                 continue
-            a = _acc_logical(p, acc, blk)
+            a = _acc_logical(p, acc, blk, wide)
             apply_post_ops_block(a, blk, G, bias, args.post_ops)
             if dst is None:
                 _y_block(p, y, blk).copy_(a)
@@ -397,7 +649,7 @@ def _dy_operand(p: ConvProblem, dy: torch.Tensor, blk: Block, buf: torch.Tensor 
     v = _y_block(p, dy, blk)                         # (nb, G, Kg, out..)
     if p.layout == "nchw":
         perm = v.permute(1, 2, 0, *range(3, v.dim()))
-        if buf is None:
+        if buf is None or (buf.dtype == dy.dtype and blk.nb == 1 and perm.is_contiguous()):
             return perm.reshape(G, Kg, M)
         out = buf[:p.K * M].view(perm.shape)
         out.copy_(perm)
@@ -412,10 +664,15 @@ def _dy_operand(p: ConvProblem, dy: torch.Tensor, blk: Block, buf: torch.Tensor 
     return out.transpose(0, 1)
 
 
-def conv_bwd_data(plan: Plan, args: ConvArgs) -> torch.Tensor:
+def conv_bwd_data(plan: Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     p = plan.p
+    if plan.as_fwd is not None:
+        G, Kg, nd = p.groups, p.K // p.groups, p.ndim
+        wt = args.w.unflatten(0, (G, Kg)).transpose(1, 2).flip(list(range(3, 3 + nd)))
+        wt = wt.reshape(p.C, Kg, *p.filter)
+        return conv_fwd(replace(plan, p=plan.as_fwd, as_fwd=None), ConvArgs(x=args.dy, w=wt), ws)
     dy = to_layout(args.dy, p.layout)
-    threads, shared = plan.carve()
+    threads, shared = plan.carve(ws)
     wg = _weights_gemm(p, args.w, shared["w"])        # (G, Kg, CF)
     dx = empty_in_layout(p.x_shape, p.layout, dtype=p.out_dtype)
     order = ORDER[p.layout]
@@ -438,10 +695,10 @@ def conv_bwd_data(plan: Plan, args: ConvArgs) -> torch.Tensor:
             CF = (p.C // G) * math.prod(p.filter)
             if p.layout == "nchw":
                 col = ws["col"][:G * CF * M].view(G, CF, M)
-                torch.matmul(wg.transpose(1, 2), dyo, out=col)
+                _bmm(wg.transpose(1, 2), dyo, col)
             else:
                 col = ws["col"][:G * CF * M].view(G, M, CF)
-                torch.matmul(dyo, wg, out=col)
+                _bmm(dyo, wg, col)
             if plan.direct:    # col is dx itself
                 _x_block(p, dx, blk).copy_(_col_logical(p, col, blk))
                 continue
@@ -452,6 +709,8 @@ def conv_bwd_data(plan: Plan, args: ConvArgs) -> torch.Tensor:
                 shape = (blk.nb, p.C, *padded) if p.layout == "nchw" else (blk.nb, *padded, p.C)
                 acc = ws["acc"][:math.prod(shape)].view(shape)
                 acc.zero_()
+            if col.dtype != F32:      # native bf16 GEMM: one conversion, not one per tap
+                col = ws["col32"][:col.numel()].view(col.shape).copy_(col)
             scatter_taps(p, col, order, acc, blk, blk.n0)
         if cur is not None:
             flush(acc, *cur)
@@ -476,11 +735,22 @@ def _col_logical(p: ConvProblem, col: torch.Tensor, blk: Block) -> torch.Tensor:
 
 
 # ---- backward weights ---------------------------------------------------------------
-def conv_bwd_weights(plan: Plan, args: ConvArgs) -> torch.Tensor:
+def _dy_wide(p: ConvProblem, dy: torch.Tensor, blk: Block, buf: torch.Tensor, wide: int) -> torch.Tensor:
+    """nchw dy block as (G, Kg, nb*rows*wide), zero in the junk columns ow >= Wo."""
+    G, Kg, wo = p.groups, p.K // p.groups, blk.out[-1]
+    v = _y_block(p, dy, blk)                         # (nb, G, Kg, out..)
+    shape = (G, Kg, blk.nb, *blk.out[:-1], wide)
+    out = buf[:math.prod(shape)].view(shape)
+    out[..., wo:].zero_()
+    out[..., :wo].copy_(v.permute(1, 2, 0, *range(3, v.dim())))
+    return out.view(G, Kg, -1)
+
+
+def conv_bwd_weights(plan: Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     p = plan.p
     x = to_layout(args.x, p.layout)
     dy = to_layout(args.dy, p.layout)
-    threads, _ = plan.carve()
+    threads, _ = plan.carve(ws)
     direct_view = not plan.has("col")
     G, Kg = p.groups, p.K // p.groups
     native = plan.gemm_dtype != F32
@@ -490,15 +760,22 @@ def conv_bwd_weights(plan: Plan, args: ConvArgs) -> torch.Tensor:
         dybuf = ws["dy"] if plan.has("dy") else None
         part = ws["partial"].view(G, Kg, -1)
         part.zero_()
+        src = _Source(p, x, ws.get("stage"))
         for blk in plan.work[t]:
-            col = _im2col(p, x, blk, ws, direct_view)
-            dyo = _dy_operand(p, dy, blk, dybuf)
+            if plan.wide:
+                col = _im2col_wide(p, src.region(blk), blk, ws, plan.wide)
+                dyo = _dy_wide(p, dy, blk, dybuf, plan.wide)
+            else:
+                col = _im2col(p, src.region(blk), blk, ws, direct_view)
+                dyo = _dy_operand(p, dy, blk, dybuf)
             a, b = (dyo, col.transpose(1, 2)) if p.layout == "nchw" else (dyo.transpose(1, 2), col)
             if native:    # bf16 GEMM output, reduced in f32
                 tmp = ws["gemm_out"].view(G, Kg, -1)
-                torch.matmul(a, b, out=tmp)
+                _bmm(a, b, tmp)
                 part.add_(tmp)
-            else:         # (G,Kg,M) @ (G,M,CF)
+            elif G == 1:  # (Kg,M) @ (M,CF), transposes passed to the GEMM, not copied
+                part[0].addmm_(a[0], b[0])
+            else:
                 part.baddbmm_(a, b)
 
     _run(plan, worker)
@@ -525,7 +802,8 @@ def conv_bias_grad(dy: torch.Tensor, out_dtype: torch.dtype | None = None) -> to
 
 # ---- solvers ------------------------------------------------------------------------
 _RUN = {"fwd": conv_fwd, "bwd_data": conv_bwd_data, "bwd_weights": conv_bwd_weights}
-_GFLOPS_PER_CORE = 60.0     # MKL f32 GEMM per core on this class of CPU (measured ~120 on 2)
+_GFLOPS_PER_CORE = 80.0     # f32 GEMM per core (oneDNN ~100, MKL ~80 on this class of CPU);
+_BF16_GEMM_SPEEDUP = 2.0    # the native bf16 GEMM (avx512_bf16) runs ~200 per core
 _GBS_PER_CORE = 8.0         # strided copies (im2col, col2im, casts) per core
 
 
@@ -534,8 +812,11 @@ def prepare_with(p: ConvProblem, cfg: CpuGemmConfig = CpuGemmConfig()):
     plan = make_plan(p, cfg)
     fn = _RUN[p.direction]
 
+    nbytes = plan.workspace_bytes()
+
     def invoke(args: ConvArgs) -> torch.Tensor:
-        return fn(plan, args)
+        with workspace(nbytes) as ws:
+            return fn(plan, args, ws)
     invoke.plan = plan
     return invoke
 
@@ -554,7 +835,8 @@ class _CpuGemmBase(Solver):
         cores = max(1, torch.get_num_threads())
         F = math.prod(p.filter)
         col = 0.0 if _is_direct(p) else 8.0 * p.N * math.prod(p.out_size) * p.C * F
-        t = p.flops() / (_GFLOPS_PER_CORE * 1e9 * cores) + (col + p.bytes()) / (_GBS_PER_CORE * 1e9 * cores)
+        gf = _GFLOPS_PER_CORE * (_BF16_GEMM_SPEEDUP if self.config.gemm_dtype(p) == torch.bfloat16 else 1.0)
+        t = p.flops() / (gf * 1e9 * cores) + (col + p.bytes()) / (_GBS_PER_CORE * 1e9 * cores)
         return t * 1e3
 
     def prepare(self, p: ConvProblem):

@@ -4,15 +4,15 @@ convolution solvers (`cpu_gemm.py`).
 The GEMM convolution works on blocks of output positions. A block is a range of
 images, or one image and a range along one output spatial dim (the dims before it
 fixed to one index, the dims after it whole): the smallest such unit whose column
-buffer (output positions x C*prod(filter) f32 values) fits under the cap. That
+buffer (output positions x C*prod(filter) values of the GEMM dtype) fits under the cap. That
 keeps a thread's column buffer bounded whatever the problem size, like the seed's
 `os_block` / `oh_block` blocking.
 
-im2col is one strided copy: the input region a block reads (zero-padded through a
-small staging buffer when the block touches padding) is viewed with `as_strided`
-as (.., filter.., out..) and copied into the column buffer, converting to f32 on
-the way (bf16/f16 tiles become f32 tiles; the GEMM is always f32). col2im is one
-strided `add_` per filter tap into an f32 accumulator of the padded input.
+im2col is one strided copy: the input region a block reads (for problems with
+padding, the block's images zero-padded once in a staging buffer: `stage_images`) is
+viewed with `as_strided` as (.., filter.., out..) and copied into the column buffer,
+converting to the GEMM dtype on the way. col2im is one strided `add_` per filter tap
+into an f32 accumulator of the padded input.
 
 Work is split across threads as oneDNN's `balance211` does."""
 from __future__ import annotations
@@ -105,8 +105,17 @@ def touches_padding(p: ConvProblem, blk: Block) -> bool:
     return any(a < 0 or b > n for (a, b), n in zip(in_region(p, blk), p.in_size))
 
 
-def stage_numel(p: ConvProblem, blk: Block) -> int:
-    return blk.nb * p.C * math.prod(b - a for a, b in in_region(p, blk))
+def has_padding(p: ConvProblem) -> bool:
+    return any(p.pad_before) or any(p.pad_after)
+
+
+def padded_size(p: ConvProblem) -> tuple[int, ...]:
+    return tuple(i + a + b for i, a, b in zip(p.in_size, p.pad_before, p.pad_after))
+
+
+def stage_numel(p: ConvProblem, nb: int) -> int:
+    """Elements of the staging buffer holding nb zero-padded images."""
+    return nb * p.C * math.prod(padded_size(p))
 
 
 def physical(t: torch.Tensor, layout: str) -> torch.Tensor:
@@ -124,30 +133,42 @@ def logical(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t.permute(0, nd - 1, *range(1, nd - 1))
 
 
-def source_region(p: ConvProblem, x: torch.Tensor, blk: Block, stage: torch.Tensor | None) -> torch.Tensor:
-    """The physical view of the input region of `blk`: a view of x when the block
-    reads no padding, else `stage` (f32) zero-filled and loaded with the valid part."""
-    reg = in_region(p, blk)
-    xl = x[blk.n0:blk.n1]
-    if not touches_padding(p, blk):
-        idx = (slice(None), slice(None)) + tuple(slice(a, b) for a, b in reg)
-        return physical(xl[idx], p.layout)
-    ext = tuple(b - a for a, b in reg)
-    if p.layout == "nchw":
-        st = stage[:stage_numel(p, blk)].view(blk.nb, p.C, *ext)
-    else:
-        st = stage[:stage_numel(p, blk)].view(blk.nb, *ext, p.C)
-    st.zero_()
-    src_idx, dst_idx = [], []
-    for (a, b), n in zip(reg, p.in_size):
-        va, vb = max(a, 0), min(b, n)
-        if va >= vb:
-            return st
-        src_idx.append(slice(va, vb))
-        dst_idx.append(slice(va - a, vb - a))
+def stage_images(p: ConvProblem, x: torch.Tensor, n0: int, n1: int, stage: torch.Tensor,
+                 zero_halo: bool = True) -> torch.Tensor:
+    """Images [n0, n1) of x, zero-padded, in `stage` (physical layout, input dtype),
+    laid out as the first n1-n0 of as many images as `stage` holds, so the halo sits
+    at the same places for every call: it is zeroed only when `zero_halo` (a worker's
+    first call), and each image's interior is copied once however many blocks then
+    read it (the seed pads each image once, not each block)."""
+    nb = n1 - n0
+    pz = padded_size(p)
+    cap = max(nb, stage.numel() // stage_numel(p, 1))
+    shape = (cap, p.C, *pz) if p.layout == "nchw" else (cap, *pz, p.C)
+    st = stage[:math.prod(shape)].view(shape)
     stl = logical(st, p.layout)
-    stl[(slice(None), slice(None), *dst_idx)].copy_(xl[(slice(None), slice(None), *src_idx)])
-    return st
+    if zero_halo:
+        stage[math.prod(shape):].zero_()        # slack past the images (read by junk columns)
+        for i, (pb, n, pa) in enumerate(zip(p.pad_before, p.in_size, p.pad_after)):
+            if pb:
+                stl.narrow(2 + i, 0, pb).zero_()
+            if pa:
+                stl.narrow(2 + i, pb + n, pa).zero_()
+    inner = (slice(0, nb), slice(None), *(slice(pb, pb + n) for pb, n in zip(p.pad_before, p.in_size)))
+    stl[inner].copy_(x[n0:n1])
+    return st[:nb]
+
+
+def block_source(p: ConvProblem, src: torch.Tensor, blk: Block, n_base: int, padded: bool) -> torch.Tensor:
+    """The physical view of the region block `blk` reads, starting at its first image
+    and first input position: `src` is the physical view of images from n_base on,
+    zero-padded (a `stage_images` result) or not (x itself, for problems without
+    padding)."""
+    starts = [lo * s - (0 if padded else pb) for lo, s, pb in zip(blk.lo, p.stride, p.pad_before)]
+    sp = tuple(slice(a, None) for a in starts)
+    nsl = slice(blk.n0 - n_base, blk.n1 - n_base)
+    if p.layout == "nchw":
+        return src[(nsl, slice(None), *sp)]
+    return src[(nsl, *sp, slice(None))]
 
 
 def _axes(p: ConvProblem, t: torch.Tensor, blk: Block, order: str, fstep: bool = True):
