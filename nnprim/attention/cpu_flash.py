@@ -1,0 +1,407 @@
+"""CPU flash attention in vectorised torch (family `flash`, ids 115 `cpu_flash_fwd`,
+116 `cpu_flash_bwd`): blocked over query rows and key blocks, online softmax in f32,
+GEMMs through torch's f32 batched matmul (the CPU BLAS).
+
+Math (per batch entry b, query head h, K/V head hk = h // G, G = Hq / Hkv):
+    s_ij  = scale * q_i . k_j + bias_ij      bias: additive mask where visible, -inf where
+                                             a bool mask / causal / kv_lens hides key j
+    lse_i = log sum_j exp(s_ij)              (f32, before dropout; -inf for a dead row)
+    o_i   = sum_j keep_ij / (1 - p) * exp(s_ij - lse_i) v_j
+Forward, per key block c (online softmax, m = running max, l = running sum):
+    m' = max(m, max_j s_ij);  P = exp(s - m');  l = l e^(m - m') + sum_j P;
+    acc = acc e^(m - m') + (P * keep) V_c;      o = acc / l / (1 - p),  lse = m + log l
+Backward (recompute; P from the forward's lse, D_i = rowsum(dO * O), 0 for dead rows):
+    P = exp(s - lse);  Pd = P * keep / (1 - p);  dV_c += Pd^T dO;  dP = (dO V_c^T) * keep / (1 - p)
+    dS = P * (dP - D);  dQ += scale dS K_c;  dK_c += scale dS^T Q
+A fully masked row ("dead": lse = -inf) gives o = NaN (0 with softmax_inf_as_zero) and
+zero gradients (its dq row is 0 and it adds nothing to dk/dv), as the reference documents.
+
+Layout: GQA needs no repeated K/V. Queries of the G heads sharing a K/V head are stacked
+as rows: q (B, Hq, Sq, D) is viewed as (B, Hkv, G, Sq, D) and a block of query rows
+r0:r1 of a chunk of (batch, kv head) pairs becomes the f32 GEMM operand
+(nb * nh, G * nr, D); keys are (nb * nh, nc, D). The tile of scores is
+(nb * nh, G * nr, nc) f32, at most `_TILE_ELEMS` elements (no Sq x Sk matrix); dK and dV
+of a key block come out of one GEMM already summed over the G query heads.
+bf16/f16 blocks are converted to f32 on the way in (per block); outputs are written in
+q's dtype, lse in f32. Scores are computed in the log2 domain (q pre-scaled by
+scale * log2(e), `exp2`, which is ~3x faster than torch's `exp` on CPU; lse converted back
+with ln 2) into preallocated tile buffers (`bmm(out=)`). Threads: torch's intra-op
+threads inside each GEMM / elementwise op (benchmarks/ATTENTION_CPU.md).
+
+Masks: causal (both alignments, per-batch with kv_lens) and kv_lens skip key blocks that
+no row of the block sees and build an element mask only for boundary blocks; bool and
+additive mask buffers are sliced per block and broadcast (no materialised full mask).
+Dropout: the keep flags of each (rows, keys) block come from nnprim.dropout's torch
+Philox (`dropout_keep_block`), bit-identical with the reference and the Triton kernels.
+Quantized K/V (forward): each key block's codes, scales and zero points are sliced and
+dequantized in f32 (KVQuant.dequantize).
+
+Supported: f32/f16/bf16, any head dims (D != Dv), any strides, every option of the
+attention contract. Not supported: CUDA tensors (the Triton flash solvers serve those).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..args import AttnArgs
+from ..dropout import dropout_keep_block, dropout_scale, dropout_threshold
+from ..problems.attention import AttentionProblem
+from ..quant import KVQuant
+from ..search.solver import Solver, register
+
+F32 = torch.float32
+_NEG_INF = float("-inf")
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+# Blocking (tests shrink these to exercise the multi-block paths).
+_TILE_ELEMS = 1 << 20      # f32 score tile (rows x keys) per step: 4 MiB (< 8 MiB)
+_KV_BLOCK = 512            # keys per block
+_MIN_GEMM_ROWS = 64        # rows of one GEMM (G * nr) before chunks of heads shrink
+
+
+def _empty(shape, dtype, device) -> torch.Tensor:
+    """Output allocation (tests swap in a NaN-filled allocator to catch unwritten elements)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+# ---- planning -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """Chunks of (batch, kv head) pairs and the row / key block sizes of one problem."""
+    nb: int   # batch entries per chunk
+    nh: int   # kv heads per chunk
+    nr: int   # query rows per block
+    nc: int   # keys per block
+
+
+def plan(problem: AttentionProblem, tile_elems: int | None = None, kv_block: int | None = None) -> Plan:
+    """Largest row blocks whose (nb * nh * G * nr, nc) tile stays under tile_elems; the
+    chunk of (batch, head) pairs shrinks only when G * nr would drop below _MIN_GEMM_ROWS."""
+    E = tile_elems or _TILE_ELEMS
+    B, Hkv, G, Sq, Sk = problem.B, problem.Hkv, problem.group, problem.Sq, problem.Sk
+    nc = max(1, min(Sk, kv_block or _KV_BLOCK))
+    cap = max(1, E // nc)                                  # tile rows
+    nr_min = min(Sq, max(1, -(-_MIN_GEMM_ROWS // G)))
+    if B * Hkv * G * nr_min <= cap:
+        nb, nh = B, Hkv
+    elif Hkv * G * nr_min <= cap:
+        nb, nh = max(1, cap // (Hkv * G * nr_min)), Hkv
+    else:
+        nb, nh = 1, max(1, min(Hkv, cap // (G * nr_min)))
+    nr = max(1, min(Sq, cap // (nb * nh * G)))
+    return Plan(nb, nh, nr, nc)
+
+
+def _chunks(problem: AttentionProblem, pl: Plan):
+    for b0 in range(0, problem.B, pl.nb):
+        for h0 in range(0, problem.Hkv, pl.nh):
+            yield slice(b0, min(problem.B, b0 + pl.nb)), slice(h0, min(problem.Hkv, h0 + pl.nh))
+
+
+def _scale(problem: AttentionProblem, args: AttnArgs) -> float:
+    """Multiplier of q.k (a tensor scale is read once and inverted in float64)."""
+    if args.scale is None:
+        return problem.D ** -0.5
+    s = float(args.scale.to(torch.float64).reshape(())) if isinstance(args.scale, torch.Tensor) \
+        else float(args.scale)
+    return 1.0 / s if problem.invert_scale else s
+
+
+class _Ctx:
+    """Per-call state shared by forward and backward: scale, kv lengths, mask view,
+    dropout parameters and the causal/kv_lens block classification."""
+
+    def __init__(self, problem: AttentionProblem, args: AttnArgs) -> None:
+        self.p, self.a = problem, args
+        self.scale = _scale(problem, args)
+        self.dev = args.q.device
+        self.lens = args.kv_lens.tolist() if args.kv_lens is not None else None
+        self.kv_lens = args.kv_lens.to(torch.int64) if args.kv_lens is not None else None
+        m = args.attn_mask
+        self.mask = None if m is None else m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))
+        self.thr = dropout_threshold(problem.dropout_p) if problem.dropout_p > 0 else None
+
+    def shift(self, L: int) -> int:
+        """Key j is causally visible to row i iff j <= i + shift."""
+        return 0 if self.p.causal == "top_left" else L - self.p.Sq
+
+    def key_range(self, bs: slice, r0: int, r1: int) -> tuple[int, int | None]:
+        """(hi, vis_from): rows r0:r1 of batches bs see no key at or past hi; keys
+        below vis_from are visible to every row (None: all keys below hi are)."""
+        Sk = self.p.Sk
+        Ls = self.lens[bs] if self.lens is not None else [Sk]
+        hi = max(Ls)
+        lo = min(Ls)
+        if self.p.causal is not None:
+            hi = max(min(L, r1 + self.shift(L)) for L in Ls)
+            lo = min(min(L, r0 + 1 + self.shift(L)) for L in Ls)
+        hi, lo = max(0, min(Sk, hi)), max(0, min(Sk, lo))
+        return hi, (None if lo >= hi else lo)
+
+    def mask_tile(self, s5: torch.Tensor, bs: slice, hs: slice, r0: int, r1: int,
+                  c0: int, c1: int, needs_vis: bool) -> None:
+        """Apply causal / kv_lens visibility and the mask buffer to the score tile
+        s5 (nb, nh, G, nr, nc) in place."""
+        if needs_vis:
+            j = torch.arange(c0, c1, device=self.dev).view(1, 1, 1, 1, -1)
+            hidden = None
+            if self.kv_lens is not None:
+                L = self.kv_lens[bs].view(-1, 1, 1, 1, 1)
+                hidden = j >= L
+            else:
+                L = self.p.Sk
+            if self.p.causal is not None:
+                i = torch.arange(r0, r1, device=self.dev).view(1, 1, 1, -1, 1)
+                lim = i if self.p.causal == "top_left" else i + (L - self.p.Sq)
+                h2 = j > lim
+                hidden = h2 if hidden is None else hidden | h2
+            s5.masked_fill_(hidden, _NEG_INF)
+        m = self.mask
+        if m is None:
+            return
+        if m.shape[0] != 1:
+            m = m[bs]
+        if m.shape[1] != 1:
+            m = m.unflatten(1, (self.p.Hkv, self.p.group))[:, hs]
+        else:
+            m = m.unsqueeze(2)
+        if m.shape[3] != 1:
+            m = m[:, :, :, r0:r1]
+        if m.shape[4] != 1:
+            m = m[..., c0:c1]
+        if m.dtype == torch.bool:
+            s5.masked_fill_(~m, _NEG_INF)
+        else:
+            s5.add_(m, alpha=LOG2E)             # scores are in the log2 domain
+
+    def keep_tile(self, bs: slice, hs: slice, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
+        """Dropout keep flags (nb, nh, G, nr, nc) of the block (global indices)."""
+        p, dev = self.p, self.dev
+        G = p.group
+        b = torch.arange(bs.start, bs.stop, device=dev).view(-1, 1, 1, 1, 1)
+        h = (torch.arange(hs.start, hs.stop, device=dev).view(1, -1, 1, 1, 1) * G
+             + torch.arange(G, device=dev).view(1, 1, -1, 1, 1))
+        i = torch.arange(r0, r1, device=dev).view(1, 1, 1, -1, 1)
+        j = torch.arange(c0, c1, device=dev).view(1, 1, 1, 1, -1)
+        return dropout_keep_block(self.a.seed, self.a.offset, b, h, i, j, p.Hq, p.Sq, p.Sk, self.thr)
+
+
+def _rows_f32(t: torch.Tensor, Hkv: int, bs: slice, hs: slice, r0: int, r1: int,
+              mul: float | None = None) -> torch.Tensor:
+    """Rows r0:r1 of t (B, Hq, Sq, X) for the chunk as f32 (nb * nh, G * nr, X)."""
+    blk = t.unflatten(1, (Hkv, -1))[bs, hs, :, r0:r1]
+    out = torch.empty(blk.shape, dtype=F32, device=t.device)
+    out.copy_(blk)
+    if mul is not None:
+        out.mul_(mul)
+    return out.view(-1, blk.shape[2] * blk.shape[3], blk.shape[4])
+
+
+def _keys_f32(t, bs: slice, hs: slice, c0: int, c1: int) -> torch.Tensor:
+    """Keys c0:c1 of K or V (tensor or KVQuant) for the chunk as f32 (nb * nh, nc, X)."""
+    if isinstance(t, KVQuant):
+        def sl(x):
+            return x if x is None or x.numel() == 1 else x[bs, hs, c0:c1]
+        t = KVQuant(t.data[bs, hs, c0:c1], sl(t.scales), sl(t.zero_points), t.dtype,
+                    t.group_size).dequantize(F32)
+    else:
+        t = t[bs, hs, c0:c1].to(F32)
+    return t.reshape(-1, t.shape[2], t.shape[3])
+
+
+def _blocks(ctx: _Ctx, pl: Plan, bs: slice, r0: int, r1: int):
+    """(c0, c1, needs_vis) of the key blocks rows r0:r1 of batches bs can see."""
+    hi, vis_from = ctx.key_range(bs, r0, r1)
+    for c0 in range(0, hi, pl.nc):
+        c1 = min(hi, c0 + pl.nc)
+        yield c0, c1, vis_from is not None and c1 > vis_from
+
+
+# ---- forward --------------------------------------------------------------------------
+
+def _tile(buf: torch.Tensor, N: int, M: int, n: int) -> torch.Tensor:
+    """A (N, M, n) view at the start of a preallocated flat f32 buffer (fresh large
+    allocations cost page faults on every block)."""
+    return buf[:N * M * n].view(N, M, n)
+
+
+def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o in q's dtype (B, Hq, Sq, Dv), lse f32 (B, Hq, Sq)). Scores are kept in the log2
+    domain (q pre-scaled by scale * log2(e), exp2: ~3x faster than exp in torch on CPU)."""
+    pl = pl or plan(problem)
+    ctx = _Ctx(problem, args)
+    B, Hq, Hkv, G, Sq, Dv = problem.B, problem.Hq, problem.Hkv, problem.group, problem.Sq, problem.Dv
+    dev = args.q.device
+    o = _empty((B, Hq, Sq, Dv), args.q.dtype, dev)
+    lse = _empty((B, Hq, Sq), F32, dev)
+    o5, lse5 = o.unflatten(1, (Hkv, G)), lse.unflatten(1, (Hkv, G))
+    drop = problem.dropout_p > 0
+    rows_max = pl.nb * pl.nh * G * pl.nr
+    sbuf = torch.empty(rows_max * pl.nc, dtype=F32, device=dev)
+    pvbuf = torch.empty(rows_max * Dv, dtype=F32, device=dev)
+    for bs, hs in _chunks(problem, pl):
+        nb, nh = bs.stop - bs.start, hs.stop - hs.start
+        for r0 in range(0, Sq, pl.nr):
+            r1 = min(Sq, r0 + pl.nr)
+            nr = r1 - r0
+            qb = _rows_f32(args.q, Hkv, bs, hs, r0, r1, ctx.scale * LOG2E)
+            N, M = qb.shape[0], qb.shape[1]
+            m = l = acc = None
+            for c0, c1, needs_vis in _blocks(ctx, pl, bs, r0, r1):
+                kb = _keys_f32(args.k, bs, hs, c0, c1)
+                s = torch.bmm(qb, kb.transpose(1, 2), out=_tile(sbuf, N, M, c1 - c0))
+                ctx.mask_tile(s.view(nb, nh, G, nr, c1 - c0), bs, hs, r0, r1, c0, c1, needs_vis)
+                m_blk = s.amax(dim=-1, keepdim=True)
+                m_new = m_blk if m is None else torch.maximum(m, m_blk)
+                m_use = m_new.masked_fill(m_new == _NEG_INF, 0.0)
+                s.sub_(m_use).exp2_()
+                rs = s.sum(dim=-1, keepdim=True)
+                if drop:
+                    s.mul_(ctx.keep_tile(bs, hs, r0, r1, c0, c1).view(N, M, -1))
+                vb = _keys_f32(args.v, bs, hs, c0, c1)
+                if acc is None:
+                    l, acc = rs, torch.bmm(s, vb)
+                else:
+                    alpha = torch.exp2(m - m_use)
+                    l = l.mul_(alpha).add_(rs)
+                    acc.mul_(alpha).add_(torch.bmm(s, vb, out=_tile(pvbuf, N, M, Dv)))
+                m = m_new
+            if acc is None:                                  # no visible key: dead rows
+                m = torch.full((N, M, 1), _NEG_INF, dtype=F32, device=dev)
+                l = torch.zeros((N, M, 1), dtype=F32, device=dev)
+                acc = torch.zeros((N, M, Dv), dtype=F32, device=dev)
+            lse_b = (m + torch.log2(l)).mul_(LN2)
+            if problem.inf_as_zero:
+                l = l.masked_fill(l == 0, 1.0)
+            acc.div_(l)
+            if drop:
+                acc.mul_(dropout_scale(problem.dropout_p))
+            o5[bs, hs, :, r0:r1] = acc.view(nb, nh, G, nr, Dv)
+            lse5[bs, hs, :, r0:r1] = lse_b.view(nb, nh, G, nr)
+    return o, lse
+
+
+# ---- backward -------------------------------------------------------------------------
+
+def cpu_backward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in q's, k's, v's dtypes, from args.do, args.o and args.lse (scores in
+    the log2 domain as in the forward)."""
+    pl = pl or plan(problem)
+    ctx = _Ctx(problem, args)
+    q, k, v = args.q, args.k, args.v
+    Hkv, G, Sq, Sk = problem.Hkv, problem.group, problem.Sq, problem.Sk
+    D, Dv = problem.D, problem.Dv
+    dev = q.device
+    dq = _empty(tuple(q.shape), q.dtype, dev)
+    dk = _empty(tuple(k.shape), k.dtype, dev)
+    dv = _empty(tuple(v.shape), v.dtype, dev)
+    dq5 = dq.unflatten(1, (Hkv, G))
+    lse4 = args.lse.unflatten(1, (Hkv, G))
+    drop = problem.dropout_p > 0
+    kscale = dropout_scale(problem.dropout_p) if drop else 1.0
+    rows_max = pl.nb * pl.nh * G * pl.nr
+    sbuf = torch.empty(rows_max * pl.nc, dtype=F32, device=dev)
+    dpbuf = torch.empty(rows_max * pl.nc, dtype=F32, device=dev)
+    pdbuf = torch.empty(rows_max * pl.nc, dtype=F32, device=dev) if drop else None
+    for bs, hs in _chunks(problem, pl):
+        nb, nh = bs.stop - bs.start, hs.stop - hs.start
+        dk_acc = torch.zeros((nb * nh, Sk, D), dtype=F32, device=dev)
+        dv_acc = torch.zeros((nb * nh, Sk, Dv), dtype=F32, device=dev)
+        for r0 in range(0, Sq, pl.nr):
+            r1 = min(Sq, r0 + pl.nr)
+            nr = r1 - r0
+            qb = _rows_f32(q, Hkv, bs, hs, r0, r1, ctx.scale * LOG2E)
+            dob = _rows_f32(args.do, Hkv, bs, hs, r0, r1)
+            ob = _rows_f32(args.o, Hkv, bs, hs, r0, r1)
+            N, M = qb.shape[0], qb.shape[1]
+            lse_b = lse4[bs, hs, :, r0:r1].reshape(N, M, 1).to(F32)
+            dead = lse_b == _NEG_INF
+            di = (dob * ob).sum(dim=-1, keepdim=True).masked_fill_(dead, 0.0)
+            lse2 = (lse_b * LOG2E).masked_fill_(dead, float("inf"))
+            dq_acc = torch.zeros((N, M, D), dtype=F32, device=dev)
+            for c0, c1, needs_vis in _blocks(ctx, pl, bs, r0, r1):
+                nc = c1 - c0
+                kb = _keys_f32(k, bs, hs, c0, c1)
+                vb = _keys_f32(v, bs, hs, c0, c1)
+                s = torch.bmm(qb, kb.transpose(1, 2), out=_tile(sbuf, N, M, nc))
+                ctx.mask_tile(s.view(nb, nh, G, nr, nc), bs, hs, r0, r1, c0, c1, needs_vis)
+                p = s.sub_(lse2).exp2_()
+                dp = torch.bmm(dob, vb.transpose(1, 2), out=_tile(dpbuf, N, M, nc))
+                if drop:
+                    keep = ctx.keep_tile(bs, hs, r0, r1, c0, c1).view(N, M, -1)
+                    pd = torch.mul(p, keep, out=_tile(pdbuf, N, M, nc)).mul_(kscale)
+                    dp.mul_(keep).mul_(kscale)
+                else:
+                    pd = p
+                dv_acc[:, c0:c1].baddbmm_(pd.transpose(1, 2), dob)
+                ds = dp.sub_(di).mul_(p)
+                dq_acc.baddbmm_(ds, kb)
+                dk_acc[:, c0:c1].baddbmm_(ds.transpose(1, 2), qb)
+            # qb carries scale * log2(e): dK = scale dS^T Q = dS^T qb / log2(e)
+            dq5[bs, hs, :, r0:r1] = dq_acc.mul_(ctx.scale).view(nb, nh, G, nr, D)
+        dk[bs, hs] = dk_acc.mul_(LN2).view(nb, nh, Sk, D)
+        dv[bs, hs] = dv_acc.view(nb, nh, Sk, Dv)
+    return dq, dk, dv
+
+
+# ---- solvers --------------------------------------------------------------------------
+
+CPU_GFLOPS = 100.0
+
+
+class _CpuFlashBase(Solver):
+    family = "flash"
+    primitive = "attention"
+    devices = frozenset({"cpu"})
+    dtypes = frozenset({torch.float32, torch.float16, torch.bfloat16})
+    uses_triton = False
+
+    def estimate(self, problem: AttentionProblem) -> float:
+        """FLOPs at ~100 GFLOP/s (f32 GEMMs on a few cores) plus a fixed call overhead."""
+        return problem.flops() / (CPU_GFLOPS * 1e9) * 1e3 + 0.05
+
+
+@register
+class CpuFlashForward(_CpuFlashBase):
+    """Forward: invoker(args) -> (o in q's dtype, lse f32 or None unless return_lse)."""
+    id = 115
+    name = "cpu_flash_fwd"
+    directions = frozenset({"fwd"})
+
+    def prepare(self, problem: AttentionProblem):
+        pl = plan(problem)
+
+        def invoke(args: AttnArgs):
+            o, lse = cpu_forward(problem, args, pl)
+            return o, (lse if problem.return_lse else None)
+        return invoke
+
+
+@register
+class CpuFlashBackward(_CpuFlashBase):
+    """Backward: invoker(args) -> (dq, dk, dv) in q's, k's and v's dtypes."""
+    id = 116
+    name = "cpu_flash_bwd"
+    directions = frozenset({"bwd"})
+
+    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if problem.quantized:
+            reasons.append("quantized K/V have no gradient")
+        return reasons
+
+    def prepare(self, problem: AttentionProblem):
+        pl = plan(problem)
+
+        def invoke(args: AttnArgs):
+            return cpu_backward(problem, args, pl)
+        return invoke
+
+
+__all__ = ["Plan", "plan", "cpu_forward", "cpu_backward", "CpuFlashForward", "CpuFlashBackward"]
