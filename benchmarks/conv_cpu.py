@@ -11,6 +11,9 @@ config variant of ours and the peer are timed alternately for --rounds rounds
 rounds (other jobs share this machine: the spread is reported too).
 
   PYTHONUNBUFFERED=1 python benchmarks/conv_cpu.py --out benchmarks/results/conv_cpu_DATE.json
+
+--before DIR adds the variant "before": cpu_gemm.py / cpu_im2col.py from DIR (e.g. an
+earlier commit's, `git show REV:nnprim/conv/cpu_gemm.py`), timed in the same rounds.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import platform
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -37,13 +41,34 @@ from nnprim.problems.conv import ConvProblem, to_layout  # noqa: E402
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 VARIANTS = {   # "default" is what the registered solvers use
     "default": CpuGemmConfig(),
-    "pool_1M": CpuGemmConfig(block_bytes=1 << 20),
-    "pool_16M": CpuGemmConfig(block_bytes=16 << 20),
-    "torch_4M": CpuGemmConfig(threads="torch"),
-    "torch_32M": CpuGemmConfig(block_bytes=32 << 20, threads="torch"),
-    "native_bf16": CpuGemmConfig(bf16_gemm="native"),
+    "blk_4M": CpuGemmConfig(block_bytes=4 << 20),
+    "blk_16M": CpuGemmConfig(block_bytes=16 << 20),
+    "pool_4M": CpuGemmConfig(threads="pool", block_bytes=4 << 20),
+    "mkl_gemm": CpuGemmConfig(gemm="matmul"),
+    "col2im": CpuGemmConfig(bwd_data_as_fwd=False),
+    "no_wide": CpuGemmConfig(wide=0.0),
     "f32_gemm": CpuGemmConfig(bf16_gemm="f32"),
+    "native_bf16": CpuGemmConfig(bf16_gemm="native"),
 }
+
+
+def load_before(d: str):
+    """Module `cpu_gemm` as it is in directory d (with its own cpu_im2col), solvers not
+    registered; its default config is the variant "before"."""
+    im = Path(d, "cpu_im2col.py").read_text()
+    gm = Path(d, "cpu_gemm.py").read_text()
+    gm = gm.replace("from .cpu_im2col import", "from .cpu_im2col_before import").replace("@register\n", "")
+    for name, src in (("nnprim.conv.cpu_im2col_before", im), ("nnprim.conv.cpu_gemm_before", gm)):
+        mod = types.ModuleType(name)
+        mod.__package__ = "nnprim.conv"
+        sys.modules[name] = mod
+        exec(compile(src, f"{d}/{name}", "exec"), mod.__dict__)
+    return sys.modules["nnprim.conv.cpu_gemm_before"]
+
+
+def preparer(variant):
+    """(prepare function, config) of a variant."""
+    return variant if isinstance(variant, tuple) else (prepare_with, variant)
 TARGETS = {"fwd_bf16": 6.0, "fwd_f32": 0.7, "bwd_bf16": 4.0, "fused_f32": 1.3}
 
 
@@ -89,7 +114,7 @@ def bench_mode(spec: dict, mode: str, variants: dict, reps: int, rounds: int, lo
     dy = to_layout(torch.randn(p.y_shape, generator=torch.Generator().manual_seed(3)).to(dtype), lay)
     if mode in ("fwd_bf16", "fwd_f32"):
         args = ConvArgs(x=x, w=w)
-        ours = {k: prepare_with(p, c) for k, c in variants.items()}
+        ours = {k: preparer(c)[0](p, preparer(c)[1]) for k, c in variants.items()}
         run = {k: (lambda inv=inv: inv(args)) for k, inv in ours.items()}
         ref = y32
         check = lambda out: rel_err(out, ref)  # noqa: E731
@@ -104,7 +129,7 @@ def bench_mode(spec: dict, mode: str, variants: dict, reps: int, rounds: int, lo
         pf = ConvProblem.create("fwd", x.shape, w.shape, dtype=dtype, layout=lay, has_bias=True,
                                 post_ops=tuple(o.signature() for o in ops), **kw)
         args = ConvArgs(x=x, w=w, bias=b, post_ops=ops)
-        ours = {k: prepare_with(pf, c) for k, c in variants.items()}
+        ours = {k: preparer(c)[0](pf, preparer(c)[1]) for k, c in variants.items()}
         run = {k: (lambda inv=inv: inv(args)) for k, inv in ours.items()}
         ref = torch.relu(y32 + b.view(1, -1, *([1] * nd)) + res)
         check = lambda out: rel_err(out, ref)  # noqa: E731
@@ -117,7 +142,8 @@ def bench_mode(spec: dict, mode: str, variants: dict, reps: int, rounds: int, lo
         pd = ConvProblem.create("bwd_data", x.shape, w.shape, dtype=dtype, layout=lay, **kw)
         pw = ConvProblem.create("bwd_weights", x.shape, w.shape, dtype=dtype, layout=lay, **kw)
         args = ConvArgs(x=x, w=w, dy=dy)
-        ours = {k: (prepare_with(pd, c), prepare_with(pw, c)) for k, c in variants.items()}
+        ours = {k: (preparer(c)[0](pd, preparer(c)[1]), preparer(c)[0](pw, preparer(c)[1]))
+                for k, c in variants.items()}
         run = {k: (lambda inv=inv: (inv[0](args), inv[1](args))) for k, inv in ours.items()}
         xr, wr = x.float().requires_grad_(), w.float().requires_grad_()
         yr = conv(xr, wr, None, kw["stride"], kw["padding"], kw["dilation"], kw["groups"])
@@ -168,11 +194,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="")
+    ap.add_argument("--before", default="", help="directory with the earlier cpu_gemm.py and cpu_im2col.py")
     a = ap.parse_args()
     suite = json.loads(Path(a.suite).read_text())["problems"]
     if a.problems:
         suite = [s for s in suite if s["name"] in a.problems.split(",")]
     variants = {k: VARIANTS[k] for k in a.variants.split(",")}
+    if a.before:
+        old = load_before(a.before)
+        variants["before"] = (old.prepare_with, old.CpuGemmConfig())
     modes = a.modes.split(",")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
     recs = []
@@ -189,7 +219,8 @@ def main() -> None:
         print(f"{m:<11} x{g:6.2f}  target x{TARGETS[m]}  {'MET' if g >= TARGETS[m] else 'short'}  | {pv}")
     out = dict(date=time.strftime("%Y-%m-%d"), machine=f"{platform.node()} cpu, {os.cpu_count()} cores",
                torch=torch.__version__, threads=torch.get_num_threads(), reps=a.reps, rounds=a.rounds,
-               variants={k: vars(v) for k, v in variants.items()}, summary=summary, results=recs)
+               variants={k: vars(preparer(v)[1]) for k, v in variants.items()}, summary=summary,
+               results=recs)
     if a.out:
         Path(a.out).write_text(json.dumps(out, indent=1))
         print("wrote", a.out)
