@@ -83,6 +83,20 @@ def _padding(v, nd: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(before), tuple(after)
 
 
+def _named_padding(name: str, stride: tuple[int, ...], dilation: tuple[int, ...],
+                   filt: list[int]) -> tuple[tuple[int, int], ...] | int:
+    """torch's padding strings: "valid" = none; "same" = output size equals input size
+    (stride 1 only), the odd extra element after, as torch pads."""
+    if name == "valid":
+        return 0
+    if name != "same":
+        raise BadParameterError(f"padding={name!r} must be 'same', 'valid', an int, ints or (before, after) pairs")
+    if any(s != 1 for s in stride):
+        raise BadParameterError(f"padding='same' needs stride 1, got stride={stride}")
+    total = [d * (k - 1) for d, k in zip(dilation, filt)]
+    return tuple((t // 2, t - t // 2) for t in total)
+
+
 @dataclass(frozen=True)
 class ConvProblem:
     direction: str
@@ -138,6 +152,8 @@ class ConvProblem:
                 f"w.shape[1]={Cg} times groups={groups} must equal x channels C={C}")
         st = _tuple("stride", stride, nd)
         dl = _tuple("dilation", dilation, nd)
+        if isinstance(padding, str):
+            padding = _named_padding(padding, st, dl, filt)
         pb, pa = _padding(padding, nd)
         if min(st) < 1:
             raise BadParameterError(f"stride={stride!r} must be >= 1")
