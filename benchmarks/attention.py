@@ -4,6 +4,14 @@ measured in the same run.
 
     PYTHONUNBUFFERED=1 python benchmarks/attention.py [--subset N1,N2] [--tune]
                        [--out DIR] [--features] [--date 2026-11-29]
+    PYTHONUNBUFFERED=1 python benchmarks/attention.py --bwd-variants \
+        --subset train_d256_s4096,train_d128_s4096 --out DIR
+
+`--bwd-variants`: backward only (the head-dim split follow-up): per problem, each dK/dV and
+dQ tile candidate of the split kernels (kernels timed separately, every candidate's
+gradients checked), the fused kernels as before, the table's choice end to end, and the
+peers' backward; candidates compile in parallel worker processes first (Triton's disk
+cache), so one device call covers them all. Writes attention_bwd_d256_<date>.json.
 
 Default: every `train` problem of benchmarks/suites/attention_gpu.json with the tuned
 table's tiles (what the solvers pick). `--tune` times candidate tile configs (and TMA vs
@@ -71,7 +79,7 @@ FWD_CANDS = {
 BWD_CANDS = {
     64: [(64, 128, 4, 3), (64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)],
     128: [(64, 128, 8, 2), (64, 64, 4, 2), (32, 128, 4, 2), (64, 128, 8, 3), (128, 64, 8, 2)],
-    256: [(64, 64, 8, 1), (32, 64, 4, 2), (64, 64, 4, 1), (32, 128, 8, 1), (16, 64, 4, 2)],
+    256: [(64, 64, 4, 1), (32, 128, 8, 1), (32, 64, 4, 2), (64, 64, 8, 1)],  # split dK/dV
 }
 
 
@@ -108,6 +116,201 @@ def ref_slice(q, k, v, do, causal):
     return o.detach(), lse.detach(), dq, dk, dv
 
 
+# --bwd-variants candidates (head dims > 128): dK/dV tiles (BM query rows per step, BN keys
+# per program, warps, stages), split (column halves) or fused; dQ tiles (BM keys per step,
+# BN query rows per program, ...), split or fused
+SPLIT_DKDV_CANDS = [(64, 64, 8, 1), (32, 128, 8, 1), (64, 64, 4, 1), (32, 64, 4, 2)]
+FUSED_DKDV_CANDS = [(32, 64, 8, 1), (16, 64, 8, 2)]
+SEPARATE_DKDV_CANDS = [(32, 64, 4, 1), (64, 64, 4, 1)]  # dV-only + dK-only launches (untimed)
+SPLIT_DQ_CANDS = [(64, 128, 8, 1), (64, 64, 4, 1)]
+FUSED_DQ_CANDS = [(32, 64, 4, 2), (32, 128, 8, 2), (16, 64, 4, 2)]
+FUSED_BEFORE = (64, 64, 8, 1)  # the fused kernels' d256 tiles before the split
+
+
+def _variant_tensors(p, Sq=None):
+    B, Hq, Hkv, D = p["B"], p["Hq"], p["Hkv"], p["D"]
+    Sq = Sq or p["Sq"]
+    Sk = Sq if Sq != p["Sq"] else p["Sk"]
+    torch.manual_seed(0)
+    q = torch.randn(B, Hq, Sq, D, device=DEV, dtype=BF16)
+    k = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=BF16)
+    v = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=BF16)
+    prob = AttentionProblem.from_tensors(q, k, v, causal="bottom_right" if p["causal"] else None,
+                                         return_lse=True)
+    fcfg, _ = configs.choose(prob)
+    o, lse = flash_fwd.flash_forward(prob, AttnArgs(q, k, v), fcfg)
+    do = torch.randn_like(o)
+    return q, k, v, do, prob.with_direction("bwd"), AttnArgs(q, k, v, do=do, o=o, lse=lse)
+
+
+def _variant_list(p):
+    """(label, flash_backward kwargs, kernels to time) for a problem: the table's choice,
+    the fused kernels as before, and each dK/dV and dQ candidate (paired with the
+    table's other kernel)."""
+    out = [("table", {}, ("pre", "dkdv", "dq", "all"))]
+    if p["D"] > 128:
+        out.append(("fused_before", dict(cfg=T(*FUSED_BEFORE), split=False), ("dkdv", "dq", "all")))
+        for c in SPLIT_DKDV_CANDS:
+            out.append((f"dkdv_split{c}", dict(cfg=T(*c), split=True), ("dkdv",)))
+        for c in FUSED_DKDV_CANDS:
+            out.append((f"dkdv_fused{c}", dict(cfg=T(*c), split=False), ("dkdv",)))
+        for c in SEPARATE_DKDV_CANDS:
+            out.append((f"dkdv_separate{c}", dict(cfg=T(*c), split="separate"), ("dkdv",)))
+        for c in SPLIT_DQ_CANDS:
+            out.append((f"dq_split{c}", dict(dq_cfg=T(*c), dq_split=True), ("dq",)))
+        for c in FUSED_DQ_CANDS:
+            out.append((f"dq_fused{c}", dict(dq_cfg=T(*c), dq_split=False), ("dq",)))
+    return out
+
+
+def _dq_kw(pb):
+    """the solver's dQ choice for flash_backward (as FlashBackward.prepare makes it)"""
+    if not flash_bwd.use_split(pb):
+        return {}
+    dq_cfg, dq_split = configs.choose_dq(pb)
+    return dict(dq_cfg=dq_cfg, dq_split=dq_split)
+
+
+def _resolve(pb, label, kw):
+    """flash_backward arguments of a variant: the table's choice where it sets nothing."""
+    kw = dict(kw)
+    cfg = kw.pop("cfg", None) or configs.choose(pb)[1]
+    if flash_bwd.use_split(pb) and "dq_cfg" not in kw and kw.get("split") is not False:
+        kw["dq_cfg"], kw["dq_split"] = configs.choose_dq(pb)
+    return cfg, kw
+
+
+def _warm_worker(task):
+    """Compile one (problem, variant) on a small problem with the same specialisation."""
+    p, label, kw = task
+    try:
+        _, _, _, _, pb, bargs = _variant_tensors(p, Sq=256)
+        cfg, kw = _resolve(pb, label, kw)
+        flash_bwd.flash_backward(pb, bargs, cfg, **kw)
+        torch.cuda.synchronize()
+        return label, "ok"
+    except Exception as e:  # reported, the main run retries
+        return label, "ERR " + str(e).split("\n")[0][:100]
+
+
+def warm_compile(probs):
+    """Fill Triton's disk cache for every (causal, head dim, variant) in parallel processes."""
+    import multiprocessing as mp
+    seen, tasks = set(), []
+    for p in probs:
+        for label, kw, _ in _variant_list(p):
+            key = (p["D"], p["Hq"], p["Hkv"], p["causal"], label)
+            if key not in seen:
+                seen.add(key)
+                tasks.append((p, label, kw))
+    t0 = time.time()
+    with mp.get_context("spawn").Pool(min(len(tasks), max(1, (os.cpu_count() or 2) - 1))) as pool:
+        res = pool.map(_warm_worker, tasks, chunksize=1)
+    bad = [r for r in res if r[1] != "ok"]
+    print(f"warm compile: {len(tasks)} tasks in {time.time() - t0:.0f}s, failures {bad}", flush=True)
+    return dict(tasks=len(tasks), seconds=round(time.time() - t0, 1), failures=bad)
+
+
+def run_bwd_variants(p):
+    """Backward of one problem: every variant checked against the f32 reference slice and
+    timed (end to end and per kernel), then the peers."""
+    q, k, v, do, pb, bargs = _variant_tensors(p)
+    fl = 2.5 * flops_of(p)
+    row = dict(name=p["name"], B=p["B"], Hq=p["Hq"], Hkv=p["Hkv"], Sq=p["Sq"], Sk=p["Sk"],
+               D=p["D"], causal=p["causal"], variants={})
+    ro, rl, rdq, rdk, rdv = ref_slice(q, k, v, do, p["causal"])
+    g = p["Hq"] // p["Hkv"]
+    for label, kw, timed in _variant_list(p):
+        cfg, kw = _resolve(pb, label, kw)
+        vr = dict(cfg=list(cfg.as_tuple()), dq_cfg=list(kw["dq_cfg"].as_tuple())
+                  if kw.get("dq_cfg") else None, split=kw.get("split"), dq_split=kw.get("dq_split"))
+        try:
+            dq, dk, dv = flash_bwd.flash_backward(pb, bargs, cfg, **kw)
+            vr["err"] = dict(dq=round(rel(dq[:1, :g], rdq), 5), dk=round(rel(dk[:1, :1], rdk), 5),
+                             dv=round(rel(dv[:1, :1], rdv), 5))
+            vr["ok"] = all(e < 1.5e-2 for e in vr["err"].values())
+            del dq, dk, dv
+            if "all" in timed:
+                ms = bench(lambda cfg=cfg, kw=kw: flash_bwd.flash_backward(pb, bargs, cfg, **kw),
+                           rep=40)
+                vr["ms"] = round(ms, 3)
+                vr["tflops"] = round(fl / ms / 1e9, 1)
+            _, launches = flash_bwd.backward_launches(pb, bargs, cfg, **kw)
+            vr["kernels"] = {}
+            for kname, launch in launches:
+                if kname in timed:
+                    ck = launch()
+                    vr["kernels"][kname] = dict(ms=round(bench(launch, rep=25), 3),
+                                                regs=getattr(ck, "n_regs", None),
+                                                spills=getattr(ck, "n_spills", None))
+        except Exception as e:
+            vr["error"] = str(e).split("\n")[0][:120]
+        row["variants"][label] = vr
+        print("  ", p["name"], label, json.dumps(vr), flush=True)
+    # best combination from the per-kernel times (table's pre + best dK/dV + best dQ)
+    vs = row["variants"]
+    if p["D"] > 128 and "kernels" in vs["table"]:
+        best = {}
+        for kname in ("dkdv", "dq"):
+            best[kname] = min(((lb, vr["kernels"][kname]["ms"]) for lb, vr in vs.items()
+                               if vr.get("ok") and kname in vr.get("kernels", {})),
+                              key=lambda t: t[1])
+        ms = vs["table"]["kernels"]["pre"]["ms"] + best["dkdv"][1] + best["dq"][1]
+        row["best_combo"] = dict(dkdv=best["dkdv"][0], dq=best["dq"][0], ms=round(ms, 3),
+                                 tflops=round(fl / ms / 1e9, 1))
+    del ro, rl, rdq, rdk, rdv
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    for pname, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            with sdpa_kernel([be]):
+                out = F.scaled_dot_product_attention(qg, kg, vg, is_causal=p["causal"],
+                                                     enable_gqa=p["Hq"] != p["Hkv"])
+            ms = bench(lambda out=out: torch.autograd.grad(out, (qg, kg, vg), do, retain_graph=True),
+                       rep=40)
+            row[f"{pname}_bwd_tflops"] = round(fl / ms / 1e9, 1)
+        except Exception as e:
+            row[f"{pname}_err"] = str(e).split("\n")[0][:100]
+    for lb in ("table", "fused_before"):
+        if "tflops" in vs.get(lb, {}) and "cudnn_bwd_tflops" in row:
+            row[f"vs_cudnn_{lb}"] = round(vs[lb]["tflops"] / row["cudnn_bwd_tflops"], 3)
+    if "best_combo" in row and "cudnn_bwd_tflops" in row:
+        row["vs_cudnn_best_combo"] = round(row["best_combo"]["tflops"] / row["cudnn_bwd_tflops"], 3)
+    return row
+
+
+def bwd_variants_main(a, probs):
+    res = dict(date=a.date, machine=torch.cuda.get_device_name(), torch=torch.__version__,
+               triton=triton.__version__, cudnn=torch.backends.cudnn.version(),
+               rows=[])
+    out = Path(a.out) / f"attention_bwd_d256_{a.date}.json"
+    t0 = time.time()
+    res["warm"] = warm_compile(probs)
+    json.dump(res, open(out, "w"), indent=1)
+    for p in probs:
+        row = run_bwd_variants(p)
+        torch.cuda.empty_cache()
+        res["rows"].append(row)
+        print(f"[{time.time() - t0:.0f}s] {p['name']} done", flush=True)
+        json.dump(res, open(out, "w"), indent=1)
+    print(f"{'problem':26s} {'table':>6s} {'before':>6s} {'best':>6s} {'cudnn':>6s} {'flash':>6s} "
+          f"{'t/cud':>6s} {'b/cud':>6s} ok")
+    for r in res["rows"]:
+        vs = r["variants"]
+        print(f"{r['name']:26s} {vs['table'].get('tflops', 0):6.1f} "
+              f"{vs.get('fused_before', {}).get('tflops', 0):6.1f} "
+              f"{r.get('best_combo', {}).get('tflops', 0):6.1f} {r.get('cudnn_bwd_tflops', 0):6.1f} "
+              f"{r.get('flash_bwd_tflops', 0):6.1f} {r.get('vs_cudnn_table', 0):6.3f} "
+              f"{r.get('vs_cudnn_best_combo', 0):6.3f} "
+              f"{all(v.get('ok', False) for v in vs.values())}")
+        if "best_combo" in r:
+            print("    best:", r["best_combo"])
+        for lb, vr in vs.items():
+            ks = {kk: (kv["ms"], kv["regs"], kv["spills"]) for kk, kv in vr.get("kernels", {}).items()}
+            print(f"    {lb:26s} {vr.get('tflops', 0):6.1f} ok={vr.get('ok')} {ks} {vr.get('error', '')}")
+    print(f"wrote {out} in {time.time() - t0:.0f}s")
+
+
 def run_problem(p, tune: bool, check: bool):
     B, Hq, Hkv, Sq, Sk, D, causal = p["B"], p["Hq"], p["Hkv"], p["Sq"], p["Sk"], p["D"], p["causal"]
     torch.manual_seed(0)
@@ -118,6 +321,7 @@ def run_problem(p, tune: bool, check: bool):
     prob = AttentionProblem.from_tensors(q, k, v, causal=cz, return_lse=True)
     pb = prob.with_direction("bwd")
     fcfg, bcfg = configs.choose(prob)
+    dqkw = _dq_kw(pb)
     fl = flops_of(p)
     row = dict(name=p["name"], B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, causal=causal,
                fwd_cfg=list(fcfg.as_tuple()), bwd_cfg=list(bcfg.as_tuple()))
@@ -126,7 +330,7 @@ def run_problem(p, tune: bool, check: bool):
     do = torch.randn_like(o)
     bargs = AttnArgs(q, k, v, do=do, o=o, lse=lse)
     if check:
-        dq, dk, dv = flash_bwd.flash_backward(pb, bargs, bcfg)
+        dq, dk, dv = flash_bwd.flash_backward(pb, bargs, bcfg, **dqkw)
         ro, rl, rdq, rdk, rdv = ref_slice(q, k, v, do, causal)
         g = Hq // Hkv
         row["err"] = dict(o=rel(o[:1, :g], ro), lse=rel(lse[:1, :g], rl), dq=rel(dq[:1, :g], rdq),
@@ -141,12 +345,15 @@ def run_problem(p, tune: bool, check: bool):
     ms = bench(lambda: flash_fwd.flash_forward(prob, args, fcfg))
     row["ours_fwd_ms"] = ms
     row["ours_fwd_tflops"] = fl / ms / 1e9
-    ms = bench(lambda: flash_bwd.flash_backward(pb, bargs, bcfg))
+    ms = bench(lambda: flash_bwd.flash_backward(pb, bargs, bcfg, **dqkw))
     row["ours_bwd_ms"] = ms
     row["ours_bwd_tflops"] = 2.5 * fl / ms / 1e9
     # per-kernel split of the backward, with registers / spills of each kernel
-    _, launches = flash_bwd.backward_launches(pb, bargs, configs.FITTED.get(
-        ("bwd", pb.key(), bcfg, None), bcfg))
+    bcfg_fit, dq_fit = configs.FITTED.get(("bwd", pb.key(), bcfg, None, None,
+                                           dqkw.get("dq_cfg"), dqkw.get("dq_split")),
+                                          (bcfg, dqkw.get("dq_cfg")))
+    _, launches = flash_bwd.backward_launches(pb, bargs, bcfg_fit, dq_cfg=dq_fit,
+                                              dq_split=dqkw.get("dq_split"))
     row["bwd_kernels"] = {}
     for kname, launch in launches:
         ck = launch()
@@ -243,7 +450,7 @@ def feature_checks():
         pb = p.with_direction("bwd")
         bargs = AttnArgs(q, k, v, attn_mask=args.attn_mask, scale=args.scale, seed=seed,
                          offset=offset, kv_lens=args.kv_lens, do=do, o=o, lse=lse)
-        grads = flash_bwd.flash_backward(pb, bargs, bcfg)
+        grads = flash_bwd.flash_backward(pb, bargs, bcfg, **_dq_kw(pb))
         rg = reference_backward(pb, bargs)
 
         def err(x, r):
@@ -273,6 +480,7 @@ def main():
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--features", action="store_true")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--bwd-variants", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     a = ap.parse_args()
@@ -280,6 +488,8 @@ def main():
     if a.subset:
         want = a.subset.split(",")
         probs = sorted((p for p in probs if p["name"] in want), key=lambda p: want.index(p["name"]))
+    if a.bwd_variants:
+        return bwd_variants_main(a, probs)
     res = dict(date=a.date, machine=torch.cuda.get_device_name(), torch=torch.__version__,
                triton=triton.__version__, cudnn=torch.backends.cudnn.version(), rows=[])
     out = Path(a.out) / f"attention_{a.date}{'_tune' if a.tune else ''}.json"

@@ -102,10 +102,13 @@ TABLE: dict[tuple, tuple[TileConfig, TileConfig]] = {
     ("sm90", 128, "short", True, "16"): (_T(128, 64, 8, 4), _T(64, 64, 4, 2)),
     ("sm90", 128, "long", False, "16"): (_T(128, 64, 8, 4), _T(64, 64, 4, 2)),
     ("sm90", 128, "long", True, "16"): (_T(128, 64, 8, 4), _T(64, 64, 4, 2)),
-    ("sm90", 256, "short", False, "16"): (_T(128, 64, 8, 2), _T(64, 64, 8, 1)),
-    ("sm90", 256, "short", True, "16"): (_T(128, 64, 8, 2), _T(64, 64, 8, 1)),
-    ("sm90", 256, "long", False, "16"): (_T(128, 64, 8, 2), _T(64, 64, 8, 1)),
-    ("sm90", 256, "long", True, "16"): (_T(128, 64, 8, 2), _T(64, 64, 8, 1)),
+    # D in (128, 256]: the bwd entry drives the head-dim split dK/dV kernel (DQ_TABLE has
+    # the dQ kernel); from benchmarks/results/attention_bwd_d256_2026-11-29.json, best on
+    # all six d256 problems
+    ("sm90", 256, "short", False, "16"): (_T(128, 64, 8, 2), _T(64, 64, 4, 1)),
+    ("sm90", 256, "short", True, "16"): (_T(128, 64, 8, 2), _T(64, 64, 4, 1)),
+    ("sm90", 256, "long", False, "16"): (_T(128, 64, 8, 2), _T(64, 64, 4, 1)),
+    ("sm90", 256, "long", True, "16"): (_T(128, 64, 8, 2), _T(64, 64, 4, 1)),
 }
 
 # generic fallbacks by (dtype class, head-dim bucket)
@@ -120,8 +123,22 @@ _GPU_DEFAULT = {
 _INTERP = (_T(16, 16, 4, 1), _T(16, 16, 4, 1))
 
 
-# configs that had to be shrunk to fit shared memory, by (direction, problem key, cfg, tma)
-FITTED: dict[tuple, TileConfig] = {}
+# dQ kernel for head dims > 128 (flash_bwd.use_split): (tiles, split) where the tiles are
+# in the backward notation (BM keys per step, BN query rows per program, warps, stages)
+# and split says whether dQ is cut into column halves too (False: the fused dQ kernel,
+# which fits without spilling with short key steps). A missing entry means "the bwd
+# entry, split". The split dK/dV kernel reads the TABLE's bwd entry.
+DQ_TABLE: dict[tuple, tuple[TileConfig, bool]] = {
+    # fused dQ, 128 query rows per program, 32-key steps, 8 warps: no spills, S and dP
+    # formed once (the split dQ kernel forms them per half and was 1.7-2.5x slower)
+    ("sm90", 256, sb, c, "16"): (_T(32, 128, 8, 2), False)
+    for sb in ("short", "long") for c in (False, True)
+}
+
+
+# configs that had to be shrunk to fit shared memory, by (direction, problem key, cfg, tma,
+# ...): a TileConfig (fwd) or a (cfg, dq_cfg) pair (bwd)
+FITTED: dict[tuple, object] = {}
 
 
 def shrink(cfg: TileConfig) -> TileConfig:
@@ -162,3 +179,13 @@ def choose(problem, arch: str | None = None) -> tuple[TileConfig, TileConfig]:
         fwd, bwd = hit if hit is not None else _GPU_DEFAULT[(key[4], key[1])]
     ofwd, obwd = parse_override(os.environ.get(ENV))
     return ofwd or fwd, obwd or bwd
+
+
+def choose_dq(problem, arch: str | None = None) -> tuple[TileConfig | None, bool | None]:
+    """(dQ tiles, dQ split) for head dims > 128; (None, None) means "the bwd tiles, split
+    like dK/dV" (always so when NNPRIM_SDPA_CONFIG gives bwd tiles: they then drive every
+    backward kernel)."""
+    arch = arch or device_arch(problem.device)
+    if arch == "interp" or parse_override(os.environ.get(ENV))[1] is not None:
+        return None, None
+    return DQ_TABLE.get(table_key(problem, arch), (None, None))

@@ -272,3 +272,111 @@ def test_tiny_head_dims_and_single_key():
     check(*make(B=1, Hq=2, Hkv=1, Sq=5, Sk=1, D=5, Dv=3), backward=False)
     check(*make(B=1, Hq=2, Hkv=1, Sq=5, Sk=2, D=5, Dv=3))
     check(*make(B=1, Hq=1, Hkv=1, Sq=1, Sk=19, D=8), causal="bottom_right")
+
+
+# ---- head-dim split backward (max(D, Dv) > 128): dK/dV and dQ by column halves -------------
+
+@pytest.mark.parametrize("D,Dv,dtype", [(160, 160, torch.float32), (192, 64, torch.bfloat16),
+                                        (256, 256, torch.float16), (72, 200, torch.float32)],
+                         ids=["d160", "d192_dv64_bf16", "d256_f16", "d72_dv200"])
+def test_split_gqa_causal(D, Dv, dtype):
+    q, k, v = make(B=1, Hq=4, Hkv=2, Sq=31, Sk=19, D=D, Dv=Dv, dtype=dtype)
+    assert flash_bwd.use_split(AttentionProblem.from_tensors(q, k, v))
+    check(q, k, v, causal="bottom_right", softmax_inf_as_zero=True)
+
+
+def test_split_masks_kvlens_dropout():
+    q, k, v = make(B=2, Hq=2, Hkv=1, Sq=23, Sk=35, D=160, Dv=144, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(11)
+    mask = torch.randn(2, 1, 23, 35, generator=g)
+    mask[torch.rand(2, 1, 23, 35, generator=g) > 0.85] = float("-inf")
+    check(q, k, v, attn_mask=mask.bfloat16(), kv_lens=torch.tensor([35, 12]), dropout_p=0.25,
+          seed=2**35 + 3, offset=17, causal="top_left", softmax_inf_as_zero=True)
+
+
+def test_split_bool_mask_mqa_scale():
+    q, k, v = make(B=1, Hq=3, Hkv=1, Sq=15, Sk=33, D=256, Dv=130)
+    mask = torch.rand(1, 3, 15, 33, generator=torch.Generator().manual_seed(12)) > 0.3
+    check(q, k, v, attn_mask=mask, scale=torch.tensor(4.0), invert_scale=True,
+          softmax_inf_as_zero=True)
+
+
+def _bwd_setup(B=1, Hq=2, Hkv=1, Sq=37, Sk=45, D=192, Dv=176, causal="bottom_right"):
+    q, k, v = make(B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, Dv=Dv)
+    p = AttentionProblem.from_tensors(q, k, v, direction="bwd", causal=causal, return_lse=True)
+    o, lse = flash_fwd.flash_forward(p.with_direction("fwd"), AttnArgs(q, k, v), configs.choose(p)[0])
+    a = AttnArgs(q, k, v, do=torch.randn_like(o), o=o, lse=lse)
+    return q, k, v, p, a
+
+
+def test_split_tma_own_dq_tiles_and_forced_split():
+    """TMA descriptor loads, separate dQ tiles, and the split kernels forced at D <= 128
+    (one chunk: C1 = 0) all against the reference; outputs poisoned."""
+    q, k, v, p, a = _bwd_setup()
+    refs = reference_backward(p, a)
+    out = (poisoned(q.shape, q.dtype), poisoned(k.shape, q.dtype), poisoned(v.shape, q.dtype))
+    grads = flash_bwd.flash_backward(p, a, configs.TileConfig(16, 32, 4, 1), use_tma=True, out=out,
+                                     dq_cfg=configs.TileConfig(32, 16, 4, 1))
+    for g_, r in zip(grads, refs):
+        assert rel_err(g_, r) < 1e-5
+    q, k, v, p, a = _bwd_setup(D=40, Dv=24, causal=None)
+    out = (poisoned(q.shape, q.dtype), poisoned(k.shape, q.dtype), poisoned(v.shape, q.dtype))
+    grads = flash_bwd.flash_backward(p, a, configs.choose(p)[1], split=True, out=out)
+    for g_, r in zip(grads, reference_backward(p, a)):
+        assert rel_err(g_, r) < 1e-5
+
+
+@pytest.mark.parametrize("split,dq_split", [(True, False), (False, True), ("separate", None)])
+def test_split_mixed_kernels(split, dq_split):
+    """Split dK/dV with the fused dQ kernel (own tiles), the other way round, and the
+    separate dV-only / dK-only launches of the fused kernel."""
+    q, k, v, p, a = _bwd_setup(Hq=4, Hkv=2, Sq=29, Sk=40, D=256, Dv=136)
+    out = (poisoned(q.shape, q.dtype), poisoned(k.shape, q.dtype), poisoned(v.shape, q.dtype))
+    grads = flash_bwd.flash_backward(p, a, configs.TileConfig(16, 16, 4, 1), split=split,
+                                     dq_split=dq_split, dq_cfg=configs.TileConfig(16, 32, 4, 1),
+                                     out=out)
+    for g_, r in zip(grads, reference_backward(p, a)):
+        assert rel_err(g_, r) < 1e-5
+
+
+def test_split_deterministic_and_solver_path():
+    q, k, v, p, _ = _bwd_setup(Hq=4, D=160, Dv=160)
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    p = AttentionProblem.from_tensors(q, k, v, direction="bwd", return_lse=True, causal=True)
+    o, lse = REGISTRY.get("flash_fwd").prepare(p.with_direction("fwd"))(AttnArgs(q, k, v))
+    inv = REGISTRY.get(111).prepare(p)
+    a = AttnArgs(q, k, v, do=torch.randn_like(o), o=o, lse=lse)
+    g1, g2 = inv(a), inv(a)
+    assert all(torch.equal(x, y) for x, y in zip(g1, g2))
+    for g_, r in zip(g1, reference_backward(p, a)):
+        assert rel_err(g_, r) < BWD_TOL[torch.bfloat16]
+
+
+def test_split_chunks_and_dq_table(monkeypatch):
+    assert flash_bwd.split_chunks(256) == (128, 128)
+    assert flash_bwd.split_chunks(160) == (128, 32)
+    assert flash_bwd.split_chunks(130) == (128, 16)
+    assert flash_bwd.split_chunks(64) == (64, 0)
+    q, k, v = make(B=1, Hq=1, Hkv=1, Sq=2, Sk=4096, D=256)
+    p = AttentionProblem.from_tensors(q.bfloat16(), k.bfloat16(), v.bfloat16(), causal=True)
+    assert configs.choose_dq(p, arch="interp") == (None, None)
+    dq_cfg, dq_split = configs.choose_dq(p, arch="sm90")
+    assert (dq_cfg, dq_split) == configs.DQ_TABLE[configs.table_key(p, "sm90")]
+    assert dq_cfg.block_n >= 64 and isinstance(dq_split, bool)
+    monkeypatch.setenv(configs.ENV, "fwd=16,32,4,1; bwd=32,16,2,1")
+    assert configs.choose_dq(p, arch="sm90") == (None, None)
+
+
+def test_separate_dkdv_dropout_masks():
+    q, k, v = make(B=2, Hq=4, Hkv=2, Sq=27, Sk=33, D=192, Dv=160, dtype=torch.bfloat16)
+    mask = torch.rand(2, 1, 27, 33, generator=torch.Generator().manual_seed(13)) > 0.2
+    p = AttentionProblem.from_tensors(q, k, v, direction="bwd", causal="bottom_right",
+                                      attn_mask=mask, dropout_p=0.2, return_lse=True,
+                                      softmax_inf_as_zero=True)
+    fargs = AttnArgs(q, k, v, attn_mask=mask, seed=99, offset=5)
+    o, lse = flash_fwd.flash_forward(p.with_direction("fwd"), fargs, configs.choose(p)[0])
+    a = AttnArgs(q, k, v, attn_mask=mask, seed=99, offset=5, do=torch.randn_like(o), o=o, lse=lse)
+    out = (poisoned(q.shape, q.dtype), poisoned(k.shape, q.dtype), poisoned(v.shape, q.dtype))
+    grads = flash_bwd.flash_backward(p, a, configs.choose(p)[1], split="separate", out=out)
+    for g_, r in zip(grads, reference_backward(p, a)):
+        assert rel_err(g_, r) < BWD_TOL[torch.bfloat16]
