@@ -3,14 +3,13 @@ TRITON_INTERPRET=1, with NaN-poisoned outputs."""
 import pytest
 import torch
 
-from nnprim.args import ConvArgs
 from nnprim.conv import im2col_gemm as gm
-from nnprim.conv import reference as ref
 from nnprim.post_ops import Binary, Eltwise, Sum
-from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
+from nnprim.problems.conv import ConvProblem, to_layout
 from nnprim.search.solver import REGISTRY
 
-TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+from . import solver_check
+
 RUN = {"fwd": gm.conv_fwd, "bwd_data": gm.conv_bwd_data, "bwd_weights": gm.conv_bwd_weights}
 CASES = [
     ((2, 5, 7, 9), (6, 5, 3, 3), dict(padding=1)),
@@ -23,28 +22,12 @@ CASES = [
 ]
 
 
-def _ids(c):
-    return f"x{'x'.join(map(str, c[0]))}-w{'x'.join(map(str, c[1]))}-" + \
-        "-".join(f"{k}{v}" for k, v in c[2].items()).replace(" ", "")
-
-
 def check(p, bias=None, post_ops=()):
-    g = torch.Generator().manual_seed(1)
-    mk = lambda s: to_layout(torch.randn(s, generator=g).to(p.dtype), p.layout)  # noqa: E731
-    x, w, dy = mk(p.x_shape), mk(p.w_shape), mk(p.y_shape)
-    shape = {"fwd": p.y_shape, "bwd_data": p.x_shape, "bwd_weights": p.w_shape}[p.direction]
-    out = empty_in_layout(shape, p.layout, dtype=p.out_dtype).fill_(float("nan"))
-    out = RUN[p.direction](p, ConvArgs(x=x, w=w, dy=dy, bias=bias, post_ops=post_ops), out=out)
-    exp = {"fwd": lambda: ref.conv_fwd_f64(p, x, w, bias, post_ops),
-           "bwd_data": lambda: ref.conv_bwd_data_f64(p, dy, w),
-           "bwd_weights": lambda: ref.conv_bwd_weights_f64(p, dy, x)}[p.direction]()
-    assert not torch.isnan(out).any(), "unwritten (poisoned) elements remain"
-    err = ((out.double() - exp).norm() / exp.norm()).item()
-    assert err < TOL[p.dtype], err
+    solver_check.check(RUN, p, bias, post_ops, seed=1)
 
 
 @pytest.mark.parametrize("direction", list(RUN))
-@pytest.mark.parametrize("case", CASES, ids=_ids)
+@pytest.mark.parametrize("case", CASES, ids=solver_check.case_id)
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 def test_f32_vs_reference(direction, case, layout):
     xs, ws, kw = case

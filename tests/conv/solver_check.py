@@ -1,0 +1,31 @@
+"""Shared check for the GPU conv solver families' tests: run one direction's launcher on
+random tensors into a NaN-poisoned output and compare with the float64 reference."""
+import torch
+
+from nnprim.args import ConvArgs
+from nnprim.conv import reference as ref
+from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
+
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def case_id(c) -> str:
+    """Test id of a (x shape, w shape, options) case."""
+    return f"x{'x'.join(map(str, c[0]))}-w{'x'.join(map(str, c[1]))}-" + \
+        "-".join(f"{k}{v}" for k, v in c[2].items()).replace(" ", "")
+
+
+def check(run: dict, p: ConvProblem, bias=None, post_ops=(), seed: int = 1) -> None:
+    """`run[direction](p, args, out=...)` agrees with float64 and writes every element."""
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda s: to_layout(torch.randn(s, generator=g).to(p.dtype), p.layout)  # noqa: E731
+    x, w, dy = mk(p.x_shape), mk(p.w_shape), mk(p.y_shape)
+    shape = {"fwd": p.y_shape, "bwd_data": p.x_shape, "bwd_weights": p.w_shape}[p.direction]
+    out = empty_in_layout(shape, p.layout, dtype=p.out_dtype).fill_(float("nan"))
+    out = run[p.direction](p, ConvArgs(x=x, w=w, dy=dy, bias=bias, post_ops=post_ops), out=out)
+    exp = {"fwd": lambda: ref.conv_fwd_f64(p, x, w, bias, post_ops),
+           "bwd_data": lambda: ref.conv_bwd_data_f64(p, dy, w),
+           "bwd_weights": lambda: ref.conv_bwd_weights_f64(p, dy, x)}[p.direction]()
+    assert not torch.isnan(out).any(), "unwritten (poisoned) elements remain"
+    err = ((out.double() - exp).norm() / exp.norm()).item()
+    assert err < TOL[p.dtype], err
