@@ -5,6 +5,7 @@ Functions in `autograd.py` when a gradient is needed."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -107,6 +108,21 @@ def _fwd_problem(x, w, bias, stride, padding, dilation, groups, out_dtype) -> Co
     return p
 
 
+_WITH_POST_OPS: dict[tuple, ConvProblem] = {}
+
+
+def _with_post_ops(p: ConvProblem, sigs: tuple) -> ConvProblem:
+    """p with the post-op chain's signatures, memoised: the hot path looks it up instead of
+    building a new descriptor on every call."""
+    key = (p, sigs)
+    q = _WITH_POST_OPS.get(key)
+    if q is None:
+        if len(_WITH_POST_OPS) >= 4096:
+            _WITH_POST_OPS.clear()
+        q = _WITH_POST_OPS[key] = replace(p, post_ops=sigs)
+    return q
+
+
 def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
                  stride=1, padding=0, dilation=1, groups: int = 1, post_ops=(),
                  out_dtype: torch.dtype | None = None, solver=None) -> torch.Tensor:
@@ -117,8 +133,7 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     _check_bias(bias, p.K, x.device)
     ops = _normalize_post_ops(post_ops, p.y_shape, x.device)
     if ops:
-        from dataclasses import replace
-        p = replace(p, post_ops=tuple(op.signature() for op in ops))
+        p = _with_post_ops(p, tuple(op.signature() for op in ops))
     if _needs_grad(x, w, bias, *[getattr(o, "tensor", None) for o in ops]):
         from .autograd import conv_forward_autograd
         return conv_forward_autograd(p, x, w, bias, ops, solver)

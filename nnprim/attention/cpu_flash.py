@@ -390,12 +390,6 @@ class CpuFlashBackward(_CpuFlashBase):
     name = "cpu_flash_bwd"
     directions = frozenset({"bwd"})
 
-    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
-        reasons = super().not_supported_reasons(problem)
-        if problem.quantized:
-            reasons.append("quantized K/V have no gradient")
-        return reasons
-
     def prepare(self, problem: AttentionProblem):
         pl = plan(problem)
 

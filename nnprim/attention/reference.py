@@ -214,12 +214,6 @@ class AttentionReferenceBwd(_ReferenceBase):
     name = "attn_reference_bwd"
     directions = frozenset({"bwd"})
 
-    def not_supported_reasons(self, problem: AttentionProblem) -> list[str]:
-        reasons = super().not_supported_reasons(problem)
-        if problem.quantized:
-            reasons.append("quantized K/V have no gradient")
-        return reasons
-
     def prepare(self, problem: AttentionProblem):
         def invoke(args: AttnArgs):
             dq, dk, dv = reference_backward(problem, args)

@@ -95,8 +95,6 @@ def attn_problem(spec: dict, *, dtype: torch.dtype, device: str, direction: str 
         g = int(spec.get("group_size") or D)
         sdt = str(dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32).replace("torch.", "")
         quant = (q, g, "g", sdt, "g" if q in ("u8", "u4") else None)
-    if direction == "bwd" and quant:
-        raise BadParameterError("attention backward with quantized K/V is not supported")
     return AttentionProblem(direction=direction, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, Dv=Dv, dtype=dtype,
                             device=device, causal=causal, mask=mask,
                             mask_shape=(1, 1, Sq, Sk) if mask != "none" else (),

@@ -145,15 +145,17 @@ class AttentionProblem:
                 raise BadParameterError(f"kv_lens values must lie in [0, Sk={Sk}], got min {lo}, max {hi}")
         kq = k.signature() if isinstance(k, KVQuant) else None
         vq = v.signature() if isinstance(v, KVQuant) else None
-        if direction == "bwd" and (kq or vq):
-            raise NotSupportedError("sdpa_backward with quantized K/V is not supported: "
-                                    "quantized K/V have no gradient; dequantize first")
         return cls(direction=direction, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, Dv=Dv,
                    dtype=q.dtype, device=q.device.type, causal=causal_n, mask=mask_kind,
                    mask_shape=mshape, scale=scale_kind, invert_scale=bool(invert_scale),
                    dropout_p=float(dropout_p), has_kv_lens=kv_lens is not None,
                    inf_as_zero=bool(softmax_inf_as_zero), return_lse=bool(return_lse),
                    k_quant=kq, v_quant=vq)
+
+    def __post_init__(self) -> None:
+        if self.direction == "bwd" and self.quantized:
+            raise NotSupportedError("sdpa_backward with quantized K/V is not supported: "
+                                    "quantized K/V have no gradient; dequantize first")
 
     # ---- derived -------------------------------------------------------------------
     @property
