@@ -1,6 +1,6 @@
 """nnprim: deep-learning primitives (convolution, scaled dot-product attention) with
 MIOpen-style solver search; Triton kernels on NVIDIA GPUs, vectorised torch on CPU."""
-from . import _solvers, nn
+from . import _solvers, nn, ops
 from .api import (
                   conv_backward_bias,
                   conv_backward_data,
@@ -13,19 +13,23 @@ from .errors import BadParameterError, NotSupportedError, NumericsError
 from .post_ops import Binary, Eltwise, Sum
 from .problems import AttentionProblem, ConvProblem
 from .quant import KVQuant, quantize_kv
+from .search.context import compile, find, get_solutions, workspace_size
 from .search.explain import explain
-from .search.find import PerfResult, find
-from .search.immediate import Solution, compile, get_solutions, workspace_size
+from .search.find import PerfResult
+from .search.immediate import Solution
 from .search.modes import (
-                           disable_families,
-                           enable_families,
-                           get_disabled,
-                           get_find_mode,
-                           set_check_numerics,
-                           set_disabled,
-                           set_find_budget,
-                           set_find_mode,
-                           set_strict,
+                  disable_families,
+                  enable_families,
+                  get_disabled,
+                  get_find_mode,
+                  get_workspace_limit,
+                  set_check_numerics,
+                  set_deterministic,
+                  set_disabled,
+                  set_find_budget,
+                  set_find_mode,
+                  set_strict,
+                  set_workspace_limit,
 )
 from .search.solver import REGISTRY
 
@@ -35,11 +39,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionProblem", "BadParameterError", "Binary", "ConvProblem", "Eltwise", "KVQuant",
-    "NotSupportedError", "NumericsError", "REGISTRY", "Sum", "conv_backward_bias", "nn",
+    "NotSupportedError", "NumericsError", "REGISTRY", "Sum", "conv_backward_bias", "nn", "ops",
     "conv_backward_data", "conv_backward_weights", "conv_forward", "quantize_kv", "sdpa",
     "sdpa_backward",
     # solver search
     "PerfResult", "Solution", "compile", "disable_families", "enable_families", "explain", "find",
-    "get_disabled", "get_find_mode", "get_solutions", "set_check_numerics", "set_disabled",
-    "set_find_budget", "set_find_mode", "set_strict", "workspace_size",
+    "get_disabled", "get_find_mode", "get_solutions", "get_workspace_limit", "set_check_numerics",
+    "set_deterministic", "set_disabled", "set_find_budget", "set_find_mode", "set_strict",
+    "set_workspace_limit", "workspace_size",
 ]

@@ -1,27 +1,82 @@
-"""Public functions: validate -> problem descriptor -> dispatch -> invoker.
+"""Public functions: normalise the Python arguments into the ops' schema and call the
+`nnprim::` custom ops (nnprim/ops), which validate, choose a solver and run it.
 
-Differentiable entry points (conv_forward, sdpa) route through the autograd
-Functions in `autograd.py` when a gradient is needed."""
+Everything here is plain Python that torch.compile traces without a graph break;
+nothing here touches data pointers or caches. Gradients come from the autograd
+registered on the ops. A fused post-op chain has no gradient formula in the kernels:
+when gradients are needed the convolution (+ bias) runs as the op with an f32 result
+and the chain is applied in torch, so its gradient is exact."""
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
 
-from .args import AttnArgs, ConvArgs
 from .errors import BadParameterError
-from .post_ops import Binary, Eltwise, PostOp, Sum
-from .problems.attention import AttentionProblem
+from .ops.attention import quant_parts
+from .ops.conv import bias_grad, post_op_spec
+from .post_ops import Binary, Eltwise, PostOp, Sum, apply_post_ops
+from .problems.attention import normalize_causal
 from .problems.common import check_tensor
-from .problems.conv import ConvProblem, layout_of
-from .search import dispatch
+from .problems.conv import _named_padding, _padding
+from .quant import KVQuant
+from .search.solver import Solver
+
+_ops = torch.ops.nnprim
 
 
-# ---- convolution ------------------------------------------------------------------
-def _normalize_post_ops(post_ops, y_shape: tuple[int, ...], device) -> tuple[PostOp, ...]:
-    """Check the post-op chain against y and give Binary tensors y's rank:
-    a 1-element tensor is per tensor, a (K,) tensor per channel, else torch broadcasting."""
+# ---- argument normalisation ----------------------------------------------------------------
+def _solver(solver) -> str | None:
+    """A solver name, id or Solver as the ops' text argument."""
+    if solver is None or isinstance(solver, str):
+        return solver
+    if isinstance(solver, Solver):
+        return solver.name
+    if isinstance(solver, int) and not isinstance(solver, bool):
+        return str(solver)
+    raise BadParameterError(f"solver={solver!r} must be a solver name, id or None")
+
+
+def _ints(name: str, v, nd: int) -> list[int]:
+    if type(v) is int:
+        return [v] * nd
+    try:
+        out = [operator.index(e) for e in v] if not isinstance(v, (bool, str)) else None
+    except TypeError:
+        out = None
+    if out is None:
+        raise BadParameterError(f"{name}={v!r} must be an int or {nd} ints")
+    if len(out) != nd:
+        raise BadParameterError(f"{name}={v!r} must have {nd} entries for a {nd}D convolution")
+    return out
+
+
+def _flat_padding(padding, nd: int, stride: list[int], dilation: list[int], filt) -> list[int]:
+    """Padding as the ops take it: every dim's before-pad, then every dim's after-pad."""
+    if type(padding) is int:
+        return [padding] * (2 * nd)
+    if isinstance(padding, str):
+        padding = _named_padding(padding, tuple(stride), tuple(dilation), list(filt))
+    before, after = _padding(padding, nd)
+    return [*before, *after]
+
+
+def _nd(x: torch.Tensor) -> int:
+    if x.dim() not in (3, 4, 5):
+        raise BadParameterError(f"x has {x.dim()} dims (shape {tuple(x.shape)}); expected 3 (1D), 4 (2D) or 5 (3D)")
+    return x.dim() - 2
+
+
+def _conv_args(x_like: torch.Tensor, filt, stride, padding, dilation) -> tuple[list[int], list[int], list[int]]:
+    nd = _nd(x_like)
+    st, dl = _ints("stride", stride, nd), _ints("dilation", dilation, nd)
+    return st, _flat_padding(padding, nd, st, dl, filt), dl
+
+
+def _post_ops(post_ops, rank: int, K: int) -> tuple[PostOp, ...]:
+    """The chain as a tuple, Binary tensors given y's rank: a 1-element tensor is per
+    tensor, a (K,) tensor per channel, else torch broadcasting (leading 1s)."""
     if isinstance(post_ops, (Sum, Eltwise, Binary)):
         post_ops = (post_ops,)
     try:
@@ -29,121 +84,55 @@ def _normalize_post_ops(post_ops, y_shape: tuple[int, ...], device) -> tuple[Pos
     except TypeError:
         raise BadParameterError(f"post_ops={post_ops!r} must be a sequence of Sum, Eltwise, Binary") from None
     out: list[PostOp] = []
-    nd = len(y_shape)
     for i, op in enumerate(ops):
-        if isinstance(op, Eltwise):
+        if isinstance(op, (Sum, Eltwise)):
             out.append(op)
             continue
-        if not isinstance(op, (Sum, Binary)):
+        if not isinstance(op, Binary):
             raise BadParameterError(f"post_ops[{i}]={op!r} is not a Sum, Eltwise or Binary")
         t = check_tensor(f"post_ops[{i}].tensor", op.tensor)
-        if t.device != device:
-            raise BadParameterError(f"post_ops[{i}].tensor is on {t.device} but x is on {device}")
-        if not (t.is_floating_point()):
-            raise BadParameterError(f"post_ops[{i}].tensor dtype={t.dtype} must be floating point")
-        if isinstance(op, Sum):
-            if tuple(t.shape) != y_shape:
-                raise BadParameterError(f"post_ops[{i}] Sum tensor shape {tuple(t.shape)} must equal y shape {y_shape}")
-            out.append(op)
-            continue
+        if t.dim() > rank:
+            raise BadParameterError(f"post_ops[{i}] Binary tensor shape {tuple(t.shape)} has more dims than y "
+                                    f"({rank})")
         if t.numel() == 1:
-            t = t.reshape((1,) * nd)
-        elif t.dim() == 1 and t.shape[0] == y_shape[1]:
-            t = t.reshape(1, -1, *([1] * (nd - 2)))
+            t = t.reshape((1,) * rank)
+        elif t.dim() == 1 and t.shape[0] == K:
+            t = t.reshape(1, K, *([1] * (rank - 2)))
         else:
-            if t.dim() > nd:
-                raise BadParameterError(f"post_ops[{i}] Binary tensor shape {tuple(t.shape)} has more dims than y {y_shape}")
-            shp = (1,) * (nd - t.dim()) + tuple(t.shape)
-            if any(a not in (1, b) for a, b in zip(shp, y_shape)):
-                raise BadParameterError(
-                    f"post_ops[{i}] Binary tensor shape {tuple(op.tensor.shape)} is not broadcastable to y {y_shape}")
-            t = t.reshape(shp)
+            t = t.reshape((1,) * (rank - t.dim()) + tuple(t.shape))
         out.append(Binary(op.op, t))
     return tuple(out)
-
-
-def _check_bias(bias, K: int, device) -> None:
-    if bias is None:
-        return
-    check_tensor("bias", bias)
-    if tuple(bias.shape) != (K,):
-        raise BadParameterError(f"bias shape {tuple(bias.shape)} must be (K,)=({K},)")
-    if bias.device != device:
-        raise BadParameterError(f"bias is on {bias.device} but x is on {device}")
-    if not bias.is_floating_point():
-        raise BadParameterError(f"bias dtype={bias.dtype} must be floating point")
 
 
 def _needs_grad(*ts) -> bool:
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in ts)
 
 
-_FWD_PROBLEMS: dict[tuple, ConvProblem] = {}
-
-
-def _plain(v) -> bool:
-    """An int, or a tuple of ints / (int, int) pairs (exact types)."""
-    if type(v) is int:
-        return True
-    return type(v) is tuple and all(type(e) is int or (type(e) is tuple and all(type(f) is int for f in e))
-                                    for e in v)
-
-
-def _fwd_problem(x, w, bias, stride, padding, dilation, groups, out_dtype) -> ConvProblem:
-    """ConvProblem.from_tensors, cached by a cheap tuple of everything it depends on (the
-    hot path's main cost). Only plain ints / tuples of ints are cached: 1.0 or True
-    compare equal to 1 but must still be rejected by validation."""
-    key = p = None
-    if _plain(stride) and _plain(padding) and _plain(dilation) and type(groups) is int:
-        key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.dtype, w.device, stride, padding, dilation,
-               groups, bias is None, out_dtype)
-        p = _FWD_PROBLEMS.get(key)
-    if p is None:
-        p = ConvProblem.from_tensors(x, w, "fwd", stride=stride, padding=padding, dilation=dilation,
-                                     groups=groups, bias=bias, out_dtype=out_dtype)
-        if key is not None:
-            if len(_FWD_PROBLEMS) >= 4096:
-                _FWD_PROBLEMS.clear()
-            _FWD_PROBLEMS[key] = p
-    return p
-
-
-_WITH_POST_OPS: dict[tuple, ConvProblem] = {}
-
-
-def _with_post_ops(p: ConvProblem, sigs: tuple) -> ConvProblem:
-    """p with the post-op chain's signatures, memoised: the hot path looks it up instead of
-    building a new descriptor on every call."""
-    key = (p, sigs)
-    q = _WITH_POST_OPS.get(key)
-    if q is None:
-        if len(_WITH_POST_OPS) >= 4096:
-            _WITH_POST_OPS.clear()
-        q = _WITH_POST_OPS[key] = replace(p, post_ops=sigs)
-    return q
-
-
+# ---- convolution ------------------------------------------------------------------------------
 def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
                  stride=1, padding=0, dilation=1, groups: int = 1, post_ops=(),
                  out_dtype: torch.dtype | None = None, solver=None) -> torch.Tensor:
     """y = post_ops(conv(x, w) + bias), cast to out_dtype, in x's layout."""
     check_tensor("x", x)
     check_tensor("w", w)
-    p = _fwd_problem(x, w, bias, stride, padding, dilation, groups, out_dtype)
-    _check_bias(bias, p.K, x.device)
-    ops = _normalize_post_ops(post_ops, p.y_shape, x.device)
-    if ops:
-        p = _with_post_ops(p, tuple(op.signature() for op in ops))
-    if _needs_grad(x, w, bias, *[getattr(o, "tensor", None) for o in ops]):
-        from .autograd import conv_forward_autograd
-        return conv_forward_autograd(p, x, w, bias, ops, solver)
-    return dispatch.run(p, ConvArgs(x=x, w=w, bias=bias, post_ops=ops), solver)
+    if bias is not None:
+        check_tensor("bias", bias)
+    st, pad, dl = _conv_args(x, w.shape[2:], stride, padding, dilation)
+    ops = _post_ops(post_ops, x.dim(), w.shape[0]) if post_ops else ()
+    tensors = [getattr(o, "tensor", None) for o in ops]
+    if ops and _needs_grad(x, w, bias, *tensors):
+        # the chain in torch on the f32 (f64) accumulator, so that its gradient is exact
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        y = _ops.conv_forward(x, w, bias, st, pad, dl, groups, "", [], acc, _solver(solver))
+        return apply_post_ops(y, ops).to(out_dtype or x.dtype)
+    spec, post_tensors = post_op_spec(ops)
+    return _ops.conv_forward(x, w, bias, st, pad, dl, groups, spec, post_tensors, out_dtype, _solver(solver))
 
 
-def _shape(name: str, s) -> tuple[int, ...]:
+def _shape(name: str, s) -> list[int]:
     try:
-        return tuple(int(v) for v in s)
-    except (TypeError, ValueError):
+        return [operator.index(v) for v in s]
+    except TypeError:
         raise BadParameterError(f"{name}={s!r} must be a sequence of ints") from None
 
 
@@ -153,16 +142,9 @@ def conv_backward_data(dy: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int]
     """dx = the gradient of conv(x, w) with respect to x, given dy (x's layout = dy's)."""
     check_tensor("dy", dy)
     check_tensor("w", w)
-    if dy.dtype != w.dtype:
-        raise BadParameterError(f"dy.dtype={dy.dtype} and w.dtype={w.dtype} must match")
-    if dy.device != w.device:
-        raise BadParameterError(f"dy is on {dy.device} but w is on {w.device}")
-    p = ConvProblem.create("bwd_data", _shape("x_shape", x_shape), w.shape, dtype=dy.dtype,
-                           layout=layout_of(dy), device=dy.device.type, stride=stride,
-                           padding=padding, dilation=dilation, groups=groups, out_dtype=out_dtype)
-    if tuple(dy.shape) != p.y_shape:
-        raise BadParameterError(f"dy shape {tuple(dy.shape)} must be the output shape {p.y_shape}")
-    return dispatch.run(p, ConvArgs(dy=dy, w=w), solver)
+    st, pad, dl = _conv_args(dy, w.shape[2:], stride, padding, dilation)
+    return _ops.conv_backward_data(dy, w, _shape("x_shape", x_shape), st, pad, dl, groups, out_dtype,
+                                   _solver(solver))
 
 
 def conv_backward_weights(dy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[int], *, stride=1,
@@ -171,16 +153,9 @@ def conv_backward_weights(dy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[i
     """dw = the gradient of conv(x, w) with respect to w, given dy."""
     check_tensor("dy", dy)
     check_tensor("x", x)
-    if dy.dtype != x.dtype:
-        raise BadParameterError(f"dy.dtype={dy.dtype} and x.dtype={x.dtype} must match")
-    if dy.device != x.device:
-        raise BadParameterError(f"dy is on {dy.device} but x is on {x.device}")
-    p = ConvProblem.create("bwd_weights", x.shape, _shape("w_shape", w_shape), dtype=x.dtype,
-                           layout=layout_of(x), device=x.device.type, stride=stride,
-                           padding=padding, dilation=dilation, groups=groups, out_dtype=out_dtype)
-    if tuple(dy.shape) != p.y_shape:
-        raise BadParameterError(f"dy shape {tuple(dy.shape)} must be the output shape {p.y_shape}")
-    return dispatch.run(p, ConvArgs(dy=dy, x=x), solver)
+    ws = _shape("w_shape", w_shape)
+    st, pad, dl = _conv_args(x, ws[2:], stride, padding, dilation)
+    return _ops.conv_backward_weights(dy, x, ws, st, pad, dl, groups, out_dtype, _solver(solver))
 
 
 def conv_backward_bias(dy: torch.Tensor) -> torch.Tensor:
@@ -190,18 +165,36 @@ def conv_backward_bias(dy: torch.Tensor) -> torch.Tensor:
         raise BadParameterError(f"dy has {dy.dim()} dims (shape {tuple(dy.shape)}); expected 3, 4 or 5")
     if not dy.is_floating_point():
         raise BadParameterError(f"dy.dtype={dy.dtype} must be floating point")
-    dims = [0, *range(2, dy.dim())]
-    acc = torch.float64 if dy.dtype == torch.float64 else torch.float32
-    return dy.sum(dim=dims, dtype=acc).to(dy.dtype)
+    return bias_grad(dy)
 
 
-# ---- attention ----------------------------------------------------------------------
-def _attn_problem(q, k, v, direction: str, attn_mask, causal, scale, invert_scale, dropout_p,
-                  seed, offset, kv_lens, softmax_inf_as_zero, return_lse) -> AttentionProblem:
-    return AttentionProblem.from_tensors(
-        q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, invert_scale=invert_scale,
-        dropout_p=dropout_p, kv_lens=kv_lens, softmax_inf_as_zero=softmax_inf_as_zero,
-        return_lse=return_lse, direction=direction, seed=seed, offset=offset)
+# ---- attention ------------------------------------------------------------------------------
+def _kv(name: str, t):
+    if not isinstance(t, (torch.Tensor, KVQuant)):
+        raise BadParameterError(f"{name} must be a torch.Tensor or KVQuant, got {type(t).__name__}")
+    return quant_parts(t)
+
+
+def _scale(scale) -> tuple[float | None, torch.Tensor | None]:
+    if scale is None or isinstance(scale, torch.Tensor):
+        return None, scale
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool):
+        return float(scale), None
+    raise BadParameterError(f"scale={scale!r} must be None, a float or a one-element tensor")
+
+
+def _counter(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**63:
+        raise BadParameterError(f"{name}={v!r} must be a non-negative int below 2**63")
+    return v
+
+
+def _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv_lens, softmax_inf_as_zero):
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise BadParameterError(f"dropout_p={dropout_p!r} must be a float in [0, 1)")
+    sc, sct = _scale(scale)
+    return (attn_mask, sct, kv_lens, normalize_causal(causal) or "", sc, bool(invert_scale), float(dropout_p),
+            _counter("seed", seed), _counter("offset", offset), bool(softmax_inf_as_zero))
 
 
 def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal=None, scale=None,
@@ -211,16 +204,13 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
     """o = softmax(scale * q k^T + mask) v  (with GQA, dropout, quantized K/V...);
     returns o, or (o, lse) when return_lse."""
     check_tensor("q", q)
-    grad = _needs_grad(q, k, v)
-    p = _attn_problem(q, k, v, "fwd", attn_mask, causal, scale, invert_scale, dropout_p, seed,
-                      offset, kv_lens, softmax_inf_as_zero, return_lse or grad)
-    args = AttnArgs(q=q, k=k, v=v, attn_mask=attn_mask, scale=scale, seed=seed, offset=offset,
-                    kv_lens=kv_lens)
-    if grad:
-        from .autograd import sdpa_autograd
-        o, lse = sdpa_autograd(p, args, solver)
-    else:
-        o, lse = dispatch.run(p, args, solver)
+    kd, ks, kz, kspec = _kv("k", k)
+    vd, vs, vz, vspec = _kv("v", v)
+    lse_needed = return_lse or _needs_grad(q, kd, vd)
+    o, lse = _ops.sdpa_forward(q, kd, vd, ks, kz, vs, vz, kspec, vspec,
+                               *_options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv_lens,
+                                         softmax_inf_as_zero),
+                               lse_needed, _solver(solver))
     return (o, lse) if return_lse else o
 
 
@@ -230,20 +220,13 @@ def sdpa_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                   seed: int = 0, offset: int = 0, kv_lens: torch.Tensor | None = None,
                   softmax_inf_as_zero: bool = False, return_lse: bool = False, solver=None):
     """(dq, dk, dv) of sdpa given do, the forward output o and its lse."""
-    for name, t in (("do", do), ("q", q), ("o", o), ("lse", lse)):
+    for name, t in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse)):
+        if isinstance(t, KVQuant):
+            from .errors import NotSupportedError
+            raise NotSupportedError("sdpa_backward with quantized K/V is not supported: "
+                                    "quantized K/V have no gradient; dequantize first")
         check_tensor(name, t)
-    p = _attn_problem(q, k, v, "bwd", attn_mask, causal, scale, invert_scale, dropout_p, seed,
-                      offset, kv_lens, softmax_inf_as_zero, True)
-    want = (p.B, p.Hq, p.Sq, p.Dv)
-    for name, t in (("do", do), ("o", o)):
-        if tuple(t.shape) != want:
-            raise BadParameterError(f"{name} shape {tuple(t.shape)} must be (B, Hq, Sq, Dv)={want}")
-        if t.device != q.device:
-            raise BadParameterError(f"{name} is on {t.device} but q is on {q.device}")
-    if tuple(lse.shape) != want[:3]:
-        raise BadParameterError(f"lse shape {tuple(lse.shape)} must be (B, Hq, Sq)={want[:3]}")
-    if lse.dtype != torch.float32 and lse.dtype != torch.float64:
-        raise BadParameterError(f"lse.dtype={lse.dtype} must be float32")
-    args = AttnArgs(q=q, k=k, v=v, attn_mask=attn_mask, scale=scale, seed=seed, offset=offset,
-                    kv_lens=kv_lens, do=do, o=o, lse=lse)
-    return dispatch.run(p, args, solver)
+    return tuple(_ops.sdpa_backward(do, q, k, v, o, lse,
+                                    *_options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset,
+                                              kv_lens, softmax_inf_as_zero),
+                                    _solver(solver)))

@@ -71,6 +71,17 @@ class KVQuant:
         if zp is not None and (zp.dtype == torch.bool or zp.is_complex()):
             raise BadParameterError(f"KVQuant zero_points dtype={zp.dtype} must be a real number type")
 
+    @classmethod
+    def trusted(cls, data: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, dtype: str,
+                group_size: int | None) -> KVQuant:
+        """Rebuild an already validated KVQuant from its parts without checking them again
+        (the ops' hot path; the problem validates on its first call)."""
+        obj = object.__new__(cls)
+        for name, val in (("data", data), ("scales", scales), ("zero_points", zero_points), ("dtype", dtype),
+                          ("group_size", group_size)):
+            object.__setattr__(obj, name, val)
+        return obj
+
     @property
     def is_4bit(self) -> bool:
         return self.dtype in ("s4", "u4")

@@ -1,7 +1,11 @@
-"""Test session setup: Triton kernels run through the interpreter on CPU (set before
-triton is imported anywhere), and the find-db lives in a per-session temp dir."""
+"""Test session setup. Without a GPU, Triton kernels run through the interpreter on CPU
+(set before triton is imported anywhere); with one (tests/gpu on the H200) they compile.
+The find-db lives in a per-session temp dir."""
 import os
 import tempfile
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("NNPRIM_CACHE_DIR", tempfile.mkdtemp(prefix="nnprim-test-cache-"))

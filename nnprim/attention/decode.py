@@ -36,6 +36,7 @@ import triton.language as tl
 
 from ..args import AttnArgs
 from ..dropout import dropout_keep, dropout_scale, dropout_threshold
+from ..launch import Launch
 from ..quant import KVQuant
 from ..search.solver import Solver, register
 
@@ -359,97 +360,159 @@ def _empty(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _quant_meta(t, D: int, dummy: torch.Tensor):
-    """(data, scales, zps, 4 strides each for data/scales/zps, constexpr dict) of K or V."""
+def _quant_meta(t, D: int):
+    """(strides of data / scales / zps, constexpr dict) of K or V."""
     if not isinstance(t, KVQuant):
         meta = dict(BITS=0, SIGNED=False, GROUP=D, SC_G=False, ZP=False, ZP_G=False, GL=_GL_ROW)
-        return t, dummy, dummy, tuple(t.stride()), (0, 0, 0, 0), (0, 0, 0, 0), meta
+        return (tuple(t.stride()), (0, 0, 0, 0), (0, 0, 0, 0)), meta
     g = t.group
     gl = _GL_ROW if g == D else (_GL_RESHAPE if g & (g - 1) == 0 else _GL_GATHER)
-
-    def strides(x):
-        return (0, 0, 0, 0) if x is None or x.numel() == 1 else tuple(x.stride())
-
     zp = t.zero_points
     meta = dict(BITS=4 if t.is_4bit else 8, SIGNED=t.dtype in ("s8", "s4"), GROUP=g,
                 SC_G=t.scales.numel() != 1, ZP=zp is not None, ZP_G=zp is not None and zp.numel() != 1,
                 GL=gl)
-    return (t.data, t.scales, dummy if zp is None else zp, tuple(t.data.stride()),
-            strides(t.scales), strides(zp), meta)
+    return kv_strides(t), meta
 
 
-def decode_forward(problem, args: AttnArgs, cfg: DecodeConfig | None = None,
-                   out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run decode attention for a validated `problem`; returns (o, lse or None)."""
-    cfg = cfg or default_config(problem)
-    q = args.q
-    B, Hq, Sq, D, Dv, Hkv = problem.B, problem.Hq, problem.Sq, problem.D, problem.Dv, problem.Hkv
-    dev = q.device
-    dummy = q  # never dereferenced where a constexpr flag says absent
-    k, ks, kz, sk, sks, skz, km = _quant_meta(args.k, D, dummy)
-    v, vs, vz, sv, svs, svz, vm = _quant_meta(args.v, Dv, dummy)
-    o = out if out is not None else _empty((B, Hq, Sq, Dv), q.dtype, dev)
-    write_lse = problem.return_lse
-    lse = _empty((B, Hq, Sq), torch.float32, dev) if write_lse else dummy
-    bm, nm = m_blocks(problem, cfg)
-    splits = choose_splits(problem, cfg)
+def kv_strides(t) -> tuple[tuple[int, ...], ...]:
+    """Strides of a K/V argument's data, scales and zero points (0s for per-tensor ones)."""
+    if not isinstance(t, KVQuant):
+        return (tuple(t.stride()), (0, 0, 0, 0), (0, 0, 0, 0))
 
-    mask = args.attn_mask
-    if mask is not None:
-        m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-        smask = tuple(0 if m4.shape[i] == 1 else m4.stride(i) for i in range(4))
-        if mask.dtype == torch.bool:
-            m4 = m4.view(torch.uint8)
-    else:
-        m4, smask = dummy, (0, 0, 0, 0)
-    mask_kind = {"none": 0, "bool": 1, "additive": 2}[problem.mask]
+    def strides(x):
+        return (0, 0, 0, 0) if x is None or x.numel() == 1 else tuple(x.stride())
+    return (tuple(t.data.stride()), strides(t.scales), strides(t.zero_points))
 
-    scale_ptr, scale_val = dummy, D ** -0.5
-    if problem.scale == "tensor":
-        scale_ptr = args.scale.reshape(1)
-    elif problem.scale == "float":
+
+def _kv_pointers(t, dummy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if not isinstance(t, KVQuant):
+        return t, dummy, dummy
+    return t.data, t.scales, dummy if t.zero_points is None else t.zero_points
+
+
+def _mask4(mask: torch.Tensor | None, dummy: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """The mask as 4 dims (bool read as uint8) and its strides (0 where broadcast)."""
+    if mask is None:
+        return dummy, (0, 0, 0, 0)
+    m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    smask = tuple(0 if m4.shape[i] == 1 else m4.stride(i) for i in range(4))
+    return (m4.view(torch.uint8) if mask.dtype == torch.bool else m4), smask
+
+
+def scalar_args(problem, args: AttnArgs) -> tuple:
+    """(scale, seed, offset, dropout threshold, dropout scale) of the decode kernels."""
+    scale_val = problem.D ** -0.5
+    if problem.scale == "float":
         scale_val = 1.0 / args.scale if problem.invert_scale else float(args.scale)
     dropout = problem.dropout_p > 0
-    thr = dropout_threshold(problem.dropout_p) if dropout else 0
-    dscale = dropout_scale(problem.dropout_p) if dropout else 1.0
-    lens = args.kv_lens if problem.has_kv_lens else dummy
+    return (scale_val, args.seed, args.offset, dropout_threshold(problem.dropout_p) if dropout else 0,
+            dropout_scale(problem.dropout_p) if dropout else 1.0)
 
+
+def common_flags(problem) -> dict:
+    """Constexprs the decode kernels share."""
+    return dict(CAUSAL={None: 0, "top_left": 1, "bottom_right": 2}[problem.causal],
+                MASK_KIND={"none": 0, "bool": 1, "additive": 2}[problem.mask], HAS_LENS=problem.has_kv_lens,
+                SCALE_FROM_PTR=problem.scale == "tensor", INV_SCALE=problem.invert_scale,
+                DROPOUT=problem.dropout_p > 0, INF_AS_ZERO=problem.inf_as_zero, WRITE_LSE=problem.return_lse)
+
+
+def combine_launch(problem, splits: int) -> Launch | None:
+    """The merge of the split partials (None for one split): o = sum_s exp(lse_s - LSE) o_s."""
     if splits == 1:
-        po = pl = dummy
-    else:
-        po = _empty((B * Hq * Sq, splits, Dv), torch.float32, dev)
-        pl = _empty((B * Hq * Sq, splits), torch.float32, dev)
+        return None
+    n_rows = problem.B * problem.Hq * problem.Sq
+    block_s = triton.next_power_of_2(splits)
+    block_dv = max(16, triton.next_power_of_2(problem.Dv))
+    block_r = max(1, min(16, 4096 // (block_s * block_dv)))
+    block_r = 1 << (block_r.bit_length() - 1)
+    so = (problem.Hq * problem.Sq * problem.Dv, problem.Sq * problem.Dv, problem.Dv, 1)
+    return Launch(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),), (n_rows, *so, problem.Hq, problem.Sq),
+                  SPLITS=splits, DV=problem.Dv, BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_DV=block_dv,
+                  INF_AS_ZERO=problem.inf_as_zero, WRITE_LSE=problem.return_lse, num_warps=4)
+
+
+def plan(problem, args: AttnArgs, cfg: DecodeConfig) -> tuple[Launch, Launch | None, int]:
+    """(main launch, combine launch or None, splits) of solvers 120/121 for `args`'
+    strides and per-call scalars; o (B, Hq, Sq, Dv) is contiguous."""
+    q = args.q
+    D, Dv = problem.D, problem.Dv
+    (sk, sks, skz), km = _quant_meta(args.k, D)
+    (sv, svs, svz), vm = _quant_meta(args.v, Dv)
+    _, smask = _mask4(args.attn_mask, q)
+    bm, nm = m_blocks(problem, cfg)
+    splits = choose_splits(problem, cfg)
+    so = (problem.Hq * problem.Sq * Dv, problem.Sq * Dv, Dv, 1)
     interp = _interpreting()
     f32 = q.dtype == torch.float32
     dot_dtype = tl.float32 if (f32 or interp) else (tl.bfloat16 if q.dtype == torch.bfloat16 else tl.float16)
-    grid = (B * Hkv, splits, nm)
-    _decode_fwd_kernel[grid](
-        q, k, v, ks, kz, vs, vz, m4, lens, scale_ptr, o, lse, po, pl,
-        *q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *smask, *o.stride(),
-        Hq, Hkv, Sq, problem.Sk, scale_val, args.seed, args.offset, thr, dscale, splits,
+    main = Launch(
+        _decode_fwd_kernel, (problem.B * problem.Hkv, splits, nm),
+        (*q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *smask, *so,
+         problem.Hq, problem.Hkv, problem.Sq, problem.Sk, *scalar_args(problem, args), splits),
         G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n,
         BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
-        ONE_SPLIT=splits == 1, CAUSAL={None: 0, "top_left": 1, "bottom_right": 2}[problem.causal],
-        MASK_KIND=mask_kind, HAS_LENS=problem.has_kv_lens,
-        SCALE_FROM_PTR=problem.scale == "tensor", INV_SCALE=problem.invert_scale, DROPOUT=dropout,
-        INF_AS_ZERO=problem.inf_as_zero, WRITE_LSE=write_lse,
+        ONE_SPLIT=splits == 1, **common_flags(problem),
         KBITS=km["BITS"], K_SIGNED=km["SIGNED"], K_GROUP=km["GROUP"], K_SC_G=km["SC_G"], K_ZP=km["ZP"],
         K_ZP_G=km["ZP_G"], K_GL=km["GL"],
         VBITS=vm["BITS"], V_SIGNED=vm["SIGNED"], V_GROUP=vm["GROUP"], V_SC_G=vm["SC_G"], V_ZP=vm["ZP"],
         V_ZP_G=vm["ZP_G"], V_GL=vm["GL"],
         DOT_DTYPE=dot_dtype, F32_DOT=f32 or interp,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if splits > 1:
-        n_rows = B * Hq * Sq
-        block_s = triton.next_power_of_2(splits)
-        block_dv = max(16, triton.next_power_of_2(Dv))
-        block_r = max(1, min(16, 4096 // (block_s * block_dv)))
-        block_r = 1 << (block_r.bit_length() - 1)
-        _decode_combine_kernel[(triton.cdiv(n_rows, block_r),)](
-            po, pl, o, lse, n_rows, *o.stride(), Hq, Sq,
-            SPLITS=splits, DV=Dv, BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_DV=block_dv,
-            INF_AS_ZERO=problem.inf_as_zero, WRITE_LSE=write_lse, num_warps=4)
-    return o, (lse if write_lse else None)
+    return main, combine_launch(problem, splits), splits
+
+
+def run_planned(problem, args: AttnArgs, planned: tuple[Launch, Launch | None, int],
+                out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Allocate o (or take `out`, contiguous), lse and the split partials; launch."""
+    main, combine, splits = planned
+    q = args.q
+    dev = q.device
+    B, Hq, Sq, Dv = problem.B, problem.Hq, problem.Sq, problem.Dv
+    o = out if out is not None else _empty((B, Hq, Sq, Dv), q.dtype, dev)
+    lse = _empty((B, Hq, Sq), torch.float32, dev) if problem.return_lse else q
+    if splits == 1:
+        po = pl = q
+    else:
+        po = _empty((B * Hq * Sq, splits, Dv), torch.float32, dev)
+        pl = _empty((B * Hq * Sq, splits), torch.float32, dev)
+    k, ks, kz = _kv_pointers(args.k, q)
+    v, vs, vz = _kv_pointers(args.v, q)
+    m4, _ = _mask4(args.attn_mask, q)
+    scale_ptr = args.scale.reshape(1) if problem.scale == "tensor" else q
+    lens = args.kv_lens if problem.has_kv_lens else q
+    main(q, k, v, ks, kz, vs, vz, m4, lens, scale_ptr, o, lse, po, pl)
+    if combine is not None:
+        combine(po, pl, o, lse)
+    return o, (lse if problem.return_lse else None)
+
+
+def decode_forward(problem, args: AttnArgs, cfg: DecodeConfig | None = None,
+                   out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run decode attention for a validated `problem`; returns (o, lse or None)."""
+    cfg = cfg or default_config(problem)
+    return run_planned(problem, args, plan(problem, args, cfg), out)
+
+
+class DecodePlan:
+    """The decode solvers' invoker: launches planned once per set of strides and per-call
+    scalars (`plan_fn(problem, args, cfg)`); a call allocates and launches."""
+
+    def __init__(self, problem, cfg: DecodeConfig, plan_fn):
+        self.problem, self.cfg, self.plan_fn = problem, cfg, plan_fn
+        self.plans: dict[tuple, tuple] = {}
+
+    def __call__(self, args: AttnArgs):
+        m = args.attn_mask
+        key = (args.q.stride(), kv_strides(args.k), kv_strides(args.v),
+               None if m is None else (m.shape, m.stride()),
+               None if isinstance(args.scale, torch.Tensor) else args.scale, args.seed, args.offset)
+        planned = self.plans.get(key)
+        if planned is None:
+            if len(self.plans) >= 64:
+                self.plans.clear()
+            planned = self.plans[key] = self.plan_fn(self.problem, args, self.cfg)
+        return run_planned(self.problem, args, planned)
 
 
 # ---- solvers ----------------------------------------------------------------------
@@ -485,11 +548,7 @@ class _DecodeBase(Solver):
         return t + _LAUNCH_MS
 
     def prepare(self, problem):
-        cfg = default_config(problem)
-
-        def invoker(args: AttnArgs):
-            return decode_forward(problem, args, cfg)
-        return invoker
+        return DecodePlan(problem, default_config(problem), plan)
 
 
 @register

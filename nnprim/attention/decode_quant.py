@@ -49,11 +49,12 @@ import triton
 import triton.language as tl
 
 from ..args import AttnArgs
-from ..dropout import dropout_keep, dropout_scale, dropout_threshold
+from ..dropout import dropout_keep
+from ..launch import Launch
 from ..quant import KVQuant
 from ..search.solver import register
 from . import decode as _dec
-from .decode import DecodeConfig, _decode_combine_kernel, _DecodeBase, _interpreting, _num_sms
+from .decode import DecodeConfig, _DecodeBase, _interpreting, _num_sms
 
 MAX_GROUPS = 8   # groups per row (D / group_size) served by 122
 _MAX_MX = 128    # rows of an expanded tile (BLOCK_M * NG)
@@ -610,100 +611,59 @@ def workspace_bytes(problem, cfg: DecodeConfig | None = None) -> int:
     return 0 if s == 1 else problem.B * problem.Hq * problem.Sq * s * (problem.Dv + 1) * 4
 
 
-def _meta(t, D: int, dummy: torch.Tensor):
-    """(data, scales, zps, strides of data / scales / zps, constexpr dict) of K or V."""
+def _meta(t, D: int) -> tuple[dict, int]:
+    """(constexpr dict, BLOCK_D) of K or V."""
     if not isinstance(t, KVQuant):
-        meta = dict(BITS=0, SIGNED=False, GROUP=D, NG=1, BNG=1, SC_G=False, ZP=False, ZP_G=False)
-        bd = max(16, triton.next_power_of_2(D))
-        return t, dummy, dummy, tuple(t.stride()), (0, 0, 0, 0), (0, 0, 0, 0), meta, bd
-
-    def strides(x):
-        return (0, 0, 0, 0) if x is None or x.numel() == 1 else tuple(x.stride())
-
+        return dict(BITS=0, SIGNED=False, GROUP=D, NG=1, BNG=1, SC_G=False, ZP=False, ZP_G=False), \
+            max(16, triton.next_power_of_2(D))
     ng, bng = _groups(t, D)
     zp = t.zero_points
     bits = 4 if t.is_4bit else 8
     meta = dict(BITS=bits, SIGNED=t.dtype in ("s8", "s4"), GROUP=t.group if ng > 1 else D, NG=ng, BNG=bng,
                 SC_G=t.scales.numel() != 1, ZP=zp is not None, ZP_G=zp is not None and zp.numel() != 1)
     cols = D // 2 if bits == 4 else D
-    bd = max(16, triton.next_power_of_2(cols))
-    return (t.data, t.scales, dummy if zp is None else zp, tuple(t.data.stride()), strides(t.scales),
-            strides(zp), meta, bd)
+    return meta, max(16, triton.next_power_of_2(cols))
+
+
+def plan(problem, args: AttnArgs, cfg: DecodeConfig):
+    """(main launch, combine launch or None, splits) of solver 122 (see decode.plan)."""
+    q = args.q
+    D, Dv = problem.D, problem.Dv
+    km, bd = _meta(args.k, D)
+    vm, bdv = _meta(args.v, Dv)
+    sk, sks, skz = _dec.kv_strides(args.k)
+    sv, svs, svz = _dec.kv_strides(args.v)
+    _, smask = _dec._mask4(args.attn_mask, q)
+    bm, nm = row_block(problem, cfg)
+    splits = choose_splits(problem, cfg)
+    so = (problem.Hq * problem.Sq * Dv, problem.Sq * Dv, Dv, 1)
+    interp = _interpreting()
+    f32 = q.dtype == torch.float32
+    can_asm = not interp and not f32 and problem.device == "cuda"
+    asm_cfg = getattr(cfg, "asm_convert", None)
+    vjoin = bool(getattr(cfg, "v_join", False))
+    dot_dtype = tl.float32 if (f32 or interp) else (tl.bfloat16 if q.dtype == torch.bfloat16 else tl.float16)
+    main = Launch(
+        _decode_quant_kernel, (problem.B * problem.Hkv, splits, nm),
+        (*q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *smask, *so,
+         problem.Hq, problem.Hkv, problem.Sq, problem.Sk, *_dec.scalar_args(problem, args), splits),
+        G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_D=bd, BLOCK_DV=bdv,
+        ONE_SPLIT=splits == 1, **_dec.common_flags(problem),
+        KBITS=km["BITS"], K_SIGNED=km["SIGNED"], K_GROUP=km["GROUP"], K_NG=km["NG"], K_BNG=km["BNG"],
+        K_SC_G=km["SC_G"], K_ZP=km["ZP"], K_ZP_G=km["ZP_G"],
+        VBITS=vm["BITS"], V_SIGNED=vm["SIGNED"], V_GROUP=vm["GROUP"], V_NG=vm["NG"], V_BNG=vm["BNG"],
+        V_SC_G=vm["SC_G"], V_ZP=vm["ZP"], V_ZP_G=vm["ZP_G"],
+        V_SPLIT=vm["BITS"] == 4 and not vjoin, V_JOIN=vm["BITS"] == 4 and vjoin,
+        DOT_DTYPE=dot_dtype, F32_DOT=f32 or interp, ASM4=can_asm and asm_cfg is not False,
+        ASM8=can_asm and asm_cfg is True, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return main, _dec.combine_launch(problem, splits), splits
 
 
 def decode_quant_forward(problem, args: AttnArgs, cfg: DecodeConfig | None = None,
                          out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run solver 122 for a validated `problem`; returns (o, lse or None)."""
     cfg = cfg or default_config(problem)
-    q = args.q
-    B, Hq, Sq, D, Dv, Hkv = problem.B, problem.Hq, problem.Sq, problem.D, problem.Dv, problem.Hkv
-    dev = q.device
-    dummy = q
-    k, ks, kz, sk, sks, skz, km, bd = _meta(args.k, D, dummy)
-    v, vs, vz, sv, svs, svz, vm, bdv = _meta(args.v, Dv, dummy)
-    o = out if out is not None else _dec._empty((B, Hq, Sq, Dv), q.dtype, dev)
-    write_lse = problem.return_lse
-    lse = _dec._empty((B, Hq, Sq), torch.float32, dev) if write_lse else dummy
-    bm, nm = row_block(problem, cfg)
-    splits = choose_splits(problem, cfg)
-
-    mask = args.attn_mask
-    if mask is not None:
-        m4 = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-        smask = tuple(0 if m4.shape[i] == 1 else m4.stride(i) for i in range(4))
-        if mask.dtype == torch.bool:
-            m4 = m4.view(torch.uint8)
-    else:
-        m4, smask = dummy, (0, 0, 0, 0)
-    scale_ptr, scale_val = dummy, D ** -0.5
-    if problem.scale == "tensor":
-        scale_ptr = args.scale.reshape(1)
-    elif problem.scale == "float":
-        scale_val = 1.0 / args.scale if problem.invert_scale else float(args.scale)
-    dropout = problem.dropout_p > 0
-    lens = args.kv_lens if problem.has_kv_lens else dummy
-    if splits == 1:
-        po = pl = dummy
-    else:
-        po = _dec._empty((B * Hq * Sq, splits, Dv), torch.float32, dev)
-        pl = _dec._empty((B * Hq * Sq, splits), torch.float32, dev)
-    interp = _interpreting()
-    f32 = q.dtype == torch.float32
-    can_asm = not interp and not f32 and problem.device == "cuda"
-    asm_cfg = getattr(cfg, "asm_convert", None)
-    asm4 = can_asm and asm_cfg is not False
-    asm8 = can_asm and asm_cfg is True
-    vjoin = bool(getattr(cfg, "v_join", False))
-    dot_dtype = tl.float32 if (f32 or interp) else (tl.bfloat16 if q.dtype == torch.bfloat16 else tl.float16)
-    _decode_quant_kernel[(B * Hkv, splits, nm)](
-        q, k, v, ks, kz, vs, vz, m4, lens, scale_ptr, o, lse, po, pl,
-        *q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *smask, *o.stride(),
-        Hq, Hkv, Sq, problem.Sk, scale_val, args.seed, args.offset,
-        dropout_threshold(problem.dropout_p) if dropout else 0,
-        dropout_scale(problem.dropout_p) if dropout else 1.0, splits,
-        G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_D=bd, BLOCK_DV=bdv,
-        ONE_SPLIT=splits == 1, CAUSAL={None: 0, "top_left": 1, "bottom_right": 2}[problem.causal],
-        MASK_KIND={"none": 0, "bool": 1, "additive": 2}[problem.mask], HAS_LENS=problem.has_kv_lens,
-        SCALE_FROM_PTR=problem.scale == "tensor", INV_SCALE=problem.invert_scale, DROPOUT=dropout,
-        INF_AS_ZERO=problem.inf_as_zero, WRITE_LSE=write_lse,
-        KBITS=km["BITS"], K_SIGNED=km["SIGNED"], K_GROUP=km["GROUP"], K_NG=km["NG"], K_BNG=km["BNG"],
-        K_SC_G=km["SC_G"], K_ZP=km["ZP"], K_ZP_G=km["ZP_G"],
-        VBITS=vm["BITS"], V_SIGNED=vm["SIGNED"], V_GROUP=vm["GROUP"], V_NG=vm["NG"], V_BNG=vm["BNG"],
-        V_SC_G=vm["SC_G"], V_ZP=vm["ZP"], V_ZP_G=vm["ZP_G"],
-        V_SPLIT=vm["BITS"] == 4 and not vjoin, V_JOIN=vm["BITS"] == 4 and vjoin,
-        DOT_DTYPE=dot_dtype, F32_DOT=f32 or interp, ASM4=asm4, ASM8=asm8,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if splits > 1:
-        n_rows = B * Hq * Sq
-        block_s = triton.next_power_of_2(splits)
-        block_dv = max(16, triton.next_power_of_2(Dv))
-        block_r = max(1, min(16, 4096 // (block_s * block_dv)))
-        block_r = 1 << (block_r.bit_length() - 1)
-        _decode_combine_kernel[(triton.cdiv(n_rows, block_r),)](
-            po, pl, o, lse, n_rows, *o.stride(), Hq, Sq,
-            SPLITS=splits, DV=Dv, BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_DV=block_dv,
-            INF_AS_ZERO=problem.inf_as_zero, WRITE_LSE=write_lse, num_warps=4)
-    return o, (lse if write_lse else None)
+    return _dec.run_planned(problem, args, plan(problem, args, cfg), out)
 
 
 # ---- solver -----------------------------------------------------------------------
@@ -734,11 +694,7 @@ class DecodeSplitKQuantGrouped(_DecodeBase):
         return problem.bytes() / _dec._BW * 1e3 + _dec._LAUNCH_MS
 
     def prepare(self, problem):
-        cfg = default_config(problem)
-
-        def invoker(args: AttnArgs):
-            return decode_quant_forward(problem, args, cfg)
-        return invoker
+        return _dec.DecodePlan(problem, default_config(problem), plan)
 
 
 __all__ = ["DecodeSplitKQuantGrouped", "QuantDecodeConfig", "choose_splits", "decode_quant_forward", "default_config",

@@ -37,6 +37,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..dropout import dropout_keep
+from ..launch import Launch, ensure_allocator, interpreting
 from ..search.solver import register
 from . import configs
 from .flash_fwd import (
@@ -46,8 +47,6 @@ from .flash_fwd import (
     _dot,
     block_d,
     dropout_args,
-    ensure_allocator,
-    interpreting,
     mask_view,
     roofline_ms,
     scale_args,
@@ -773,74 +772,55 @@ def use_split(problem) -> bool:
 
 # ---- launcher ---------------------------------------------------------------------------
 
-def backward_launches(problem, args, cfg: configs.TileConfig, *, out=None,
-                      use_tma: bool | None = None, split: bool | None = None,
-                      dq_cfg: configs.TileConfig | None = None, dq_split: bool | None = None):
-    """((dq, dk, dv), [(name, launch)]): the output buffers and the three kernel launches
-    (preprocess, dkdv, dq) as closures returning the compiled kernel, so the benchmark
-    can time each. `out` = (dq, dk, dv) buffers (tests pass poisoned ones). `split`: the
-    head-dim split kernels (default: use_split(problem), i.e. max(D, Dv) > 128), or
-    "separate": the fused dK/dV kernel launched for dV alone and then for dK alone (5 GEMM-
-    sized products per tile instead of the split kernel's 6; opt-in, not yet timed on the
-    GPU); `dq_split` (default: split is True) the same for the dQ kernel alone: unsplit,
-    it holds a full-width f32 accumulator but forms S and dP once, which fits with short
-    key steps; `dq_cfg`: the dQ kernel's own tiles (default `cfg`; BM keys per step, BN
-    query rows per program)."""
-    q, k, v, do, o, lse = args.q, args.k, args.v, args.do, args.o, args.lse
+_PRE = ("o", "do", "lse", "delta")
+_DKDV = ("q", "k", "v", "do", "lse", "delta", "dk", "dv", "mask", "scale", "kvl")
+_DQ = ("q", "k", "v", "do", "lse", "delta", "dq", "mask", "scale", "kvl")
+
+
+def _contiguous_strides(*shape: int) -> tuple[int, ...]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return tuple(reversed(out))
+
+
+def backward_plan(problem, args, cfg: configs.TileConfig, *, use_tma: bool,
+                  split: bool | str | None = None, dq_cfg: configs.TileConfig | None = None,
+                  dq_split: bool | None = None) -> list[tuple[str, list[tuple[Launch, tuple[str, ...]]]]]:
+    """The backward's planned launches by stage, [(stage, [(Launch, pointer names)])]:
+    preprocess (delta = rowsum(o * do)), dK/dV, dQ. Everything but the pointers is fixed
+    by the problem, the strides of q, k, v, o, do and the per-call scalars.
+
+    `split`: the head-dim split kernels (default: use_split(problem), i.e. max(D, Dv) >
+    128), or "separate": the fused dK/dV kernel launched for dV alone and then for dK
+    alone (5 GEMM-sized products per tile instead of the split kernel's 6; opt-in);
+    `dq_split` (default: split is True) the same for the dQ kernel alone: unsplit, it
+    holds a full-width f32 accumulator but forms S and dP once, which fits with short key
+    steps; `dq_cfg`: the dQ kernel's own tiles (default `cfg`; BM keys per step, BN query
+    rows per program)."""
+    q, k, v, do, o = args.q, args.k, args.v, args.do, args.o
     B, Hq, Hkv, Sq, Sk = problem.B, problem.Hq, problem.Hkv, problem.Sq, problem.Sk
     D, Dv = problem.D, problem.Dv
-    if out is not None:
-        dq, dk, dv = out
-    else:
-        dq = torch.empty((B, Hq, Sq, D), dtype=q.dtype, device=q.device)
-        dk = torch.empty((B, Hkv, Sk, D), dtype=q.dtype, device=q.device)
-        dv = torch.empty((B, Hkv, Sk, Dv), dtype=q.dtype, device=q.device)
-    lse = lse.contiguous()
-    if lse.dtype != torch.float32:
-        lse = lse.float()
-    delta = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
-    mask, ms = mask_view(problem, args.attn_mask)
-    scale, scale_t = scale_args(problem, args)
+    _, ms = mask_view(problem, args.attn_mask)
+    scale, _ = scale_args(problem, args)
     seed, offset, threshold, inv_keep = dropout_args(problem, args)
     BD, BDV = block_d(D), block_d(Dv)
     interp = interpreting()
-    if use_tma is None:
-        use_tma = tma_ok(q, k, v, do)
-    if use_tma:
-        ensure_allocator(q.device)
     common = dict(USE_TMA=use_tma, CAUSAL=_CAUSAL_CODE[problem.causal],
-                  MASK_KIND=_MASK_CODE[problem.mask], SCALE_PTR=scale_t is not None,
+                  MASK_KIND=_MASK_CODE[problem.mask], SCALE_PTR=problem.scale == "tensor",
                   INVERT=problem.invert_scale, HAS_KVLENS=args.kv_lens is not None,
                   DROPOUT=problem.dropout_p > 0, UPCAST=interp and q.dtype == torch.bfloat16,
-                  IEEE=q.dtype == torch.float32, num_warps=cfg.num_warps,
-                  num_stages=cfg.num_stages)
-    mask_arg = mask if mask is not None else q
-    scale_arg = scale_t if scale_t is not None else q
-    kvl_arg = args.kv_lens if args.kv_lens is not None else q
+                  IEEE=q.dtype == torch.float32, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    sdq, sdk, sdv = _contiguous_strides(B, Hq, Sq, D), _contiguous_strides(B, Hkv, Sk, D), \
+        _contiguous_strides(B, Hkv, Sk, Dv)
+    scalars = (scale, seed, offset, threshold, inv_keep)
+    in_strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    dkdv_tail = (*in_strides, *sdk, *sdv, *ms, Hq, Hkv, Sq, Sk, problem.group, D, Dv, *scalars)
+    dq_tail = (*in_strides, *sdq, *ms, Hq, Sq, Sk, problem.group, D, Dv, *scalars)
     PRE_M = 64 if not interp else 16
     BM, BN = cfg.block_m, cfg.block_n
-
-    def pre():
-        return _bwd_preprocess[(triton.cdiv(Sq, PRE_M), B * Hq)](
-            o, do, lse, delta, *o.stride(), *do.stride(), Hq, Sq, Dv, BLOCK_M=PRE_M, BLOCK_DV=BDV)
-
-    def dkdv():
-        return _flash_bwd_dkdv_kernel[(triton.cdiv(Sk, BN), B * Hkv)](
-            q, k, v, do, lse, delta, dk, dv, mask_arg, scale_arg, kvl_arg,
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *ms,
-            Hq, Hkv, Sq, Sk, problem.group, D, Dv, scale, seed, offset, threshold, inv_keep,
-            BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, BLOCK_DV=BDV, **common)
-
     dcfg = dq_cfg or cfg
-
-    def dqk():
-        return _flash_bwd_dq_kernel[(triton.cdiv(Sq, dcfg.block_n), B * Hq)](
-            q, k, v, do, lse, delta, dq, mask_arg, scale_arg, kvl_arg,
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *ms,
-            Hq, Sq, Sk, problem.group, D, Dv, scale, seed, offset, threshold, inv_keep,
-            BLOCK_M=dcfg.block_n, BLOCK_N=dcfg.block_m, BLOCK_D=BD, BLOCK_DV=BDV,
-            **dict(common, num_warps=dcfg.num_warps, num_stages=dcfg.num_stages))
-
     if split is None:
         split = use_split(problem)
     if dq_split is None:
@@ -848,50 +828,82 @@ def backward_launches(problem, args, cfg: configs.TileConfig, *, out=None,
     C0, C1 = split_chunks(D)
     CV0, CV1 = split_chunks(Dv)
     chunks = dict(C0=C0, C1=C1, CV0=CV0, CV1=CV1)
-    if split == "separate":
-        def dkdv():  # the fused kernel twice: dV only, then dK only
-            for which in (1, 2):
-                ck = _flash_bwd_dkdv_kernel[(triton.cdiv(Sk, BN), B * Hkv)](
-                    q, k, v, do, lse, delta, dk, dv, mask_arg, scale_arg, kvl_arg,
-                    *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(),
-                    *dv.stride(), *ms, Hq, Hkv, Sq, Sk, problem.group, D, Dv, scale, seed, offset,
-                    threshold, inv_keep, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD, BLOCK_DV=BDV,
-                    WHICH=which, **common)
-            return ck
+
+    pre = [(Launch(_bwd_preprocess, (triton.cdiv(Sq, PRE_M), B * Hq), (*o.stride(), *do.stride(), Hq, Sq, Dv),
+                   BLOCK_M=PRE_M, BLOCK_DV=BDV), _PRE)]
+    kv_grid = (triton.cdiv(Sk, BN), B * Hkv)
+    if split == "separate":  # the fused kernel twice: dV only, then dK only
+        dkdv = [(Launch(_flash_bwd_dkdv_kernel, kv_grid, dkdv_tail, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD,
+                        BLOCK_DV=BDV, WHICH=which, **common), _DKDV) for which in (1, 2)]
     elif split:
-        def dkdv():
-            for half in (0, 1):
-                ck = _flash_bwd_dkdv_split_kernel[(triton.cdiv(Sk, BN), B * Hkv)](
-                    q, k, v, do, lse, delta, dk, dv, mask_arg, scale_arg, kvl_arg,
-                    *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(),
-                    *dv.stride(), *ms, Hq, Hkv, Sq, Sk, problem.group, D, Dv, scale, seed, offset,
-                    threshold, inv_keep, BLOCK_M=BM, BLOCK_N=BN, HALF=half,
-                    DKW=max(C1, 16) if half else C0, DVW=max(CV1, 16) if half else CV0,
-                    **chunks, **common)
-            return ck
-
+        dkdv = [(Launch(_flash_bwd_dkdv_split_kernel, kv_grid, dkdv_tail, BLOCK_M=BM, BLOCK_N=BN, HALF=half,
+                        DKW=max(C1, 16) if half else C0, DVW=max(CV1, 16) if half else CV0, **chunks, **common),
+                 _DKDV) for half in (0, 1)]
+    else:
+        dkdv = [(Launch(_flash_bwd_dkdv_kernel, kv_grid, dkdv_tail, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD,
+                        BLOCK_DV=BDV, **common), _DKDV)]
+    q_grid = (triton.cdiv(Sq, dcfg.block_n), B * Hq)
+    dcommon = dict(common, num_warps=dcfg.num_warps, num_stages=dcfg.num_stages)
     if dq_split:
-        dcommon = dict(common, num_warps=dcfg.num_warps, num_stages=dcfg.num_stages)
+        dq = [(Launch(_flash_bwd_dq_split_kernel, q_grid, dq_tail, BLOCK_M=dcfg.block_n, BLOCK_N=dcfg.block_m,
+                      HALF=half, DQW=C1 if half else C0, **chunks, **dcommon), _DQ)
+              for half in ((0, 1) if C1 else (0,))]
+    else:
+        dq = [(Launch(_flash_bwd_dq_kernel, q_grid, dq_tail, BLOCK_M=dcfg.block_n, BLOCK_N=dcfg.block_m,
+                      BLOCK_D=BD, BLOCK_DV=BDV, **dcommon), _DQ)]
+    return [("pre", pre), ("dkdv", dkdv), ("dq", dq)]
 
-        def dqk():
-            for half in (0, 1) if C1 else (0,):
-                ck = _flash_bwd_dq_split_kernel[(triton.cdiv(Sq, dcfg.block_n), B * Hq)](
-                    q, k, v, do, lse, delta, dq, mask_arg, scale_arg, kvl_arg,
-                    *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *ms,
-                    Hq, Sq, Sk, problem.group, D, Dv, scale, seed, offset, threshold, inv_keep,
-                    BLOCK_M=dcfg.block_n, BLOCK_N=dcfg.block_m, HALF=half,
-                    DQW=C1 if half else C0, **chunks, **dcommon)
-            return ck
 
-    return (dq, dk, dv), [("pre", pre), ("dkdv", dkdv), ("dq", dqk)]
+def _buffers(problem, args, out=None) -> dict[str, torch.Tensor]:
+    """The pointers of the backward launches: inputs, outputs (dq, dk, dv; `out` gives
+    them, e.g. poisoned ones in tests) and the f32 delta scratch."""
+    q = args.q
+    B, Hq, Hkv, Sq, Sk = problem.B, problem.Hq, problem.Hkv, problem.Sq, problem.Sk
+    if out is not None:
+        dq, dk, dv = out
+    else:
+        dq = torch.empty((B, Hq, Sq, problem.D), dtype=q.dtype, device=q.device)
+        dk = torch.empty((B, Hkv, Sk, problem.D), dtype=q.dtype, device=q.device)
+        dv = torch.empty((B, Hkv, Sk, problem.Dv), dtype=q.dtype, device=q.device)
+    lse = args.lse
+    if lse.dtype != torch.float32 or not lse.is_contiguous():
+        lse = lse.float().contiguous()
+    mask, _ = mask_view(problem, args.attn_mask)
+    _, scale_t = scale_args(problem, args)
+    return dict(q=q, k=args.k, v=args.v, do=args.do, o=args.o, lse=lse, dq=dq, dk=dk, dv=dv,
+                delta=torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device),
+                mask=mask if mask is not None else q, scale=scale_t if scale_t is not None else q,
+                kvl=args.kv_lens if args.kv_lens is not None else q)
+
+
+def _run_stage(launches, bufs: dict[str, torch.Tensor]):
+    ck = None
+    for launch, names in launches:
+        ck = launch(*(bufs[n] for n in names))
+    return ck
+
+
+def backward_launches(problem, args, cfg: configs.TileConfig, *, out=None,
+                      use_tma: bool | None = None, split: bool | str | None = None,
+                      dq_cfg: configs.TileConfig | None = None, dq_split: bool | None = None):
+    """((dq, dk, dv), [(name, launch)]): the output buffers and the three stages
+    (preprocess, dkdv, dq) as closures returning the compiled kernel, so the benchmark
+    can time each. Keywords as for backward_plan; `out` = (dq, dk, dv) buffers."""
+    if use_tma is None:
+        use_tma = tma_ok(args.q, args.k, args.v, args.do)
+    if use_tma:
+        ensure_allocator(args.q.device)
+    bufs = _buffers(problem, args, out)
+    stages = backward_plan(problem, args, cfg, use_tma=use_tma, split=split, dq_cfg=dq_cfg, dq_split=dq_split)
+    return (bufs["dq"], bufs["dk"], bufs["dv"]), [(name, lambda ls=ls: _run_stage(ls, bufs)) for name, ls in stages]
 
 
 def flash_backward(problem, args, cfg: configs.TileConfig, *, out=None,
-                   use_tma: bool | None = None, split: bool | None = None,
+                   use_tma: bool | None = None, split: bool | str | None = None,
                    dq_cfg: configs.TileConfig | None = None, dq_split: bool | None = None):
     """Launch preprocess, dK/dV and dQ kernels. Returns (dq, dk, dv) in q's dtype. A tile
     config that does not fit the GPU's shared memory is shrunk (configs.shrink; the dQ
-    kernel then takes the shrunk `cfg` too). Keywords as for backward_launches."""
+    kernel then takes the shrunk `cfg` too). Keywords as for backward_plan."""
     key = ("bwd", problem.key(), cfg, use_tma, split, dq_cfg, dq_split)
     cfg, dq_cfg = configs.FITTED.get(key, (cfg, dq_cfg))
     while True:
@@ -904,6 +916,42 @@ def flash_backward(problem, args, cfg: configs.TileConfig, *, out=None,
         except OutOfResources:
             cfg, dq_cfg = configs.shrink(cfg), None
             configs.FITTED[key] = (cfg, dq_cfg)
+
+
+class BackwardPlan:
+    """The solver's invoker: the planned launches per set of input strides, per-call
+    scalars and TMA eligibility; a call allocates dq, dk, dv and delta and launches."""
+
+    def __init__(self, problem, cfg: configs.TileConfig, dq_cfg: configs.TileConfig | None,
+                 dq_split: bool | None):
+        self.problem, self.cfg, self.dq_cfg, self.dq_split = problem, cfg, dq_cfg, dq_split
+        self.plans: dict[tuple, list] = {}
+
+    def _key(self, args) -> tuple:
+        m = args.attn_mask
+        return (args.q.stride(), args.k.stride(), args.v.stride(), args.o.stride(), args.do.stride(),
+                None if m is None else (m.shape, m.stride()),
+                None if isinstance(args.scale, torch.Tensor) else args.scale, args.seed, args.offset,
+                all(t.data_ptr() % 16 == 0 for t in (args.q, args.k, args.v, args.do)))
+
+    def __call__(self, args):
+        key = self._key(args)
+        stages = self.plans.get(key)
+        if stages is None:
+            if len(self.plans) >= 64:
+                self.plans.clear()
+            stages = self.plans[key] = backward_plan(
+                self.problem, args, self.cfg, use_tma=tma_ok(args.q, args.k, args.v, args.do),
+                dq_cfg=self.dq_cfg, dq_split=self.dq_split)
+        bufs = _buffers(self.problem, args)
+        try:
+            for _, launches in stages:
+                _run_stage(launches, bufs)
+        except OutOfResources:
+            self.cfg, self.dq_cfg = configs.shrink(self.cfg), None
+            self.plans.clear()
+            return self(args)
+        return bufs["dq"], bufs["dk"], bufs["dv"]
 
 
 # ---- solver -----------------------------------------------------------------------------
@@ -924,10 +972,6 @@ class FlashBackward(FlashBase):
         return roofline_ms(problem, 0.25 if use_split(problem) else 0.45)
 
     def prepare(self, problem):
-        _, bwd_cfg = configs.choose(problem)
         dq_cfg, dq_split = configs.choose_dq(problem) if use_split(problem) else (None, None)
-
-        def invoker(args):
-            return flash_backward(problem, args, bwd_cfg, dq_cfg=dq_cfg, dq_split=dq_split)
-        return invoker
+        return BackwardPlan(problem, configs.choose(problem)[1], dq_cfg, dq_split)
 

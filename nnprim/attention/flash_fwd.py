@@ -24,7 +24,6 @@ decode family serves those).
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -32,6 +31,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..dropout import dropout_keep, dropout_scale, dropout_threshold
+from ..launch import Launch, ensure_allocator, interpreting
 from ..search.solver import Solver, register
 from . import configs
 
@@ -251,22 +251,6 @@ def _flash_fwd_kernel(
 
 # ---- launcher ---------------------------------------------------------------------------
 
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-_ALLOCATOR_SET = False
-
-
-def ensure_allocator(device: torch.device) -> None:
-    """In-kernel TMA descriptors need a scratch allocator (set once per process)."""
-    global _ALLOCATOR_SET
-    if not _ALLOCATOR_SET:
-        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8,
-                                                                    device=device))
-        _ALLOCATOR_SET = True
-
-
 def tma_ok(*tensors: torch.Tensor) -> bool:
     """TMA needs a CUDA Hopper+ device, unit inner stride and 16-byte aligned strides/bases."""
     if interpreting():
@@ -313,43 +297,63 @@ def dropout_args(problem, args) -> tuple[int, int, int, float]:
     return 0, 0, 0, 1.0
 
 
+def _fwd_plan(problem, args, *, use_tma: bool, with_lse: bool):
+    """(scalar tail, constexpr flags) of one forward launch: every kernel argument but the
+    pointers, fixed by the problem, the input strides and the per-call scalars."""
+    q, k, v = args.q, args.k, args.v
+    _, ms = mask_view(problem, args.attn_mask)
+    scale, scale_t = scale_args(problem, args)
+    seed, offset, threshold, inv_keep = dropout_args(problem, args)
+    o_strides = (problem.Hq * problem.Sq * problem.Dv, problem.Sq * problem.Dv, problem.Dv, 1)
+    tail = (*q.stride(), *k.stride(), *v.stride(), *o_strides, *ms,
+            problem.Hq, problem.Sq, problem.Sk, problem.group, problem.D, problem.Dv, scale, seed, offset,
+            threshold, inv_keep)
+    flags = dict(
+        BLOCK_D=block_d(problem.D), BLOCK_DV=block_d(problem.Dv),
+        CAUSAL=_CAUSAL_CODE[problem.causal], MASK_KIND=_MASK_CODE[problem.mask],
+        SCALE_PTR=scale_t is not None, INVERT=problem.invert_scale,
+        HAS_KVLENS=args.kv_lens is not None, DROPOUT=problem.dropout_p > 0,
+        INF_AS_ZERO=problem.inf_as_zero, STORE_LSE=with_lse, USE_TMA=use_tma,
+        UPCAST=interpreting() and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
+        SCALE_POS=scale_t is None and scale > 0)
+    return tail, flags
+
+
+def _pointers(problem, args, o, lse):
+    """The kernel's tensor arguments in signature order (unused ones stand in as q)."""
+    q = args.q
+    mask, _ = mask_view(problem, args.attn_mask)
+    _, scale_t = scale_args(problem, args)
+    return (q, args.k, args.v, o, lse if lse is not None else o, mask if mask is not None else q,
+            scale_t if scale_t is not None else q, args.kv_lens if args.kv_lens is not None else q)
+
+
+def _grid(problem, cfg: configs.TileConfig) -> tuple[int, int]:
+    return (triton.cdiv(problem.Sq, cfg.block_m), problem.B * problem.Hq)
+
+
 def forward_launch(problem, args, *, use_tma: bool | None = None,
                    out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None):
     """((o, lse), launch): output buffers and a closure launch(cfg) -> compiled kernel.
     lse is allocated when problem.return_lse or lse_out is given; `out`/`lse_out` let
-    tests pass poisoned buffers."""
-    q, k, v = args.q, args.k, args.v
-    B, Hq, Sq, Sk, D, Dv = problem.B, problem.Hq, problem.Sq, problem.Sk, problem.D, problem.Dv
+    tests pass poisoned buffers (contiguous)."""
+    q = args.q
+    B, Hq, Sq, Dv = problem.B, problem.Hq, problem.Sq, problem.Dv
     o = out if out is not None else torch.empty((B, Hq, Sq, Dv), dtype=q.dtype, device=q.device)
     want_lse = problem.return_lse or lse_out is not None
     lse = lse_out if lse_out is not None else (
         torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if want_lse else None)
-    mask, ms = mask_view(problem, args.attn_mask)
-    scale, scale_t = scale_args(problem, args)
-    seed, offset, threshold, inv_keep = dropout_args(problem, args)
     if use_tma is None:
-        use_tma = tma_ok(q, k, v)
+        use_tma = tma_ok(q, args.k, args.v)
     if use_tma:
         ensure_allocator(q.device)
-    interp = interpreting()
-    flags = dict(
-        BLOCK_D=block_d(D), BLOCK_DV=block_d(Dv),
-        CAUSAL=_CAUSAL_CODE[problem.causal], MASK_KIND=_MASK_CODE[problem.mask],
-        SCALE_PTR=scale_t is not None, INVERT=problem.invert_scale,
-        HAS_KVLENS=args.kv_lens is not None, DROPOUT=problem.dropout_p > 0,
-        INF_AS_ZERO=problem.inf_as_zero, STORE_LSE=lse is not None, USE_TMA=use_tma,
-        UPCAST=interp and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
-        SCALE_POS=scale_t is None and scale > 0)
-    tensors = (q, k, v, o, lse if lse is not None else o, mask if mask is not None else q,
-               scale_t if scale_t is not None else q,
-               args.kv_lens if args.kv_lens is not None else q)
-    sizes = (*q.stride(), *k.stride(), *v.stride(), *o.stride(), *ms,
-             Hq, Sq, Sk, problem.group, D, Dv, scale, seed, offset, threshold, inv_keep)
+    tail, flags = _fwd_plan(problem, args, use_tma=use_tma, with_lse=lse is not None)
+    ptrs = _pointers(problem, args, o, lse)
 
     def launch(cfg: configs.TileConfig):
-        grid = (triton.cdiv(Sq, cfg.block_m), B * Hq)
-        return _flash_fwd_kernel[grid](*tensors, *sizes, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                                       num_warps=cfg.num_warps, num_stages=cfg.num_stages, **flags)
+        return _flash_fwd_kernel[_grid(problem, cfg)](*ptrs, *tail, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                                                      num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                                                      **flags)
     return (o, lse if want_lse else None), launch
 
 
@@ -367,6 +371,46 @@ def flash_forward(problem, args, cfg: configs.TileConfig, *, use_tma: bool | Non
         except OutOfResources:
             cfg = configs.shrink(cfg)
             configs.FITTED[key] = cfg
+
+
+class ForwardPlan:
+    """The solver's invoker: one planned `Launch` per set of input strides and per-call
+    scalars (scale value, dropout seed/offset) and TMA eligibility; a call allocates
+    o (and lse) and launches."""
+
+    def __init__(self, problem, cfg: configs.TileConfig):
+        self.problem, self.cfg = problem, cfg
+        self.plans: dict[tuple, Launch] = {}
+
+    def _key(self, args) -> tuple:
+        q, k, v, m = args.q, args.k, args.v, args.attn_mask
+        return (q.stride(), k.stride(), v.stride(), None if m is None else (m.shape, m.stride()),
+                None if isinstance(args.scale, torch.Tensor) else args.scale, args.seed, args.offset,
+                q.data_ptr() % 16 == 0 and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0)
+
+    def _plan(self, args) -> Launch:
+        p, cfg = self.problem, self.cfg
+        tail, flags = _fwd_plan(p, args, use_tma=tma_ok(args.q, args.k, args.v), with_lse=p.return_lse)
+        return Launch(_flash_fwd_kernel, _grid(p, cfg), tail, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages, **flags)
+
+    def __call__(self, args):
+        p, q = self.problem, args.q
+        key = self._key(args)
+        launch = self.plans.get(key)
+        if launch is None:
+            if len(self.plans) >= 64:
+                self.plans.clear()
+            launch = self.plans[key] = self._plan(args)
+        o = torch.empty((p.B, p.Hq, p.Sq, p.Dv), dtype=q.dtype, device=q.device)
+        lse = torch.empty((p.B, p.Hq, p.Sq), dtype=torch.float32, device=q.device) if p.return_lse else None
+        try:
+            launch(*_pointers(p, args, o, lse))
+        except OutOfResources:
+            self.cfg = configs.shrink(self.cfg)
+            self.plans.clear()
+            return self(args)
+        return o, lse
 
 
 # ---- solver -----------------------------------------------------------------------------
@@ -416,8 +460,4 @@ class FlashForward(FlashBase):
         return roofline_ms(problem, 0.65)
 
     def prepare(self, problem):
-        fwd_cfg, _ = configs.choose(problem)
-
-        def invoker(args):
-            return flash_forward(problem, args, fwd_cfg)
-        return invoker
+        return ForwardPlan(problem, configs.choose(problem)[0])

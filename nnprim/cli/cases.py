@@ -14,7 +14,7 @@ from ..errors import BadParameterError
 from ..post_ops import Binary, Eltwise, Sum, apply_post_ops
 from ..problems.attention import AttentionProblem
 from ..problems.conv import ConvProblem, to_layout
-from ..search import dispatch
+from ..search.context import for_problem
 from ..search.numerics import rel_error, tolerance  # noqa: F401  (the CLI uses find's comparison)
 
 
@@ -32,7 +32,7 @@ class Case:
     extra: dict = field(default_factory=dict)
 
     def solver(self, forced=None):
-        return dispatch.resolve(self.problem, forced)
+        return for_problem(self.problem).resolve(self.problem, forced)
 
 
 def _randn(shape, dtype, device, gen: torch.Generator) -> torch.Tensor:
@@ -68,10 +68,8 @@ def conv_case(spec: dict, *, dtype: torch.dtype, device: str, direction: str = "
     from ..conv.reference import reference
 
     if direction == "fwd":
-        from ..api import _normalize_post_ops
-        nops = _normalize_post_ops(ops, y_shape, x.device)
-        from dataclasses import replace
-        p = replace(p, post_ops=tuple(o.signature() for o in nops))
+        nops = api._post_ops(ops, x.dim(), K)
+        p = ConvProblem.from_tensors(x, w, "fwd", bias=b, out_dtype=out_dtype, post_ops=nops, **kw)
         args = ConvArgs(x=x, w=w, bias=b, post_ops=nops)
 
         def call():

@@ -84,7 +84,7 @@ def cmd_path(args) -> int:
 
 
 def cmd_build_system(args) -> int:
-    from ..search.find import find
+    from ..search.context import find
     from .problem_args import suite_problems
     probs = []
     for suite in args.suite:

@@ -16,7 +16,7 @@ def _progress(i: int, n: int, name: str, outcome: str) -> None:
 
 
 def find_and_print(problem, *, workspace_limit=None, exhaustive=False, refind=True, label=None) -> int:
-    from ..search.find import find
+    from ..search.context import find
     print(f"find {label or ''} {problem.key()}".replace("  ", " "), file=sys.stderr, flush=True)
     res = find(problem, workspace_limit=workspace_limit, exhaustive=exhaustive, refind=refind, progress=_progress)
     print(f"{label + '  ' if label else ''}{problem.key()}")

@@ -33,12 +33,12 @@ import triton
 import triton.language as tl
 
 from ..args import ConvArgs
+from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import Solver, register
 from . import configs
 from .implicit_gemm import gemm_shape_reasons, geom, layout_strides, roofline_ms, strides5_of
 from .implicit_gemm_bwd import NUM_SMS, _split_reduce_kernel
-from .launch import Launch
 from .triton_epilogue import NO_EPILOGUE, epilogue, interpreting, plan_epilogue, post_op_bytes, post_op_reasons, tl_dot_precision
 
 MAX_CH_PER_GROUP = 16

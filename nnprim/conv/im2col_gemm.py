@@ -22,10 +22,10 @@ import triton
 import triton.language as tl
 
 from ..args import ConvArgs
+from ..launch import Launch
 from ..problems.conv import ConvProblem, to_layout
 from ..search.solver import Solver, register
 from .implicit_gemm import Geom, gemm_shape_reasons, geom, layout_strides, roofline_ms, strides5_of
-from .launch import Launch
 from .triton_epilogue import epilogue_copy_kernel, plan_epilogue, post_op_bytes, post_op_reasons
 
 WORKSPACE_CAP = 256 * 2 ** 20

@@ -28,7 +28,7 @@ zero fill is the padding); backward weights has its own (implicit_gemm_bwd.py). 
 directions use them: configs.TMA_CONV_DIRECTIONS (measured).
 
 Invokers are plans (`FwdPlan`, `BwdDataPlan`): every launch argument is computed in
-`prepare`; a call allocates the output and launches (conv/launch.py).
+`prepare`; a call allocates the output and launches (nnprim/launch.py).
 
 Supported: 1D/2D/3D, nchw/nhwc, any stride/padding/dilation/groups, f32 (exact, no
 TF32), f16, bf16 (f32 or bf16 output for forward). Not supported: tensors of 2**31
@@ -44,10 +44,10 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..args import ConvArgs
+from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import Solver, register
 from . import configs
-from .launch import Launch
 from .triton_epilogue import NO_EPILOGUE, epilogue, interpreting, plan_epilogue, post_op_bytes, post_op_reasons, tl_dot_precision
 
 PEAK_TFLOPS = {torch.bfloat16: 750.0, torch.float16: 750.0, torch.float32: 50.0}

@@ -19,11 +19,11 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..args import ConvArgs
+from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import register
 from . import configs
 from .implicit_gemm import _IGemmBase, _Plan, conv_tile, fit, geom, is_plain_gemm, is_tma_conv, strides5_of
-from .launch import Launch
 from .triton_epilogue import interpreting, tl_dot_precision
 
 NUM_SMS = 132

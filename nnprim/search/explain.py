@@ -6,8 +6,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from . import dispatch, finddb
+from . import finddb
+from .context import for_problem
 from .modes import SETTINGS
+from .ranking import heuristic_order, skip_reason
 from .solver import REGISTRY
 
 
@@ -18,7 +20,7 @@ class SolverRow:
     family: str
     applicable: bool
     disabled: bool
-    reasons: tuple[str, ...]
+    reasons: tuple[str, ...]  # why not applicable; or, when applicable, why find skips it
     workspace_bytes: int | None
     estimate_ms: float | None
     measured_ms: float | None
@@ -33,17 +35,26 @@ def _safe(fn, default=None):
 
 
 def rows(problem) -> list[SolverRow]:
-    fp = finddb.device_fingerprint(problem.device)
-    recs = {r.solver_id: r for r in _safe(lambda: finddb.user_db().lookup(
-        fp, finddb.SOLVER_SET_VERSION, problem.key()), [])}
+    ctx = for_problem(problem)
+    c = ctx.constraints(problem)
+    key = finddb.db_key(problem, c.deterministic)
+    recs = {r.solver_id: r for r in _safe(lambda: finddb.user_db().lookup(c.fingerprint, finddb.SOLVER_SET_VERSION,
+                                                                          key), [])}
     sdb = finddb.system_db()
     if sdb is not None:
-        for r in _safe(lambda: sdb.lookup(fp, finddb.SOLVER_SET_VERSION, problem.key()), []):
+        for r in _safe(lambda: sdb.lookup(c.fingerprint, finddb.SOLVER_SET_VERSION, key), []):
             recs.setdefault(r.solver_id, r)
     out = []
     for s in REGISTRY.for_problem(problem):
         reasons = tuple(s.not_supported_reasons(problem))
         ok = not reasons
+        if ok:
+            why = _safe(lambda s=s: skip_reason(s, problem, workspace_limit=c.workspace_limit,
+                                                deterministic=c.deterministic))
+            if why is not None and not why.startswith("family"):
+                reasons = (why,)
+            if s.id in c.exclude:
+                reasons += ("failed at run time in this process",)
         r = recs.get(s.id)
         out.append(SolverRow(
             s.id, s.name, s.family, ok, SETTINGS.is_disabled(s.family), reasons,
@@ -55,28 +66,31 @@ def rows(problem) -> list[SolverRow]:
 
 def decision(problem) -> str:
     """Which solver a call would use now, and why (without benchmarking)."""
+    from .find import from_db
     from .immediate import db_solutions, get_solutions
+    ctx = for_problem(problem)
     mode = SETTINGS.find_mode
-    hit = dispatch._CHOSEN.get(problem)
+    hit = ctx.chosen.get(problem)
     if hit is not None:
-        return f"would run: {hit[0].name} (already chosen in this process; mode {mode})"
+        return f"would run: {hit.solver.name} (already chosen in this process; mode {mode})"
     name = why = None
     try:
+        c = ctx.constraints(problem)
         if mode == "fast":
-            sols = get_solutions(problem, 1)
+            sols = get_solutions(problem, 1, constraints=c)
             if sols:
                 name, why = sols[0].solver, f"mode fast, from {sols[0].source}"
         elif mode == "normal":
-            from .find import _from_db
-            res = _from_db(problem, None, False)
+            res = from_db(problem, c)
             if res:
                 name, why = res[0].solver, f"mode normal, user find-db hit: {res[0].time_ms:.4f} ms"
         else:
-            sols = db_solutions(problem)
+            sols = db_solutions(problem, c)
             if sols:
                 name, why = sols[0].solver, f"mode {mode}, {sols[0].source} hit: {sols[0].time_ms:.4f} ms"
         if name is None:
-            order = dispatch.heuristic_order(problem)
+            order = heuristic_order(problem, workspace_limit=c.workspace_limit, deterministic=c.deterministic,
+                                    exclude=c.exclude)
             if not order:
                 return "would run: nothing: no enabled solver applies (a call raises NotSupportedError)"
             if mode != "fast" and any(s.family != "reference" for s in order):
@@ -106,14 +120,15 @@ _STDOUT = object()
 def explain(problem, file=_STDOUT) -> str:
     """Print (to `file`, default sys.stdout; None prints nothing) and return the explanation."""
     lines = [f"problem: {problem.key()}", f"class:   {problem.class_key()}",
-             f"device:  {finddb.device_fingerprint(problem.device)}",
+             f"device:  {for_problem(problem).fingerprint}",
+             f"limit:   workspace {for_problem(problem).workspace_limit()} B",
              f"mode:    {SETTINGS.find_mode}" + (f"; disabled families: {','.join(sorted(SETTINGS.disabled))}"
                                                  if SETTINGS.disabled else "")
              + ("; strict" if SETTINGS.strict else ""),
              f"{'id':>5}  {'solver':<28} {'family':<14} {'applies':<8} {'workspace':>10} {'estimate':>10} "
              f"{'measured':>10}  reasons"]
     for r in rows(problem):
-        applies = "yes" if r.applicable and not r.disabled else ("disabled" if r.applicable else "no")
+        applies = ("disabled" if r.disabled else "skipped" if r.reasons else "yes") if r.applicable else "no"
         measured = _fmt(r.measured_ms, " ms") if r.status in (None, "ok") else r.status
         lines.append(f"{r.id:>5}  {r.name:<28} {r.family:<14} {applies:<8} {_fmt(r.workspace_bytes):>10} "
                      f"{_fmt(r.estimate_ms, ' ms'):>10} {measured:>10}  {'; '.join(r.reasons)}")

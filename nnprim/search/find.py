@@ -1,21 +1,25 @@
 """Find: benchmark every applicable, enabled solver of a problem and keep the fastest
-(MIOpen's FindConvFwdAlgorithm / EvaluateInvokers).
+(MIOpen's FindConvFwdAlgorithm / EvaluateInvokers). A policy: it returns measurements
+and records them in the find-db; the per-device context (context.py) prepares the
+invokers (passed in as `prepare`) and remembers the winner.
 
 1. A user find-db hit answers without benchmarking (unless `refind=True`).
 2. Candidates: applicable solvers whose family is not disabled; the reference family
    only when nothing else remains; `dynamic_only` drops long-compile solvers; a solver
-   whose workspace exceeds `workspace_limit` is skipped with the reason logged.
-   Candidates are ordered by their estimate so a budget cut keeps the likely winners.
+   whose workspace exceeds `workspace_limit` is skipped with the reason logged;
+   non-deterministic solvers are skipped when `deterministic`. Ordered by estimate so a
+   budget cut keeps the likely winners.
 3. Inputs: `tensors` (ConvArgs / AttnArgs) or random ones (random_args).
 4. Every candidate is prepared (compiled) first; then each runs once and its output is
    compared with the reference solver's on the same inputs (relative norm; f32 1e-4,
    f16/bf16 2e-2). A disagreeing candidate is recorded "wrong", logged at WARNING and
    never chosen. Any exception (MemoryError, torch.cuda.OutOfMemoryError, ...) records
-   it "failed" and find goes on. Then it is timed: median of repeats after warm-up,
-   CUDA events on a GPU, perf_counter on CPU, cut to fit the budget
+   it "failed" and find goes on.
+5. Timing: the survivors run in interleaved rounds (one run of each per round, device
+   events on a GPU) and each one's median counts; when the two fastest are within 5%,
+   they get more rounds to settle the order. Everything is cut to fit the budget
    (NNPRIM_FIND_BUDGET_MS, NNPRIM_FIND_MAX_CANDIDATES).
-5. Results go to the user find-db in one transaction; the fastest invoker is
-   registered in the hot-path cache; PerfResults are returned fastest first."""
+6. Results go to the user find-db in one transaction; PerfResults come back fastest first."""
 from __future__ import annotations
 
 import logging
@@ -26,14 +30,18 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import BadParameterError, NotSupportedError
-from . import dispatch, finddb
+from . import finddb
+from .immediate import Constraints, usable
 from .modes import SETTINGS
 from .numerics import rel_error, tolerance
 from .random_args import random_args
-from .solver import REGISTRY, Solver
-from .timing import median_ms, once_ms
+from .ranking import heuristic_order, interpreted, not_applicable_error, over_limit, reference_solver
+from .solver import Invoker, Solver
+from .timing import interleaved_ms, once_ms
 
 log = logging.getLogger("nnprim.search")
+
+CLOSE_CALL = 0.05  # the two fastest within 5%: measure them again
 
 
 @dataclass(frozen=True)
@@ -47,9 +55,10 @@ class PerfResult:
 
 
 Progress = Callable[[int, int, str, str], None]  # (index, total, solver name, outcome)
+Prepare = Callable[[Solver], Invoker]
 
 
-def _check_limit(workspace_limit) -> int | None:
+def check_limit(workspace_limit) -> int | None:
     if workspace_limit is None:
         return None
     if isinstance(workspace_limit, bool) or not isinstance(workspace_limit, int) or workspace_limit < 0:
@@ -57,95 +66,78 @@ def _check_limit(workspace_limit) -> int | None:
     return workspace_limit
 
 
-def reference_solver(problem) -> Solver | None:
-    for s in REGISTRY.for_problem(problem):
-        if s.family == "reference" and s.is_applicable(problem):
-            return s
-    return None
-
-
-def _from_db(problem, workspace_limit, dynamic_only) -> list[PerfResult]:
-    from .immediate import _usable
-    fp = finddb.device_fingerprint(problem.device)
+def from_db(problem, c: Constraints, dynamic_only: bool = False) -> list[PerfResult]:
+    """The user find-db's usable "ok" records of `problem`, fastest first."""
     out = []
-    for r in finddb.user_db().lookup(fp, finddb.SOLVER_SET_VERSION, problem.key()):
+    for r in finddb.user_db().lookup(c.fingerprint, finddb.SOLVER_SET_VERSION, finddb.db_key(problem, c.deterministic)):
         if r.status != "ok" or r.time_ms is None:
             continue
-        s = _usable(problem, r.solver_id, "find-db")
+        s = usable(problem, r.solver_id, "find-db", c)
         if s is None or (dynamic_only and s.long_compile):
-            continue
-        if workspace_limit is not None and r.workspace > workspace_limit:
             continue
         out.append(PerfResult(s.name, s.family, float(r.time_ms), int(r.workspace), s.id))
     out.sort(key=lambda x: (x.time_ms, x.solver_id))
     return out
 
 
-def candidates(problem, *, workspace_limit: int | None = None, dynamic_only: bool = False,
-               ) -> tuple[list[Solver], Solver | None]:
+def candidates(problem, c: Constraints, *, dynamic_only: bool = False) -> tuple[list[Solver], Solver | None]:
     """(solvers to benchmark, the reference oracle). Raises NotSupportedError when nothing
     applicable and enabled remains, listing every solver with its reasons."""
     ref = reference_solver(problem)
     cands: list[Solver] = []
-    for s in dispatch.heuristic_order(problem, include_disabled=True):
+    for s in heuristic_order(problem, include_disabled=True, deterministic=c.deterministic, exclude=c.exclude):
         if SETTINGS.is_disabled(s.family):
             log.info("find: skipping %s: family %s disabled", s.name, s.family)
             continue
         if dynamic_only and s.long_compile:
             log.info("find: skipping %s: long compilation (dynamic_hybrid)", s.name)
             continue
-        if workspace_limit is not None:
-            ws = s.workspace_size(problem)
-            if ws > workspace_limit:
-                log.info("find: skipping %s: workspace %d B exceeds the limit %d B", s.name, ws, workspace_limit)
-                continue
+        ws = over_limit(s, problem, c.workspace_limit)
+        if ws is not None:
+            log.info("find: skipping %s: workspace %d B exceeds the limit %d B", s.name, ws, c.workspace_limit)
+            continue
         cands.append(s)
     real = [s for s in cands if s.family != "reference"]
-    native = [s for s in real if not dispatch.interpreted(s, problem)]
+    native = [s for s in real if not interpreted(s, problem)]
     if native and len(native) < len(real):
         log.info("find: not benchmarking %s: Triton interpreter on CPU (testing only)",
-                 ", ".join(s.name for s in real if dispatch.interpreted(s, problem)))
+                 ", ".join(s.name for s in real if interpreted(s, problem)))
     if native:
         return native, ref
     if real:
         return real, ref
     if cands:
         return cands[:1], None
-    raise dispatch.not_applicable_error(problem, workspace_limit=workspace_limit)
+    raise not_applicable_error(problem, workspace_limit=c.workspace_limit, deterministic=c.deterministic)
 
 
-def find(problem, tensors=None, workspace_limit: int | None = None, exhaustive: bool = False,
-         count: int | None = None, *, refind: bool = False, dynamic_only: bool = False,
-         record: bool = True, progress: Progress | None = None) -> list[PerfResult]:
-    """Benchmark the applicable solvers of `problem`; PerfResults fastest first (see module doc).
-
-    exhaustive: benchmark every candidate (no NNPRIM_FIND_MAX_CANDIDATES cut) with more
-    repeats. count: return at most this many results."""
-    limit = _check_limit(workspace_limit)
-    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
-        raise BadParameterError(f"count={count!r} must be None or a positive int")
+def find(problem, prepare: Prepare, c: Constraints, *, tensors=None, exhaustive: bool = False,
+         refind: bool = False, dynamic_only: bool = False, record: bool = True,
+         progress: Progress | None = None) -> list[PerfResult]:
+    """Benchmark the applicable solvers of `problem` under the constraints `c` (the device's
+    find-db fingerprint, workspace limit, determinism, excluded solvers); PerfResults
+    fastest first (see module doc). exhaustive: benchmark every candidate (no
+    NNPRIM_FIND_MAX_CANDIDATES cut) with more repeats."""
     if not refind:
-        hit = _from_db(problem, limit, dynamic_only)
+        hit = from_db(problem, c, dynamic_only)
         if hit:
             log.info("find: find-db hit for %s: %s %.4f ms", problem.key(), hit[0].solver, hit[0].time_ms)
-            dispatch.set_choice(problem, REGISTRY.get(hit[0].solver_id))
-            return hit if count is None else hit[:count]
-    results, records = _benchmark(problem, tensors, limit, exhaustive, dynamic_only, progress)
+            return hit
+    results, records = _benchmark(problem, prepare, c, tensors, exhaustive, dynamic_only, progress)
     if record and records:
         try:
-            fp = finddb.device_fingerprint(problem.device)
-            finddb.user_db().replace_problem(fp, finddb.SOLVER_SET_VERSION, problem.key(), records)
+            finddb.user_db().replace_problem(c.fingerprint, finddb.SOLVER_SET_VERSION,
+                                             finddb.db_key(problem, c.deterministic), records)
         except Exception as e:  # the db is a cache: a failure to record must not fail find
             log.warning("find: could not record results for %s: %s", problem.key(), e)
-    best = REGISTRY.get(results[0].solver_id)
-    dispatch.set_choice(problem, best)
-    log.info("find: selected %s: %.4f ms, workspace %d B", best.name, results[0].time_ms, results[0].workspace_bytes)
-    return results if count is None else results[:count]
+    log.info("find: selected %s: %.4f ms, workspace %d B", results[0].solver, results[0].time_ms,
+             results[0].workspace_bytes)
+    return results
 
 
-def _benchmark(problem, tensors, limit, exhaustive, dynamic_only, progress):
+def _benchmark(problem, prepare: Prepare, c: Constraints, tensors, exhaustive, dynamic_only, progress):
     t_start = time.perf_counter()
-    cands, ref = candidates(problem, workspace_limit=limit, dynamic_only=dynamic_only)
+    cands, ref = candidates(problem, c, dynamic_only=dynamic_only)
     if SETTINGS.find_max_candidates is not None and not exhaustive and len(cands) > SETTINGS.find_max_candidates:
         log.info("find: benchmarking the first %d of %d candidates (NNPRIM_FIND_MAX_CANDIDATES)",
                  SETTINGS.find_max_candidates, len(cands))
@@ -155,35 +147,32 @@ def _benchmark(problem, tensors, limit, exhaustive, dynamic_only, progress):
     repeats = SETTINGS.repeats(dev) * (3 if exhaustive else 1)
     tol = tolerance(problem.dtype)
     args = tensors if tensors is not None else random_args(problem)
-    fp = finddb.device_fingerprint(dev)
-    key, ckey, now = problem.key(), problem.class_key(), time.time()
+    key, ckey, now = finddb.db_key(problem, c.deterministic), problem.class_key(), time.time()
 
     def rec(s: Solver, t: float | None, status: str) -> finddb.Record:
-        ws = _workspace(s, problem)
-        return finddb.Record(fp, finddb.SOLVER_SET_VERSION, key, ckey, s.id, s.name, s.family, t, ws, status, now)
+        return finddb.Record(c.fingerprint, finddb.SOLVER_SET_VERSION, key, ckey, s.id, s.name, s.family, t,
+                             _workspace(s, problem), status, now)
 
     ref_out = None
     if ref is not None and any(s is not ref for s in cands):
-        ref_out = dispatch.invoker_for(problem, ref)(args)
+        ref_out = prepare(ref)(args)
 
     records: list[finddb.Record] = []
-    invokers = {}
+    invokers: dict[int, Invoker] = {}
     for s in cands:  # prepare (compile) everything first
         try:
-            invokers[s.id] = dispatch.invoker_for(problem, s)
+            invokers[s.id] = prepare(s)
         except Exception as e:
             log.warning("find: %s failed to prepare for %s: %s: %s", s.name, key, type(e).__name__, e)
             records.append(rec(s, None, "failed"))
 
-    results: list[PerfResult] = []
-    best = float("inf")
+    # checked first runs: correctness against the reference, and a warm time for the budget
+    live: list[tuple[Solver, float]] = []
     todo = [s for s in cands if s.id in invokers]
     for i, s in enumerate(todo):
-        elapsed = (time.perf_counter() - t_start) * 1e3
-        if results and elapsed >= budget:
+        if live and (time.perf_counter() - t_start) * 1e3 >= budget:
             log.info("find: budget of %.0f ms spent; %d candidates not benchmarked", budget, len(todo) - i)
             break
-        share = max((budget - elapsed) / (len(todo) - i), 1.0)
         inv = invokers[s.id]
         outcome = "ok"
         try:
@@ -191,42 +180,39 @@ def _benchmark(problem, tensors, limit, exhaustive, dynamic_only, progress):
             if ref_out is not None:
                 err = rel_error(out, ref_out)
                 if not err <= tol:
-                    del out
                     log.warning("find: %s disagrees with the reference on %s: relative error %.3g > %.0e; "
                                 "recorded as wrong, never selected", s.name, key, err, tol)
                     records.append(rec(s, t1, "wrong"))
                     outcome = "wrong"
                     continue
             del out
-            if t1 >= share / 2:  # slow: one more run (the first included JIT compilation)
-                t, out = once_ms(lambda inv=inv: inv(args), dev)
-                del out
-            else:
-                t = median_ms(lambda inv=inv: inv(args), dev, repeats=repeats, warmup=1,
-                              budget_ms=share - t1, first_ms=t1)
+            t2, out = once_ms(lambda inv=inv: inv(args), dev)  # the first run included compilation
+            del out
+            live.append((s, min(t1, t2)))
         except (MemoryError, torch.cuda.OutOfMemoryError) as e:
             outcome = "failed"
             log.warning("find: %s ran out of memory on %s (%s); skipped", s.name, key, type(e).__name__)
             records.append(rec(s, None, "failed"))
             if dev == "cuda":
                 torch.cuda.empty_cache()
-            continue
         except Exception as e:
             outcome = "failed"
             log.warning("find: %s failed on %s: %s: %s; skipped", s.name, key, type(e).__name__, e)
             records.append(rec(s, None, "failed"))
-            continue
         finally:
             if progress is not None:
                 progress(i + 1, len(todo), s.name, outcome)
-        log.info("find: %s (id %d, %s): %.4f ms %s %.4f", s.name, s.id, s.family, t, "<" if t < best else ">=", best)
-        best = min(best, t)
+
+    times = _rounds(live, invokers, args, dev, repeats, budget - (time.perf_counter() - t_start) * 1e3)
+    results = []
+    for (s, _), t in zip(live, times):
+        log.info("find: %s (id %d, %s): %.4f ms", s.name, s.id, s.family, t)
         records.append(rec(s, t, "ok"))
         results.append(PerfResult(s.name, s.family, t, _workspace(s, problem), s.id))
 
     if not results and ref is not None and not SETTINGS.is_disabled(ref.family) and ref not in todo:
         log.warning("find: no candidate succeeded for %s; falling back to the reference %s", key, ref.name)
-        t, _ = once_ms(lambda: dispatch.invoker_for(problem, ref)(args), dev)
+        t, _ = once_ms(lambda: prepare(ref)(args), dev)
         records.append(rec(ref, t, "ok"))
         results.append(PerfResult(ref.name, ref.family, t, _workspace(ref, problem), ref.id))
     if not results:
@@ -235,6 +221,29 @@ def _benchmark(problem, tensors, limit, exhaustive, dynamic_only, progress):
         raise NotSupportedError("\n".join(lines))
     results.sort(key=lambda r: (r.time_ms, r.solver_id))
     return results, records
+
+
+def _rounds(live: list[tuple[Solver, float]], invokers: dict[int, Invoker], args, dev: str, repeats: int,
+            left_ms: float) -> list[float]:
+    """Interleaved medians of the live candidates; the two fastest get more rounds when
+    they are within CLOSE_CALL of each other (and the budget allows)."""
+    if not live:
+        return []
+    fns = [lambda inv=invokers[s.id]: inv(args) for s, _ in live]
+    firsts = [t for _, t in live]
+    if len(live) == 1 and firsts[0] * repeats > max(left_ms, 0.0):
+        return firsts  # a slow lone candidate: nothing to rank, no need to time it again
+    t0 = time.perf_counter()
+    times = interleaved_ms(fns, dev, rounds=repeats, budget_ms=max(left_ms, 0.0), first_ms=firsts)
+    left_ms -= (time.perf_counter() - t0) * 1e3
+    order = sorted(range(len(times)), key=times.__getitem__)
+    if len(order) >= 2:
+        a, b = order[0], order[1]
+        if times[b] <= times[a] * (1 + CLOSE_CALL) and left_ms > 0:
+            again = interleaved_ms([fns[a], fns[b]], dev, rounds=2 * repeats, warmup=0, budget_ms=left_ms,
+                                   first_ms=[times[a], times[b]])
+            times[a], times[b] = again
+    return times
 
 
 def _workspace(s: Solver, problem) -> int:

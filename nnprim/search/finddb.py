@@ -406,17 +406,27 @@ def _cpu_model() -> tuple[str, list[str]]:
     return model, flags
 
 
-def device_fingerprint(device: str) -> str:
-    """'cuda:<name>:sm<major><minor>' or 'cpu:<model>:<isa flags>'."""
-    fp = _FINGERPRINTS.get(device)
+def device_fingerprint(device) -> str:
+    """'cuda:<name>:sm<major><minor>' or 'cpu:<model>:<isa flags>'. `device` is a device
+    type ("cuda" = the current CUDA device), an indexed name ("cuda:1") or a torch.device."""
+    name = str(device)
+    fp = _FINGERPRINTS.get(name)
     if fp is None:
-        if device == "cuda":
+        if name.startswith("cuda"):
             import torch
-            name = torch.cuda.get_device_name()
-            major, minor = torch.cuda.get_device_capability()
-            fp = f"cuda:{name}:sm{major}{minor}"
+            index = torch.device(name).index
+            if index is None:
+                index = torch.cuda.current_device()
+                return device_fingerprint(f"cuda:{index}")
+            major, minor = torch.cuda.get_device_capability(index)
+            fp = f"cuda:{torch.cuda.get_device_name(index)}:sm{major}{minor}"
         else:
             model, flags = _cpu_model()
-            fp = f"{device}:{model}:{'+'.join(flags) or platform.machine()}"
-        _FINGERPRINTS[device] = fp
+            fp = f"cpu:{model}:{'+'.join(flags) or platform.machine()}"
+        _FINGERPRINTS[name] = fp
     return fp
+
+
+def db_key(problem, deterministic: bool = False) -> str:
+    """The problem's find-db key; choices made under deterministic algorithms are kept apart."""
+    return problem.key() + ("|deterministic" if deterministic else "")

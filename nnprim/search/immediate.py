@@ -18,10 +18,11 @@ import math
 import re
 from dataclasses import dataclass
 
-from ..errors import BadParameterError, NotSupportedError
+from ..errors import BadParameterError
 from . import finddb
 from .modes import SETTINGS
-from .solver import REGISTRY, Invoker, Solver
+from .ranking import interpreted, over_limit
+from .solver import REGISTRY, Solver
 
 log = logging.getLogger("nnprim.search")
 
@@ -39,7 +40,22 @@ class Solution:
     solver_id: int = 0
 
 
-def _usable(problem, solver_id: int, what: str) -> Solver | None:
+@dataclass(frozen=True)
+class Constraints:
+    """What a solution must satisfy beyond applicability: the device's find-db
+    fingerprint, the workspace limit, determinism, and solvers to leave out (ids that
+    failed at run time)."""
+    fingerprint: str
+    workspace_limit: int | None = None
+    deterministic: bool = False
+    exclude: frozenset[int] = frozenset()
+
+    @classmethod
+    def default(cls, problem) -> Constraints:
+        return cls(finddb.device_fingerprint(problem.device))
+
+
+def usable(problem, solver_id: int, what: str, c: Constraints | None = None) -> Solver | None:
     s = REGISTRY.find_id(solver_id)
     if s is None:
         log.debug("%s: ignoring unknown solver id %d for %s", what, solver_id, problem.key())
@@ -49,15 +65,20 @@ def _usable(problem, solver_id: int, what: str) -> Solver | None:
     if not s.is_applicable(problem):
         log.debug("%s: solver %s no longer applies to %s", what, s.name, problem.key())
         return None
+    if c is not None:
+        if s.id in c.exclude or (c.deterministic and not s.deterministic):
+            return None
+        if over_limit(s, problem, c.workspace_limit) is not None:
+            return None
     return s
 
 
-def _from_records(problem, records, source: str, *, own_workspace: bool) -> list[Solution]:
+def _from_records(problem, records, source: str, c: Constraints, *, own_workspace: bool) -> list[Solution]:
     out = []
     for r in records:
         if r.status != "ok" or r.time_ms is None:
             continue
-        s = _usable(problem, r.solver_id, source)
+        s = usable(problem, r.solver_id, source, c)
         if s is None:
             continue
         ws = r.workspace if own_workspace else s.workspace_size(problem)
@@ -66,18 +87,23 @@ def _from_records(problem, records, source: str, *, own_workspace: bool) -> list
     return out
 
 
-def db_solutions(problem) -> list[Solution]:
-    """Solutions recorded for exactly this problem: user db first, then the system db."""
-    fp = finddb.device_fingerprint(problem.device)
-    key = problem.key()
-    sols = _from_records(problem, finddb.user_db().lookup(fp, finddb.SOLVER_SET_VERSION, key), "user-db",
-                         own_workspace=True)
-    if sols:
-        return sols
+def _dbs() -> list[tuple[str, finddb.FindDb]]:
+    dbs = [("user-db", finddb.user_db())]
     sdb = finddb.system_db()
     if sdb is not None:
-        return _from_records(problem, sdb.lookup(fp, finddb.SOLVER_SET_VERSION, key), "system-db",
+        dbs.append(("system-db", sdb))
+    return dbs
+
+
+def db_solutions(problem, c: Constraints | None = None) -> list[Solution]:
+    """Solutions recorded for exactly this problem: user db first, then the system db."""
+    c = c or Constraints.default(problem)
+    key = finddb.db_key(problem, c.deterministic)
+    for source, db in _dbs():
+        sols = _from_records(problem, db.lookup(c.fingerprint, finddb.SOLVER_SET_VERSION, key), source, c,
                              own_workspace=True)
+        if sols:
+            return sols
     return []
 
 
@@ -93,23 +119,19 @@ def key_distance(a: str, b: str) -> float:
     return sum(abs(math.log2(x + 1) - math.log2(y + 1)) for x, y in zip(sa, sb))
 
 
-def nearest_solutions(problem) -> list[Solution]:
+def nearest_solutions(problem, c: Constraints | None = None) -> list[Solution]:
     """Solutions of the nearest recorded problem of the same class (user db, then system db)."""
-    fp = finddb.device_fingerprint(problem.device)
-    key, ckey = problem.key(), problem.class_key()
-    dbs = [finddb.user_db()]
-    sdb = finddb.system_db()
-    if sdb is not None:
-        dbs.append(sdb)
-    for db in dbs:
+    c = c or Constraints.default(problem)
+    key, ckey = finddb.db_key(problem, c.deterministic), problem.class_key()
+    for _, db in _dbs():
         groups: dict[str, list] = {}
-        for r in db.by_class(fp, finddb.SOLVER_SET_VERSION, ckey):
-            if r.problem_key != key:
+        for r in db.by_class(c.fingerprint, finddb.SOLVER_SET_VERSION, ckey):
+            if r.problem_key != key and r.problem_key.endswith("|deterministic") == c.deterministic:
                 groups.setdefault(r.problem_key, []).append(r)
         for other in sorted(groups, key=lambda k: (key_distance(key, k), k)):
             if key_distance(key, other) == math.inf:
                 break
-            sols = _from_records(problem, groups[other], "nearest-db", own_workspace=False)
+            sols = _from_records(problem, groups[other], "nearest-db", c, own_workspace=False)
             if sols:
                 log.debug("nearest record of %s is %s", key, other)
                 return sols
@@ -122,50 +144,31 @@ def _heuristic_rank(est: float) -> tuple[int, float]:
     return (0, est) if est >= 0 else (1, -est)
 
 
-def heuristic_solutions(problem) -> list[Solution]:
+def heuristic_solutions(problem, c: Constraints | None = None) -> list[Solution]:
+    c = c or Constraints.default(problem)
     out = []
     for s in REGISTRY.for_problem(problem):
-        if SETTINGS.is_disabled(s.family) or not s.is_applicable(problem):
+        if not s.is_applicable(problem) or usable(problem, s.id, "heuristic", c) is None:
             continue
         est = s.estimate(problem)
         if est is None:
             log.debug("heuristic: %s has no estimate for %s; skipped", s.name, problem.key())
             continue
         out.append((s, float(est)))
-    from .dispatch import interpreted
     out.sort(key=lambda se: (se[0].family == "reference", interpreted(se[0], problem), _heuristic_rank(se[1]), se[0].id))
     return [Solution(s.name, s.family, est, int(s.workspace_size(problem)), "heuristic", s.id) for s, est in out]
 
 
-def get_solutions(problem, max_count: int | None = None, *, nearest: bool = True) -> list[Solution]:
+def get_solutions(problem, max_count: int | None = None, *, nearest: bool = True,
+                  constraints: Constraints | None = None) -> list[Solution]:
     """Immediate mode: solutions from the find-db (exact, then nearest of the same class),
     else the heuristic ranking; best first, at most max_count."""
     if max_count is not None and (isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1):
         raise BadParameterError(f"max_count={max_count!r} must be None or a positive int")
-    sols = db_solutions(problem)
+    c = constraints or Constraints.default(problem)
+    sols = db_solutions(problem, c)
     if not sols and nearest:
-        sols = nearest_solutions(problem)
+        sols = nearest_solutions(problem, c)
     if not sols:
-        sols = heuristic_solutions(problem)
+        sols = heuristic_solutions(problem, c)
     return sols if max_count is None else sols[:max_count]
-
-
-def _checked(problem, solver) -> Solver:
-    s = REGISTRY.get(solver)
-    reasons = s.not_supported_reasons(problem)
-    if reasons:
-        raise NotSupportedError(f"solver {s.name} (id {s.id}) cannot run {problem.key()}: " + "; ".join(reasons))
-    return s
-
-
-def workspace_size(problem, solver) -> int:
-    """Workspace bytes `solver` (name, id or Solver) needs for `problem`; error if not applicable."""
-    s = _checked(problem, solver)
-    return int(s.workspace_size(problem))
-
-
-def compile(problem, solver) -> Invoker:  # noqa: A001 - MIOpen's name (CompileSolution)
-    """Prepare (compile) `solver` for `problem` ahead of time; returns the cached invoker."""
-    from . import dispatch
-    s = _checked(problem, solver)
-    return dispatch.invoker_for(problem, s)

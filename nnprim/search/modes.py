@@ -4,7 +4,8 @@ checking and log level (MIOpen's FindMode + MIOPEN_DEBUG_* switches).
 Everything lives in one `SETTINGS` object, read from the environment when first
 imported and settable from Python afterwards (`set_find_mode`, `disable_families`,
 ...); `SETTINGS.reload()` re-reads the environment. Changing a setting that affects
-which solver runs drops the chosen-solver cache of the hot path.
+which solver runs notifies the subscribers (`SETTINGS.subscribe`): the per-device
+search contexts drop their choices.
 
 Environment:
   NNPRIM_FIND_MODE        normal | fast | hybrid (default) | dynamic_hybrid
@@ -14,6 +15,10 @@ Environment:
   NNPRIM_FIND_MAX_CANDIDATES  at most this many solvers are benchmarked (default: all)
   NNPRIM_FIND_REPEATS     timed repeats per candidate (default 5 CUDA, 3 CPU)
   NNPRIM_CHECK_NUMERICS   1: scan inputs and outputs for NaN/Inf (NumericsError)
+  NNPRIM_DETERMINISTIC    1: only deterministic solvers (as torch.use_deterministic_algorithms)
+  NNPRIM_WORKSPACE_LIMIT  bytes a solver may allocate beyond its outputs (suffixes K, M, G;
+                          default on CUDA: a quarter of the device's free memory at the
+                          first call on it)
   NNPRIM_LOG_LEVEL        a `logging` level name or number for the "nnprim" logger
 
 Find modes (DESIGN.md, "Solver search"):
@@ -27,6 +32,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import BadParameterError
@@ -58,6 +65,20 @@ def _parse_families(v) -> frozenset[str]:
     return frozenset(f.strip().lower() for f in v if f and f.strip())
 
 
+_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
+          "G": 2**30, "GB": 2**30, "GIB": 2**30, "T": 2**40, "TB": 2**40, "TIB": 2**40}
+
+
+def parse_bytes(name: str, v: str | None) -> int | None:
+    """A byte count with an optional binary suffix ("512M", "2G", "1048576")."""
+    if v is None or not v.strip():
+        return None
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", v)
+    if m is None or m.group(2).upper() not in _UNITS:
+        raise BadParameterError(f"{name}={v!r} must be a byte count such as 1073741824, 512M or 2G")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
 def _positive_float(name: str, v: str | None, default: float | None) -> float | None:
     if v is None or v.strip() == "":
         return default
@@ -80,12 +101,23 @@ class Settings:
     find_repeats: int | None = None             # None: device default
     check_numerics: bool = False
     log_level: str | None = None
+    workspace_limit: int | None = None          # None: device default (see Context.workspace_limit)
+    deterministic: bool = False                 # or torch.use_deterministic_algorithms(True)
+    _listeners: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def subscribe(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` whenever a setting that changes the choice of solver changes."""
+        self._listeners.append(fn)
+
+    def changed(self) -> None:
+        for fn in self._listeners:
+            fn()
 
     # ---- environment -----------------------------------------------------------------
     def reload(self, environ=None) -> Settings:
         """Re-read every setting from the environment (Python overrides are dropped)."""
         self._load(os.environ if environ is None else environ)
-        _changed()
+        self.changed()
         return self
 
     def _load(self, env) -> None:
@@ -99,6 +131,8 @@ class Settings:
         rep = _positive_float("NNPRIM_FIND_REPEATS", env.get("NNPRIM_FIND_REPEATS"), None)
         self.find_repeats = None if rep is None else int(rep)
         self.check_numerics = _flag(env.get("NNPRIM_CHECK_NUMERICS"))
+        self.deterministic = _flag(env.get("NNPRIM_DETERMINISTIC"))
+        self.workspace_limit = parse_bytes("NNPRIM_WORKSPACE_LIMIT", env.get("NNPRIM_WORKSPACE_LIMIT"))
         self.log_level = env.get("NNPRIM_LOG_LEVEL") or None
         self.apply_log_level()
 
@@ -140,9 +174,7 @@ except BadParameterError as e:  # a typo in the environment must not break `impo
 
 
 def _changed() -> None:
-    """A setting that changes the choice of solver: drop the chosen-solver cache."""
-    from . import dispatch  # late: dispatch imports this module
-    dispatch.clear_choices()
+    SETTINGS.changed()
 
 
 # ---- Python setters (public API re-exports these) ---------------------------------------
@@ -190,6 +222,27 @@ def set_strict(on: bool = True) -> None:
 
 def set_check_numerics(on: bool = True) -> None:
     SETTINGS.check_numerics = bool(on)
+
+
+def set_workspace_limit(limit: int | str | None) -> None:
+    """Bytes a solver may allocate beyond its outputs (None: the device default, a quarter
+    of the free memory on CUDA). Find and the default call skip solvers over it."""
+    if isinstance(limit, str):
+        limit = parse_bytes("workspace limit", limit)
+    elif limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise BadParameterError(f"workspace limit={limit!r} must be None or a non-negative int (bytes)")
+    SETTINGS.workspace_limit = limit
+    _changed()
+
+
+def get_workspace_limit() -> int | None:
+    return SETTINGS.workspace_limit
+
+
+def set_deterministic(on: bool = True) -> None:
+    """Choose only deterministic solvers (torch.use_deterministic_algorithms(True) does too)."""
+    SETTINGS.deterministic = bool(on)
+    _changed()
 
 
 def set_find_budget(ms: float | None = None, max_candidates: int | None = None) -> None:

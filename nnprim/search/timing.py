@@ -1,11 +1,15 @@
-"""Timing of one invoker for find: CUDA events on a GPU, perf_counter on CPU; warm-up
-first, then the median of the repeats. The number of repeats shrinks to fit the time
-left in find's budget (a slow CPU solver is run once or twice, not ten times)."""
+"""Timing of invokers for find: CUDA events on a GPU, perf_counter on CPU.
+
+`once_ms` runs a callable once between device synchronisations (the checked first run);
+`interleaved_ms` times several candidates in rounds, one run of each per round, so that
+clock and thermal drift and other processes' load fall on all of them alike, and
+returns each one's median (robust to a stray slow run). The number of rounds shrinks
+to fit the time budget."""
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 
 def _sync(device: str) -> None:
@@ -23,35 +27,44 @@ def once_ms(fn: Callable[[], object], device: str) -> tuple[float, object]:
     return (time.perf_counter() - t0) * 1e3, out
 
 
-def median_ms(fn: Callable[[], object], device: str, *, repeats: int = 3, warmup: int = 1,
-              budget_ms: float | None = None, first_ms: float | None = None) -> float:
-    """Median time of fn in ms over `repeats` runs after `warmup` runs.
-
-    `first_ms` is a time already measured (e.g. the checked first call); with a budget,
-    warm-up and repeats are cut so that about `budget_ms` is spent (at least one run)."""
-    est = first_ms
-    if budget_ms is not None and est is not None and est > 0:
-        fit = int(budget_ms // est)
-        warmup = min(warmup, max(0, fit - 1))
-        repeats = max(1, min(repeats, fit - warmup))
-    for _ in range(warmup):
-        fn()
+def _one_ms(fn: Callable[[], object], device: str) -> float:
     if device == "cuda":
         import torch
-        _sync(device)
-        times = []
-        for _ in range(repeats):
-            a = torch.cuda.Event(enable_timing=True)
-            b = torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        return statistics.median(times)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
         fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def interleaved_ms(fns: Sequence[Callable[[], object]], device: str, *, rounds: int, warmup: int = 1,
+                   budget_ms: float | None = None, first_ms: Sequence[float] | None = None) -> list[float]:
+    """Median ms of each of `fns` over `rounds` rounds (one run of each per round) after
+    `warmup` runs of each. With a budget and the candidates' first times, rounds are cut
+    so that about `budget_ms` is spent (at least one round)."""
+    if budget_ms is not None and first_ms:
+        per_round = max(sum(first_ms), 1e-3)
+        fit = int(budget_ms // per_round)
+        warmup = min(warmup, max(0, fit - 1))
+        rounds = max(1, min(rounds, fit - warmup))
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    _sync(device)
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            times[i].append(_one_ms(fn, device))
+    return [statistics.median(t) for t in times]
+
+
+def median_ms(fn: Callable[[], object], device: str, *, repeats: int = 3, warmup: int = 1,
+              budget_ms: float | None = None, first_ms: float | None = None) -> float:
+    """Median time of one callable (interleaved_ms of a single candidate)."""
+    return interleaved_ms([fn], device, rounds=repeats, warmup=warmup, budget_ms=budget_ms,
+                          first_ms=None if first_ms is None else [first_ms])[0]

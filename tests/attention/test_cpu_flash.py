@@ -16,7 +16,7 @@ from nnprim.attention import cpu_flash as cf
 from nnprim.attention.reference import reference_backward, reference_forward
 from nnprim.problems.attention import AttentionProblem
 from nnprim.quant import KVQuant, quantize_kv
-from nnprim.search.dispatch import heuristic_order
+from nnprim.search.ranking import heuristic_order
 from nnprim.search.solver import REGISTRY
 
 from .test_reference import BWD_CASES, MASK_SHAPES, rnd

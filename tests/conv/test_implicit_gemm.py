@@ -224,7 +224,7 @@ def test_launch_fast_path(monkeypatch):
     """After the first (JIT) launch, a Launch calls the compiled kernel directly with the
     grid, the current stream and the full argument list; a pointer with another 16-byte
     alignment goes back through the JIT."""
-    from nnprim.conv import launch
+    from nnprim import launch
 
     calls = []
 

@@ -10,7 +10,7 @@ import torch
 
 from nnprim.conv.reference import reference
 from nnprim.problems.conv import ConvProblem, to_layout
-from nnprim.search import dispatch, finddb
+from nnprim.search import context, finddb
 from nnprim.search.modes import SETTINGS
 from nnprim.search.solver import REGISTRY, Solver
 
@@ -84,7 +84,7 @@ class SolverSet:
         s = make_solver(id_, name, **kw)
         REGISTRY.add(s)
         self.added.append(s)
-        dispatch.clear_caches()
+        context.reset()
         return s
 
     def remove_all(self) -> None:
@@ -92,11 +92,25 @@ class SolverSet:
             if REGISTRY.find_id(s.id) is s:
                 REGISTRY.remove(s)
         self.added.clear()
-        dispatch.clear_caches()
+        context.reset()
 
 
 def reset_search_state() -> None:
     """Fresh settings (from the environment), caches and db handles."""
     SETTINGS.reload()
-    dispatch.clear_caches()
+    context.reset()
     finddb.forget_dbs()
+
+
+def run(problem, args, solver=None):
+    """Run a problem without tensors of its own device (the CPU tests' context)."""
+    return context.for_problem(problem).run(problem, args, solver)
+
+
+def resolve(problem, solver=None):
+    return context.for_problem(problem).resolve(problem, solver)
+
+
+def chosen(problem):
+    """The Bound (solver, invoker) the context chose for `problem`."""
+    return context.for_problem(problem).chosen[problem]

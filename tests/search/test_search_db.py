@@ -10,10 +10,10 @@ import time
 import warnings
 
 import pytest
-from search_helpers import PROBLEM
+from search_helpers import PROBLEM, resolve
 
 import nnprim
-from nnprim.search import dispatch, finddb
+from nnprim.search import context, finddb
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -58,7 +58,7 @@ def test_roundtrip_across_processes(solvers, clean):
     assert {s.source for s in sols} == {"user-db"}
     assert sols[0].time_ms <= sols[1].time_ms
     # hybrid (default): the db hit answers, nothing is benchmarked here
-    assert dispatch.resolve(PROBLEM).name == "t_fast" and fast.calls == 0
+    assert resolve(PROBLEM).name == "t_fast" and fast.calls == 0
 
 
 def test_eight_processes_fifty_writes_each_lose_nothing(tmp_path):
@@ -112,7 +112,7 @@ def test_corrupt_pages_midway(clean, solvers):
     for suffix in ("-wal", "-shm"):
         if os.path.exists(path + suffix):
             os.remove(path + suffix)
-    dispatch.clear_caches()
+    context.reset()
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         res = nnprim.find(PROBLEM)  # db unreadable: benchmark again, rebuild, record

@@ -5,12 +5,12 @@ import time
 
 import pytest
 import torch
-from search_helpers import PROBLEM
+from search_helpers import PROBLEM, chosen, resolve, run
 
 import nnprim
 from nnprim.args import ConvArgs
 from nnprim.problems.conv import ConvProblem
-from nnprim.search import dispatch, finddb
+from nnprim.search import context, finddb
 from nnprim.search.random_args import random_args
 
 
@@ -32,7 +32,7 @@ def test_find_picks_fastest_and_orders_the_rest(solvers):
     # recorded in the user db, the winner registered on the hot path
     recs = _db_records()
     assert {n: r.status for n, r in recs.items()} == {"t_fast": "ok", "t_medium": "ok", "t_slow": "ok"}
-    assert dispatch._CHOSEN[PROBLEM][0].name == "t_fast"
+    assert chosen(PROBLEM).solver.name == "t_fast"
 
 
 def test_find_db_hit_does_not_benchmark_unless_refind(solvers):
@@ -71,7 +71,7 @@ def test_raising_and_memory_error_solvers_are_skipped(solvers, caplog):
     assert "t_raises" in text and "t_oom" in text and "out of memory" in text
     # the process stays healthy: the chosen solver runs
     a = random_args(PROBLEM)
-    y = dispatch.run(PROBLEM, a)
+    y = run(PROBLEM, a)
     torch.testing.assert_close(y, torch.nn.functional.conv2d(a.x, a.w, padding=1))
 
 
@@ -85,10 +85,10 @@ def test_wrong_solver_is_never_selected(solvers, caplog):
     assert _db_records()["t_wrong"].status == "wrong"
     assert any("t_wrong" in m and "disagrees" in m for m in caplog.messages)
     # later processes / modes never pick it from the db either
-    dispatch.clear_caches()
+    context.reset()
     assert [s.solver for s in nnprim.get_solutions(PROBLEM)] == ["t_right"]
     nnprim.set_find_mode("fast")
-    assert dispatch.resolve(PROBLEM).name == "t_right"
+    assert resolve(PROBLEM).name == "t_right"
 
 
 def test_wrong_solver_alone_falls_back_to_reference(solvers):

@@ -3,13 +3,13 @@ import time
 
 import pytest
 import torch
-from search_helpers import PROBLEM
+from search_helpers import PROBLEM, chosen, run
 
 import nnprim
 from nnprim.cli import main as cli_main
 from nnprim.problems.attention import AttentionProblem
 from nnprim.problems.conv import ConvProblem, layout_of
-from nnprim.search import dispatch, finddb
+from nnprim.search import context, finddb
 from nnprim.search.numerics import rel_error
 from nnprim.search.random_args import random_args
 
@@ -36,7 +36,7 @@ def test_numerics_check_output(solvers, monkeypatch):
     monkeypatch.setenv("NNPRIM_CHECK_NUMERICS", "1")
     nnprim.search.modes.SETTINGS.reload()
     with pytest.raises(nnprim.NumericsError, match=r"output tensor 'out'.*1 NaN"):
-        dispatch.run(PROBLEM, random_args(PROBLEM), solver="t_nan")
+        run(PROBLEM, random_args(PROBLEM), solver="t_nan")
 
 
 def test_rel_error_nan_aware():
@@ -61,7 +61,7 @@ def test_explain_lists_reasons_and_decision(solvers):
     nnprim.find(PROBLEM)
     text = nnprim.explain(PROBLEM, file=None)
     assert "would run: t_a" in text
-    dispatch.clear_caches()
+    context.reset()
     text = nnprim.explain(PROBLEM, file=None)
     assert "would run: t_a (mode hybrid, user-db hit" in text
     assert " ms" in [ln for ln in text.splitlines() if "t_a" in ln][0]
@@ -72,7 +72,7 @@ def test_strict_raises_instead_of_reference(solvers, monkeypatch):
     x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
     y = nnprim.conv_forward(x, w, padding=1)  # only the reference applies: it runs
     torch.testing.assert_close(y, torch.nn.functional.conv2d(x, w, padding=1), rtol=1e-5, atol=1e-5)
-    dispatch.clear_caches()
+    context.reset()
     monkeypatch.setenv("NNPRIM_STRICT", "1")
     nnprim.search.modes.SETTINGS.reload()
     nnprim.disable_families("gemm", "direct", "implicit_gemm")
@@ -96,7 +96,7 @@ def test_hot_path_no_db_access_no_planning(solvers, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("db or planning on the hot path")
     monkeypatch.setattr(finddb, "user_db", boom)
-    monkeypatch.setattr(dispatch, "select", boom)
+    monkeypatch.setattr(context, "select", boom)
     for _ in range(3):
         nnprim.conv_forward(x, w, padding=1)
     assert s.prepares == prepares
@@ -119,7 +119,7 @@ def test_hot_path_overhead_tiny_conv(solvers, capsys):
         nnprim.set_find_mode("fast")
         nnprim.conv_forward(x, w)
         p = ConvProblem.from_tensors(x, w)
-        inv = dispatch._CHOSEN[p][1]
+        inv = chosen(p).invoker
         args = ConvArgs(x=x, w=w)
 
         def per_call(f, n=3000):
@@ -139,7 +139,7 @@ def test_hot_path_overhead_tiny_conv(solvers, capsys):
         assert api - direct < 100  # target < 30 us; lenient on a shared CI machine
     finally:
         nnprim.REGISTRY.remove(1099)
-        dispatch.clear_caches()
+        context.reset()
 
 
 # ---- random inputs ---------------------------------------------------------------------------

@@ -3,11 +3,11 @@ import time
 
 import pytest
 import torch
-from search_helpers import PROBLEM
+from search_helpers import PROBLEM, resolve, run
 
 import nnprim
 from nnprim.problems.conv import ConvProblem
-from nnprim.search import dispatch, finddb, modes
+from nnprim.search import context, finddb, modes
 from nnprim.search.random_args import random_args
 
 
@@ -70,7 +70,7 @@ def test_nearest_record_of_same_class(solvers):
     assert [(s.solver, s.source) for s in sols] == [("t_b", "nearest-db"), ("t_a", "nearest-db")]
     # fast mode uses it, without benchmarking
     nnprim.set_find_mode("fast")
-    assert dispatch.resolve(PROBLEM).name == "t_b"
+    assert resolve(PROBLEM).name == "t_b"
     assert nnprim.get_solutions(PROBLEM, nearest=False)[0].source == "heuristic"
 
 
@@ -78,9 +78,9 @@ def test_mode_fast_never_benchmarks(solvers):
     a = solvers.add(1000, "t_a", estimate=5.0)
     b = solvers.add(1001, "t_b", estimate=1.0, sleep_ms=5)
     nnprim.set_find_mode("fast")
-    y = dispatch.run(PROBLEM, random_args(PROBLEM))
+    y = run(PROBLEM, random_args(PROBLEM))
     assert y.shape == PROBLEM.y_shape
-    assert dispatch.resolve(PROBLEM).name == "t_b"
+    assert resolve(PROBLEM).name == "t_b"
     assert a.calls == 0 and b.calls == 1  # only the real call
     assert finddb.user_db().count() == 0
 
@@ -90,12 +90,12 @@ def test_mode_hybrid_finds_once_then_reuses_db(solvers):
     a = solvers.add(1000, "t_a", estimate=1.0, sleep_ms=8)
     b = solvers.add(1001, "t_b", estimate=5.0)
     args = random_args(PROBLEM)
-    dispatch.run(PROBLEM, args)
-    assert dispatch.resolve(PROBLEM).name == "t_b"  # measured, not estimated
+    run(PROBLEM, args)
+    assert resolve(PROBLEM).name == "t_b"  # measured, not estimated
     assert a.calls >= 1 and finddb.user_db().count() == 2
     calls = (a.calls, b.calls)
-    dispatch.clear_caches()  # like a new process: the db answers
-    dispatch.run(PROBLEM, args)
+    context.reset()  # like a new process: the db answers
+    run(PROBLEM, args)
     assert (a.calls, b.calls) == (calls[0], calls[1] + 1)
 
 
@@ -103,10 +103,10 @@ def test_mode_normal_finds_on_miss_and_uses_user_db(solvers, clean, monkeypatch)
     a = solvers.add(1000, "t_a", sleep_ms=5)
     solvers.add(1001, "t_b")
     nnprim.set_find_mode("normal")
-    assert dispatch.resolve(PROBLEM).name == "t_b"
+    assert resolve(PROBLEM).name == "t_b"
     n = a.calls
-    dispatch.clear_caches()
-    assert dispatch.resolve(PROBLEM).name == "t_b" and a.calls == n
+    context.reset()
+    assert resolve(PROBLEM).name == "t_b" and a.calls == n
 
 
 def test_mode_normal_ignores_system_db_hybrid_uses_it(solvers, clean, monkeypatch):
@@ -119,16 +119,16 @@ def test_mode_normal_ignores_system_db_hybrid_uses_it(solvers, clean, monkeypatc
     w.close()
     monkeypatch.setenv("NNPRIM_SYSTEM_DB", str(sys_path))
     finddb.forget_dbs()
-    assert dispatch.resolve(PROBLEM).name == "t_b" and b.calls == 0  # hybrid: system db hit
+    assert resolve(PROBLEM).name == "t_b" and b.calls == 0  # hybrid: system db hit
     nnprim.set_find_mode("normal")
-    assert dispatch.resolve(PROBLEM).name == "t_a"  # normal: benchmarked
+    assert resolve(PROBLEM).name == "t_a"  # normal: benchmarked
 
 
 def test_mode_dynamic_hybrid_skips_long_compile(solvers):
     slow_compile = solvers.add(1000, "t_long", long_compile=True)
     solvers.add(1001, "t_dyn", sleep_ms=4)
     nnprim.set_find_mode("dynamic_hybrid")
-    assert dispatch.resolve(PROBLEM).name == "t_dyn"
+    assert resolve(PROBLEM).name == "t_dyn"
     assert slow_compile.prepares == 0
     nnprim.set_find_mode("hybrid")
     res = nnprim.find(PROBLEM, refind=True)
@@ -161,9 +161,9 @@ def test_mode_change_drops_choices(solvers):
     solvers.add(1000, "t_a", estimate=1.0, sleep_ms=6)
     solvers.add(1001, "t_b", estimate=2.0)
     nnprim.set_find_mode("fast")
-    assert dispatch.resolve(PROBLEM).name == "t_a"
+    assert resolve(PROBLEM).name == "t_a"
     nnprim.set_find_mode("hybrid")
-    assert dispatch.resolve(PROBLEM).name == "t_b"
+    assert resolve(PROBLEM).name == "t_b"
 
 
 def test_workspace_size_and_compile(solvers):
@@ -178,8 +178,8 @@ def test_workspace_size_and_compile(solvers):
     inv = nnprim.compile(PROBLEM, "t_a")
     assert s.prepares == 1 and callable(inv)
     args = random_args(PROBLEM)
-    dispatch.run(PROBLEM, args, solver="t_a")  # immediate execution: no new prepare
-    dispatch.run(PROBLEM, args, solver=1000)
+    run(PROBLEM, args, solver="t_a")  # immediate execution: no new prepare
+    run(PROBLEM, args, solver=1000)
     assert s.prepares == 1 and s.calls == 2
     with pytest.raises(nnprim.NotSupportedError):
         nnprim.compile(PROBLEM, "t_bwd")

@@ -1,6 +1,7 @@
-"""Planned Triton launches for the GPU convolution invokers: everything but the data
-pointers is fixed in `Solver.prepare`, so the hot path is a tuple concatenation and
-one call into Triton's C launcher.
+"""Planned Triton launches for the GPU invokers: everything but the data pointers is
+fixed when the invoker is planned (`Solver.prepare`, or the first call with a given set
+of strides), so the hot path is a tuple concatenation and one call into Triton's C
+launcher.
 
 A `Launch` holds the kernel, its grid, its launch options and the tail of its
 positional argument list (every scalar and constexpr, in signature order); kernels
@@ -13,10 +14,24 @@ is installed; otherwise they take the JIT path again. Under TRITON_INTERPRET=1
 every call takes the JIT path (the interpreter has no compiled kernel)."""
 from __future__ import annotations
 
+import os
+
 import torch
 from triton import knobs
 
-from .triton_epilogue import interpreting
+
+def interpreting() -> bool:
+    """True when Triton runs through its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def ensure_allocator(device: torch.device) -> None:
+    """A scratch allocator (in-kernel TMA descriptors) for the calling thread when it has
+    none: for kernels launched outside the search context (tests, benchmarks), which
+    installs its own around every call."""
+    from triton.runtime import _allocation
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        _allocation._allocator.set(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device))
 
 
 def _stream() -> int:
@@ -49,15 +64,17 @@ class Launch:
         self.align = None
         self.fast = not interpreting()
 
-    def __call__(self, *ptrs) -> None:
+    def __call__(self, *ptrs):
+        """Launch; returns the compiled kernel (None under the interpreter)."""
         args = ptrs + self.tail
         c = self.compiled
         if c is not None and _aligned(ptrs) == self.align and not _hooked():
             g = self.grid
             c.run(g[0], g[1], g[2], _stream(), c.function, c.packed_metadata, None, None, None, *args)
-            return
+            return c
         c = self.kernel[self.grid](*args, **self.options)
         if self.fast and c is not None and hasattr(c, "packed_metadata"):
             c.run  # noqa: B018  (loads the module and builds the launcher now)
             self.compiled = c
             self.align = _aligned(ptrs)
+        return c

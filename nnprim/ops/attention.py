@@ -1,0 +1,183 @@
+"""Attention ops: nnprim::sdpa_forward -> (o, lse) and nnprim::sdpa_backward -> (dq, dk, dv).
+
+Schema conventions: a quantized K or V comes as its codes (`k` / `v`), scales and zero
+points plus a spec "dtype:group" (group 0 = the head dim); plain tensors have spec "".
+`causal` is "", "top_left" or "bottom_right"; a float scale is `scale`, a tensor scale
+`scale_tensor`. lse is (B, Hq, Sq) f32 when `return_lse`, else an empty tensor.
+Autograd of sdpa_forward: (dq, dk, dv) = sdpa_backward(do, q, k, v, o, lse) with the
+same options; lse is not differentiable."""
+from __future__ import annotations
+
+import torch
+
+from ..args import AttnArgs
+from ..errors import BadParameterError, NotSupportedError
+from ..problems.attention import AttentionProblem
+from ..quant import KVQuant
+from ..search.context import context
+from . import LIB
+
+_OPTIONS = ("Tensor? attn_mask, Tensor? scale_tensor, Tensor? kv_lens, str causal, float? scale, "
+            "bool invert_scale, float dropout_p, int seed, int offset, bool softmax_inf_as_zero")
+LIB.define("sdpa_forward(Tensor q, Tensor k, Tensor v, Tensor? k_scales, Tensor? k_zero_points, "
+           "Tensor? v_scales, Tensor? v_zero_points, str k_quant, str v_quant, " + _OPTIONS +
+           ", bool return_lse, str? solver) -> (Tensor, Tensor)")
+LIB.define("sdpa_backward(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, " + _OPTIONS +
+           ", str? solver) -> (Tensor, Tensor, Tensor)")
+
+
+# ---- quantized K/V as op arguments --------------------------------------------------------
+def quant_parts(t) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, str]:
+    """(codes or tensor, scales, zero points, spec) of a K/V argument."""
+    if isinstance(t, KVQuant):
+        return t.data, t.scales, t.zero_points, f"{t.dtype}:{t.group_size or 0}"
+    return t, None, None, ""
+
+
+def _kv(data, scales, zps, spec: str, *, checked: bool):
+    if not spec:
+        return data
+    dtype, _, group = spec.partition(":")
+    try:
+        g = int(group) or None
+    except ValueError:
+        raise BadParameterError(f"K/V quant spec {spec!r} must be 'dtype:group_size'") from None
+    if checked:
+        if scales is None:
+            raise BadParameterError(f"quantized K/V ({spec!r}) needs scales")
+        return KVQuant(data, scales, zps, dtype, g)
+    return KVQuant.trusted(data, scales, zps, dtype, g)
+
+
+def _scale_arg(scale, scale_tensor):
+    return scale_tensor if scale_tensor is not None else scale
+
+
+def problem(direction: str, q, k, v, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p,
+            seed, offset, softmax_inf_as_zero, return_lse, *, check_values: bool = True) -> AttentionProblem:
+    """Validate an sdpa call (k, v: tensors or KVQuant); its AttentionProblem."""
+    if scale_tensor is not None and scale is not None:
+        raise BadParameterError("give the scale as a float or as a tensor, not both")
+    return AttentionProblem.from_tensors(
+        q, k, v, attn_mask=attn_mask, causal=causal or None, scale=_scale_arg(scale, scale_tensor),
+        invert_scale=invert_scale, dropout_p=dropout_p, kv_lens=kv_lens, softmax_inf_as_zero=softmax_inf_as_zero,
+        return_lse=return_lse, direction=direction, seed=seed, offset=offset, check_values=check_values)
+
+
+def _tkey(t: torch.Tensor | None):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _check_counters(seed: int, offset: int) -> None:
+    if seed < 0 or offset < 0:
+        raise BadParameterError(f"seed={seed} and offset={offset} must be non-negative")
+
+
+# ---- forward -----------------------------------------------------------------------------------
+@torch.library.impl(LIB, "sdpa_forward", "CompositeExplicitAutograd")
+def _sdpa_forward(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask,
+                  scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero,
+                  return_lse, solver):
+    _check_counters(seed, offset)
+    key = ("fwd", q.shape, q.stride(), q.dtype, _tkey(k), _tkey(v), _tkey(k_scales), _tkey(k_zero_points),
+           _tkey(v_scales), _tkey(v_zero_points), k_quant, v_quant, _tkey(attn_mask), _tkey(scale_tensor),
+           _tkey(kv_lens), causal, scale, invert_scale, dropout_p, softmax_inf_as_zero, return_lse, solver)
+    kk = _kv(k, k_scales, k_zero_points, k_quant, checked=False)
+    vv = _kv(v, v_scales, v_zero_points, v_quant, checked=False)
+
+    def make() -> AttentionProblem:
+        return problem("fwd", q, _kv(k, k_scales, k_zero_points, k_quant, checked=True),
+                       _kv(v, v_scales, v_zero_points, v_quant, checked=True), attn_mask, scale_tensor, kv_lens,
+                       causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse)
+
+    args = AttnArgs(q=q, k=kk, v=vv, attn_mask=attn_mask, scale=_scale_arg(scale, scale_tensor), seed=seed,
+                    offset=offset, kv_lens=kv_lens)
+    o, lse = context(q.device).call(key, make, args, solver)
+    if lse is None:
+        lse = q.new_empty((0,), dtype=torch.float32)
+    return o, lse
+
+
+@torch.library.register_fake("nnprim::sdpa_forward", lib=LIB)
+def _sdpa_forward_fake(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask,
+                       scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset,
+                       softmax_inf_as_zero, return_lse, solver):
+    p = problem("fwd", q, _kv(k, k_scales, k_zero_points, k_quant, checked=True),
+                _kv(v, v_scales, v_zero_points, v_quant, checked=True), attn_mask, scale_tensor, kv_lens, causal,
+                scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, check_values=False)
+    o = q.new_empty((p.B, p.Hq, p.Sq, p.Dv))
+    lse = q.new_empty((p.B, p.Hq, p.Sq) if return_lse else (0,), dtype=torch.float32)
+    return o, lse
+
+
+# ---- backward ----------------------------------------------------------------------------------
+def _bwd_problem(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p,
+                 seed, offset, softmax_inf_as_zero, *, check_values: bool = True) -> AttentionProblem:
+    p = problem("bwd", q, k, v, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed,
+                offset, softmax_inf_as_zero, True, check_values=check_values)
+    want = (p.B, p.Hq, p.Sq, p.Dv)
+    for name, t in (("do", do), ("o", o)):
+        if tuple(t.shape) != want:
+            raise BadParameterError(f"{name} shape {tuple(t.shape)} must be (B, Hq, Sq, Dv)={want}")
+        if t.device != q.device:
+            raise BadParameterError(f"{name} is on {t.device} but q is on {q.device}")
+    if tuple(lse.shape) != want[:3]:
+        raise BadParameterError(f"lse shape {tuple(lse.shape)} must be (B, Hq, Sq)={want[:3]}")
+    if lse.dtype not in (torch.float32, torch.float64):
+        raise BadParameterError(f"lse.dtype={lse.dtype} must be float32")
+    if lse.device != q.device:
+        raise BadParameterError(f"lse is on {lse.device} but q is on {q.device}")
+    return p
+
+
+@torch.library.impl(LIB, "sdpa_backward", "CompositeExplicitAutograd")
+def _sdpa_backward(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p,
+                   seed, offset, softmax_inf_as_zero, solver):
+    _check_counters(seed, offset)
+    key = ("bwd", q.shape, q.stride(), q.dtype, _tkey(k), _tkey(v), _tkey(do), _tkey(o), _tkey(lse),
+           _tkey(attn_mask), _tkey(scale_tensor), _tkey(kv_lens), causal, scale, invert_scale, dropout_p,
+           softmax_inf_as_zero, solver)
+    args = AttnArgs(q=q, k=k, v=v, attn_mask=attn_mask, scale=_scale_arg(scale, scale_tensor), seed=seed,
+                    offset=offset, kv_lens=kv_lens, do=do, o=o, lse=lse)
+    return tuple(context(q.device).call(
+        key, lambda: _bwd_problem(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal, scale,
+                                  invert_scale, dropout_p, seed, offset, softmax_inf_as_zero),
+        args, solver))
+
+
+@torch.library.register_fake("nnprim::sdpa_backward", lib=LIB)
+def _sdpa_backward_fake(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale,
+                        dropout_p, seed, offset, softmax_inf_as_zero, solver):
+    _bwd_problem(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p,
+                 seed, offset, softmax_inf_as_zero, check_values=False)
+    return torch.empty_like(q, memory_format=torch.contiguous_format), \
+        torch.empty_like(k, memory_format=torch.contiguous_format), \
+        torch.empty_like(v, memory_format=torch.contiguous_format)
+
+
+# ---- autograd -------------------------------------------------------------------------------
+def _setup(ctx, inputs, output) -> None:
+    (q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask, scale_tensor, kv_lens,
+     causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, solver) = inputs
+    o, lse = output
+    ctx.mark_non_differentiable(lse)
+    if not any(ctx.needs_input_grad[:3]):
+        return
+    if k_quant or v_quant:
+        raise NotSupportedError("gradients through quantized K/V are not supported; "
+                                "call sdpa under torch.no_grad() or dequantize K/V first")
+    if lse.numel() == 0:
+        raise NotSupportedError("nnprim::sdpa_forward needs return_lse=True when gradients are needed "
+                                "(nnprim.sdpa asks for it)")
+    ctx.save_for_backward(q, k, v, o, lse, attn_mask, scale_tensor, kv_lens)
+    ctx.options = (causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero)
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse, attn_mask, scale_tensor, kv_lens = ctx.saved_tensors
+    dq, dk, dv = torch.ops.nnprim.sdpa_backward(do.contiguous(), q, k, v, o, lse, attn_mask, scale_tensor, kv_lens,
+                                                *ctx.options, None)
+    return (dq, dk, dv) + (None,) * 18
+
+
+torch.library.register_autograd("nnprim::sdpa_forward", _backward, setup_context=_setup, lib=LIB)

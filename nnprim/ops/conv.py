@@ -1,0 +1,244 @@
+"""Convolution ops: nnprim::conv_forward, conv_backward_data, conv_backward_weights.
+
+Schema conventions: `padding` is flat, the before-pads of every spatial dim then the
+after-pads; `post_ops` is a text spec of the chain (`post_op_spec`) whose Sum / Binary
+tensors come in order in `post_tensors`; `solver` is a name or an id as text.
+Autograd of conv_forward: dx = conv_backward_data(dy, w), dw = conv_backward_weights(dy,
+x), dbias = the sum of dy over all but the channel dim (f32 accumulation)."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..args import ConvArgs
+from ..errors import BadParameterError, NotSupportedError
+from ..post_ops import Binary, Eltwise, PostOp, Sum
+from ..problems.common import check_float_dtype
+from ..problems.conv import ConvProblem, empty_in_layout, layout_of, to_layout
+from ..search.context import context
+from . import LIB
+
+LIB.define("conv_forward(Tensor x, Tensor w, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
+           "int groups, str post_ops, Tensor[] post_tensors, ScalarType? out_dtype, str? solver) -> Tensor")
+LIB.define("conv_backward_data(Tensor dy, Tensor w, int[] x_shape, int[] stride, int[] padding, "
+           "int[] dilation, int groups, ScalarType? out_dtype, str? solver) -> Tensor")
+LIB.define("conv_backward_weights(Tensor dy, Tensor x, int[] w_shape, int[] stride, int[] padding, "
+           "int[] dilation, int groups, ScalarType? out_dtype, str? solver) -> Tensor")
+
+
+# ---- post-op chains as text ------------------------------------------------------------------
+def post_op_spec(ops: tuple[PostOp, ...]) -> tuple[str, list[torch.Tensor]]:
+    """(text spec, tensors) of a post-op chain: "sum,1.0;eltwise,relu,0.0,0.0;binary,add"."""
+    parts, tensors = [], []
+    for op in ops:
+        if isinstance(op, Sum):
+            parts.append(f"sum,{float(op.scale)!r}")
+            tensors.append(op.tensor)
+        elif isinstance(op, Eltwise):
+            parts.append(f"eltwise,{op.kind},{float(op.alpha)!r},{float(op.beta)!r}")
+        else:
+            parts.append(f"binary,{op.op}")
+            tensors.append(op.tensor)
+    return ";".join(parts), tensors
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_spec(spec: str) -> tuple:
+    out = []
+    for item in filter(None, spec.split(";")):
+        kind, *vals = item.split(",")
+        try:
+            if kind == "sum" and len(vals) == 1:
+                out.append(("sum", float(vals[0])))
+            elif kind == "eltwise" and len(vals) == 3:
+                out.append(Eltwise(vals[0], float(vals[1]), float(vals[2])))
+            elif kind == "binary" and len(vals) == 1:
+                out.append(("binary", vals[0]))
+            else:
+                raise ValueError
+        except ValueError:
+            raise BadParameterError(f"post_ops spec item {item!r} is not 'sum,SCALE', 'eltwise,KIND,A,B' "
+                                    "or 'binary,OP'") from None
+    return tuple(out)
+
+
+def decode_post_ops(spec: str, tensors) -> tuple[PostOp, ...]:
+    """The chain of a spec, its Sum / Binary ops bound to `tensors` in order."""
+    if not spec:
+        if tensors:
+            raise BadParameterError(f"post_tensors has {len(tensors)} tensors but post_ops is empty")
+        return ()
+    items = _parse_spec(spec)
+    it = iter(tensors)
+    out: list[PostOp] = []
+    try:
+        for item in items:
+            if isinstance(item, Eltwise):
+                out.append(item)
+            elif item[0] == "sum":
+                out.append(Sum(next(it), item[1]))
+            else:
+                out.append(Binary(item[1], next(it)))
+    except StopIteration:
+        raise BadParameterError(f"post_ops {spec!r} needs more than the {len(tensors)} post_tensors given") from None
+    if next(it, None) is not None:
+        raise BadParameterError(f"post_tensors has more tensors than post_ops {spec!r} uses")
+    return tuple(out)
+
+
+# ---- problems (validation) -------------------------------------------------------------------
+def _pairs(padding, nd: int) -> tuple[tuple[int, int], ...]:
+    padding = tuple(padding)
+    if len(padding) == nd:
+        return tuple((p, p) for p in padding)
+    if len(padding) != 2 * nd:
+        raise BadParameterError(f"padding={list(padding)} must hold {nd} or {2 * nd} ints (before..., after...)")
+    return tuple(zip(padding[:nd], padding[nd:]))
+
+
+def _check_on(name: str, t: torch.Tensor, device: torch.device) -> None:
+    if t.device != device:
+        raise BadParameterError(f"{name} is on {t.device} but x is on {device}")
+
+
+def fwd_problem(x, w, bias, stride, padding, dilation, groups, post_spec, post_tensors, out_dtype) -> ConvProblem:
+    """Validate a conv_forward call; its ConvProblem."""
+    nd = x.dim() - 2
+    ops = decode_post_ops(post_spec, post_tensors)
+    p = ConvProblem.from_tensors(x, w, "fwd", stride=tuple(stride), padding=_pairs(padding, nd),
+                                 dilation=tuple(dilation), groups=groups, bias=bias, post_ops=ops,
+                                 out_dtype=out_dtype)
+    if bias is not None:
+        if tuple(bias.shape) != (p.K,):
+            raise BadParameterError(f"bias shape {tuple(bias.shape)} must be (K,)=({p.K},)")
+        _check_on("bias", bias, x.device)
+        check_float_dtype("bias", bias)
+    for i, op in enumerate(ops):
+        t = getattr(op, "tensor", None)
+        if t is None:
+            continue
+        _check_on(f"post_ops[{i}].tensor", t, x.device)
+        if not t.is_floating_point():
+            raise BadParameterError(f"post_ops[{i}].tensor dtype={t.dtype} must be floating point")
+        shape = tuple(t.shape)
+        if isinstance(op, Sum):
+            if shape != p.y_shape:
+                raise BadParameterError(f"post_ops[{i}] Sum tensor shape {shape} must equal y shape {p.y_shape}")
+        elif len(shape) != len(p.y_shape) or any(a not in (1, b) for a, b in zip(shape, p.y_shape)):
+            raise BadParameterError(f"post_ops[{i}] Binary tensor shape {shape} is not broadcastable to y "
+                                    f"{p.y_shape} (give it y's rank)")
+    return p
+
+
+def _bwd_problem(direction: str, dy, t, shape, stride, padding, dilation, groups, out_dtype) -> ConvProblem:
+    """bwd_data (t = w, shape = x's) or bwd_weights (t = x, shape = w's)."""
+    other = "w" if direction == "bwd_data" else "x"
+    check_float_dtype("dy", dy)
+    check_float_dtype(other, t)
+    if dy.dtype != t.dtype:
+        raise BadParameterError(f"dy.dtype={dy.dtype} and {other}.dtype={t.dtype} must match")
+    if dy.device != t.device:
+        raise BadParameterError(f"dy is on {dy.device} but {other} is on {t.device}")
+    try:
+        shape = tuple(int(v) for v in shape)
+    except (TypeError, ValueError):
+        raise BadParameterError(f"{'x' if other == 'w' else 'w'}_shape={shape!r} must be a sequence of ints") from None
+    x_shape, w_shape = (shape, tuple(t.shape)) if direction == "bwd_data" else (tuple(t.shape), shape)
+    layout = layout_of(dy) if direction == "bwd_data" else layout_of(t)
+    p = ConvProblem.create(direction, x_shape, w_shape, dtype=dy.dtype, layout=layout, device=dy.device.type,
+                           stride=tuple(stride), padding=_pairs(padding, len(x_shape) - 2),
+                           dilation=tuple(dilation), groups=groups, out_dtype=out_dtype)
+    if tuple(dy.shape) != p.y_shape:
+        raise BadParameterError(f"dy shape {tuple(dy.shape)} must be the output shape {p.y_shape}")
+    return p
+
+
+def _tkey(t: torch.Tensor | None):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+# ---- implementations -----------------------------------------------------------------------
+@torch.library.impl(LIB, "conv_forward", "CompositeExplicitAutograd")
+def _conv_forward(x, w, bias, stride, padding, dilation, groups, post_ops, post_tensors, out_dtype, solver):
+    ops = decode_post_ops(post_ops, post_tensors)
+    key = ("fwd", x.shape, x.stride(), x.dtype, _tkey(w), _tkey(bias), tuple(stride), tuple(padding),
+           tuple(dilation), groups, post_ops, tuple(_tkey(t) for t in post_tensors), out_dtype, solver)
+    return context(x.device).call(
+        key, lambda: fwd_problem(x, w, bias, stride, padding, dilation, groups, post_ops, post_tensors, out_dtype),
+        ConvArgs(x=x, w=w, bias=bias, post_ops=ops), solver)
+
+
+@torch.library.register_fake("nnprim::conv_forward", lib=LIB)
+def _conv_forward_fake(x, w, bias, stride, padding, dilation, groups, post_ops, post_tensors, out_dtype, solver):
+    p = fwd_problem(x, w, bias, stride, padding, dilation, groups, post_ops, post_tensors, out_dtype)
+    return empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype, device=x.device)
+
+
+@torch.library.impl(LIB, "conv_backward_data", "CompositeExplicitAutograd")
+def _conv_backward_data(dy, w, x_shape, stride, padding, dilation, groups, out_dtype, solver):
+    key = ("bwd_data", dy.shape, dy.stride(), dy.dtype, _tkey(w), tuple(x_shape), tuple(stride), tuple(padding),
+           tuple(dilation), groups, out_dtype, solver)
+    return context(dy.device).call(
+        key, lambda: _bwd_problem("bwd_data", dy, w, x_shape, stride, padding, dilation, groups, out_dtype),
+        ConvArgs(dy=dy, w=w), solver)
+
+
+@torch.library.register_fake("nnprim::conv_backward_data", lib=LIB)
+def _conv_backward_data_fake(dy, w, x_shape, stride, padding, dilation, groups, out_dtype, solver):
+    p = _bwd_problem("bwd_data", dy, w, x_shape, stride, padding, dilation, groups, out_dtype)
+    return empty_in_layout(p.x_shape, p.layout, dtype=p.out_dtype, device=dy.device)
+
+
+@torch.library.impl(LIB, "conv_backward_weights", "CompositeExplicitAutograd")
+def _conv_backward_weights(dy, x, w_shape, stride, padding, dilation, groups, out_dtype, solver):
+    key = ("bwd_weights", dy.shape, dy.stride(), dy.dtype, _tkey(x), tuple(w_shape), tuple(stride),
+           tuple(padding), tuple(dilation), groups, out_dtype, solver)
+    return context(dy.device).call(
+        key, lambda: _bwd_problem("bwd_weights", dy, x, w_shape, stride, padding, dilation, groups, out_dtype),
+        ConvArgs(dy=dy, x=x), solver)
+
+
+@torch.library.register_fake("nnprim::conv_backward_weights", lib=LIB)
+def _conv_backward_weights_fake(dy, x, w_shape, stride, padding, dilation, groups, out_dtype, solver):
+    p = _bwd_problem("bwd_weights", dy, x, w_shape, stride, padding, dilation, groups, out_dtype)
+    return empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype, device=dy.device)
+
+
+# ---- autograd -----------------------------------------------------------------------------
+def _setup_fwd(ctx, inputs, output) -> None:
+    x, w, bias, stride, padding, dilation, groups, post_ops, post_tensors, out_dtype, solver = inputs
+    if post_ops and any(ctx.needs_input_grad[:3]):
+        raise NotSupportedError("nnprim::conv_forward with fused post_ops has no gradient; call "
+                                "nnprim.conv_forward, which applies the chain in torch when gradients are needed")
+    need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    ctx.save_for_backward(x if need_w else None, w if need_x else None)
+    ctx.x_meta = (tuple(x.shape), x.dtype, layout_of(x))
+    ctx.w_shape = tuple(w.shape)
+    ctx.conf = (list(stride), list(padding), list(dilation), groups)
+    ctx.n_post = len(post_tensors)
+
+
+def _backward_fwd(ctx, dy):
+    x, w = ctx.saved_tensors
+    x_shape, dtype, layout = ctx.x_meta
+    stride, padding, dilation, groups = ctx.conf
+    dy = to_layout(dy.to(dtype), layout)
+    dx = dw = db = None
+    if ctx.needs_input_grad[0]:
+        dx = torch.ops.nnprim.conv_backward_data(dy, w, list(x_shape), stride, padding, dilation, groups, None, None)
+    if ctx.needs_input_grad[1]:
+        dw = torch.ops.nnprim.conv_backward_weights(dy, x, list(ctx.w_shape), stride, padding, dilation, groups,
+                                                    None, None)
+    if ctx.needs_input_grad[2]:
+        db = bias_grad(dy)
+    return dx, dw, db, None, None, None, None, None, [None] * ctx.n_post, None, None
+
+
+def bias_grad(dy: torch.Tensor) -> torch.Tensor:
+    """db[k] = the sum of dy over every dim but the channel dim (f32 accumulation)."""
+    acc = torch.float64 if dy.dtype == torch.float64 else torch.float32
+    return dy.sum(dim=[0, *range(2, dy.dim())], dtype=acc).to(dy.dtype)
+
+
+torch.library.register_autograd("nnprim::conv_forward", _backward_fwd, setup_context=_setup_fwd, lib=LIB)

@@ -1,0 +1,38 @@
+"""Shared checks of the GPU tests: errors bounded by a multiple of torch's own error in
+the same dtype against float64 (FlashAttention's test pattern), and no reference
+solver chosen on the GPU."""
+from __future__ import annotations
+
+import torch
+
+from nnprim.search.context import context
+
+FACTOR = 3.0                         # ours may be this many times torch's same-dtype error
+FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 6e-3}
+
+
+def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    a, ref = a.double(), ref.double()
+    return float((a - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def assert_close(name: str, ours: torch.Tensor, theirs: torch.Tensor, ref: torch.Tensor) -> None:
+    """`ours` is no further from the float64 `ref` than FACTOR x torch's same-dtype result
+    (`theirs`), plus a floor for the dtype; and has no NaN."""
+    assert ours.shape == ref.shape, (name, ours.shape, ref.shape)
+    assert torch.isfinite(ours).all(), f"{name}: non-finite values"
+    e_ours, e_torch = rel(ours, ref), rel(theirs, ref)
+    bound = FACTOR * e_torch + FLOOR[ours.dtype if ours.dtype in FLOOR else torch.float32]
+    assert e_ours <= bound, f"{name}: error {e_ours:.3g} > {bound:.3g} (torch's {e_torch:.3g})"
+
+
+def no_reference(device: torch.device | str = "cuda") -> None:
+    """No problem on this device ended at the float64 reference (a defect on the GPU)."""
+    ctx = context(torch.device(device))
+    bad = [(b.problem.key(), b.solver.name) for b in list(ctx.chosen.values()) if b.solver.family == "reference"]
+    assert not bad, f"reference solver chosen on the GPU: {bad}"
+
+
+def chosen_solvers(device: torch.device | str = "cuda") -> dict[str, str]:
+    ctx = context(torch.device(device))
+    return {b.problem.key(): b.solver.name for b in list(ctx.chosen.values())}
