@@ -120,6 +120,24 @@ def test_sdpa_backward_per_block_with_global_lse_sums_to_the_gradient():
         assert rel(torch.cat([a[2], b[2]], 2), want[2]) < 1e-5, name
 
 
+def test_world_of_one_is_plain_attention(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        g = torch.Generator().manual_seed(6)
+        q, k, v = (torch.randn(2, 4, 10, 8, generator=g).requires_grad_() for _ in range(3))
+        o, lse = context_parallel_sdpa(q, k, v, causal=True, return_lse=True)
+        o.sum().backward()
+        want = [t.detach().clone() for t in (o, lse, q.grad, k.grad, v.grad)]
+        for t in (q, k, v):
+            t.grad = None
+        o1, lse1 = nnprim.sdpa(q, k, v, causal=True, return_lse=True)
+        o1.sum().backward()
+        for a, b in zip(want, (o1, lse1, q.grad, k.grad, v.grad)):
+            assert rel(a, b.detach()) < 1e-6
+    finally:
+        dist.destroy_process_group()
+
+
 # ---- across processes -------------------------------------------------------------------
 
 @dataclass(frozen=True)
