@@ -87,7 +87,7 @@ def _merge(o: torch.Tensor | None, lse: torch.Tensor | None, o_b: torch.Tensor, 
     """Fold one block's (o_b, lse_b) into the f32 accumulators' `rows`, in place:
     o += sigmoid(lse_b - lse) (o_b - o),  lse = logaddexp(lse, lse_b)."""
     if o is None:  # the first block (the diagonal) covers every row
-        return o_b.to(F32), lse_b.clone()
+        return o_b.to(F32), lse_b
     oa, la = _rows(o, rows), _rows(lse, rows)
     oa.lerp_(o_b.to(F32), torch.sigmoid(lse_b - la).unsqueeze(-1))
     la.copy_(torch.logaddexp(la, lse_b))
