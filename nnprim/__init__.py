@@ -35,11 +35,13 @@ from .search.solver import REGISTRY
 
 _solvers.load_all()
 
+from . import distributed  # noqa: E402  (after the primitives it calls)
+
 __version__ = "0.1.0"
 
 __all__ = [
     "AttentionProblem", "BadParameterError", "Binary", "ConvProblem", "Eltwise", "KVQuant",
-    "NotSupportedError", "NumericsError", "REGISTRY", "Sum", "conv_backward_bias", "nn", "ops",
+    "NotSupportedError", "NumericsError", "REGISTRY", "Sum", "conv_backward_bias", "distributed", "nn", "ops",
     "conv_backward_data", "conv_backward_weights", "conv_forward", "quantize_kv", "sdpa",
     "sdpa_backward",
     # solver search

@@ -25,9 +25,12 @@ Backward:
     dV  = Pd^T dO            dPd = dO V^T          dP = dPd * keep / (1 - p)
     Di  = rowsum(dO * O)     dS  = P * (dP - Di)
     dQ  = scale * dS K       dK  = scale * dS^T Q
-dK, dV are summed over the query heads sharing a K/V head. The backward recomputes O and
-P in float64 from q, k, v (args.o and args.lse are not needed), so it is the exact
-gradient of the float64 forward. A fully masked row (o = NaN, or 0 with
+dK, dV are summed over the query heads sharing a K/V head. `reference_backward` recomputes
+O and P in float64 from q, k, v (args.o and args.lse are not needed), so it is the exact
+gradient of the float64 forward; the solver (id 101) and `saved=True` instead take P from
+the given lse and Di from the given O, as every backward solver does (sdpa_backward's
+meaning: with the o and lse of a larger softmax, this K/V block's share of its gradient,
+which ring attention sums over blocks). A fully masked row (o = NaN, or 0 with
 softmax_inf_as_zero) contributes zero gradients: its dq row is 0 and it adds nothing to
 dk/dv (the gradient of the softmax_inf_as_zero form; autograd of the NaN form would
 spread NaN into dk/dv). Solvers' backward kernels must match this.
@@ -81,15 +84,17 @@ def _chunks(problem: AttentionProblem):
                 yield b, slice(h0, h1), slice(h0 * G, h1 * G), slice(r0, min(Sq, r0 + rc))
 
 
-def _probs(problem, args, q, k, blk, scale, zero_dead):
+def _probs(problem, args, q, k, blk, scale, zero_dead, lse=None):
     """Scores of block `blk` -> (P (1, nq, nr, Sk), lse (1, nq, nr), dropout multiplier or
-    None); P of a fully masked row is NaN, or 0 when `zero_dead`."""
+    None); P of a fully masked row is NaN, or 0 when `zero_dead`. A given `lse` (the block's
+    rows of a saved one) normalises P instead of the scores' own logsumexp."""
     b, kvs, qs, rows = blk
     kb = k[b:b + 1, kvs].repeat_interleave(problem.group, dim=1)
     s = torch.matmul(q[b:b + 1, qs, rows], kb.transpose(-1, -2)) * scale
     if problem.causal or problem.mask != "none" or problem.has_kv_lens:
         s = s + problem_bias(problem, args, batches=slice(b, b + 1), heads=qs, rows=rows)
-    lse = torch.logsumexp(s, dim=-1)
+    if lse is None:
+        lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.unsqueeze(-1))
     if zero_dead:
         p = torch.where(torch.isneginf(lse).unsqueeze(-1), torch.zeros((), dtype=_F64, device=p.device), p)
@@ -117,25 +122,36 @@ def reference_forward(problem: AttentionProblem, args: AttnArgs) -> tuple[torch.
     return o, lse
 
 
-def reference_backward(problem: AttentionProblem, args: AttnArgs
+def reference_backward(problem: AttentionProblem, args: AttnArgs, *, saved: bool = False
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """float64 (dq, dk, dv) for upstream gradient args.do (explicit formulas, module doc)."""
+    """float64 (dq, dk, dv) for upstream gradient args.do (explicit formulas, module doc).
+
+    saved=True takes P = exp(S - args.lse) and D = rowsum(dO * args.o) from the given
+    forward outputs, as the flash solvers do, instead of recomputing them: with o and lse of
+    a larger softmax (a block of ring / blockwise attention) the result is this K/V block's
+    share of that softmax's gradient, and it equals the default for matching o and lse."""
     q, k, v = _as64(args.q), _as64(args.k), _as64(args.v)
     do = args.do.to(_F64)
+    lse_all = args.lse.to(_F64) if saved else None
+    o_all = args.o.to(_F64) if saved else None
     scale = _scale64(problem, args)
     G = problem.group
     dq, dk, dv = (_empty(t.shape, q.device) for t in (q, k, v))
     for blk in _chunks(problem):
         b, kvs, qs, rows = blk
-        p, _, drop = _probs(problem, args, q, k, blk, scale, zero_dead=True)
+        lse_b = None if lse_all is None else lse_all[b:b + 1, qs, rows]
+        p, _, drop = _probs(problem, args, q, k, blk, scale, zero_dead=True, lse=lse_b)
         pd = p if drop is None else p * drop
         kb = k[b:b + 1, kvs].repeat_interleave(G, dim=1)
         vb = v[b:b + 1, kvs].repeat_interleave(G, dim=1)
         dob = do[b:b + 1, qs, rows]
-        ob = torch.matmul(pd, vb)
         dpd = torch.matmul(dob, vb.transpose(-1, -2))
         dp = dpd if drop is None else dpd * drop
-        di = (dob * ob).sum(dim=-1, keepdim=True)
+        if o_all is None:
+            di = (dob * torch.matmul(pd, vb)).sum(dim=-1, keepdim=True)
+        else:  # a dead row's saved o is NaN (0 with softmax_inf_as_zero): its D is 0
+            di = (dob * o_all[b:b + 1, qs, rows]).sum(dim=-1, keepdim=True)
+            di = torch.where(torch.isneginf(lse_b).unsqueeze(-1), torch.zeros((), dtype=_F64, device=di.device), di)
         ds = p * (dp - di)
         dq[b:b + 1, qs, rows] = torch.matmul(ds, kb) * scale
         nkv = kvs.stop - kvs.start
@@ -209,13 +225,16 @@ class AttentionReferenceFwd(_ReferenceBase):
 
 @register
 class AttentionReferenceBwd(_ReferenceBase):
-    """Backward: invoker(args) -> (dq, dk, dv) in q's, k's and v's dtypes."""
+    """Backward: invoker(args) -> (dq, dk, dv) in q's, k's and v's dtypes. Like every
+    backward solver it uses the given args.o and args.lse (`saved=True`), so that
+    sdpa_backward means the same thing whichever solver runs it (ring attention relies on
+    it) and find's check of the other solvers holds for any o and lse."""
     id = 101
     name = "attn_reference_bwd"
     directions = frozenset({"bwd"})
 
     def prepare(self, problem: AttentionProblem):
         def invoke(args: AttnArgs):
-            dq, dk, dv = reference_backward(problem, args)
+            dq, dk, dv = reference_backward(problem, args, saved=args.o is not None and args.lse is not None)
             return dq.to(args.q.dtype), dk.to(args.k.dtype), dv.to(args.v.dtype)
         return invoke

@@ -354,7 +354,9 @@ def test_solver_invokers(dtype):
     bwd = REGISTRY.get("attn_reference_bwd")
     assert bwd.is_applicable(bprob) and not bwd.is_applicable(prob) and not REGISTRY.get(100).is_applicable(bprob)
     do = rnd(B, Hq, Sq, D, seed=44, dtype=dtype)
-    dq, dk, dv = bwd.prepare(bprob)(AttnArgs(q, k, v, do=do, o=o, lse=lse))
+    # the solver uses the given lse: float64 exactness needs a float64 one (sdpa's is f32)
+    lse_in = lse64 if dtype == torch.float64 else lse
+    dq, dk, dv = bwd.prepare(bprob)(AttnArgs(q, k, v, do=do, o=o, lse=lse_in))
     assert (dq.dtype, dk.dtype, dv.dtype) == (dtype,) * 3
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     want = ref.sdpa_backward_reference(do, q, k, v, causal="top_left")
