@@ -1,6 +1,6 @@
 """nnprim: deep-learning primitives (convolution, scaled dot-product attention) with
 MIOpen-style solver search; Triton kernels on NVIDIA GPUs, vectorised torch on CPU."""
-from . import _solvers, nn, ops
+from . import _solvers, nn, ops, warmup
 from .api import (
                   conv_backward_bias,
                   conv_backward_data,
@@ -41,7 +41,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionProblem", "BadParameterError", "Binary", "ConvProblem", "Eltwise", "KVQuant",
-    "NotSupportedError", "NumericsError", "REGISTRY", "Sum", "conv_backward_bias", "distributed", "nn", "ops",
+    "NotSupportedError", "NumericsError", "REGISTRY", "Sum", "conv_backward_bias", "distributed", "nn", "ops", "warmup",
     "conv_backward_data", "conv_backward_weights", "conv_forward", "quantize_kv", "sdpa",
     "sdpa_backward",
     # solver search

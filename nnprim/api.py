@@ -3,7 +3,9 @@
 
 Everything here is plain Python that torch.compile traces without a graph break;
 nothing here touches data pointers or caches. Gradients come from the autograd
-registered on the ops. A fused post-op chain has no gradient formula in the kernels:
+registered on the ops. In eager mode (`ops.eager`) the same implementations run without
+the dispatcher, through autograd Functions sharing the ops' formulas: the host cost of a
+call stays at torch's own. A fused post-op chain has no gradient formula in the kernels:
 when gradients are needed the convolution (+ bias) runs as the op with an f32 result
 and the chain is applied in torch, so its gradient is exact."""
 from __future__ import annotations
@@ -14,6 +16,9 @@ from collections.abc import Sequence
 import torch
 
 from .errors import BadParameterError
+from .ops import attention as attn_ops
+from .ops import conv as conv_ops
+from .ops import eager
 from .ops.attention import quant_parts
 from .ops.conv import bias_grad, post_op_spec
 from .post_ops import Binary, Eltwise, PostOp, Sum, apply_post_ops
@@ -104,8 +109,22 @@ def _post_ops(post_ops, rank: int, K: int) -> tuple[PostOp, ...]:
     return tuple(out)
 
 
+def _autocast(device_type: str, *ts):
+    """Inside torch.autocast, floating inputs in the autocast dtype, as torch casts them for
+    its own convolution and attention (both run in lower precision there)."""
+    if not torch.is_autocast_enabled(device_type):
+        return ts
+    dt = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dt) if t is not None and t.dtype != dt and t.is_floating_point() else t for t in ts)
+
+
 def _needs_grad(*ts) -> bool:
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in ts)
+    if not torch.is_grad_enabled():
+        return False
+    for t in ts:
+        if t is not None and t.requires_grad:
+            return True
+    return False
 
 
 # ---- convolution ------------------------------------------------------------------------------
@@ -117,16 +136,22 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     check_tensor("w", w)
     if bias is not None:
         check_tensor("bias", bias)
+    x, w, bias = _autocast(x.device.type, x, w, bias)
     st, pad, dl = _conv_args(x, w.shape[2:], stride, padding, dilation)
     ops = _post_ops(post_ops, x.dim(), w.shape[0]) if post_ops else ()
-    tensors = [getattr(o, "tensor", None) for o in ops]
-    if ops and _needs_grad(x, w, bias, *tensors):
-        # the chain in torch on the f32 (f64) accumulator, so that its gradient is exact
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-        y = _ops.conv_forward(x, w, bias, st, pad, dl, groups, "", [], acc, _solver(solver))
-        return apply_post_ops(y, ops).to(out_dtype or x.dtype)
     spec, post_tensors = post_op_spec(ops)
-    return _ops.conv_forward(x, w, bias, st, pad, dl, groups, spec, post_tensors, out_dtype, _solver(solver))
+    solver = _solver(solver)
+    direct = eager(x, w, bias, *post_tensors)
+    if _needs_grad(x, w, bias, *post_tensors):
+        if ops:  # the chain in torch on the f32 (f64) accumulator, so that its gradient is exact
+            acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+            y = (conv_ops.ConvFunction.apply(x, w, bias, st, pad, dl, groups, acc, solver) if direct else
+                 _ops.conv_forward(x, w, bias, st, pad, dl, groups, "", [], acc, solver))
+            return apply_post_ops(y, ops).to(out_dtype or x.dtype)
+        if direct:
+            return conv_ops.ConvFunction.apply(x, w, bias, st, pad, dl, groups, out_dtype, solver)
+    fn = conv_ops._conv_forward if direct else _ops.conv_forward
+    return fn(x, w, bias, st, pad, dl, groups, spec, post_tensors, out_dtype, solver)
 
 
 def _shape(name: str, s) -> list[int]:
@@ -143,8 +168,8 @@ def conv_backward_data(dy: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int]
     check_tensor("dy", dy)
     check_tensor("w", w)
     st, pad, dl = _conv_args(dy, w.shape[2:], stride, padding, dilation)
-    return _ops.conv_backward_data(dy, w, _shape("x_shape", x_shape), st, pad, dl, groups, out_dtype,
-                                   _solver(solver))
+    fn = conv_ops._conv_backward_data if eager(dy, w) else _ops.conv_backward_data
+    return fn(dy, w, _shape("x_shape", x_shape), st, pad, dl, groups, out_dtype, _solver(solver))
 
 
 def conv_backward_weights(dy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[int], *, stride=1,
@@ -155,7 +180,8 @@ def conv_backward_weights(dy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[i
     check_tensor("x", x)
     ws = _shape("w_shape", w_shape)
     st, pad, dl = _conv_args(x, ws[2:], stride, padding, dilation)
-    return _ops.conv_backward_weights(dy, x, ws, st, pad, dl, groups, out_dtype, _solver(solver))
+    fn = conv_ops._conv_backward_weights if eager(dy, x) else _ops.conv_backward_weights
+    return fn(dy, x, ws, st, pad, dl, groups, out_dtype, _solver(solver))
 
 
 def conv_backward_bias(dy: torch.Tensor) -> torch.Tensor:
@@ -206,11 +232,16 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
     check_tensor("q", q)
     kd, ks, kz, kspec = _kv("k", k)
     vd, vs, vz, vspec = _kv("v", v)
-    lse_needed = return_lse or _needs_grad(q, kd, vd)
-    o, lse = _ops.sdpa_forward(q, kd, vd, ks, kz, vs, vz, kspec, vspec,
-                               *_options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv_lens,
-                                         softmax_inf_as_zero),
-                               lse_needed, _solver(solver))
+    q, kd, vd = _autocast(q.device.type, q, kd, vd)
+    opts = _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv_lens, softmax_inf_as_zero)
+    solver = _solver(solver)
+    grad = _needs_grad(q, kd, vd)
+    direct = eager(q, kd, vd, ks, kz, vs, vz, attn_mask, opts[1], kv_lens)
+    if direct and grad and not (kspec or vspec):
+        o, lse = attn_ops.SdpaFunction.apply(q, kd, vd, *opts, solver)
+    else:
+        fn = attn_ops._sdpa_forward if direct and not grad else _ops.sdpa_forward
+        o, lse = fn(q, kd, vd, ks, kz, vs, vz, kspec, vspec, *opts, return_lse or grad, solver)
     return (o, lse) if return_lse else o
 
 
@@ -226,7 +257,6 @@ def sdpa_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
             raise NotSupportedError("sdpa_backward with quantized K/V is not supported: "
                                     "quantized K/V have no gradient; dequantize first")
         check_tensor(name, t)
-    return tuple(_ops.sdpa_backward(do, q, k, v, o, lse,
-                                    *_options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset,
-                                              kv_lens, softmax_inf_as_zero),
-                                    _solver(solver)))
+    opts = _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv_lens, softmax_inf_as_zero)
+    fn = attn_ops._sdpa_backward if eager(do, q, k, v, o, lse, attn_mask, opts[1], kv_lens) else _ops.sdpa_backward
+    return tuple(fn(do, q, k, v, o, lse, *opts, _solver(solver)))

@@ -6,9 +6,26 @@ implementation (the per-device search context runs the chosen solver) and a fake
 registered on the op (its backward calls the backward ops), and the public function in
 `nnprim.api` that normalises Python arguments into the op's schema. The compiler sees
 opaque ops with known outputs; solver choice happens when an op runs, never while
-tracing."""
+tracing. In eager mode the public functions call the same implementations directly
+(`eager`), with autograd Functions that share the ops' backward formulas."""
+import torch
 from torch.library import Library
 
 LIB = Library("nnprim", "DEF")
+
+
+def eager(*tensors) -> bool:
+    """Whether a public call may run the implementations directly, skipping the dispatcher
+    (its Python autograd and redispatch cost ~10 us a call): plain tensors or parameters,
+    no compiler tracing and no dispatch mode (FakeTensor, proxies, FlopCounter...)."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return False
+    for t in tensors:
+        if t is not None and type(t) not in _PLAIN:
+            return False
+    return True
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 from . import attention, conv  # noqa: E402,F401  (define and register the ops)

@@ -15,6 +15,7 @@ from ..errors import BadParameterError, NotSupportedError
 from ..problems.attention import AttentionProblem
 from ..quant import KVQuant
 from ..search.context import context
+from ..warmup import note
 from . import LIB
 
 _OPTIONS = ("Tensor? attn_mask, Tensor? scale_tensor, Tensor? kv_lens, str causal, float? scale, "
@@ -58,10 +59,12 @@ def problem(direction: str, q, k, v, attn_mask, scale_tensor, kv_lens, causal, s
     """Validate an sdpa call (k, v: tensors or KVQuant); its AttentionProblem."""
     if scale_tensor is not None and scale is not None:
         raise BadParameterError("give the scale as a float or as a tensor, not both")
-    return AttentionProblem.from_tensors(
+    p = AttentionProblem.from_tensors(
         q, k, v, attn_mask=attn_mask, causal=causal or None, scale=_scale_arg(scale, scale_tensor),
         invert_scale=invert_scale, dropout_p=dropout_p, kv_lens=kv_lens, softmax_inf_as_zero=softmax_inf_as_zero,
         return_lse=return_lse, direction=direction, seed=seed, offset=offset, check_values=check_values)
+    note(p)
+    return p
 
 
 def _tkey(t: torch.Tensor | None):
@@ -156,28 +159,52 @@ def _sdpa_backward_fake(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, c
 
 
 # ---- autograd -------------------------------------------------------------------------------
-def _setup(ctx, inputs, output) -> None:
-    (q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask, scale_tensor, kv_lens,
-     causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, solver) = inputs
-    o, lse = output
+def _save(ctx, q, k, v, o, lse, quantized: bool, attn_mask, scale_tensor, kv_lens, options) -> None:
     ctx.mark_non_differentiable(lse)
     if not any(ctx.needs_input_grad[:3]):
         return
-    if k_quant or v_quant:
+    if quantized:
         raise NotSupportedError("gradients through quantized K/V are not supported; "
                                 "call sdpa under torch.no_grad() or dequantize K/V first")
     if lse.numel() == 0:
         raise NotSupportedError("nnprim::sdpa_forward needs return_lse=True when gradients are needed "
                                 "(nnprim.sdpa asks for it)")
     ctx.save_for_backward(q, k, v, o, lse, attn_mask, scale_tensor, kv_lens)
-    ctx.options = (causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero)
+    ctx.options = options
+
+
+def _grads(ctx, do, backward):
+    q, k, v, o, lse, attn_mask, scale_tensor, kv_lens = ctx.saved_tensors
+    return backward(do.contiguous(), q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, *ctx.options, None)
+
+
+def _setup(ctx, inputs, output) -> None:
+    (q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask, scale_tensor, kv_lens,
+     causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, solver) = inputs
+    _save(ctx, q, k, v, *output, bool(k_quant or v_quant), attn_mask, scale_tensor, kv_lens,
+          (causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero))
 
 
 def _backward(ctx, do, dlse):
-    q, k, v, o, lse, attn_mask, scale_tensor, kv_lens = ctx.saved_tensors
-    dq, dk, dv = torch.ops.nnprim.sdpa_backward(do.contiguous(), q, k, v, o, lse, attn_mask, scale_tensor, kv_lens,
-                                                *ctx.options, None)
-    return (dq, dk, dv) + (None,) * 18
+    return tuple(_grads(ctx, do, torch.ops.nnprim.sdpa_backward)) + (None,) * 18
 
 
 torch.library.register_autograd("nnprim::sdpa_forward", _backward, setup_context=_setup, lib=LIB)
+
+
+class SdpaFunction(torch.autograd.Function):
+    """The eager path's autograd (no dispatcher): sdpa_forward's formulas with the
+    implementations called directly; plain (unquantized) K/V; returns (o, lse)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset,
+                softmax_inf_as_zero, solver):
+        options = (causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero)
+        o, lse = _sdpa_forward(q, k, v, None, None, None, None, "", "", attn_mask, scale_tensor, kv_lens, *options,
+                               True, solver)
+        _save(ctx, q, k, v, o, lse, False, attn_mask, scale_tensor, kv_lens, options)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        return tuple(_grads(ctx, do, _sdpa_backward)) + (None,) * 11

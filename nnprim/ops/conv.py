@@ -17,6 +17,7 @@ from ..post_ops import Binary, Eltwise, PostOp, Sum
 from ..problems.common import check_float_dtype
 from ..problems.conv import ConvProblem, empty_in_layout, layout_of, to_layout
 from ..search.context import context
+from ..warmup import note
 from . import LIB
 
 LIB.define("conv_forward(Tensor x, Tensor w, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
@@ -128,6 +129,7 @@ def fwd_problem(x, w, bias, stride, padding, dilation, groups, post_spec, post_t
         elif len(shape) != len(p.y_shape) or any(a not in (1, b) for a, b in zip(shape, p.y_shape)):
             raise BadParameterError(f"post_ops[{i}] Binary tensor shape {shape} is not broadcastable to y "
                                     f"{p.y_shape} (give it y's rank)")
+    note(p)
     return p
 
 
@@ -151,6 +153,7 @@ def _bwd_problem(direction: str, dy, t, shape, stride, padding, dilation, groups
                            dilation=tuple(dilation), groups=groups, out_dtype=out_dtype)
     if tuple(dy.shape) != p.y_shape:
         raise BadParameterError(f"dy shape {tuple(dy.shape)} must be the output shape {p.y_shape}")
+    note(p)
     return p
 
 
@@ -206,33 +209,57 @@ def _conv_backward_weights_fake(dy, x, w_shape, stride, padding, dilation, group
 
 
 # ---- autograd -----------------------------------------------------------------------------
-def _setup_fwd(ctx, inputs, output) -> None:
-    x, w, bias, stride, padding, dilation, groups, post_ops, post_tensors, out_dtype, solver = inputs
-    if post_ops and any(ctx.needs_input_grad[:3]):
-        raise NotSupportedError("nnprim::conv_forward with fused post_ops has no gradient; call "
-                                "nnprim.conv_forward, which applies the chain in torch when gradients are needed")
+def _save(ctx, x, w, stride, padding, dilation, groups) -> None:
     need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     ctx.save_for_backward(x if need_w else None, w if need_x else None)
     ctx.x_meta = (tuple(x.shape), x.dtype, layout_of(x))
     ctx.w_shape = tuple(w.shape)
     ctx.conf = (list(stride), list(padding), list(dilation), groups)
-    ctx.n_post = len(post_tensors)
 
 
-def _backward_fwd(ctx, dy):
+def _grads(ctx, dy, bwd_data, bwd_weights):
+    """(dx, dw, db) of conv_forward given dy (in the forward's out_dtype)."""
     x, w = ctx.saved_tensors
     x_shape, dtype, layout = ctx.x_meta
     stride, padding, dilation, groups = ctx.conf
     dy = to_layout(dy.to(dtype), layout)
     dx = dw = db = None
     if ctx.needs_input_grad[0]:
-        dx = torch.ops.nnprim.conv_backward_data(dy, w, list(x_shape), stride, padding, dilation, groups, None, None)
+        dx = bwd_data(dy, w, list(x_shape), stride, padding, dilation, groups, None, None)
     if ctx.needs_input_grad[1]:
-        dw = torch.ops.nnprim.conv_backward_weights(dy, x, list(ctx.w_shape), stride, padding, dilation, groups,
-                                                    None, None)
+        dw = bwd_weights(dy, x, list(ctx.w_shape), stride, padding, dilation, groups, None, None)
     if ctx.needs_input_grad[2]:
         db = bias_grad(dy)
+    return dx, dw, db
+
+
+def _setup_fwd(ctx, inputs, output) -> None:
+    x, w, bias, stride, padding, dilation, groups, post_ops, post_tensors, out_dtype, solver = inputs
+    if post_ops and any(ctx.needs_input_grad[:3]):
+        raise NotSupportedError("nnprim::conv_forward with fused post_ops has no gradient; call "
+                                "nnprim.conv_forward, which applies the chain in torch when gradients are needed")
+    _save(ctx, x, w, stride, padding, dilation, groups)
+    ctx.n_post = len(post_tensors)
+
+
+def _backward_fwd(ctx, dy):
+    dx, dw, db = _grads(ctx, dy, torch.ops.nnprim.conv_backward_data, torch.ops.nnprim.conv_backward_weights)
     return dx, dw, db, None, None, None, None, None, [None] * ctx.n_post, None, None
+
+
+class ConvFunction(torch.autograd.Function):
+    """The eager path's autograd (no dispatcher): conv_forward's formulas with the
+    implementations called directly."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, stride, padding, dilation, groups, out_dtype, solver):
+        _save(ctx, x, w, stride, padding, dilation, groups)
+        return _conv_forward(x, w, bias, stride, padding, dilation, groups, "", [], out_dtype, solver)
+
+    @staticmethod
+    def backward(ctx, dy):
+        dx, dw, db = _grads(ctx, dy, _conv_backward_data, _conv_backward_weights)
+        return dx, dw, db, None, None, None, None, None, None
 
 
 def bias_grad(dy: torch.Tensor) -> torch.Tensor:

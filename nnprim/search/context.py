@@ -73,6 +73,7 @@ class Context:
         self.warned: set[str] = set()
         self._fingerprint: str | None = None
         self._default_limit: int | None = None
+        self._deterministic = False  # the determinism the cached choices were made under
         self._allocator = None
 
     def __repr__(self) -> str:
@@ -151,6 +152,7 @@ class Context:
                 raise NotSupportedError(f"solver {s.name} (id {s.id}) cannot run {problem.key()}: "
                                         + "; ".join(reasons))
             return Bound(problem, s, self.invoker_for(problem, s), True)
+        self._check_determinism()
         hit = self.chosen.get(problem)
         if hit is not None:
             return hit
@@ -197,8 +199,16 @@ class Context:
         """Run `problem` on `args` with the forced or chosen solver (no call memo)."""
         return self.run_bound(self.bind(problem, solver, args), args)
 
+    def _check_determinism(self) -> None:
+        """torch.use_deterministic_algorithms may change between calls: choices made under
+        the other setting no longer hold."""
+        if _deterministic() is not self._deterministic:
+            self.clear_choices()
+            self._deterministic = not self._deterministic
+
     def call(self, key: Hashable, make_problem: Callable[[], object], args, solver=None):
         """The hot path: `key` memoises (problem, solver) for one call signature."""
+        self._check_determinism()
         b = self.calls.get(key)
         if b is None:
             b = self.bind(make_problem(), solver, args)
