@@ -14,6 +14,7 @@ is installed; otherwise they take the JIT path again. Under TRITON_INTERPRET=1
 every call takes the JIT path (the interpreter has no compiled kernel)."""
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -50,10 +51,28 @@ def _aligned(ptrs: tuple) -> tuple[bool, ...]:
     return tuple(t.data_ptr() % 16 == 0 for t in ptrs if isinstance(t, torch.Tensor))
 
 
-class Launch:
-    """kernel[grid](*ptrs, *tail, **options), planned once."""
+def _positional(kernel, n_given: int, options: dict) -> tuple:
+    """The values of the kernel parameters after the first `n_given` (constexprs passed as
+    keywords, or their defaults), in signature order: the compiled launcher takes every
+    parameter positionally."""
+    names = kernel.arg_names[n_given:]
+    params = kernel.signature.parameters
+    out = []
+    for n in names:
+        if n in options:
+            out.append(options[n])
+        elif params[n].default is not inspect.Parameter.empty:
+            out.append(params[n].default)
+        else:
+            raise TypeError(f"{kernel.fn.__name__}: no value for parameter {n!r}")
+    return tuple(out)
 
-    __slots__ = ("kernel", "grid", "tail", "options", "compiled", "align", "fast")
+
+class Launch:
+    """kernel[grid](*ptrs, *tail, **options), planned once. `options` holds the launch
+    options (num_warps, num_stages) and any constexprs not in the tail."""
+
+    __slots__ = ("kernel", "grid", "tail", "options", "compiled", "align", "fast", "full_tail")
 
     def __init__(self, kernel, grid: tuple[int, ...], tail: tuple, **options):
         self.kernel = kernel
@@ -62,19 +81,22 @@ class Launch:
         self.options = options
         self.compiled = None
         self.align = None
+        self.full_tail = None
         self.fast = not interpreting()
 
     def __call__(self, *ptrs):
         """Launch; returns the compiled kernel (None under the interpreter)."""
-        args = ptrs + self.tail
         c = self.compiled
         if c is not None and _aligned(ptrs) == self.align and not _hooked():
             g = self.grid
-            c.run(g[0], g[1], g[2], _stream(), c.function, c.packed_metadata, None, None, None, *args)
+            c.run(g[0], g[1], g[2], _stream(), c.function, c.packed_metadata, None, None, None, *ptrs,
+                  *self.full_tail)
             return c
-        c = self.kernel[self.grid](*args, **self.options)
+        c = self.kernel[self.grid](*ptrs, *self.tail, **self.options)
         if self.fast and c is not None and hasattr(c, "packed_metadata"):
             c.run  # noqa: B018  (loads the module and builds the launcher now)
+            if self.full_tail is None:
+                self.full_tail = self.tail + _positional(self.kernel, len(ptrs) + len(self.tail), self.options)
             self.compiled = c
             self.align = _aligned(ptrs)
         return c

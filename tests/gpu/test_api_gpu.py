@@ -64,9 +64,9 @@ def test_conv_autograd(case):
     outs = {}
     dy64 = None
     for name, dtype, fn in (("ref", torch.float64, conv), ("torch", dt, conv), ("ours", dt, nnprim.conv_forward)):
-        x = _layout(x64.to(dtype), layout).requires_grad_()
-        w = _layout(w64.to(dtype), layout).requires_grad_()
-        b = b64.to(dtype).requires_grad_()
+        x = _layout(x64.to(dtype, copy=True), layout).requires_grad_()
+        w = _layout(w64.to(dtype, copy=True), layout).requires_grad_()
+        b = b64.to(dtype, copy=True).requires_grad_()
         y = fn(x, w, b, **kw)
         if dy64 is None:
             dy64 = torch.randn(y.shape, device=DEV, dtype=torch.float64, generator=g)
