@@ -1,5 +1,6 @@
 """Implicit-GEMM Triton convolution (solvers 20/21/22) against the float64 reference,
 through TRITON_INTERPRET=1 (tests/conftest.py), with NaN-poisoned outputs."""
+import inspect
 import math
 
 import pytest
@@ -234,21 +235,28 @@ def test_launch_fast_path(monkeypatch):
         def run(self, *a):
             calls.append(("fast", a))
 
+    def signature_of(t, n, flag, C, D=11):  # the kernel's parameters: C, D constexprs
+        pass
+
     class Kernel:
+        arg_names = ["t", "n", "flag", "C", "D"]
+        signature = inspect.signature(signature_of)
+
         def __getitem__(self, grid):
             return lambda *a, **o: calls.append(("jit", grid, a, o)) or Compiled()
 
     monkeypatch.setattr(launch, "_stream", lambda: 7)
-    lc = launch.Launch(Kernel(), (3, 2), (5, True), num_warps=4)
+    lc = launch.Launch(Kernel(), (3, 2), (5, True), num_warps=4, C=9)
     lc.fast = True
     t = torch.zeros(8)
     lc(t)
     lc(t)
     lc(t[1:])
     assert [c[0] for c in calls] == ["jit", "fast", "jit"]
-    assert calls[0][1] == (3, 2, 1) and calls[0][2][1:] == (5, True) and calls[0][3] == {"num_warps": 4}
+    assert calls[0][1] == (3, 2, 1) and calls[0][2][1:] == (5, True) and calls[0][3] == {"num_warps": 4, "C": 9}
     assert calls[1][1][:9] == (3, 2, 1, 7, "fn", "meta", None, None, None)
-    assert calls[1][1][9] is t and calls[1][1][10:] == (5, True)
+    # the compiled launcher takes every parameter positionally: keyword constexprs and defaults too
+    assert calls[1][1][9] is t and calls[1][1][10:] == (5, True, 9, 11)
 
 
 TMA_CONV_CASES = [
