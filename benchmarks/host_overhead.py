@@ -115,8 +115,11 @@ def main() -> None:
          lambda: F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True), "F.sdpa(enable_gqa)")
     pair("decode step (forced solver)", lambda: nnprim.sdpa(qd, kd, vd, solver=dec_solver),
          lambda: nnprim.sdpa(qd, kd, vd), "nnprim default call")
+    chosen = {b_.problem.key(): b_.solver.name for b_ in ctx.chosen.values()}  # backward problems too
     meta = dict(date=time.strftime("%Y-%m-%d"), device=torch.cuda.get_device_name() if dev == "cuda" else "cpu",
                 torch=torch.__version__, calls=a.calls, repeats=a.repeats, solvers=chosen)
+    for key, name in chosen.items():
+        print(f"  {name:<28} {key}")
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)

@@ -240,7 +240,7 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
     if direct and grad and not (kspec or vspec):
         o, lse = attn_ops.SdpaFunction.apply(q, kd, vd, *opts, solver)
     else:
-        fn = attn_ops._sdpa_forward if direct and not grad else _ops.sdpa_forward
+        fn = attn_ops.sdpa_forward if direct and not grad else _ops.sdpa_forward
         o, lse = fn(q, kd, vd, ks, kz, vs, vz, kspec, vspec, *opts, return_lse or grad, solver)
     return (o, lse) if return_lse else o
 

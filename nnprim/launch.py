@@ -19,6 +19,7 @@ import os
 
 import torch
 from triton import knobs
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 
 def interpreting() -> bool:
@@ -37,7 +38,15 @@ def ensure_allocator(device: torch.device) -> None:
 
 def _stream() -> int:
     """The current CUDA stream's raw handle (what Triton's own launch path passes)."""
-    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+    return torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+
+
+def descriptor(t: torch.Tensor, shape, strides, block) -> TensorDescriptor:
+    """A host TMA descriptor of `t` whose shape, strides, block and alignment the plan has
+    checked once: built without TensorDescriptor's per-call validation."""
+    d = object.__new__(TensorDescriptor)
+    d.base, d.shape, d.strides, d.block_shape, d.padding = t, shape, strides, block, "zero"
+    return d
 
 
 def _hooked() -> bool:
@@ -45,6 +54,15 @@ def _hooked() -> bool:
     (Triton 3.6 keeps an always-present, possibly empty HookChain there.)"""
     h = knobs.runtime.launch_enter_hook
     return h is not None and bool(getattr(h, "calls", True))
+
+
+def aligned16(*ts) -> int:
+    """A bit per argument: its tensor's data pointer is 16-byte aligned (None and
+    non-tensors count as aligned). Part of a plan key."""
+    bits = 0
+    for t in ts:
+        bits = (bits << 1) | (not isinstance(t, torch.Tensor) or t.data_ptr() & 15 == 0)
+    return bits
 
 
 def _aligned(ptrs: tuple) -> tuple[bool, ...]:
@@ -83,6 +101,17 @@ class Launch:
         self.align = None
         self.full_tail = None
         self.fast = not interpreting()
+
+    def run_aligned(self, *ptrs):
+        """Launch when the caller's plan key already fixes the pointers' 16-byte alignment
+        (skips the per-pointer check)."""
+        c = self.compiled
+        if c is not None and not _hooked():
+            g = self.grid
+            c.run(g[0], g[1], g[2], _stream(), c.function, c.packed_metadata, None, None, None, *ptrs,
+                  *self.full_tail)
+            return c
+        return self(*ptrs)
 
     def __call__(self, *ptrs):
         """Launch; returns the compiled kernel (None under the interpreter)."""

@@ -37,7 +37,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..dropout import dropout_keep
-from ..launch import Launch, ensure_allocator, interpreting
+from ..launch import Launch, aligned16, ensure_allocator, interpreting
 from ..search.solver import register
 from . import configs
 from .flash_fwd import (
@@ -876,10 +876,12 @@ def _buffers(problem, args, out=None) -> dict[str, torch.Tensor]:
                 kvl=args.kv_lens if args.kv_lens is not None else q)
 
 
-def _run_stage(launches, bufs: dict[str, torch.Tensor]):
+def _run_stage(launches, bufs: dict[str, torch.Tensor], checked: bool = False):
+    """Launch a stage; `checked`: the plan key fixed every pointer's alignment."""
     ck = None
     for launch, names in launches:
-        ck = launch(*(bufs[n] for n in names))
+        ptrs = tuple(bufs[n] for n in names)
+        ck = launch.run_aligned(*ptrs) if checked else launch(*ptrs)
     return ck
 
 
@@ -932,7 +934,7 @@ class BackwardPlan:
         return (args.q.stride(), args.k.stride(), args.v.stride(), args.o.stride(), args.do.stride(),
                 None if m is None else (m.shape, m.stride()),
                 None if isinstance(args.scale, torch.Tensor) else args.scale, args.seed, args.offset,
-                all(t.data_ptr() % 16 == 0 for t in (args.q, args.k, args.v, args.do)))
+                aligned16(args.q, args.k, args.v, args.do, args.o, args.lse, m, args.kv_lens, args.scale))
 
     def __call__(self, args):
         key = self._key(args)
@@ -946,7 +948,7 @@ class BackwardPlan:
         bufs = _buffers(self.problem, args)
         try:
             for _, launches in stages:
-                _run_stage(launches, bufs)
+                _run_stage(launches, bufs, checked=True)
         except OutOfResources:
             self.cfg, self.dq_cfg = configs.shrink(self.cfg), None
             self.plans.clear()

@@ -31,7 +31,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..dropout import dropout_keep, dropout_scale, dropout_threshold
-from ..launch import Launch, ensure_allocator, interpreting
+from ..launch import Launch, aligned16, ensure_allocator, interpreting
 from ..search.solver import Solver, register
 from . import configs
 
@@ -383,10 +383,12 @@ class ForwardPlan:
         self.plans: dict[tuple, Launch] = {}
 
     def _key(self, args) -> tuple:
+        """Everything the launch specialises on but the problem: strides, per-call scalars,
+        and every pointer's 16-byte alignment (so the launch needs no check of its own)."""
         q, k, v, m = args.q, args.k, args.v, args.attn_mask
         return (q.stride(), k.stride(), v.stride(), None if m is None else (m.shape, m.stride()),
                 None if isinstance(args.scale, torch.Tensor) else args.scale, args.seed, args.offset,
-                q.data_ptr() % 16 == 0 and k.data_ptr() % 16 == 0 and v.data_ptr() % 16 == 0)
+                aligned16(q, k, v, m, args.kv_lens, args.scale))
 
     def _plan(self, args) -> Launch:
         p, cfg = self.problem, self.cfg
@@ -405,7 +407,7 @@ class ForwardPlan:
         o = torch.empty((p.B, p.Hq, p.Sq, p.Dv), dtype=q.dtype, device=q.device)
         lse = torch.empty((p.B, p.Hq, p.Sq), dtype=torch.float32, device=q.device) if p.return_lse else None
         try:
-            launch(*_pointers(p, args, o, lse))
+            launch.run_aligned(*_pointers(p, args, o, lse))
         except OutOfResources:
             self.cfg = configs.shrink(self.cfg)
             self.plans.clear()

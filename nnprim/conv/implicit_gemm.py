@@ -41,10 +41,9 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..args import ConvArgs
-from ..launch import Launch
+from ..launch import Launch, descriptor
 from ..problems.conv import ConvProblem
 from ..search.solver import Solver, register
 from . import configs
@@ -477,7 +476,7 @@ class FwdPlan(_Plan):
             if x.data_ptr() % 16 or w.data_ptr() % 16:
                 self.fallback = self.fallback or FwdPlan(self.p, self.tile, self.strides, tma=False)
                 return self.fallback(args, y)
-            self.launch(TensorDescriptor(x, *self.da), TensorDescriptor(w, *self.db), y, *ptrs)
+            self.launch(descriptor(x, *self.da), descriptor(w, *self.db), y, *ptrs)
         else:
             self.launch(x, w, y, *ptrs)
         return y
@@ -651,7 +650,7 @@ class BwdDataPlan(_Plan):
             if dy.data_ptr() % 16 or w.data_ptr() % 16:
                 self.fallback = self.fallback or BwdDataPlan(self.p, self.tile, self.strides, tma=False)
                 return self.fallback(args, dx)
-            self.launches[0](TensorDescriptor(dy, *self.da), TensorDescriptor(w, *self.db), dx, dx, dx, dx, dx, dx)
+            self.launches[0](descriptor(dy, *self.da), descriptor(w, *self.db), dx, dx, dx, dx, dx, dx)
             return dx
         for launch in self.launches:
             launch(dy, w, dx)

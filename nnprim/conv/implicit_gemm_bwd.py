@@ -16,10 +16,9 @@ import math
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..args import ConvArgs
-from ..launch import Launch
+from ..launch import Launch, descriptor
 from ..problems.conv import ConvProblem
 from ..search.solver import register
 from . import configs
@@ -244,7 +243,7 @@ class BwdWeightsPlan(_Plan):
         if self.tma and (dy.data_ptr() % 16 or x.data_ptr() % 16):
             return self.variant_no_tma()(args, dw)
         if self.tma:
-            dy, x = TensorDescriptor(dy, *self.da), TensorDescriptor(x, *self.db)
+            dy, x = descriptor(dy, *self.da), descriptor(x, *self.db)
         if self.direct:
             self.launch(dy, x, dw)
         else:

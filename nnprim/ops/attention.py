@@ -77,10 +77,10 @@ def _check_counters(seed: int, offset: int) -> None:
 
 
 # ---- forward -----------------------------------------------------------------------------------
-@torch.library.impl(LIB, "sdpa_forward", "CompositeExplicitAutograd")
-def _sdpa_forward(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask,
-                  scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero,
-                  return_lse, solver):
+def sdpa_forward(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask,
+                 scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero,
+                 return_lse, solver):
+    """The forward's implementation (the op's arguments): (o, lse or None)."""
     _check_counters(seed, offset)
     key = ("fwd", q.shape, q.stride(), q.dtype, _tkey(k), _tkey(v), _tkey(k_scales), _tkey(k_zero_points),
            _tkey(v_scales), _tkey(v_zero_points), k_quant, v_quant, _tkey(attn_mask), _tkey(scale_tensor),
@@ -95,10 +95,13 @@ def _sdpa_forward(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_q
 
     args = AttnArgs(q=q, k=kk, v=vv, attn_mask=attn_mask, scale=_scale_arg(scale, scale_tensor), seed=seed,
                     offset=offset, kv_lens=kv_lens)
-    o, lse = context(q.device).call(key, make, args, solver)
-    if lse is None:
-        lse = q.new_empty((0,), dtype=torch.float32)
-    return o, lse
+    return context(q.device).call(key, make, args, solver)
+
+
+@torch.library.impl(LIB, "sdpa_forward", "CompositeExplicitAutograd")
+def _sdpa_forward(*args):
+    o, lse = sdpa_forward(*args)
+    return o, (lse if lse is not None else o.new_empty((0,), dtype=torch.float32))
 
 
 @torch.library.register_fake("nnprim::sdpa_forward", lib=LIB)
@@ -200,7 +203,7 @@ class SdpaFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset,
                 softmax_inf_as_zero, solver):
         options = (causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero)
-        o, lse = _sdpa_forward(q, k, v, None, None, None, None, "", "", attn_mask, scale_tensor, kv_lens, *options,
+        o, lse = sdpa_forward(q, k, v, None, None, None, None, "", "", attn_mask, scale_tensor, kv_lens, *options,
                                True, solver)
         _save(ctx, q, k, v, o, lse, False, attn_mask, scale_tensor, kv_lens, options)
         return o, lse

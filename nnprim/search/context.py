@@ -105,15 +105,26 @@ class Context:
 
     def guard(self):
         """Make this context's device current (Triton launches on the current device)."""
-        if self.is_cuda and torch.cuda.current_device() != self.index:
+        if self.is_cuda and torch._C._cuda_getDevice() != self.index:
             return torch.cuda.device(self.index)
         return contextlib.nullcontext()
 
     def triton_allocator(self):
-        """Triton's scratch allocator for this device (in-kernel TMA descriptors)."""
+        """Triton's scratch allocator for this device (in-kernel TMA descriptors). Outside
+        CUDA-graph capture one buffer per stream is reused (launches on a stream are
+        ordered, so one kernel's scratch is free when the next starts); while capturing,
+        each launch gets its own from the graph's pool."""
         if self._allocator is None:
-            dev = self.device
-            self._allocator = lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev)
+            dev, held = self.device, {}
+
+            def alloc(size: int, align: int, stream):
+                if torch.cuda.is_current_stream_capturing():
+                    return torch.empty(size, dtype=torch.int8, device=dev)
+                buf = held.get(stream)
+                if buf is None or buf.numel() < size:
+                    buf = held[stream] = torch.empty(max(size, 1 << 16), dtype=torch.int8, device=dev)
+                return buf
+            self._allocator = alloc
         return self._allocator
 
     # ---- caches -----------------------------------------------------------------------------
@@ -221,7 +232,7 @@ class Context:
         if SETTINGS.check_numerics:
             numerics.check_args(args)
         try:
-            if self.is_cuda and torch.cuda.current_device() != self.index:
+            if self.is_cuda and torch._C._cuda_getDevice() != self.index:
                 with torch.cuda.device(self.index):
                     out = b.invoker(args)
             else:

@@ -145,7 +145,7 @@ def test_sdpa_autograd(case):
         mask = torch.randn(1, Hq, Sq, Sk, device=DEV, dtype=torch.float64, generator=g)
     grads, outs = {}, {}
     for name, dtype in (("ref", torch.float64), ("torch", dt), ("ours", dt)):
-        q, k, v = (t.to(dtype).requires_grad_() for t in (q64, k64, v64))
+        q, k, v = (t.to(dtype, copy=True).requires_grad_() for t in (q64, k64, v64))
         m = mask if mask is None or mask.dtype == torch.bool else mask.to(dtype)
         if name == "ours":
             o = nnprim.sdpa(q, k, v, attn_mask=m, causal=causal)

@@ -181,8 +181,8 @@ def test_cuda_graph_training_step():
     """make_graphed_callables captures forward and backward of a module built on nnprim."""
     torch.manual_seed(1)
     conv = nnprim.nn.Conv2d(32, 32, 3, padding=1, device=DEV, dtype=BF16)
-    x = torch.randn(8, 32, 16, 16, device=DEV, dtype=BF16, requires_grad=True).contiguous(
-        memory_format=torch.channels_last)
+    x = torch.randn(8, 32, 16, 16, device=DEV, dtype=BF16).contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()  # a leaf: its AccumulateGrad node is made inside make_graphed_callables
     try:
         graphed = torch.cuda.make_graphed_callables(conv, (x,))
     except Exception as e:  # capture_end's error hides the one raised during capture
