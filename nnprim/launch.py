@@ -86,11 +86,61 @@ def _positional(kernel, n_given: int, options: dict) -> tuple:
     return tuple(out)
 
 
+class _HostTMA:
+    """Direct launch of a kernel that takes host TMA descriptors, without Triton's
+    per-launch Python wrapper (which walks every argument and encodes each descriptor
+    again): the descriptors' CUtensorMaps are cached by (address, shape, strides, block),
+    which is all they encode. Built from the compiled launcher's parts; `make` returns
+    None where that launcher is not the wrapped kind this knows (then the plain path runs)."""
+
+    __slots__ = ("raw", "function", "head", "meta", "maps")
+
+    @classmethod
+    def make(cls, c, n_ptrs: int) -> _HostTMA | None:
+        try:
+            run = c.run
+            cv = inspect.getclosurevars(run.launch).nonlocals
+            idx, meta = sorted(cv["tensordesc_indices"]), cv["tensordesc_meta"]
+            if run.global_scratch_size or run.profile_scratch_size or not idx or idx[-1] >= n_ptrs:
+                return None
+            self = cls()
+            self.raw, self.function = cv["launcher"], c.function
+            self.head = (run.launch_cooperative_grid, run.launch_pdl, None, None, c.packed_metadata, None, None, None)
+            self.meta = dict(zip(idx, meta))
+            self.maps = {}
+            return self
+        except Exception:  # noqa: BLE001 - another Triton: the plain path still works
+            return None
+
+    def expand(self, i: int, d) -> list:
+        key = (d.base.data_ptr(), tuple(d.shape), tuple(d.strides), tuple(d.block_shape), i)
+        out = self.maps.get(key)
+        if out is None:
+            if len(self.maps) >= 256:
+                self.maps.clear()
+            out = self.maps[key] = _make_tensordesc_arg(d, self.meta[i])
+        return out
+
+    def __call__(self, grid: tuple, ptrs: tuple, tail: tuple) -> None:
+        args: list = []
+        for i, p in enumerate(ptrs):
+            if i in self.meta:
+                args.extend(self.expand(i, p))
+            else:
+                args.append(p)
+        self.raw(grid[0], grid[1], grid[2], _stream(), self.function, *self.head, *args, *tail)
+
+
+def _make_tensordesc_arg(d, meta) -> list:
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+    return make_tensordesc_arg(d, meta)
+
+
 class Launch:
     """kernel[grid](*ptrs, *tail, **options), planned once. `options` holds the launch
     options (num_warps, num_stages) and any constexprs not in the tail."""
 
-    __slots__ = ("kernel", "grid", "tail", "options", "compiled", "align", "fast", "full_tail")
+    __slots__ = ("kernel", "grid", "tail", "options", "compiled", "align", "fast", "full_tail", "tma")
 
     def __init__(self, kernel, grid: tuple[int, ...], tail: tuple, **options):
         self.kernel = kernel
@@ -100,32 +150,38 @@ class Launch:
         self.compiled = None
         self.align = None
         self.full_tail = None
+        self.tma: _HostTMA | None = None
         self.fast = not interpreting()
+
+    def _fast(self, c, ptrs: tuple):
+        g = self.grid
+        if self.tma is not None:
+            self.tma(g, ptrs, self.full_tail)
+        else:
+            c.run(g[0], g[1], g[2], _stream(), c.function, c.packed_metadata, None, None, None, *ptrs,
+                  *self.full_tail)
+        return c
 
     def run_aligned(self, *ptrs):
         """Launch when the caller's plan key already fixes the pointers' 16-byte alignment
         (skips the per-pointer check)."""
         c = self.compiled
         if c is not None and not _hooked():
-            g = self.grid
-            c.run(g[0], g[1], g[2], _stream(), c.function, c.packed_metadata, None, None, None, *ptrs,
-                  *self.full_tail)
-            return c
+            return self._fast(c, ptrs)
         return self(*ptrs)
 
     def __call__(self, *ptrs):
         """Launch; returns the compiled kernel (None under the interpreter)."""
         c = self.compiled
         if c is not None and _aligned(ptrs) == self.align and not _hooked():
-            g = self.grid
-            c.run(g[0], g[1], g[2], _stream(), c.function, c.packed_metadata, None, None, None, *ptrs,
-                  *self.full_tail)
-            return c
+            return self._fast(c, ptrs)
         c = self.kernel[self.grid](*ptrs, *self.tail, **self.options)
         if self.fast and c is not None and hasattr(c, "packed_metadata"):
             c.run  # noqa: B018  (loads the module and builds the launcher now)
             if self.full_tail is None:
                 self.full_tail = self.tail + _positional(self.kernel, len(ptrs) + len(self.tail), self.options)
+            has_desc = any(isinstance(p, TensorDescriptor) for p in ptrs)
+            self.tma = _HostTMA.make(c, len(ptrs)) if has_desc else None
             self.compiled = c
             self.align = _aligned(ptrs)
         return c

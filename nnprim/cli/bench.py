@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from ..errors import BadParameterError
-from ..search.timing import median_ms
+from ..search.timing import bench_ms
 from . import cases
-from .problem_args import parse_dtype, pick_device
+from .problem_args import default_dtype, pick_device
 
 SUITE_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "suites"
 
@@ -40,7 +40,7 @@ def add_parser(sub) -> None:
     b.add_argument("--scale", type=int, default=1, help="divide batch sizes by this (quick runs)")
     b.add_argument("--limit", type=int, default=None, help="run only the first N problems")
     b.add_argument("--only", default=None, help="comma list of problem names")
-    b.add_argument("--reps", type=int, default=5)
+    b.add_argument("--reps", type=int, default=30, help="timed runs per problem (median; default 30)")
     b.add_argument("--no-verify", dest="verify", action="store_false")
     b.add_argument("--no-peer", dest="peer", action="store_false", help="skip timing torch's own op")
     b.add_argument("--json", default=None, metavar="FILE")
@@ -58,7 +58,7 @@ def run_bench(args) -> int:
         raise BadParameterError(f"--scale={args.scale} must be >= 1")
     kind, probs = load_suite(args.suite)
     device = pick_device(args.device)
-    dtype = parse_dtype(args.dtype or ("bf16" if device == "cuda" else "f32"))
+    dtype = default_dtype(args.dtype, device)
     dirs = [d for d in args.direction.split(",") if d]
     valid = ("fwd", "bwd_data", "bwd_weights") if kind == "conv" else ("fwd", "bwd")
     for d in dirs:
@@ -92,10 +92,10 @@ def run_bench(args) -> int:
                     row["rel_err"] = err
                     row["ok"] = bool(err == err and err <= cases.tolerance(dtype))
                     failed += not row["ok"]
-                ms = median_ms(case.call, device, repeats=args.reps, warmup=2)
-                row.update(ms=ms, tflops=cases.tflops(case.flops, ms))
+                ms = bench_ms(case.call, device, repeats=args.reps)
+                row.update(ms=ms, tflops=cases.tflops(case.flops, ms), tbps=case.bytes / ms / 1e9)
                 if args.peer and case.peer is not None:
-                    pms = median_ms(case.peer, device, repeats=args.reps, warmup=2)
+                    pms = bench_ms(case.peer, device, repeats=args.reps)
                     row.update(peer_ms=pms, peer_tflops=cases.tflops(case.flops, pms), speedup=pms / ms)
             except (BadParameterError, NotImplementedError) as e:
                 row["error"] = str(e).splitlines()[0]
@@ -112,7 +112,8 @@ def _fmt(v, spec: str) -> str:
 
 
 def _print_table(rows: list[dict]) -> None:
-    hdr = f"{'problem':24} {'dir':11} {'solver':26} {'ms':>9} {'GFLOP/s':>9} {'torch ms':>9} {'x torch':>8} {'rel_err':>9}"
+    hdr = (f"{'problem':24} {'dir':11} {'solver':26} {'ms':>9} {'TFLOP/s':>8} {'TB/s':>7} {'torch ms':>9} "
+           f"{'x torch':>8} {'rel_err':>9}")
     print(hdr)
     print("-" * len(hdr))
     speedups = []
@@ -123,7 +124,7 @@ def _print_table(rows: list[dict]) -> None:
         if "speedup" in r:
             speedups.append(r["speedup"])
         print(f"{r['name'][:24]:24} {r['direction']:11} {r.get('solver', '-')[:26]:26} {_fmt(r.get('ms'), '9.3f')} "
-              f"{_fmt(r.get('tflops', float('nan')) * 1000, '9.1f')} {_fmt(r.get('peer_ms'), '9.3f')} "
+              f"{_fmt(r.get('tflops'), '8.2f')} {_fmt(r.get('tbps'), '7.3f')} {_fmt(r.get('peer_ms'), '9.3f')} "
               f"{_fmt(r.get('speedup'), '8.2f')} {_fmt(r.get('rel_err'), '9.1e')}"
               + ("" if r.get("ok", True) else "  FAIL"))
     if speedups:

@@ -162,12 +162,24 @@ def attn_case(spec: dict, *, dtype: torch.dtype, device: str, direction: str = "
 
     peer = None
     if not kv_quant and m is None and not dropout_p:
-        def peer():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal == "top_left",
-                                                  enable_gqa=Hq != Hkv)
+        peer = _sdpa_peer(q, k, v, causal, None if direction == "fwd" else args.do)
     return Case(name=spec.get("name", p.key()), problem=p, flops=p.flops(), bytes=p.bytes(),
-                call=call, check=check, peer=peer if direction == "fwd" else None,
-                extra=dict(mode=spec.get("mode")))
+                call=call, check=check, peer=peer, extra=dict(mode=spec.get("mode")))
+
+
+def _sdpa_peer(q, k, v, causal, do=None) -> Callable[[], object]:
+    """torch's SDPA on the same inputs: the forward, or (given do) its backward alone."""
+    Sq, Sk = q.shape[2], k.shape[2]
+    kw = dict(enable_gqa=q.shape[1] != k.shape[1])
+    if causal == "bottom_right" and Sq != Sk:
+        kw["attn_mask"] = torch.ones(Sq, Sk, dtype=torch.bool, device=q.device).tril(Sk - Sq)
+    else:
+        kw["is_causal"] = causal is not None
+    if do is None:
+        return lambda: F.scaled_dot_product_attention(q, k, v, **kw)
+    qt, kt, vt = (t.detach().requires_grad_() for t in (q, k, v))
+    o = F.scaled_dot_product_attention(qt, kt, vt, **kw)
+    return lambda: torch.autograd.grad(o, (qt, kt, vt), do, retain_graph=True)
 
 
 def tflops(flops: float, ms: float) -> float:

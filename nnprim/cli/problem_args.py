@@ -21,6 +21,11 @@ def parse_dtype(s: str) -> torch.dtype:
         raise BadParameterError(f"dtype={s!r} is not one of f32, f16, bf16") from None
 
 
+def default_dtype(dtype: str | None, device: str) -> torch.dtype:
+    """One default for every command: bf16 on CUDA, f32 on CPU."""
+    return parse_dtype(dtype or ("bf16" if device == "cuda" else "f32"))
+
+
 def pick_device(s: str) -> str:
     if s == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -116,7 +121,7 @@ def add_conv_args(c: argparse.ArgumentParser) -> None:
     c.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw")
     c.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_weights"), default="fwd")
     c.add_argument("--bias", action="store_true")
-    c.add_argument("--dtype", default="f32", help="f32, f16 or bf16 (default f32)")
+    c.add_argument("--dtype", default=None, help="f32, f16 or bf16 (default: bf16 on cuda, f32 on cpu)")
     c.add_argument("--device", default="auto", help="auto, cpu or cuda")
 
 
@@ -135,7 +140,7 @@ def add_attn_args(a: argparse.ArgumentParser) -> None:
     a.add_argument("--kv-quant", choices=("s8", "u8", "s4", "u4"), default=None)
     a.add_argument("--group-size", type=int, default=None)
     a.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
-    a.add_argument("--dtype", default="f32", help="f32, f16 or bf16 (default f32)")
+    a.add_argument("--dtype", default=None, help="f32, f16 or bf16 (default: bf16 on cuda, f32 on cpu)")
     a.add_argument("--device", default="auto", help="auto, cpu or cuda")
 
 
@@ -167,7 +172,8 @@ def attn_spec(args) -> dict:
 
 
 def problem_from_args(args):
-    dtype, device = parse_dtype(args.dtype), pick_device(args.device)
+    device = pick_device(args.device)
+    dtype = default_dtype(args.dtype, device)
     if args.kind == "conv":
         return conv_problem(conv_spec(args), dtype=dtype, device=device, direction=args.direction, bias=args.bias)
     return attn_problem(attn_spec(args), dtype=dtype, device=device, direction=args.direction)
@@ -178,7 +184,7 @@ def suite_problems(suite: str, *, dtype: str | None, device: str, directions: st
     from .bench import load_suite
     kind, specs = load_suite(suite)
     dev = pick_device(device)
-    dt = parse_dtype(dtype or ("bf16" if dev == "cuda" else "f32"))
+    dt = default_dtype(dtype, dev)
     out = []
     for spec in specs:
         name = spec.get("name", "?")

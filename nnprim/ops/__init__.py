@@ -12,6 +12,9 @@ import torch
 from torch.library import Library
 
 LIB = Library("nnprim", "DEF")
+# the compiler must hand the ops their inputs in the eager strides (a layout is part of a
+# convolution problem: inductor would otherwise pass NCHW where the model runs NHWC)
+TAGS = (torch.Tag.needs_fixed_stride_order,)
 
 
 def eager(*tensors) -> bool:

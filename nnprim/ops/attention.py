@@ -17,14 +17,15 @@ from ..quant import KVQuant
 from ..search.context import context
 from ..warmup import note
 from . import LIB
+from . import TAGS as _TAGS
 
 _OPTIONS = ("Tensor? attn_mask, Tensor? scale_tensor, Tensor? kv_lens, str causal, float? scale, "
             "bool invert_scale, float dropout_p, int seed, int offset, bool softmax_inf_as_zero")
 LIB.define("sdpa_forward(Tensor q, Tensor k, Tensor v, Tensor? k_scales, Tensor? k_zero_points, "
            "Tensor? v_scales, Tensor? v_zero_points, str k_quant, str v_quant, " + _OPTIONS +
-           ", bool return_lse, str? solver) -> (Tensor, Tensor)")
+           ", bool return_lse, str? solver) -> (Tensor, Tensor)", tags=_TAGS)
 LIB.define("sdpa_backward(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, " + _OPTIONS +
-           ", str? solver) -> (Tensor, Tensor, Tensor)")
+           ", str? solver) -> (Tensor, Tensor, Tensor)", tags=_TAGS)
 
 
 # ---- quantized K/V as op arguments --------------------------------------------------------

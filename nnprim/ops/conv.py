@@ -19,13 +19,14 @@ from ..problems.conv import ConvProblem, empty_in_layout, layout_of, to_layout
 from ..search.context import context
 from ..warmup import note
 from . import LIB
+from . import TAGS as _TAGS
 
 LIB.define("conv_forward(Tensor x, Tensor w, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
-           "int groups, str post_ops, Tensor[] post_tensors, ScalarType? out_dtype, str? solver) -> Tensor")
+           "int groups, str post_ops, Tensor[] post_tensors, ScalarType? out_dtype, str? solver) -> Tensor", tags=_TAGS)
 LIB.define("conv_backward_data(Tensor dy, Tensor w, int[] x_shape, int[] stride, int[] padding, "
-           "int[] dilation, int groups, ScalarType? out_dtype, str? solver) -> Tensor")
+           "int[] dilation, int groups, ScalarType? out_dtype, str? solver) -> Tensor", tags=_TAGS)
 LIB.define("conv_backward_weights(Tensor dy, Tensor x, int[] w_shape, int[] stride, int[] padding, "
-           "int[] dilation, int groups, ScalarType? out_dtype, str? solver) -> Tensor")
+           "int[] dilation, int groups, ScalarType? out_dtype, str? solver) -> Tensor", tags=_TAGS)
 
 
 # ---- post-op chains as text ------------------------------------------------------------------
@@ -222,7 +223,7 @@ def _grads(ctx, dy, bwd_data, bwd_weights):
     x, w = ctx.saved_tensors
     x_shape, dtype, layout = ctx.x_meta
     stride, padding, dilation, groups = ctx.conf
-    dy = to_layout(dy.to(dtype), layout)
+    dy = to_layout(dy if dy.dtype == dtype else dy.to(dtype), layout)
     dx = dw = db = None
     if ctx.needs_input_grad[0]:
         dx = bwd_data(dy, w, list(x_shape), stride, padding, dilation, groups, None, None)
@@ -262,10 +263,13 @@ class ConvFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None, None
 
 
+_SUM_DIMS = {3: [0, 2], 4: [0, 2, 3], 5: [0, 2, 3, 4]}
+
+
 def bias_grad(dy: torch.Tensor) -> torch.Tensor:
-    """db[k] = the sum of dy over every dim but the channel dim (f32 accumulation)."""
-    acc = torch.float64 if dy.dtype == torch.float64 else torch.float32
-    return dy.sum(dim=[0, *range(2, dy.dim())], dtype=acc).to(dy.dtype)
+    """db[k] = the sum of dy over every dim but the channel dim (torch's reductions of
+    f16/bf16 accumulate in f32: one kernel)."""
+    return dy.sum(dim=_SUM_DIMS[dy.dim()])
 
 
 torch.library.register_autograd("nnprim::conv_forward", _backward_fwd, setup_context=_setup_fwd, lib=LIB)

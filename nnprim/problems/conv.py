@@ -26,10 +26,16 @@ def layout_of(t: torch.Tensor) -> str:
     return "nhwc" if t.permute(*perm).is_contiguous() else "nchw"
 
 
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
 def to_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
     """Return t stored in `layout` (a copy only when needed)."""
     if layout == "nchw":
         return t.contiguous()
+    fmt = _CHANNELS_LAST.get(t.dim())
+    if fmt is not None:
+        return t.contiguous(memory_format=fmt)
     if layout_of(t) == "nhwc":
         return t
     perm = (0, *range(2, t.dim()), 1)

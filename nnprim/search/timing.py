@@ -68,3 +68,9 @@ def median_ms(fn: Callable[[], object], device: str, *, repeats: int = 3, warmup
     """Median time of one callable (interleaved_ms of a single candidate)."""
     return interleaved_ms([fn], device, rounds=repeats, warmup=warmup, budget_ms=budget_ms,
                           first_ms=None if first_ms is None else [first_ms])[0]
+
+
+def bench_ms(fn: Callable[[], object], device: str, *, repeats: int = 30, warmup: int = 3) -> float:
+    """What the benchmarks report: warm-up, then the median of `repeats` runs, each timed
+    with device events on a GPU (perf_counter on CPU)."""
+    return interleaved_ms([fn], device, rounds=repeats, warmup=warmup)[0]
