@@ -52,3 +52,16 @@ def test_bench_small_suite(tmp_path):
     assert r.returncode == 0, r.stderr + r.stdout
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 2 and all(row["ok"] for row in rows)
+
+
+def test_bench_plot_from_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    from nnprim.cli import main
+    rows = [dict(name="a", direction="fwd", ms=1.0, tflops=10.0, tbps=0.5, peer_ms=1.5, peer_tflops=6.7,
+                 speedup=1.5),
+            dict(name="b", direction="bwd", ms=2.0, tflops=5.0, tbps=1.0, peer_ms=1.0, peer_tflops=10.0,
+                 speedup=0.5)]
+    src = tmp_path / "r.json"
+    src.write_text(json.dumps(dict(suite="s", rows=rows)))
+    assert main(["bench", "--suite", "conv_cpu", "--plot", str(tmp_path / "p.png"), "--from-json", str(src)]) == 0
+    assert (tmp_path / "p.png").stat().st_size > 1000

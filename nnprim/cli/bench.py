@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import BadParameterError
 from ..search.timing import bench_ms
 from . import cases
+from .plot import plot_rows
 from .problem_args import default_dtype, pick_device
 
 SUITE_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "suites"
@@ -44,6 +45,10 @@ def add_parser(sub) -> None:
     b.add_argument("--no-verify", dest="verify", action="store_false")
     b.add_argument("--no-peer", dest="peer", action="store_false", help="skip timing torch's own op")
     b.add_argument("--json", default=None, metavar="FILE")
+    b.add_argument("--plot", default=None, metavar="FILE",
+                   help="draw the ratios to torch and the roofline positions (PNG; needs matplotlib)")
+    b.add_argument("--from-json", default=None, metavar="FILE",
+                   help="with --plot: draw a previous run's JSON instead of running the suite")
     b.set_defaults(func=run_bench)
 
 
@@ -54,6 +59,16 @@ def _scaled(spec: dict, scale: int, key: str) -> dict:
 
 
 def run_bench(args) -> int:
+    if args.from_json:
+        if not args.plot:
+            raise BadParameterError("--from-json needs --plot FILE")
+        try:
+            data = json.loads(Path(args.from_json).read_text())
+            rows = data["rows"]
+        except (OSError, ValueError, KeyError) as e:
+            raise BadParameterError(f"--from-json {args.from_json}: not a bench JSON ({e})") from None
+        plot_rows(rows, args.plot, data.get("suite", ""))
+        return 0
     if args.scale < 1:
         raise BadParameterError(f"--scale={args.scale} must be >= 1")
     kind, probs = load_suite(args.suite)
@@ -104,6 +119,8 @@ def run_bench(args) -> int:
     _print_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(suite=args.suite, rows=rows), indent=1))
+    if args.plot:
+        plot_rows(rows, args.plot, args.suite)
     return 1 if failed else 0
 
 
