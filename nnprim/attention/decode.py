@@ -23,6 +23,10 @@ top-left and bottom-right (aligned to each entry's kv_lens), bool/additive masks
 broadcastable to (B, Hq, Sq, Sk), scale float/tensor/inverted, dropout (nnprim.dropout),
 return_lse. Forward only: decode serves inference.
 
+Indexing: batch, head, query-row and key-row offsets are int64 (a K/V cache whose key
+stride times Sk passes 2**31 elements, e.g. a (B, Sk, H, D) cache seen as (B, H, Sk, D),
+is fine). Workspace: the f32 split partials (`workspace_bytes`), none with one split.
+
 Reading order: Triton kernels -> launcher (`decode_forward`) -> solvers (ids 120, 121).
 """
 from __future__ import annotations
@@ -36,6 +40,7 @@ import triton.language as tl
 
 from ..args import AttnArgs
 from ..dropout import dropout_keep, dropout_scale, dropout_threshold
+from ..limits import grid_reasons
 from ..quant import KVQuant
 from ..search.solver import Solver, register
 
@@ -55,15 +60,15 @@ def _group_param(ptr, offs_n, n_ok, s_n, s_g, GROUPED: tl.constexpr, GL: tl.cons
     if not GROUPED:
         return tl.load(ptr).to(tl.float32)
     elif GL == 0:
-        return tl.load(ptr + offs_n * s_n, mask=n_ok, other=OTHER).to(tl.float32)[:, None]
+        return tl.load(ptr + offs_n.to(tl.int64) * s_n, mask=n_ok, other=OTHER).to(tl.float32)[:, None]
     elif GL == 1:
         offs_g = tl.arange(0, BLOCK_D // GROUP)
-        p = ptr + offs_n[:, None] * s_n + offs_g[None, :] * s_g
+        p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_g[None, :] * s_g
         m = n_ok[:, None] & (offs_g[None, :] < D // GROUP)
         return tl.load(p, mask=m, other=OTHER).to(tl.float32)[:, :, None]
     else:
         offs_d = tl.arange(0, BLOCK_D)
-        p = ptr + offs_n[:, None] * s_n + (offs_d // GROUP)[None, :] * s_g
+        p = ptr + offs_n.to(tl.int64)[:, None] * s_n + (offs_d // GROUP)[None, :] * s_g
         m = n_ok[:, None] & (offs_d[None, :] < D)
         return tl.load(p, mask=m, other=OTHER).to(tl.float32)
 
@@ -78,7 +83,7 @@ def _load_kv_tile(ptr, offs_n, n_ok, s_n, s_d, sc_ptr, sc_n, sc_g, zp_ptr, zp_n,
     and columns >= D are 0. QBITS: 0 = float tensor, 8 = s8/u8 codes, 4 = packed s4/u4."""
     if QBITS == 0:
         offs_d = tl.arange(0, BLOCK_D)
-        p = ptr + offs_n[:, None] * s_n + offs_d[None, :] * s_d
+        p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_d[None, :] * s_d
         x = tl.load(p, mask=n_ok[:, None] & (offs_d[None, :] < D), other=0.0)
         return x.to(DOT_DTYPE)
     else:
@@ -86,12 +91,12 @@ def _load_kv_tile(ptr, offs_n, n_ok, s_n, s_d, sc_ptr, sc_n, sc_g, zp_ptr, zp_n,
         # measured slower on the H200: benchmarks/DECODE.md)
         if QBITS == 8:
             offs_d = tl.arange(0, BLOCK_D)
-            p = ptr + offs_n[:, None] * s_n + offs_d[None, :] * s_d
+            p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_d[None, :] * s_d
             c = tl.load(p, mask=n_ok[:, None] & (offs_d[None, :] < D), other=0)
             x = c.to(tl.float32)
         else:
             offs_b = tl.arange(0, BLOCK_D // 2)
-            p = ptr + offs_n[:, None] * s_n + offs_b[None, :] * s_d
+            p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_b[None, :] * s_d
             c = tl.load(p, mask=n_ok[:, None] & (offs_b[None, :] < D // 2), other=0).to(tl.int32)
             lo = c & 15
             hi = (c >> 4) & 15
@@ -176,7 +181,8 @@ def _decode_fwd_kernel(
     qk_scale = sc * LOG2E
 
     offs_d = tl.arange(0, BLOCK_D)
-    q_ptr = Q + b64 * s_qb + h.to(tl.int64)[:, None] * s_qh + qi[:, None] * s_qs + offs_d[None, :] * s_qd
+    qi64 = qi.to(tl.int64)
+    q_ptr = Q + b64 * s_qb + h.to(tl.int64)[:, None] * s_qh + qi64[:, None] * s_qs + offs_d[None, :] * s_qd
     q = tl.load(q_ptr, mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_DTYPE)
 
     k_base = K + b64 * s_kb + hk64 * s_kh
@@ -186,7 +192,7 @@ def _decode_fwd_kernel(
     vs_base = VS + b64 * s_vsb + hk64 * s_vsh
     vz_base = VZ + b64 * s_vzb + hk64 * s_vzh
     if MASK_KIND != 0:
-        m_base = MASK + b64 * s_mb + h.to(tl.int64)[:, None] * s_mh + qi[:, None] * s_mq
+        m_base = MASK + b64 * s_mb + h.to(tl.int64)[:, None] * s_mh + qi64[:, None] * s_mq
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -206,10 +212,10 @@ def _decode_fwd_kernel(
         if CAUSAL != 0:
             valid = valid & (offs_n[None, :] < row_lim[:, None])
         if MASK_KIND == 1:
-            mk = tl.load(m_base + offs_n[None, :] * s_mk, mask=valid, other=0)
+            mk = tl.load(m_base + offs_n.to(tl.int64)[None, :] * s_mk, mask=valid, other=0)
             valid = valid & (mk != 0)
         elif MASK_KIND == 2:
-            mk = tl.load(m_base + offs_n[None, :] * s_mk, mask=valid, other=0.0)
+            mk = tl.load(m_base + offs_n.to(tl.int64)[None, :] * s_mk, mask=valid, other=0.0)
             s = s + mk.to(tl.float32) * LOG2E
         s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -242,7 +248,7 @@ def _decode_fwd_kernel(
             o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
         else:
             o = acc / l_i[:, None]  # 0 / 0 = NaN for a fully masked row
-        o_ptr = O + b64 * s_ob + h.to(tl.int64)[:, None] * s_oh + qi[:, None] * s_oq + offs_dv[None, :] * s_od
+        o_ptr = O + b64 * s_ob + h.to(tl.int64)[:, None] * s_oh + qi64[:, None] * s_oq + offs_dv[None, :] * s_od
         tl.store(o_ptr, o.to(O.dtype.element_ty), mask=row_ok[:, None] & dv_ok)
         if WRITE_LSE:
             tl.store(LSE + (b64 * Hq + h) * Sq + qi, lse, mask=row_ok)
@@ -472,7 +478,12 @@ class _DecodeBase(Solver):
             reasons.append(f"Sq={problem.Sq} > {self.max_sq}: decode serves thin queries (use flash)")
         if max(problem.D, problem.Dv) > self.max_d:
             reasons.append(f"head dim D={problem.D}, Dv={problem.Dv} > {self.max_d}")
+        if not reasons:   # grid (B*Hkv, splits <= 4096, row blocks of the G*Sq rows)
+            reasons += grid_reasons(((2, "row blocks of Hq/Hkv * Sq query rows", self.row_blocks(problem)),))
         return reasons
+
+    def row_blocks(self, problem) -> int:
+        return m_blocks(problem, default_config(problem))[1]
 
     def workspace_size(self, problem) -> int:
         return workspace_bytes(problem)
