@@ -4,6 +4,7 @@
 # 1. plain fuzz: the small cases of tests/gpu/test_fuzz.py over $SHARDS parallel processes
 #    (Triton compiles on all CPU cores) and the huge cases in one more process, until a
 #    deadline (cases not started by then are reported as skipped);
+#    (and tests/gpu/test_workspace.py: workspace_size against max_memory_allocated);
 # 2. the sanitizer subset (about 20 small problems) under
 #    compute-sanitizer --tool memcheck --error-exitcode 1, in 4 parallel processes, with
 #    PyTorch's caching allocator off so that an access past a tensor leaves its allocation.
@@ -55,10 +56,17 @@ for i in $(seq 0 $((SHARDS - 1))); do
 done
 fuzz huge "" "$OUT/fuzz_huge.jsonl" timeout $((PLAIN_S + GRACE + 60)) > "$OUT/fuzz_huge.out" 2>&1 &
 pids+=($!)
+if [ "$RUNNER" = pytest ]; then   # workspace_size against max_memory_allocated, next to the fuzz
+  timeout $((PLAIN_S + GRACE)) python3 -m pytest -q -s -rfE --tb=short -p no:cacheprovider \
+    tests/gpu/test_workspace.py > "$OUT/workspace.out" 2>&1 &
+  pids+=($!)
+fi
 plain_rc=0
 for p in "${pids[@]}"; do wait "$p"; rc=$?; [ $rc = 0 ] || [ $rc = 5 ] || plain_rc=1; done   # 5: empty shard
 {
-  for f in "$OUT"/fuzz_small_*.out "$OUT/fuzz_huge.out"; do echo "==== $(basename "$f")"; cat "$f"; done
+  for f in "$OUT"/fuzz_small_*.out "$OUT/fuzz_huge.out" "$OUT/workspace.out"; do
+    [ -f "$f" ] && { echo "==== $(basename "$f")"; cat "$f"; }
+  done
   echo "==== totals (plain)"
   python3 -m nnprim.testing.fuzz summary "$OUT"/fuzz_*.jsonl
 } >> "$OUT/fuzz.log" 2>&1
