@@ -87,7 +87,7 @@ def test_conv_workspace_is_what_the_invoker_allocates(monkeypatch, case, cap):
         per_row = im2col_gemm._per_row(p, im2col_gemm.geom(p))
         pixels = p.in_size if p.direction == "bwd_data" else p.out_size
         rows = max(3, int(torch.tensor(pixels).prod()) // 3) if cap == "rows" else int(torch.tensor(pixels).prod())
-        monkeypatch.setattr(im2col_gemm, "WORKSPACE_CAP", per_row * rows)
+        monkeypatch.setattr(im2col_gemm, "WORKSPACE_CAP", per_row * rows + im2col_gemm.fixed_bytes(p))
     args = random_args(p, seed=1)
     sizes = _recorder(monkeypatch, workspace, "empty")
     checked = []
@@ -114,7 +114,7 @@ def test_gemm_blocks_pack_what_is_not_a_view(monkeypatch):
     bw = ConvProblem.create("bwd_weights", (4, 4, 6, 6), (8, 4, 3, 3), dtype=torch.float32, layout="nchw", padding=1)
     assert im2col_gemm.Plan(bw).pack_dy                      # all four images in one block
     per_row = im2col_gemm._per_row(bw, im2col_gemm.geom(bw))
-    monkeypatch.setattr(im2col_gemm, "WORKSPACE_CAP", per_row * 36)
+    monkeypatch.setattr(im2col_gemm, "WORKSPACE_CAP", per_row * 36 + im2col_gemm.fixed_bytes(bw))
     assert not im2col_gemm.Plan(bw).pack_dy                  # one image per block: a view
 
 

@@ -21,7 +21,8 @@ largest block (none where x or dy itself is the column matrix: 1x1 stride-1 unpa
 NHWC), the f32 GEMM result of the largest block (fwd, bwd_data) or the f32 dw
 accumulator (bwd_weights), and packed copies of w or of a block of dy where their
 strides do not give the GEMM's operand as a view. Buffers are allocated once per call
-and reused by every block.
+and reused by every block; blocks are sized so that the total stays within WORKSPACE_CAP
+(the block buffers get at least a quarter of it when w's own buffers are larger).
 
 Indexing: block buffers stay far below 2**31 elements; x, dy, y, dx are read and
 written with int64 image bases (`conv_index_reasons`). bwd_data at stride s > 1 spends
@@ -46,7 +47,7 @@ from .implicit_gemm import Geom, check_strided, conv_index_reasons, geom, layout
 from .launch import Launch
 from .triton_epilogue import NO_EPILOGUE, epilogue_copy_kernel, plan_epilogue, post_op_bytes, post_op_reasons
 
-WORKSPACE_CAP = 256 * 2 ** 20   # bytes of one block's buffers (column block + f32 result + packs)
+WORKSPACE_CAP = 256 * 2 ** 20   # bytes of workspace per call (beyond it when w's own buffers are larger)
 
 
 # ---- kernels ---------------------------------------------------------------------------------
@@ -165,16 +166,30 @@ def cap_reasons(p: ConvProblem) -> list[str]:
             f"the gemm workspace cap is {WORKSPACE_CAP} B"]
 
 
-def row_blocks(p: ConvProblem) -> list[tuple[int, int]]:
-    """(first row, rows) of each block: whole images while one image fits WORKSPACE_CAP,
-    else slices of one image's rows; rows are y's pixels (x's for bwd_data)."""
+def fixed_bytes(p: ConvProblem, packed: bool | None = None) -> int:
+    """Workspace bytes that do not depend on the blocks: a packed copy of w (`packed`; None:
+    as for w in p's layout), the f32 dw accumulator (bwd_weights)."""
     gm = geom(p)
+    if packed is None:
+        packed = w_packed(p, _meta(p.w_shape, layout_strides(p.w_shape, p.layout), p.dtype))
+    nw = gm.K * gm.Cg * gm.taps
+    return (nw * _esize(p.dtype) if packed else 0) + (nw * 4 if p.direction == "bwd_weights" else 0)
+
+
+def row_blocks(p: ConvProblem, fixed: int | None = None) -> list[tuple[int, int]]:
+    """(first row, rows) of each block: whole images while one image's block buffers fit
+    what WORKSPACE_CAP leaves beside the `fixed` buffers (at least a quarter of it), else
+    slices of one image's rows; rows are y's pixels (x's for bwd_data)."""
+    gm = geom(p)
+    if fixed is None:
+        fixed = fixed_bytes(p)
+    budget = max(WORKSPACE_CAP - fixed, WORKSPACE_CAP // 4)
     P = math.prod(gm.inp) if p.direction == "bwd_data" else gm.P
     per_row = _per_row(p, gm)
-    if P * per_row <= WORKSPACE_CAP:
-        nb = max(1, min(gm.N, WORKSPACE_CAP // (P * per_row)))
+    if P * per_row <= budget:
+        nb = max(1, min(gm.N, budget // (P * per_row)))
         return [(n0 * P, min(nb, gm.N - n0) * P) for n0 in range(0, gm.N, nb)]
-    pc = max(1, WORKSPACE_CAP // per_row)
+    pc = max(1, budget // per_row)
     return [(n * P + p0, min(pc, P - p0)) for n in range(gm.N) for p0 in range(0, P, pc)]
 
 
@@ -217,6 +232,12 @@ def w_bwd_view(w: torch.Tensor, gm: Geom) -> torch.Tensor | None:
         return wg.view(gm.G, gm.taps * gm.Kg, gm.Cg)
     except RuntimeError:
         return None
+
+
+def w_packed(p: ConvProblem, w: torch.Tensor) -> bool:
+    """Whether the GEMM operand of w (real or meta) needs a packed copy (bwd_weights: no w)."""
+    view = {"fwd": w_fwd_view, "bwd_data": w_bwd_view}.get(p.direction)
+    return view is not None and view(w, geom(p)) is None
 
 
 def _pack_w(w: torch.Tensor, gm: Geom, direction: str) -> torch.Tensor:
@@ -288,15 +309,14 @@ class Plan:
         if strides is not None and strides != std:
             check_strided(p, self.shapes, strides)
         self.variants: dict = {}
-        self.blocks = row_blocks(p)
+        meta = [_meta(s, st, p.dtype) for s, st in zip(self.shapes, self.strides)]
+        pack_w = w_packed(p, meta[1])
+        self.blocks = row_blocks(p, fixed_bytes(p, pack_w))
         self.P = math.prod(gm.inp) if d == "bwd_data" else gm.P
         mc_max = max(mc for _, mc in self.blocks)
         self.direct_rows = is_pointwise(p)          # x (dy) rows are the column matrix
         self.ncol = gm.taps * (gm.Kg if d == "bwd_data" else gm.Cg)
         e = _esize(p.dtype)
-        meta = [_meta(s, st, p.dtype) for s, st in zip(self.shapes, self.strides)]
-        w_meta = meta[1] if d != "bwd_weights" else None
-        w_view = {"fwd": w_fwd_view, "bwd_data": w_bwd_view}.get(d)
         src = meta[1] if d == "bwd_weights" else meta[0]          # x (fwd, bwd_w) or dy (bwd_data)
         if self.direct_rows and any(rows_view(src, gm.G, self.P, m0, mc) is None for m0, mc in self.blocks):
             self.direct_rows = False
@@ -305,7 +325,7 @@ class Plan:
         self.bufs = Buffers(
             col=0 if self.direct_rows else gm.G * mc_max * self.ncol,
             acc={"fwd": gm.K * mc_max, "bwd_data": gm.C * mc_max, "bwd_weights": gm.K * gm.Cg * gm.taps}[d],
-            w_pack=gm.K * gm.Cg * gm.taps if w_view is not None and w_view(w_meta, gm) is None else 0,
+            w_pack=gm.K * gm.Cg * gm.taps if pack_w else 0,
             dy_pack=gm.K * mc_max if self.pack_dy else 0)
         self.workspace = self.bufs.nbytes(e)
         self._plan_launches()
