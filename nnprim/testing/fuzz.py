@@ -348,6 +348,14 @@ def special_cases(scale: str = "gpu") -> list[Case]:
     for d in dirs:
         add(f"long-causal-dw-conv1d-{d}", _conv(d, (8, 768, 8192), (768, 1, 8192), pad=((8191, 0),), groups=768,
                                                 dtype="bf16"), "huge", sample=True)
+    # attention: 2**31-element q/o with Sq >> Sk; a 2**31-element K/V cache per tensor through a
+    # permuted (B, Sk, H, D) view; long caches (many splits); B*Hq beyond grid axis 1
+    add("attn-sq131072-sk64-2^31-fwd", AttnSpec("fwd", 2, 64, 8, 131072, 64, 128, 128, "bf16", causal="top_left",
+                                                return_lse=True), "huge", sample=True)
+    add("attn-sq131072-sk64-2^31-bwd", AttnSpec("bwd", 2, 64, 8, 131072, 64, 128, 128, "bf16",
+                                                causal="bottom_right", inf_as_zero=True), "huge", sample=True)
+    add("attn-kv-2^31-bshd-decode", AttnSpec("fwd", 1, 32, 16, 1, 2 ** 20, 128, 128, "bf16", kv_layout="bshd"),
+        "huge", sample=True)
     # 2**31-element outputs / inputs (int64 image bases; im2col blocks inside one image)
     for d in dirs:
         add(f"conv2d-2^31-nhwc-bf16-{d}", _conv(d, (32, 64, 1024, 1024), (64, 64, 3, 3), pad=1, layout="nhwc",
@@ -371,14 +379,6 @@ def special_cases(scale: str = "gpu") -> list[Case]:
         "degenerate")
     add("filter-eq-input-3d-f16-bwd_data", _conv("bwd_data", (1, 2, 5, 5, 5), (3, 2, 5, 5, 5), dtype="f16"),
         "degenerate")
-    # attention: 2**31-element q/o with Sq >> Sk; a 2**31-element K/V cache per tensor through a
-    # permuted (B, Sk, H, D) view; long caches (many splits); B*Hq beyond grid axis 1
-    add("attn-sq131072-sk64-2^31-fwd", AttnSpec("fwd", 2, 64, 8, 131072, 64, 128, 128, "bf16", causal="top_left",
-                                                return_lse=True), "huge", sample=True)
-    add("attn-sq131072-sk64-2^31-bwd", AttnSpec("bwd", 2, 64, 8, 131072, 64, 128, 128, "bf16",
-                                                causal="bottom_right", inf_as_zero=True), "huge", sample=True)
-    add("attn-kv-2^31-bshd-decode", AttnSpec("fwd", 1, 32, 16, 1, 2 ** 20, 128, 128, "bf16", kv_layout="bshd"),
-        "huge", sample=True)
     add("attn-decode-sk512k-b1", AttnSpec("fwd", 1, 8, 1, 1, 2 ** 19, 128, 128, "bf16"), "degenerate")
     add("attn-decode-sk256k-d256", AttnSpec("fwd", 1, 4, 1, 2, 2 ** 18, 256, 256, "f16", causal="bottom_right",
                                             return_lse=True), "degenerate")
