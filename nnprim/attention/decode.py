@@ -265,22 +265,34 @@ def _decode_combine_kernel(PO, PL, O, LSE, n_rows, s_ob, s_oh, s_oq, s_od, Hq, S
                            BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
                            INF_AS_ZERO: tl.constexpr, WRITE_LSE: tl.constexpr):
     """Merge SPLITS partials of BLOCK_R output rows: LSE = log sum_s exp(lse_s),
-    o = sum_s exp(lse_s - LSE) o_s (NaN, or 0 with INF_AS_ZERO, when every lse_s = -inf)."""
+    o = sum_s exp(lse_s - LSE) o_s (NaN, or 0 with INF_AS_ZERO, when every lse_s = -inf).
+    The splits are read SC at a time (two passes: the largest lse, then the sums), so the
+    [BLOCK_R, SC, BLOCK_DV] tile stays small when SPLITS runs into the thousands."""
+    SC: tl.constexpr = BLOCK_S if BLOCK_S < 16 else 16
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = rows < n_rows
     rows64 = rows.to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
-    s_ok = offs_s < SPLITS
-    lse_s = tl.load(PL + rows64[:, None] * SPLITS + offs_s[None, :], mask=r_ok[:, None] & s_ok[None, :],
-                    other=float("-inf"))
-    mx = tl.max(lse_s, 1)
-    mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
-    w = tl.exp(lse_s - mx_safe[:, None])
-    den = tl.sum(w, 1)
+    offs_c = tl.arange(0, SC)
     offs_dv = tl.arange(0, BLOCK_DV)
-    po = tl.load(PO + (rows64[:, None, None] * SPLITS + offs_s[None, :, None]) * DV + offs_dv[None, None, :],
-                 mask=r_ok[:, None, None] & s_ok[None, :, None] & (offs_dv[None, None, :] < DV), other=0.0)
-    num = tl.sum(w[:, :, None] * po, 1)
+    mx = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    for s0 in range(0, SPLITS, SC):
+        offs_s = s0 + offs_c
+        lse_s = tl.load(PL + rows64[:, None] * SPLITS + offs_s[None, :],
+                        mask=r_ok[:, None] & (offs_s < SPLITS)[None, :], other=float("-inf"))
+        mx = tl.maximum(mx, tl.max(lse_s, 1))
+    mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
+    den = tl.zeros((BLOCK_R,), tl.float32)
+    num = tl.zeros((BLOCK_R, BLOCK_DV), tl.float32)
+    for s0 in range(0, SPLITS, SC):
+        offs_s = s0 + offs_c
+        s_ok = offs_s < SPLITS
+        lse_s = tl.load(PL + rows64[:, None] * SPLITS + offs_s[None, :], mask=r_ok[:, None] & s_ok[None, :],
+                        other=float("-inf"))
+        w = tl.exp(lse_s - mx_safe[:, None])
+        den += tl.sum(w, 1)
+        po = tl.load(PO + (rows64[:, None, None] * SPLITS + offs_s[None, :, None]) * DV + offs_dv[None, None, :],
+                     mask=r_ok[:, None, None] & s_ok[None, :, None] & (offs_dv[None, None, :] < DV), other=0.0)
+        num += tl.sum(w[:, :, None] * po, 1)
     if INF_AS_ZERO:
         o = tl.where(den[:, None] > 0.0, num / tl.where(den > 0.0, den, 1.0)[:, None], 0.0)
     else:
