@@ -748,8 +748,9 @@ class CaseResult:
         return "\n".join(lines)
 
 
+# sticky CUDA errors: the context is lost (a launch refused for its configuration is not one)
 _FAULT_WORDS = ("illegal memory access", "illegal address", "unspecified launch failure", "misaligned address",
-                "device-side assert", "CUDA error")
+                "device-side assert", "illegal instruction", "hardware stack error")
 
 
 class _LogCapture(logging.Handler):
