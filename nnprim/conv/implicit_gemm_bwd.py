@@ -201,7 +201,10 @@ class BwdWeightsPlan(_Plan):
         sd, sx, sw = (strides5_of(s) for s in self.strides)
         if tma_conv is None:
             tma_conv = configs.use_tma_conv(p)
-        self.tma = tma_conv and self.std and (is_tma_conv(p) or is_plain_gemm(p))
+        BH, BW = conv_tile(tile.BK, gm.out[1], gm.out[2])
+        # the TMA kernel reduces BH*BW output pixels per step (tl.dot needs >= 16): tiny
+        # images (1x1, 2x2) take the gather kernel
+        self.tma = tma_conv and self.std and (is_tma_conv(p) or is_plain_gemm(p)) and BH * BW >= 16
         if self.tma:
             split = self._tma_setup(p, tile, sw)
         else:

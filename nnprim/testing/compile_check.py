@@ -33,6 +33,7 @@ CONV = [  # (direction, x, w, options): the kernel paths of implicit GEMM, gemm 
     ("bwd_weights", (64, 16, 10, 10), (32, 16, 3, 3), dict(padding=1, stride=2, dtype=F32)),  # split-K
     ("bwd_weights", (2, 32, 9, 9), (32, 1, 3, 3), dict(padding=1, groups=32, dtype=F16)),
     ("bwd_weights", (8, 32, 9, 9), (32, 4, 3, 3), dict(padding=1, groups=8, layout="nhwc", dtype=BF16)),
+    ("bwd_weights", (4, 32, 1, 1), (48, 32, 1, 1), dict(layout="nhwc", dtype=BF16)),       # 1x1 images
 ]
 ATTENTION = [  # (solver, problem fields)
     ("flash_fwd", dict(B=1, Hq=4, Hkv=2, Sq=70, Sk=90, D=64, Dv=64, dtype=BF16, causal="bottom_right",
