@@ -39,7 +39,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -83,18 +83,15 @@ class ConvSpec:
     post_ops: tuple = ()              # ("sum", scale) | ("eltwise", kind) | ("binary", op, "scalar"|"channel"|"full")
 
     def problem(self, device: str) -> ConvProblem:
-        """The ConvProblem the public API builds for these tensors."""
+        """The spec as a ConvProblem (shapes and options; `api_conv_problem` gives the one the
+        public API builds from the tensors, whose layout is what torch reports)."""
         base = ConvProblem.create(self.direction, self.x_shape, self.w_shape, dtype=DTYPES[self.dtype],
                                   layout=self.layout, device=device, stride=self.stride, padding=self.padding,
                                   dilation=self.dilation, groups=self.groups,
                                   out_dtype=DTYPES[self.out_dtype] if self.out_dtype else None,
                                   has_bias=self.bias)
-        if not self.post_ops:
-            return base
         sigs = tuple(_post_op(op, base.y_shape, None).signature() for op in self.post_ops)
-        return ConvProblem.create(self.direction, self.x_shape, self.w_shape, dtype=base.dtype, layout=self.layout,
-                                  device=device, stride=self.stride, padding=self.padding, dilation=self.dilation,
-                                  groups=self.groups, out_dtype=base.out_dtype, has_bias=self.bias, post_ops=sigs)
+        return replace(base, post_ops=sigs)
 
     def reduction(self) -> int:
         """Terms of the sum behind one output element (scales the f32 tolerance)."""
