@@ -23,6 +23,10 @@ top-left and bottom-right (aligned to each entry's kv_lens), bool/additive masks
 broadcastable to (B, Hq, Sq, Sk), scale float/tensor/inverted, dropout (nnprim.dropout),
 return_lse. Forward only: decode serves inference.
 
+Indexing: batch, head, query-row and key-row offsets are int64 (a K/V cache whose key
+stride times Sk passes 2**31 elements, e.g. a (B, Sk, H, D) cache seen as (B, H, Sk, D),
+is fine). Workspace: the f32 split partials (`workspace_bytes`), none with one split.
+
 Reading order: Triton kernels -> launcher (`decode_forward`) -> solvers (ids 120, 121).
 """
 from __future__ import annotations
@@ -37,6 +41,7 @@ import triton.language as tl
 from ..args import AttnArgs
 from ..dropout import dropout_keep, dropout_scale, dropout_threshold
 from ..launch import Launch
+from ..limits import grid_reasons
 from ..quant import KVQuant
 from ..search.solver import Solver, register
 
@@ -56,15 +61,15 @@ def _group_param(ptr, offs_n, n_ok, s_n, s_g, GROUPED: tl.constexpr, GL: tl.cons
     if not GROUPED:
         return tl.load(ptr).to(tl.float32)
     elif GL == 0:
-        return tl.load(ptr + offs_n * s_n, mask=n_ok, other=OTHER).to(tl.float32)[:, None]
+        return tl.load(ptr + offs_n.to(tl.int64) * s_n, mask=n_ok, other=OTHER).to(tl.float32)[:, None]
     elif GL == 1:
         offs_g = tl.arange(0, BLOCK_D // GROUP)
-        p = ptr + offs_n[:, None] * s_n + offs_g[None, :] * s_g
+        p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_g[None, :] * s_g
         m = n_ok[:, None] & (offs_g[None, :] < D // GROUP)
         return tl.load(p, mask=m, other=OTHER).to(tl.float32)[:, :, None]
     else:
         offs_d = tl.arange(0, BLOCK_D)
-        p = ptr + offs_n[:, None] * s_n + (offs_d // GROUP)[None, :] * s_g
+        p = ptr + offs_n.to(tl.int64)[:, None] * s_n + (offs_d // GROUP)[None, :] * s_g
         m = n_ok[:, None] & (offs_d[None, :] < D)
         return tl.load(p, mask=m, other=OTHER).to(tl.float32)
 
@@ -79,7 +84,7 @@ def _load_kv_tile(ptr, offs_n, n_ok, s_n, s_d, sc_ptr, sc_n, sc_g, zp_ptr, zp_n,
     and columns >= D are 0. QBITS: 0 = float tensor, 8 = s8/u8 codes, 4 = packed s4/u4."""
     if QBITS == 0:
         offs_d = tl.arange(0, BLOCK_D)
-        p = ptr + offs_n[:, None] * s_n + offs_d[None, :] * s_d
+        p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_d[None, :] * s_d
         x = tl.load(p, mask=n_ok[:, None] & (offs_d[None, :] < D), other=0.0)
         return x.to(DOT_DTYPE)
     else:
@@ -87,12 +92,12 @@ def _load_kv_tile(ptr, offs_n, n_ok, s_n, s_d, sc_ptr, sc_n, sc_g, zp_ptr, zp_n,
         # measured slower on the H200: benchmarks/DECODE.md)
         if QBITS == 8:
             offs_d = tl.arange(0, BLOCK_D)
-            p = ptr + offs_n[:, None] * s_n + offs_d[None, :] * s_d
+            p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_d[None, :] * s_d
             c = tl.load(p, mask=n_ok[:, None] & (offs_d[None, :] < D), other=0)
             x = c.to(tl.float32)
         else:
             offs_b = tl.arange(0, BLOCK_D // 2)
-            p = ptr + offs_n[:, None] * s_n + offs_b[None, :] * s_d
+            p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_b[None, :] * s_d
             c = tl.load(p, mask=n_ok[:, None] & (offs_b[None, :] < D // 2), other=0).to(tl.int32)
             lo = c & 15
             hi = (c >> 4) & 15
@@ -177,7 +182,8 @@ def _decode_fwd_kernel(
     qk_scale = sc * LOG2E
 
     offs_d = tl.arange(0, BLOCK_D)
-    q_ptr = Q + b64 * s_qb + h.to(tl.int64)[:, None] * s_qh + qi[:, None] * s_qs + offs_d[None, :] * s_qd
+    qi64 = qi.to(tl.int64)
+    q_ptr = Q + b64 * s_qb + h.to(tl.int64)[:, None] * s_qh + qi64[:, None] * s_qs + offs_d[None, :] * s_qd
     q = tl.load(q_ptr, mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_DTYPE)
 
     k_base = K + b64 * s_kb + hk64 * s_kh
@@ -187,7 +193,7 @@ def _decode_fwd_kernel(
     vs_base = VS + b64 * s_vsb + hk64 * s_vsh
     vz_base = VZ + b64 * s_vzb + hk64 * s_vzh
     if MASK_KIND != 0:
-        m_base = MASK + b64 * s_mb + h.to(tl.int64)[:, None] * s_mh + qi[:, None] * s_mq
+        m_base = MASK + b64 * s_mb + h.to(tl.int64)[:, None] * s_mh + qi64[:, None] * s_mq
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -207,10 +213,10 @@ def _decode_fwd_kernel(
         if CAUSAL != 0:
             valid = valid & (offs_n[None, :] < row_lim[:, None])
         if MASK_KIND == 1:
-            mk = tl.load(m_base + offs_n[None, :] * s_mk, mask=valid, other=0)
+            mk = tl.load(m_base + offs_n.to(tl.int64)[None, :] * s_mk, mask=valid, other=0)
             valid = valid & (mk != 0)
         elif MASK_KIND == 2:
-            mk = tl.load(m_base + offs_n[None, :] * s_mk, mask=valid, other=0.0)
+            mk = tl.load(m_base + offs_n.to(tl.int64)[None, :] * s_mk, mask=valid, other=0.0)
             s = s + mk.to(tl.float32) * LOG2E
         s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -243,7 +249,7 @@ def _decode_fwd_kernel(
             o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
         else:
             o = acc / l_i[:, None]  # 0 / 0 = NaN for a fully masked row
-        o_ptr = O + b64 * s_ob + h.to(tl.int64)[:, None] * s_oh + qi[:, None] * s_oq + offs_dv[None, :] * s_od
+        o_ptr = O + b64 * s_ob + h.to(tl.int64)[:, None] * s_oh + qi64[:, None] * s_oq + offs_dv[None, :] * s_od
         tl.store(o_ptr, o.to(O.dtype.element_ty), mask=row_ok[:, None] & dv_ok)
         if WRITE_LSE:
             tl.store(LSE + (b64 * Hq + h) * Sq + qi, lse, mask=row_ok)
@@ -260,22 +266,34 @@ def _decode_combine_kernel(PO, PL, O, LSE, n_rows, s_ob, s_oh, s_oq, s_od, Hq, S
                            BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
                            INF_AS_ZERO: tl.constexpr, WRITE_LSE: tl.constexpr):
     """Merge SPLITS partials of BLOCK_R output rows: LSE = log sum_s exp(lse_s),
-    o = sum_s exp(lse_s - LSE) o_s (NaN, or 0 with INF_AS_ZERO, when every lse_s = -inf)."""
+    o = sum_s exp(lse_s - LSE) o_s (NaN, or 0 with INF_AS_ZERO, when every lse_s = -inf).
+    The splits are read SC at a time (two passes: the largest lse, then the sums), so the
+    [BLOCK_R, SC, BLOCK_DV] tile stays small when SPLITS runs into the thousands."""
+    SC: tl.constexpr = BLOCK_S if BLOCK_S < 16 else 16
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = rows < n_rows
     rows64 = rows.to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
-    s_ok = offs_s < SPLITS
-    lse_s = tl.load(PL + rows64[:, None] * SPLITS + offs_s[None, :], mask=r_ok[:, None] & s_ok[None, :],
-                    other=float("-inf"))
-    mx = tl.max(lse_s, 1)
-    mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
-    w = tl.exp(lse_s - mx_safe[:, None])
-    den = tl.sum(w, 1)
+    offs_c = tl.arange(0, SC)
     offs_dv = tl.arange(0, BLOCK_DV)
-    po = tl.load(PO + (rows64[:, None, None] * SPLITS + offs_s[None, :, None]) * DV + offs_dv[None, None, :],
-                 mask=r_ok[:, None, None] & s_ok[None, :, None] & (offs_dv[None, None, :] < DV), other=0.0)
-    num = tl.sum(w[:, :, None] * po, 1)
+    mx = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    for s0 in range(0, SPLITS, SC):
+        offs_s = s0 + offs_c
+        lse_s = tl.load(PL + rows64[:, None] * SPLITS + offs_s[None, :],
+                        mask=r_ok[:, None] & (offs_s < SPLITS)[None, :], other=float("-inf"))
+        mx = tl.maximum(mx, tl.max(lse_s, 1))
+    mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
+    den = tl.zeros((BLOCK_R,), tl.float32)
+    num = tl.zeros((BLOCK_R, BLOCK_DV), tl.float32)
+    for s0 in range(0, SPLITS, SC):
+        offs_s = s0 + offs_c
+        s_ok = offs_s < SPLITS
+        lse_s = tl.load(PL + rows64[:, None] * SPLITS + offs_s[None, :], mask=r_ok[:, None] & s_ok[None, :],
+                        other=float("-inf"))
+        w = tl.exp(lse_s - mx_safe[:, None])
+        den += tl.sum(w, 1)
+        po = tl.load(PO + (rows64[:, None, None] * SPLITS + offs_s[None, :, None]) * DV + offs_dv[None, None, :],
+                     mask=r_ok[:, None, None] & s_ok[None, :, None] & (offs_dv[None, None, :] < DV), other=0.0)
+        num += tl.sum(w[:, :, None] * po, 1)
     if INF_AS_ZERO:
         o = tl.where(den[:, None] > 0.0, num / tl.where(den > 0.0, den, 1.0)[:, None], 0.0)
     else:
@@ -535,7 +553,12 @@ class _DecodeBase(Solver):
             reasons.append(f"Sq={problem.Sq} > {self.max_sq}: decode serves thin queries (use flash)")
         if max(problem.D, problem.Dv) > self.max_d:
             reasons.append(f"head dim D={problem.D}, Dv={problem.Dv} > {self.max_d}")
+        if not reasons:   # grid (B*Hkv, splits <= 4096, row blocks of the G*Sq rows)
+            reasons += grid_reasons(((2, "row blocks of Hq/Hkv * Sq query rows", self.row_blocks(problem)),))
         return reasons
+
+    def row_blocks(self, problem) -> int:
+        return m_blocks(problem, default_config(problem))[1]
 
     def workspace_size(self, problem) -> int:
         return workspace_bytes(problem)

@@ -69,7 +69,7 @@ def _param_tile(ptr, offs_n, n_ok, s_n, s_g, GROUPED: tl.constexpr, NG: tl.const
     rows with n_ok False give OTHER), or the per-tensor scalar when not GROUPED."""
     if GROUPED:
         offs_g = tl.arange(0, BNG)
-        p = ptr + offs_g[:, None] * s_g + offs_n[None, :] * s_n
+        p = ptr + offs_g[:, None] * s_g + offs_n.to(tl.int64)[None, :] * s_n
         return tl.load(p, mask=(offs_g[:, None] < NG) & n_ok[None, :], other=OTHER).to(tl.float32)
     else:
         return tl.load(ptr).to(tl.float32)
@@ -78,7 +78,7 @@ def _param_tile(ptr, offs_n, n_ok, s_n, s_g, GROUPED: tl.constexpr, NG: tl.const
 @triton.jit
 def _rows_tile(ptr, offs_n, n_ok, s_n, s_c, cols, COLS: tl.constexpr, FULL: tl.constexpr):
     """Rows offs_n, columns `cols` (< COLS unless FULL) of a (rows, columns) tensor; 0 elsewhere."""
-    p = ptr + offs_n[:, None] * s_n + cols[None, :] * s_c
+    p = ptr + offs_n.to(tl.int64)[:, None] * s_n + cols[None, :] * s_c
     if FULL:
         return tl.load(p, mask=n_ok[:, None], other=0)
     else:
@@ -318,13 +318,13 @@ def _decode_quant_kernel(
         if not K_SC_G:
             qk_scale = qk_scale * tl.load(KS).to(tl.float32)
     if MASK_KIND != 0:
-        m_base = MASK + b64 * s_mb + h.to(tl.int64)[:, None] * s_mh + qi[:, None] * s_mq
+        m_base = MASK + b64 * s_mb + h.to(tl.int64)[:, None] * s_mh + qi.to(tl.int64)[:, None] * s_mq
 
     # expanded query rows x = (m, g): row m of the block, group g
     xk = tl.arange(0, KMX)
     rk = mblk * BLOCK_M + xk // K_BNG
     gk = xk % K_BNG
-    q_rows = Q + b64 * s_qb + (hk * G + rk // Sq).to(tl.int64) * s_qh + (rk % Sq) * s_qs
+    q_rows = Q + b64 * s_qb + (hk * G + rk // Sq).to(tl.int64) * s_qh + (rk % Sq).to(tl.int64) * s_qs
     rk_ok = rk < G * Sq
     if KBITS == 4:
         offs_kh = tl.arange(0, BLOCK_D)  # byte columns; element 2c in the low nibble
@@ -410,10 +410,10 @@ def _decode_quant_kernel(
         if CAUSAL != 0:
             valid = valid & (offs_n[None, :] < row_lim[:, None])
         if MASK_KIND == 1:
-            mk = tl.load(m_base + offs_n[None, :] * s_mk, mask=valid, other=0)
+            mk = tl.load(m_base + offs_n.to(tl.int64)[None, :] * s_mk, mask=valid, other=0)
             valid = valid & (mk != 0)
         elif MASK_KIND == 2:
-            mk = tl.load(m_base + offs_n[None, :] * s_mk, mask=valid, other=0.0)
+            mk = tl.load(m_base + offs_n.to(tl.int64)[None, :] * s_mk, mask=valid, other=0.0)
             s = s + mk.to(tl.float32) * LOG2E
         s = tl.where(valid, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -520,7 +520,7 @@ def _decode_quant_kernel(
             o = tl.where(has[:, None], o_acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
         else:
             o = o_acc / l_i[:, None]  # 0 / 0 = NaN for a fully masked row
-        o_ptr = O + b64 * s_ob + h.to(tl.int64)[:, None] * s_oh + qi[:, None] * s_oq + offs_o[None, :] * s_od
+        o_ptr = O + b64 * s_ob + h.to(tl.int64)[:, None] * s_oh + qi.to(tl.int64)[:, None] * s_oq + offs_o[None, :] * s_od
         tl.store(o_ptr, o.to(O.dtype.element_ty), mask=row_ok[:, None] & dv_ok)
         if WRITE_LSE:
             tl.store(LSE + (b64 * Hq + h) * Sq + qi, lse, mask=row_ok)
@@ -684,6 +684,9 @@ class DecodeSplitKQuantGrouped(_DecodeBase):
                 reasons.append(f"{name}: {d // qs[1]} groups per row (group_size {qs[1]}) > {MAX_GROUPS}: "
                                "served by decode_split_k_quant (121)")
         return reasons
+
+    def row_blocks(self, problem) -> int:
+        return row_block(problem, default_config(problem))[1]
 
     def workspace_size(self, problem) -> int:
         return workspace_bytes(problem)

@@ -28,6 +28,8 @@ tile), but the accumulators are 64x128. dQ uses the fused kernel with its own ti
 (configs.DQ_TABLE: with 32-key steps and 8 warps its 128x256 f32 accumulator fits
 unspilled) or, when asked, a split dQ kernel built the same way.
 Masks, scales, kv_lens, causal alignment and dropout follow flash_fwd exactly.
+Workspace: delta (f32, B x Hq x Sq) and, on Hopper, the TMA descriptors' global scratch
+of the larger of the dK/dV and dQ launches (`workspace_bytes`).
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from . import configs
 from .flash_fwd import (
     _CAUSAL_CODE,
     _MASK_CODE,
+    TMA_DESC_BYTES,
     FlashBase,
     _dot,
     block_d,
@@ -50,6 +53,7 @@ from .flash_fwd import (
     mask_view,
     roofline_ms,
     scale_args,
+    tma_expected,
     tma_ok,
 )
 
@@ -956,6 +960,30 @@ class BackwardPlan:
         return bufs["dq"], bufs["dk"], bufs["dv"]
 
 
+def _split_descriptors(problem) -> int:
+    """In-kernel TMA descriptors of a head-dim split kernel: Q, K, dO, V for chunk 0 and
+    again for chunk 1 where it exists and differs in width (identical ones are merged)."""
+    (c0, c1), (cv0, cv1) = split_chunks(problem.D), split_chunks(problem.Dv)
+    return 4 + 2 * (0 < c1 != c0) + 2 * (0 < cv1 != cv0)
+
+
+def workspace_bytes(problem) -> int:
+    """delta plus the TMA scratch of the larger launch, as the solver's invoker runs them
+    (default tiles, the head-dim split kernels for max(D, Dv) > 128) on contiguous inputs."""
+    delta = 4 * problem.B * problem.Hq * problem.Sq
+    if not tma_expected(problem):
+        return delta
+    _, cfg = configs.choose(problem)
+    split = use_split(problem)
+    dq_cfg, dq_split = configs.choose_dq(problem) if split else (None, None)
+    dq_cfg = dq_cfg or cfg
+    if dq_split is None:        # as backward_launches: split like dK/dV
+        dq_split = split
+    dkdv = (_split_descriptors(problem) if split else 4) * triton.cdiv(problem.Sk, cfg.block_n) * problem.B * problem.Hkv
+    dq = (_split_descriptors(problem) if dq_split else 4) * triton.cdiv(problem.Sq, dq_cfg.block_n) * problem.B * problem.Hq
+    return delta + TMA_DESC_BYTES * max(dkdv, dq)
+
+
 # ---- solver -----------------------------------------------------------------------------
 
 @register
@@ -966,7 +994,7 @@ class FlashBackward(FlashBase):
     directions = frozenset({"bwd"})
 
     def workspace_size(self, problem) -> int:
-        return 4 * problem.B * problem.Hq * problem.Sq  # delta (f32)
+        return workspace_bytes(problem)
 
     def estimate(self, problem) -> float | None:
         # measured on the H200: ~0.45 of peak (nominal FLOPs) up to D = 128, ~0.25 above

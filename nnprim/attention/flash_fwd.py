@@ -18,8 +18,10 @@ the key loop is split into unmasked full blocks and masked boundary blocks; bool
 mask buffers broadcast through zero strides; scale as float or tensor (loaded in the
 kernel) and its inverse; kv_lens; dropout (nnprim.dropout's Philox definition);
 return_lse. On Hopper the kernel reads Q/K/V through TMA tensor descriptors when the
-strides allow (16-byte aligned, unit inner stride). Not supported: quantized K/V (the
-decode family serves those).
+strides allow (16-byte aligned, unit inner stride). Indexing: batch, head and row offsets
+are int64. Workspace: only the TMA descriptors Triton builds in global scratch (128 bytes
+per descriptor per program). Not supported: quantized K/V (the decode family serves
+those); B * Hq above 65535 (grid axis 1).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from triton.runtime.errors import OutOfResources
 
 from ..dropout import dropout_keep, dropout_scale, dropout_threshold
 from ..launch import Launch, aligned16, ensure_allocator, interpreting
+from ..limits import grid_reasons
 from ..search.solver import Solver, register
 from . import configs
 
@@ -436,6 +439,20 @@ def roofline_ms(problem, efficiency: float) -> float:
     return max(t_c / max(fill, 0.05), t_m) * 1e3 + 0.01
 
 
+TMA_DESC_BYTES = 128   # one in-kernel TMA descriptor: Triton's global scratch, per program
+
+
+def tma_expected(problem) -> bool:
+    """Whether the launchers read Q/K/V (dO) through in-kernel TMA descriptors when the
+    tensors are contiguous (`tma_ok` on such tensors): a Hopper+ GPU and 16-byte rows."""
+    if problem.device != "cuda" or interpreting() or not torch.cuda.is_available():
+        return False
+    e = torch.empty((), dtype=problem.dtype).element_size()
+    if (problem.D * e) % 16 or (problem.Dv * e) % 16:
+        return False
+    return torch.cuda.get_device_capability()[0] >= 9
+
+
 class FlashBase(Solver):
     family = "flash"
     primitive = "attention"
@@ -448,6 +465,8 @@ class FlashBase(Solver):
             reasons.append("quantized K/V are not supported (use the decode family)")
         if max(problem.D, problem.Dv) > self.max_head_dim:
             reasons.append(f"head dims D={problem.D}, Dv={problem.Dv} exceed {self.max_head_dim}")
+        # every flash kernel puts (batch, query or kv head) on grid axis 1; B*Hq >= B*Hkv
+        reasons += grid_reasons(((1, "B*Hq, batch x query heads", problem.B * problem.Hq),))
         return reasons
 
 
@@ -457,6 +476,14 @@ class FlashForward(FlashBase):
     id = 110
     name = "flash_fwd"
     directions = frozenset({"fwd"})
+
+    def workspace_size(self, problem) -> int:
+        """The TMA descriptors' scratch (3 per program) for contiguous inputs; o and lse
+        are outputs."""
+        if not tma_expected(problem):
+            return 0
+        cfg, _ = configs.choose(problem)
+        return 3 * TMA_DESC_BYTES * triton.cdiv(problem.Sq, cfg.block_m) * problem.B * problem.Hq
 
     def estimate(self, problem) -> float | None:
         return roofline_ms(problem, 0.65)

@@ -6,6 +6,7 @@ falls back to a default in `pick`. `NNPRIM_CONV_CONFIG="BM,BN,BK,warps,stages"`
 overrides the choice for the implicit-GEMM kernels (validated)."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -132,5 +133,7 @@ def pick_direct(p: ConvProblem) -> DirectTile:
 
 
 def direct_bwd_w_tiles(p: ConvProblem) -> bool:
-    """Backward weights of depthwise-like problems (C/groups == 1) run the 2-D-tile kernel."""
-    return p.C // p.groups == 1
+    """Backward weights of depthwise-like problems (C/groups == 1) run the 2-D-tile kernel,
+    and so do problems with more than 512 (tap, channel) columns per group: the other
+    kernel holds all of them in one [columns, channels] register accumulator."""
+    return p.C // p.groups == 1 or (p.C // p.groups) * math.prod(p.filter) > 512

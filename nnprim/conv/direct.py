@@ -22,6 +22,10 @@ SPLIT * K * taps*Cg * 4 bytes). Depthwise-like problems (C/groups == 1) use the 
 variant instead (`_direct_bwd_w_tiles_kernel`: columns outer, a few spatial tiles per
 program, elementwise accumulation; measured faster there, slower for resnext groups).
 
+Indexing: each image's base (n * stride_n) is int64, offsets within an image and the
+pixel rows int32 (`conv_index_reasons`); the backward-weights partials are kept within
+WORKSPACE_CAP by limiting the number of slices.
+
 Supported: groups > 1 with C/groups <= 16 and K/groups <= 16; 1D/2D/3D; both layouts;
 any stride/padding/dilation; f32/f16/bf16."""
 from __future__ import annotations
@@ -32,16 +36,19 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import workspace
 from ..args import ConvArgs
 from ..launch import Launch
+from ..limits import grid_reasons
 from ..problems.conv import ConvProblem
 from ..search.solver import Solver, register
 from . import configs
-from .implicit_gemm import gemm_shape_reasons, geom, layout_strides, roofline_ms, strides5_of
+from .implicit_gemm import check_strided, conv_index_reasons, geom, layout_strides, roofline_ms, strides5_of
 from .implicit_gemm_bwd import NUM_SMS, _split_reduce_kernel
 from .triton_epilogue import NO_EPILOGUE, epilogue, interpreting, plan_epilogue, post_op_bytes, post_op_reasons, tl_dot_precision
 
 MAX_CH_PER_GROUP = 16
+WORKSPACE_CAP = 256 * 2 ** 20   # bytes of backward-weights partials (fewer slices beyond it)
 
 
 @triton.jit
@@ -70,7 +77,7 @@ def _direct_kernel(
     th = tmp % n_th
     nd = tmp // n_th
     qd = nd % DD
-    n = nd // DD
+    n64 = (nd // DD).to(tl.int64)
     ri = tl.arange(0, BP)
     qh = th * BH + ri // BW
     qw = tw * BW + ri % BW
@@ -83,7 +90,7 @@ def _direct_kernel(
         w_dst = dst_local * sw_dst
     else:
         w_dst = rc * sw_dst
-    src_row = src_ptr + n * ssn
+    src_row = src_ptr + n64 * ssn
     acc = tl.zeros((BP, BC), dtype=tl.float32)
     if DOT:
         # src channels of this block: the same BC channels (SRC_G == DST_G, BC % DST_G == 0)
@@ -133,7 +140,7 @@ def _direct_kernel(
                     wv = tl.load(w_ptr + w_tap + w_dst + j * sw_src, mask=mc, other=0.0)
                 acc += a.to(tl.float32) * wv.to(tl.float32)[None, :]
     pixd = (qd * DH + qh) * DW + qw
-    off = (n * sdn + pixd * sdp)[:, None] + (rc * sdc)[None, :]
+    off = (n64 * sdn + pixd * sdp)[:, None] + (rc * sdc)[None, :]
     mask = mp[:, None] & mc[None, :]
     acc = epilogue(acc, off, rc, mc, mask, bias_ptr,
                    p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
@@ -173,15 +180,15 @@ def _direct_bwd_w_kernel(
         oh = tmp % OH
         tmp = tmp // OH
         od = tmp % OD
-        n = tmp // OD
-        dyv = tl.load(dy_ptr + (n * sdn + od * sdd + oh * sdh + ow * sdw)[:, None] + (rk * sdk)[None, :],
+        n64 = (tmp // OD).to(tl.int64)
+        dyv = tl.load(dy_ptr + (n64 * sdn + od * sdd + oh * sdh + ow * sdw)[:, None] + (rk * sdk)[None, :],
                       mask=mp[:, None] & mk[None, :], other=0.0).to(tl.float32)
         idd = (od * std - pdd)[:, None] + (tt * dld)[None, :]      # [BP, BJ]
         ihh = (oh * sth - pdh)[:, None] + (rr * dlh)[None, :]
         iww = (ow * stw - pdw)[:, None] + (ss * dlw)[None, :]
         ok = (mp[:, None] & mj[None, :] & (idd >= 0) & (idd < D) & (ihh >= 0) & (ihh < H)
               & (iww >= 0) & (iww < W))
-        pix = (n * sxn)[:, None] + idd * sxd + ihh * sxh + iww * sxw  # [BP, BJ]
+        pix = (n64 * sxn)[:, None] + idd * sxd + ihh * sxh + iww * sxw  # [BP, BJ]
         xv = tl.load(x_ptr + pix[:, :, None] + (xc * sxc)[None, :, :],
                      mask=ok[:, :, None] & mk[None, None, :], other=0.0).to(tl.float32)
         acc += tl.sum(xv * dyv[:, None, :], axis=0)
@@ -219,14 +226,14 @@ def _direct_bwd_w_tap_kernel(
         oh = tmp % OH
         tmp = tmp // OH
         od = tmp % OD
-        n = tmp // OD
-        dyv = tl.load(dy_ptr + (n * sdn + od * sdd + oh * sdh + ow * sdw)[:, None] + (rk * sdk)[None, :],
+        n64 = (tmp // OD).to(tl.int64)
+        dyv = tl.load(dy_ptr + (n64 * sdn + od * sdd + oh * sdh + ow * sdw)[:, None] + (rk * sdk)[None, :],
                       mask=mp[:, None] & mk[None, :], other=0.0)
         idd = od * std - pdd + tt * dld
         ihh = oh * sth - pdh + rr * dlh
         iww = ow * stw - pdw + ss * dlw
         ok = mp & (idd >= 0) & (idd < D) & (ihh >= 0) & (ihh < H) & (iww >= 0) & (iww < W)
-        xv = tl.load(x_ptr + (n * sxn + idd * sxd + ihh * sxh + iww * sxw)[:, None] + xc[None, :],
+        xv = tl.load(x_ptr + (n64 * sxn + idd * sxd + ihh * sxh + iww * sxw)[:, None] + xc[None, :],
                      mask=ok[:, None] & mk[None, :], other=0.0)
         acc += dyv.to(tl.float32) * xv.to(tl.float32)
     tl.store(ws_ptr + (sp * K + rk) * NJ + j, tl.sum(acc, axis=0), mask=mk)
@@ -269,17 +276,17 @@ def _direct_bwd_w_tiles_kernel(
             th = tmp % n_th
             nd = tmp // n_th
             od = nd % OD
-            n = nd // OD
+            n64 = (nd // OD).to(tl.int64)
             oh = th * BH + ri // BW
             ow = tw * BW + ri % BW
             mp = (oh < OH) & (ow < OW)
-            dyv = tl.load(dy_ptr + (n * sdn + od * sdd + oh * sdh + ow * sdw)[:, None] + dy_col,
+            dyv = tl.load(dy_ptr + (n64 * sdn + od * sdd + oh * sdh + ow * sdw)[:, None] + dy_col,
                           mask=mp[:, None] & mk[None, :], other=0.0)
             idd = od * std - pdd + tt * dld
             ihh = oh * sth - pdh + rr * dlh
             iww = ow * stw - pdw + ss * dlw
             ok = mp & (idd >= 0) & (idd < D) & (ihh >= 0) & (ihh < H) & (iww >= 0) & (iww < W)
-            xv = tl.load(x_ptr + (n * sxn + idd * sxd + ihh * sxh + iww * sxw)[:, None] + x_col,
+            xv = tl.load(x_ptr + (n64 * sxn + idd * sxd + ihh * sxh + iww * sxw)[:, None] + x_col,
                          mask=ok[:, None] & mk[None, :], other=0.0)
             acc += dyv.to(tl.float32) * xv.to(tl.float32)
         tl.store(ws_ptr + (sp * K + rk) * NJ + j, tl.sum(acc, axis=0), mask=mk)
@@ -299,6 +306,19 @@ def _spatial_tile(BP: int, DH: int, DW: int, BW: int = 0) -> tuple[int, int]:
     return BP, BW
 
 
+def _channel_block(p: ConvProblem, tile: configs.DirectTile) -> tuple[int, int]:
+    """(BC, destination channels) of `_direct_kernel` for p (grid axis 1 = cdiv(ndst, BC))."""
+    ndst = p.C if p.direction == "bwd_data" else p.K
+    return max(16, min(tile.BC, triton.next_power_of_2(ndst))), ndst
+
+
+def _max_split(p: ConvProblem) -> int:
+    """Most pixel slices whose f32 partials [SPLIT, K, taps*C/groups] fit WORKSPACE_CAP (and
+    so int32 indexing); at least 1."""
+    per_slice = p.K * (p.C // p.groups) * math.prod(p.filter) * 4
+    return max(1, WORKSPACE_CAP // per_slice)
+
+
 class DirectPlan:
     """Forward (epilogue fused) or backward data through `_direct_kernel`, one launch."""
 
@@ -308,6 +328,8 @@ class DirectPlan:
         transposed = p.direction == "bwd_data"
         ins = (p.y_shape, p.w_shape, p.x_shape) if transposed else (p.x_shape, p.w_shape, p.y_shape)
         self.strides = strides or tuple(layout_strides(s, p.layout) for s in ins)
+        if strides is not None:
+            check_strided(p, ins, strides)
         self.out_shape = ins[2]
         self.variants: dict = {}
         gm = geom(p)
@@ -317,7 +339,7 @@ class DirectPlan:
             src_sp, dst_sp, ndst, src_g, dst_g = gm.inp, gm.out, gm.K, gm.Cg, gm.Kg
         self.epi = NO_EPILOGUE if transposed else plan_epilogue(p)
         M = gm.N * math.prod(dst_sp)
-        BC = max(16, min(tile.BC, triton.next_power_of_2(ndst)))
+        BC, _ = _channel_block(p, tile)
         BP = max(16, min(tile.BP, triton.next_power_of_2(M)))
         BP, BW = _spatial_tile(BP, dst_sp[1], dst_sp[2], tile.BW)
         dot = _use_dot(src_g, dst_g, BC)
@@ -367,7 +389,7 @@ def plan_bwd_w(p: ConvProblem, tile: configs.DirectTile) -> tuple[int, int, int,
     BP = max(2, min(tile.BP, 8192 // (BJ * BC)))
     PT = gm.N * gm.P
     progs = triton.cdiv(gm.K, BC)
-    split = max(1, min(triton.cdiv(4 * NUM_SMS, progs), PT // (BP * 16)))
+    split = max(1, min(triton.cdiv(4 * NUM_SMS, progs), PT // (BP * 16), _max_split(p)))
     chunk = triton.cdiv(triton.cdiv(PT, split), BP) * BP
     return BP, BJ, BC, triton.cdiv(PT, chunk), chunk
 
@@ -381,7 +403,10 @@ class BwdWeightsPlan:
                  strides: tuple | None = None):
         self.p, self.tile, self.tap_grid = p, tile or configs.pick_direct(p), tap_grid
         tile = self.tile
-        self.strides = strides or tuple(layout_strides(s, p.layout) for s in (p.y_shape, p.x_shape, p.w_shape))
+        shapes = (p.y_shape, p.x_shape, p.w_shape)
+        self.strides = strides or tuple(layout_strides(s, p.layout) for s in shapes)
+        if strides is not None:
+            check_strided(p, shapes, strides)
         self.variants: dict = {}
         gm = geom(p)
         BP, BJ, BC, split, chunk = plan_bwd_w(p, tile)
@@ -390,7 +415,8 @@ class BwdWeightsPlan:
         PT = gm.N * gm.P
         if tap_grid:
             BP = max(16, min(tile.BP, triton.next_power_of_2(PT)))
-            split = max(1, min(triton.cdiv(4 * NUM_SMS, nj * triton.cdiv(gm.K, BC)), PT // (BP * 8)))
+            split = max(1, min(triton.cdiv(4 * NUM_SMS, nj * triton.cdiv(gm.K, BC)), PT // (BP * 8),
+                               _max_split(p)))
             chunk = triton.cdiv(triton.cdiv(PT, split), BP) * BP
             split = triton.cdiv(PT, chunk)
         geo = (PT, chunk, gm.K, gm.Cg, gm.Kg, *gm.inp, *gm.out, *gm.filt, *sd, *sx, *gm.stride, *gm.pad, *gm.dil)
@@ -414,7 +440,7 @@ class BwdWeightsPlan:
             if key not in self.variants:
                 self.variants[key] = BwdWeightsPlan(p, self.tile, self.tap_grid, key)
             return self.variants[key](args, dw)
-        ws = torch.empty(self.ws_shape, dtype=torch.float32, device=x.device)
+        ws = workspace.empty(self.ws_shape, torch.float32, x.device)
         self.launch(dy, x, ws)
         self.reduce(ws, dw)
         return dw
@@ -427,7 +453,10 @@ class BwdWeightsTilePlan:
     def __init__(self, p: ConvProblem, tile: configs.DirectTile | None = None, strides: tuple | None = None):
         self.p, self.tile = p, tile or configs.pick_direct(p)
         tile = self.tile
-        self.strides = strides or tuple(layout_strides(s, p.layout) for s in (p.y_shape, p.x_shape, p.w_shape))
+        shapes = (p.y_shape, p.x_shape, p.w_shape)
+        self.strides = strides or tuple(layout_strides(s, p.layout) for s in shapes)
+        if strides is not None:
+            check_strided(p, shapes, strides)
         self.variants: dict = {}
         gm = geom(p)
         nj = gm.Cg * gm.taps
@@ -435,7 +464,7 @@ class BwdWeightsTilePlan:
         BP, BW = _spatial_tile(max(16, min(tile.BP, triton.next_power_of_2(gm.P))), gm.out[1], gm.out[2], tile.BW)
         nt = gm.N * gm.out[0] * triton.cdiv(gm.out[1], BP // BW) * triton.cdiv(gm.out[2], BW)
         nkb = triton.cdiv(gm.K, BC)
-        split = max(1, min(nt, triton.cdiv(8 * NUM_SMS, nkb)))
+        split = max(1, min(nt, triton.cdiv(8 * NUM_SMS, nkb), _max_split(p)))
         tps = triton.cdiv(nt, split)
         split = triton.cdiv(nt, tps)
         sd, sx, sw = (strides5_of(s) for s in self.strides)
@@ -456,7 +485,7 @@ class BwdWeightsTilePlan:
             if key not in self.variants:
                 self.variants[key] = BwdWeightsTilePlan(p, self.tile, key)
             return self.variants[key](args, dw)
-        ws = torch.empty(self.ws_shape, dtype=torch.float32, device=x.device)
+        ws = workspace.empty(self.ws_shape, torch.float32, x.device)
         self.launch(dy, x, ws)
         self.reduce(ws, dw)
         return dw
@@ -492,7 +521,10 @@ class _DirectBase(Solver):
             reasons.append("direct serves grouped convolutions only (groups > 1)")
         if cg > MAX_CH_PER_GROUP or kg > MAX_CH_PER_GROUP:
             reasons.append(f"C/groups={cg} and K/groups={kg} must be <= {MAX_CH_PER_GROUP}")
-        return reasons + gemm_shape_reasons(problem) + post_op_reasons(problem)
+        if problem.direction != "bwd_weights":
+            bc, ndst = _channel_block(problem, configs.pick_direct(problem))
+            reasons += grid_reasons(((1, f"blocks of {bc} channels", triton.cdiv(ndst, bc)),))
+        return reasons + conv_index_reasons(problem) + post_op_reasons(problem)
 
     def estimate(self, problem) -> float | None:
         gm = geom(problem)

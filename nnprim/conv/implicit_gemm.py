@@ -31,8 +31,11 @@ Invokers are plans (`FwdPlan`, `BwdDataPlan`): every launch argument is computed
 `prepare`; a call allocates the output and launches (nnprim/launch.py).
 
 Supported: 1D/2D/3D, nchw/nhwc, any stride/padding/dilation/groups, f32 (exact, no
-TF32), f16, bf16 (f32 or bf16 output for forward). Not supported: tensors of 2**31
-elements or more (int32 indexing), more than 4 fused post-ops."""
+TF32), f16, bf16 (f32 or bf16 output for forward). Indexing: the base of each image
+(n * stride_n) is int64, offsets within an image, the pixel rows (N * spatial) and the
+weights are int32, so problems whose rows, one image of x or y, or w reach 2**31
+elements are refused (`conv_index_reasons`); groups are folded into grid axis 0 (no
+65535 limit). Not supported: more than 4 fused post-ops."""
 from __future__ import annotations
 
 import math
@@ -43,7 +46,9 @@ import triton
 import triton.language as tl
 
 from ..args import ConvArgs
+from ..errors import NotSupportedError
 from ..launch import Launch, descriptor
+from ..limits import int32_reasons, span
 from ..problems.conv import ConvProblem
 from ..search.solver import Solver, register
 from . import configs
@@ -94,11 +99,39 @@ def geom(p: ConvProblem) -> Geom:
 
 
 def gemm_shape_reasons(p: ConvProblem) -> list[str]:
+    """Whole tensors below 2**31 elements (for kernels indexing every tensor in int32)."""
     reasons = []
     for name, shape in (("x", p.x_shape), ("w", p.w_shape), ("y", p.y_shape)):
         if math.prod(shape) >= INT32_LIMIT:
             reasons.append(f"{name} has {math.prod(shape)} elements; int32 indexing needs < 2**31")
     return reasons
+
+
+def conv_index_reasons(p: ConvProblem) -> list[str]:
+    """Why the conv Triton kernels (implicit GEMM, im2col, direct) cannot index p: they
+    add each image's base n * stride_n in int64 and index within an image, the pixel rows
+    and the weights in int32."""
+    gm = geom(p)
+    p_in = math.prod(gm.inp)
+    return int32_reasons((
+        ("rows of y (N*OD*OH*OW)", gm.N * gm.P), ("rows of x (N*D*H*W)", gm.N * p_in),
+        ("one image of y (K*OD*OH*OW)", gm.K * gm.P), ("one image of x (C*D*H*W)", gm.C * p_in),
+        ("w (K*C/groups*taps)", gm.K * gm.Cg * gm.taps)))
+
+
+TENSOR_NAMES = {"fwd": ("x", "w", "y"), "bwd_data": ("dy", "w", "dx"), "bwd_weights": ("dy", "x", "dw")}
+
+
+def check_strided(p: ConvProblem, shapes, strides) -> None:
+    """Raise NotSupportedError when the direction's three tensors, given with `strides`
+    (views, not the layout's own), reach farther than int32 indexing within one image
+    (or within the weights, which have no int64 batch base)."""
+    for name, shape, st in zip(TENSOR_NAMES[p.direction], shapes, strides):
+        whole = name in ("w", "dw")
+        ext = span(shape, st) if whole else span(shape[1:], st[1:])
+        if int32_reasons(((name, ext),)):
+            raise NotSupportedError(f"{name} strides {tuple(st)} reach {ext} elements within one "
+                                    f"{'tensor' if whole else 'image'}: int32 indexing needs fewer")
 
 
 def roofline_ms(flops: float, nbytes: float, dtype: torch.dtype, efficiency: float = 0.7) -> float:
@@ -114,6 +147,15 @@ def fit(block: int, n: int, lo: int = 16) -> int:
 
 # ---- forward kernel ----------------------------------------------------------------------
 @triton.jit
+def _group_pid(tiles_per_group):
+    """(tile, group) of this program: groups are folded into grid axis 0 (axes 1 and 2
+    allow only 65535 programs), group-major so a group's tiles run together."""
+    pid = tl.program_id(0)
+    g = pid // tiles_per_group
+    return pid - g * tiles_per_group, g
+
+
+@triton.jit
 def _conv_fwd_kernel(
         x_ptr, w_ptr, y_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
         M, Cg, Kg, D, H, W, OD, OH, OW, T, R, S,
@@ -127,10 +169,9 @@ def _conv_fwd_kernel(
         P3_KIND: tl.constexpr, P3_SUB: tl.constexpr, P3_BC: tl.constexpr,
         FLAT_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
-    pid = tl.program_id(0)
-    g = tl.program_id(1)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(Kg, BN)
+    pid, g = _group_pid(num_m * num_n)
     width = GROUP_M * num_n
     first_m = (pid // width) * GROUP_M
     gsize = tl.minimum(num_m - first_m, GROUP_M)
@@ -147,10 +188,11 @@ def _conv_fwd_kernel(
     tmp = tmp // OH
     od = tmp % OD
     n = tmp // OD
+    n64 = n.to(tl.int64)
     id0 = od * std - pdd
     ih0 = oh * sth - pdh
     iw0 = ow * stw - pdw
-    x_row = x_ptr + n * sxn + g * Cg * sxc          # [BM] pointers
+    x_row = x_ptr + n64 * sxn + g * Cg * sxc        # [BM] pointers (int64 image bases)
     w_col = w_ptr + (g * Kg + rn) * swk             # [BN] pointers
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     if FLAT_K:
@@ -204,7 +246,7 @@ def _conv_fwd_kernel(
     P = OD * OH * OW
     pix = rm - n * P
     rk_glob = g * Kg + rn
-    y_off = (n * syn + pix * syp)[:, None] + (rk_glob * syk)[None, :]
+    y_off = (n64 * syn + pix * syp)[:, None] + (rk_glob * syk)[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     acc = epilogue(acc, y_off, rk_glob, mask_n, mask, bias_ptr,
                    p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
@@ -255,7 +297,7 @@ def _gemm_tma_kernel(
     rn = off_n + tl.arange(0, BN)
     mask_n = rn < N
     mask = (rm < M)[:, None] & mask_n[None, :]
-    y_off = rm[:, None] * N + rn[None, :]
+    y_off = rm.to(tl.int64)[:, None] * N + rn[None, :]
     acc = epilogue(acc, y_off, rn, mask_n, mask, bias_ptr,
                    p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
                    HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
@@ -328,7 +370,7 @@ def _conv_tma_kernel(
     rn = off_n + tl.arange(0, BN)
     mask_n = rn < NCH
     mask = ((oh < OH) & (ow < OW))[:, None] & mask_n[None, :]
-    y_off = (n * syn + od * syd + oh * syh + ow * syw)[:, None] + rn[None, :]
+    y_off = (n.to(tl.int64) * syn + od * syd + oh * syh + ow * syw)[:, None] + rn[None, :]
     acc = epilogue(acc, y_off, rn, mask_n, mask, bias_ptr,
                    p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
                    HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
@@ -377,6 +419,8 @@ class _Plan:
         self.strides = strides or std
         self.out_shape = ins[2]
         self.std = same_memory(ins, self.strides, std)
+        if not self.std:
+            check_strided(p, ins, self.strides)
         self.variants: dict = {}
 
     def variant(self, strides: tuple) -> _Plan:
@@ -458,7 +502,7 @@ class FwdPlan(_Plan):
         BK = fit(tile.BK, gm.Cg * gm.taps if flat else gm.Cg)
         sy3 = (sy[0], sy[4], sy[1])   # (n, pixel, channel): pixels are w-fastest in both layouts
         self.launch = Launch(
-            _conv_fwd_kernel, (triton.cdiv(M, BM) * triton.cdiv(gm.Kg, BN), gm.G),
+            _conv_fwd_kernel, (triton.cdiv(M, BM) * triton.cdiv(gm.Kg, BN) * gm.G,),
             (M, gm.Cg, gm.Kg, *gm.inp, *gm.out, *gm.filt, *sx, *sw, *sy3, *gm.stride, *gm.pad, *gm.dil,
              *self.epi.scalars(), *self.epi.constexprs(), flat, upcast, tl_dot_precision(p.dtype),
              BM, BN, BK, tile.group_m),
@@ -509,10 +553,9 @@ def _conv_bwd_data_kernel(
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
     """One stride phase: dx pixels i = ph + st*q (q < Q); taps r = r0 + j*rs (j < nr)
     reach dy at o = q + bs - j*dc."""
-    pid = tl.program_id(0)
-    g = tl.program_id(1)
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(Cg, BN)
+    pid, g = _group_pid(num_m * num_n)
     width = GROUP_M * num_n
     first_m = (pid // width) * GROUP_M
     gsize = tl.minimum(num_m - first_m, GROUP_M)
@@ -528,8 +571,8 @@ def _conv_bwd_data_kernel(
     qh = tmp % QH
     tmp = tmp // QH
     qd = tmp % QD
-    n = tmp // QD
-    dy_row = dy_ptr + n * sdn + g * Kg * sdk
+    n64 = (tmp // QD).to(tl.int64)
+    dy_row = dy_ptr + n64 * sdn + g * Kg * sdk
     w_col = w_ptr + (g * Kg * swk + rn * swc)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     nk = tl.cdiv(Kg, BK)
@@ -561,7 +604,7 @@ def _conv_bwd_data_kernel(
     i_d = phd + qd * std
     i_h = phh + qh * sth
     i_w = phw + qw * stw
-    x_off = (n * sxn + i_d * sxd + i_h * sxh + i_w * sxw)[:, None] + ((g * Cg + rn) * sxc)[None, :]
+    x_off = (n64 * sxn + i_d * sxd + i_h * sxh + i_w * sxw)[:, None] + ((g * Cg + rn) * sxc)[None, :]
     tl.store(dx_ptr + x_off, acc.to(dx_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
@@ -634,7 +677,7 @@ class BwdDataPlan(_Plan):
                     BM = fit(tile.BM, M)
                     ph3 = (pd_, ph_, pw_)
                     self.launches.append(Launch(
-                        _conv_bwd_data_kernel, (triton.cdiv(M, BM) * triton.cdiv(gm.Cg, BN), gm.G),
+                        _conv_bwd_data_kernel, (triton.cdiv(M, BM) * triton.cdiv(gm.Cg, BN) * gm.G,),
                         (M, gm.Cg, gm.Kg, *gm.inp, *gm.out, *(q.Q for q in ph3),
                          *sd, *sw, *sx, *(q.ph for q in ph3), *gm.stride,
                          *(q.r0 for q in ph3), *(q.rs for q in ph3), *(q.nr for q in ph3),
@@ -673,7 +716,7 @@ class _IGemmBase(Solver):
         reasons = super().not_supported_reasons(problem)
         if reasons and reasons[0].startswith("serves"):
             return reasons
-        return reasons + gemm_shape_reasons(problem) + post_op_reasons(problem)
+        return reasons + conv_index_reasons(problem) + post_op_reasons(problem)
 
     def estimate(self, problem) -> float | None:
         gm = geom(problem)

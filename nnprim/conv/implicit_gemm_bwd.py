@@ -8,7 +8,8 @@ The reduction is split over SPLIT programs per output tile (the seed's minibatch
 reduction): each writes its f32 partial tile to a workspace [SPLIT, G, Kg, T*R*S*Cg],
 and a second kernel sums the partials in a fixed order (deterministic) and casts to
 dw's dtype in the problem's layout. With SPLIT = 1 the first kernel stores dw itself.
-Workspace: SPLIT * K * T*R*S*C/groups * 4 bytes."""
+Workspace: SPLIT * K * T*R*S*C/groups * 4 bytes (SPLIT kept so that it stays below
+2**31 elements). Indexing as implicit_gemm.py: int64 image bases, int32 within."""
 from __future__ import annotations
 
 import math
@@ -17,12 +18,14 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import workspace
 from ..args import ConvArgs
 from ..launch import Launch, descriptor
+from ..limits import INT32_MAX, TILE_HEADROOM
 from ..problems.conv import ConvProblem
 from ..search.solver import register
 from . import configs
-from .implicit_gemm import _IGemmBase, _Plan, conv_tile, fit, geom, is_plain_gemm, is_tma_conv, strides5_of
+from .implicit_gemm import _group_pid, _IGemmBase, _Plan, conv_tile, fit, geom, is_plain_gemm, is_tma_conv, strides5_of
 from .triton_epilogue import interpreting, tl_dot_precision
 
 NUM_SMS = 132
@@ -37,11 +40,11 @@ def _conv_bwd_w_kernel(
         std, sth, stw, pdd, pdh, pdw, dld, dlh, dlw,
         DIRECT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    pid = tl.program_id(0)
-    g = tl.program_id(1)
-    sp = tl.program_id(2)
+    sp = tl.program_id(1)
     NCOL = Cg * T * R * S
     num_n = tl.cdiv(NCOL, BN)
+    tiles = tl.cdiv(Kg, BM) * num_n
+    pid, g = _group_pid(tiles)
     pid_m = pid // num_n
     pid_n = pid % num_n
     rk = pid_m * BM + tl.arange(0, BM)
@@ -67,15 +70,15 @@ def _conv_bwd_w_kernel(
         oh = tmp % OH
         tmp = tmp // OH
         od = tmp % OD
-        n = tmp // OD
-        a = tl.load(dy_rows[:, None] + (n * sdn + od * sdd + oh * sdh + ow * sdw)[None, :],
+        n64 = (tmp // OD).to(tl.int64)
+        a = tl.load(dy_rows[:, None] + (n64 * sdn + od * sdd + oh * sdh + ow * sdw)[None, :],
                     mask=mask_k[:, None] & mp[None, :], other=0.0)
         idd = (od * std - pdd)[:, None] + (tt * dld)[None, :]
         ihh = (oh * sth - pdh)[:, None] + (rr * dlh)[None, :]
         iww = (ow * stw - pdw)[:, None] + (ss * dlw)[None, :]
         ok = (mp[:, None] & mask_j[None, :] & (idd >= 0) & (idd < D) & (ihh >= 0) & (ihh < H)
               & (iww >= 0) & (iww < W))
-        b = tl.load(x_cols[None, :] + (n * sxn)[:, None] + idd * sxd + ihh * sxh + iww * sxw,
+        b = tl.load(x_cols[None, :] + (n64 * sxn)[:, None] + idd * sxd + ihh * sxh + iww * sxw,
                     mask=ok, other=0.0)
         if UPCAST:
             a = a.to(tl.float32)
@@ -85,7 +88,7 @@ def _conv_bwd_w_kernel(
         off = ((g * Kg + rk) * swk)[:, None] + (c * swc + tt * swt + rr * swr + ss * sws)[None, :]
         tl.store(out_ptr + off, acc.to(out_ptr.dtype.element_ty), mask=mask_k[:, None] & mask_j[None, :])
     else:
-        base = (sp * tl.num_programs(1) + g) * Kg
+        base = (sp * (tl.num_programs(0) // tiles) + g) * Kg   # G = programs / tiles per group
         off = ((base + rk) * NCOL)[:, None] + rj[None, :]
         tl.store(out_ptr + off, acc, mask=mask_k[:, None] & mask_j[None, :])
 
@@ -102,10 +105,11 @@ def _conv_bwd_w_tma_kernel(
     [sp*TPS, (sp+1)*TPS) (BH x BW rectangles of one (n, od) slice). Out-of-bounds dy
     rows read as zeros, so tile tails and the padding need no masks."""
     BP: tl.constexpr = BH * BW
-    pid_k = tl.program_id(0)
-    pid_j = tl.program_id(1)
-    sp = tl.program_id(2)
     ncb = tl.cdiv(C, BN)
+    nj = T * R * S * ncb
+    pid_k = tl.program_id(0) // nj          # (k block, tap x c block) folded into axis 0
+    pid_j = tl.program_id(0) - pid_k * nj
+    sp = tl.program_id(1)
     tap = pid_j // ncb
     c0 = (pid_j - tap * ncb) * BN
     ss = tap % S
@@ -161,6 +165,13 @@ def _split_reduce_kernel(ws_ptr, dw_ptr, E, NCOL, Cg, R, S, SPLIT,
              acc.to(dw_ptr.dtype.element_ty), mask=m)
 
 
+def max_split(p: ConvProblem) -> int:
+    """Most reduction slices whose f32 partials [SPLIT, K, taps*C/groups] (the workspace)
+    stay int32-indexable; at least 1 (w itself is, by conv_index_reasons)."""
+    per_slice = p.K * (p.C // p.groups) * math.prod(p.filter)
+    return max(1, (INT32_MAX - TILE_HEADROOM) // per_slice)
+
+
 def plan_split(p: ConvProblem, tile: configs.GemmTile) -> tuple[int, int, int, int, int]:
     """(BM, BN, BK, split, chunk) for backward weights: enough programs to fill the GPU
     (about 2 waves) without reduction chunks shorter than 8 steps."""
@@ -170,7 +181,7 @@ def plan_split(p: ConvProblem, tile: configs.GemmTile) -> tuple[int, int, int, i
     BK = tile.BK
     PT = gm.N * gm.P
     tiles = triton.cdiv(gm.Kg, BM) * triton.cdiv(gm.Cg * gm.taps, BN) * gm.G
-    split = max(1, min(triton.cdiv(2 * NUM_SMS, tiles), PT // (BK * 8)))
+    split = max(1, min(triton.cdiv(2 * NUM_SMS, tiles), PT // (BK * 8), max_split(p)))
     chunk = triton.cdiv(triton.cdiv(PT, split), BK) * BK
     split = triton.cdiv(PT, chunk)
     return BM, BN, BK, split, chunk
@@ -189,7 +200,10 @@ class BwdWeightsPlan(_Plan):
         sd, sx, sw = (strides5_of(s) for s in self.strides)
         if tma_conv is None:
             tma_conv = configs.use_tma_conv(p)
-        self.tma = tma_conv and self.std and (is_tma_conv(p) or is_plain_gemm(p))
+        BH, BW = conv_tile(tile.BK, gm.out[1], gm.out[2])
+        # the TMA kernel reduces BH*BW output pixels per step (tl.dot needs >= 16): tiny
+        # images (1x1, 2x2) take the gather kernel
+        self.tma = tma_conv and self.std and (is_tma_conv(p) or is_plain_gemm(p)) and BH * BW >= 16
         if self.tma:
             split = self._tma_setup(p, tile, sw)
         else:
@@ -204,7 +218,7 @@ class BwdWeightsPlan(_Plan):
         BM, BN = fit(tile.BM, gm.K), fit(tile.BN, gm.C)
         nt = gm.N * gm.out[0] * triton.cdiv(gm.out[1], BH) * triton.cdiv(gm.out[2], BW)
         progs = triton.cdiv(gm.K, BM) * gm.taps * triton.cdiv(gm.C, BN)
-        split = max(1, min(max(nt // 4, 1), triton.cdiv(2 * NUM_SMS, progs)))
+        split = max(1, min(max(nt // 4, 1), triton.cdiv(2 * NUM_SMS, progs), max_split(p)))
         tps = triton.cdiv(nt, split)
         split = triton.cdiv(nt, tps)
         self.direct = split == 1
@@ -215,7 +229,7 @@ class BwdWeightsPlan(_Plan):
         self.db = ([gm.N, *gm.inp, gm.C], [P_in * gm.C, gm.inp[1] * gm.inp[2] * gm.C, gm.inp[2] * gm.C, gm.C, 1],
                    [1, 1, BH, BW, BN])
         self.launch = Launch(
-            _conv_bwd_w_tma_kernel, (triton.cdiv(gm.K, BM), gm.taps * triton.cdiv(gm.C, BN), split),
+            _conv_bwd_w_tma_kernel, (triton.cdiv(gm.K, BM) * gm.taps * triton.cdiv(gm.C, BN), split),
             (nt, tps, gm.K, gm.C, *gm.out, *gm.filt, *gm.pad, *gm.dil, *sw, self.direct,
              interpreting() and p.dtype == torch.bfloat16, tl_dot_precision(p.dtype), BH, BW, BM, BN),
             num_warps=tile.warps, num_stages=tile.stages)
@@ -228,7 +242,7 @@ class BwdWeightsPlan(_Plan):
         self.direct = split == 1
         self.ws_shape = (split, gm.K, ncol)
         self.launch = Launch(
-            _conv_bwd_w_kernel, (triton.cdiv(gm.Kg, BM) * triton.cdiv(ncol, BN), gm.G, split),
+            _conv_bwd_w_kernel, (triton.cdiv(gm.Kg, BM) * triton.cdiv(ncol, BN) * gm.G, split),
             (gm.N * gm.P, chunk, gm.Cg, gm.Kg, *gm.inp, *gm.out, *gm.filt, *sd, *sx, *sw,
              *gm.stride, *gm.pad, *gm.dil, self.direct, interpreting() and p.dtype == torch.bfloat16,
              tl_dot_precision(p.dtype), BM, BN, BK),
@@ -247,7 +261,7 @@ class BwdWeightsPlan(_Plan):
         if self.direct:
             self.launch(dy, x, dw)
         else:
-            ws = torch.empty(self.ws_shape, dtype=torch.float32, device=dw.device)
+            ws = workspace.empty(self.ws_shape, torch.float32, dw.device)
             self.launch(dy, x, ws)
             self.reduce(ws, dw)
         return dw

@@ -258,9 +258,9 @@ def post_op_bytes(p: ConvProblem) -> float:
 
 
 # ---- standalone epilogue kernel (used by the gemm family) ----------------------------
-@triton.jit
-def epilogue_copy_kernel(src_ptr, y_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
-                         m0, M, NCH, P, s_sg, s_sm, s_sn, s_yn, s_yp, s_yc,
+@triton.jit(do_not_specialize=["m0"])
+def epilogue_copy_kernel(src_ptr, y_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr, m0,
+                         M, NCH, P, s_sg, s_sm, s_sn, s_yn, s_yp, s_yc,
                          p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
                          HAS_BIAS: tl.constexpr,
                          P0_KIND: tl.constexpr, P0_SUB: tl.constexpr, P0_BC: tl.constexpr,
@@ -269,10 +269,16 @@ def epilogue_copy_kernel(src_ptr, y_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_pt
                          P3_KIND: tl.constexpr, P3_SUB: tl.constexpr, P3_BC: tl.constexpr,
                          BM: tl.constexpr, BN: tl.constexpr):
     """y[n, g*NCH + c, p] = epilogue(src[g, m - m0, c]) for rows m = n*P + p in
-    [m0, m0 + M) (src f32 or any float, strided); grid (cdiv(M, BM), cdiv(NCH, BN), groups)."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    g = tl.program_id(2)
+    [m0, m0 + M) (src f32 or any float, strided, below 2**31 elements); grid
+    (cdiv(M, BM) * cdiv(NCH, BN) * groups,), group-major. `m0` is passed per call (not
+    specialised); y's image base n * s_yn is int64."""
+    num_n = tl.cdiv(NCH, BN)
+    tiles = tl.cdiv(M, BM) * num_n
+    pid = tl.program_id(0)
+    g = pid // tiles
+    pid = pid - g * tiles
+    pid_m = pid // num_n
+    pid_n = pid - pid_m * num_n
     rm = pid_m * BM + tl.arange(0, BM)
     rc = pid_n * BN + tl.arange(0, BN)
     mask_m = rm < M
@@ -284,7 +290,7 @@ def epilogue_copy_kernel(src_ptr, y_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_pt
     gm = m0 + rm
     n = gm // P
     pix = gm - n * P
-    y_off = (n * s_yn + pix * s_yp)[:, None] + rn[None, :] * s_yc
+    y_off = (n.to(tl.int64) * s_yn + pix * s_yp)[:, None] + rn[None, :] * s_yc
     acc = epilogue(acc, y_off, rn, mask_c, mask, bias_ptr,
                    p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
                    HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,

@@ -40,14 +40,32 @@ def test_bf16(direction):
                              padding=1, groups=2))
 
 
-def test_row_blocks(monkeypatch):
-    """A tiny workspace cap forces one image per block; results stay exact."""
-    monkeypatch.setattr(gm, "WORKSPACE_CAP", 1)
-    for direction in RUN:
-        p = ConvProblem.create(direction, (3, 5, 6, 7), (4, 5, 3, 3), dtype=torch.float32, layout="nhwc",
-                               padding=1)
-        assert gm.images_per_block(p) == 1
-        check(p)
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+@pytest.mark.parametrize("direction", list(RUN))
+@pytest.mark.parametrize("images", [0, 2])
+def test_row_blocks(monkeypatch, layout, direction, images):
+    """A small workspace cap cuts the GEMM rows into slices of one image (images=0) or
+    blocks of two whole images (NCHW backward weights then packs dy); results stay exact."""
+    p = ConvProblem.create(direction, (5, 4, 6, 7), (6, 2, 3, 3), dtype=torch.float32, layout=layout,
+                           padding=((1, 0), (2, 1)), stride=(1, 2), groups=2)
+    rows = 6 * 7 if direction == "bwd_data" else p.out_size[0] * p.out_size[1]
+    per_row = gm._per_row(p, gm.geom(p))
+    monkeypatch.setattr(gm, "WORKSPACE_CAP", per_row * (rows * images if images else 10) + gm.fixed_bytes(p))
+    blocks = gm.row_blocks(p)
+    if images:
+        assert [mc for _, mc in blocks] == [2 * rows, 2 * rows, rows]
+    else:
+        assert all(mc <= 10 for _, mc in blocks) and len(blocks) == 5 * -(-rows // 10)
+    plan = gm.Plan(p)
+    assert plan.pack_dy == (direction == "bwd_weights" and layout == "nchw" and images == 2)
+    check(p)
+
+
+def test_one_row_over_the_cap(monkeypatch):
+    p = ConvProblem.create("fwd", (1, 4, 9), (4, 4, 3), dtype=torch.float32)
+    monkeypatch.setattr(gm, "WORKSPACE_CAP", gm._per_row(p, gm.geom(p)) - 1)
+    (reason,) = [r for r in REGISTRY.get("gemm_fwd").not_supported_reasons(p) if "cap" in r]
+    assert "one GEMM row needs" in reason
 
 
 def test_fused_epilogue_bf16_f32_out():
@@ -67,5 +85,5 @@ def test_solvers_registered():
         s = REGISTRY.get(sid)
         q = p.with_direction(d)
         assert s.family == "gemm" and s.is_applicable(q)
-        assert 0 < s.workspace_size(q) <= gm.WORKSPACE_CAP + 10 ** 6
+        assert 0 < s.workspace_size(q) <= gm.WORKSPACE_CAP
         assert s.estimate(q) > 0

@@ -1,0 +1,114 @@
+"""Compile the GPU solvers' Triton kernels for an H200 (sm_90) on a machine without a GPU.
+
+The Triton interpreter runs the kernels' Python, not their code generation, so errors that
+only the compiler sees (int64 promotion, tuples returned by jit helpers, TMA descriptor
+types, register-hungry tiles) would first show on the GPU. Here every launch of a solver's
+invoker becomes a compile-only warm-up for sm_90 through a stub driver; the invokers run
+on CPU tensors (their GEMMs on torch's CPU kernels). Needs TRITON_INTERPRET unset and its
+own process (it replaces Triton's active driver): `python -m nnprim.testing.compile_check`
+(tests/test_compile_sm90.py runs it); exit status 1 on a kernel that does not compile."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import replace
+
+import torch
+
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+CONV = [  # (direction, x, w, options): the kernel paths of implicit GEMM, gemm and direct
+    ("fwd", (2, 64, 10, 10), (64, 64, 3, 3), dict(padding=1, layout="nhwc", dtype=BF16)),       # TMA conv
+    ("fwd", (2, 64, 10, 10), (64, 64, 1, 1), dict(layout="nhwc", dtype=BF16)),                  # TMA GEMM
+    ("fwd", (2, 3, 10, 10), (16, 3, 3, 3), dict(padding=1, dtype=F16, has_bias=True)),         # flat K
+    ("fwd", (2, 64, 10, 10), (64, 64, 3, 3), dict(padding=1, stride=2, dtype=F32)),            # channel blocks
+    ("fwd", (2, 32, 9, 9), (32, 1, 3, 3), dict(padding=1, groups=32, layout="nhwc", dtype=BF16)),
+    ("fwd", (2, 32, 9, 9), (32, 4, 3, 3), dict(padding=1, groups=8, layout="nhwc", dtype=BF16)),  # direct dot
+    ("fwd", (2, 8, 40), (8, 1, 40), dict(padding=((39, 0),), groups=8, dtype=BF16)),
+    ("bwd_data", (2, 64, 10, 10), (64, 64, 3, 3), dict(padding=1, layout="nhwc", dtype=BF16)),
+    ("bwd_data", (2, 64, 10, 10), (64, 64, 1, 1), dict(layout="nhwc", dtype=BF16)),
+    ("bwd_data", (2, 16, 10, 10), (32, 16, 3, 3), dict(padding=1, stride=2, dtype=F32)),
+    ("bwd_data", (2, 32, 9, 9), (32, 1, 3, 3), dict(padding=1, groups=32, dtype=F16)),
+    ("bwd_weights", (2, 64, 10, 10), (64, 64, 3, 3), dict(padding=1, layout="nhwc", dtype=BF16)),
+    ("bwd_weights", (64, 16, 10, 10), (32, 16, 3, 3), dict(padding=1, stride=2, dtype=F32)),  # split-K
+    ("bwd_weights", (2, 32, 9, 9), (32, 1, 3, 3), dict(padding=1, groups=32, dtype=F16)),
+    ("bwd_weights", (8, 32, 9, 9), (32, 4, 3, 3), dict(padding=1, groups=8, layout="nhwc", dtype=BF16)),
+    ("bwd_weights", (4, 32, 1, 1), (48, 32, 1, 1), dict(layout="nhwc", dtype=BF16)),       # 1x1 images
+]
+ATTENTION = [  # (solver, problem fields)
+    ("flash_fwd", dict(B=1, Hq=4, Hkv=2, Sq=70, Sk=90, D=64, Dv=64, dtype=BF16, causal="bottom_right",
+                       return_lse=True)),
+    ("flash_bwd", dict(direction="bwd", B=1, Hq=4, Hkv=2, Sq=70, Sk=90, D=64, Dv=64, dtype=F16, return_lse=True)),
+    ("decode_split_k", dict(B=1, Hq=8, Hkv=1, Sq=1, Sk=5000, D=128, Dv=128, dtype=BF16, return_lse=True)),
+    ("decode_split_k_quant", dict(B=1, Hq=4, Hkv=1, Sq=1, Sk=4000, D=128, Dv=128, dtype=BF16,
+                                  k_quant=("s4", 32, "g", "float16", "g"))),
+    ("decode_split_k_quant_grouped", dict(B=1, Hq=4, Hkv=1, Sq=1, Sk=4000, D=128, Dv=128, dtype=BF16,
+                                          k_quant=("s8", 32, "g", "float16", None),
+                                          v_quant=("u4", 32, "g", "float16", "g"))),
+]
+
+
+def install_compile_only(arch: int = 90) -> list[str]:
+    """Make every Triton launch in this process a compile-only warm-up for `arch`; returns
+    the list the names of compiled kernels are appended to."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+    from triton.runtime.jit import JITFunction
+
+    class StubDriver:
+        def get_current_device(self) -> int:
+            return 0
+
+        def get_current_stream(self, device=None) -> int:
+            return 0
+
+        def get_current_target(self):
+            return GPUTarget("cuda", arch, 32)
+
+    driver.set_active(StubDriver())
+    run, names = JITFunction.run, []
+
+    def compile_only(self, *args, grid, warmup, **kwargs):
+        run(self, *args, grid=grid, warmup=True, **kwargs)
+        names.append(self.fn.__name__)
+        return None            # no compiled kernel: planned launches never take their fast path
+    JITFunction.run = compile_only
+    return names
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        print("unset TRITON_INTERPRET: the kernels must be compiled, not interpreted")
+        return 2
+    names = install_compile_only()
+    from nnprim.problems.attention import AttentionProblem
+    from nnprim.problems.conv import ConvProblem
+    from nnprim.search.random_args import random_args
+    from nnprim.search.solver import REGISTRY
+
+    t0, failures = time.time(), []
+
+    def attempt(solver, p) -> None:
+        if solver.not_supported_reasons(replace(p, device="cuda")):
+            return
+        try:
+            solver.prepare(p)(random_args(p, seed=0))     # CPU tensors; GPU-only paths stay planned
+        except Exception as e:  # noqa: BLE001 - report every kernel that does not compile
+            failures.append(f"{solver.name} on {p.key()}: {type(e).__name__}: {str(e)[:500]}")
+
+    for d, x, w, kw in CONV:
+        p = ConvProblem.create(d, x, w, device="cpu", **kw)
+        for s in REGISTRY.for_problem(p):
+            if s.uses_triton and s.family in ("implicit_gemm", "gemm", "direct"):
+                attempt(s, p)
+    for name, fields in ATTENTION:
+        attempt(REGISTRY.get(name), AttentionProblem(**(dict(direction="fwd", device="cpu") | fields)))
+    print(f"compiled {len(set(names))} kernels ({len(names)} launches) for sm_90 in {time.time() - t0:.0f} s: "
+          + ", ".join(sorted(set(names))))
+    for f in failures:
+        print("FAILED", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

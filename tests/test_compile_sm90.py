@@ -1,0 +1,18 @@
+"""The GPU solvers' Triton kernels compile for the H200 (sm_90): nnprim.testing.compile_check
+in its own process (it needs TRITON_INTERPRET unset and replaces Triton's active driver)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nnprim
+
+
+def test_kernels_compile_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = str(Path(nnprim.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-m", "nnprim.testing.compile_check"], env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "_im2col_t_kernel" in r.stdout and "_decode_combine_kernel" in r.stdout
