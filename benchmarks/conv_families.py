@@ -7,11 +7,12 @@ Problems
             bf16. Directions fwd, bwd_data, bwd_weights.
   Winograd  the stride-1 3x3 layers of ResNet-50 (N 32: 64 @ 56x56, 128 @ 28x28,
             256 @ 14x14, 512 @ 7x7, padding 1), f32 with TF32 off (NCHW) and bf16
-            (channels-last). Directions fwd, bwd_data.
+            (channels-last). Directions fwd, bwd_data, bwd_weights.
 For each problem and direction:
   1. correctness at the real size, before any timing: each forced solver's output (and
      cuDNN's) against a float64 reference on a slice that depends on nothing else: the
-     first channels of a depthwise problem (all images), the first images of a dense one;
+     first channels of a depthwise problem, the first images of a dense one (all images
+     for bwd_weights);
      relative norm error, limit 1e-5 (f32) / 1e-2 (bf16);
   2. time (CUDA events around each call, a warm-up call, median of 10; when 10 calls
      would take over CASE_S = 8 s, at least 3 -- 1 for a call over 4 s --, recorded as
@@ -72,7 +73,8 @@ from nnprim.problems.conv import ConvProblem, to_layout  # noqa: E402
 DIRS3 = ("fwd", "bwd_data", "bwd_weights")
 FFT_SOLVERS = {"fwd": ["fft_fwd"], "bwd_data": ["fft_bwd_data"], "bwd_weights": ["fft_bwd_weights"]}
 WINO_SOLVERS = {"fwd": ["winograd_f2_fwd", "winograd_f4_fwd", "winograd_f4_nonfused_fwd"],
-                "bwd_data": ["winograd_f2_bwd_data", "winograd_f4_bwd_data", "winograd_f4_nonfused_bwd_data"]}
+                "bwd_data": ["winograd_f2_bwd_data", "winograd_f4_bwd_data", "winograd_f4_nonfused_bwd_data"],
+                "bwd_weights": ["winograd_f2_bwd_weights", "winograd_f4_bwd_weights"]}
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 DT = {"f32": torch.float32, "bf16": torch.bfloat16}
 
@@ -97,7 +99,7 @@ def problems(tiny: bool) -> list[dict]:
             n = 2 if tiny else 32
             specs.append(dict(name=f"rn50_{ch}x{hw}_{dt}", family="winograd", x=(n, ch, hw, hw), w=(ch, ch, 3, 3),
                               pad=[(1, 1), (1, 1)], groups=1, dtype=dt, layout="nchw" if dt == "f32" else "nhwc",
-                              dirs=("fwd", "bwd_data"), solvers=WINO_SOLVERS, slice=("n", 0, 1 if tiny else 2)))
+                              dirs=DIRS3, solvers=WINO_SOLVERS, slice=("n", 0, 1 if tiny else 2)))
     specs.append(long_dw(32768, "long_dw_32k"))
     return specs
 
@@ -210,17 +212,16 @@ def reference_slice(spec: dict, direction: str, t: dict, dev: str):
         ts = dict(x=t["x"][:n, :c], w=t["w"][:c], dy=t["dy"][:n, :c])
         idx = (slice(0, c),) if direction == "bwd_weights" else (slice(0, n), slice(0, c))
     else:
+        n = spec["x"][0] if direction == "bwd_weights" else n      # dw needs every image
         sub = dict(spec, x=(n, *spec["x"][1:]))
         ts = dict(x=t["x"][:n], w=t["w"], dy=t["dy"][:n])
-        idx = (slice(0, n),)
+        idx = (slice(None),) if direction == "bwd_weights" else (slice(0, n),)
     p = make_problem(sub, direction, dev)
     if direction == "fwd":
         r = ref.conv_fwd_f64(p, ts["x"], ts["w"])
     elif direction == "bwd_data":
         r = ref.conv_bwd_data_f64(p, ts["dy"], ts["w"])
     else:
-        if kind == "n":
-            raise ValueError("bwd_weights needs every image: reference by channel slice only")
         r = ref.conv_bwd_weights_f64(p, ts["dy"], ts["x"])
     return r, idx
 

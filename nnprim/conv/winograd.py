@@ -1,6 +1,6 @@
-"""Winograd convolution (family `winograd`, solvers 50-55) for 3x3 (1D: 3-tap) filters,
+"""Winograd convolution (family `winograd`, solvers 50-57) for 3x3 (1D: 3-tap) filters,
 stride 1, dilation 1, on the GPU in Triton: F(2x2,3x3) and F(4x4,3x3) in 2D, F(2,3) and
-F(4,3) in 1D, forward and backward data.
+F(4,3) in 1D; forward, backward data and backward weights.
 
 Math (Lavin & Gray). Per tile of m x m outputs (alpha = m + 2 inputs a side), with the
 transform matrices B^T (alpha x alpha), G (alpha x 3) and A^T (m x alpha) of F(m, 3):
@@ -14,6 +14,12 @@ alpha^2/m^2 multiplies per output and input channel against the direct convoluti
 Backward data of a stride-1 convolution is the forward convolution of dy with the
 flipped, transposed filter w'[c,k,r,s] = w[k,c,2-r,2-s] and padding 2 - pad on each side
 (pad <= 2); the filter transform reads w that way, so both directions share the kernels.
+Backward weights is the adjoint of the tile formula (y_t = A^T [U (.) V_t] A is linear in
+U, and U = G w G^T in w):
+    dW[k,c]  = G^T [ sum_t (A dy[k,t] A^T) (.) V[c,t] ] G
+the input transform of x, the same kind of transform (A, alpha x m) of each m x m tile of
+dy, alpha^2 GEMMs (K x tiles) @ (tiles x C) reduced over the tiles in splits (partial
+sums added in a fixed order by the last kernel: deterministic), then G^T dU G.
 
 Kernels: `_filter_kernel` (U, per call: weights change in training), `_input_kernel`
 (V of a chunk of images, written to the workspace as V[e, tile, channel] in the GEMM
@@ -25,7 +31,10 @@ non-fused pair `_bgemm_kernel` + `_output_kernel` (solvers 54/55, F(4): big GEMM
 M[e, tile, k] in f32 through the workspace, then the output transform and epilogue).
 The fused kernel holds m*m output tiles in registers, so its GEMM tiles are small
 (32 x 32 in 2D); for an f32 (FMA) tl.dot that costs efficiency, which the non-fused
-solvers avoid at the price of M's traffic: find picks. Transform matrices are constexpr
+solvers avoid at the price of M's traffic: find picks. Backward weights (56/57): the
+input kernel on x (B^T) and on dy (A), `_wgemm_kernel` (dYt[e]^T V[e] over a split of the
+tiles, into f32 partial sums), `_wgrad_out_kernel` (sum of the splits, G^T dU G, cast,
+dw's layout). Transform matrices are constexpr
 tuples: zero coefficients are pruned at compile time, the transforms are explicit
 separable sums. The tiles compile for sm_90 with no (or a few bytes of) register spills
 (ptxas -v).
@@ -41,19 +50,19 @@ rounding, which alone is 1.6e-3):
 so f32 inputs use f32 operands and an exact (ieee) GEMM, and half inputs f32 operands with
 a TF32 GEMM for every variant (bf16 operands would break the tolerance for F(4) and leave
 little margin for F(2)). With torch.set_float32_matmul_precision("high"|"medium") f32
-inputs use a 3xTF32 GEMM (tensor cores, error ~1e-6, inside the f32 contract), as
+inputs use a 3xTF32 GEMM (tensor cores; expected error ~1e-6, inside the f32 contract:
+benchmarks/conv_families.py measures it), as
 torch's own matmul relaxes its precision under that setting; the default ("highest")
 keeps the exact GEMM.
 
 Workspace: U (alpha^2 * K * C/groups), V of one chunk of images (chunks keep the
-workspace under WORKSPACE_CAP), and for 54/55 M of that chunk. Supported: 1D/2D, both
-layouts, groups with C/groups and K/groups >= 16 (the GEMM's tiles; depthwise and narrow
+workspace under WORKSPACE_CAP), and for 54/55 M of that chunk; backward weights (56/57):
+V and dYt of a chunk, f32 partial sums (splits x alpha^2 x K x C/groups). Supported:
+1D/2D, both layouts, groups with C/groups and K/groups >= 16 (the GEMM's tiles; depthwise and narrow
 groups belong to `direct`), any padding (forward; backward data needs pad <= 2 a side),
-bias + up to 4 post-ops, f32/f16/bf16. Not applicable: filters other than 3 (3x3 /
-3-tap), stride or dilation != 1, 3D.
-Backward weights: not provided. dW = G^T [sum_t (A dY_t A^T) (.) V_t] G needs a second
-transform (of dy) and a GEMM reduced over every tile (split and summed); the
-implicit_gemm and gemm families serve it.
+bias + up to 4 post-ops, f32/f16/bf16 (backward weights: f32 operands for every dtype,
+exact or TF32 GEMM as above). Not applicable: filters other than 3 (3x3 / 3-tap),
+stride or dilation != 1, 3D.
 CPU: no solver. A torch Winograd F(4x4) (unfold + einsum transforms + bmm) measured
 36 / 22 / 21 ms against the CPU gemm solver's 28 / 20 / 15 ms (N 8, C = K = 64 @ 56x56,
 128 @ 28x28, 256 @ 14x14, f32, 2 cores): it does not win there."""
@@ -69,11 +78,13 @@ from ..args import ConvArgs
 from ..problems.conv import ConvProblem
 from ..search.solver import Solver, register
 from .implicit_gemm import INT32_LIMIT, layout_strides, strides5_of
+from .implicit_gemm_bwd import NUM_SMS
 from .launch import Launch
 from .triton_epilogue import NO_EPILOGUE, epilogue, interpreting, plan_epilogue, post_op_bytes, post_op_reasons
 
 WORKSPACE_CAP = 512 << 20
 MIN_CH_PER_GROUP = 16
+SPLIT_TILES = 128                  # backward weights: fewest tiles a split of the reduction gets
 
 
 @dataclass(frozen=True)
@@ -152,9 +163,13 @@ def _input_kernel(x_ptr, v_ptr, t0, NT, C, TH, TW, H, W, ph, pw, sxn, sxc, sxh, 
                   BP: tl.constexpr, BC: tl.constexpr):
     """v[e, t - t0, c] = sum_{i,j} BTH[xi][i] BTW[nu][j] x[n, c, th*MH - ph + i, tw*MW - pw + j]
     (0 outside the image) for tiles t = (n, th, tw) in [t0, t0 + NT), e = xi*AW + nu:
-    rows first (T_i = row i times BTW^T), then columns (V += BTH[:, i] T_i)."""
+    rows first (T_i = row i times BTW^T), then columns (V += BTH[:, i] T_i). BTH is
+    AH x PH: AH transformed rows from a patch of PH rows (B^T: PH = AH = alpha; A, the
+    backward-weights transform of an m x m tile of dy: PH = m)."""
     AH: tl.constexpr = len(BTH)
     AW: tl.constexpr = len(BTW)
+    PH: tl.constexpr = len(BTH[0])
+    PW: tl.constexpr = len(BTW[0])
     rt = tl.program_id(0) * BP + tl.arange(0, BP)
     rc = tl.program_id(1) * BC + tl.arange(0, BC)
     mt = rt < NT
@@ -171,11 +186,11 @@ def _input_kernel(x_ptr, v_ptr, t0, NT, C, TH, TW, H, W, ph, pw, sxn, sxc, sxh, 
     V = ()
     for _e in tl.static_range(AH * AW):
         V = V + (tl.zeros((BP, BC), dtype=tl.float32),)
-    for i in tl.static_range(AH):
+    for i in tl.static_range(PH):
         ih = ih0 + i
         okh = mt & (ih >= 0) & (ih < H)
         D = ()
-        for j in tl.static_range(AW):
+        for j in tl.static_range(PW):
             iw = iw0 + j
             ok = okh & (iw >= 0) & (iw < W)
             d = tl.load(x_ptr + (row + ih.to(tl.int64) * sxh + iw.to(tl.int64) * sxw)[:, None] + col,
@@ -183,7 +198,7 @@ def _input_kernel(x_ptr, v_ptr, t0, NT, C, TH, TW, H, W, ph, pw, sxn, sxc, sxh, 
             D = D + (d.to(tl.float32),)
         for nu in tl.static_range(AW):
             s = tl.zeros((BP, BC), dtype=tl.float32)
-            for j in tl.static_range(AW):
+            for j in tl.static_range(PW):
                 s = _axpy(s, BTW[nu][j], D[j])
             for xi in tl.static_range(AH):
                 if BTH[xi][i] != 0.0:
@@ -346,6 +361,77 @@ def _output_kernel(m_ptr, y_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
                  P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC, MH, MW)
 
 
+@triton.jit
+def _wgemm_kernel(dyt_ptr, v_ptr, part_ptr, NT, TPS, G, Cg, Kg, NKB, NCB, slot0,
+                  PREC: tl.constexpr, UPCAST: tl.constexpr,
+                  BT: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr):
+    """Backward weights, transformed domain: part[slot0 + s, e, g, k, c] = sum over tiles t of
+    split s ([s*TPS, (s+1)*TPS)) of dYt[e, t, g*Kg + k] V[e, t, g*Cg + c]; program_id =
+    (g, k block, c block), split s, e. The splits are summed by `_wgrad_out_kernel` in a
+    fixed order (deterministic)."""
+    pid = tl.program_id(0)
+    s = tl.program_id(1)
+    e = tl.program_id(2)
+    cb = pid % NCB
+    t2 = pid // NCB
+    kb = t2 % NKB
+    g = t2 // NKB
+    rk = kb * BK + tl.arange(0, BK)
+    rc = cb * BC + tl.arange(0, BC)
+    mk = rk < Kg
+    mc = rc < Cg
+    K = G * Kg
+    C = G * Cg
+    t_end = tl.minimum((s + 1) * TPS, NT)
+    a_base = dyt_ptr + e * NT * K + g * Kg + rk[None, :]
+    b_base = v_ptr + e * NT * C + g * Cg + rc[None, :]
+    acc = tl.zeros((BK, BC), dtype=tl.float32)
+    for t0 in range(s * TPS, t_end, BT):
+        rt = t0 + tl.arange(0, BT)
+        mt = rt < t_end
+        a = tl.load(a_base + rt[:, None] * K, mask=mt[:, None] & mk[None, :], other=0.0)
+        b = tl.load(b_base + rt[:, None] * C, mask=mt[:, None] & mc[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(tl.trans(a), b, acc, input_precision=PREC)
+    E = tl.num_programs(2)
+    off = (((slot0 + s) * E + e) * G + g) * Kg * Cg
+    tl.store(part_ptr + off + rk[:, None] * Cg + rc[None, :], acc, mask=mk[:, None] & mc[None, :])
+
+
+@triton.jit
+def _wgrad_out_kernel(part_ptr, dw_ptr, NSLOT, G, Kg, Cg, NKB, s_k, s_c, s_r, s_s,
+                      GH: tl.constexpr, GW: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr):
+    """dw[g*Kg + k, c, r, s] = sum_{xi,nu} GH[xi][r] GW[nu][s] sum_slot part[slot, xi*AW + nu, g, k, c]
+    (G^T dU G), cast to dw's dtype and stored through its strides."""
+    AH: tl.constexpr = len(GH)
+    AW: tl.constexpr = len(GW)
+    R: tl.constexpr = len(GH[0])
+    S: tl.constexpr = len(GW[0])
+    pid = tl.program_id(0)
+    g = pid // NKB
+    rk = (pid - g * NKB) * BK + tl.arange(0, BK)
+    rc = tl.program_id(1) * BC + tl.arange(0, BC)
+    mask = (rk < Kg)[:, None] & (rc < Cg)[None, :]
+    E = AH * AW
+    Y = ()
+    for _i in tl.static_range(R * S):
+        Y = Y + (tl.zeros((BK, BC), dtype=tl.float32),)
+    off = rk[:, None] * Cg + rc[None, :]          # int32, shared by every e and slot
+    for xi in tl.static_range(AH):
+        for nu in tl.static_range(AW):
+            du = tl.zeros((BK, BC), dtype=tl.float32)
+            for slot in range(0, NSLOT):
+                du += tl.load(part_ptr + (((slot * E + xi * AW + nu) * G + g) * Kg * Cg) + off, mask=mask, other=0.0)
+            for i in tl.static_range(R * S):
+                if GH[xi][i // S] * GW[nu][i % S] != 0.0:
+                    Y = Y[:i] + (_axpy(Y[i], GH[xi][i // S] * GW[nu][i % S], du),) + Y[i + 1:]
+    dst = dw_ptr + ((g * Kg + rk) * s_k)[:, None] + (rc * s_c)[None, :]
+    for i in tl.static_range(R * S):
+        tl.store(dst + (i // S) * s_r + (i % S) * s_s, Y[i].to(dw_ptr.dtype.element_ty), mask=mask)
+
+
 # ---- geometry, tiles, plan ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class WinoGeom:
@@ -387,7 +473,7 @@ def wino_geom(p: ConvProblem, m: int) -> WinoGeom:
     sp = lambda t: (1,) * (2 - len(t)) + tuple(t)  # noqa: E731
     th = tr if p.ndim == 2 else IDENTITY
     G = p.groups
-    if p.direction == "fwd":
+    if p.direction != "bwd_data":            # fwd, and bwd_weights' tiles of the forward output
         (H, W), (OH, OW) = sp(p.in_size), sp(p.out_size)
         ph, pw = sp(p.pad_before) if p.ndim == 2 else (0, p.pad_before[0])
         return WinoGeom(p.N, G, p.C // G, p.K // G, H, W, OH, OW, ph, pw, th, tr)
@@ -519,6 +605,84 @@ class WinogradPlan:
             else:
                 gemm(v, u, mbuf)
                 outp(mbuf, dst, *ptrs)
+        return dst
+
+
+def _a_matrix(t: Transform) -> tuple:
+    """A (alpha x m) = AT transposed: the transform of an m x m tile of dy in backward weights."""
+    return tuple(tuple(t.AT[a][xi] for a in range(t.m)) for xi in range(t.alpha))
+
+
+class WinogradBwdWeightsPlan:
+    """dW[k,c] = G^T [sum_t (A dY_t A^T) (.) V_t] G (the adjoint of the forward tile formula
+    y_t = A^T [(G w G^T) (.) V_t] A): V of x (the forward input transform), dYt of dy (A on
+    each m x m tile of the output), the transformed-domain GEMM dU[e] = dYt[e]^T V[e] reduced
+    over the tiles in splits (partial sums, summed in a fixed order: deterministic), and the
+    filter-side transform G^T dU G. Chunks of images add their own splits."""
+
+    def __init__(self, p: ConvProblem, m: int, precision: str | None = None):
+        self.p, self.m = p, m
+        self.gm = gm = wino_geom(p, m)
+        _, prec = operand_dtype(m, p.dtype)
+        self.prec = precision or prec
+        K, C = gm.G * gm.CO, gm.G * gm.CI
+        per_image = gm.E * gm.tiles_per_image * (C + K)
+        self.images = max(1, min(gm.N, WORKSPACE_CAP // 2 // max(1, per_image * 4)))
+        self.chunks = [(n0, min(gm.N, n0 + self.images)) for n0 in range(0, gm.N, self.images)]
+        self.v_numel = gm.E * gm.tiles_per_image * C * self.images
+        self.dyt_numel = gm.E * gm.tiles_per_image * K * self.images
+        BT, self.BK, self.BC = 32, 64, 64
+        nkb, ncb = triton.cdiv(gm.CO, self.BK), triton.cdiv(gm.CI, self.BC)
+        programs = gm.G * nkb * ncb * gm.E
+        sx = strides5_of(layout_strides(p.x_shape, p.layout))
+        sy = strides5_of(layout_strides(p.y_shape, p.layout))
+        A_h, A_w = _a_matrix(gm.th), _a_matrix(gm.tw)
+        BPI, BCI = (16, 16) if gm.E > 16 else (32, 32)
+        upcast = interpreting()
+        self.steps, slot = [], 0
+        for n0, n1 in self.chunks:
+            nt = (n1 - n0) * gm.tiles_per_image
+            t0 = n0 * gm.tiles_per_image
+            splits = max(1, min(triton.cdiv(2 * NUM_SMS, programs), triton.cdiv(nt, SPLIT_TILES)))
+            tps = triton.cdiv(triton.cdiv(nt, splits), BT) * BT
+            splits = triton.cdiv(nt, tps)
+            vx = Launch(_input_kernel, (triton.cdiv(nt, BPI), triton.cdiv(C, BCI)),
+                        (t0, nt, C, gm.TH, gm.TW, gm.H, gm.W, gm.ph, gm.pw, sx[0], sx[1], sx[3], sx[4],
+                         gm.th.m, gm.tw.m, gm.th.BT, gm.tw.BT, BPI, BCI))
+            vdy = Launch(_input_kernel, (triton.cdiv(nt, BPI), triton.cdiv(K, BCI)),
+                         (t0, nt, K, gm.TH, gm.TW, gm.OH, gm.OW, 0, 0, sy[0], sy[1], sy[3], sy[4],
+                          gm.th.m, gm.tw.m, A_h, A_w, BPI, BCI))
+            gemm = Launch(_wgemm_kernel, (gm.G * nkb * ncb, splits, gm.E),
+                          (nt, tps, gm.G, gm.CI, gm.CO, nkb, ncb, slot, self.prec, upcast, BT, self.BK, self.BC),
+                          num_warps=8, num_stages=3)
+            self.steps.append((vx, vdy, gemm))
+            slot += splits
+        self.slots = slot
+        self.part_numel = slot * gm.E * K * gm.CI
+        w5 = strides5_of(layout_strides(p.w_shape, p.layout))
+        bko, bco = (16, 32) if gm.E > 16 else (32, 32)
+        self.final = Launch(_wgrad_out_kernel, (gm.G * triton.cdiv(gm.CO, bko), triton.cdiv(gm.CI, bco)),
+                            (slot, gm.G, gm.CO, gm.CI, triton.cdiv(gm.CO, bko), w5[0], w5[1], w5[3], w5[4],
+                             gm.th.G, gm.tw.G, bko, bco), num_stages=1)
+
+    @property
+    def workspace_bytes(self) -> int:
+        return (self.v_numel + self.dyt_numel + self.part_numel) * 4
+
+    def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
+        p = self.p
+        x, dy = _standard(args.x, p.layout), _standard(args.dy, p.layout)
+        dst = out if out is not None else _empty(p.w_shape, p.layout, p.out_dtype, x.device)
+        if not _same_strides(dst, p.layout):
+            return dst.copy_(self(args))
+        v = new_buffer(self.v_numel, torch.float32, x.device)
+        dyt = new_buffer(self.dyt_numel, torch.float32, x.device)
+        part = new_buffer(self.part_numel, torch.float32, x.device)
+        for vx, vdy, gemm in self.steps:
+            vx(x, v)
+            vdy(dy, dyt)
+            gemm(dyt, v, part)
+        self.final(part, dst)
         return dst
 
 
@@ -657,6 +821,44 @@ class WinogradF4NonfusedBwdData(_WinogradBase):
     directions = frozenset({"bwd_data"})
     m = 4
     fused = False
+
+
+class _WinogradBwdWeights(_WinogradBase):
+    directions = frozenset({"bwd_weights"})
+
+    def workspace_size(self, problem) -> int:
+        return WinogradBwdWeightsPlan(problem, self.m).workspace_bytes
+
+    def estimate(self, problem) -> float | None:
+        gm = wino_geom(problem, self.m)
+        _, prec = operand_dtype(self.m, problem.dtype)
+        nt = gm.N * gm.tiles_per_image
+        gemm_flops = 2.0 * gm.E * nt * gm.G * gm.CI * gm.CO
+        rate = {"ieee": 30e12, "tf32x3": 120e12, "tf32": 300e12}[prec]
+        nbytes = problem.bytes() + 2 * gm.E * nt * gm.G * (gm.CI + gm.CO) * 4
+        return (gemm_flops / rate + nbytes / 4.2e12) / 0.8 * 1e3 + 0.015
+
+    def prepare(self, problem):
+        return WinogradBwdWeightsPlan(problem, self.m)
+
+
+@register
+class WinogradF2BwdWeights(_WinogradBwdWeights):
+    id = 56
+    name = "winograd_f2_bwd_weights"
+    m = 2
+
+
+@register
+class WinogradF4BwdWeights(_WinogradBwdWeights):
+    id = 57
+    name = "winograd_f4_bwd_weights"
+    m = 4
+
+
+def conv_bwd_weights(p: ConvProblem, args: ConvArgs, out: torch.Tensor | None = None, m: int = 2) -> torch.Tensor:
+    """One-shot backward weights (plans, then runs); tests and benchmarks."""
+    return WinogradBwdWeightsPlan(p, m)(args, out)
 
 
 def conv(p: ConvProblem, args: ConvArgs, out: torch.Tensor | None = None, m: int = 2, fused: bool = True,

@@ -13,7 +13,8 @@ from nnprim.search.solver import REGISTRY
 
 from . import solver_check
 
-SOLVERS = {50: (2, True), 51: (4, True), 52: (2, True), 53: (4, True), 54: (4, False), 55: (4, False)}
+SOLVERS = {50: (2, True), 51: (4, True), 52: (2, True), 53: (4, True), 54: (4, False), 55: (4, False),
+           56: (2, None), 57: (4, None)}
 CASES = [   # odd sizes (tails of 2- and 4-output tiles), asymmetric padding, groups of 16
     ((2, 16, 7, 9), (16, 16, 3, 3), dict(padding=1)),
     ((1, 32, 6, 5), (32, 16, 3, 3), dict(padding=((2, 0), (1, 2)), groups=2)),
@@ -33,9 +34,9 @@ def poisoned_buffers(monkeypatch):
     return sizes
 
 
-def runner(m: int, fused: bool) -> dict:
+def runner(m: int, fused: bool | None) -> dict:
     go = lambda p, a, out: wg.conv(p, a, out, m=m, fused=fused)  # noqa: E731
-    return {"fwd": go, "bwd_data": go}
+    return {"fwd": go, "bwd_data": go, "bwd_weights": lambda p, a, out: wg.conv_bwd_weights(p, a, out, m=m)}
 
 
 @pytest.mark.parametrize("sid", list(SOLVERS))
@@ -44,13 +45,13 @@ def test_f32_vs_reference(sid, case):
     s = REGISTRY.get(sid)
     direction = next(iter(s.directions))
     xs, ws, kw = case
-    layout = "nhwc" if sid % 2 else "nchw"
+    layout = "nhwc" if (sid + (sid > 55)) % 2 else "nchw"
     p = ConvProblem.create(direction, xs, ws, dtype=torch.float32, layout=layout, **kw)
     assert s.is_applicable(p), s.not_supported_reasons(p)
     solver_check.check(runner(*SOLVERS[sid]), p, seed=sid)
 
 
-@pytest.mark.parametrize("sid", [50, 51, 53, 54])
+@pytest.mark.parametrize("sid", [50, 51, 53, 54, 57])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half(sid, dtype):
     direction = next(iter(REGISTRY.get(sid).directions))
@@ -91,6 +92,26 @@ def test_workspace_is_what_is_allocated(sid, poisoned_buffers, monkeypatch):
     assert sum(poisoned_buffers) == small.workspace_bytes
 
 
+@pytest.mark.parametrize("m", [2, 4])
+def test_bwd_weights_splits_and_chunks(m, poisoned_buffers, monkeypatch):
+    """The tile reduction in several splits, and in several chunks of images (each adding
+    its own splits): the same weight gradient; the workspace is what is allocated."""
+    p = ConvProblem.create("bwd_weights", (3, 16, 18, 17), (16, 16, 3, 3), dtype=torch.float32, layout="nhwc",
+                           padding=((1, 0), (2, 1)))
+    monkeypatch.setattr(wg, "NUM_SMS", 4096)                     # as many splits as the tiles allow
+    monkeypatch.setattr(wg, "SPLIT_TILES", 32)
+    plan = wg.WinogradBwdWeightsPlan(p, m)
+    assert plan.slots > 1
+    solver_check.check(runner(m, None), p, seed=5)
+    assert sum(poisoned_buffers) == plan.workspace_bytes == REGISTRY.get(55 + m // 2).workspace_size(p)
+    poisoned_buffers.clear()
+    monkeypatch.setattr(wg, "WORKSPACE_CAP", 1)                 # one image per chunk
+    small = wg.WinogradBwdWeightsPlan(p, m)
+    assert len(small.chunks) == p.N and small.slots >= p.N
+    solver_check.check(runner(m, None), p, seed=5)
+    assert sum(poisoned_buffers) == small.workspace_bytes
+
+
 def test_not_applicable_reasons():
     s = REGISTRY.get("winograd_f2_fwd")
     mk = lambda **kw: ConvProblem.create(**{"direction": "fwd", "x_shape": (1, 16, 8, 8),  # noqa: E731
@@ -106,6 +127,7 @@ def test_not_applicable_reasons():
     assert "padding <= 2" in reasons(mk(direction="bwd_data", padding=3), bd)
     assert bd.is_applicable(mk(direction="bwd_data", padding=2))
     assert "direction" in reasons(mk(direction="bwd_weights"))
+    assert REGISTRY.get("winograd_f4_bwd_weights").is_applicable(mk(direction="bwd_weights", padding=3))
     cpu = ConvProblem.create("fwd", (1, 16, 8, 8), (16, 16, 3, 3), dtype=torch.float32)
     for sid in SOLVERS:
         sv = REGISTRY.get(sid)
