@@ -19,7 +19,8 @@ U, and U = G w G^T in w):
     dW[k,c]  = G^T [ sum_t (A dy[k,t] A^T) (.) V[c,t] ] G
 the input transform of x, the same kind of transform (A, alpha x m) of each m x m tile of
 dy, alpha^2 GEMMs (K x tiles) @ (tiles x C) reduced over the tiles in splits (partial
-sums added in a fixed order by the last kernel: deterministic), then G^T dU G.
+sums, to which later chunks of images add, summed in a fixed order by the last kernel:
+deterministic), then G^T dU G.
 
 Kernels: `_filter_kernel` (U, per call: weights change in training), `_input_kernel`
 (V of a chunk of images, written to the workspace as V[e, tile, channel] in the GEMM
@@ -362,13 +363,13 @@ def _output_kernel(m_ptr, y_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
 
 
 @triton.jit
-def _wgemm_kernel(dyt_ptr, v_ptr, part_ptr, NT, TPS, G, Cg, Kg, NKB, NCB, slot0,
-                  PREC: tl.constexpr, UPCAST: tl.constexpr,
+def _wgemm_kernel(dyt_ptr, v_ptr, part_ptr, NT, TPS, G, Cg, Kg, NKB, NCB,
+                  ACCUM: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
                   BT: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr):
-    """Backward weights, transformed domain: part[slot0 + s, e, g, k, c] = sum over tiles t of
+    """Backward weights, transformed domain: part[s, e, g, k, c] (+)= sum over tiles t of
     split s ([s*TPS, (s+1)*TPS)) of dYt[e, t, g*Kg + k] V[e, t, g*Cg + c]; program_id =
-    (g, k block, c block), split s, e. The splits are summed by `_wgrad_out_kernel` in a
-    fixed order (deterministic)."""
+    (g, k block, c block), split s, e. The first chunk of images stores, later ones add
+    (ACCUM); `_wgrad_out_kernel` sums the splits in a fixed order (deterministic)."""
     pid = tl.program_id(0)
     s = tl.program_id(1)
     e = tl.program_id(2)
@@ -396,8 +397,11 @@ def _wgemm_kernel(dyt_ptr, v_ptr, part_ptr, NT, TPS, G, Cg, Kg, NKB, NCB, slot0,
             b = b.to(tl.float32)
         acc = tl.dot(tl.trans(a), b, acc, input_precision=PREC)
     E = tl.num_programs(2)
-    off = (((slot0 + s) * E + e) * G + g) * Kg * Cg
-    tl.store(part_ptr + off + rk[:, None] * Cg + rc[None, :], acc, mask=mk[:, None] & mc[None, :])
+    ptrs = part_ptr + ((s * E + e) * G + g) * Kg * Cg + rk[:, None] * Cg + rc[None, :]
+    mask = mk[:, None] & mc[None, :]
+    if ACCUM:
+        acc += tl.load(ptrs, mask=mask, other=0.0)
+    tl.store(ptrs, acc, mask=mask)
 
 
 @triton.jit
@@ -639,13 +643,14 @@ class WinogradBwdWeightsPlan:
         A_h, A_w = _a_matrix(gm.th), _a_matrix(gm.tw)
         BPI, BCI = (16, 16) if gm.E > 16 else (32, 32)
         upcast = interpreting()
-        self.steps, slot = [], 0
+        self.steps = []
+        nt0 = self.images * gm.tiles_per_image               # the first chunk is the largest
+        self.slots = max(1, min(triton.cdiv(2 * NUM_SMS, programs), triton.cdiv(nt0, SPLIT_TILES)))
         for n0, n1 in self.chunks:
             nt = (n1 - n0) * gm.tiles_per_image
             t0 = n0 * gm.tiles_per_image
-            splits = max(1, min(triton.cdiv(2 * NUM_SMS, programs), triton.cdiv(nt, SPLIT_TILES)))
-            tps = triton.cdiv(triton.cdiv(nt, splits), BT) * BT
-            splits = triton.cdiv(nt, tps)
+            tps = triton.cdiv(triton.cdiv(nt, self.slots), BT) * BT
+            splits = triton.cdiv(nt, tps)                    # <= slots; the first chunk fills them all
             vx = Launch(_input_kernel, (triton.cdiv(nt, BPI), triton.cdiv(C, BCI)),
                         (t0, nt, C, gm.TH, gm.TW, gm.H, gm.W, gm.ph, gm.pw, sx[0], sx[1], sx[3], sx[4],
                          gm.th.m, gm.tw.m, gm.th.BT, gm.tw.BT, BPI, BCI))
@@ -653,11 +658,10 @@ class WinogradBwdWeightsPlan:
                          (t0, nt, K, gm.TH, gm.TW, gm.OH, gm.OW, 0, 0, sy[0], sy[1], sy[3], sy[4],
                           gm.th.m, gm.tw.m, A_h, A_w, BPI, BCI))
             gemm = Launch(_wgemm_kernel, (gm.G * nkb * ncb, splits, gm.E),
-                          (nt, tps, gm.G, gm.CI, gm.CO, nkb, ncb, slot, self.prec, upcast, BT, self.BK, self.BC),
+                          (nt, tps, gm.G, gm.CI, gm.CO, nkb, ncb, n0 > 0, self.prec, upcast, BT, self.BK, self.BC),
                           num_warps=8, num_stages=3)
             self.steps.append((vx, vdy, gemm))
-            slot += splits
-        self.slots = slot
+        slot = self.slots
         self.part_numel = slot * gm.E * K * gm.CI
         w5 = strides5_of(layout_strides(p.w_shape, p.layout))
         bko, bco = (16, 32) if gm.E > 16 else (32, 32)
