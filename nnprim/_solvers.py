@@ -9,6 +9,8 @@ _MODULES = (
     "nnprim.conv.implicit_gemm",
     "nnprim.conv.im2col_gemm",
     "nnprim.conv.direct",
+    "nnprim.conv.winograd",
+    "nnprim.conv.fft",
     "nnprim.attention.reference",
     "nnprim.attention.flash_fwd",
     "nnprim.attention.flash_bwd",

@@ -46,6 +46,8 @@ def ints(s: str) -> list[int]:
 # ---- problems from specs ------------------------------------------------------------------
 def per_dim(v, nd: int, name: str):
     v = list(v) if isinstance(v, (list, tuple)) else [v]
+    if len(v) == nd and all(isinstance(e, (list, tuple)) and len(e) == 2 for e in v):
+        return [(int(a), int(b)) for a, b in v]             # already (before, after) pairs
     if len(v) == 1:
         return int(v[0])
     if len(v) == nd:
