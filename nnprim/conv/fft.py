@@ -62,11 +62,11 @@ import triton
 import triton.language as tl
 
 from ..args import ConvArgs
+from ..launch import Launch
 from ..post_ops import apply_post_ops
 from ..problems.conv import ConvProblem, empty_in_layout
 from ..search.solver import Solver, register
 from .implicit_gemm import layout_strides, strides5_of
-from .launch import Launch
 from .triton_epilogue import NO_EPILOGUE, epilogue, plan_epilogue, post_op_bytes, post_op_reasons
 
 MIN_TAPS = {1: 16, 2: 49, 3: 125}            # 16-tap 1D, 7x7 2D, 5x5x5 3D

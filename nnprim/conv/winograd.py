@@ -76,11 +76,11 @@ import triton
 import triton.language as tl
 
 from ..args import ConvArgs
+from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import Solver, register
 from .implicit_gemm import INT32_LIMIT, layout_strides, strides5_of
 from .implicit_gemm_bwd import NUM_SMS
-from .launch import Launch
 from .triton_epilogue import NO_EPILOGUE, epilogue, interpreting, plan_epilogue, post_op_bytes, post_op_reasons
 
 WORKSPACE_CAP = 512 << 20

@@ -10,7 +10,7 @@ from nnprim.conv import fft
 from nnprim.conv import reference as ref
 from nnprim.post_ops import Binary, Eltwise, Sum
 from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
-from nnprim.search import dispatch
+from nnprim.search import ranking
 from nnprim.search.solver import REGISTRY
 
 from . import solver_check
@@ -181,11 +181,11 @@ def test_public_api_forced_and_disabled(monkeypatch):
     dw = nnprim.conv_backward_weights(dy, x, w.shape, solver="fft_cpu_bwd_weights", **kw)
     assert ((dx.double() - ref.conv_bwd_data_f64(p, dy, w)).norm() / dx.double().norm()).item() < 1e-5
     assert ((dw.double() - ref.conv_bwd_weights_f64(p, dy, x)).norm() / dw.double().norm()).item() < 1e-5
-    names = [s.name for s in dispatch.heuristic_order(p)]
+    names = [s.name for s in ranking.heuristic_order(p)]
     assert "fft_cpu_fwd" in names
     nnprim.disable_families("fft")
     try:
-        assert "fft_cpu_fwd" not in [s.name for s in dispatch.heuristic_order(p)]
+        assert "fft_cpu_fwd" not in [s.name for s in ranking.heuristic_order(p)]
     finally:
         nnprim.enable_families("fft")
 
@@ -193,7 +193,7 @@ def test_public_api_forced_and_disabled(monkeypatch):
 def test_long_depthwise_prefers_fft_on_cpu():
     """A long causal depthwise conv1d: the FFT solver's estimate is far below the GEMM's."""
     p = ConvProblem.create("fwd", (2, 16, 4096), (16, 1, 4096), dtype=torch.float32, padding=[(4095, 0)], groups=16)
-    order = dispatch.heuristic_order(p)
+    order = ranking.heuristic_order(p)
     assert order[0].family == "fft", [s.name for s in order]
 
 

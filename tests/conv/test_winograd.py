@@ -8,7 +8,7 @@ import nnprim
 from nnprim.conv import winograd as wg
 from nnprim.post_ops import Binary, Eltwise, Sum
 from nnprim.problems.conv import ConvProblem, to_layout
-from nnprim.search import dispatch
+from nnprim.search import ranking
 from nnprim.search.solver import REGISTRY
 
 from . import solver_check
@@ -152,11 +152,11 @@ def test_precision_follows_torch_matmul_setting():
 
 def test_registered_switchable_and_explained(capsys):
     p = ConvProblem.create("fwd", (1, 16, 8, 8), (16, 16, 3, 3), dtype=torch.float32, padding=1)
-    names = [s.name for s in dispatch.heuristic_order(p)]
+    names = [s.name for s in ranking.heuristic_order(p)]
     assert {"winograd_f2_fwd", "winograd_f4_fwd", "winograd_f4_nonfused_fwd"} <= set(names)
     nnprim.disable_families("winograd")
     try:
-        assert not any(n.startswith("winograd") for n in (s.name for s in dispatch.heuristic_order(p)))
+        assert not any(n.startswith("winograd") for n in (s.name for s in ranking.heuristic_order(p)))
     finally:
         nnprim.enable_families("winograd")
     nnprim.explain(p)
