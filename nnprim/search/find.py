@@ -11,7 +11,8 @@ invokers (passed in as `prepare`) and remembers the winner.
    budget cut keeps the likely winners.
 3. Inputs: `tensors` (ConvArgs / AttnArgs) or random ones (random_args).
 4. Every candidate is prepared (compiled) first; then each runs once and its output is
-   compared with the reference solver's on the same inputs (relative norm; f32 1e-4,
+   compared with the reference solver's on the same inputs (problems up to REFERENCE_FLOPS;
+   larger ones are timed unchecked) (relative norm; f32 1e-4,
    f16/bf16 2e-2). A disagreeing candidate is recorded "wrong", logged at WARNING and
    never chosen. Any exception (MemoryError, torch.cuda.OutOfMemoryError, ...) records
    it "failed" and find goes on.
@@ -42,6 +43,14 @@ from .timing import interleaved_ms, once_ms
 log = logging.getLogger("nnprim.search")
 
 CLOSE_CALL = 0.05  # the two fastest within 5%: measure them again
+# the float64 check of find's candidates runs up to this much work (FLOP): seconds on a GPU's
+# float64 units, about as much as the tests' references; larger problems (a 16k-token attention,
+# a 2^31-element convolution) would spend minutes and gigabytes on it at their first call
+REFERENCE_FLOPS = {"cuda": 2e12, "cpu": 2e10}
+
+
+def reference_affordable(problem) -> bool:
+    return problem.flops() <= REFERENCE_FLOPS.get(problem.device, 2e10)
 
 
 @dataclass(frozen=True)
@@ -155,7 +164,11 @@ def _benchmark(problem, prepare: Prepare, c: Constraints, tensors, exhaustive, d
 
     ref_out = None
     if ref is not None and any(s is not ref for s in cands):
-        ref_out = prepare(ref)(args)
+        if reference_affordable(problem):
+            ref_out = prepare(ref)(args)
+        else:
+            log.info("find: %s too large for the float64 check (%.3g FLOP); candidates are timed unchecked "
+                     "(their tests check them)", key, problem.flops())
 
     records: list[finddb.Record] = []
     invokers: dict[int, Invoker] = {}
@@ -231,8 +244,8 @@ def _rounds(live: list[tuple[Solver, float]], invokers: dict[int, Invoker], args
         return []
     fns = [lambda inv=invokers[s.id]: inv(args) for s, _ in live]
     firsts = [t for _, t in live]
-    if len(live) == 1 and firsts[0] * repeats > max(left_ms, 0.0):
-        return firsts  # a slow lone candidate: nothing to rank, no need to time it again
+    if len(live) == 1:
+        return firsts  # a lone candidate: nothing to rank
     t0 = time.perf_counter()
     times = interleaved_ms(fns, dev, rounds=repeats, budget_ms=max(left_ms, 0.0), first_ms=firsts)
     left_ms -= (time.perf_counter() - t0) * 1e3

@@ -172,3 +172,12 @@ def test_find_low_precision_tolerance(solvers, dtype):
     solvers.add(1000, "t_fast")
     p = ConvProblem.create("fwd", (1, 3, 7, 6), (4, 3, 3, 3), dtype=dtype, layout="nhwc")
     assert nnprim.find(p)[0].solver == "t_fast"
+
+
+def test_large_problems_skip_the_float64_check(solvers, monkeypatch):
+    """Past REFERENCE_FLOPS find times the candidates without running the reference."""
+    from nnprim.search import find as find_mod
+    monkeypatch.setitem(find_mod.REFERENCE_FLOPS, "cpu", 0.0)
+    wrong = solvers.add(1000, "t_unchecked", behaviour="wrong")
+    res = nnprim.find(PROBLEM)
+    assert [r.solver for r in res] == ["t_unchecked"] and wrong.calls >= 1
