@@ -11,7 +11,7 @@ import sys
 
 from ..errors import BadParameterError, NotSupportedError
 
-_MODULES = ("run", "bench", "find", "explain", "db")
+_MODULES = ("run", "bench", "find", "explain", "db", "warmup")
 
 
 class _Parser(argparse.ArgumentParser):

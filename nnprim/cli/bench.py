@@ -116,6 +116,8 @@ def run_bench(args) -> int:
                 row["error"] = str(e).splitlines()[0]
                 failed += 1
             rows.append(row)
+            if args.json:  # after every problem: a run stopped early keeps what it measured
+                Path(args.json).write_text(json.dumps(dict(suite=args.suite, rows=rows), indent=1))
     _print_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(suite=args.suite, rows=rows), indent=1))
