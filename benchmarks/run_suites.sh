@@ -11,10 +11,10 @@ WHICH=${2:-all}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-run() {  # run SUITE DIRECTIONS SECONDS
-  timeout $(( $3 / 3 )) python3 -m nnprim warmup --suite "$1" --direction "$2" --workers 16 2>&1 | tail -1
+run() {  # run SUITE DIRECTIONS SECONDS [WARMUP_DIRECTIONS]
+  timeout $(( $3 / 3 )) python3 -m nnprim warmup --suite "$1" ${4:+--direction "$4"} --workers 16 2>&1 | tail -1
   timeout "$3" python3 -m nnprim bench --suite "$1" --direction "$2" --no-verify --reps 20 \
     --json "$OUT/$1.json" --plot "$OUT/$1.png" 2>/dev/null
 }
 case $WHICH in attention|all) run attention_gpu fwd,bwd "${ATTN_S:-200}" ;; esac
-case $WHICH in conv|all) run conv_gpu fwd,bwd_data,bwd_weights "${CONV_S:-240}" ;; esac
+case $WHICH in conv|all) run conv_gpu fwd,bwd_data,bwd_weights "${CONV_S:-240}" fwd,bwd_data,bwd_weights ;; esac
