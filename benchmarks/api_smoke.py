@@ -22,7 +22,7 @@ import nnprim  # noqa: E402
 from nnprim.args import AttnArgs, ConvArgs  # noqa: E402
 from nnprim.attention.reference import reference_backward, reference_forward  # noqa: E402
 from nnprim.conv.reference import reference  # noqa: E402
-from nnprim.search import dispatch  # noqa: E402
+from nnprim.search import context  # noqa: E402
 from nnprim.search.numerics import rel_error  # noqa: E402
 from nnprim.search.timing import median_ms  # noqa: E402
 
@@ -42,7 +42,7 @@ rows = []
 
 
 def record(name, problem, first_ms, fn, err):
-    s = dispatch.resolve(problem)
+    s = context.for_problem(problem).resolve(problem)
     ms = median_ms(fn, dev, repeats=20, warmup=3)
     row = dict(name=name, key=problem.key(), solver=s.name, family=s.family, first_call_ms=round(first_ms, 1),
                ms=round(ms, 4), tflops=round(problem.flops() / ms / 1e9, 1), rel_err=err)
@@ -117,8 +117,8 @@ conv("rn50_r3_3x3", sz(128, 2), 128, 28, 28, 128, 3, 1, 1)
 attn("d128_s4096_causal", sz(4, 1), 16, 16, sz(4096, 64), sz(4096, 64), 128, "top_left")
 attn("decode_b64_k8k", sz(64, 2), 32, 8, 1, sz(8192, 256), 128, None)
 attn("decode_b64_k8k_s4", sz(64, 2), 32, 8, 1, sz(8192, 256), 128, None, quant="s4")
-# the second process reuses the db: time a fresh dispatch of one problem
-dispatch.clear_caches()
+# the second process reuses the db: time a fresh choice of one problem
+context.reset()
 t0 = time.perf_counter()
 shape = (sz(4, 1), 16, sz(4096, 64), 128)
 nnprim.sdpa(*(torch.randn(shape, device=dev).bfloat16() for _ in range(3)), causal="top_left")

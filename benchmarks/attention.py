@@ -13,7 +13,7 @@ gradients checked), the fused kernels as before, the table's choice end to end, 
 peers' backward; candidates compile in parallel worker processes first (Triton's disk
 cache), so one device call covers them all. Writes attention_bwd_d256_<date>.json.
 
-Default: every `train` problem of benchmarks/suites/attention_gpu.json with the tuned
+Default: every `train` problem of nnprim/data/suites/attention_gpu.json with the tuned
 table's tiles (what the solvers pick). `--tune` times candidate tile configs (and TMA vs
 pointer loads) per problem as well; benchmarks/tune_attention.py is this mode.
 Correctness: each problem's forward and backward is compared with a float32 torch
@@ -475,7 +475,7 @@ def geomean(xs):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suite", default=str(ROOT / "benchmarks/suites/attention_gpu.json"))
+    ap.add_argument("--suite", default=str(ROOT / "nnprim/data/suites/attention_gpu.json"))
     ap.add_argument("--subset", default="")
     ap.add_argument("--tune", action="store_true")
     ap.add_argument("--features", action="store_true")

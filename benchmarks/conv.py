@@ -1,7 +1,7 @@
 """GPU convolution (Triton implicit GEMM / TMA GEMM, im2col+cuBLAS GEMM, direct) against
 cuDNN through torch (cudnn.benchmark=True), bf16, in one run.
 
-For each problem of suites/conv_gpu.json and each direction:
+For each problem of nnprim/data/suites/conv_gpu.json and each direction:
   1. correctness at the real size: ours vs torch in f32 (TF32 off) on the same bf16
      inputs, relative norm error (must be < 1e-2), checked before any timing;
   2. timing of each variant of ours (a prepared invoker: the plan made once, as the
@@ -258,7 +258,7 @@ def warm(spec):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suite", default=str(Path(__file__).parent / "suites" / "conv_gpu.json"))
+    ap.add_argument("--suite", default=str(Path(__file__).parents[1] / "nnprim" / "data" / "suites" / "conv_gpu.json"))
     ap.add_argument("--only", default="", help="comma-separated problem names ('tiny': the dry-run problems)")
     ap.add_argument("--out", default="conv_gpu.json")
     ap.add_argument("--warm", type=int, default=14, help="compile worker processes (0: none)")

@@ -1,6 +1,6 @@
 """CPU GEMM convolution (solvers 10-12) against torch's own CPU convolution, in one run.
 
-Modes, per problem of suites/conv_cpu.json:
+Modes, per problem of nnprim/data/suites/conv_cpu.json:
   fwd_bf16   ours bf16 -> bf16           vs torch F.conv*d in bf16
   fwd_f32    ours f32                    vs torch F.conv*d in f32 (oneDNN)
   bwd_bf16   ours bwd_data + bwd_weights vs torch's bf16 autograd backward (dx and dw)
@@ -187,7 +187,7 @@ def geomean(v):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--suite", default=str(Path(__file__).parent / "suites" / "conv_cpu.json"))
+    ap.add_argument("--suite", default=str(Path(__file__).parents[1] / "nnprim" / "data" / "suites" / "conv_cpu.json"))
     ap.add_argument("--modes", default="fwd_bf16,fwd_f32,bwd_bf16,fused_f32")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--problems", default="")

@@ -1,6 +1,6 @@
 """Decode attention on the GPU: correctness at real sizes and speed vs the peers.
 
-For each decode problem of benchmarks/suites/attention_gpu.json (bf16), and quantized
+For each decode problem of nnprim/data/suites/attention_gpu.json (bf16), and quantized
 K/V variants of two of them, this script
 1. checks nnprim's decode solvers against an f32 torch reference (first batch entries),
 2. times several tile configs / split counts of nnprim's kernel, and in the same run
@@ -35,7 +35,7 @@ BUDGET_S = float(os.environ.get("DECODE_BENCH_BUDGET_S", "170"))
 SMOKE = "--smoke" in sys.argv  # CPU + TRITON_INTERPRET=1: tiny shapes, one call per timing
 dev = torch.device("cpu" if SMOKE else "cuda")
 HERE = os.path.dirname(__file__)
-SUITE = os.path.join(HERE, "suites", "attention_gpu.json")
+SUITE = os.path.join(HERE, "..", "nnprim", "data", "suites", "attention_gpu.json")
 
 
 def bench(fn, rep=40):

@@ -7,6 +7,7 @@ _MODULES = (
     "nnprim.conv.reference",
     "nnprim.conv.cpu_gemm",
     "nnprim.conv.implicit_gemm",
+    "nnprim.conv.implicit_gemm_bwd",
     "nnprim.conv.im2col_gemm",
     "nnprim.conv.direct",
     "nnprim.conv.winograd",

@@ -156,3 +156,19 @@ def test_quantized_kv_through_the_op():
     assert torch.allclose(direct, ref, atol=1e-5) and torch.allclose(compiled, direct)
     with pytest.raises(nnprim.NotSupportedError, match="quantized"):
         nnprim.sdpa(q.requires_grad_(), kq, vq)
+
+
+def test_kv_lens_values_checked_on_cpu_every_call_and_clamped_in_kernels():
+    q, k, v = torch.randn(2, 2, 1, 16), torch.randn(2, 2, 24, 16), torch.randn(2, 2, 24, 16)
+    nnprim.sdpa(q, k, v, kv_lens=torch.tensor([5, 24]))
+    with pytest.raises(nnprim.BadParameterError, match="kv_lens values"):
+        nnprim.sdpa(q, k, v, kv_lens=torch.tensor([5, 25]))  # the same signature: still checked on CPU
+    # the Triton kernels clamp what a stale device-side value could say (interpreter)
+    over = torch.tensor([5, 1000], dtype=torch.int32)
+    from nnprim.args import AttnArgs
+    from nnprim.attention.decode import decode_forward
+    from nnprim.problems.attention import AttentionProblem
+    p = AttentionProblem.from_tensors(q, k, v, kv_lens=over, check_values=False)
+    o, _ = decode_forward(p, AttnArgs(q=q, k=k, v=v, kv_lens=over))
+    ref = nnprim.sdpa(q, k, v, kv_lens=torch.tensor([5, 24]), solver="attn_reference_fwd")
+    assert torch.allclose(o, ref.float(), atol=1e-5)

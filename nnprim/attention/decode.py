@@ -156,7 +156,7 @@ def _decode_fwd_kernel(
 
     # keys visible to row i: j < L and (causal) j <= i + shift
     if HAS_LENS:
-        L = tl.load(LENS + b).to(tl.int32)
+        L = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
     else:
         L = Sk
     if CAUSAL == 1:

@@ -282,7 +282,7 @@ def _decode_quant_kernel(
     h = hk * G + hl
 
     if HAS_LENS:
-        L = tl.load(LENS + b).to(tl.int32)
+        L = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
     else:
         L = Sk
     if CAUSAL == 1:

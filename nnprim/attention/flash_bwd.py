@@ -204,7 +204,7 @@ def _flash_bwd_dkdv_kernel(
         sc = scale
     qk_scale = sc * 1.4426950408889634
     if HAS_KVLENS:
-        kv_len = tl.load(KVLENS + b).to(tl.int32)
+        kv_len = tl.minimum(tl.maximum(tl.load(KVLENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
     else:
         kv_len = Sk
     if CAUSAL == 2:
@@ -363,7 +363,7 @@ def _flash_bwd_dq_kernel(
         sc = scale
     qk_scale = sc * 1.4426950408889634
     if HAS_KVLENS:
-        kv_len = tl.load(KVLENS + b).to(tl.int32)
+        kv_len = tl.minimum(tl.maximum(tl.load(KVLENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
     else:
         kv_len = Sk
     if CAUSAL == 2:
@@ -541,7 +541,7 @@ def _flash_bwd_dkdv_split_kernel(
         sc = scale
     qk_scale = sc * 1.4426950408889634
     if HAS_KVLENS:
-        kv_len = tl.load(KVLENS + b).to(tl.int32)
+        kv_len = tl.minimum(tl.maximum(tl.load(KVLENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
     else:
         kv_len = Sk
     if CAUSAL == 2:
@@ -714,7 +714,7 @@ def _flash_bwd_dq_split_kernel(
         sc = scale
     qk_scale = sc * 1.4426950408889634
     if HAS_KVLENS:
-        kv_len = tl.load(KVLENS + b).to(tl.int32)
+        kv_len = tl.minimum(tl.maximum(tl.load(KVLENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
     else:
         kv_len = Sk
     if CAUSAL == 2:

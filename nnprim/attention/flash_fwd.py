@@ -175,7 +175,7 @@ def _flash_fwd_kernel(
     qk_scale = sc * 1.4426950408889634
 
     if HAS_KVLENS:
-        kv_len = tl.load(KVLENS + b).to(tl.int32)
+        kv_len = tl.minimum(tl.maximum(tl.load(KVLENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
     else:
         kv_len = Sk
     if CAUSAL == 2:

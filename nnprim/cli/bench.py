@@ -1,5 +1,5 @@
 """`nnprim bench --suite NAME|FILE`: run a benchmark suite (the JSON format of
-benchmarks/suites/), verify each problem, time ours and torch's own op, print a table."""
+nnprim/data/suites/), verify each problem, time ours and torch's own op, print a table."""
 from __future__ import annotations
 
 import json
@@ -12,24 +12,7 @@ from ..search.timing import bench_ms
 from . import cases
 from .plot import plot_rows
 from .problem_args import default_dtype, pick_device
-
-SUITE_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "suites"
-
-
-def load_suite(name: str) -> tuple[str, list[dict]]:
-    path = Path(name)
-    if not path.exists():
-        path = SUITE_DIR / (name if name.endswith(".json") else name + ".json")
-    if not path.exists():
-        known = ", ".join(sorted(p.stem for p in SUITE_DIR.glob("*.json"))) if SUITE_DIR.exists() else "none"
-        raise BadParameterError(f"suite={name!r} is neither a file nor a known suite ({known})")
-    try:
-        data = json.loads(path.read_text())
-        probs = data["problems"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise BadParameterError(f"suite file {path} is not a suite JSON ({e})") from None
-    kind = "attention" if probs and "Hq" in probs[0] else "conv"
-    return kind, probs
+from .suites import load_suite
 
 
 def add_parser(sub) -> None:
@@ -44,6 +27,9 @@ def add_parser(sub) -> None:
     b.add_argument("--reps", type=int, default=30, help="timed runs per problem (median; default 30)")
     b.add_argument("--no-verify", dest="verify", action="store_false")
     b.add_argument("--no-peer", dest="peer", action="store_false", help="skip timing torch's own op")
+    b.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
+                   help="leave torch.backends.cudnn.benchmark as it is (default: on, so cuDNN picks its "
+                        "fastest algorithm, as users after speed run it)")
     b.add_argument("--json", default=None, metavar="FILE")
     b.add_argument("--plot", default=None, metavar="FILE",
                    help="draw the ratios to torch and the roofline positions (PNG; needs matplotlib)")
@@ -74,6 +60,9 @@ def run_bench(args) -> int:
     kind, probs = load_suite(args.suite)
     device = pick_device(args.device)
     dtype = default_dtype(args.dtype, device)
+    if device == "cuda" and args.cudnn_benchmark:
+        import torch
+        torch.backends.cudnn.benchmark = True
     dirs = [d for d in args.direction.split(",") if d]
     valid = ("fwd", "bwd_data", "bwd_weights") if kind == "conv" else ("fwd", "bwd")
     for d in dirs:

@@ -9,6 +9,7 @@ import torch
 from ..errors import BadParameterError
 from ..problems.attention import AttentionProblem
 from ..problems.conv import ConvProblem
+from .suites import load_suite
 
 DTYPES = {"f32": torch.float32, "fp32": torch.float32, "float32": torch.float32, "f16": torch.float16,
           "fp16": torch.float16, "float16": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -183,7 +184,6 @@ def problem_from_args(args):
 
 def suite_problems(suite: str, *, dtype: str | None, device: str, directions: str | None):
     """(name, problem) for every problem of a suite and every direction asked."""
-    from .bench import load_suite
     kind, specs = load_suite(suite)
     dev = pick_device(device)
     dt = default_dtype(dtype, dev)

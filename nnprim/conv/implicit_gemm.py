@@ -747,8 +747,3 @@ class ImplicitGemmBwdData(_IGemmBase):
 
     def prepare(self, problem):
         return BwdDataPlan(problem)
-
-
-# bwd_weights (id 22) lives in implicit_gemm_bwd.py; imported here so that loading this
-# module registers the whole family.
-from . import implicit_gemm_bwd  # noqa: E402,F401

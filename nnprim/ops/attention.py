@@ -12,9 +12,10 @@ import torch
 
 from ..args import AttnArgs
 from ..errors import BadParameterError, NotSupportedError
-from ..problems.attention import AttentionProblem
+from ..problems.attention import AttentionProblem, check_kv_lens_values
 from ..quant import KVQuant
 from ..search.context import context
+from ..search.modes import SETTINGS
 from ..warmup import note
 from . import LIB
 from . import TAGS as _TAGS
@@ -77,12 +78,21 @@ def _check_counters(seed: int, offset: int) -> None:
         raise BadParameterError(f"seed={seed} and offset={offset} must be non-negative")
 
 
+def _check_lens(kv_lens, k: torch.Tensor) -> None:
+    """kv_lens values are checked on a call signature's first call; after that on CPU
+    tensors (no device sync) and with NNPRIM_CHECK_NUMERICS=1. The kernels clamp them to
+    [0, Sk] either way, so a stale value never reads past the keys."""
+    if kv_lens is not None and (kv_lens.device.type == "cpu" or SETTINGS.check_numerics):
+        check_kv_lens_values(kv_lens, k.shape[2])
+
+
 # ---- forward -----------------------------------------------------------------------------------
 def sdpa_forward(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask,
                  scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero,
                  return_lse, solver):
     """The forward's implementation (the op's arguments): (o, lse or None)."""
     _check_counters(seed, offset)
+    _check_lens(kv_lens, k)
     key = ("fwd", q.shape, q.stride(), q.dtype, _tkey(k), _tkey(v), _tkey(k_scales), _tkey(k_zero_points),
            _tkey(v_scales), _tkey(v_zero_points), k_quant, v_quant, _tkey(attn_mask), _tkey(scale_tensor),
            _tkey(kv_lens), causal, scale, invert_scale, dropout_p, softmax_inf_as_zero, return_lse, solver)
@@ -141,6 +151,7 @@ def _bwd_problem(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal, 
 def _sdpa_backward(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p,
                    seed, offset, softmax_inf_as_zero, solver):
     _check_counters(seed, offset)
+    _check_lens(kv_lens, k)
     key = ("bwd", q.shape, q.stride(), q.dtype, _tkey(k), _tkey(v), _tkey(do), _tkey(o), _tkey(lse),
            _tkey(attn_mask), _tkey(scale_tensor), _tkey(kv_lens), causal, scale, invert_scale, dropout_p,
            softmax_inf_as_zero, solver)
