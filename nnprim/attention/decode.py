@@ -31,7 +31,6 @@ Reading order: Triton kernels -> launcher (`decode_forward`) -> solvers (ids 120
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -41,7 +40,7 @@ from triton.runtime.errors import OutOfResources
 
 from ..args import AttnArgs
 from ..dropout import dropout_keep, dropout_scale, dropout_threshold
-from ..launch import Launch
+from ..launch import Launch, interpreting
 from ..limits import grid_reasons
 from ..quant import KVQuant
 from ..search.solver import Solver, register
@@ -325,10 +324,6 @@ def _num_sms(device: str) -> int:
     return 132  # H200; under the interpreter only the split logic is exercised
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def default_config(problem) -> DecodeConfig:
     """Tiles by head dim and quantization, from the H200 sweeps in benchmarks/DECODE.md
     (bf16 D=128: block_n 128 is within ~4% of the best config on every suite problem;
@@ -462,7 +457,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig) -> tuple[Launch, Launch | N
     bm, nm = m_blocks(problem, cfg)
     splits = choose_splits(problem, cfg)
     so = (problem.Hq * problem.Sq * Dv, problem.Sq * Dv, Dv, 1)
-    interp = _interpreting()
+    interp = interpreting()
     f32 = q.dtype == torch.float32
     dot_dtype = tl.float32 if (f32 or interp) else (tl.bfloat16 if q.dtype == torch.bfloat16 else tl.float16)
     main = Launch(

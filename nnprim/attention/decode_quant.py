@@ -50,11 +50,11 @@ import triton.language as tl
 
 from ..args import AttnArgs
 from ..dropout import dropout_keep
-from ..launch import Launch
+from ..launch import Launch, interpreting
 from ..quant import KVQuant
 from ..search.solver import register
 from . import decode as _dec
-from .decode import DecodeConfig, _DecodeBase, _interpreting, _num_sms
+from .decode import DecodeConfig, _DecodeBase, _num_sms
 
 MAX_GROUPS = 8   # groups per row (D / group_size) served by 122
 _MAX_MX = 128    # rows of an expanded tile (BLOCK_M * NG)
@@ -637,7 +637,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
     bm, nm = row_block(problem, cfg)
     splits = choose_splits(problem, cfg)
     so = (problem.Hq * problem.Sq * Dv, problem.Sq * Dv, Dv, 1)
-    interp = _interpreting()
+    interp = interpreting()
     f32 = q.dtype == torch.float32
     can_asm = not interp and not f32 and problem.device == "cuda"
     asm_cfg = getattr(cfg, "asm_convert", None)

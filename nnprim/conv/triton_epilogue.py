@@ -16,13 +16,13 @@ scalar / per channel / full (solvers report it in not_supported_reasons)."""
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from ..launch import interpreting  # noqa: F401  (re-exported for the conv kernels)
 from ..post_ops import BINARY_OPS, ELTWISE_KINDS
 from ..problems.conv import ConvProblem, to_layout
 
@@ -30,12 +30,6 @@ MAX_POST_OPS = 4
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
-
-
-def interpreting() -> bool:
-    """True when Triton runs through its CPU interpreter (bf16 tl.dot is broken there:
-    kernels upcast their tiles to f32 before tl.dot when this is set)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def tl_dot_precision(dtype: torch.dtype) -> str:
