@@ -41,11 +41,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nnprim.args import ConvArgs  # noqa: E402
-from nnprim.conv import configs, direct, im2col_gemm  # noqa: E402
+from nnprim.conv import configs, direct  # noqa: E402
 from nnprim.conv import implicit_gemm as ig  # noqa: E402
 from nnprim.conv import implicit_gemm_bwd as igb  # noqa: E402
 from nnprim.post_ops import Eltwise, Sum  # noqa: E402
 from nnprim.problems.conv import ConvProblem, to_layout  # noqa: E402
+from nnprim.search.solver import REGISTRY  # noqa: E402
 
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 T = configs.GemmTile
@@ -56,10 +57,13 @@ GEMM_EXTRA = {
     "bwd_data": [T(128, 128, 64, 4, 4)],
     "bwd_weights": [],
 }
-TMA_EXTRA = [T(128, 128, 64, 8, 3), T(128, 64, 64, 4, 4)]
-TMA_CONV_VARIANTS = [T(128, 128, 64, 8, 3), T(128, 256, 64, 8, 3), T(128, 128, 64, 4, 4)]
+TMA_EXTRA = [T(128, 128, 64, 8, 3), T(128, 64, 64, 4, 4), T(128, 256, 64, 8, 3), T(256, 128, 64, 8, 3),
+             T(128, 128, 64, 4, 4)]
+TMA_CONV_VARIANTS = [T(128, 128, 64, 8, 3), T(128, 256, 64, 8, 3), T(128, 128, 64, 4, 4), T(128, 128, 64, 4, 3),
+                     T(256, 128, 64, 8, 3), T(64, 128, 64, 4, 4), T(128, 256, 64, 8, 4)]
 # backward weights: BM = output channels, BN = input channels, BK = pixels per step
-TMA_BWD_W_VARIANTS = [T(128, 128, 64, 8, 3), T(128, 128, 128, 8, 3)]
+TMA_BWD_W_VARIANTS = [T(128, 128, 64, 8, 3), T(128, 128, 128, 8, 3), T(128, 256, 64, 8, 3), T(256, 128, 64, 8, 3),
+                      T(128, 128, 64, 4, 4), T(64, 128, 128, 4, 3)]
 DIRECT_EXTRA = {
     "fwd": [D(128, 16, 4), D(256, 16, 4)],
     "bwd_data": [D(128, 16, 4)],
@@ -183,9 +187,8 @@ def ours_plans(p: ConvProblem):
         for t in TMA_BWD_W_VARIANTS:
             runs.append((_gl("tmaconv", t), lambda t=t: plan_cls(p, t, tma_conv=True)))
     if p.groups == 1 and all(f == 1 for f in p.filter):
-        gcls = {"fwd": im2col_gemm.FwdPlan, "bwd_data": im2col_gemm.BwdDataPlan,
-                "bwd_weights": im2col_gemm.BwdWeightsPlan}[d]
-        runs.append(("gemm", lambda: gcls(p)))
+        gname = {"fwd": "gemm_fwd", "bwd_data": "gemm_bwd_data", "bwd_weights": "gemm_bwd_weights"}[d]
+        runs.append(("gemm", lambda: REGISTRY.get(gname).prepare(p)))
     return runs
 
 

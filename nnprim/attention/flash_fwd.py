@@ -65,11 +65,12 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, k_desc, v_desc, mask_ptrs, stri
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
                EVEN_DV: tl.constexpr, USE_TMA: tl.constexpr, UPCAST: tl.constexpr,
-               IEEE: tl.constexpr, SCALE_POS: tl.constexpr):
-    """Key blocks [lo, hi). MASKED blocks check kv bounds and causality per element."""
+               IEEE: tl.constexpr, SCALE_POS: tl.constexpr, WS: tl.constexpr):
+    """Key blocks [lo, hi). MASKED blocks check kv bounds and causality per element.
+    WS: warp-specialise the loop (TMA loads in a producer warp, MMA + softmax consumers)."""
     FAST: tl.constexpr = (not MASKED) and MASK_KIND == 0 and SCALE_POS
     offs_n0 = tl.arange(0, BLOCK_N)
-    for start_n in range(lo, hi, BLOCK_N):
+    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         offs_n = start_n + offs_n0
         # -- K tile [BLOCK_N, BLOCK_D]
         if USE_TMA:
@@ -148,7 +149,7 @@ def _flash_fwd_kernel(
         SCALE_PTR: tl.constexpr, INVERT: tl.constexpr, HAS_KVLENS: tl.constexpr,
         DROPOUT: tl.constexpr, INF_AS_ZERO: tl.constexpr, STORE_LSE: tl.constexpr,
         USE_TMA: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-        SCALE_POS: tl.constexpr):
+        SCALE_POS: tl.constexpr, WS: tl.constexpr):
     """One program: BLOCK_M query rows of one (b, h). Layout: any strides; lse (B, Hq, Sq)
     contiguous f32."""
     pid_m = tl.program_id(0)
@@ -228,13 +229,13 @@ def _flash_fwd_kernel(
         offs_m, offs_d, offs_dv, 0, full, kv_len, shift, qk_scale,
         seed, offset, b, h, Hq, Sq, Sk, threshold, D, Dv,
         BLOCK_N, False, CAUSAL, MASK_KIND, DROPOUT, BLOCK_D == D, BLOCK_DV == Dv, USE_TMA,
-        UPCAST, IEEE, SCALE_POS)
+        UPCAST, IEEE, SCALE_POS, WS)
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, k_desc, v_desc, mask_ptrs, sks, svs, smj,
         offs_m, offs_d, offs_dv, full, hi, kv_len, shift, qk_scale,
         seed, offset, b, h, Hq, Sq, Sk, threshold, D, Dv,
         BLOCK_N, True, CAUSAL, MASK_KIND, DROPOUT, BLOCK_D == D, BLOCK_DV == Dv, USE_TMA,
-        UPCAST, IEEE, False)
+        UPCAST, IEEE, False, False)
 
     # -- epilogue: normalise, lse, store
     inv_l = 1.0 / l_i
@@ -356,7 +357,7 @@ def forward_launch(problem, args, *, use_tma: bool | None = None,
     def launch(cfg: configs.TileConfig):
         return _flash_fwd_kernel[_grid(problem, cfg)](*ptrs, *tail, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                                                       num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                                                      **flags)
+                                                      WS=cfg.warp_specialize and use_tma, **flags)
     return (o, lse if want_lse else None), launch
 
 
@@ -395,9 +396,11 @@ class ForwardPlan:
 
     def _plan(self, args) -> Launch:
         p, cfg = self.problem, self.cfg
-        tail, flags = _fwd_plan(p, args, use_tma=tma_ok(args.q, args.k, args.v), with_lse=p.return_lse)
+        use_tma = tma_ok(args.q, args.k, args.v)
+        tail, flags = _fwd_plan(p, args, use_tma=use_tma, with_lse=p.return_lse)
         return Launch(_flash_fwd_kernel, _grid(p, cfg), tail, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                      num_warps=cfg.num_warps, num_stages=cfg.num_stages, **flags)
+                      num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                      WS=cfg.warp_specialize and use_tma, **flags)
 
     def __call__(self, args):
         p, q = self.problem, args.q

@@ -119,11 +119,28 @@ def parse_override(text: str) -> GemmTile:
     return tile
 
 
+# TMA convolution tiles by direction and size, measured on H200 2026-11-30
+# (benchmarks/results/conv_tiles_2026-11-30.json, CUDA-graph times, every stride-1 3x3
+# layer of the suite): forward and backward data gain 5-28% from 256-row tiles except at
+# C = 64, where one K step per tap leaves 128x128 with 3 stages best; backward weights
+# over large images (BK = pixels per step) prefers 4 warps and 4 stages (+5-55%).
+def _tma_conv_tile(p: ConvProblem) -> GemmTile:
+    if p.direction == "fwd":
+        return GemmTile(128, 128, 64, 4, 3) if p.C <= 64 else GemmTile(256, 128, 64, 8, 3)
+    if p.direction == "bwd_data":
+        return GemmTile(256, 128, 64, 8, 3)
+    pixels = math.prod(p.out_size)
+    return GemmTile(128, 128, 64, 4, 4) if pixels >= 2048 else TABLE[("bwd_weights", "tma_conv")]
+
+
 def pick(p: ConvProblem) -> GemmTile:
     env = os.environ.get("NNPRIM_CONV_CONFIG")
     if env:
         return parse_override(env)
-    return TABLE.get((p.direction, shape_class(p)), GemmTile(128, 128, 64, 8, 3))
+    cls = shape_class(p)
+    if cls == "tma_conv" and p.dtype in (torch.float16, torch.bfloat16):
+        return _tma_conv_tile(p)
+    return TABLE.get((p.direction, cls), GemmTile(128, 128, 64, 8, 3))
 
 
 def pick_direct(p: ConvProblem) -> DirectTile:
