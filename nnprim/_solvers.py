@@ -10,6 +10,7 @@ _MODULES = (
     "nnprim.conv.implicit_gemm_bwd",
     "nnprim.conv.im2col_gemm",
     "nnprim.conv.direct",
+    "nnprim.conv.depthwise",
     "nnprim.conv.winograd",
     "nnprim.conv.fft",
     "nnprim.attention.reference",
