@@ -257,6 +257,15 @@ class FindDb:
         return self._run(lambda c: self._records(
             c, "WHERE device=? AND solver_set=? AND class_key=?", (device, solver_set, class_key)))
 
+    def for_device(self, device: str, solver_set: str) -> list[Record]:
+        return self._run(lambda c: self._records(c, "WHERE device=? AND solver_set=?", (device, solver_set)))
+
+    def version(self, device: str, solver_set: str) -> tuple:
+        """(records, latest timestamp) of one device: changes whenever its records do."""
+        return self._run(lambda c: () if c is None else tuple(c.execute(
+            "SELECT count(*), max(timestamp) FROM records WHERE device=? AND solver_set=?",
+            (device, solver_set)).fetchone()))
+
     def all(self) -> list[Record]:
         return self._run(lambda c: self._records(c, "ORDER BY device, solver_set, problem_key, time_ms"))
 
