@@ -161,6 +161,21 @@ def print_tables(rows: list[dict], summary: dict, file=sys.stdout) -> None:
         print(f"{mode:<14} {s['problems']:>8} {100 * s['geomean']:>8.2f}% {100 * s['max']:>8.1f}%  {worst}", file=file)
 
 
+def held_out(count: int, seed: int, fams, scale: str, dtype, device: str):
+    """`count` generated problems whose keys the system db does not hold (build-system finds
+    layers of the same families with another seed: an exact hit would not be held out)."""
+    sdb = finddb.system_db()
+    fp = finddb.device_fingerprint(device)
+    known = {r.problem_key for r in sdb.for_device(fp, finddb.SOLVER_SET_VERSION)} if sdb is not None else set()
+    held, problems = [], []
+    for h in generate(4 * count, seed, fams, scale=scale):
+        p = _problem(h, dtype, device)
+        if p.key() not in known and len(held) < count:
+            held.append(h)
+            problems.append(p)
+    return held, problems
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--count", type=int, default=60)
@@ -177,8 +192,7 @@ def main(argv=None) -> int:
     scale = args.scale or ("full" if device == "cuda" else "tiny")
     reps = args.reps or (25 if device == "cuda" else 5)
     fams = args.families.split(",") if args.families else None
-    held = generate(args.count, args.seed, fams, scale=scale)
-    problems = [_problem(h, dtype, device) for h in held]
+    held, problems = held_out(args.count, args.seed, fams, scale, dtype, device)
     old_cache, old_mode = os.environ.get("NNPRIM_CACHE_DIR"), modes.get_find_mode()
     rows = []
     with tempfile.TemporaryDirectory(prefix="nnprim-regret-") as tmp:
