@@ -406,6 +406,14 @@ def cache_dir() -> str:
     return os.environ.get("NNPRIM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nnprim")
 
 
+def default_triton_cache() -> None:
+    """Keep Triton's compiled kernels under the nnprim cache dir (`<cache>/triton`) unless the
+    user set TRITON_CACHE_DIR. Called when nnprim is imported, before anything compiles
+    (Triton reads the variable at each compile)."""
+    if not os.environ.get("TRITON_CACHE_DIR"):
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(cache_dir(), "triton")
+
+
 def user_db_path() -> str:
     return os.path.join(cache_dir(), DB_NAME)
 
