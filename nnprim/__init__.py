@@ -16,6 +16,7 @@ from .quant import KVQuant, quantize_kv
 from .search.context import compile, find, get_solutions, workspace_size
 from .search.explain import explain
 from .search.find import PerfResult
+from .search.finddb import default_triton_cache
 from .search.immediate import Solution
 from .search.modes import (
                   disable_families,
@@ -33,6 +34,7 @@ from .search.modes import (
 )
 from .search.solver import REGISTRY
 
+default_triton_cache()  # Triton's kernels under $NNPRIM_CACHE_DIR/triton (it reads the variable at each compile)
 _solvers.load_all()
 
 from . import distributed  # noqa: E402  (after the primitives it calls)

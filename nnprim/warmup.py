@@ -82,6 +82,29 @@ class _Bound:
         return torch.func.functional_call(self.module, self.state, args, kw)
 
 
+class Progress:
+    """One stderr line redrawn in place: `label i/n [#####     ] elapsed item` (no dependency)."""
+
+    def __init__(self, label: str, total: int, enabled: bool = True, file=None, width: int = 24) -> None:
+        self.label, self.total, self.enabled, self.width = label, max(total, 1), enabled, width
+        self.file = file or sys.stderr
+        self.t0 = time.perf_counter()
+        self.done = 0
+
+    def step(self, item: str = "") -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        fill = self.width * self.done // self.total
+        bar = "#" * fill + " " * (self.width - fill)
+        print(f"\r{self.label} {self.done}/{self.total} [{bar}] {time.perf_counter() - self.t0:6.1f}s {item[:40]:<40}",
+              end="", file=self.file, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.done:
+            print(file=self.file, flush=True)
+
+
 def compile_solvers(problems: list, device: str = "cuda") -> tuple[int, int]:
     """Run every applicable, enabled, non-reference solver of each problem once on random
     inputs (so their kernels compile into Triton's cache); (runs, failures)."""
@@ -114,29 +137,33 @@ def _worker(problems: list) -> tuple[int, int]:
 def warmup(problems: Iterable, *, workers: int | None = None, find: bool = True,
            progress: bool = True) -> dict:
     """Compile (in `workers` processes on a GPU; default min(8, problems)) and find every
-    problem; returns timings. The find-db then answers the model's calls."""
+    problem, with a progress line on stderr; returns timings. The find-db then answers the
+    model's calls, and Triton's cache (under the nnprim cache dir) holds the kernels."""
     from .search.context import find as run_find
     problems = _unique(problems)
     t0 = time.perf_counter()
     cuda = any(p.device == "cuda" for p in problems)
     workers = min(8, len(problems)) if workers is None else workers
     runs = failures = 0
+    bar = Progress("nnprim warmup: compile", len(problems), progress)
     if cuda and workers > 1:
-        chunks = [problems[i::workers] for i in range(workers)]
-        with mp.get_context("spawn").Pool(workers) as pool:
-            for r, f in pool.imap_unordered(_worker, chunks):
+        with mp.get_context("spawn").Pool(workers) as pool:  # one task a problem: progress as each ends
+            for r, f in pool.imap_unordered(_worker, [[p] for p in problems]):
                 runs, failures = runs + r, failures + f
+                bar.step()
     else:
-        runs, failures = compile_solvers(problems, "cuda" if cuda else "cpu")
+        for p in problems:
+            r, f = compile_solvers([p], "cuda" if cuda else "cpu")
+            runs, failures = runs + r, failures + f
+            bar.step(p.key())
+    bar.close()
     t1 = time.perf_counter()
     if find:
-        for i, p in enumerate(problems):
+        bar = Progress("nnprim warmup: find   ", len(problems), progress)
+        for p in problems:
             res = run_find(p)
-            if progress:
-                print(f"\rnnprim warmup: find {i + 1}/{len(problems)} {res[0].solver:<32}", end="", file=sys.stderr,
-                      flush=True)
-        if progress:
-            print(file=sys.stderr)
+            bar.step(res[0].solver)
+        bar.close()
     t2 = time.perf_counter()
     return dict(problems=len(problems), compile_runs=runs, compile_failures=failures,
                 compile_s=round(t1 - t0, 2), find_s=round(t2 - t1, 2))

@@ -65,3 +65,32 @@ def test_bench_plot_from_json(tmp_path):
     src.write_text(json.dumps(dict(suite="s", rows=rows)))
     assert main(["bench", "--suite", "conv_cpu", "--plot", str(tmp_path / "p.png"), "--from-json", str(src)]) == 0
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_warmup_models_progress_and_triton_cache(tmp_path):
+    env = dict(ENV, NNPRIM_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("TRITON_CACHE_DIR", None)
+    r = subprocess.run([sys.executable, "-m", "nnprim", "warmup", "--models", "resnet,decode", "--count", "2",
+                        "--scale", "tiny", "--device", "cpu", "--workers", "1"],
+                       capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "compile 2/2 [" in r.stderr and "find    2/2 [" in r.stderr and "'problems': 2" in r.stderr
+    code = "import os, nnprim; print(os.environ['TRITON_CACHE_DIR'])"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env)
+    assert r.stdout.strip() == str(tmp_path / "cache" / "triton")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240,
+                       env=dict(env, TRITON_CACHE_DIR=str(tmp_path / "mine")))
+    assert r.stdout.strip() == str(tmp_path / "mine")  # the user's choice stays
+
+
+def test_db_text_export_and_model_check(tmp_path):
+    env = dict(ENV, NNPRIM_CACHE_DIR=str(tmp_path / "cache"))
+    out = tmp_path / "sys.tsv"
+    r = subprocess.run([sys.executable, "-m", "nnprim", "db", "export", str(out), "--system"],
+                       capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().startswith("device\tsolver_set\tproblem_key")
+    r = subprocess.run([sys.executable, "-m", "nnprim", "db", "model-check", "--system"],
+                       capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stderr
+    assert '"rank_accuracy"' in r.stdout

@@ -115,7 +115,7 @@ def _load_kv_tile(ptr, offs_n, n_ok, s_n, s_d, sc_ptr, sc_n, sc_g, zp_ptr, zp_n,
         return x.to(DOT_DTYPE)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Hq", "Hkv", "Sk"])  # sizes: no recompile per shape (see ARCHITECTURE)
 def _decode_fwd_kernel(
         Q, K, V, KS, KZ, VS, VZ, MASK, LENS, SCALE_PTR, O, LSE, PO, PL,
         s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,

@@ -26,13 +26,17 @@ class Case:
     problem: object
     flops: float
     bytes: float
-    call: Callable[[], object]
+    call: Callable[..., object]  # call(solver=the case's): the nnprim call
     check: Callable[[], float]
     peer: Callable[[], object] | None = None
     extra: dict = field(default_factory=dict)
 
     def solver(self, forced=None):
         return for_problem(self.problem).resolve(self.problem, forced)
+
+    def call_with(self, solver):
+        """The same call on the same tensors with `solver` forced (None: chosen)."""
+        return self.call(solver)
 
 
 def _randn(shape, dtype, device, gen: torch.Generator) -> torch.Tensor:
@@ -72,7 +76,7 @@ def conv_case(spec: dict, *, dtype: torch.dtype, device: str, direction: str = "
         p = ConvProblem.from_tensors(x, w, "fwd", bias=b, out_dtype=out_dtype, post_ops=nops, **kw)
         args = ConvArgs(x=x, w=w, bias=b, post_ops=nops)
 
-        def call():
+        def call(solver=solver):
             return api.conv_forward(x, w, b, post_ops=ops, out_dtype=out_dtype, solver=solver, **kw)
 
         def peer():
@@ -86,12 +90,12 @@ def conv_case(spec: dict, *, dtype: torch.dtype, device: str, direction: str = "
         if direction == "bwd_data":
             args = ConvArgs(dy=dy, w=w)
 
-            def call():
+            def call(solver=solver):
                 return api.conv_backward_data(dy, w, x.shape, solver=solver, **kw)
         else:
             args = ConvArgs(dy=dy, x=x)
 
-            def call():
+            def call(solver=solver):
                 return api.conv_backward_weights(dy, x, w.shape, solver=solver, **kw)
         xr = x.detach().requires_grad_(direction == "bwd_data")
         wr = w.detach().requires_grad_(direction == "bwd_weights")
@@ -141,14 +145,14 @@ def attn_case(spec: dict, *, dtype: torch.dtype, device: str, direction: str = "
     if direction == "fwd":
         args = AttnArgs(q=q, k=k, v=v, attn_mask=m, seed=seed)
 
-        def call():
+        def call(solver=solver):
             return api.sdpa(q, k, v, solver=solver, **opts)
     else:
         o, lse = api.sdpa(q, k, v, return_lse=True, **opts)
         do = _randn(o.shape, dtype, device, gen)
         args = AttnArgs(q=q, k=k, v=v, attn_mask=m, seed=seed, do=do, o=o, lse=lse)
 
-        def call():
+        def call(solver=solver):
             return api.sdpa_backward(do, q, k, v, o, lse, solver=solver, **opts)
 
     def check() -> float:

@@ -2,12 +2,17 @@
 
   list [--system]            one line per recorded problem: records, fastest solver, time
   show KEY [--system]        every record of the problems whose key contains KEY
-  export FILE / import FILE  JSON dump of the user db / merge one into it
+  export FILE [--system]     dump the user (or system) db: JSON, or sorted text when FILE
+                             ends in .tsv
+  import FILE [--into DB]    merge a JSON or .tsv export into the user db (or the sqlite
+                             file DB, e.g. to rebuild the shipped system db from its .tsv)
   clear [--key KEY] [--device FP]   delete records (all by default)
   path                       where the user and system dbs are
-  build-system --suite S     run Find on every problem of a suite and write the
-                             records to the system db (nnprim/data/system_finddb.sqlite
-                             by default, or --out FILE)"""
+  build-system [--suite S]... [--models F,...]  run find on suite problems and held-out
+                             model layers (nnprim.testing.heldout) and merge the records
+                             into the system db (nnprim/data/system_finddb.sqlite, or
+                             --out FILE) and its text export (same path, .tsv)
+  model-check [--system] [--device FP]  leave-one-out validation of the learned model"""
 from __future__ import annotations
 
 import os
@@ -54,8 +59,13 @@ def cmd_show(args) -> int:
     return 0
 
 
+def _is_tsv(path: str) -> bool:
+    return str(path).endswith(".tsv")
+
+
 def cmd_export(args) -> int:
-    n = _db(args).export_json(args.file)
+    db = _db(args)
+    n = db.export_tsv(args.file) if _is_tsv(args.file) else db.export_json(args.file)
     print(f"exported {n} records to {args.file}")
     return 0
 
@@ -63,11 +73,20 @@ def cmd_export(args) -> int:
 def cmd_import(args) -> int:
     if not os.path.exists(args.file):
         raise BadParameterError(f"file {args.file!r} does not exist")
+    if args.into:
+        if not os.path.exists(args.into):
+            finddb.create_empty(args.into)
+        db = finddb.FindDb(args.into)
+    else:
+        db = finddb.user_db()
     try:
-        n = finddb.user_db().import_json(args.file)
+        n = db.import_tsv(args.file, timestamp=0.0 if args.into else None) if _is_tsv(args.file) \
+            else db.import_json(args.file)
     except (ValueError, KeyError) as e:
         raise BadParameterError(f"{args.file} is not a find-db export: {e}") from None
-    print(f"imported {n} records into {finddb.user_db_path()}")
+    if args.into:
+        db.seal()
+    print(f"imported {n} records into {args.into or finddb.user_db_path()}")
     return 0
 
 
@@ -83,21 +102,51 @@ def cmd_path(args) -> int:
     return 0
 
 
+def build_problems(suites, models, *, count: int, seed: int, dtype, device: str, direction=None,
+                   scale: str = "full") -> list:
+    """(name, problem) of the suites' problems (conv: every direction unless `direction`)
+    and of `count` held-out model layers of the families `models`."""
+    from ..testing.heldout import generate
+    from .problem_args import attn_problem, conv_problem, default_dtype, pick_device, suite_problems
+    from .suites import load_suite
+    probs = []
+    for suite in suites:
+        kind, _ = load_suite(suite)
+        dirs = direction or ("fwd,bwd_data,bwd_weights" if kind == "conv" else None)
+        probs += suite_problems(suite, dtype=dtype, device=device, directions=dirs)
+    if models:
+        dev = pick_device(device)
+        dt = default_dtype(dtype, dev)
+        for h in generate(count, seed, models, scale=scale):
+            make = conv_problem if h.kind == "conv" else attn_problem
+            probs.append((h.name, make(h.spec, dtype=dt, device=dev, direction=h.direction)))
+    return probs
+
+
 def cmd_build_system(args) -> int:
     from ..search.context import find
-    from .problem_args import suite_problems
-    probs = []
-    for suite in args.suite:
-        probs += suite_problems(suite, dtype=args.dtype, device=args.device, directions=args.direction)
+    from ..testing.heldout import FAMILIES
+    from .problem_args import pick_device
+    dev = pick_device(args.device)
+    suites = args.suite
+    if suites is None:
+        suites = ["conv_gpu", "attention_gpu"] if dev == "cuda" else ["conv_cpu"]
+    models = None if args.models == "none" else (list(FAMILIES) if args.models in (None, "all")
+                                                 else args.models.split(","))
+    probs = build_problems(suites, models, count=args.count, seed=args.seed, dtype=args.dtype, device=dev,
+                           direction=args.direction, scale=args.scale)
     out = args.out or str(finddb.SYSTEM_DB_PATH)
     old = os.environ.get("NNPRIM_CACHE_DIR")
+    ok = 0
     with tempfile.TemporaryDirectory(prefix="nnprim-build-") as tmp:
         os.environ["NNPRIM_CACHE_DIR"] = tmp  # find records into a scratch user db
+        finddb.forget_dbs()
         try:
             for i, (name, p) in enumerate(probs):
-                print(f"[{i + 1}/{len(probs)}] {name}", file=sys.stderr, flush=True)
+                print(f"[{i + 1}/{len(probs)}] {name} {p.key()}", file=sys.stderr, flush=True)
                 try:
-                    res = find(p, refind=True)
+                    res = find(p, refind=True, exhaustive=args.exhaustive)
+                    ok += 1
                     print(f"  {res[0].solver} {res[0].time_ms:.4f} ms", file=sys.stderr)
                 except Exception as e:  # one problem failing must not lose the others
                     print(f"  skipped: {type(e).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
@@ -111,12 +160,29 @@ def cmd_build_system(args) -> int:
     if not os.path.exists(out):
         finddb.create_empty(out)
     target = finddb.FindDb(out)
-    target.write(recs)
-    target._connection().execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    target._connection().execute("PRAGMA journal_mode=DELETE")
-    target.close()
-    print(f"wrote {len(recs)} records for {len(probs)} problems to {out}")
+    target.write(recs)  # one transaction: records of other devices and problems stay
+    target.seal()
+    tsv = os.path.splitext(out)[0] + ".tsv"
+    n = finddb.FindDb(out, readonly=True).export_tsv(tsv)
+    print(f"wrote {len(recs)} records ({ok} of {len(probs)} problems found) to {out}; {n} records in {tsv}")
     return 0
+
+
+def cmd_model_check(args) -> int:
+    import json
+
+    from ..search import learned
+    db = _db(args)
+    fp = args.device or finddb.device_fingerprint("cuda" if _cuda() else "cpu")
+    recs = db.for_device(fp, finddb.SOLVER_SET_VERSION)
+    v = learned.leave_one_out(recs)
+    print(json.dumps(dict(device=fp, records=len(recs), **v), indent=1))
+    return 0
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
 
 
 def add_parser(sub) -> None:
@@ -129,12 +195,13 @@ def add_parser(sub) -> None:
     p.add_argument("key")
     p.add_argument("--system", action="store_true")
     p.set_defaults(func=cmd_show)
-    p = dsub.add_parser("export", help="write the user db as JSON")
+    p = dsub.add_parser("export", help="write the user db as JSON (or sorted text: FILE.tsv)")
     p.add_argument("file")
     p.add_argument("--system", action="store_true")
     p.set_defaults(func=cmd_export)
-    p = dsub.add_parser("import", help="merge a JSON export into the user db")
+    p = dsub.add_parser("import", help="merge a JSON or .tsv export into the user db (or --into FILE)")
     p.add_argument("file")
+    p.add_argument("--into", default=None, help="an sqlite find-db file to merge into instead (created if absent)")
     p.set_defaults(func=cmd_import)
     p = dsub.add_parser("clear", help="delete user-db records (all, or one key / device)")
     p.add_argument("--key", default=None)
@@ -142,10 +209,21 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_clear)
     p = dsub.add_parser("path", help="where the dbs are")
     p.set_defaults(func=cmd_path)
-    p = dsub.add_parser("build-system", help="find every problem of suites into the system db")
-    p.add_argument("--suite", action="append", required=True, help="suite name or JSON file (repeatable)")
+    p = dsub.add_parser("build-system", help="find suite problems and model layers into the system db")
+    p.add_argument("--suite", action="append", default=None,
+                   help="suite name or JSON file (repeatable; default conv_gpu + attention_gpu on CUDA, conv_cpu on CPU)")
+    p.add_argument("--models", default=None, help="held-out families (comma list), 'all' (default) or 'none'")
+    p.add_argument("--count", type=int, default=120, help="model layers to generate (default 120)")
+    p.add_argument("--seed", type=int, default=1000, help="their seed (benchmarks/regret.py uses others)")
     p.add_argument("--dtype", default=None)
     p.add_argument("--device", default="auto")
-    p.add_argument("--direction", default=None, help="comma list (default fwd; attention train: fwd,bwd)")
+    p.add_argument("--direction", default=None, help="comma list (default: every conv direction; attention "
+                                                      "train: fwd,bwd)")
+    p.add_argument("--scale", default="full", choices=("full", "tiny"), help="model layers' sizes (tiny: tests)")
+    p.add_argument("--exhaustive", action="store_true", help="more repeats per candidate")
     p.add_argument("--out", default=None, help="output file (default: the package's system db)")
     p.set_defaults(func=cmd_build_system)
+    p = dsub.add_parser("model-check", help="leave-one-out validation of the learned model over a db")
+    p.add_argument("--system", action="store_true")
+    p.add_argument("--device", default=None, help="device fingerprint (default: this machine's)")
+    p.set_defaults(func=cmd_model_check)

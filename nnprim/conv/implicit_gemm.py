@@ -155,7 +155,7 @@ def _group_pid(tiles_per_group):
     return pid - g * tiles_per_group, g
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "H", "W", "OH", "OW"])  # sizes: no recompile per shape (see ARCHITECTURE)
 def _conv_fwd_kernel(
         x_ptr, w_ptr, y_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
         M, Cg, Kg, D, H, W, OD, OH, OW, T, R, S,
@@ -256,7 +256,7 @@ def _conv_fwd_kernel(
 
 
 # ---- 1x1 stride-1 NHWC: a plain GEMM through TMA ------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # sizes: no recompile per shape (see ARCHITECTURE)
 def _gemm_tma_kernel(
         a_desc, b_desc, y_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
         M, N, KR,
@@ -305,7 +305,7 @@ def _gemm_tma_kernel(
     tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NSL", "OH", "OW"])  # sizes: no recompile per shape (see ARCHITECTURE)
 def _conv_tma_kernel(
         a_desc, b_desc, y_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
         NSL, NCH, CRED, OD, OH, OW, T, R, S, syn, syd, syh, syw, pdd, pdh, pdw, dld, dlh, dlw,
@@ -542,7 +542,7 @@ def conv_fwd(p: ConvProblem, args: ConvArgs, tile: configs.GemmTile | None = Non
 
 
 # ---- backward data kernel --------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["M", "H", "W", "OH", "OW", "QH", "QW"])  # sizes: no recompile per shape (see ARCHITECTURE)
 def _conv_bwd_data_kernel(
         dy_ptr, w_ptr, dx_ptr,
         M, Cg, Kg, D, H, W, OD, OH, OW, QD, QH, QW,

@@ -31,7 +31,7 @@ from .triton_epilogue import interpreting, tl_dot_precision
 NUM_SMS = 132
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["PT", "H", "W", "OH", "OW"])  # sizes: no recompile per shape (see ARCHITECTURE)
 def _conv_bwd_w_kernel(
         dy_ptr, x_ptr, out_ptr,
         PT, CHUNK, Cg, Kg, D, H, W, OD, OH, OW, T, R, S,
@@ -93,7 +93,7 @@ def _conv_bwd_w_kernel(
         tl.store(out_ptr + off, acc, mask=mask_k[:, None] & mask_j[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NT", "OH", "OW"])  # sizes: no recompile per shape (see ARCHITECTURE)
 def _conv_bwd_w_tma_kernel(
         dy_desc, x_desc, out_ptr,
         NT, TPS, K, C, OD, OH, OW, T, R, S, pdd, pdh, pdw, dld, dlh, dlw,

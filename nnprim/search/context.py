@@ -138,6 +138,12 @@ class Context:
             self.invokers[key] = inv
         return inv
 
+    def call_path(self, problem, solver: Solver) -> Invoker:
+        """What find times: the cached invoker run as a call runs it (run_bound: the device
+        guard, numerics checks); errors propagate so that find records them."""
+        b = Bound(problem, solver, self.invoker_for(problem, solver), True)
+        return lambda args: self.run_bound(b, args)
+
     def clear_choices(self) -> None:
         """Forget which solver each problem uses (a settings change); invokers stay."""
         with self.lock:
@@ -178,7 +184,7 @@ class Context:
 
     def decide(self, problem, args=None) -> Decision:
         capturing = _capturing(self.device)
-        d = select(problem, self.constraints(problem), lambda s: self.invoker_for(problem, s), args=args,
+        d = select(problem, self.constraints(problem), lambda s: self.call_path(problem, s), args=args,
                    capturing=capturing)
         if d.would_find:
             self.warn_once(("capture", problem.key()),
@@ -192,14 +198,14 @@ class Context:
 
     def find(self, problem, tensors=None, workspace_limit: int | None = None, *, exhaustive: bool = False,
              refind: bool = False, dynamic_only: bool = False, record: bool = True,
-             progress=None) -> list[PerfResult]:
+             progress=None, timer=None) -> list[PerfResult]:
         c = self.constraints(problem)
         if workspace_limit is not None:
             c = Constraints(c.fingerprint, workspace_limit, c.deterministic, c.exclude)
         with self.lock, self.guard():
-            res = _find(problem, lambda s: self.invoker_for(problem, s), c, tensors=tensors,
+            res = _find(problem, lambda s: self.call_path(problem, s), c, tensors=tensors,
                         exhaustive=exhaustive, refind=refind, dynamic_only=dynamic_only, record=record,
-                        progress=progress)
+                        progress=progress, timer=timer)
             best = REGISTRY.get(res[0].solver_id)
             self.chosen[problem] = Bound(problem, best, self.invoker_for(problem, best), False)
             self.calls.clear()

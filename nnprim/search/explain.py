@@ -1,12 +1,13 @@
 """`nnprim.explain(problem)`: for every solver of the problem's primitive, whether it
-applies (and why not), its workspace, estimate and measured time (find-db), and which
-solver a call would use now and why. Explaining never benchmarks."""
+applies (and why not), its workspace, estimate, the learned model's prediction (and from
+which records), measured time (find-db), and which solver a call would use now and why.
+Explaining never benchmarks."""
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
 
-from . import finddb
+from . import finddb, learned
 from .context import for_problem
 from .modes import SETTINGS
 from .ranking import heuristic_order, skip_reason
@@ -25,6 +26,8 @@ class SolverRow:
     estimate_ms: float | None
     measured_ms: float | None
     status: str | None  # find-db status of this solver for this problem
+    predicted_ms: float | None = None  # the learned model's prediction (learned.py)
+    predicted_why: str | None = None
 
 
 def _safe(fn, default=None):
@@ -44,6 +47,8 @@ def rows(problem) -> list[SolverRow]:
     if sdb is not None:
         for r in _safe(lambda: sdb.lookup(c.fingerprint, finddb.SOLVER_SET_VERSION, key), []):
             recs.setdefault(r.solver_id, r)
+    model = _safe(lambda: learned.model_for(c.fingerprint))
+    feats = learned.features(problem.key()) if model is not None else None
     out = []
     for s in REGISTRY.for_problem(problem):
         reasons = tuple(s.not_supported_reasons(problem))
@@ -56,11 +61,13 @@ def rows(problem) -> list[SolverRow]:
             if s.id in c.exclude:
                 reasons += ("failed at run time in this process",)
         r = recs.get(s.id)
+        pred = _safe(lambda s=s: model.predict(problem.key(), s.id, feats=feats)) if ok and feats else None
         out.append(SolverRow(
             s.id, s.name, s.family, ok, SETTINGS.is_disabled(s.family), reasons,
             _safe(lambda s=s: int(s.workspace_size(problem))) if ok else None,
             _safe(lambda s=s: s.estimate(problem)) if ok else None,
-            r.time_ms if r is not None else None, r.status if r is not None else None))
+            r.time_ms if r is not None else None, r.status if r is not None else None,
+            pred.time_ms if pred is not None else None, pred.why() if pred is not None else None))
     return out
 
 
@@ -80,6 +87,8 @@ def decision(problem) -> str:
             sols = get_solutions(problem, 1, constraints=c)
             if sols:
                 name, why = sols[0].solver, f"mode fast, from {sols[0].source}"
+                if sols[0].source.startswith("model") and sols[0].time_ms is not None:
+                    why += f": predicted {sols[0].time_ms:.4g} ms"
         elif mode == "normal":
             res = from_db(problem, c)
             if res:
@@ -94,8 +103,11 @@ def decision(problem) -> str:
             if not order:
                 return "would run: nothing: no enabled solver applies (a call raises NotSupportedError)"
             if mode != "fast" and any(s.family != "reference" for s in order):
+                from .immediate import model_solutions
+                fav = model_solutions(problem, c)
+                fav_s = f"; model favourite: {fav[0].solver}" if fav else ""
                 return (f"would run: the fastest in a find on the first call (mode {mode}, no find-db record); "
-                        f"heuristic favourite: {order[0].name}")
+                        f"heuristic favourite: {order[0].name}{fav_s}")
             name = order[0].name
             why = f"mode {mode}, " + ("nothing else applies" if order[0].family == "reference"
                                       else "first in the heuristic order (no estimate)")
@@ -126,12 +138,17 @@ def explain(problem, file=_STDOUT) -> str:
                                                  if SETTINGS.disabled else "")
              + ("; strict" if SETTINGS.strict else ""),
              f"{'id':>5}  {'solver':<28} {'family':<14} {'applies':<8} {'workspace':>10} {'estimate':>10} "
-             f"{'measured':>10}  reasons"]
-    for r in rows(problem):
+             f"{'model':>10} {'measured':>10}  reasons"]
+    table = rows(problem)
+    for r in table:
         applies = ("disabled" if r.disabled else "skipped" if r.reasons else "yes") if r.applicable else "no"
         measured = _fmt(r.measured_ms, " ms") if r.status in (None, "ok") else r.status
         lines.append(f"{r.id:>5}  {r.name:<28} {r.family:<14} {applies:<8} {_fmt(r.workspace_bytes):>10} "
-                     f"{_fmt(r.estimate_ms, ' ms'):>10} {measured:>10}  {'; '.join(r.reasons)}")
+                     f"{_fmt(r.estimate_ms, ' ms'):>10} {_fmt(r.predicted_ms, ' ms'):>10} {measured:>10}  "
+                     f"{'; '.join(r.reasons)}")
+    for r in table:
+        if r.predicted_why is not None:
+            lines.append(f"model: {r.name}: {r.predicted_ms:.4g} ms from {r.predicted_why}")
     lines.append(decision(problem))
     text = "\n".join(lines)
     if file is not None:

@@ -16,10 +16,14 @@ invokers (passed in as `prepare`) and remembers the winner.
    f16/bf16 2e-2). A disagreeing candidate is recorded "wrong", logged at WARNING and
    never chosen. Any exception (MemoryError, torch.cuda.OutOfMemoryError, ...) records
    it "failed" and find goes on.
-5. Timing: the survivors run in interleaved rounds (one run of each per round, device
-   events on a GPU) and each one's median counts; when the two fastest are within 5%,
-   they get more rounds to settle the order. Everything is cut to fit the budget
-   (NNPRIM_FIND_BUDGET_MS, NNPRIM_FIND_MAX_CANDIDATES).
+5. Timing (timing.py): the survivors run in interleaved rounds (one run of each per round,
+   device events on a GPU) through `prepare`'s callable, which the context makes the call
+   path itself (Context.run_bound around the cached invoker, as the default call runs it);
+   each one's trimmed mean counts. Problems whose working set fits in L2 are timed warm,
+   larger ones with an L2 flush before each run (timing.l2_policy). Every candidate within
+   5% of the fastest gets 3x the rounds again, interleaved with the fastest, to settle the
+   order. Everything is cut to fit the budget (NNPRIM_FIND_BUDGET_MS,
+   NNPRIM_FIND_MAX_CANDIDATES).
 6. Results go to the user find-db in one transaction; PerfResults come back fastest first."""
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from .numerics import rel_error, tolerance
 from .random_args import random_args
 from .ranking import heuristic_order, interpreted, not_applicable_error, over_limit, reference_solver
 from .solver import Invoker, Solver
-from .timing import interleaved_ms, once_ms
+from .timing import Timer, interleaved_ms, l2_flusher, l2_policy, once_ms
 
 log = logging.getLogger("nnprim.search")
 
@@ -122,17 +126,18 @@ def candidates(problem, c: Constraints, *, dynamic_only: bool = False) -> tuple[
 
 def find(problem, prepare: Prepare, c: Constraints, *, tensors=None, exhaustive: bool = False,
          refind: bool = False, dynamic_only: bool = False, record: bool = True,
-         progress: Progress | None = None) -> list[PerfResult]:
+         progress: Progress | None = None, timer: Timer | None = None) -> list[PerfResult]:
     """Benchmark the applicable solvers of `problem` under the constraints `c` (the device's
     find-db fingerprint, workspace limit, determinism, excluded solvers); PerfResults
     fastest first (see module doc). exhaustive: benchmark every candidate (no
-    NNPRIM_FIND_MAX_CANDIDATES cut) with more repeats."""
+    NNPRIM_FIND_MAX_CANDIDATES cut) with more repeats. `timer`: the clock of the timed
+    rounds (tests pass a fake one; see timing.Timer)."""
     if not refind:
         hit = from_db(problem, c, dynamic_only)
         if hit:
             log.info("find: find-db hit for %s: %s %.4f ms", problem.key(), hit[0].solver, hit[0].time_ms)
             return hit
-    results, records = _benchmark(problem, prepare, c, tensors, exhaustive, dynamic_only, progress)
+    results, records = _benchmark(problem, prepare, c, tensors, exhaustive, dynamic_only, progress, timer)
     if record and records:
         try:
             finddb.user_db().replace_problem(c.fingerprint, finddb.SOLVER_SET_VERSION,
@@ -144,7 +149,7 @@ def find(problem, prepare: Prepare, c: Constraints, *, tensors=None, exhaustive:
     return results
 
 
-def _benchmark(problem, prepare: Prepare, c: Constraints, tensors, exhaustive, dynamic_only, progress):
+def _benchmark(problem, prepare: Prepare, c: Constraints, tensors, exhaustive, dynamic_only, progress, timer):
     t_start = time.perf_counter()
     cands, ref = candidates(problem, c, dynamic_only=dynamic_only)
     if SETTINGS.find_max_candidates is not None and not exhaustive and len(cands) > SETTINGS.find_max_candidates:
@@ -216,7 +221,10 @@ def _benchmark(problem, prepare: Prepare, c: Constraints, tensors, exhaustive, d
             if progress is not None:
                 progress(i + 1, len(todo), s.name, outcome)
 
-    times = _rounds(live, invokers, args, dev, repeats, budget - (time.perf_counter() - t_start) * 1e3)
+    ws = max((_workspace(s, problem) for s, _ in live), default=0)
+    flush = l2_flusher(dev) if live and l2_policy(problem, ws) == "cold" else None
+    times = _rounds(live, invokers, args, dev, repeats, budget - (time.perf_counter() - t_start) * 1e3,
+                    flush=flush, timer=timer)
     results = []
     for (s, _), t in zip(live, times):
         log.info("find: %s (id %d, %s): %.4f ms", s.name, s.id, s.family, t)
@@ -237,9 +245,10 @@ def _benchmark(problem, prepare: Prepare, c: Constraints, tensors, exhaustive, d
 
 
 def _rounds(live: list[tuple[Solver, float]], invokers: dict[int, Invoker], args, dev: str, repeats: int,
-            left_ms: float) -> list[float]:
-    """Interleaved medians of the live candidates; the two fastest get more rounds when
-    they are within CLOSE_CALL of each other (and the budget allows)."""
+            left_ms: float, *, flush=None, timer: Timer | None = None) -> list[float]:
+    """Interleaved robust times of the live candidates; every one within CLOSE_CALL of the
+    fastest is measured again with 3x the rounds, interleaved with the fastest (while the
+    budget allows), and those times replace the first ones."""
     if not live:
         return []
     fns = [lambda inv=invokers[s.id]: inv(args) for s, _ in live]
@@ -247,15 +256,16 @@ def _rounds(live: list[tuple[Solver, float]], invokers: dict[int, Invoker], args
     if len(live) == 1:
         return firsts  # a lone candidate: nothing to rank
     t0 = time.perf_counter()
-    times = interleaved_ms(fns, dev, rounds=repeats, budget_ms=max(left_ms, 0.0), first_ms=firsts)
+    times = interleaved_ms(fns, dev, rounds=repeats, budget_ms=max(left_ms, 0.0), first_ms=firsts, flush=flush,
+                           timer=timer)
     left_ms -= (time.perf_counter() - t0) * 1e3
-    order = sorted(range(len(times)), key=times.__getitem__)
-    if len(order) >= 2:
-        a, b = order[0], order[1]
-        if times[b] <= times[a] * (1 + CLOSE_CALL) and left_ms > 0:
-            again = interleaved_ms([fns[a], fns[b]], dev, rounds=2 * repeats, warmup=0, budget_ms=left_ms,
-                                   first_ms=[times[a], times[b]])
-            times[a], times[b] = again
+    best = min(times)
+    close = [i for i, t in enumerate(times) if t <= best * (1 + CLOSE_CALL)]
+    if len(close) >= 2 and left_ms > 0:
+        again = interleaved_ms([fns[i] for i in close], dev, rounds=3 * repeats, warmup=0, budget_ms=left_ms,
+                               first_ms=[times[i] for i in close], flush=flush, timer=timer)
+        for i, t in zip(close, again):
+            times[i] = t
     return times
 
 

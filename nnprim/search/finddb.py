@@ -11,9 +11,10 @@ status ("ok", "wrong": disagreed with the reference, "failed": raised) and a tim
 - A corrupt or unreadable file is reported once, moved aside to `*.corrupt-<time>`
   and rebuilt empty; an unwritable cache directory falls back to an in-memory db,
   with a warning. Neither ever crashes the caller.
-- System db: `nnprim/data/system_finddb.sqlite`, shipped read-only, consulted after
-  the user db (build it with `nnprim db build-system --suite FILE`, see
-  nnprim/data/README.md).
+- System db: `nnprim/data/system_finddb.sqlite`, shipped read-only (opened immutable:
+  normal calls never write it), consulted after the user db; its sorted text export
+  `nnprim/data/system_finddb.tsv` is what review diffs (build both with
+  `nnprim db build-system`, see nnprim/data/README.md).
 
 This module needs only the standard library (torch is imported lazily for the
 device fingerprint), so tools and tests can load it on its own."""
@@ -257,6 +258,15 @@ class FindDb:
         return self._run(lambda c: self._records(
             c, "WHERE device=? AND solver_set=? AND class_key=?", (device, solver_set, class_key)))
 
+    def for_device(self, device: str, solver_set: str) -> list[Record]:
+        return self._run(lambda c: self._records(c, "WHERE device=? AND solver_set=?", (device, solver_set)))
+
+    def version(self, device: str, solver_set: str) -> tuple:
+        """(records, latest timestamp) of one device: changes whenever its records do."""
+        return self._run(lambda c: () if c is None else tuple(c.execute(
+            "SELECT count(*), max(timestamp) FROM records WHERE device=? AND solver_set=?",
+            (device, solver_set)).fetchone()))
+
     def all(self) -> list[Record]:
         return self._run(lambda c: self._records(c, "ORDER BY device, solver_set, problem_key, time_ms"))
 
@@ -332,6 +342,61 @@ class FindDb:
         return len(recs)
 
 
+    # ---- text export: one record a line, sorted, no timestamps (diffs well in review) ----------
+    TSV_COLUMNS = tuple(c for c in _COLUMNS if c != "timestamp")
+
+    def export_tsv(self, path: str | os.PathLike) -> int:
+        """Every record as tab-separated text sorted by (device, solver set, problem key,
+        solver id); times with 6 significant digits; no timestamps."""
+        recs = sorted(self.all(), key=lambda r: (r.device, r.solver_set, r.problem_key, r.solver_id))
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write("\t".join(self.TSV_COLUMNS) + "\n")
+            for r in recs:
+                vals = []
+                for c in self.TSV_COLUMNS:
+                    v = getattr(r, c)
+                    vals.append("-" if v is None else f"{v:.6g}" if c == "time_ms" else str(v))
+                f.write("\t".join(vals) + "\n")
+        os.replace(tmp, path)
+        return len(recs)
+
+    def import_tsv(self, path: str | os.PathLike, timestamp: float | None = None) -> int:
+        """Merge a TSV export (records replace those of the same key and solver)."""
+        now = time.time() if timestamp is None else timestamp
+        recs = []
+        with open(path) as f:
+            header = f.readline().rstrip("\n").split("\t")
+            if tuple(header) != self.TSV_COLUMNS:
+                raise ValueError(f"{path}: header {header} is not {list(self.TSV_COLUMNS)}")
+            for i, line in enumerate(f, 2):
+                if not line.strip():
+                    continue
+                vals = line.rstrip("\n").split("\t")
+                if len(vals) != len(header):
+                    raise ValueError(f"{path}:{i}: {len(vals)} fields, expected {len(header)}")
+                d = dict(zip(header, vals))
+                try:
+                    recs.append(Record(d["device"], d["solver_set"], d["problem_key"], d["class_key"],
+                                       int(d["solver_id"]), d["solver_name"], d["family"],
+                                       None if d["time_ms"] == "-" else float(d["time_ms"]), int(d["workspace"]),
+                                       d["status"], now))
+                except ValueError as e:
+                    raise ValueError(f"{path}:{i}: {e}") from None
+                if recs[-1].status not in STATUSES:
+                    raise ValueError(f"{path}:{i}: status {recs[-1].status!r} is not one of {STATUSES}")
+        self.write(recs)
+        return len(recs)
+
+    def seal(self) -> None:
+        """Fold the WAL into the file and leave it self-contained (journal_mode=DELETE), as the
+        shipped system db must be."""
+        conn = self._connection()
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.execute("PRAGMA journal_mode=DELETE")
+        self.close()
+
+
 # ---- the process's dbs ----------------------------------------------------------------
 _DBS: dict[str, FindDb] = {}
 _DBS_LOCK = threading.Lock()
@@ -339,6 +404,14 @@ _DBS_LOCK = threading.Lock()
 
 def cache_dir() -> str:
     return os.environ.get("NNPRIM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nnprim")
+
+
+def default_triton_cache() -> None:
+    """Keep Triton's compiled kernels under the nnprim cache dir (`<cache>/triton`) unless the
+    user set TRITON_CACHE_DIR. Called when nnprim is imported, before anything compiles
+    (Triton reads the variable at each compile)."""
+    if not os.environ.get("TRITON_CACHE_DIR"):
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(cache_dir(), "triton")
 
 
 def user_db_path() -> str:

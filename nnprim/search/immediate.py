@@ -4,8 +4,14 @@ solutions for a problem without benchmarking.
 Sources, first that has any usable record wins:
   "user-db"    records of this exact problem in the user find-db
   "system-db"  records of this exact problem in the shipped system db
+  "model"      the learned model (learned.py: k nearest records in log-feature space of
+               the user and system dbs, per solver, scaled by a roofline ratio); solvers
+               it has no record for are placed by their heuristic estimate times the
+               geometric mean of (prediction / estimate) over the predicted solvers
+               ("model-heuristic"), or after them when they have no estimate
   "nearest-db" records of the nearest problem of the same class (same everything but
-               sizes; distance = sum of |log2| differences of the sizes in the keys)
+               sizes; distance = sum of |log2| differences of the sizes in the keys);
+               reached only for problems the model has no features for
   "heuristic"  applicable solvers ranked by `estimate` (unknown estimates skipped;
                a negative estimate is a coarse guess: after every positive one, larger
                magnitude later, as the seed's SolutionSortWrapper orders them)
@@ -19,14 +25,14 @@ import re
 from dataclasses import dataclass
 
 from ..errors import BadParameterError
-from . import finddb
+from . import finddb, learned
 from .modes import SETTINGS
 from .ranking import interpreted, over_limit
 from .solver import REGISTRY, Solver
 
 log = logging.getLogger("nnprim.search")
 
-SOURCES = ("user-db", "system-db", "nearest-db", "heuristic")
+SOURCES = ("user-db", "system-db", "model", "model-heuristic", "nearest-db", "heuristic")
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,40 @@ def nearest_solutions(problem, c: Constraints | None = None) -> list[Solution]:
     return []
 
 
+def model_solutions(problem, c: Constraints | None = None) -> list[Solution]:
+    """The learned model's ranking of the usable solvers (see the module doc); empty when it
+    predicts none of them."""
+    c = c or Constraints.default(problem)
+    m = learned.model_for(c.fingerprint)
+    f = learned.features(problem.key()) if m is not None else None
+    if f is None:
+        return []
+    known: list[tuple[Solver, float]] = []
+    unknown: list[Solver] = []
+    for s in REGISTRY.for_problem(problem):
+        if s.family == "reference" or not s.is_applicable(problem) or usable(problem, s.id, "model", c) is None:
+            continue  # the reference serves only when nothing else does (the heuristic's last)
+        p = m.predict(problem.key(), s.id, feats=f)
+        (unknown.append(s) if p is None else known.append((s, p.time_ms)))
+    if not known:
+        return []
+    ests = {s.id: s.estimate(problem) for s in [s for s, _ in known] + unknown}
+    ratios = [math.log(t / ests[s.id]) for s, t in known if ests[s.id] is not None and ests[s.id] > 0]
+    scale = math.exp(sum(ratios) / len(ratios)) if ratios else None
+    rows = [(s, t, "model") for s, t in known]
+    late = []
+    for s in unknown:
+        est = ests[s.id]
+        if scale is not None and est is not None and est > 0:
+            rows.append((s, est * scale, "model-heuristic"))
+        else:
+            late.append((s, math.inf, "model-heuristic"))
+    rows.sort(key=lambda r: (interpreted(r[0], problem), r[1], r[0].id))
+    late.sort(key=lambda r: r[0].id)
+    return [Solution(s.name, s.family, None if math.isinf(t) else float(t), int(s.workspace_size(problem)), src, s.id)
+            for s, t, src in rows + late]
+
+
 def _heuristic_rank(est: float) -> tuple[int, float]:
     # SolutionSortWrapper: positive (real) estimates first, ascending; negative (coarse)
     # estimates after them, the larger the magnitude the later.
@@ -161,12 +201,15 @@ def heuristic_solutions(problem, c: Constraints | None = None) -> list[Solution]
 
 def get_solutions(problem, max_count: int | None = None, *, nearest: bool = True,
                   constraints: Constraints | None = None) -> list[Solution]:
-    """Immediate mode: solutions from the find-db (exact, then nearest of the same class),
-    else the heuristic ranking; best first, at most max_count."""
+    """Immediate mode: solutions from the find-db (exact), else the learned model's ranking,
+    else the nearest record of the same class, else the heuristic ranking; best first, at
+    most max_count. `nearest=False` leaves out the model and the nearest record."""
     if max_count is not None and (isinstance(max_count, bool) or not isinstance(max_count, int) or max_count < 1):
         raise BadParameterError(f"max_count={max_count!r} must be None or a positive int")
     c = constraints or Constraints.default(problem)
     sols = db_solutions(problem, c)
+    if not sols and nearest:
+        sols = model_solutions(problem, c)
     if not sols and nearest:
         sols = nearest_solutions(problem, c)
     if not sols:

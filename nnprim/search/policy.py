@@ -2,8 +2,9 @@
 (MIOpen's FindMode). It returns a solver and never keeps state; the per-device context
 (context.py) caches what it returns.
 
-  fast            immediate mode: user db, system db, nearest record of the same class,
-                  else the heuristic (estimate) ranking; never benchmarks
+  fast            immediate mode: user db, system db, the learned model (learned.py),
+                  nearest record of the same class, else the heuristic (estimate)
+                  ranking; never benchmarks
   hybrid          user or system db hit, else find (the default)
   dynamic_hybrid  like hybrid, but a find skips solvers with long compilation
   normal          find (the user db answers a repeated find)
@@ -30,7 +31,7 @@ log = logging.getLogger("nnprim.search")
 @dataclass(frozen=True)
 class Decision:
     solver: Solver
-    source: str               # "user-db", "system-db", "nearest-db", "heuristic", "find"
+    source: str               # "user-db", "system-db", "model", "model-heuristic", "nearest-db", "heuristic", "find"
     would_find: bool = False  # a find was due but could not run (CUDA graph capture)
 
 

@@ -1,15 +1,30 @@
-"""Timing of invokers for find: CUDA events on a GPU, perf_counter on CPU.
+"""Timing of invokers for find and the benchmarks: CUDA events on a GPU, perf_counter on CPU.
 
-`once_ms` runs a callable once between device synchronisations (the checked first run);
-`interleaved_ms` times several candidates in rounds, one run of each per round, so that
-clock and thermal drift and other processes' load fall on all of them alike, and
-returns each one's median (robust to a stray slow run). The number of rounds shrinks
-to fit the time budget."""
+- `once_ms` runs a callable once between device synchronisations (find's checked first run).
+- `interleaved_ms` times several candidates in rounds, one run of each per round, so that
+  clock and thermal drift and other processes' load fall on all of them alike. On a GPU a
+  round enqueues every candidate between its own pair of events and synchronises once at
+  the round's end (no per-run sync whose host gap would land inside the next measurement).
+  Each candidate's time is `robust_ms` of its runs: the median for few samples, the
+  20%-trimmed mean from 5 on (a stray slow run, a preempted launch, does not move it, and
+  it is less noisy than the median).
+- L2 policy (`l2_policy`): a problem whose working set (inputs + outputs + workspace) fits
+  in the GPU's L2 (`L2_cache_size`, 50 MB on an H200) is timed warm, as back-to-back use
+  in a model sees it (the previous layer just wrote its input); a larger one gets an L2
+  flush (a write of twice the L2) before each run, outside its events, so that the order
+  of candidates inside a round cannot leave one of them the other's cached data.
+- The clock is injectable (`timer=`): tests rank fake candidates with a fake clock."""
 from __future__ import annotations
 
 import statistics
 import time
 from collections.abc import Callable, Sequence
+
+DEFAULT_L2_BYTES = 50 * 2**20  # H200; used when the device does not say
+TRIM = 0.2  # share of samples dropped at each end by the trimmed mean
+
+Timer = Callable[[Sequence[Callable[[], object]], Callable[[], None] | None], list[float]]
+"""A timer runs each callable once (the flush, when given, before each) and returns each one's ms."""
 
 
 def _sync(device: str) -> None:
@@ -27,24 +42,98 @@ def once_ms(fn: Callable[[], object], device: str) -> tuple[float, object]:
     return (time.perf_counter() - t0) * 1e3, out
 
 
-def _one_ms(fn: Callable[[], object], device: str) -> float:
-    if device == "cuda":
-        import torch
+def robust_ms(samples: Sequence[float]) -> float:
+    """Median of fewer than 5 samples, else the mean after dropping TRIM of them at each end."""
+    if not samples:
+        raise ValueError("no samples")
+    if len(samples) < 5:
+        return statistics.median(samples)
+    s = sorted(samples)
+    cut = int(len(s) * TRIM)
+    return statistics.fmean(s[cut:len(s) - cut])
+
+
+# ---- L2 ------------------------------------------------------------------------------------------
+def l2_bytes(device: str = "cuda") -> int:
+    """The current CUDA device's L2 size in bytes (0 on CPU)."""
+    if device != "cuda":
+        return 0
+    import torch
+    try:
+        return int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0)) \
+            or DEFAULT_L2_BYTES
+    except Exception:
+        return DEFAULT_L2_BYTES
+
+
+def working_set_bytes(problem, workspace: int = 0) -> float:
+    """Bytes a run touches at least once: its inputs, outputs (problem.bytes()) and workspace."""
+    try:
+        return float(problem.bytes()) + float(workspace)
+    except Exception:
+        return 0.0
+
+
+def l2_policy(problem, workspace: int = 0, l2: int | None = None) -> str:
+    """"warm" when the working set fits in L2 (repeated use keeps it there), else "cold"
+    (flush between runs); always "warm" on CPU (no flush: caches are the OS's)."""
+    if problem.device != "cuda":
+        return "warm"
+    l2 = l2_bytes("cuda") if l2 is None else l2
+    return "warm" if working_set_bytes(problem, workspace) <= l2 else "cold"
+
+
+_FLUSH_BUFFERS: dict[int, object] = {}
+
+
+def l2_flusher(device: str = "cuda") -> Callable[[], None] | None:
+    """A callable that evicts the current GPU's L2 (writes 2x its size); None on CPU."""
+    if device != "cuda":
+        return None
+    import torch
+    idx = torch.cuda.current_device()
+    buf = _FLUSH_BUFFERS.get(idx)
+    if buf is None:
+        buf = _FLUSH_BUFFERS[idx] = torch.empty(2 * l2_bytes("cuda"), dtype=torch.int8, device=f"cuda:{idx}")
+    return buf.zero_
+
+
+# ---- clocks ----------------------------------------------------------------------------------------
+def _cuda_round(fns: Sequence[Callable[[], object]], flush: Callable[[], None] | None) -> list[float]:
+    import torch
+    evs = []
+    for fn in fns:
+        if flush is not None:
+            flush()
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
         b.record()
-        b.synchronize()
-        return a.elapsed_time(b)
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
+        evs.append((a, b))
+    evs[-1][1].synchronize()
+    return [a.elapsed_time(b) for a, b in evs]
 
 
-def interleaved_ms(fns: Sequence[Callable[[], object]], device: str, *, rounds: int, warmup: int = 1,
-                   budget_ms: float | None = None, first_ms: Sequence[float] | None = None) -> list[float]:
-    """Median ms of each of `fns` over `rounds` rounds (one run of each per round) after
+def _cpu_round(fns: Sequence[Callable[[], object]], flush: Callable[[], None] | None) -> list[float]:
+    out = []
+    for fn in fns:
+        if flush is not None:
+            flush()
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def default_timer(device: str) -> Timer:
+    return _cuda_round if device == "cuda" else _cpu_round
+
+
+def interleaved_samples(fns: Sequence[Callable[[], object]], device: str, *, rounds: int, warmup: int = 1,
+                        budget_ms: float | None = None, first_ms: Sequence[float] | None = None,
+                        flush: Callable[[], None] | None = None, timer: Timer | None = None) -> list[list[float]]:
+    """Every run's ms of each of `fns` over `rounds` rounds (one run of each per round) after
     `warmup` runs of each. With a budget and the candidates' first times, rounds are cut
     so that about `budget_ms` is spent (at least one round)."""
     if budget_ms is not None and first_ms:
@@ -52,25 +141,37 @@ def interleaved_ms(fns: Sequence[Callable[[], object]], device: str, *, rounds: 
         fit = int(budget_ms // per_round)
         warmup = min(warmup, max(0, fit - 1))
         rounds = max(1, min(rounds, fit - warmup))
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
-    _sync(device)
+    clock = timer or default_timer(device)
+    if timer is None:
+        for _ in range(warmup):
+            for fn in fns:
+                fn()
+        _sync(device)
+    elif warmup:
+        clock(fns, flush)  # a fake clock sees the warm-up too, and discards it
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(rounds):
-        for i, fn in enumerate(fns):
-            times[i].append(_one_ms(fn, device))
-    return [statistics.median(t) for t in times]
+        for i, t in enumerate(clock(fns, flush)):
+            times[i].append(t)
+    return times
+
+
+def interleaved_ms(fns: Sequence[Callable[[], object]], device: str, *, rounds: int, warmup: int = 1,
+                   budget_ms: float | None = None, first_ms: Sequence[float] | None = None,
+                   flush: Callable[[], None] | None = None, timer: Timer | None = None) -> list[float]:
+    """`robust_ms` of each of `fns` (see interleaved_samples)."""
+    return [robust_ms(t) for t in interleaved_samples(fns, device, rounds=rounds, warmup=warmup, budget_ms=budget_ms,
+                                                      first_ms=first_ms, flush=flush, timer=timer)]
 
 
 def median_ms(fn: Callable[[], object], device: str, *, repeats: int = 3, warmup: int = 1,
               budget_ms: float | None = None, first_ms: float | None = None) -> float:
-    """Median time of one callable (interleaved_ms of a single candidate)."""
-    return interleaved_ms([fn], device, rounds=repeats, warmup=warmup, budget_ms=budget_ms,
-                          first_ms=None if first_ms is None else [first_ms])[0]
+    """Median time of one callable."""
+    return statistics.median(interleaved_samples([fn], device, rounds=repeats, warmup=warmup, budget_ms=budget_ms,
+                                                 first_ms=None if first_ms is None else [first_ms])[0])
 
 
 def bench_ms(fn: Callable[[], object], device: str, *, repeats: int = 30, warmup: int = 3) -> float:
     """What the benchmarks report: warm-up, then the median of `repeats` runs, each timed
     with device events on a GPU (perf_counter on CPU)."""
-    return interleaved_ms([fn], device, rounds=repeats, warmup=warmup)[0]
+    return median_ms(fn, device, repeats=repeats, warmup=warmup)

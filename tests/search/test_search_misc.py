@@ -209,7 +209,8 @@ def test_cli_find_suite_and_build_system(solvers, clean, capsys):
     assert cli_main(["find", "suite", "--suite", str(suite), "--device", "cpu"]) == 0
     assert "[2/2] b/fwd" in capsys.readouterr().out
     out = clean / "sys.sqlite"
-    assert cli_main(["db", "build-system", "--suite", str(suite), "--device", "cpu", "--out", str(out)]) == 0
+    assert cli_main(["db", "build-system", "--suite", str(suite), "--device", "cpu", "--direction", "fwd",
+                     "--models", "none", "--out", str(out)]) == 0
     db = finddb.FindDb(out, readonly=True)
     assert {r.solver_name for r in db.all()} == {"t_a"} and len(db.all()) == 2
     db.close()
