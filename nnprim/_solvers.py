@@ -11,6 +11,7 @@ _MODULES = (
     "nnprim.conv.im2col_gemm",
     "nnprim.conv.direct",
     "nnprim.conv.depthwise",
+    "nnprim.conv.layout_change",
     "nnprim.conv.winograd",
     "nnprim.conv.fft",
     "nnprim.attention.reference",

@@ -1,0 +1,118 @@
+"""NCHW convolutions through the NHWC tensor-memory-access kernels: solvers 23/24/25,
+family `implicit_gemm`.
+
+The TMA implicit-GEMM kernels need channels contiguous (16-byte channel rows); NCHW
+problems otherwise run the pointer-gather kernels at 0.3-0.4x cuDNN (NCHW rn50_r3_3x3,
+2026-11-30). These solvers change the layout once on the way in (x / dy / w and any
+full-size post-op tensor) and once on the way out, and run the NHWC solver (20/21/22)
+in between: two extra passes over the activations, which pays when the NHWC kernel is
+more than that much faster; find measures both and keeps the faster.
+
+Workspace: the NHWC copies of the inputs and of the output (temporaries of one call)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ..args import ConvArgs
+from ..post_ops import Binary, Sum
+from ..problems.conv import ConvProblem, to_layout
+from ..search.solver import REGISTRY, Solver, register
+from . import configs
+
+_INNER = {"fwd": "implicit_gemm_fwd", "bwd_data": "implicit_gemm_bwd_data",
+          "bwd_weights": "implicit_gemm_bwd_weights"}
+
+
+def nhwc_twin(p: ConvProblem) -> ConvProblem:
+    """The same problem with channels-last tensors."""
+    return replace(p, layout="nhwc")
+
+
+def _fast_path(twin: ConvProblem) -> bool:
+    """Whether the NHWC twin runs a TMA kernel (else the change buys nothing)."""
+    return configs.plain_gemm_eligible(twin) or configs.tma_conv_eligible(twin)
+
+
+class LayoutChangePlan:
+    """Invoker: NCHW in, NHWC solver, NCHW out."""
+
+    def __init__(self, p: ConvProblem):
+        self.p = p
+        self.inner = REGISTRY.get(_INNER[p.direction]).prepare(nhwc_twin(p))
+
+    def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
+        nhwc = lambda t: None if t is None else to_layout(t, "nhwc")  # noqa: E731
+        post = tuple(Sum(nhwc(o.tensor), o.scale) if isinstance(o, Sum) else
+                     Binary(o.op, nhwc(o.tensor)) if isinstance(o, Binary) and o.tensor.dim() == args.x.dim()
+                     else o for o in args.post_ops)
+        inner_args = ConvArgs(x=nhwc(args.x), w=nhwc(args.w), dy=nhwc(args.dy), bias=args.bias, post_ops=post)
+        res = self.inner(inner_args)
+        if out is not None:
+            return out.copy_(res)
+        return to_layout(res, "nchw")
+
+
+class _LayoutChangeBase(Solver):
+    family = "implicit_gemm"
+    primitive = "conv"
+    uses_triton = True
+
+    def not_supported_reasons(self, problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if reasons and reasons[0].startswith("serves"):
+            return reasons
+        if problem.layout != "nchw":
+            reasons.append("serves NCHW problems (NHWC ones run the NHWC solvers directly)")
+            return reasons
+        twin = nhwc_twin(problem)
+        if not _fast_path(twin):
+            reasons.append("the NHWC twin has no TMA kernel (f16/bf16, groups 1, 16-byte channel rows, "
+                           "stride 1 with a filter or an unpadded 1x1)")
+        inner = REGISTRY.get(_INNER[problem.direction])
+        reasons += [f"NHWC solver: {r}" for r in inner.not_supported_reasons(twin)]
+        return reasons
+
+    def workspace_size(self, problem) -> int:
+        e = torch.tensor([], dtype=problem.dtype).element_size()
+        n = sum(map(_numel, (problem.x_shape, problem.w_shape, problem.y_shape)))
+        return n * e + REGISTRY.get(_INNER[problem.direction]).workspace_size(nhwc_twin(problem))
+
+    def estimate(self, problem) -> float | None:
+        inner = REGISTRY.get(_INNER[problem.direction]).estimate(nhwc_twin(problem))
+        if inner is None:
+            return None
+        # one read and one write of every tensor for the two layout changes, at ~3 TB/s
+        return inner + 2 * problem.bytes() / 3e12 * 1e3
+
+    def prepare(self, problem):
+        return LayoutChangePlan(problem)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+@register
+class LayoutChangeFwd(_LayoutChangeBase):
+    id = 23
+    name = "nchw_via_nhwc_fwd"
+    directions = frozenset({"fwd"})
+
+
+@register
+class LayoutChangeBwdData(_LayoutChangeBase):
+    id = 24
+    name = "nchw_via_nhwc_bwd_data"
+    directions = frozenset({"bwd_data"})
+
+
+@register
+class LayoutChangeBwdWeights(_LayoutChangeBase):
+    id = 25
+    name = "nchw_via_nhwc_bwd_weights"
+    directions = frozenset({"bwd_weights"})
