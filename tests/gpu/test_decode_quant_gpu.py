@@ -55,8 +55,8 @@ def _ref(q, kq, vq, lens=None, causal=False):
 @pytest.mark.parametrize("B,Sk", SHAPES, ids=lambda x: str(x))
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f"{f[0]}-{f[1]}{'-zp' if f[2] else ''}")
 def test_formats_real_sizes(B, Sk, fmt):
-    if B * Sk > 64 * 8192 and fmt[0] != "s4":
-        pytest.skip("one format at the largest size is enough")
+    if (B, Sk) == SHAPES[2] and fmt[0] not in ("s4", "fp8_e4m3"):
+        pytest.skip("the third shape for s4 and fp8 only")
     g = torch.Generator(device=DEV).manual_seed(B + Sk)
     q = torch.randn(B, 32, 1, 128, device=DEV, dtype=torch.bfloat16, generator=g)
     k = torch.randn(B, 8, Sk, 128, device=DEV, dtype=torch.bfloat16, generator=g)
