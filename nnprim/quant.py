@@ -1,20 +1,32 @@
-"""Quantized K/V format (the seed's KV quantization: s8/u8/s4/u4, scales and zero
-points per tensor or grouped along the head dimension).
+"""Quantized K/V format (the seed's KV quantization: s8/u8/s4/u4 with scales and zero points
+per tensor, per head or grouped along the head dimension; FP8 e4m3 with per-tensor or
+per-head scales).
 
-Layout of `KVQuant.data` for a logical (B, H, S, D) tensor:
-- s8: int8 (B, H, S, D); u8: uint8 (B, H, S, D)
-- s4 / u4: uint8 (B, H, S, D // 2), two values per byte along D: element 2i in the
-  low nibble, 2i+1 in the high nibble; s4 nibbles are two's complement.
-`scales` (f16/bf16/f32) and optional `zero_points` (any real dtype) are either per
-tensor (one element) or grouped: (B, H, S, D // group_size).
-Dequantized value = (q - zero_point) * scale, computed in f32 (or f64 for the reference).
-Per-tensor and grouped scales / zero points may be mixed (e.g. grouped scales with one
-zero point). `group_size=None` means one group per token row (group = D).
+Layout of `KVQuant.data` for a logical (B, H, S, D) tensor (any strides: e.g. V stored
+keys-contiguous, `quantize_kv(..., role="v")`, is a transposed view of a (B, H, D', S) buffer):
+- s8: int8 (B, H, S, D); u8: uint8 (B, H, S, D); fp8_e4m3: torch.float8_e4m3fn (B, H, S, D)
+- s4 / u4: uint8 (B, H, S, D // 2), two values per byte along D, s4 nibbles two's complement;
+  the order of the nibbles is the `layout` version:
+  - layout 0: element 2i in the low nibble of byte i, 2i+1 in its high nibble.
+  - layout 1 (D % 8 == 0; the kernels' order): each 4 bytes of a row are one little-endian
+    32-bit word w holding elements 8w..8w+7; element 8w+e sits in nibble NIB1[e] (bits
+    4*NIB1[e]..), NIB1 = (0, 1, 4, 5, 2, 3, 6, 7). So (w >> 4s) & 0x000F000F, s = 0..3, puts
+    two elements in the two 16-bit halves ((e0, e2), (e1, e3), (e4, e6), (e5, e7)): one
+    lop3 each makes exact bf16/f16 numbers 0x4300|n / 0x6400|n, one fma removes the
+    bias, and the even/odd elements come out in order, pairs of the mma operand.
+  8-bit and fp8 codes store the same in every layout. `KVQuant.to_layout(n)` converts.
+`scales` (f16/bf16/f32/f64) and optional `zero_points` (any real dtype) are per tensor (one
+element), per head ((B, H); an expanded view serves one scale per head shared by all
+batch entries) or grouped: (B, H, S, D // group_size). fp8: per tensor or per head, no
+zero points. Dequantized value = (q - zero_point) * scale, computed in f32 (or f64 for the
+reference). Scales and zero points of different kinds may be mixed (e.g. grouped scales
+with one zero point). `group_size=None` means one group per token row (group = D).
 
-`quantize_kv` guarantees |dequantize(quantize(x)) - x| <= scale / 2 per element (half a
-quantization step of the stored scale, up to f32 rounding): the stored (f16/bf16/f32)
-scale is rounded up, never down, and the asymmetric range always contains 0 so the
-integer zero point lies in the code range.
+`quantize_kv` guarantees |dequantize(quantize(x)) - x| <= scale / 2 per element for the
+integer dtypes (half a quantization step of the stored scale, up to f32 rounding): the
+stored (f16/bf16/f32) scale is rounded up, never down, and the asymmetric range always
+contains 0 so the integer zero point lies in the code range. fp8: |x - deq| <= 2**-4 |x|
+(e4m3 rounding) plus the e4m3 subnormal step 2**-9 * scale.
 """
 from __future__ import annotations
 
@@ -24,9 +36,24 @@ import torch
 
 from .errors import BadParameterError
 
-QUANT_DTYPES = ("s8", "u8", "s4", "u4")
+QUANT_DTYPES = ("s8", "u8", "s4", "u4", "fp8_e4m3")
+LAYOUTS = (0, 1)
+LATEST_LAYOUT = 1
+NIB1 = (0, 1, 4, 5, 2, 3, 6, 7)   # layout 1: nibble of element e of a 32-bit word (an involution)
+FP8_MAX = 448.0
 _RANGE = {"s8": (-128, 127), "u8": (0, 255), "s4": (-8, 7), "u4": (0, 15)}
 _SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_DATA_DTYPES = {"s8": torch.int8, "u8": torch.uint8, "s4": torch.uint8, "u4": torch.uint8,
+                "fp8_e4m3": torch.float8_e4m3fn}
+
+
+def _kind(t: torch.Tensor | None, B: int, H: int) -> str | None:
+    """'t' (per tensor), 'h' (per head, (B, H)) or 'g' (grouped) of a scale / zero point tensor."""
+    if t is None:
+        return None
+    if t.numel() == 1:
+        return "t"
+    return "h" if tuple(t.shape) == (B, H) else "g"
 
 
 @dataclass(frozen=True, eq=False)
@@ -36,17 +63,22 @@ class KVQuant:
     zero_points: torch.Tensor | None = None
     dtype: str = "s8"
     group_size: int | None = None  # None = D (one group per token row)
+    layout: int = 0                # storage order of 4-bit codes (module docstring)
 
     def __post_init__(self) -> None:
         if self.dtype not in QUANT_DTYPES:
             raise BadParameterError(f"KVQuant dtype={self.dtype!r} is not one of {QUANT_DTYPES}")
-        want = torch.int8 if self.dtype == "s8" else torch.uint8
+        want = _DATA_DTYPES[self.dtype]
         if not isinstance(self.data, torch.Tensor) or self.data.dtype != want:
             got = getattr(self.data, "dtype", type(self.data).__name__)
             raise BadParameterError(f"KVQuant data dtype={got} must be {want} for dtype={self.dtype!r}")
         if self.data.dim() != 4:
             raise BadParameterError(f"KVQuant data must be 4-D (B, H, S, D'), got shape {tuple(self.data.shape)}")
+        if isinstance(self.layout, bool) or self.layout not in LAYOUTS:
+            raise BadParameterError(f"KVQuant layout={self.layout!r} must be one of {LAYOUTS}")
         D = self.head_dim
+        if self.layout == 1 and self.is_4bit and D % 8:
+            raise BadParameterError(f"KVQuant layout=1 of 4-bit codes needs D % 8 == 0, got D={D}")
         g = self.group
         if g < 1 or D % g:
             raise BadParameterError(f"KVQuant group_size={self.group_size} must divide head dim D={D}")
@@ -59,32 +91,42 @@ class KVQuant:
                 continue
             if not isinstance(t, torch.Tensor):
                 raise BadParameterError(f"KVQuant {name} must be a tensor, got {type(t).__name__}")
-            if t.numel() != 1 and tuple(t.shape) != grouped:
+            if self.is_fp8 and t.numel() != 1 and tuple(t.shape) != (B, H):
+                raise BadParameterError(f"KVQuant {name} shape {tuple(t.shape)} must have one element (per "
+                                        f"tensor) or be ({B}, {H}) (per head) for dtype 'fp8_e4m3'")
+            if t.numel() != 1 and tuple(t.shape) not in (grouped, (B, H)):
                 raise BadParameterError(
-                    f"KVQuant {name} shape {tuple(t.shape)} must have one element (per tensor) or be "
-                    f"{grouped} (B, H, S, D // group_size)")
+                    f"KVQuant {name} shape {tuple(t.shape)} must have one element (per tensor), be "
+                    f"({B}, {H}) (per head) or {grouped} (B, H, S, D // group_size)")
             if t.device != self.data.device:
                 raise BadParameterError(f"KVQuant {name} is on {t.device} but data is on {self.data.device}")
-        if self.scales.dtype not in _SCALE_DTYPES:
-            raise BadParameterError(f"KVQuant scales dtype={self.scales.dtype} must be f16, bf16, f32 or f64")
+        if self.scales is None or self.scales.dtype not in _SCALE_DTYPES:
+            raise BadParameterError(f"KVQuant scales dtype={getattr(self.scales, 'dtype', None)} must be f16, "
+                                    "bf16, f32 or f64")
         zp = self.zero_points
+        if zp is not None and self.is_fp8:
+            raise BadParameterError("KVQuant zero_points must be None for dtype 'fp8_e4m3'")
         if zp is not None and (zp.dtype == torch.bool or zp.is_complex()):
             raise BadParameterError(f"KVQuant zero_points dtype={zp.dtype} must be a real number type")
 
     @classmethod
     def trusted(cls, data: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor | None, dtype: str,
-                group_size: int | None) -> KVQuant:
+                group_size: int | None, layout: int = 0) -> KVQuant:
         """Rebuild an already validated KVQuant from its parts without checking them again
         (the ops' hot path; the problem validates on its first call)."""
         obj = object.__new__(cls)
         for name, val in (("data", data), ("scales", scales), ("zero_points", zero_points), ("dtype", dtype),
-                          ("group_size", group_size)):
+                          ("group_size", group_size), ("layout", layout)):
             object.__setattr__(obj, name, val)
         return obj
 
     @property
     def is_4bit(self) -> bool:
         return self.dtype in ("s4", "u4")
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype == "fp8_e4m3"
 
     @property
     def head_dim(self) -> int:
@@ -103,16 +145,41 @@ class KVQuant:
     def device(self) -> torch.device:
         return self.data.device
 
+    @property
+    def scale_kind(self) -> str:
+        """'t' per tensor, 'h' per head (B, H), 'g' grouped (B, H, S, D // group)."""
+        return _kind(self.scales, *self.data.shape[:2])
+
+    @property
+    def zp_kind(self) -> str | None:
+        return _kind(self.zero_points, *self.data.shape[:2])
+
     def signature(self) -> tuple:
-        zp = None if self.zero_points is None else ("t" if self.zero_points.numel() == 1 else "g")
-        sc = "t" if self.scales.numel() == 1 else "g"
-        return (self.dtype, self.group, sc, str(self.scales.dtype).replace("torch.", ""), zp)
+        """(dtype, group, scale kind, scale dtype, zero point kind) and, for 4-bit codes in a
+        layout > 0, the layout (8-bit and fp8 codes store the same in every layout)."""
+        sig = (self.dtype, self.group, self.scale_kind, str(self.scales.dtype).replace("torch.", ""), self.zp_kind)
+        return sig + (self.layout,) if self.layout and self.is_4bit else sig
+
+    def to_layout(self, layout: int) -> KVQuant:
+        """The same values stored in `layout` (codes copied when their order changes; the
+        copy keeps data's strides where they are dense)."""
+        if isinstance(layout, bool) or layout not in LAYOUTS:
+            raise BadParameterError(f"to_layout: layout={layout!r} must be one of {LAYOUTS}")
+        if layout == self.layout:
+            return self
+        data = self.data
+        if self.is_4bit:
+            data = _nibbles_from_layout0(_nibbles_to_layout0(data, self.layout), layout)
+        return KVQuant(data, self.scales, self.zero_points, self.dtype, self.group_size, layout)
 
     def unpack(self) -> torch.Tensor:
-        """Integer codes as int32, logical (B, H, S, D)."""
+        """Integer codes as int32, logical (B, H, S, D) (fp8: the e4m3 values as f32)."""
         d = self.data
+        if self.is_fp8:
+            return d.to(torch.float32)
         if not self.is_4bit:
             return d.to(torch.int32)
+        d = _nibbles_to_layout0(d, self.layout)
         lo = (d & 0x0F).to(torch.int32)
         hi = ((d >> 4) & 0x0F).to(torch.int32)
         if self.dtype == "s4":
@@ -129,11 +196,36 @@ class KVQuant:
             t = t.to(dtype)
             if t.numel() == 1:
                 return t.reshape(1, 1, 1, 1)
+            if t.dim() == 2:          # per head
+                return t[:, :, None, None]
             return t.repeat_interleave(g, dim=-1)
 
         if self.zero_points is not None:
             q = q - expand(self.zero_points)
         return q * expand(self.scales)
+
+
+def _permute_nibbles(data: torch.Tensor, perm: tuple[int, ...]) -> torch.Tensor:
+    """Packed 4-bit codes (..., D // 2) with element e of every 8 moved to nibble perm[e]
+    (nibble k of a 32-bit word: byte k // 2, high half if k odd); keeps data's strides."""
+    shape = data.shape
+    b = data.reshape(*shape[:-1], shape[-1] // 4, 4).to(torch.int32)
+    nib = torch.stack((b & 15, b >> 4), dim=-1).flatten(-2)           # (..., words, 8) nibble k
+    out = torch.empty_like(nib)
+    out[..., list(perm)] = nib
+    packed = (out[..., 0::2] | (out[..., 1::2] << 4)).to(torch.uint8).reshape(shape)
+    res = torch.empty_like(data)       # dense strides of data (e.g. keys-contiguous) kept
+    res.copy_(packed)
+    return res
+
+
+def _nibbles_to_layout0(data: torch.Tensor, layout: int) -> torch.Tensor:
+    # element e of layout 1 sits in nibble NIB1[e]; layout 0 puts it in nibble e
+    return data if layout == 0 else _permute_nibbles(data, NIB1)  # NIB1 is its own inverse
+
+
+def _nibbles_from_layout0(data: torch.Tensor, layout: int) -> torch.Tensor:
+    return data if layout == 0 else _permute_nibbles(data, NIB1)
 
 
 def _round_up(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -145,56 +237,95 @@ def _round_up(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return s.clamp(min=torch.finfo(dtype).tiny)
 
 
-def quantize_kv(k: torch.Tensor, dtype: str = "s4", group_size: int | None = 64,
-                symmetric: bool = True, scale_dtype: torch.dtype | None = None) -> KVQuant:
-    """Quantize a (B, H, S, D) tensor per (b, h, token, group of `group_size` along D).
+_SCALE_PER = ("group", "head", "tensor")
 
+
+def quantize_kv(k: torch.Tensor, dtype: str = "s4", group_size: int | None = 64,
+                symmetric: bool = True, scale_dtype: torch.dtype | None = None, *,
+                scale_per: str | None = None, layout: int | None = None, role: str | None = None) -> KVQuant:
+    """Quantize a (B, H, S, D) tensor.
+
+    scale_per: "group" (per (b, h, token, group of `group_size` along D); the default for
+    the integer dtypes), "head" (per (b, h); the default for fp8) or "tensor".
     symmetric: zero point 0 for signed dtypes (scale = absmax / qmax); for unsigned dtypes
     symmetric means a fixed mid-range zero point. Asymmetric: min/max affine with a
-    rounded per-group zero point."""
+    rounded zero point. fp8_e4m3: scale = absmax / 448, no zero point.
+    layout: None = the newest layout (1; layout 0 for 4-bit codes when D % 8 != 0).
+    role: "v" stores the codes keys-contiguous (data is a transposed view of a (B, H, D', S)
+    buffer; the decode kernels read V tiles without a byte-wise repack); None / "k": rows."""
     if not isinstance(k, torch.Tensor) or k.dim() != 4:
         raise BadParameterError(f"quantize_kv: k must be a 4-D tensor (B, H, S, D), got {getattr(k, 'shape', k)!r}")
     if not k.is_floating_point():
         raise BadParameterError(f"quantize_kv: k.dtype={k.dtype} must be floating point")
     if dtype not in QUANT_DTYPES:
         raise BadParameterError(f"quantize_kv: dtype={dtype!r} is not one of {QUANT_DTYPES}")
-    D = k.shape[-1]
-    g = D if group_size is None else int(group_size)
+    if role not in (None, "k", "v"):
+        raise BadParameterError(f"quantize_kv: role={role!r} must be None, 'k' or 'v'")
+    fp8 = dtype == "fp8_e4m3"
+    per = scale_per or ("head" if fp8 else "group")
+    if per not in _SCALE_PER or (fp8 and per == "group"):
+        raise BadParameterError(f"quantize_kv: scale_per={scale_per!r} must be one of "
+                                f"{_SCALE_PER[1:] if fp8 else _SCALE_PER}" + (" for fp8_e4m3" if fp8 else ""))
+    B, H, S, D = k.shape
+    g = D if (group_size is None or per != "group") else int(group_size)
     if g < 1 or D % g:
         raise BadParameterError(f"quantize_kv: group_size={group_size} must divide head dim D={D}")
-    if dtype in ("s4", "u4") and (D % 2 or g % 2):
+    four = dtype in ("s4", "u4")
+    if four and (D % 2 or g % 2):
         raise BadParameterError(f"quantize_kv: 4-bit dtype {dtype!r} needs even D and group_size (D={D}, group_size={g})")
-    lo, hi = _RANGE[dtype]
+    if layout is None:
+        layout = 0 if four and D % 8 else LATEST_LAYOUT
+    elif isinstance(layout, bool) or layout not in LAYOUTS:
+        raise BadParameterError(f"quantize_kv: layout={layout!r} must be one of {LAYOUTS}")
+    elif layout == 1 and four and D % 8:
+        raise BadParameterError(f"quantize_kv: layout=1 of 4-bit codes needs D % 8 == 0, got D={D}")
     sdt = scale_dtype or (k.dtype if k.dtype in (torch.float16, torch.bfloat16) else torch.float32)
-    x = k.to(torch.float32).reshape(*k.shape[:-1], D // g, g)
+    if fp8 and scale_dtype is None:
+        sdt = torch.float32
+    x = k.to(torch.float32)
+    # reduce over the last axis of xr: groups (B, H, S, D/g, g), heads (B, H, S*D), tensor (1, N)
+    xr = {"group": lambda: x.reshape(B, H, S, D // g, g), "head": lambda: x.reshape(B, H, S * D),
+          "tensor": lambda: x.reshape(1, -1)}[per]()
     zp = None
-    if symmetric:
-        amax = x.abs().amax(dim=-1)
-        if dtype in ("s8", "s4"):
-            scale = amax / hi
-            zpv = torch.zeros_like(scale)
+    if fp8:
+        scale = _round_up(xr.abs().amax(dim=-1) / FP8_MAX, sdt)
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = (xr / scale.to(torch.float32).unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).reshape(k.shape)
+        data = q.to(torch.float8_e4m3fn)
+    else:
+        lo, hi = _RANGE[dtype]
+        if symmetric:
+            amax = xr.abs().amax(dim=-1)
+            if dtype in ("s8", "s4"):
+                scale = amax / hi
+                zpv = torch.zeros_like(scale)
+            else:
+                mid = (hi + 1) // 2
+                scale = amax / (hi - mid)
+                zpv = torch.full_like(scale, float(mid))
+                zp = zpv
         else:
-            mid = (hi + 1) // 2
-            scale = amax / (hi - mid)
-            zpv = torch.full_like(scale, float(mid))
+            # the range includes 0 so the rounded zero point lies in [lo, hi]
+            mn, mx = xr.amin(dim=-1).clamp(max=0), xr.amax(dim=-1).clamp(min=0)
+            scale = (mx - mn) / (hi - lo)
+        scale = _round_up(torch.where(scale > 0, scale, torch.ones_like(scale)), sdt)
+        sf = scale.to(torch.float32)
+        if not symmetric:
+            zpv = torch.round(lo - mn / sf).clamp(lo, hi)
             zp = zpv
-    else:
-        # the range includes 0 so the rounded zero point lies in [lo, hi]
-        mn, mx = x.amin(dim=-1).clamp(max=0), x.amax(dim=-1).clamp(min=0)
-        scale = (mx - mn) / (hi - lo)
-    scale = _round_up(torch.where(scale > 0, scale, torch.ones_like(scale)), sdt)
-    sf = scale.to(torch.float32)
-    if not symmetric:
-        zpv = torch.round(lo - mn / sf).clamp(lo, hi)
-        zp = zpv
-    q = torch.round(x / sf.unsqueeze(-1) + zpv.unsqueeze(-1)).clamp(lo, hi).to(torch.int32)
-    q = q.reshape(k.shape)
-    if dtype == "s8":
-        data = q.to(torch.int8)
-    elif dtype == "u8":
-        data = q.to(torch.uint8)
-    else:
-        nib = q & 0x0F
-        data = (nib[..., 0::2] | (nib[..., 1::2] << 4)).to(torch.uint8)
+        q = torch.round(xr / sf.unsqueeze(-1) + zpv.unsqueeze(-1)).clamp(lo, hi).to(torch.int32)
+        q = q.reshape(k.shape)
+        if dtype == "s8":
+            data = q.to(torch.int8)
+        elif dtype == "u8":
+            data = q.to(torch.uint8)
+        else:
+            nib = q & 0x0F
+            data = (nib[..., 0::2] | (nib[..., 1::2] << 4)).to(torch.uint8)
+            data = _nibbles_from_layout0(data, layout)
+    if per == "tensor":
+        scale = scale.reshape(1)
+        zp = None if zp is None else zp.reshape(1)
+    data = data.transpose(-1, -2).contiguous().transpose(-1, -2) if role == "v" else data.contiguous()
     zp_t = None if zp is None else zp.to(torch.float32).contiguous()
-    return KVQuant(data.contiguous(), scale.contiguous(), zp_t, dtype, g)
+    return KVQuant(data, scale.contiguous(), zp_t, dtype, g if per == "group" else None, layout)

@@ -102,3 +102,58 @@ def test_validation():
         quantize_kv(torch.randn(1, 1, 2, 5), "s4", group_size=None)
     with pytest.raises(BadParameterError, match="floating"):
         quantize_kv(torch.ones(1, 1, 2, 4, dtype=torch.int32), "s8", group_size=None)
+
+
+# ---- issue 14: fp8, per-head scales, layouts --------------------------------------
+
+@pytest.mark.parametrize("per", ["head", "tensor"])
+def test_fp8_round_trip(per):
+    x = torch.randn(2, 3, 7, 16, dtype=torch.float64) * torch.tensor([1.0, 10.0, 0.1]).view(1, 3, 1, 1)
+    kq = quantize_kv(x, "fp8_e4m3", scale_per=per)
+    assert kq.data.dtype == torch.float8_e4m3fn and kq.zero_points is None and kq.layout == 1
+    assert kq.scales.shape == ((2, 3) if per == "head" else (1,))
+    sc = kq.scales.double().reshape(2, 3, 1, 1) if per == "head" else kq.scales.double()
+    err = (kq.dequantize(torch.float64) - x).abs()
+    assert (err <= x.abs() * 2.0 ** -4 + sc * 2.0 ** -9).all()
+    assert kq.signature() == ("fp8_e4m3", 16, "h" if per == "head" else "t", "float32", None)
+
+
+@pytest.mark.parametrize("dtype", ["s4", "u4", "s8"])
+def test_layout_conversion_round_trip(dtype):
+    x = torch.randn(2, 2, 5, 24)
+    k0 = quantize_kv(x, dtype, group_size=8, symmetric=False, layout=0)
+    k1 = k0.to_layout(1)
+    assert k1.layout == 1 and torch.equal(k1.dequantize(), k0.dequantize())
+    assert torch.equal(k1.to_layout(0).data, k0.data)
+    assert torch.equal(quantize_kv(x, dtype, group_size=8, symmetric=False).data, k1.data)
+    if dtype != "s8":   # nibble e of every 8 elements at (0, 1, 4, 5, 2, 3, 6, 7)[e]
+        assert not torch.equal(k1.data, k0.data)
+        assert k1.signature()[-1] == 1 and len(k0.signature()) == 5
+    v1 = quantize_kv(x, dtype, group_size=8, role="v")
+    assert v1.data.stride(-2) == 1 and v1.to_layout(0).data.stride(-2) == 1
+
+
+def test_per_head_scales_and_defaults():
+    x = torch.randn(2, 3, 4, 10)
+    kq = quantize_kv(x, "s4", scale_per="head", symmetric=False)
+    assert kq.scales.shape == (2, 3) and kq.zero_points.shape == (2, 3) and kq.layout == 0  # D % 8 != 0
+    assert (kq.dequantize() - x).abs().max() <= kq.scales.max() / 2 + 1e-6
+
+
+def test_fp8_and_layout_errors():
+    x = torch.randn(1, 2, 3, 16)
+    d8 = torch.zeros(1, 2, 3, 16).to(torch.float8_e4m3fn)
+    with pytest.raises(BadParameterError, match="zero_points"):
+        KVQuant(d8, torch.tensor(1.0), torch.tensor(0.0), "fp8_e4m3")
+    with pytest.raises(BadParameterError, match="per head"):
+        KVQuant(d8, torch.ones(1, 2, 3, 1), None, "fp8_e4m3")
+    with pytest.raises(BadParameterError, match="scale_per"):
+        quantize_kv(x, "fp8_e4m3", scale_per="group")
+    with pytest.raises(BadParameterError, match="layout"):
+        quantize_kv(torch.randn(1, 1, 2, 12), "s4", group_size=4, layout=1)
+    with pytest.raises(BadParameterError, match="layout"):
+        KVQuant(torch.zeros(1, 1, 2, 8, dtype=torch.int8), torch.tensor(1.0), dtype="s8", layout=2)
+    with pytest.raises(BadParameterError, match="role"):
+        quantize_kv(x, "s8", role="q")
+    with pytest.raises(BadParameterError, match="float8"):
+        KVQuant(torch.zeros(1, 1, 2, 8, dtype=torch.int8), torch.tensor(1.0), dtype="fp8_e4m3")

@@ -205,9 +205,11 @@ def _keys_f32(t, bs: slice, hs: slice, c0: int, c1: int) -> torch.Tensor:
     """Keys c0:c1 of K or V (tensor or KVQuant) for the chunk as f32 (nb * nh, nc, X)."""
     if isinstance(t, KVQuant):
         def sl(x):
-            return x if x is None or x.numel() == 1 else x[bs, hs, c0:c1]
+            if x is None or x.numel() == 1:
+                return x
+            return x[bs, hs] if x.dim() == 2 else x[bs, hs, c0:c1]   # per head | grouped
         t = KVQuant(t.data[bs, hs, c0:c1], sl(t.scales), sl(t.zero_points), t.dtype,
-                    t.group_size).dequantize(F32)
+                    t.group_size, t.layout).dequantize(F32)
     else:
         t = t[bs, hs, c0:c1].to(F32)
     return t.reshape(-1, t.shape[2], t.shape[3])

@@ -75,13 +75,21 @@ def _group_param(ptr, offs_n, n_ok, s_n, s_g, GROUPED: tl.constexpr, GL: tl.cons
 
 
 @triton.jit
+def l1_pairs(c):
+    """Pair index held by byte column c of 4-bit codes in KVQuant layout 1 (within each 4-byte
+    word, bytes 1 and 2 swap: nibble order (0, 1, 4, 5, 2, 3, 6, 7)); layout 0: c itself."""
+    return (c & ~3) | ((c & 1) << 1) | ((c >> 1) & 1)
+
+
+@triton.jit
 def _load_kv_tile(ptr, offs_n, n_ok, s_n, s_d, sc_ptr, sc_n, sc_g, zp_ptr, zp_n, zp_g,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                   QBITS: tl.constexpr, SIGNED: tl.constexpr, GROUP: tl.constexpr,
                   SC_GROUPED: tl.constexpr, HAS_ZP: tl.constexpr, ZP_GROUPED: tl.constexpr,
-                  GL: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                  GL: tl.constexpr, DOT_DTYPE: tl.constexpr, L1: tl.constexpr):
     """A (BLOCK_N, BLOCK_D) tile of K or V rows `offs_n` in DOT_DTYPE; rows with n_ok False
-    and columns >= D are 0. QBITS: 0 = float tensor, 8 = s8/u8 codes, 4 = packed s4/u4."""
+    and columns >= D are 0. QBITS: 0 = float tensor, 8 = s8/u8/fp8 codes, 4 = packed s4/u4
+    (L1: KVQuant layout 1, the bytes of each pair read from their layout-1 place)."""
     if QBITS == 0:
         offs_d = tl.arange(0, BLOCK_D)
         p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_d[None, :] * s_d
@@ -93,11 +101,14 @@ def _load_kv_tile(ptr, offs_n, n_ok, s_n, s_d, sc_ptr, sc_n, sc_g, zp_ptr, zp_n,
         if QBITS == 8:
             offs_d = tl.arange(0, BLOCK_D)
             p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_d[None, :] * s_d
-            c = tl.load(p, mask=n_ok[:, None] & (offs_d[None, :] < D), other=0)
+            c = tl.load(p, mask=n_ok[:, None] & (offs_d[None, :] < D), other=0.0)
             x = c.to(tl.float32)
         else:
             offs_b = tl.arange(0, BLOCK_D // 2)
-            p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_b[None, :] * s_d
+            if L1:
+                p = ptr + offs_n.to(tl.int64)[:, None] * s_n + l1_pairs(offs_b)[None, :] * s_d
+            else:
+                p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_b[None, :] * s_d
             c = tl.load(p, mask=n_ok[:, None] & (offs_b[None, :] < D // 2), other=0).to(tl.int32)
             lo = c & 15
             hi = (c >> 4) & 15
@@ -129,9 +140,9 @@ def _decode_fwd_kernel(
         SCALE_FROM_PTR: tl.constexpr, INV_SCALE: tl.constexpr, DROPOUT: tl.constexpr,
         INF_AS_ZERO: tl.constexpr, WRITE_LSE: tl.constexpr,
         KBITS: tl.constexpr, K_SIGNED: tl.constexpr, K_GROUP: tl.constexpr, K_SC_G: tl.constexpr,
-        K_ZP: tl.constexpr, K_ZP_G: tl.constexpr, K_GL: tl.constexpr,
+        K_ZP: tl.constexpr, K_ZP_G: tl.constexpr, K_GL: tl.constexpr, K_L1: tl.constexpr,
         VBITS: tl.constexpr, V_SIGNED: tl.constexpr, V_GROUP: tl.constexpr, V_SC_G: tl.constexpr,
-        V_ZP: tl.constexpr, V_ZP_G: tl.constexpr, V_GL: tl.constexpr,
+        V_ZP: tl.constexpr, V_ZP_G: tl.constexpr, V_GL: tl.constexpr, V_L1: tl.constexpr,
         DOT_DTYPE: tl.constexpr, F32_DOT: tl.constexpr):
     """One program: KV head (b, hk), key chunk `split`, query-row block `mblk` (rows
     r = hl * Sq + i of the G query heads sharing hk). ONE_SPLIT (SPLITS == 1) writes o (q's dtype)
@@ -203,7 +214,7 @@ def _decode_fwd_kernel(
         n_ok = offs_n < end
         k = _load_kv_tile(k_base, offs_n, n_ok, s_kn, s_kd, ks_base, s_ksn, s_ksg, kz_base, s_kzn, s_kzg,
                           D, BLOCK_D, BLOCK_N, KBITS, K_SIGNED, K_GROUP, K_SC_G, K_ZP, K_ZP_G, K_GL,
-                          DOT_DTYPE)
+                          DOT_DTYPE, K_L1)
         if F32_DOT:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -230,7 +241,7 @@ def _decode_fwd_kernel(
             p = tl.where(keep, p, 0.0)
         v = _load_kv_tile(v_base, offs_n, n_ok, s_vn, s_vd, vs_base, s_vsn, s_vsg, vz_base, s_vzn, s_vzg,
                           DV, BLOCK_DV, BLOCK_N, VBITS, V_SIGNED, V_GROUP, V_SC_G, V_ZP, V_ZP_G, V_GL,
-                          DOT_DTYPE)
+                          DOT_DTYPE, V_L1)
         if F32_DOT:
             pv = tl.dot(p.to(DOT_DTYPE), v, input_precision="ieee")
         else:
@@ -377,14 +388,14 @@ def _empty(shape, dtype, device) -> torch.Tensor:
 def _quant_meta(t, D: int):
     """(strides of data / scales / zps, constexpr dict) of K or V."""
     if not isinstance(t, KVQuant):
-        meta = dict(BITS=0, SIGNED=False, GROUP=D, SC_G=False, ZP=False, ZP_G=False, GL=_GL_ROW)
+        meta = dict(BITS=0, SIGNED=False, GROUP=D, SC_G=False, ZP=False, ZP_G=False, GL=_GL_ROW, L1=False)
         return (tuple(t.stride()), (0, 0, 0, 0), (0, 0, 0, 0)), meta
     g = t.group
     gl = _GL_ROW if g == D else (_GL_RESHAPE if g & (g - 1) == 0 else _GL_GATHER)
     zp = t.zero_points
     meta = dict(BITS=4 if t.is_4bit else 8, SIGNED=t.dtype in ("s8", "s4"), GROUP=g,
-                SC_G=t.scales.numel() != 1, ZP=zp is not None, ZP_G=zp is not None and zp.numel() != 1,
-                GL=gl)
+                SC_G=t.scale_kind == "g", ZP=zp is not None, ZP_G=t.zp_kind == "g",
+                GL=gl, L1=t.is_4bit and t.layout == 1)
     return kv_strides(t), meta
 
 
@@ -393,8 +404,10 @@ def kv_strides(t) -> tuple[tuple[int, ...], ...]:
     if not isinstance(t, KVQuant):
         return (tuple(t.stride()), (0, 0, 0, 0), (0, 0, 0, 0))
 
-    def strides(x):
-        return (0, 0, 0, 0) if x is None or x.numel() == 1 else tuple(x.stride())
+    def strides(x):   # per tensor: all 0; per head (B, H): (s_b, s_h, 0, 0)
+        if x is None or x.numel() == 1:
+            return (0, 0, 0, 0)
+        return (*x.stride(), 0, 0) if x.dim() == 2 else tuple(x.stride())
     return (tuple(t.data.stride()), strides(t.scales), strides(t.zero_points))
 
 
@@ -468,9 +481,9 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig) -> tuple[Launch, Launch | N
         BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
         ONE_SPLIT=splits == 1, **common_flags(problem),
         KBITS=km["BITS"], K_SIGNED=km["SIGNED"], K_GROUP=km["GROUP"], K_SC_G=km["SC_G"], K_ZP=km["ZP"],
-        K_ZP_G=km["ZP_G"], K_GL=km["GL"],
+        K_ZP_G=km["ZP_G"], K_GL=km["GL"], K_L1=km["L1"],
         VBITS=vm["BITS"], V_SIGNED=vm["SIGNED"], V_GROUP=vm["GROUP"], V_SC_G=vm["SC_G"], V_ZP=vm["ZP"],
-        V_ZP_G=vm["ZP_G"], V_GL=vm["GL"],
+        V_ZP_G=vm["ZP_G"], V_GL=vm["GL"], V_L1=vm["L1"],
         DOT_DTYPE=dot_dtype, F32_DOT=f32 or interp,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return main, combine_launch(problem, splits), splits

@@ -54,7 +54,7 @@ from ..launch import Launch, interpreting
 from ..quant import KVQuant
 from ..search.solver import register
 from . import decode as _dec
-from .decode import DecodeConfig, _DecodeBase, _num_sms
+from .decode import DecodeConfig, _DecodeBase, _num_sms, l1_pairs
 
 MAX_GROUPS = 8   # groups per row (D / group_size) served by 122
 _MAX_MX = 128    # rows of an expanded tile (BLOCK_M * NG)
@@ -80,9 +80,9 @@ def _rows_tile(ptr, offs_n, n_ok, s_n, s_c, cols, COLS: tl.constexpr, FULL: tl.c
     """Rows offs_n, columns `cols` (< COLS unless FULL) of a (rows, columns) tensor; 0 elsewhere."""
     p = ptr + offs_n.to(tl.int64)[:, None] * s_n + cols[None, :] * s_c
     if FULL:
-        return tl.load(p, mask=n_ok[:, None], other=0)
+        return tl.load(p, mask=n_ok[:, None], other=0.0)
     else:
-        return tl.load(p, mask=n_ok[:, None] & (cols[None, :] < COLS), other=0)
+        return tl.load(p, mask=n_ok[:, None] & (cols[None, :] < COLS), other=0.0)
 
 
 def _asm4(dot: str, signed: bool) -> str:
@@ -254,7 +254,7 @@ def _decode_quant_kernel(
         K_BNG: tl.constexpr, K_SC_G: tl.constexpr, K_ZP: tl.constexpr, K_ZP_G: tl.constexpr,
         VBITS: tl.constexpr, V_SIGNED: tl.constexpr, V_GROUP: tl.constexpr, V_NG: tl.constexpr,
         V_BNG: tl.constexpr, V_SC_G: tl.constexpr, V_ZP: tl.constexpr, V_ZP_G: tl.constexpr,
-        V_SPLIT: tl.constexpr, V_JOIN: tl.constexpr,
+        V_SPLIT: tl.constexpr, V_JOIN: tl.constexpr, K_L1: tl.constexpr, V_L1: tl.constexpr,
         DOT_DTYPE: tl.constexpr, F32_DOT: tl.constexpr, ASM4: tl.constexpr, ASM8: tl.constexpr):
     """One program: KV head (b, hk), key chunk `split`, row block `mblk` (rows r = hl * Sq + i
     of the G query heads of hk). K/V: KBITS/VBITS 0 = float tensor, 8 = s8/u8 codes,
@@ -316,7 +316,7 @@ def _decode_quant_kernel(
     vz_base = VZ + b64 * s_vzb + hk64 * s_vzh
     if KBITS != 0:
         if not K_SC_G:
-            qk_scale = qk_scale * tl.load(KS).to(tl.float32)
+            qk_scale = qk_scale * tl.load(ks_base).to(tl.float32)   # per tensor or per head
     if MASK_KIND != 0:
         m_base = MASK + b64 * s_mb + h.to(tl.int64)[:, None] * s_mh + qi.to(tl.int64)[:, None] * s_mq
 
@@ -327,9 +327,11 @@ def _decode_quant_kernel(
     q_rows = Q + b64 * s_qb + (hk * G + rk // Sq).to(tl.int64) * s_qh + (rk % Sq).to(tl.int64) * s_qs
     rk_ok = rk < G * Sq
     if KBITS == 4:
-        offs_kh = tl.arange(0, BLOCK_D)  # byte columns; element 2c in the low nibble
-        qx_lo = _q_expanded(q_rows, rk_ok, gk, 2 * offs_kh, s_qd, D, K_GROUP, DOT_DTYPE)
-        qx_hi = _q_expanded(q_rows, rk_ok, gk, 2 * offs_kh + 1, s_qd, D, K_GROUP, DOT_DTYPE)
+        offs_kh = tl.arange(0, BLOCK_D)  # byte columns; low nibble = even element of the pair
+        # layout 1 keeps the bytes where they are and permutes q's columns the same way
+        pk = l1_pairs(offs_kh) if K_L1 else offs_kh
+        qx_lo = _q_expanded(q_rows, rk_ok, gk, 2 * pk, s_qd, D, K_GROUP, DOT_DTYPE)
+        qx_hi = _q_expanded(q_rows, rk_ok, gk, 2 * pk + 1, s_qd, D, K_GROUP, DOT_DTYPE)
         if K_ZP:
             qsum = tl.sum(qx_lo.to(tl.float32), 1) + tl.sum(qx_hi.to(tl.float32), 1)
     else:
@@ -344,6 +346,7 @@ def _decode_quant_kernel(
                 qsum3 = tl.reshape(qsum, (BLOCK_M, K_BNG))[:, :, None]
     if VBITS == 4:
         offs_vh = tl.arange(0, BLOCK_DV)
+        pv = l1_pairs(offs_vh) if V_L1 else offs_vh   # pair of o held by byte column c
         if V_JOIN:
             offs_vd = tl.arange(0, 2 * BLOCK_DV)
     else:
@@ -477,11 +480,11 @@ def _decode_quant_kernel(
 
     # ---- epilogue: per-group columns, zero points, per-tensor scale ----
     if V_SPLIT:
-        a_lo = _select_groups(acc_lo, 2 * offs_vh, V_GROUP, BLOCK_M, V_BNG, BLOCK_DV)
-        a_hi = _select_groups(acc_hi, 2 * offs_vh, V_GROUP, BLOCK_M, V_BNG, BLOCK_DV)
+        a_lo = _select_groups(acc_lo, 2 * pv, V_GROUP, BLOCK_M, V_BNG, BLOCK_DV)
+        a_hi = _select_groups(acc_hi, 2 * pv, V_GROUP, BLOCK_M, V_BNG, BLOCK_DV)
         if V_ZP:
             if V_BNG > 1:
-                zc = _select_zp(zcor, 2 * offs_vh, V_GROUP, V_BNG)
+                zc = _select_zp(zcor, 2 * pv, V_GROUP, V_BNG)
                 a_lo = a_lo - zc
                 a_hi = a_hi - zc
             else:
@@ -489,6 +492,8 @@ def _decode_quant_kernel(
                 a_hi = a_hi - zcor[:, None]
         o_acc = tl.interleave(a_lo, a_hi)
         offs_o = tl.arange(0, 2 * BLOCK_DV)
+        if V_L1:   # column x of o_acc is element x % 2 of pair l1_pairs(x // 2)
+            offs_o = 2 * l1_pairs(offs_o // 2) + offs_o % 2
     elif V_JOIN:
         o_acc = _select_groups(acc, offs_vd, V_GROUP, BLOCK_M, V_BNG, 2 * BLOCK_DV)
         if V_ZP:
@@ -509,7 +514,7 @@ def _decode_quant_kernel(
         offs_o = offs_vd
     if VBITS != 0:
         if not V_SC_G:
-            o_acc = o_acc * tl.load(VS).to(tl.float32)
+            o_acc = o_acc * tl.load(vs_base).to(tl.float32)   # per tensor or per head
     if DROPOUT:
         o_acc = o_acc * drop_scale
     has = l_i > 0.0
@@ -545,14 +550,14 @@ def _groups(t, D: int) -> tuple[int, int]:
     """(NG, BNG): groups per row of K or V that need the expansion, and its power of two."""
     if not isinstance(t, KVQuant) or t.group == D:
         return 1, 1
-    grouped = t.scales.numel() != 1 or (t.zero_points is not None and t.zero_points.numel() != 1)
+    grouped = t.scale_kind == "g" or t.zp_kind == "g"
     ng = D // t.group if grouped else 1
     return ng, triton.next_power_of_2(ng)
 
 
 def _sig_groups(qs, D: int) -> int:
     """Groups per row needing the expansion, from a KVQuant.signature() (problem side)."""
-    if qs is None or qs[1] == D or (qs[2] == "t" and qs[4] != "g"):
+    if qs is None or qs[1] == D or (qs[2] != "g" and qs[4] != "g"):
         return 1
     return D // qs[1]
 
@@ -614,13 +619,15 @@ def workspace_bytes(problem, cfg: DecodeConfig | None = None) -> int:
 def _meta(t, D: int) -> tuple[dict, int]:
     """(constexpr dict, BLOCK_D) of K or V."""
     if not isinstance(t, KVQuant):
-        return dict(BITS=0, SIGNED=False, GROUP=D, NG=1, BNG=1, SC_G=False, ZP=False, ZP_G=False), \
+        return dict(BITS=0, SIGNED=False, GROUP=D, NG=1, BNG=1, SC_G=False, ZP=False, ZP_G=False, L1=False,
+                    FP8=False), \
             max(16, triton.next_power_of_2(D))
     ng, bng = _groups(t, D)
     zp = t.zero_points
     bits = 4 if t.is_4bit else 8
     meta = dict(BITS=bits, SIGNED=t.dtype in ("s8", "s4"), GROUP=t.group if ng > 1 else D, NG=ng, BNG=bng,
-                SC_G=t.scales.numel() != 1, ZP=zp is not None, ZP_G=zp is not None and zp.numel() != 1)
+                SC_G=t.scale_kind == "g", ZP=zp is not None, ZP_G=t.zp_kind == "g",
+                L1=t.is_4bit and t.layout == 1, FP8=t.is_fp8)
     cols = D // 2 if bits == 4 else D
     return meta, max(16, triton.next_power_of_2(cols))
 
@@ -653,9 +660,10 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         K_SC_G=km["SC_G"], K_ZP=km["ZP"], K_ZP_G=km["ZP_G"],
         VBITS=vm["BITS"], V_SIGNED=vm["SIGNED"], V_GROUP=vm["GROUP"], V_NG=vm["NG"], V_BNG=vm["BNG"],
         V_SC_G=vm["SC_G"], V_ZP=vm["ZP"], V_ZP_G=vm["ZP_G"],
-        V_SPLIT=vm["BITS"] == 4 and not vjoin, V_JOIN=vm["BITS"] == 4 and vjoin,
+        V_SPLIT=vm["BITS"] == 4 and not (vjoin and not vm["L1"]), V_JOIN=vm["BITS"] == 4 and vjoin and not vm["L1"],
+        K_L1=km["L1"], V_L1=vm["L1"],
         DOT_DTYPE=dot_dtype, F32_DOT=f32 or interp, ASM4=can_asm and asm_cfg is not False,
-        ASM8=can_asm and asm_cfg is True, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        ASM8=can_asm and asm_cfg is True and not (km["FP8"] or vm["FP8"]), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return main, _dec.combine_launch(problem, splits), splits
 
 

@@ -33,23 +33,24 @@ LIB.define("sdpa_backward(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Ten
 def quant_parts(t) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, str]:
     """(codes or tensor, scales, zero points, spec) of a K/V argument."""
     if isinstance(t, KVQuant):
-        return t.data, t.scales, t.zero_points, f"{t.dtype}:{t.group_size or 0}"
+        return t.data, t.scales, t.zero_points, f"{t.dtype}:{t.group_size or 0}" + (f":{t.layout}" if t.layout else "")
     return t, None, None, ""
 
 
 def _kv(data, scales, zps, spec: str, *, checked: bool):
     if not spec:
         return data
-    dtype, _, group = spec.partition(":")
+    dtype, _, rest = spec.partition(":")
+    group, _, layout = rest.partition(":")
     try:
-        g = int(group) or None
+        g, lay = int(group) or None, int(layout or 0)
     except ValueError:
-        raise BadParameterError(f"K/V quant spec {spec!r} must be 'dtype:group_size'") from None
+        raise BadParameterError(f"K/V quant spec {spec!r} must be 'dtype:group_size[:layout]'") from None
     if checked:
         if scales is None:
             raise BadParameterError(f"quantized K/V ({spec!r}) needs scales")
-        return KVQuant(data, scales, zps, dtype, g)
-    return KVQuant.trusted(data, scales, zps, dtype, g)
+        return KVQuant(data, scales, zps, dtype, g, lay)
+    return KVQuant.trusted(data, scales, zps, dtype, g, lay)
 
 
 def _scale_arg(scale, scale_tensor):

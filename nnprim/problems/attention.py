@@ -200,8 +200,8 @@ class AttentionProblem:
             if quant is None:
                 return n * e
             bits = 4 if quant[0] in ("s4", "u4") else 8
-            groups = 1 if quant[2] == "t" else n // quant[1]
-            return n * bits / 8 + groups * (2 + (2 if quant[4] == "g" else 0))
+            per = {"t": 1, "h": self.B * self.Hkv, "g": n // quant[1]}
+            return n * bits / 8 + per[quant[2]] * 2 + per.get(quant[4], 0) * 2
 
         qo = self.B * self.Hq * self.Sq * (self.D + self.Dv) * e
         total = qo + kv_bytes(self.k_quant, self.D) + kv_bytes(self.v_quant, self.Dv)

@@ -58,11 +58,14 @@ def conv_args(p, seed: int = 0) -> ConvArgs:
 
 
 def _kv_quant(sig: tuple, shape, device, gen) -> KVQuant:
-    """A KVQuant whose signature() equals `sig` = (dtype, group, scales t|g, scale dtype, zp)."""
-    qdt, group, sc, sdt, zp = sig
+    """A KVQuant whose signature() equals `sig` = (dtype, group, scales t|h|g, scale dtype, zp[, layout])."""
+    qdt, group, sc, sdt, zp = sig[:5]
+    layout = sig[5] if len(sig) > 5 else 0
     B, H, S, D = shape
     group = int(group)
-    if qdt == "s8":
+    if qdt == "fp8_e4m3":
+        data = (torch.randn((B, H, S, D), generator=gen) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    elif qdt == "s8":
         data = torch.randint(-128, 128, (B, H, S, D), generator=gen, dtype=torch.int32).to(torch.int8)
     elif qdt == "u8":
         data = torch.randint(0, 256, (B, H, S, D), generator=gen, dtype=torch.int32).to(torch.uint8)
@@ -70,13 +73,15 @@ def _kv_quant(sig: tuple, shape, device, gen) -> KVQuant:
         data = torch.randint(0, 256, (B, H, S, D // 2), generator=gen, dtype=torch.int32).to(torch.uint8)
     gshape = (B, H, S, D // group)
     sdtype = _SCALE_DTYPES.get(sdt, torch.float32)
-    span = {"s8": 127.0, "u8": 127.0, "s4": 7.0, "u4": 7.0}[qdt]
-    scales = ((0.5 + torch.rand(gshape if sc == "g" else (1,), generator=gen)) / span).to(sdtype)
+    span = {"s8": 127.0, "u8": 127.0, "s4": 7.0, "u4": 7.0, "fp8_e4m3": 448.0}[qdt]
+    kshape = {"g": gshape, "h": (B, H), "t": (1,)}
+    scales = ((0.5 + torch.rand(kshape[sc], generator=gen)) / span).to(sdtype)
     zps = None
     if zp is not None:
         mid = {"s8": 0.0, "u8": 128.0, "s4": 0.0, "u4": 8.0}[qdt]
-        zps = (mid + torch.randint(-2, 3, gshape if zp == "g" else (1,), generator=gen)).to(torch.float32)
-    return KVQuant(data.to(device), scales.to(device), None if zps is None else zps.to(device), qdt, group)
+        zps = (mid + torch.randint(-2, 3, kshape[zp], generator=gen)).to(torch.float32)
+    return KVQuant(data.to(device), scales.to(device), None if zps is None else zps.to(device), qdt,
+                   None if group == D else group, layout)
 
 
 def attn_args(p, seed: int = 0) -> AttnArgs:

@@ -45,6 +45,12 @@ ATTENTION = [  # (solver, problem fields)
     ("decode_split_k_quant_grouped", dict(B=1, Hq=4, Hkv=1, Sq=1, Sk=4000, D=128, Dv=128, dtype=BF16,
                                           k_quant=("s8", 32, "g", "float16", None),
                                           v_quant=("u4", 32, "g", "float16", "g"))),
+    ("decode_split_k_quant_grouped", dict(B=2, Hq=4, Hkv=2, Sq=1, Sk=4000, D=128, Dv=128, dtype=BF16,  # issue 14
+                                          k_quant=("fp8_e4m3", 128, "h", "float32", None),
+                                          v_quant=("s4", 64, "g", "bfloat16", "g", 1))),
+    ("decode_split_k_quant", dict(B=1, Hq=4, Hkv=1, Sq=1, Sk=4000, D=128, Dv=128, dtype=BF16,
+                                  k_quant=("fp8_e4m3", 128, "t", "float32", None),
+                                  v_quant=("u4", 32, "g", "float16", "g", 1))),
 ]
 
 

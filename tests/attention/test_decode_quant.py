@@ -181,7 +181,7 @@ def test_ragged_kv_lens(causal, inf_as_zero):
             t[b, :, L:] = float("nan")
         kd[b, :, L:] = 255
         vd[b, :, L:] = -128
-    kk = KVQuant(kd, ks, kz, "u4", 16)
+    kk = KVQuant(kd, ks, kz, "u4", 16, kq.layout)
     vk = KVQuant(vd, vs, vz, "s8", 16)
     cfg = DecodeConfig(block_n=16, block_m=16, num_warps=4, num_stages=1, splits=2)
     check(q, kq, vq, cfg=cfg, kernel_kv=(kk, vk), kv_lens=lens, causal=causal, softmax_inf_as_zero=inf_as_zero)
@@ -284,3 +284,69 @@ def test_v_join_variant(qdt, group):
     q, k, v = make_case(B=2, Hq=4, Hkv=1, Sq=2, Sk=29, D=64, dtype=torch.float16)
     cfg = QuantDecodeConfig(block_n=16, block_m=16, num_warps=4, num_stages=1, splits=2, v_join=True)
     check(q, quant(k, "u8", 32, True), quant(v, qdt, group, True), cfg=cfg, causal="bottom_right")
+
+
+# ---- issue 14: FP8 K/V, per-head scales, layout 1, keys-contiguous V ---------------
+
+@pytest.mark.parametrize("per", ["head", "tensor"])
+@pytest.mark.parametrize("Sq", [1, 3])
+def test_fp8_kv(per, Sq):
+    """fp8_e4m3 codes with per-head / per-tensor scales (K scale in the softmax scale, V's on o)."""
+    q, k, v = make_case(B=2, Hq=4, Hkv=2, Sq=Sq, Sk=29, D=32, dtype=torch.bfloat16)
+    kq, vq = quantize_kv(k, "fp8_e4m3", scale_per=per), quantize_kv(v, "fp8_e4m3", scale_per=per, role="v")
+    check(q, kq, vq, causal="bottom_right", kv_lens=torch.tensor([29, 5], dtype=torch.int32))
+
+
+def test_fp8_per_head_expanded_and_mixed():
+    """One scale per head shared by the batch (an expanded (B, H) view); fp8 K with s4 V."""
+    q, k, v = make_case(B=2, Hq=4, Hkv=2, Sq=2, Sk=19, D=32, dtype=torch.float16)
+    kq = quantize_kv(k, "fp8_e4m3")
+    ks = kq.scales.amax(0, keepdim=True).expand(2, 2)
+    kq = KVQuant((k.float() / ks[:, :, None, None]).to(torch.float8_e4m3fn), ks, None, "fp8_e4m3")
+    check(q, kq, quantize_kv(v, "s4", group_size=16))
+
+
+@pytest.mark.parametrize("qdt", ["s4", "u4"])
+@pytest.mark.parametrize("group", [8, 32, 64], ids=lambda g: f"g{g}")
+@pytest.mark.parametrize("zp", [False, True], ids=["sym", "zp"])
+def test_layout1_equals_layout0(qdt, group, zp):
+    """Layout 1 (nibbles interleaved per 32-bit word) gives layout 0's result, K and V."""
+    q, k, v = make_case(B=1, Hq=8, Hkv=2, Sq=1, Sk=21, D=64, dtype=torch.bfloat16)
+    k1, v1 = quantize_kv(k, qdt, group, not zp), quantize_kv(v, qdt, group, not zp)
+    assert k1.layout == 1 and v1.layout == 1
+    k0, v0 = k1.to_layout(0), v1.to_layout(0)
+    _, o1, _ = check(q, k1, v1)
+    _, o0, _ = check(q, k0, v0)
+    assert (o1.float() - o0.float()).abs().max() < 2e-2
+
+
+@pytest.mark.parametrize("qdt", ["s8", "u4"])
+def test_keys_contiguous_v_and_per_head(qdt):
+    """role='v' (codes keys-contiguous) and per-head scales / zero points, Sq 4, ragged."""
+    q, k, v = make_case(B=2, Hq=4, Hkv=1, Sq=4, Sk=33, D=32, dtype=torch.float16)
+    kq = quantize_kv(k, qdt, symmetric=False, scale_per="head")
+    vq = quantize_kv(v, qdt, group_size=16, symmetric=False, role="v")
+    assert vq.data.stride(-2) == 1
+    check(q, kq, vq, causal="bottom_right", kv_lens=torch.tensor([33, 9], dtype=torch.int32))
+
+
+def test_solver_121_fp8_and_layout1():
+    """The per-element fallback (121) reads fp8 and layout-1 codes too."""
+    q, k, v = make_case(B=1, Hq=4, Hkv=2, Sq=2, Sk=20, D=32, dtype=torch.float16)
+    kq, vq = quantize_kv(k, "fp8_e4m3"), quantize_kv(v, "u4", group_size=8, symmetric=False)
+    problem = AttentionProblem.from_tensors(q, kq, vq, return_lse=True)
+    args = AttnArgs(q=q, k=kq, v=vq)
+    o, _ = decode.decode_forward(problem, args, SMALL)
+    ro, _ = reference_forward(problem, args)
+    assert (o.double() - ro).norm() / ro.norm() < 1e-2
+
+
+def test_sdpa_public_fp8_layout1():
+    """Through nnprim.sdpa (the op carries the layout in its spec)."""
+    import nnprim
+    q, k, v = make_case(B=1, Hq=4, Hkv=2, Sq=1, Sk=24, D=32, dtype=torch.float16)
+    kq, vq = quantize_kv(k, "fp8_e4m3"), quantize_kv(v, "s4", group_size=16, role="v")
+    o = nnprim.sdpa(q, kq, vq)
+    problem = AttentionProblem.from_tensors(q, kq, vq)
+    ro, _ = reference_forward(problem, AttnArgs(q=q, k=kq, v=vq))
+    assert (o.double() - ro).norm() / ro.norm() < 1e-2

@@ -217,6 +217,8 @@ def dequant_indep(kq: KVQuant) -> torch.Tensor:
         if kq.dtype == "s4":
             lo, hi = lo - 16 * (lo >= 8), hi - 16 * (hi >= 8)
         d = torch.stack((lo, hi), -1).flatten(-2)
+        if kq.layout == 1:   # element e of each 8 sits in nibble (0, 1, 4, 5, 2, 3, 6, 7)[e]
+            d = d.reshape(*d.shape[:-1], -1, 8)[..., [0, 1, 4, 5, 2, 3, 6, 7]].flatten(-2)
     G = kq.group
     sc = kq.scales.double()
     sc = sc.reshape(()) if sc.numel() == 1 else sc.repeat_interleave(G, -1)
@@ -237,8 +239,8 @@ def test_quantized_kv(qdtype, zero_points, grouped):
         kq = quantize_kv(k, qdtype, group_size=4, symmetric=not zero_points)
         vq = quantize_kv(v, qdtype, group_size=None, symmetric=not zero_points)
         if not zero_points and qdtype in ("u8", "u4"):  # unsigned symmetric has a mid-range zp: drop it
-            kq = KVQuant(kq.data, kq.scales, None, qdtype, 4)
-            vq = KVQuant(vq.data, vq.scales, None, qdtype, None)
+            kq = KVQuant(kq.data, kq.scales, None, qdtype, 4, kq.layout)
+            vq = KVQuant(vq.data, vq.scales, None, qdtype, None, vq.layout)
     else:
         g = torch.Generator().manual_seed(24)
         lo, hi = {"s8": (-128, 127), "u8": (0, 255), "s4": (-8, 7), "u4": (0, 15)}[qdtype]

@@ -1,0 +1,155 @@
+"""Decode through the public API for every KV format (issue 14), peers in the same run.
+
+For each decode problem of nnprim/data/suites/attention_gpu.json and each KV format (bf16;
+s8/u8; s4/u4 with groups 32/64/128, with and without zero points; fp8 e4m3 per head), with
+V stored rows or keys-contiguous (`quantize_kv(..., role="v")`) for the quantized formats:
+- nnprim.sdpa(q, k, v[, causal]) (find decides; the call is repeated until the choice settles),
+- cuDNN SDPA (`sdpa_kernel(SDPBackend.CUDNN_ATTENTION)`) and torch's default SDPA on the bf16 cache,
+timed with CUDA events (warm-up, then the median of --reps calls), checked against an f32
+reference of the dequantised cache (first two batch entries). Reports ms, ratio vs cuDNN and
+bandwidth = bytes of K/V read (codes + scales + zero points) / time. JSON to --out.
+
+Usage: python benchmarks/decode_formats.py --out /tmp/decode_formats.json [--quick] [--reps 200]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import nnprim  # noqa: E402
+from nnprim.quant import KVQuant, quantize_kv  # noqa: E402
+
+SUITE = os.path.join(os.path.dirname(__file__), "..", "nnprim", "data", "suites", "attention_gpu.json")
+FORMATS = ([("bf16", None, None)] + [("s8", 64, False), ("s8", 128, False), ("u8", 64, True)]
+           + [(d, g, zp) for d in ("s4", "u4") for g in (32, 64, 128) for zp in (False, True)]
+           + [("fp8_e4m3", "head", False)])
+
+
+def events_median(fn, warmup: int, reps: int) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def kv_bytes(t) -> int:
+    if isinstance(t, KVQuant):
+        n = t.data.numel() * t.data.element_size() + t.scales.numel() * t.scales.element_size()
+        if t.zero_points is not None:
+            n += t.zero_points.numel() * t.zero_points.element_size()
+        return n
+    return t.numel() * t.element_size()
+
+
+def quant(x, fmt, role):
+    dt, g, zp = fmt
+    if dt == "bf16":
+        return x
+    if dt == "fp8_e4m3":
+        return quantize_kv(x, dt, scale_per=g, role=role)
+    return quantize_kv(x, dt, group_size=g, symmetric=not zp, scale_dtype=torch.bfloat16, role=role)
+
+
+def reference(q, k, v, causal, nb=2):
+    kd = k.dequantize(torch.float32)[:nb] if isinstance(k, KVQuant) else k[:nb].float()
+    vd = v.dequantize(torch.float32)[:nb] if isinstance(v, KVQuant) else v[:nb].float()
+    G = q.shape[1] // kd.shape[1]
+    kd, vd = kd.repeat_interleave(G, 1), vd.repeat_interleave(G, 1)
+    s = q[:nb].float() @ kd.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:
+        Sq, Sk = q.shape[2], kd.shape[2]
+        i, j = torch.arange(Sq, device=q.device)[:, None], torch.arange(Sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (Sk - Sq), float("-inf"))
+    return torch.softmax(s, -1) @ vd
+
+
+def peer(backend, q, k, v, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    kw = {}
+    if causal:
+        from torch.nn.attention.bias import causal_lower_right
+        kw = dict(attn_mask=causal_lower_right(q.shape[2], k.shape[2]))
+    if backend is None:
+        return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+
+    def f():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+    return f
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--quick", action="store_true", help="s8 g64, s4 g64, u4 g64 zp, fp8 only")
+    a = ap.parse_args()
+    fmts = FORMATS if not a.quick else [f for f in FORMATS if f[0] in ("bf16", "fp8_e4m3") or f[1] == 64]
+    p = torch.cuda.get_device_properties(0)
+    import triton
+    res = dict(env=dict(gpu=p.name, sms=p.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
+                        nnprim_find=os.environ.get("NNPRIM_FIND_MODE", "default")), rows=[])
+    probs = [pr for pr in json.load(open(SUITE))["problems"] if pr["mode"] == "decode"]
+    t0 = time.time()
+    for pr in probs:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        B, Hq, Hkv, Sq, Sk, D, causal = (pr[x] for x in ("B", "Hq", "Hkv", "Sq", "Sk", "D", "causal"))
+        q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        cudnn = events_median(peer("cudnn", q, k, v, causal), a.warmup, a.reps)
+        default = events_median(peer(None, q, k, v, causal), a.warmup, a.reps)
+        for fmt in fmts:
+            for role in ((None,) if fmt[0] == "bf16" else (None, "v")):
+                kk, vv = quant(k, fmt, None), quant(v, fmt, role)
+                kw = dict(causal="bottom_right") if causal else {}
+                fn = (lambda q=q, kk=kk, vv=vv, kw=kw: nnprim.sdpa(q, kk, vv, **kw))
+                row = dict(problem=pr["name"], B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, causal=causal,
+                           format=f"{fmt[0]}" + (f"_g{fmt[1]}" if fmt[1] else "") + ("_zp" if fmt[2] else ""),
+                           v_order="keys" if role == "v" else "rows",
+                           layout=getattr(kk, "layout", None), kv_bytes=kv_bytes(kk) + kv_bytes(vv))
+                try:
+                    o = fn()
+                    ref = reference(q, kk, vv, causal)
+                    row["rel_err"] = float((o[:2].float() - ref).norm() / ref.norm())
+                    for _ in range(20):          # find settles on the first calls
+                        fn()
+                    ms = events_median(fn, a.warmup, a.reps)
+                    row.update(ms=round(ms, 4), cudnn_bf16_ms=round(cudnn, 4), torch_default_bf16_ms=round(default, 4),
+                               x_vs_cudnn=round(cudnn / ms, 3), tb_s=round(row["kv_bytes"] / ms / 1e9, 3))
+                except Exception as e:  # record and go on
+                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                res["rows"].append(row)
+                print(json.dumps(row), flush=True)
+                json.dump(res, open(a.out, "w"), indent=1)
+        torch.cuda.empty_cache()
+    res["elapsed_s"] = round(time.time() - t0, 1)
+    json.dump(res, open(a.out, "w"), indent=1)
+    print(f"\n{'problem':22s} {'format':16s} {'V':5s} {'ms':>8s} {'cudnn':>8s} {'x cudnn':>7s} {'TB/s':>6s} {'err':>8s}")
+    for r in res["rows"]:
+        if "ms" in r:
+            print(f"{r['problem']:22s} {r['format']:16s} {r['v_order']:5s} {r['ms']:8.4f} {r['cudnn_bf16_ms']:8.4f} "
+                  f"{r['x_vs_cudnn']:7.3f} {r['tb_s']:6.2f} {r['rel_err']:8.2e}")
+        else:
+            print(f"{r['problem']:22s} {r['format']:16s} {r['v_order']:5s} {r.get('error')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Quantized / FP8 K/V decode at real sizes on the GPU (issue 14): every KV format (s8, u8, s4,
+u4 with groups 32/64/128 and with / without zero points, fp8 e4m3 per head / per tensor),
+layouts 0 and 1, V rows or keys-contiguous (role="v"), forced solvers 121 / 122 and the
+public choice, vs the float64 reference of the dequantised cache. Outputs are poisoned
+(NaN) before each run; the bound is relative to torch's bf16 SDPA error on the same
+dequantised cache (gpu_helpers.assert_close)."""
+import pytest
+import torch
+import torch.nn.functional as F
+from gpu_helpers import assert_close
+
+import nnprim
+from nnprim.attention import decode
+from nnprim.quant import quantize_kv
+
+DEV = "cuda"
+FORMATS = ([("s8", g, zp) for g in (32, 128) for zp in (False, True)] + [("u8", 64, True)]
+           + [(d, g, zp) for d in ("s4", "u4") for g in (32, 64, 128) for zp in (False, True)]
+           + [("fp8_e4m3", "head", False), ("fp8_e4m3", "tensor", False)])
+SHAPES = [(8, 32768), (64, 8192), (16, 16384)]   # (B, Sk); Hq 32, Hkv 8, D 128
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    real = decode._empty
+    monkeypatch.setattr(decode, "_empty", lambda shape, dtype, device: real(shape, dtype, device).fill_(float("nan"))
+                        if dtype.is_floating_point else real(shape, dtype, device))
+
+
+def _quant(x, fmt, layout, role):
+    dt, g, zp = fmt
+    if dt == "fp8_e4m3":
+        return quantize_kv(x, dt, scale_per=g, layout=layout, role=role)
+    return quantize_kv(x, dt, group_size=g, symmetric=not zp, scale_dtype=torch.bfloat16, layout=layout, role=role)
+
+
+def _ref(q, kq, vq, lens=None, causal=False):
+    """float64 attention of the dequantised cache, and torch's bf16 SDPA on the same cache."""
+    kd, vd = kq.dequantize(torch.float64), vq.dequantize(torch.float64)
+    G = q.shape[1] // kd.shape[1]
+    kd, vd = kd.repeat_interleave(G, 1), vd.repeat_interleave(G, 1)
+    Sq, Sk = q.shape[2], kd.shape[2]
+    j = torch.arange(Sk, device=DEV)
+    L = torch.full((q.shape[0],), Sk, device=DEV) if lens is None else lens.long()
+    vis = j[None, None, :] < L[:, None, None]                                     # (B, 1, Sk)
+    if causal:
+        i = torch.arange(Sq, device=DEV)
+        vis = vis & (j[None, None, :] <= i[None, :, None] + (L[:, None, None] - Sq))
+    vis = vis[:, None].expand(-1, 1, Sq, Sk)
+    ref = F.scaled_dot_product_attention(q.double(), kd, vd, attn_mask=vis)
+    theirs = F.scaled_dot_product_attention(q, kd.to(q.dtype), vd.to(q.dtype), attn_mask=vis)
+    return ref, theirs
+
+
+@pytest.mark.parametrize("B,Sk", SHAPES, ids=lambda x: str(x))
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f"{f[0]}-{f[1]}{'-zp' if f[2] else ''}")
+def test_formats_real_sizes(B, Sk, fmt):
+    if (B, Sk) == SHAPES[2] and fmt[0] not in ("s4", "fp8_e4m3"):
+        pytest.skip("the third shape for s4 and fp8 only")
+    g = torch.Generator(device=DEV).manual_seed(B + Sk)
+    q = torch.randn(B, 32, 1, 128, device=DEV, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, 8, Sk, 128, device=DEV, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, 8, Sk, 128, device=DEV, dtype=torch.bfloat16, generator=g)
+    kq, vq = _quant(k, fmt, None, None), _quant(v, fmt, None, "v")
+    ref, theirs = _ref(q[:4], _slice(kq, 4), _slice(vq, 4))
+    for solver in (None, "decode_split_k_quant_grouped", "decode_split_k_quant"):
+        o = nnprim.sdpa(q, kq, vq, solver=solver)
+        assert_close(f"{fmt} {solver}", o[:4], theirs, ref)
+
+
+def _slice(kv, n):
+    from nnprim.quant import KVQuant
+    s = kv.scales if kv.scales.numel() == 1 else kv.scales[:n]
+    z = kv.zero_points if kv.zero_points is None or kv.zero_points.numel() == 1 else kv.zero_points[:n]
+    return KVQuant(kv.data[:n], s, z, kv.dtype, kv.group_size, kv.layout)
+
+
+@pytest.mark.parametrize("dtype", ["s4", "u4"])
+@pytest.mark.parametrize("zp", [False, True])
+def test_layouts_and_v_order_agree(dtype, zp):
+    """Layout 0 vs 1, V rows vs keys-contiguous: all equal to the same reference; ragged, Sq 4 causal, GQA."""
+    g = torch.Generator(device=DEV).manual_seed(7)
+    B, Sk = 8, 8192
+    q = torch.randn(B, 32, 4, 128, device=DEV, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, 8, Sk, 128, device=DEV, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, 8, Sk, 128, device=DEV, dtype=torch.bfloat16, generator=g)
+    lens = torch.randint(1, Sk + 1, (B,), device=DEV, dtype=torch.int32, generator=g)
+    for layout in (0, 1):
+        for role in (None, "v"):
+            kq = _quant(k, (dtype, 64, zp), layout, None)
+            vq = _quant(v, (dtype, 64, zp), layout, role)
+            ref, theirs = _ref(q, kq, vq, lens, causal=True)
+            o = nnprim.sdpa(q, kq, vq, kv_lens=lens, causal="bottom_right")
+            assert_close(f"{dtype} layout {layout} role {role}", o, theirs, ref)
