@@ -408,7 +408,9 @@ class AtomicPlan:
 def workspace_bytes(problem, ordered: bool) -> int:
     """dQ accumulator + delta (+ semaphores) + the main launch's TMA scratch (4
     descriptors per program) on contiguous inputs."""
-    cfg = configs.choose_bwd_atomic(problem)
+    # a CUDA problem described on a machine without one (planning): the generic tiles
+    no_gpu = problem.device == "cuda" and not torch.cuda.is_available()
+    cfg = configs.choose_bwd_atomic(problem, "cuda" if no_gpu else None)
     n = problem.B * problem.Hq * problem.Sq * (problem.D + 1) + (sem_count(problem, cfg) if ordered else 1)
     tma = 0
     if tma_expected(problem):
