@@ -27,7 +27,9 @@ still use every chunk (so they are formed twice, 6 instead of 4 GEMM-sized produ
 tile), but the accumulators are 64x128. dQ uses the fused kernel with its own tiles
 (configs.DQ_TABLE: with 32-key steps and 8 warps its 128x256 f32 accumulator fits
 unspilled) or, when asked, a split dQ kernel built the same way.
-Masks, scales, kv_lens, causal alignment and dropout follow flash_fwd exactly.
+Masks, scales, kv_lens, causal alignment and dropout follow flash_fwd exactly; the jit
+helpers for them (and delta, the query range of a key block) live in flash_bwd_common.py,
+shared with the five-GEMM backward (flash_bwd_atomic.py, solvers 123/124).
 Workspace: delta (f32, B x Hq x Sq) and, on Hopper, the TMA descriptors' global scratch
 of the larger of the dK/dV and dQ launches (`workspace_bytes`).
 """
