@@ -13,6 +13,17 @@ gradients checked), the fused kernels as before, the table's choice end to end, 
 peers' backward; candidates compile in parallel worker processes first (Triton's disk
 cache), so one device call covers them all. Writes attention_bwd_d256_<date>.json.
 
+`--api`: through the public API (`nnprim.sdpa` + autograd), the peers (torch SDPA with the
+cuDNN, FLASH_ATTENTION and default backends) in the same run, CUDA events, warm-up,
+median: forward, backward by autograd with nnprim's default choice, and backward with
+determinism on (`nnprim.set_deterministic(True)`; the peers under
+`torch.use_deterministic_algorithms(True, warn_only=True)`); the solver-level backward
+forcing each backward solver (111 flash_bwd, 123 flash_bwd_atomic, 124 flash_bwd_ordered,
+`nnprim.sdpa_backward(..., solver=)`), with `--tune-5gemm` also tile candidates of the
+five-GEMM kernels. Writes --out (a .json path, or a directory: attention_api_<date>.json).
+
+    PYTHONUNBUFFERED=1 python benchmarks/attention.py --api --out results/attention_api.json
+
 Default: every `train` problem of nnprim/data/suites/attention_gpu.json with the tuned
 table's tiles (what the solvers pick). `--tune` times candidate tile configs (and TMA vs
 pointer loads) per problem as well; benchmarks/tune_attention.py is this mode.
@@ -468,6 +479,167 @@ def feature_checks():
     return res
 
 
+# ---- --api: the public API and autograd, both determinism modes -------------------------
+
+BWD_SOLVERS = ("flash_bwd", "flash_bwd_atomic", "flash_bwd_ordered")
+# --tune-5gemm candidates of solvers 123/124 by head-dim class: (BM rows per step, BN keys
+# per program, warps, stages)
+FIVE_GEMM_CANDS = {
+    64: [(64, 128, 8, 2), (32, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 3), (128, 128, 8, 2)],
+    128: [(64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (64, 64, 4, 2)],
+    256: [(32, 64, 8, 1), (16, 64, 8, 2), (32, 32, 4, 2), (16, 32, 4, 2), (64, 64, 8, 1)],
+}
+
+
+def bench_events(fn, warmup: int = 5, rep: int = 30) -> float:
+    """Median ms of `fn` by CUDA events, after `warmup` calls (the first call may compile
+    and, in find mode, search)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rep):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _api_chosen() -> dict[str, str]:
+    from nnprim.search.context import context
+    ctx = context(torch.device(DEV))
+    return {b.problem.key(): b.solver.name for b in list(ctx.chosen.values())}
+
+
+def run_api_problem(p, tune5: bool):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import nnprim
+    B, Hq, Hkv, Sq, Sk, D, causal = p["B"], p["Hq"], p["Hkv"], p["Sq"], p["Sk"], p["D"], p["causal"]
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, h, s, D, device=DEV, dtype=BF16).requires_grad_()
+               for h, s in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
+    do = torch.randn(B, Hq, Sq, D, device=DEV, dtype=BF16)
+    fl = flops_of(p)
+    row = dict(name=p["name"], B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, causal=causal, ms={}, tflops={})
+
+    def record(label, ms, work):
+        row["ms"][label] = round(ms, 4)
+        row["tflops"][label] = round(work / ms / 1e9, 1)
+
+    impls = {"nnprim": lambda: nnprim.sdpa(q, k, v, causal=causal or None)}
+    peers = {"cudnn": [SDPBackend.CUDNN_ATTENTION], "flash": [SDPBackend.FLASH_ATTENTION], "torch_default": None}
+    for pname, be in peers.items():
+        def f(be=be):
+            if be is None:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hq != Hkv)
+            with sdpa_kernel(be):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hq != Hkv)
+        impls[pname] = f
+    grads = {}
+    for det in (False, True):
+        tag = "det" if det else "default"
+        nnprim.set_deterministic(det)
+        torch.use_deterministic_algorithms(det, warn_only=True)
+        try:
+            for name, f in impls.items():
+                try:
+                    if not det:
+                        with torch.no_grad():
+                            record(f"{name}_fwd", bench_events(f), fl)
+                    out = f()
+                    record(f"{name}_bwd_{tag}", bench_events(
+                        lambda out=out: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)), 2.5 * fl)
+                    grads[(name, tag)] = torch.autograd.grad(out, (q, k, v), do)
+                    del out
+                    if name == "nnprim":  # the choices are cleared when determinism changes
+                        row.setdefault("chosen", {})[tag] = sorted(
+                            s_ for k_, s_ in _api_chosen().items()
+                            if f"b{B}hq{Hq}hkv{Hkv}-sq{Sq}sk{Sk}-d{D}" in k_)
+                except Exception as e:  # a backend that does not serve the problem
+                    row.setdefault("errors", {})[f"{name}_{tag}"] = str(e).split("\n")[0][:120]
+        finally:
+            nnprim.set_deterministic(False)
+            torch.use_deterministic_algorithms(False)
+    ref = grads.get(("cudnn", "default")) or grads.get(("torch_default", "default"))
+    if ref is not None:
+        row["grad_rel_vs_torch"] = {f"{n}_{t}": [round(rel(x, r), 5) for x, r in zip(g, ref)]
+                                    for (n, t), g in grads.items() if n == "nnprim"}
+    del grads
+    # solver level: each backward solver forced (the op, no autograd)
+    with torch.no_grad():
+        o, lse = nnprim.sdpa(q, k, v, causal=causal or None, return_lse=True)
+    for sname in BWD_SOLVERS:
+        try:
+            def fb(sname=sname):
+                return nnprim.sdpa_backward(do, q.detach(), k.detach(), v.detach(), o, lse,
+                                            causal=causal or None, solver=sname)
+            g1, g2 = fb(), fb()
+            row.setdefault("bit_identical", {})[sname] = all(torch.equal(x, y) for x, y in zip(g1, g2))
+            del g1, g2
+            record(f"solver_{sname}", bench_events(fb), 2.5 * fl)
+        except Exception as e:
+            row.setdefault("errors", {})[f"solver_{sname}"] = str(e).split("\n")[0][:120]
+    if tune5:
+        from nnprim.attention import flash_bwd_atomic
+        pb = AttentionProblem.from_tensors(q.detach(), k.detach(), v.detach(), causal=causal or None,
+                                           direction="bwd")
+        args = AttnArgs(q.detach(), k.detach(), v.detach(), do=do, o=o, lse=lse)
+        dcls = 64 if D <= 64 else (128 if D <= 128 else 256)
+        row["tune_5gemm"] = {}
+        for c in FIVE_GEMM_CANDS[dcls]:
+            for ordered in (False, True):
+                label = f"{'ordered' if ordered else 'atomic'}{c}"
+                try:
+                    def ft(c=c, ordered=ordered):
+                        return flash_bwd_atomic.backward(pb, args, T(*c), ordered=ordered)
+                    ft()
+                    row["tune_5gemm"][label] = round(2.5 * fl / bench_events(ft, 2, 10) / 1e9, 1)
+                except Exception as e:
+                    row["tune_5gemm"][label] = "ERR " + str(e).split("\n")[0][:80]
+    for name in ("nnprim", "solver_flash_bwd", "solver_flash_bwd_atomic", "solver_flash_bwd_ordered"):
+        for peer in ("cudnn", "flash"):
+            for tag in ("fwd", "bwd_default", "bwd_det"):
+                mine = row["tflops"].get(f"{name}_{tag}" if name == "nnprim" else name)
+                theirs = row["tflops"].get(f"{peer}_{tag}")
+                if mine and theirs and (name == "nnprim" or tag == "bwd_default"):
+                    row[f"{name}_vs_{peer}_{tag}"] = round(mine / theirs, 3)
+    return row
+
+
+def api_main(a, probs):
+    res = dict(date=a.date, machine=torch.cuda.get_device_name(), torch=torch.__version__,
+               triton=triton.__version__, cudnn=torch.backends.cudnn.version(), rows=[])
+    out = Path(a.out)
+    if out.suffix != ".json":
+        out = out / f"attention_api_{a.date}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    for p in probs:
+        row = run_api_problem(p, a.tune_5gemm)
+        torch.cuda.empty_cache()
+        res["rows"].append(row)
+        print(f"[{time.time() - t0:.0f}s]", json.dumps(row), flush=True)
+        json.dump(res, open(out, "w"), indent=1)
+    keys = sorted({k_ for r in res["rows"] for k_ in r if "_vs_" in k_})
+    res["geomean"] = {k_: round(geomean([r.get(k_) for r in res["rows"]]), 3) for k_ in keys}
+    res["min"] = {k_: min((r[k_] for r in res["rows"] if k_ in r), default=None) for k_ in keys}
+    json.dump(res, open(out, "w"), indent=1)
+    cols = ["nnprim_fwd", "cudnn_fwd", "nnprim_bwd_default", "nnprim_bwd_det", "cudnn_bwd_default",
+            "cudnn_bwd_det", "flash_bwd_default", "solver_flash_bwd", "solver_flash_bwd_atomic",
+            "solver_flash_bwd_ordered"]
+    print(f"{'problem':26s} " + " ".join(f"{c[:14]:>14s}" for c in cols))
+    for r in res["rows"]:
+        print(f"{r['name']:26s} " + " ".join(f"{r['tflops'].get(c, 0):14.1f}" for c in cols))
+    print("geomean:", res["geomean"])
+    print("min:", res["min"])
+    print(f"wrote {out} in {time.time() - t0:.0f}s")
+
+
 def geomean(xs):
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
@@ -481,6 +653,8 @@ def main():
     ap.add_argument("--features", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--bwd-variants", action="store_true")
+    ap.add_argument("--api", action="store_true")
+    ap.add_argument("--tune-5gemm", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     a = ap.parse_args()
@@ -490,6 +664,8 @@ def main():
         probs = sorted((p for p in probs if p["name"] in want), key=lambda p: want.index(p["name"]))
     if a.bwd_variants:
         return bwd_variants_main(a, probs)
+    if a.api:
+        return api_main(a, probs)
     res = dict(date=a.date, machine=torch.cuda.get_device_name(), torch=torch.__version__,
                triton=triton.__version__, cudnn=torch.backends.cudnn.version(), rows=[])
     out = Path(a.out) / f"attention_{a.date}{'_tune' if a.tune else ''}.json"

@@ -17,6 +17,7 @@ _MODULES = (
     "nnprim.attention.reference",
     "nnprim.attention.flash_fwd",
     "nnprim.attention.flash_bwd",
+    "nnprim.attention.flash_bwd_atomic",
     "nnprim.attention.decode",
     "nnprim.attention.decode_quant",
     "nnprim.attention.cpu_flash",

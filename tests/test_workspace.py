@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nnprim import workspace
-from nnprim.attention import decode, flash_bwd, flash_fwd
+from nnprim.attention import decode, flash_bwd, flash_bwd_atomic, flash_fwd
 from nnprim.conv import direct, im2col_gemm
 from nnprim.problems.attention import AttentionProblem
 from nnprim.problems.conv import ConvProblem
@@ -122,6 +122,8 @@ ATTN = [  # (solver, problem options)
     ("flash_fwd", dict(B=2, Hq=4, Hkv=2, Sq=19, Sk=23, D=16, Dv=16, return_lse=True)),
     ("flash_fwd", dict(B=1, Hq=2, Hkv=1, Sq=5, Sk=40, D=24, Dv=8)),
     ("flash_bwd", dict(B=2, Hq=4, Hkv=2, Sq=19, Sk=23, D=16, Dv=16, direction="bwd", return_lse=True)),
+    ("flash_bwd_atomic", dict(B=2, Hq=4, Hkv=2, Sq=19, Sk=23, D=16, Dv=24, direction="bwd", return_lse=True)),
+    ("flash_bwd_ordered", dict(B=1, Hq=2, Hkv=1, Sq=37, Sk=23, D=16, Dv=16, direction="bwd", return_lse=True)),
     ("decode_split_k", dict(B=1, Hq=4, Hkv=1, Sq=2, Sk=200, D=16, Dv=16, return_lse=True)),
     ("decode_split_k", dict(B=2, Hq=2, Hkv=2, Sq=1, Sk=20, D=16, Dv=16)),            # one split: none
     ("decode_split_k_quant", dict(B=1, Hq=2, Hkv=1, Sq=1, Sk=150, D=16, Dv=16, k_quant=("s8", 16, "t", "float32", None))),
@@ -141,7 +143,8 @@ def test_attention_workspace_is_what_the_invoker_allocates(monkeypatch, name, op
         sizes = _recorder(monkeypatch, decode, "_empty")
     else:
         rec = _TorchRecorder()
-        monkeypatch.setattr(flash_fwd if name == "flash_fwd" else flash_bwd, "torch", rec)
+        mod = {"flash_fwd": flash_fwd, "flash_bwd": flash_bwd}.get(name, flash_bwd_atomic)
+        monkeypatch.setattr(mod, "torch", rec)
         sizes = rec.sizes
     outs = s.prepare(p)(args)
     assert sum(sizes) - _nbytes(outs) == s.workspace_size(p), (sizes, _nbytes(outs))

@@ -142,6 +142,18 @@ DQ_TABLE: dict[tuple, tuple[TileConfig, bool]] = {
 }
 
 
+# Five-GEMM backward (solvers 123/124, flash_bwd_atomic.py): BM query rows per step, BN
+# keys per program, by (arch, head-dim bucket, dtype class). Each program holds dK and dV
+# (BN x D f32 each) and a BM x D f32 dQ partial, so large head dims take short tiles and
+# 8 warps (D = 256: 2 x 64 x 256 f32 over 256 threads = 128 registers of accumulators).
+# Untuned first choices; NNPRIM_SDPA_CONFIG's bwd= entry overrides them.
+ATOMIC_TABLE: dict[tuple, TileConfig] = {
+    ("sm90", 64, "16"): _T(64, 128, 8, 2),
+    ("sm90", 128, "16"): _T(64, 64, 8, 2),
+    ("sm90", 256, "16"): _T(32, 64, 8, 1),
+}
+_ATOMIC_DEFAULT = {64: _T(32, 64, 4, 2), 128: _T(32, 64, 8, 1), 256: _T(16, 32, 8, 1)}
+
 # configs that had to be shrunk to fit shared memory, by (direction, problem key, cfg, tma,
 # ...): a TileConfig (fwd) or a (cfg, dq_cfg) pair (bwd)
 FITTED: dict[tuple, object] = {}
@@ -195,3 +207,15 @@ def choose_dq(problem, arch: str | None = None) -> tuple[TileConfig | None, bool
     if arch == "interp" or parse_override(os.environ.get(ENV))[1] is not None:
         return None, None
     return DQ_TABLE.get(table_key(problem, arch), (None, None))
+
+
+def choose_bwd_atomic(problem, arch: str | None = None) -> TileConfig:
+    """Tiles of the five-GEMM backward (ATOMIC_TABLE); NNPRIM_SDPA_CONFIG's bwd= wins."""
+    arch = arch or device_arch(problem.device)
+    override = parse_override(os.environ.get(ENV))[1]
+    if override is not None:
+        return override
+    if arch == "interp":
+        return _INTERP[1]
+    _, dbucket, _, _, dclass = table_key(problem, arch)
+    return ATOMIC_TABLE.get((arch, dbucket, dclass), _ATOMIC_DEFAULT[dbucket])

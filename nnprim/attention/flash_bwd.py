@@ -27,7 +27,9 @@ still use every chunk (so they are formed twice, 6 instead of 4 GEMM-sized produ
 tile), but the accumulators are 64x128. dQ uses the fused kernel with its own tiles
 (configs.DQ_TABLE: with 32-key steps and 8 warps its 128x256 f32 accumulator fits
 unspilled) or, when asked, a split dQ kernel built the same way.
-Masks, scales, kv_lens, causal alignment and dropout follow flash_fwd exactly.
+Masks, scales, kv_lens, causal alignment and dropout follow flash_fwd exactly; the jit
+helpers for them (and delta, the query range of a key block) live in flash_bwd_common.py,
+shared with the five-GEMM backward (flash_bwd_atomic.py, solvers 123/124).
 Workspace: delta (f32, B x Hq x Sq) and, on Hopper, the TMA descriptors' global scratch
 of the larger of the dK/dV and dQ launches (`workspace_bytes`).
 """
@@ -42,6 +44,7 @@ from ..dropout import dropout_keep
 from ..launch import Launch, aligned16, ensure_allocator, interpreting
 from ..search.solver import register
 from . import configs
+from .flash_bwd_common import _delta_rows, _kv_len_shift, _load_scale, _lse2, _mask_scores, _query_ranges, _scores
 from .flash_fwd import (
     _CAUSAL_CODE,
     _MASK_CODE,
@@ -61,53 +64,8 @@ from .flash_fwd import (
 @triton.jit
 def _bwd_preprocess(O, DO, LSE, DELTA, sob, soh, sos, sod, sdb, sdh, sds, sdd, Hq, Sq, Dv,
                     BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = (pid_bh // Hq).to(tl.int64)
-    h = (pid_bh % Hq).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_DV)
-    msk = (offs_m[:, None] < Sq) & (offs_d[None, :] < Dv)
-    o = tl.load(O + b * sob + h * soh + offs_m[:, None].to(tl.int64) * sos + offs_d[None, :] * sod,
-                mask=msk, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None].to(tl.int64) * sds + offs_d[None, :] * sdd,
-                 mask=msk, other=0.0).to(tl.float32)
-    row = pid_bh.to(tl.int64) * Sq + offs_m
-    lse = tl.load(LSE + row, mask=offs_m < Sq, other=0.0)
-    delta = tl.sum(o * do, 1)
-    delta = tl.where(lse == float("-inf"), 0.0, delta)
-    tl.store(DELTA + row, delta, mask=offs_m < Sq)
-
-
-@triton.jit
-def _mask_scores(s, mask_ptrs, rows, cols, kv_len, shift, qk_scale, Sq, Sk,
-                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
-    """log2-domain scores from the raw dot tile `s` with masks; rows/cols are the
-    query/key index blocks broadcast to the tile's shape (either orientation)."""
-    s = s * qk_scale
-    if MASK_KIND != 0:
-        mvalid = (rows < Sq) & (cols < Sk)
-        if MASK_KIND == 1:
-            mv = tl.load(mask_ptrs, mask=mvalid, other=1)
-            s = tl.where(mv != 0, s, float("-inf"))
-        else:
-            mv = tl.load(mask_ptrs, mask=mvalid, other=0.0).to(tl.float32)
-            s = s + mv * 1.4426950408889634
-    if MASKED:
-        valid = cols < kv_len
-        if CAUSAL != 0:
-            valid = valid & (cols <= rows + shift)
-        s = tl.where(valid, s, float("-inf"))
-    return s
-
-
-@triton.jit
-def _scores(a, b_t, mask_ptrs, rows, cols, kv_len, shift, qk_scale, Sq, Sk,
-            MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
-            UPCAST: tl.constexpr, IEEE: tl.constexpr):
-    """log2-domain scores of the tile a @ b_t with masks."""
-    return _mask_scores(_dot(a, b_t, None, UPCAST, IEEE), mask_ptrs, rows, cols, kv_len, shift,
-                        qk_scale, Sq, Sk, MASKED, CAUSAL, MASK_KIND)
+    _delta_rows(O, DO, LSE, DELTA, tl.program_id(0), tl.program_id(1), sob, soh, sos, sod,
+                sdb, sdh, sds, sdd, Hq, Sq, Dv, BLOCK_M, BLOCK_DV)
 
 
 @triton.jit
@@ -129,7 +87,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_
             q = tl.load(q_base + offs_m[:, None].to(tl.int64) * sqs + offs_d[None, :] * sqd,
                         mask=rmask[:, None] & (offs_d[None, :] < D), other=0.0)
         lse = tl.load(lse_base + offs_m, mask=rmask, other=float("inf"))
-        lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+        lse2 = _lse2(lse)
         mptr = mask_base
         if MASK_KIND != 0:
             mptr = mask_base + offs_m[None, :].to(tl.int64) * smi + offs_n[:, None].to(tl.int64) * smj
@@ -196,44 +154,15 @@ def _flash_bwd_dkdv_kernel(
         v = tl.load(V + b64 * svb + hk.to(tl.int64) * svh + offs_n[:, None].to(tl.int64) * svs
                     + offs_dv[None, :] * svd, mask=nmask[:, None] & (offs_dv[None, :] < Dv),
                     other=0.0)
-    if SCALE_PTR:
-        sc = tl.load(SCALE).to(tl.float32)
-        if INVERT:
-            sc = 1.0 / sc
-    else:
-        sc = scale
+    sc = _load_scale(SCALE, scale, SCALE_PTR, INVERT)
     qk_scale = sc * 1.4426950408889634
-    if HAS_KVLENS:
-        kv_len = tl.minimum(tl.maximum(tl.load(KVLENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
-    else:
-        kv_len = Sk
-    if CAUSAL == 2:
-        shift = kv_len - Sq
-    else:
-        shift = 0
+    kv_len, shift = _kv_len_shift(KVLENS, b, Sq, Sk, HAS_KVLENS, CAUSAL)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
     # query range: rows that see a key of the block start at lo; from `full` on (up to the
     # last whole block of rows) every row sees every key of the block.
-    m_end = tl.cdiv(Sq, BLOCK_M) * BLOCK_M
-    m_whole = (Sq // BLOCK_M) * BLOCK_M
-    if CAUSAL != 0:
-        lo = tl.maximum(start_n - shift, 0)
-        lo = (lo // BLOCK_M) * BLOCK_M
-        full = tl.maximum(start_n + BLOCK_N - 1 - shift, 0)
-        full = tl.cdiv(full, BLOCK_M) * BLOCK_M
-    else:
-        lo = 0
-        full = 0
-    lo = tl.minimum(lo, m_end)
-    if start_n >= kv_len:
-        lo = m_end  # no visible key in this block
-    full = tl.maximum(full, lo)
-    if start_n + BLOCK_N > kv_len:
-        full = m_end  # the block crosses kv_len: mask every query block
-    full = tl.minimum(full, m_end)
-    whole = tl.maximum(m_whole, full)
+    lo, full, m_whole, whole, m_end = _query_ranges(start_n, kv_len, shift, Sq, BLOCK_M, BLOCK_N, CAUSAL)
     for g in range(GROUP):
         h = hk * GROUP + g
         h64 = h.to(tl.int64)
@@ -353,23 +282,11 @@ def _flash_bwd_dq_kernel(
                      other=0.0)
     row = pid_bh.to(tl.int64) * Sq + offs_m
     lse = tl.load(LSE + row, mask=rmask, other=float("inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+    lse2 = _lse2(lse)
     delta = tl.load(DELTA + row, mask=rmask, other=0.0)
-    if SCALE_PTR:
-        sc = tl.load(SCALE).to(tl.float32)
-        if INVERT:
-            sc = 1.0 / sc
-    else:
-        sc = scale
+    sc = _load_scale(SCALE, scale, SCALE_PTR, INVERT)
     qk_scale = sc * 1.4426950408889634
-    if HAS_KVLENS:
-        kv_len = tl.minimum(tl.maximum(tl.load(KVLENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
-    else:
-        kv_len = Sk
-    if CAUSAL == 2:
-        shift = kv_len - Sq
-    else:
-        shift = 0
+    kv_len, shift = _kv_len_shift(KVLENS, b, Sq, Sk, HAS_KVLENS, CAUSAL)
     k_base = K + b64 * skb + hk.to(tl.int64) * skh
     v_base = V + b64 * svb + hk.to(tl.int64) * svh
     if USE_TMA:
@@ -459,7 +376,7 @@ def _dkdv_split_inner(dk, dv, k0, k1, v0, v1, q_base, do_base, qd0, qd1, dod0, d
             q1 = _tile(q_base, qd1, start_m, C0, offs_m, sqs, sqd, Sq, D, BLOCK_M, C1, USE_TMA)
             acc = _dot(k1, tl.trans(q1), acc, UPCAST, IEEE)
         lse = tl.load(lse_base + offs_m, mask=rmask, other=float("inf"))
-        lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+        lse2 = _lse2(lse)
         mptr = mask_base
         if MASK_KIND != 0:
             mptr = mask_base + offs_m[None, :].to(tl.int64) * smi + offs_n[:, None].to(tl.int64) * smj
@@ -533,41 +450,12 @@ def _flash_bwd_dkdv_split_kernel(
     if CV1 > 0:
         v1 = _tile(v_base, _desc(v_base, Sk, Dv, svs, BLOCK_N, CV1, USE_TMA), start_n, CV0,
                    offs_n, svs, svd, Sk, Dv, BLOCK_N, CV1, USE_TMA)
-    if SCALE_PTR:
-        sc = tl.load(SCALE).to(tl.float32)
-        if INVERT:
-            sc = 1.0 / sc
-    else:
-        sc = scale
+    sc = _load_scale(SCALE, scale, SCALE_PTR, INVERT)
     qk_scale = sc * 1.4426950408889634
-    if HAS_KVLENS:
-        kv_len = tl.minimum(tl.maximum(tl.load(KVLENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
-    else:
-        kv_len = Sk
-    if CAUSAL == 2:
-        shift = kv_len - Sq
-    else:
-        shift = 0
+    kv_len, shift = _kv_len_shift(KVLENS, b, Sq, Sk, HAS_KVLENS, CAUSAL)
     dk = tl.zeros([BLOCK_N, DKW], tl.float32)
     dv = tl.zeros([BLOCK_N, DVW], tl.float32)
-    m_end = tl.cdiv(Sq, BLOCK_M) * BLOCK_M
-    m_whole = (Sq // BLOCK_M) * BLOCK_M
-    if CAUSAL != 0:
-        lo = tl.maximum(start_n - shift, 0)
-        lo = (lo // BLOCK_M) * BLOCK_M
-        full = tl.maximum(start_n + BLOCK_N - 1 - shift, 0)
-        full = tl.cdiv(full, BLOCK_M) * BLOCK_M
-    else:
-        lo = 0
-        full = 0
-    lo = tl.minimum(lo, m_end)
-    if start_n >= kv_len:
-        lo = m_end
-    full = tl.maximum(full, lo)
-    if start_n + BLOCK_N > kv_len:
-        full = m_end
-    full = tl.minimum(full, m_end)
-    whole = tl.maximum(m_whole, full)
+    lo, full, m_whole, whole, m_end = _query_ranges(start_n, kv_len, shift, Sq, BLOCK_M, BLOCK_N, CAUSAL)
     for g in range(GROUP):
         h = hk * GROUP + g
         h64 = h.to(tl.int64)
@@ -704,23 +592,11 @@ def _flash_bwd_dq_split_kernel(
                     offs_m, sds, sdd, Sq, Dv, BLOCK_M, CV1, USE_TMA)
     row = pid_bh.to(tl.int64) * Sq + offs_m
     lse = tl.load(LSE + row, mask=rmask, other=float("inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+    lse2 = _lse2(lse)
     delta = tl.load(DELTA + row, mask=rmask, other=0.0)
-    if SCALE_PTR:
-        sc = tl.load(SCALE).to(tl.float32)
-        if INVERT:
-            sc = 1.0 / sc
-    else:
-        sc = scale
+    sc = _load_scale(SCALE, scale, SCALE_PTR, INVERT)
     qk_scale = sc * 1.4426950408889634
-    if HAS_KVLENS:
-        kv_len = tl.minimum(tl.maximum(tl.load(KVLENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
-    else:
-        kv_len = Sk
-    if CAUSAL == 2:
-        shift = kv_len - Sq
-    else:
-        shift = 0
+    kv_len, shift = _kv_len_shift(KVLENS, b, Sq, Sk, HAS_KVLENS, CAUSAL)
     k_base = K + b64 * skb + hk.to(tl.int64) * skh
     v_base = V + b64 * svb + hk.to(tl.int64) * svh
     kd0 = _desc(k_base, Sk, D, sks, BLOCK_N, C0, USE_TMA)
