@@ -10,6 +10,7 @@ from .api import (
                   sdpa_backward,
 )
 from .errors import BadParameterError, NotSupportedError, NumericsError
+from .paged import append_kv
 from .post_ops import Binary, Eltwise, Sum
 from .problems import AttentionProblem, ConvProblem
 from .quant import KVQuant, quantize_kv
@@ -42,7 +43,7 @@ from . import distributed  # noqa: E402  (after the primitives it calls)
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttentionProblem", "BadParameterError", "Binary", "ConvProblem", "Eltwise", "KVQuant",
+    "AttentionProblem", "BadParameterError", "append_kv", "Binary", "ConvProblem", "Eltwise", "KVQuant",
     "NotSupportedError", "NumericsError", "REGISTRY", "Sum", "conv_backward_bias", "distributed", "nn", "ops", "warmup",
     "conv_backward_data", "conv_backward_weights", "conv_forward", "quantize_kv", "sdpa",
     "sdpa_backward",

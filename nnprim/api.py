@@ -226,9 +226,10 @@ def _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv
 def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal=None, scale=None,
          invert_scale: bool = False, dropout_p: float = 0.0, seed: int = 0, offset: int = 0,
          kv_lens: torch.Tensor | None = None, softmax_inf_as_zero: bool = False,
-         return_lse: bool = False, solver=None):
+         return_lse: bool = False, solver=None, block_table: torch.Tensor | None = None):
     """o = softmax(scale * q k^T + mask) v  (with GQA, dropout, quantized K/V...);
-    returns o, or (o, lse) when return_lse."""
+    returns o, or (o, lse) when return_lse. With `block_table` (B, max_pages) int32, k and
+    v are page pools (num_pages, Hkv, page_size, D) and kv_lens is required (nnprim.paged)."""
     check_tensor("q", q)
     kd, ks, kz, kspec = _kv("k", k)
     vd, vs, vz, vspec = _kv("v", v)
@@ -236,6 +237,16 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
     opts = _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv_lens, softmax_inf_as_zero)
     solver = _solver(solver)
     grad = _needs_grad(q, kd, vd)
+    if block_table is not None:
+        check_tensor("block_table", block_table)
+        if grad:
+            from .errors import NotSupportedError
+            raise NotSupportedError("gradients through paged K/V (block_table) are not supported: paged caches "
+                                    "serve inference; call sdpa under torch.no_grad()")
+        fn = attn_ops.sdpa_forward if eager(q, kd, vd, ks, kz, vs, vz, attn_mask, opts[1], kv_lens, block_table) \
+            else _ops.sdpa_forward
+        o, lse = fn(q, kd, vd, ks, kz, vs, vz, kspec, vspec, *opts, return_lse, solver, block_table)
+        return (o, lse) if return_lse else o
     direct = eager(q, kd, vd, ks, kz, vs, vz, attn_mask, opts[1], kv_lens)
     if direct and grad and not (kspec or vspec):
         o, lse = attn_ops.SdpaFunction.apply(q, kd, vd, *opts, solver)

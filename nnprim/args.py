@@ -29,6 +29,7 @@ class AttnArgs:
     seed: int = 0
     offset: int = 0
     kv_lens: torch.Tensor | None = None
+    block_table: torch.Tensor | None = None  # paged K/V: k, v are page pools (nnprim.paged)
     # backward only
     do: torch.Tensor | None = None
     o: torch.Tensor | None = None

@@ -47,6 +47,7 @@ import torch
 
 from ..args import AttnArgs
 from ..dropout import dropout_keep_block, dropout_scale, dropout_threshold
+from ..paged import gathering
 from ..problems.attention import AttentionProblem
 from ..quant import KVQuant
 from ..search.solver import Solver, register
@@ -375,6 +376,7 @@ class CpuFlashForward(_CpuFlashBase):
     id = 115
     name = "cpu_flash_fwd"
     directions = frozenset({"fwd"})
+    paged = True  # pages gathered into a contiguous cache first (nnprim.paged)
 
     def prepare(self, problem: AttentionProblem):
         pl = plan(problem)
@@ -382,7 +384,7 @@ class CpuFlashForward(_CpuFlashBase):
         def invoke(args: AttnArgs):
             o, lse = cpu_forward(problem, args, pl)
             return o, (lse if problem.return_lse else None)
-        return invoke
+        return gathering(invoke) if problem.page_size else invoke
 
 
 @register

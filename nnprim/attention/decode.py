@@ -44,6 +44,7 @@ from ..launch import Launch, interpreting
 from ..limits import grid_reasons
 from ..quant import KVQuant
 from ..search.solver import Solver, register
+from .paging import page_rows
 
 # ---- Triton kernels ---------------------------------------------------------------
 
@@ -54,22 +55,22 @@ _GL_GATHER = 2   # any other group size: gather per element
 
 
 @triton.jit
-def _group_param(ptr, offs_n, n_ok, s_n, s_g, GROUPED: tl.constexpr, GL: tl.constexpr,
+def _group_param(ptr, roff, n_ok, s_g, GROUPED: tl.constexpr, GL: tl.constexpr,
                  GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, OTHER: tl.constexpr):
     """Scale or zero point for a (BLOCK_N, BLOCK_D) tile, broadcastable against it (or
     against its (BLOCK_N, BLOCK_D // GROUP, GROUP) view when GL == _GL_RESHAPE)."""
     if not GROUPED:
         return tl.load(ptr).to(tl.float32)
     elif GL == 0:
-        return tl.load(ptr + offs_n.to(tl.int64) * s_n, mask=n_ok, other=OTHER).to(tl.float32)[:, None]
+        return tl.load(ptr + roff, mask=n_ok, other=OTHER).to(tl.float32)[:, None]
     elif GL == 1:
         offs_g = tl.arange(0, BLOCK_D // GROUP)
-        p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_g[None, :] * s_g
+        p = ptr + roff[:, None] + offs_g[None, :] * s_g
         m = n_ok[:, None] & (offs_g[None, :] < D // GROUP)
         return tl.load(p, mask=m, other=OTHER).to(tl.float32)[:, :, None]
     else:
         offs_d = tl.arange(0, BLOCK_D)
-        p = ptr + offs_n.to(tl.int64)[:, None] * s_n + (offs_d // GROUP)[None, :] * s_g
+        p = ptr + roff[:, None] + (offs_d // GROUP)[None, :] * s_g
         m = n_ok[:, None] & (offs_d[None, :] < D)
         return tl.load(p, mask=m, other=OTHER).to(tl.float32)
 
@@ -82,17 +83,18 @@ def l1_pairs(c):
 
 
 @triton.jit
-def _load_kv_tile(ptr, offs_n, n_ok, s_n, s_d, sc_ptr, sc_n, sc_g, zp_ptr, zp_n, zp_g,
+def _load_kv_tile(ptr, roff, n_ok, s_d, sc_ptr, sc_roff, sc_g, zp_ptr, zp_roff, zp_g,
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                   QBITS: tl.constexpr, SIGNED: tl.constexpr, GROUP: tl.constexpr,
                   SC_GROUPED: tl.constexpr, HAS_ZP: tl.constexpr, ZP_GROUPED: tl.constexpr,
                   GL: tl.constexpr, DOT_DTYPE: tl.constexpr, L1: tl.constexpr):
-    """A (BLOCK_N, BLOCK_D) tile of K or V rows `offs_n` in DOT_DTYPE; rows with n_ok False
-    and columns >= D are 0. QBITS: 0 = float tensor, 8 = s8/u8/fp8 codes, 4 = packed s4/u4
+    """A (BLOCK_N, BLOCK_D) tile of K or V rows at int64 element offsets `roff` from ptr (of
+    scales / zero points: sc_roff / zp_roff) in DOT_DTYPE; rows with n_ok False and columns
+    >= D are 0. QBITS: 0 = float tensor, 8 = s8/u8/fp8 codes, 4 = packed s4/u4
     (L1: KVQuant layout 1, the bytes of each pair read from their layout-1 place)."""
     if QBITS == 0:
         offs_d = tl.arange(0, BLOCK_D)
-        p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_d[None, :] * s_d
+        p = ptr + roff[:, None] + offs_d[None, :] * s_d
         x = tl.load(p, mask=n_ok[:, None] & (offs_d[None, :] < D), other=0.0)
         return x.to(DOT_DTYPE)
     else:
@@ -100,15 +102,15 @@ def _load_kv_tile(ptr, offs_n, n_ok, s_n, s_d, sc_ptr, sc_n, sc_g, zp_ptr, zp_n,
         # measured slower on the H200: benchmarks/DECODE.md)
         if QBITS == 8:
             offs_d = tl.arange(0, BLOCK_D)
-            p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_d[None, :] * s_d
+            p = ptr + roff[:, None] + offs_d[None, :] * s_d
             c = tl.load(p, mask=n_ok[:, None] & (offs_d[None, :] < D), other=0.0)
             x = c.to(tl.float32)
         else:
             offs_b = tl.arange(0, BLOCK_D // 2)
             if L1:
-                p = ptr + offs_n.to(tl.int64)[:, None] * s_n + l1_pairs(offs_b)[None, :] * s_d
+                p = ptr + roff[:, None] + l1_pairs(offs_b)[None, :] * s_d
             else:
-                p = ptr + offs_n.to(tl.int64)[:, None] * s_n + offs_b[None, :] * s_d
+                p = ptr + roff[:, None] + offs_b[None, :] * s_d
             c = tl.load(p, mask=n_ok[:, None] & (offs_b[None, :] < D // 2), other=0).to(tl.int32)
             lo = c & 15
             hi = (c >> 4) & 15
@@ -119,21 +121,21 @@ def _load_kv_tile(ptr, offs_n, n_ok, s_n, s_d, sc_ptr, sc_n, sc_g, zp_ptr, zp_n,
         if GL == 1:
             x = tl.reshape(x, (BLOCK_N, BLOCK_D // GROUP, GROUP))
         if HAS_ZP:
-            x = x - _group_param(zp_ptr, offs_n, n_ok, zp_n, zp_g, ZP_GROUPED, GL, GROUP, D, BLOCK_D, 0.0)
-        x = x * _group_param(sc_ptr, offs_n, n_ok, sc_n, sc_g, SC_GROUPED, GL, GROUP, D, BLOCK_D, 1.0)
+            x = x - _group_param(zp_ptr, zp_roff, n_ok, zp_g, ZP_GROUPED, GL, GROUP, D, BLOCK_D, 0.0)
+        x = x * _group_param(sc_ptr, sc_roff, n_ok, sc_g, SC_GROUPED, GL, GROUP, D, BLOCK_D, 1.0)
         if GL == 1:
             x = tl.reshape(x, (BLOCK_N, BLOCK_D))
         return x.to(DOT_DTYPE)
 
 
-@triton.jit(do_not_specialize=["Hq", "Hkv", "Sk"])  # sizes: no recompile per shape (see ARCHITECTURE)
+@triton.jit(do_not_specialize=["Hq", "Hkv", "Sk", "s_bt"])  # sizes: no recompile per shape (see ARCHITECTURE)
 def _decode_fwd_kernel(
-        Q, K, V, KS, KZ, VS, VZ, MASK, LENS, SCALE_PTR, O, LSE, PO, PL,
+        Q, K, V, KS, KZ, VS, VZ, MASK, LENS, SCALE_PTR, O, LSE, PO, PL, BT,
         s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
         s_ksb, s_ksh, s_ksn, s_ksg, s_kzb, s_kzh, s_kzn, s_kzg,
         s_vsb, s_vsh, s_vsn, s_vsg, s_vzb, s_vzh, s_vzn, s_vzg,
         s_mb, s_mh, s_mq, s_mk, s_ob, s_oh, s_oq, s_od,
-        Hq, Hkv, Sq, Sk, scale, seed, offset, threshold, drop_scale, SPLITS,
+        Hq, Hkv, Sq, Sk, scale, seed, offset, threshold, drop_scale, SPLITS, s_bt,
         G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
         ONE_SPLIT: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LENS: tl.constexpr,
@@ -143,11 +145,13 @@ def _decode_fwd_kernel(
         K_ZP: tl.constexpr, K_ZP_G: tl.constexpr, K_GL: tl.constexpr, K_L1: tl.constexpr,
         VBITS: tl.constexpr, V_SIGNED: tl.constexpr, V_GROUP: tl.constexpr, V_SC_G: tl.constexpr,
         V_ZP: tl.constexpr, V_ZP_G: tl.constexpr, V_GL: tl.constexpr, V_L1: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, F32_DOT: tl.constexpr):
+        DOT_DTYPE: tl.constexpr, F32_DOT: tl.constexpr, PAGE: tl.constexpr = 0):
     """One program: KV head (b, hk), key chunk `split`, query-row block `mblk` (rows
     r = hl * Sq + i of the G query heads sharing hk). ONE_SPLIT (SPLITS == 1) writes o (q's dtype)
     and lse directly; otherwise it writes f32 partials PO (rows, SPLITS, DV) normalised
-    by their own sum, and PL (rows, SPLITS) = their lse (natural log)."""
+    by their own sum, and PL (rows, SPLITS) = their lse (natural log). PAGE > 0: K/V (and
+    their scales / zero points) are page pools, s_kb (...) their page strides, BT the
+    (B, max_pages) block table with row stride s_bt (paging.py)."""
     LOG2E: tl.constexpr = 1.4426950408889634
     LN2: tl.constexpr = 0.6931471805599453
     pid_bh = tl.program_id(0)
@@ -197,12 +201,17 @@ def _decode_fwd_kernel(
     q_ptr = Q + b64 * s_qb + h.to(tl.int64)[:, None] * s_qh + qi64[:, None] * s_qs + offs_d[None, :] * s_qd
     q = tl.load(q_ptr, mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_DTYPE)
 
-    k_base = K + b64 * s_kb + hk64 * s_kh
-    v_base = V + b64 * s_vb + hk64 * s_vh
-    ks_base = KS + b64 * s_ksb + hk64 * s_ksh
-    kz_base = KZ + b64 * s_kzb + hk64 * s_kzh
-    vs_base = VS + b64 * s_vsb + hk64 * s_vsh
-    vz_base = VZ + b64 * s_vzb + hk64 * s_vzh
+    if PAGE == 0:
+        kvb = b64
+    else:
+        kvb = b64 * 0  # the page of each key block is added in the loop
+    bt_row = BT + b64 * s_bt
+    k_base = K + kvb * s_kb + hk64 * s_kh
+    v_base = V + kvb * s_vb + hk64 * s_vh
+    ks_base = KS + kvb * s_ksb + hk64 * s_ksh
+    kz_base = KZ + kvb * s_kzb + hk64 * s_kzh
+    vs_base = VS + kvb * s_vsb + hk64 * s_vsh
+    vz_base = VZ + kvb * s_vzb + hk64 * s_vzh
     if MASK_KIND != 0:
         m_base = MASK + b64 * s_mb + h.to(tl.int64)[:, None] * s_mh + qi64[:, None] * s_mq
 
@@ -212,7 +221,9 @@ def _decode_fwd_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
-        k = _load_kv_tile(k_base, offs_n, n_ok, s_kn, s_kd, ks_base, s_ksn, s_ksg, kz_base, s_kzn, s_kzg,
+        pg, pi = page_rows(bt_row, offs_n, n_ok, n0, PAGE, BLOCK_N)
+        k = _load_kv_tile(k_base, pg * s_kb + pi * s_kn, n_ok, s_kd, ks_base, pg * s_ksb + pi * s_ksn, s_ksg,
+                          kz_base, pg * s_kzb + pi * s_kzn, s_kzg,
                           D, BLOCK_D, BLOCK_N, KBITS, K_SIGNED, K_GROUP, K_SC_G, K_ZP, K_ZP_G, K_GL,
                           DOT_DTYPE, K_L1)
         if F32_DOT:
@@ -239,7 +250,8 @@ def _decode_fwd_kernel(
             keep = dropout_keep(seed, offset, b, h[:, None], qi[:, None], offs_n[None, :], Hq, Sq, Sk,
                                 threshold)
             p = tl.where(keep, p, 0.0)
-        v = _load_kv_tile(v_base, offs_n, n_ok, s_vn, s_vd, vs_base, s_vsn, s_vsg, vz_base, s_vzn, s_vzg,
+        v = _load_kv_tile(v_base, pg * s_vb + pi * s_vn, n_ok, s_vd, vs_base, pg * s_vsb + pi * s_vsn, s_vsg,
+                          vz_base, pg * s_vzb + pi * s_vzn, s_vzg,
                           DV, BLOCK_DV, BLOCK_N, VBITS, V_SIGNED, V_GROUP, V_SC_G, V_ZP, V_ZP_G, V_GL,
                           DOT_DTYPE, V_L1)
         if F32_DOT:
@@ -426,6 +438,11 @@ def _mask4(mask: torch.Tensor | None, dummy: torch.Tensor) -> tuple[torch.Tensor
     return (m4.view(torch.uint8) if mask.dtype == torch.bool else m4), smask
 
 
+def bt_stride(args: AttnArgs) -> int:
+    """Row stride of the block table (paged K/V), else 0."""
+    return 0 if args.block_table is None else args.block_table.stride(0)
+
+
 def scalar_args(problem, args: AttnArgs) -> tuple:
     """(scale, seed, offset, dropout threshold, dropout scale) of the decode kernels."""
     scale_val = problem.D ** -0.5
@@ -476,8 +493,9 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig) -> tuple[Launch, Launch | N
     main = Launch(
         _decode_fwd_kernel, (problem.B * problem.Hkv, splits, nm),
         (*q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *smask, *so,
-         problem.Hq, problem.Hkv, problem.Sq, problem.Sk, *scalar_args(problem, args), splits),
-        G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n,
+         problem.Hq, problem.Hkv, problem.Sq, problem.Sk, *scalar_args(problem, args), splits,
+         bt_stride(args)),
+        G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n, PAGE=problem.page_size,
         BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
         ONE_SPLIT=splits == 1, **common_flags(problem),
         KBITS=km["BITS"], K_SIGNED=km["SIGNED"], K_GROUP=km["GROUP"], K_SC_G=km["SC_G"], K_ZP=km["ZP"],
@@ -508,7 +526,8 @@ def run_planned(problem, args: AttnArgs, planned: tuple[Launch, Launch | None, i
     m4, _ = _mask4(args.attn_mask, q)
     scale_ptr = args.scale.reshape(1) if problem.scale == "tensor" else q
     lens = args.kv_lens if problem.has_kv_lens else q
-    main(q, k, v, ks, kz, vs, vz, m4, lens, scale_ptr, o, lse, po, pl)
+    bt = args.block_table if problem.page_size else q
+    main(q, k, v, ks, kz, vs, vz, m4, lens, scale_ptr, o, lse, po, pl, bt)
     if combine is not None:
         combine(po, pl, o, lse)
     return o, (lse if problem.return_lse else None)
@@ -533,7 +552,8 @@ class DecodePlan:
         m = args.attn_mask
         key = (args.q.stride(), kv_strides(args.k), kv_strides(args.v),
                None if m is None else (m.shape, m.stride()),
-               None if isinstance(args.scale, torch.Tensor) else args.scale, args.seed, args.offset)
+               None if isinstance(args.scale, torch.Tensor) else args.scale, args.seed, args.offset,
+               bt_stride(args))
         planned = self.plans.get(key)
         if planned is None:
             if len(self.plans) >= 64:
@@ -605,6 +625,7 @@ class DecodeSplitK(_DecodeBase):
     """Flash-decoding with f32/f16/bf16 K/V."""
     id = 120
     name = "decode_split_k"
+    paged = True  # any page size: a page id per key block, or per row below the block (paging.py)
 
     def not_supported_reasons(self, problem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
@@ -618,6 +639,7 @@ class DecodeSplitKQuant(_DecodeBase):
     """Flash-decoding with K and/or V quantized (KVQuant s8/u8/s4/u4), dequantized in registers."""
     id = 121
     name = "decode_split_k_quant"
+    paged = True  # any page size: a page id per key block, or per row below the block (paging.py)
 
     def not_supported_reasons(self, problem) -> list[str]:
         reasons = super().not_supported_reasons(problem)

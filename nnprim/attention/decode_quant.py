@@ -55,6 +55,7 @@ from ..quant import KVQuant
 from ..search.solver import register
 from . import decode as _dec
 from .decode import DecodeConfig, _DecodeBase, _num_sms, l1_pairs
+from .paging import page_rows
 
 MAX_GROUPS = 8   # groups per row (D / group_size) served by 122
 _MAX_MX = 128    # rows of an expanded tile (BLOCK_M * NG)
@@ -63,22 +64,23 @@ _MAX_MX = 128    # rows of an expanded tile (BLOCK_M * NG)
 
 
 @triton.jit
-def _param_tile(ptr, offs_n, n_ok, s_n, s_g, GROUPED: tl.constexpr, NG: tl.constexpr, BNG: tl.constexpr,
+def _param_tile(ptr, roff, n_ok, s_g, GROUPED: tl.constexpr, NG: tl.constexpr, BNG: tl.constexpr,
                 OTHER: tl.constexpr):
-    """Scales or zero points of rows offs_n as an f32 (BNG, BLOCK_N) tile (groups >= NG and
-    rows with n_ok False give OTHER), or the per-tensor scalar when not GROUPED."""
+    """Scales or zero points of the rows at int64 offsets roff as an f32 (BNG, BLOCK_N) tile
+    (groups >= NG and rows with n_ok False give OTHER), or the per-tensor scalar when not GROUPED."""
     if GROUPED:
         offs_g = tl.arange(0, BNG)
-        p = ptr + offs_g[:, None] * s_g + offs_n.to(tl.int64)[None, :] * s_n
+        p = ptr + offs_g[:, None] * s_g + roff[None, :]
         return tl.load(p, mask=(offs_g[:, None] < NG) & n_ok[None, :], other=OTHER).to(tl.float32)
     else:
         return tl.load(ptr).to(tl.float32)
 
 
 @triton.jit
-def _rows_tile(ptr, offs_n, n_ok, s_n, s_c, cols, COLS: tl.constexpr, FULL: tl.constexpr):
-    """Rows offs_n, columns `cols` (< COLS unless FULL) of a (rows, columns) tensor; 0 elsewhere."""
-    p = ptr + offs_n.to(tl.int64)[:, None] * s_n + cols[None, :] * s_c
+def _rows_tile(ptr, roff, n_ok, s_c, cols, COLS: tl.constexpr, FULL: tl.constexpr):
+    """Rows at int64 offsets roff, columns `cols` (< COLS unless FULL) of a (rows, columns)
+    tensor; 0 elsewhere."""
+    p = ptr + roff[:, None] + cols[None, :] * s_c
     if FULL:
         return tl.load(p, mask=n_ok[:, None], other=0.0)
     else:
@@ -239,12 +241,12 @@ def _select_zp(zcor, cols, GROUP: tl.constexpr, NG: tl.constexpr):
 
 @triton.jit
 def _decode_quant_kernel(
-        Q, K, V, KS, KZ, VS, VZ, MASK, LENS, SCALE_PTR, O, LSE, PO, PL,
+        Q, K, V, KS, KZ, VS, VZ, MASK, LENS, SCALE_PTR, O, LSE, PO, PL, BT,
         s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
         s_ksb, s_ksh, s_ksn, s_ksg, s_kzb, s_kzh, s_kzn, s_kzg,
         s_vsb, s_vsh, s_vsn, s_vsg, s_vzb, s_vzh, s_vzn, s_vzg,
         s_mb, s_mh, s_mq, s_mk, s_ob, s_oh, s_oq, s_od,
-        Hq, Hkv, Sq, Sk, scale, seed, offset, threshold, drop_scale, SPLITS,
+        Hq, Hkv, Sq, Sk, scale, seed, offset, threshold, drop_scale, SPLITS, s_bt,
         G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
         ONE_SPLIT: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LENS: tl.constexpr,
@@ -255,7 +257,8 @@ def _decode_quant_kernel(
         VBITS: tl.constexpr, V_SIGNED: tl.constexpr, V_GROUP: tl.constexpr, V_NG: tl.constexpr,
         V_BNG: tl.constexpr, V_SC_G: tl.constexpr, V_ZP: tl.constexpr, V_ZP_G: tl.constexpr,
         V_SPLIT: tl.constexpr, V_JOIN: tl.constexpr, K_L1: tl.constexpr, V_L1: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, F32_DOT: tl.constexpr, ASM4: tl.constexpr, ASM8: tl.constexpr):
+        DOT_DTYPE: tl.constexpr, F32_DOT: tl.constexpr, ASM4: tl.constexpr, ASM8: tl.constexpr,
+        PAGE: tl.constexpr = 0):
     """One program: KV head (b, hk), key chunk `split`, row block `mblk` (rows r = hl * Sq + i
     of the G query heads of hk). K/V: KBITS/VBITS 0 = float tensor, 8 = s8/u8 codes,
     4 = packed s4/u4. BLOCK_D / BLOCK_DV count columns of the loaded tiles: elements for
@@ -308,12 +311,17 @@ def _decode_quant_kernel(
         sc = scale
     qk_scale = sc * LOG2E
 
-    k_base = K + b64 * s_kb + hk64 * s_kh
-    v_base = V + b64 * s_vb + hk64 * s_vh
-    ks_base = KS + b64 * s_ksb + hk64 * s_ksh
-    kz_base = KZ + b64 * s_kzb + hk64 * s_kzh
-    vs_base = VS + b64 * s_vsb + hk64 * s_vsh
-    vz_base = VZ + b64 * s_vzb + hk64 * s_vzh
+    if PAGE == 0:
+        kvb = b64
+    else:
+        kvb = b64 * 0  # paged K/V (paging.py): the page of each key block is added in the loop
+    bt_row = BT + b64 * s_bt
+    k_base = K + kvb * s_kb + hk64 * s_kh
+    v_base = V + kvb * s_vb + hk64 * s_vh
+    ks_base = KS + kvb * s_ksb + hk64 * s_ksh
+    kz_base = KZ + kvb * s_kzb + hk64 * s_kzh
+    vs_base = VS + kvb * s_vsb + hk64 * s_vsh
+    vz_base = VZ + kvb * s_vzb + hk64 * s_vzh
     if KBITS != 0:
         if not K_SC_G:
             qk_scale = qk_scale * tl.load(ks_base).to(tl.float32)   # per tensor or per head
@@ -369,9 +377,10 @@ def _decode_quant_kernel(
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
+        pg, pi = page_rows(bt_row, offs_n, n_ok, n0, PAGE, BLOCK_N)
         # ---- scores: mma on the raw codes, then zero point and scale per group ----
         if KBITS == 4:
-            kc = _rows_tile(k_base, offs_n, n_ok, s_kn, s_kd, offs_kh, D // 2, BLOCK_D * 2 == D)
+            kc = _rows_tile(k_base, pg * s_kb + pi * s_kn, n_ok, s_kd, offs_kh, D // 2, BLOCK_D * 2 == D)
             k_lo, k_hi = _cvt4(kc, K_SIGNED, ASM4, DOT_DTYPE)
             if F32_DOT:
                 sp = tl.dot(qx_lo, tl.trans(k_lo), input_precision="ieee")
@@ -380,7 +389,7 @@ def _decode_quant_kernel(
                 sp = tl.dot(qx_lo, tl.trans(k_lo))
                 sp = tl.dot(qx_hi, tl.trans(k_hi), sp)
         else:
-            kt = _rows_tile(k_base, offs_n, n_ok, s_kn, s_kd, offs_kd, D, BLOCK_D == D)
+            kt = _rows_tile(k_base, pg * s_kb + pi * s_kn, n_ok, s_kd, offs_kd, D, BLOCK_D == D)
             if KBITS == 8:
                 kt = _cvt8(kt, K_SIGNED, ASM8, DOT_DTYPE)
             else:
@@ -393,18 +402,18 @@ def _decode_quant_kernel(
             if K_BNG > 1:
                 sp3 = tl.reshape(sp, (BLOCK_M, K_BNG, BLOCK_N))
                 if K_ZP:
-                    kz = _param_tile(kz_base, offs_n, n_ok, s_kzn, s_kzg, K_ZP_G, K_NG, K_BNG, 0.0)
+                    kz = _param_tile(kz_base, pg * s_kzb + pi * s_kzn, n_ok, s_kzg, K_ZP_G, K_NG, K_BNG, 0.0)
                     sp3 = sp3 - qsum3 * kz
                 if K_SC_G:
-                    sp3 = sp3 * _param_tile(ks_base, offs_n, n_ok, s_ksn, s_ksg, True, K_NG, K_BNG, 1.0)[None, :, :]
+                    sp3 = sp3 * _param_tile(ks_base, pg * s_ksb + pi * s_ksn, n_ok, s_ksg, True, K_NG, K_BNG, 1.0)[None, :, :]
                 s = tl.sum(sp3, 1)
             else:
                 s = sp
                 if K_ZP:
-                    kz = _param_tile(kz_base, offs_n, n_ok, s_kzn, s_kzg, K_ZP_G, 1, 1, 0.0)
+                    kz = _param_tile(kz_base, pg * s_kzb + pi * s_kzn, n_ok, s_kzg, K_ZP_G, 1, 1, 0.0)
                     s = s - qsum[:, None] * kz
                 if K_SC_G:
-                    s = s * _param_tile(ks_base, offs_n, n_ok, s_ksn, s_ksg, True, 1, 1, 1.0)
+                    s = s * _param_tile(ks_base, pg * s_ksb + pi * s_ksn, n_ok, s_ksg, True, 1, 1, 1.0)
         else:
             s = sp
         # ---- online softmax (as in decode.py) ----
@@ -433,27 +442,27 @@ def _decode_quant_kernel(
         if VBITS != 0:
             if V_BNG > 1:
                 if V_SC_G:
-                    vs = _param_tile(vs_base, offs_n, n_ok, s_vsn, s_vsg, True, V_NG, V_BNG, 1.0)
+                    vs = _param_tile(vs_base, pg * s_vsb + pi * s_vsn, n_ok, s_vsg, True, V_NG, V_BNG, 1.0)
                     px3 = p[:, None, :] * vs[None, :, :]
                 else:
                     px3 = tl.broadcast_to(p[:, None, :], (BLOCK_M, V_BNG, BLOCK_N))
                 if V_ZP:
-                    vz = _param_tile(vz_base, offs_n, n_ok, s_vzn, s_vzg, V_ZP_G, V_NG, V_BNG, 0.0)
+                    vz = _param_tile(vz_base, pg * s_vzb + pi * s_vzn, n_ok, s_vzg, V_ZP_G, V_NG, V_BNG, 0.0)
                     zcor = zcor * alpha[:, None] + tl.sum(px3 * vz, 2)
                 px = tl.reshape(px3, (VMX, BLOCK_N))
             else:
                 px = p
                 if V_SC_G:
-                    px = px * _param_tile(vs_base, offs_n, n_ok, s_vsn, s_vsg, True, 1, 1, 1.0)
+                    px = px * _param_tile(vs_base, pg * s_vsb + pi * s_vsn, n_ok, s_vsg, True, 1, 1, 1.0)
                 if V_ZP:
-                    vz = _param_tile(vz_base, offs_n, n_ok, s_vzn, s_vzg, V_ZP_G, 1, 1, 0.0)
+                    vz = _param_tile(vz_base, pg * s_vzb + pi * s_vzn, n_ok, s_vzg, V_ZP_G, 1, 1, 0.0)
                     zcor = zcor * alpha + tl.sum(px * vz, 1)
         else:
             px = p
         alpha_x = _expand(alpha, BLOCK_M, V_BNG)[:, None]
         px = px.to(DOT_DTYPE)
         if VBITS == 4:
-            vc = _rows_tile(v_base, offs_n, n_ok, s_vn, s_vd, offs_vh, DV // 2, BLOCK_DV * 2 == DV)
+            vc = _rows_tile(v_base, pg * s_vb + pi * s_vn, n_ok, s_vd, offs_vh, DV // 2, BLOCK_DV * 2 == DV)
             v_lo, v_hi = _cvt4(vc, V_SIGNED, ASM4, DOT_DTYPE)
             if V_JOIN:
                 vt = tl.interleave(v_lo, v_hi)
@@ -468,7 +477,7 @@ def _decode_quant_kernel(
                 acc_lo = tl.dot(px, v_lo, acc_lo * alpha_x)
                 acc_hi = tl.dot(px, v_hi, acc_hi * alpha_x)
         else:
-            vt = _rows_tile(v_base, offs_n, n_ok, s_vn, s_vd, offs_vd, DV, BLOCK_DV == DV)
+            vt = _rows_tile(v_base, pg * s_vb + pi * s_vn, n_ok, s_vd, offs_vd, DV, BLOCK_DV == DV)
             if VBITS == 8:
                 vt = _cvt8(vt, V_SIGNED, ASM8, DOT_DTYPE)
             else:
@@ -653,8 +662,9 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
     main = Launch(
         _decode_quant_kernel, (problem.B * problem.Hkv, splits, nm),
         (*q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *smask, *so,
-         problem.Hq, problem.Hkv, problem.Sq, problem.Sk, *_dec.scalar_args(problem, args), splits),
-        G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_D=bd, BLOCK_DV=bdv,
+         problem.Hq, problem.Hkv, problem.Sq, problem.Sk, *_dec.scalar_args(problem, args), splits,
+         _dec.bt_stride(args)),
+        PAGE=problem.page_size, G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_D=bd, BLOCK_DV=bdv,
         ONE_SPLIT=splits == 1, **_dec.common_flags(problem),
         KBITS=km["BITS"], K_SIGNED=km["SIGNED"], K_GROUP=km["GROUP"], K_NG=km["NG"], K_BNG=km["BNG"],
         K_SC_G=km["SC_G"], K_ZP=km["ZP"], K_ZP_G=km["ZP_G"],
@@ -682,6 +692,7 @@ class DecodeSplitKQuantGrouped(_DecodeBase):
     applied per group to the score / probability tiles (121 is the fallback)."""
     id = 122
     name = "decode_split_k_quant_grouped"
+    paged = True  # page pools addressed as in decode.py (paging.py)
 
     def not_supported_reasons(self, problem) -> list[str]:
         reasons = super().not_supported_reasons(problem)

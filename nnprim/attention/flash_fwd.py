@@ -37,6 +37,7 @@ from ..launch import Launch, aligned16, ensure_allocator, interpreting
 from ..limits import grid_reasons
 from ..search.solver import Solver, register
 from . import configs
+from .paging import page_rows
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -65,20 +66,37 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, k_desc, v_desc, mask_ptrs, stri
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
                MASK_KIND: tl.constexpr, DROPOUT: tl.constexpr, EVEN_D: tl.constexpr,
                EVEN_DV: tl.constexpr, USE_TMA: tl.constexpr, UPCAST: tl.constexpr,
-               IEEE: tl.constexpr, SCALE_POS: tl.constexpr, WS: tl.constexpr):
+               IEEE: tl.constexpr, SCALE_POS: tl.constexpr, WS: tl.constexpr,
+               bt_row=None, stride_kp=0, stride_vp=0, k_row0=0, v_row0=0, PAGE: tl.constexpr = 0):
     """Key blocks [lo, hi). MASKED blocks check kv bounds and causality per element.
-    WS: warp-specialise the loop (TMA loads in a producer warp, MMA + softmax consumers)."""
+    WS: warp-specialise the loop (TMA loads in a producer warp, MMA + softmax consumers).
+    PAGE > 0: K/V are page pools, bt_row the sequence's block-table row (paging.py). Pointer
+    loads: k_ptrs / v_ptrs hold no row offset, stride_kp / stride_vp are page strides in
+    elements, and masked blocks read only keys below kv_len (pages past it need not exist).
+    TMA (PAGE a multiple of BLOCK_N, so a block is one page's rows): the descriptors span the
+    pool as rows, stride_kp / stride_vp are page strides in rows and k_row0 / v_row0 the KV
+    head's first row; V rows past kv_len (page tails: anything, NaN included) are zeroed."""
     FAST: tl.constexpr = (not MASKED) and MASK_KIND == 0 and SCALE_POS
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         offs_n = start_n + offs_n0
         # -- K tile [BLOCK_N, BLOCK_D]
         if USE_TMA:
-            k = k_desc.load([start_n, 0])
+            if PAGE == 0:
+                k = k_desc.load([start_n, 0])
+            else:
+                pg = tl.load(bt_row + start_n // PAGE)
+                k = k_desc.load([(pg * stride_kp + k_row0 + start_n % PAGE).to(tl.int32), 0])
         else:
-            kp = k_ptrs + tl.cast(start_n, tl.int64) * stride_kn
+            if PAGE == 0:
+                kp = k_ptrs + tl.cast(start_n, tl.int64) * stride_kn
+                n_lim = Sk
+            else:
+                pg, pi = page_rows(bt_row, offs_n, offs_n < kv_len, start_n, PAGE, BLOCK_N)
+                kp = k_ptrs + (pg * stride_kp + pi * stride_kn)[:, None]
+                n_lim = kv_len
             if MASKED:
-                k = tl.load(kp, mask=(offs_n[:, None] < Sk) & (offs_d[None, :] < D), other=0.0)
+                k = tl.load(kp, mask=(offs_n[:, None] < n_lim) & (offs_d[None, :] < D), other=0.0)
             elif EVEN_D:
                 k = tl.load(kp)
             else:
@@ -124,11 +142,19 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, k_desc, v_desc, mask_ptrs, stri
             p = tl.where(keep, p, 0.0)
         # -- V tile [BLOCK_N, BLOCK_DV]
         if USE_TMA:
-            v = v_desc.load([start_n, 0])
+            if PAGE == 0:
+                v = v_desc.load([start_n, 0])
+            else:
+                v = v_desc.load([(pg * stride_vp + v_row0 + start_n % PAGE).to(tl.int32), 0])
+                if MASKED:
+                    v = tl.where((offs_n < kv_len)[:, None], v, 0.0)
         else:
-            vp = v_ptrs + tl.cast(start_n, tl.int64) * stride_vn
+            if PAGE == 0:
+                vp = v_ptrs + tl.cast(start_n, tl.int64) * stride_vn
+            else:
+                vp = v_ptrs + (pg * stride_vp + pi * stride_vn)[:, None]
             if MASKED:
-                v = tl.load(vp, mask=(offs_n[:, None] < Sk) & (offs_dv[None, :] < Dv), other=0.0)
+                v = tl.load(vp, mask=(offs_n[:, None] < n_lim) & (offs_dv[None, :] < Dv), other=0.0)
             elif EVEN_DV:
                 v = tl.load(vp)
             else:
@@ -138,20 +164,21 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, k_desc, v_desc, mask_ptrs, stri
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["Hq", "Sq", "Sk"])  # sizes: no recompile per shape (see ARCHITECTURE)
+@triton.jit(do_not_specialize=["Hq", "Sq", "Sk", "s_bt", "n_pages"])  # sizes: no recompile per shape (see ARCHITECTURE)
 def _flash_fwd_kernel(
-        Q, K, V, O, LSE, MASK, SCALE, KVLENS,
+        Q, K, V, O, LSE, MASK, SCALE, KVLENS, BT,
         sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
         sob, soh, sos, sod, smb, smh, smi, smj,
-        Hq, Sq, Sk, GROUP, D, Dv, scale, seed, offset, threshold, inv_keep,
+        Hq, Sq, Sk, GROUP, D, Dv, scale, seed, offset, threshold, inv_keep, s_bt, n_pages,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         BLOCK_DV: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
         SCALE_PTR: tl.constexpr, INVERT: tl.constexpr, HAS_KVLENS: tl.constexpr,
         DROPOUT: tl.constexpr, INF_AS_ZERO: tl.constexpr, STORE_LSE: tl.constexpr,
         USE_TMA: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
-        SCALE_POS: tl.constexpr, WS: tl.constexpr):
+        SCALE_POS: tl.constexpr, WS: tl.constexpr, PAGE: tl.constexpr = 0):
     """One program: BLOCK_M query rows of one (b, h). Layout: any strides; lse (B, Hq, Sq)
-    contiguous f32."""
+    contiguous f32. PAGE > 0: K/V are page pools of PAGE keys per page (skb / svb their page
+    strides) named by the block table BT (row stride s_bt); pointer loads, no TMA."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // Hq
@@ -164,8 +191,13 @@ def _flash_fwd_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     b64 = b.to(tl.int64)
     q_base = Q + b64 * sqb + h.to(tl.int64) * sqh
-    k_base = K + b64 * skb + hk.to(tl.int64) * skh
-    v_base = V + b64 * svb + hk.to(tl.int64) * svh
+    if PAGE == 0:
+        kvb = b64
+    else:
+        kvb = b64 * 0  # the page of each key block is added in _fwd_inner
+    k_base = K + kvb * skb + hk.to(tl.int64) * skh
+    v_base = V + kvb * svb + hk.to(tl.int64) * svh
+    bt_row = BT + b64 * s_bt
 
     if SCALE_PTR:
         sc = tl.load(SCALE).to(tl.float32)
@@ -184,13 +216,30 @@ def _flash_fwd_kernel(
     else:
         shift = 0
 
+    kp_stride = skb
+    vp_stride = svb
+    k_row0 = 0
+    v_row0 = 0
     if USE_TMA:
         q_desc = tl.make_tensor_descriptor(q_base, shape=[Sq, D], strides=[sqs, 1],
                                            block_shape=[BLOCK_M, BLOCK_D])
-        k_desc = tl.make_tensor_descriptor(k_base, shape=[Sk, D], strides=[sks, 1],
-                                           block_shape=[BLOCK_N, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(v_base, shape=[Sk, Dv], strides=[svs, 1],
-                                           block_shape=[BLOCK_N, BLOCK_DV])
+        if PAGE == 0:
+            k_desc = tl.make_tensor_descriptor(k_base, shape=[Sk, D], strides=[sks, 1],
+                                               block_shape=[BLOCK_N, BLOCK_D])
+            v_desc = tl.make_tensor_descriptor(v_base, shape=[Sk, Dv], strides=[svs, 1],
+                                               block_shape=[BLOCK_N, BLOCK_DV])
+        else:  # the pools as rows (the host checked that page and head strides are whole rows)
+            hkv = Hq // GROUP
+            kp_stride = skb // sks
+            vp_stride = svb // svs
+            k_row0 = hk * (skh // sks)
+            v_row0 = hk * (svh // svs)
+            k_rows = (n_pages - 1) * kp_stride + (hkv - 1) * (skh // sks) + PAGE
+            v_rows = (n_pages - 1) * vp_stride + (hkv - 1) * (svh // svs) + PAGE
+            k_desc = tl.make_tensor_descriptor(K, shape=[k_rows, D], strides=[sks, 1],
+                                               block_shape=[BLOCK_N, BLOCK_D])
+            v_desc = tl.make_tensor_descriptor(V, shape=[v_rows, Dv], strides=[svs, 1],
+                                               block_shape=[BLOCK_N, BLOCK_DV])
         q = q_desc.load([start_m, 0])
         k_ptrs = K
         v_ptrs = V
@@ -200,8 +249,12 @@ def _flash_fwd_kernel(
         v_desc = None
         q = tl.load(q_base + offs_m[:, None].to(tl.int64) * sqs + offs_d[None, :] * sqd,
                     mask=(offs_m[:, None] < Sq) & (offs_d[None, :] < D), other=0.0)
-        k_ptrs = k_base + offs_n[:, None].to(tl.int64) * sks + offs_d[None, :] * skd
-        v_ptrs = v_base + offs_n[:, None].to(tl.int64) * svs + offs_dv[None, :] * svd
+        if PAGE == 0:
+            k_ptrs = k_base + offs_n[:, None].to(tl.int64) * sks + offs_d[None, :] * skd
+            v_ptrs = v_base + offs_n[:, None].to(tl.int64) * svs + offs_dv[None, :] * svd
+        else:
+            k_ptrs = k_base + offs_d[None, :] * skd
+            v_ptrs = v_base + offs_dv[None, :] * svd
     if MASK_KIND != 0:
         mask_ptrs = (MASK + b64 * smb + h.to(tl.int64) * smh + offs_m[:, None].to(tl.int64) * smi
                      + offs_n[None, :].to(tl.int64) * smj)
@@ -229,13 +282,13 @@ def _flash_fwd_kernel(
         offs_m, offs_d, offs_dv, 0, full, kv_len, shift, qk_scale,
         seed, offset, b, h, Hq, Sq, Sk, threshold, D, Dv,
         BLOCK_N, False, CAUSAL, MASK_KIND, DROPOUT, BLOCK_D == D, BLOCK_DV == Dv, USE_TMA,
-        UPCAST, IEEE, SCALE_POS, WS)
+        UPCAST, IEEE, SCALE_POS, WS, bt_row, kp_stride, vp_stride, k_row0, v_row0, PAGE)
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, k_desc, v_desc, mask_ptrs, sks, svs, smj,
         offs_m, offs_d, offs_dv, full, hi, kv_len, shift, qk_scale,
         seed, offset, b, h, Hq, Sq, Sk, threshold, D, Dv,
         BLOCK_N, True, CAUSAL, MASK_KIND, DROPOUT, BLOCK_D == D, BLOCK_DV == Dv, USE_TMA,
-        UPCAST, IEEE, False, False)
+        UPCAST, IEEE, False, False, bt_row, kp_stride, vp_stride, k_row0, v_row0, PAGE)
 
     # -- epilogue: normalise, lse, store
     inv_l = 1.0 / l_i
@@ -268,6 +321,25 @@ def tma_ok(*tensors: torch.Tensor) -> bool:
         if t.shape[-1] * e < 16:
             return False
     return torch.cuda.get_device_capability(tensors[0].device)[0] >= 9
+
+
+def paged_tma_ok(problem, args, block_n: int) -> bool:
+    """TMA over page pools: every key block one page's rows (page a multiple of block_n),
+    page and head strides whole rows, rows addressable as int32, and tma_ok's alignment."""
+    if problem.page_size % block_n or not tma_ok(args.q, args.k, args.v):
+        return False
+    for t in (args.k, args.v):
+        sp, sh, sn, _ = t.stride()
+        if sn <= 0 or sp % sn or sh % sn or t.shape[0] * (sp // sn) + t.shape[1] * (sh // sn) >= 2**31:
+            return False
+    return True
+
+
+def use_tma_for(problem, args, block_n: int) -> bool:
+    """Whether the forward reads K/V (and Q) through TMA descriptors."""
+    if problem.page_size:
+        return paged_tma_ok(problem, args, block_n)
+    return tma_ok(args.q, args.k, args.v)
 
 
 def mask_view(problem, attn_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, tuple]:
@@ -311,7 +383,7 @@ def _fwd_plan(problem, args, *, use_tma: bool, with_lse: bool):
     o_strides = (problem.Hq * problem.Sq * problem.Dv, problem.Sq * problem.Dv, problem.Dv, 1)
     tail = (*q.stride(), *k.stride(), *v.stride(), *o_strides, *ms,
             problem.Hq, problem.Sq, problem.Sk, problem.group, problem.D, problem.Dv, scale, seed, offset,
-            threshold, inv_keep)
+            threshold, inv_keep, 0 if args.block_table is None else args.block_table.stride(0), k.shape[0])
     flags = dict(
         BLOCK_D=block_d(problem.D), BLOCK_DV=block_d(problem.Dv),
         CAUSAL=_CAUSAL_CODE[problem.causal], MASK_KIND=_MASK_CODE[problem.mask],
@@ -319,7 +391,7 @@ def _fwd_plan(problem, args, *, use_tma: bool, with_lse: bool):
         HAS_KVLENS=args.kv_lens is not None, DROPOUT=problem.dropout_p > 0,
         INF_AS_ZERO=problem.inf_as_zero, STORE_LSE=with_lse, USE_TMA=use_tma,
         UPCAST=interpreting() and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
-        SCALE_POS=scale_t is None and scale > 0)
+        SCALE_POS=scale_t is None and scale > 0, PAGE=problem.page_size)
     return tail, flags
 
 
@@ -329,7 +401,8 @@ def _pointers(problem, args, o, lse):
     mask, _ = mask_view(problem, args.attn_mask)
     _, scale_t = scale_args(problem, args)
     return (q, args.k, args.v, o, lse if lse is not None else o, mask if mask is not None else q,
-            scale_t if scale_t is not None else q, args.kv_lens if args.kv_lens is not None else q)
+            scale_t if scale_t is not None else q, args.kv_lens if args.kv_lens is not None else q,
+            args.block_table if args.block_table is not None else q)
 
 
 def _grid(problem, cfg: configs.TileConfig) -> tuple[int, int]:
@@ -347,8 +420,8 @@ def forward_launch(problem, args, *, use_tma: bool | None = None,
     want_lse = problem.return_lse or lse_out is not None
     lse = lse_out if lse_out is not None else (
         torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if want_lse else None)
-    if use_tma is None:
-        use_tma = tma_ok(q, args.k, args.v)
+    if use_tma is None:  # (paged: the block-size condition is checked per config in ForwardPlan)
+        use_tma = tma_ok(q, args.k, args.v) and not problem.page_size
     if use_tma:
         ensure_allocator(q.device)
     tail, flags = _fwd_plan(problem, args, use_tma=use_tma, with_lse=lse is not None)
@@ -390,17 +463,18 @@ class ForwardPlan:
         """Everything the launch specialises on but the problem: strides, per-call scalars,
         and every pointer's 16-byte alignment (so the launch needs no check of its own)."""
         q, k, v, m = args.q, args.k, args.v, args.attn_mask
+        bt = args.block_table
         return (q.stride(), k.stride(), v.stride(), None if m is None else (m.shape, m.stride()),
                 None if isinstance(args.scale, torch.Tensor) else args.scale, args.seed, args.offset,
-                aligned16(q, k, v, m, args.kv_lens, args.scale))
+                aligned16(q, k, v, m, args.kv_lens, args.scale, bt), None if bt is None else (bt.stride(0), k.shape[0]))
 
     def _plan(self, args) -> Launch:
         p, cfg = self.problem, self.cfg
-        use_tma = tma_ok(args.q, args.k, args.v)
+        use_tma = use_tma_for(p, args, cfg.block_n)
         tail, flags = _fwd_plan(p, args, use_tma=use_tma, with_lse=p.return_lse)
         return Launch(_flash_fwd_kernel, _grid(p, cfg), tail, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                      WS=cfg.warp_specialize and use_tma, **flags)
+                      WS=cfg.warp_specialize and use_tma and not p.page_size, **flags)
 
     def __call__(self, args):
         p, q = self.problem, args.q
@@ -479,6 +553,7 @@ class FlashForward(FlashBase):
     id = 110
     name = "flash_fwd"
     directions = frozenset({"fwd"})
+    paged = True  # page pools through pointer loads (no TMA), PAGE constexpr (paging.py)
 
     def workspace_size(self, problem) -> int:
         """The TMA descriptors' scratch (3 per program) for contiguous inputs; o and lse

@@ -7,13 +7,13 @@ Functions for tests of other solvers (all return float64 tensors on q's device):
     sdpa_reference(q, k, v, **options)              -> (o64, lse64)
     sdpa_backward_reference(do, q, k, v, **options) -> (dq64, dk64, dv64)
 (options as nnprim.sdpa: attn_mask, causal, scale, invert_scale, dropout_p, seed,
-offset, kv_lens, softmax_inf_as_zero.)
+offset, kv_lens, softmax_inf_as_zero; sdpa_reference also block_table.)
 
 Solvers: id 100 `attn_reference_fwd` (invoker(args) -> (o, lse)) and id 101
 `attn_reference_bwd` (invoker(args) -> (dq, dk, dv)); devices cpu and cuda; dtypes f32,
 f16, bf16, f64; every option of the contract (GQA, both causal alignments, bool/additive
 masks, scalar/tensor scale and its inverse, softmax_inf_as_zero, dropout, quantized K/V,
-kv_lens, return_lse). Outputs have the inputs' dtypes, lse is f32.
+kv_lens, paged K/V (forward), return_lse). Outputs have the inputs' dtypes, lse is f32.
 
 Math (per batch entry b, query head h, K/V head h // (Hq / Hkv)):
     S   = scale * Q K^T + bias          bias: additive mask, -inf where masked (masking.py)
@@ -43,6 +43,7 @@ import torch
 
 from ..args import AttnArgs
 from ..dropout import dropout_keep_mask, dropout_scale
+from ..paged import gathered
 from ..problems.attention import AttentionProblem
 from ..quant import KVQuant
 from ..search.solver import Solver, register
@@ -107,7 +108,10 @@ def _probs(problem, args, q, k, blk, scale, zero_dead, lse=None):
 
 
 def reference_forward(problem: AttentionProblem, args: AttnArgs) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 (o (B, Hq, Sq, Dv), lse (B, Hq, Sq)) of the attention described by problem."""
+    """float64 (o (B, Hq, Sq, Dv), lse (B, Hq, Sq)) of the attention described by problem
+    (page pools are gathered into the contiguous cache first)."""
+    if args.block_table is not None:
+        args = gathered(args)
     q, k, v = _as64(args.q), _as64(args.k), _as64(args.v)
     scale = _scale64(problem, args)
     o = _empty((problem.B, problem.Hq, problem.Sq, problem.Dv), q.device)
@@ -168,13 +172,13 @@ def reference_backward(problem: AttentionProblem, args: AttnArgs, *, saved: bool
 
 def _problem_and_args(q, k, v, do=None, *, attn_mask=None, causal=None, scale=None, invert_scale=False,
                       dropout_p=0.0, seed=0, offset=0, kv_lens=None, softmax_inf_as_zero=False,
-                      return_lse=False, direction="fwd"):
+                      return_lse=False, direction="fwd", block_table=None):
     problem = AttentionProblem.from_tensors(
         q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, invert_scale=invert_scale,
         dropout_p=dropout_p, kv_lens=kv_lens, softmax_inf_as_zero=softmax_inf_as_zero,
-        return_lse=return_lse, direction=direction, seed=seed, offset=offset)
+        return_lse=return_lse, direction=direction, seed=seed, offset=offset, block_table=block_table)
     args = AttnArgs(q=q, k=k, v=v, attn_mask=attn_mask, scale=scale, seed=seed, offset=offset,
-                    kv_lens=kv_lens, do=do)
+                    kv_lens=kv_lens, do=do, block_table=block_table)
     return problem, args
 
 
@@ -215,6 +219,7 @@ class AttentionReferenceFwd(_ReferenceBase):
     id = 100
     name = "attn_reference_fwd"
     directions = frozenset({"fwd"})
+    paged = True
 
     def prepare(self, problem: AttentionProblem):
         def invoke(args: AttnArgs):

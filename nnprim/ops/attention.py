@@ -12,6 +12,7 @@ import torch
 
 from ..args import AttnArgs
 from ..errors import BadParameterError, NotSupportedError
+from ..paged import check_page_values
 from ..problems.attention import AttentionProblem, check_kv_lens_values
 from ..quant import KVQuant
 from ..search.context import context
@@ -24,7 +25,7 @@ _OPTIONS = ("Tensor? attn_mask, Tensor? scale_tensor, Tensor? kv_lens, str causa
             "bool invert_scale, float dropout_p, int seed, int offset, bool softmax_inf_as_zero")
 LIB.define("sdpa_forward(Tensor q, Tensor k, Tensor v, Tensor? k_scales, Tensor? k_zero_points, "
            "Tensor? v_scales, Tensor? v_zero_points, str k_quant, str v_quant, " + _OPTIONS +
-           ", bool return_lse, str? solver) -> (Tensor, Tensor)", tags=_TAGS)
+           ", bool return_lse, str? solver, Tensor? block_table=None) -> (Tensor, Tensor)", tags=_TAGS)
 LIB.define("sdpa_backward(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, " + _OPTIONS +
            ", str? solver) -> (Tensor, Tensor, Tensor)", tags=_TAGS)
 
@@ -58,14 +59,17 @@ def _scale_arg(scale, scale_tensor):
 
 
 def problem(direction: str, q, k, v, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p,
-            seed, offset, softmax_inf_as_zero, return_lse, *, check_values: bool = True) -> AttentionProblem:
-    """Validate an sdpa call (k, v: tensors or KVQuant); its AttentionProblem."""
+            seed, offset, softmax_inf_as_zero, return_lse, *, check_values: bool = True,
+            block_table=None) -> AttentionProblem:
+    """Validate an sdpa call (k, v: tensors or KVQuant, page pools with block_table); its
+    AttentionProblem."""
     if scale_tensor is not None and scale is not None:
         raise BadParameterError("give the scale as a float or as a tensor, not both")
     p = AttentionProblem.from_tensors(
         q, k, v, attn_mask=attn_mask, causal=causal or None, scale=_scale_arg(scale, scale_tensor),
         invert_scale=invert_scale, dropout_p=dropout_p, kv_lens=kv_lens, softmax_inf_as_zero=softmax_inf_as_zero,
-        return_lse=return_lse, direction=direction, seed=seed, offset=offset, check_values=check_values)
+        return_lse=return_lse, direction=direction, seed=seed, offset=offset, check_values=check_values,
+        block_table=block_table)
     note(p)
     return p
 
@@ -79,34 +83,41 @@ def _check_counters(seed: int, offset: int) -> None:
         raise BadParameterError(f"seed={seed} and offset={offset} must be non-negative")
 
 
-def _check_lens(kv_lens, k: torch.Tensor) -> None:
-    """kv_lens values are checked on a call signature's first call; after that on CPU
-    tensors (no device sync) and with NNPRIM_CHECK_NUMERICS=1. The kernels clamp them to
-    [0, Sk] either way, so a stale value never reads past the keys."""
+def _check_lens(kv_lens, k: torch.Tensor, block_table=None) -> None:
+    """kv_lens (and the pages they use) values are checked on a call signature's first
+    call; after that on CPU tensors (no device sync) and with NNPRIM_CHECK_NUMERICS=1. The
+    kernels clamp kv_lens to [0, Sk] either way, so a stale value never reads past the
+    keys (a page id out of the pool is the caller's to avoid, as for any index)."""
     if kv_lens is not None and (kv_lens.device.type == "cpu" or SETTINGS.check_numerics):
-        check_kv_lens_values(kv_lens, k.shape[2])
+        if block_table is None:
+            check_kv_lens_values(kv_lens, k.shape[2])
+        elif isinstance(block_table, torch.Tensor) and block_table.dim() == 2:
+            check_kv_lens_values(kv_lens, block_table.shape[1] * k.shape[2])
+            check_page_values(block_table, kv_lens, k.shape[0], k.shape[2])
 
 
 # ---- forward -----------------------------------------------------------------------------------
 def sdpa_forward(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask,
                  scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero,
-                 return_lse, solver):
+                 return_lse, solver, block_table=None):
     """The forward's implementation (the op's arguments): (o, lse or None)."""
     _check_counters(seed, offset)
-    _check_lens(kv_lens, k)
+    _check_lens(kv_lens, k, block_table)
     key = ("fwd", q.shape, q.stride(), q.dtype, _tkey(k), _tkey(v), _tkey(k_scales), _tkey(k_zero_points),
            _tkey(v_scales), _tkey(v_zero_points), k_quant, v_quant, _tkey(attn_mask), _tkey(scale_tensor),
-           _tkey(kv_lens), causal, scale, invert_scale, dropout_p, softmax_inf_as_zero, return_lse, solver)
+           _tkey(kv_lens), causal, scale, invert_scale, dropout_p, softmax_inf_as_zero, return_lse, solver,
+           _tkey(block_table))
     kk = _kv(k, k_scales, k_zero_points, k_quant, checked=False)
     vv = _kv(v, v_scales, v_zero_points, v_quant, checked=False)
 
     def make() -> AttentionProblem:
         return problem("fwd", q, _kv(k, k_scales, k_zero_points, k_quant, checked=True),
                        _kv(v, v_scales, v_zero_points, v_quant, checked=True), attn_mask, scale_tensor, kv_lens,
-                       causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse)
+                       causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse,
+                       block_table=block_table)
 
     args = AttnArgs(q=q, k=kk, v=vv, attn_mask=attn_mask, scale=_scale_arg(scale, scale_tensor), seed=seed,
-                    offset=offset, kv_lens=kv_lens)
+                    offset=offset, kv_lens=kv_lens, block_table=block_table)
     return context(q.device).call(key, make, args, solver)
 
 
@@ -119,10 +130,11 @@ def _sdpa_forward(*args):
 @torch.library.register_fake("nnprim::sdpa_forward", lib=LIB)
 def _sdpa_forward_fake(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask,
                        scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset,
-                       softmax_inf_as_zero, return_lse, solver):
+                       softmax_inf_as_zero, return_lse, solver, block_table=None):
     p = problem("fwd", q, _kv(k, k_scales, k_zero_points, k_quant, checked=True),
                 _kv(v, v_scales, v_zero_points, v_quant, checked=True), attn_mask, scale_tensor, kv_lens, causal,
-                scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, check_values=False)
+                scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, check_values=False,
+                block_table=block_table)
     o = q.new_empty((p.B, p.Hq, p.Sq, p.Dv))
     lse = q.new_empty((p.B, p.Hq, p.Sq) if return_lse else (0,), dtype=torch.float32)
     return o, lse
@@ -175,13 +187,17 @@ def _sdpa_backward_fake(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, c
 
 
 # ---- autograd -------------------------------------------------------------------------------
-def _save(ctx, q, k, v, o, lse, quantized: bool, attn_mask, scale_tensor, kv_lens, options) -> None:
+def _save(ctx, q, k, v, o, lse, quantized: bool, attn_mask, scale_tensor, kv_lens, options,
+          paged: bool = False) -> None:
     ctx.mark_non_differentiable(lse)
     if not any(ctx.needs_input_grad[:3]):
         return
     if quantized:
         raise NotSupportedError("gradients through quantized K/V are not supported; "
                                 "call sdpa under torch.no_grad() or dequantize K/V first")
+    if paged:
+        raise NotSupportedError("gradients through paged K/V (block_table) are not supported: paged caches "
+                                "serve inference; call sdpa under torch.no_grad()")
     if lse.numel() == 0:
         raise NotSupportedError("nnprim::sdpa_forward needs return_lse=True when gradients are needed "
                                 "(nnprim.sdpa asks for it)")
@@ -196,13 +212,15 @@ def _grads(ctx, do, backward):
 
 def _setup(ctx, inputs, output) -> None:
     (q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask, scale_tensor, kv_lens,
-     causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, solver) = inputs
+     causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, solver,
+     *rest) = inputs
     _save(ctx, q, k, v, *output, bool(k_quant or v_quant), attn_mask, scale_tensor, kv_lens,
-          (causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero))
+          (causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero),
+          paged=bool(rest) and rest[0] is not None)
 
 
 def _backward(ctx, do, dlse):
-    return tuple(_grads(ctx, do, torch.ops.nnprim.sdpa_backward)) + (None,) * 18
+    return tuple(_grads(ctx, do, torch.ops.nnprim.sdpa_backward)) + (None,) * 19
 
 
 torch.library.register_autograd("nnprim::sdpa_forward", _backward, setup_context=_setup, lib=LIB)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..errors import BadParameterError, NotSupportedError
+from ..paged import check_block_table, check_page_values, check_pool_params, pool_shape
 from ..quant import KVQuant
 from .common import check_float_dtype, dtype_name
 
@@ -44,6 +45,26 @@ def check_kv_lens_values(kv_lens: torch.Tensor, Sk: int) -> None:
         raise BadParameterError(f"kv_lens values must lie in [0, Sk={Sk}], got min {lo}, max {hi}")
 
 
+def _paged(q, k, v, block_table, kv_lens, direction: str) -> tuple[int, int]:
+    """Validate page pools k, v (num_pages, Hkv, page_size, D) and their block table;
+    (page_size, num_pages)."""
+    if direction != "fwd":
+        raise NotSupportedError("sdpa_backward with paged K/V (block_table) is not supported: paged caches "
+                                "serve inference (forward only)")
+    B = q.shape[0]
+    check_block_table(block_table, B, q.device)
+    nk, _, pk, _ = pool_shape("k", k)
+    nv, _, pv, _ = pool_shape("v", v)
+    if (nk, pk) != (nv, pv):
+        raise BadParameterError(f"k page pool (num_pages={nk}, page_size={pk}) and v page pool "
+                                f"(num_pages={nv}, page_size={pv}) must match")
+    if kv_lens is None:
+        raise BadParameterError("paged K/V (block_table=...) need kv_lens=: the number of valid keys per sequence")
+    check_pool_params("k", k)
+    check_pool_params("v", v)
+    return pk, nk
+
+
 @dataclass(frozen=True)
 class AttentionProblem:
     direction: str  # "fwd" | "bwd"
@@ -67,20 +88,28 @@ class AttentionProblem:
     return_lse: bool = False
     k_quant: tuple | None = None  # KVQuant.signature()
     v_quant: tuple | None = None
+    page_size: int = 0  # paged K/V (nnprim.paged): keys per page; Sk = max_pages * page_size; 0 = contiguous
 
     @classmethod
     def from_tensors(cls, q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None,
                      causal=None, scale=None, invert_scale: bool = False, dropout_p: float = 0.0,
                      kv_lens: torch.Tensor | None = None, softmax_inf_as_zero: bool = False,
                      return_lse: bool = False, direction: str = "fwd",
-                     seed: int = 0, offset: int = 0, check_values: bool = True) -> AttentionProblem:
-        """Validate a call; `check_values=False` skips the kv_lens value range (a device
-        sync; fake tensors have no values)."""
+                     seed: int = 0, offset: int = 0, check_values: bool = True,
+                     block_table: torch.Tensor | None = None) -> AttentionProblem:
+        """Validate a call; `check_values=False` skips the kv_lens (and block_table) value
+        ranges (a device sync; fake tensors have no values). With `block_table`, k and v
+        are page pools (num_pages, Hkv, page_size, D) (nnprim.paged)."""
         if direction not in ("fwd", "bwd"):
             raise BadParameterError(f"direction={direction!r} must be 'fwd' or 'bwd'")
         B, Hq, Sq, D = _shape4("q", q)
         Bk, Hkv, Sk, Dk = _shape4("k", k)
         Bv, Hv, Skv, Dv = _shape4("v", v)
+        page_size = 0
+        if block_table is not None:
+            page_size, num_pages = _paged(q, k, v, block_table, kv_lens, direction)
+            Bk = Bv = B
+            Sk = Skv = block_table.shape[1] * page_size
         check_float_dtype("q", q)
         for name, t in (("k", k), ("v", v)):
             if isinstance(t, torch.Tensor):
@@ -152,6 +181,8 @@ class AttentionProblem:
                 raise BadParameterError(f"kv_lens is on {kv_lens.device} but q is on {q.device}")
             if check_values:
                 check_kv_lens_values(kv_lens, Sk)
+                if page_size:
+                    check_page_values(block_table, kv_lens, num_pages, page_size)
         kq = k.signature() if isinstance(k, KVQuant) else None
         vq = v.signature() if isinstance(v, KVQuant) else None
         return cls(direction=direction, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, Dv=Dv,
@@ -159,12 +190,15 @@ class AttentionProblem:
                    mask_shape=mshape, scale=scale_kind, invert_scale=bool(invert_scale),
                    dropout_p=float(dropout_p), has_kv_lens=kv_lens is not None,
                    inf_as_zero=bool(softmax_inf_as_zero), return_lse=bool(return_lse),
-                   k_quant=kq, v_quant=vq)
+                   k_quant=kq, v_quant=vq, page_size=page_size)
 
     def __post_init__(self) -> None:
         if self.direction == "bwd" and self.quantized:
             raise NotSupportedError("sdpa_backward with quantized K/V is not supported: "
                                     "quantized K/V have no gradient; dequantize first")
+        if self.direction == "bwd" and self.page_size:
+            raise NotSupportedError("sdpa_backward with paged K/V (block_table) is not supported: paged caches "
+                                    "serve inference (forward only)")
 
     # ---- derived -------------------------------------------------------------------
     @property
@@ -225,6 +259,8 @@ class AttentionProblem:
         for name, qs in (("kq", self.k_quant), ("vq", self.v_quant)):
             if qs is not None:
                 parts.append(name + ":".join(str(x) for x in qs))
+        if self.page_size:
+            parts.append(f"pg{self.page_size}")
         return "-".join(parts)
 
     def class_key(self) -> str:

@@ -103,7 +103,14 @@ def attn_args(p, seed: int = 0) -> AttnArgs:
     kv_lens = None
     if p.has_kv_lens:
         kv_lens = torch.randint(1, p.Sk + 1, (p.B,), generator=gen, dtype=torch.int32).to(dev)
-    a = AttnArgs(q=q, k=k, v=v, attn_mask=mask, scale=scale, seed=1234 + seed, offset=7, kv_lens=kv_lens)
+    block_table = None
+    if p.page_size:  # the caches cut into shuffled pages of a pool with one spare page
+        from ..paged import to_pages
+        n = p.B * (p.Sk // p.page_size)
+        block_table = torch.randperm(n + 1, generator=gen)[:n].reshape(p.B, -1).to(torch.int32).to(dev)
+        k, v = to_pages(k, block_table, n + 1), to_pages(v, block_table, n + 1)
+    a = AttnArgs(q=q, k=k, v=v, attn_mask=mask, scale=scale, seed=1234 + seed, offset=7, kv_lens=kv_lens,
+                 block_table=block_table)
     if p.direction == "bwd":
         a.do = _randn((p.B, p.Hq, p.Sq, p.Dv), dt, dev, gen)
         a.o, a.lse = _forward_outputs(p, a, gen)

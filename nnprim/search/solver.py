@@ -40,6 +40,7 @@ class Solver:
     uses_triton: ClassVar[bool] = False
     long_compile: ClassVar[bool] = False          # dynamic_hybrid skips these on a db miss
     deterministic: ClassVar[bool] = True
+    paged: ClassVar[bool] = False                 # attention: serves page-pool K/V (block_table)
 
     def not_supported_reasons(self, problem) -> list[str]:
         """Why this solver cannot run `problem` (empty list = applicable). Subclasses
@@ -56,6 +57,8 @@ class Solver:
             reasons.append("Triton needs a CUDA device (or TRITON_INTERPRET=1 on CPU)")
         if problem.dtype not in self.dtypes:
             reasons.append(f"dtype {problem.dtype} not in {sorted(str(d) for d in self.dtypes)}")
+        if getattr(problem, "page_size", 0) and not self.paged:
+            reasons.append("paged K/V (block_table) are not supported")
         return reasons
 
     def is_applicable(self, problem) -> bool:
