@@ -79,7 +79,10 @@ def _gather(t: torch.Tensor | None, bt: torch.Tensor, valid: torch.Tensor | None
     g = t[bt.reshape(-1)].reshape(B, M, H, P, X)
     g = g.permute(0, 2, 1, 3, 4).reshape(B, H, M * P, X)
     if valid is not None:
-        g = g.masked_fill(~valid[:, None, :, None], 0)
+        if g.dtype == torch.float8_e4m3fn:  # no masked_fill for fp8: zero bytes are +0.0
+            g = g.view(torch.uint8).masked_fill(~valid[:, None, :, None], 0).view(g.dtype)
+        else:
+            g = g.masked_fill(~valid[:, None, :, None], 0)
     return g
 
 

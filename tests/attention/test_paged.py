@@ -295,10 +295,44 @@ def test_append_bad_inputs():
     with pytest.raises(nnprim.BadParameterError, match=r"block_table\[0, 1\]"):
         append_kv(kp, vp, torch.tensor([[0, 9], [2, 3]], dtype=torch.int32), torch.tensor([14, 0],
                   dtype=torch.int32), new, new)
-    qk = quantize_kv(torch.randn(4, 2, 16, 8), "s8", None)
-    qk = KVQuant(qk.data, torch.ones(1), None, "s8")
-    with pytest.raises(nnprim.NotSupportedError, match="per-tensor"):
+    qk = quantize_kv(torch.randn(4, 2, 16, 8), "s8", None, symmetric=False)
+    qk = KVQuant(qk.data, qk.scales, torch.zeros(1), "u8" if qk.data.dtype == torch.uint8 else "s8")
+    with pytest.raises(nnprim.NotSupportedError, match="zero point"):
         append_kv(qk, qk, bt, torch.tensor([0, 0], dtype=torch.int32), new, new)
+    ph = quantize_kv(torch.randn(4, 2, 16, 8), "fp8_e4m3")   # per (page, head) scales: not a pool's
+    with pytest.raises(nnprim.BadParameterError, match="shared by every page"):
+        append_kv(ph, ph, bt, torch.tensor([0, 0], dtype=torch.int32), new, new)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "s8"])
+def test_append_static_scale_then_decode(fmt):
+    """Pools with a fixed scale (fp8 per head, s8 per tensor): append stores x / scale in
+    codes, and paged decode equals decode over the gathered cache."""
+    B, Hq, Hkv, D, page, M = 2, 4, 2, 32, 16, 3
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(B, Hkv, 40, D, generator=g).half()
+    n = B * M
+    if fmt == "fp8_e4m3":
+        sc = torch.tensor([0.01, 0.02]).reshape(1, Hkv).expand(n, Hkv)
+    else:
+        sc = torch.tensor([0.03])
+    dt = torch.float8_e4m3fn if fmt == "fp8_e4m3" else torch.int8
+    kp = KVQuant(torch.zeros(n, Hkv, page, D, dtype=dt), sc, None, fmt)
+    vp = KVQuant(torch.zeros(n, Hkv, page, D, dtype=dt), sc, None, fmt)
+    bt = torch.tensor([[3, 1, 5], [0, 2, 4]], dtype=torch.int32)
+    lens = append_kv(kp, vp, bt, torch.zeros(B, dtype=torch.int32), x, x)
+    gk = gather_pages(kp, bt, lens)
+    want = (x.float() / sc[:1].float().reshape(1, -1, 1, 1) if sc.numel() > 1 else x.float() / sc)
+    want = want.to(dt) if fmt == "fp8_e4m3" else torch.round(want).clamp(-128, 127).to(dt)
+    assert torch.equal(gk.data[:, :, :40].view(torch.int8), want.view(torch.int8))
+    q = torch.randn(B, Hq, 1, D, generator=g).half()
+    sids = [s.id for s in REGISTRY.all("attention") if s.id in (121, 122)
+            and s.is_applicable(AttentionProblem.from_tensors(q, kp, vp, kv_lens=lens, block_table=bt))]
+    assert sids
+    for sid in sids:
+        o = nnprim.sdpa(q, kp, vp, block_table=bt, kv_lens=lens, solver=sid)
+        oc = nnprim.sdpa(q, gk, gather_pages(vp, bt, lens), kv_lens=lens, solver=sid)
+        assert same(o, oc), sid
 
 
 def test_fake_impl_shapes():
