@@ -36,7 +36,8 @@ def _nan_fill(pool, bt, lens, page):
             keep[int(bt[b, j // page]), j % page] = True
     hole = ~keep[:, None, :, None]
     if isinstance(pool, KVQuant):
-        pool.scales.masked_fill_(hole, float("nan"))
+        if pool.scale_kind == "g":
+            pool.scales.masked_fill_(hole, float("nan"))
         return pool
     return pool.masked_fill_(hole, float("nan"))
 

@@ -39,8 +39,14 @@ def paginate(k, v, page, lens, seed=0):
     valid = (pos[None, :] < lens[:, None]).reshape(B, M, page)          # (B, M, page)
     keep = torch.zeros(n, page, dtype=torch.bool, device=DEV)
     keep[bt.reshape(-1).long()] = valid.reshape(B * M, page)
+    hole = ~keep[:, None, :, None]
     for t in (kp, vp):
-        (t.scales if isinstance(t, KVQuant) else t).masked_fill_(~keep[:, None, :, None], float("nan"))
+        if not isinstance(t, KVQuant):
+            t.masked_fill_(hole, float("nan"))
+        elif t.scale_kind == "g":
+            t.scales.masked_fill_(hole, float("nan"))
+        elif t.is_fp8:
+            t.data.view(torch.uint8).masked_fill_(hole, 0x7F)   # e4m3fn NaN
     used = (lens + page - 1) // page
     bt = torch.where(torch.arange(M, device=DEV)[None, :] < used[:, None], bt, torch.full_like(bt, -1))
     return kp, vp, bt
@@ -74,7 +80,8 @@ def check(q, k, v, lens, page, nb=2):
         if isinstance(t, KVQuant):
             zp = t.zero_points
             return KVQuant(t.data[:nb], t.scales[:nb] if t.scales.numel() > 1 else t.scales,
-                           None if zp is None else (zp[:nb] if zp.numel() > 1 else zp), t.dtype, t.group_size)
+                           None if zp is None else (zp[:nb] if zp.numel() > 1 else zp), t.dtype, t.group_size,
+                           t.layout)
         return t[:nb]
     ref, _ = sdpa_reference(q[:nb], sl(k), sl(v), kv_lens=lens[:nb], causal="bottom_right")
     theirs = torch_same_dtype(q[:nb], sl(k), sl(v), lens[:nb], Sq)
@@ -100,13 +107,25 @@ def test_decode_bf16(B, Sk, page, Sq):
     check(q, k, v, lens, page)
 
 
-@pytest.mark.parametrize("fmt", [("s8", 64, True), ("s4", 64, True), ("u4", 32, False), ("s8", None, True)],
-                         ids=["s8g64", "s4g64", "u4g32zp", "s8tok"])
+@pytest.mark.parametrize("fmt", [("s8", 64, True, None), ("s4", 64, True, None), ("u4", 32, False, None),
+                                 ("s8", None, True, None), ("fp8_e4m3", None, True, "tensor"),
+                                 ("s4", 64, True, "v")],
+                         ids=["s8g64", "s4g64", "u4g32zp", "s8tok", "fp8", "s4g64_vkeys"])
 @pytest.mark.parametrize("page", [16, 256])
 def test_decode_quant(fmt, page):
     q, k, v, lens = rand(16, 1, 16384, torch.bfloat16, seed=3)
-    kq = quantize_kv(k, fmt[0], fmt[1], symmetric=fmt[2])
-    vq = quantize_kv(v, fmt[0], fmt[1], symmetric=fmt[2])
+    extra = {"scale_per": "tensor"} if fmt[3] == "tensor" else {}
+    kq = quantize_kv(k, fmt[0], fmt[1], symmetric=fmt[2], **extra)
+    vq = quantize_kv(v, fmt[0], fmt[1], symmetric=fmt[2], **extra)
+    if fmt[3] == "v":  # keys-contiguous V pool: pages of a (num_pages, H, D', page) buffer
+        kp, vp, bt = paginate(kq, vq, page, lens)
+        vt = vp.data.transpose(-1, -2).contiguous().transpose(-1, -2)
+        vp = KVQuant(vt, vp.scales, vp.zero_points, vp.dtype, vp.group_size, vp.layout)
+        with torch.no_grad():
+            o = nnprim.sdpa(q, kp, vp, block_table=bt, kv_lens=lens)
+            oc = nnprim.sdpa(q, kq, vq, kv_lens=lens)
+        assert (o.float() - oc.float()).abs().max() <= 2e-2 * oc.float().abs().max()
+        return
     check(q, kq, vq, lens, page)
 
 
