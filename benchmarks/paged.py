@@ -2,7 +2,8 @@
 same format's contiguous cache, and torch SDPA with the cuDNN backend on the bf16
 contiguous cache, in one run on the GPU (Hq 32, Hkv 8, D 128).
 
-Decode: B x Sk in {8 x 32k, 64 x 8k}, Sq 1, formats bf16 / s8 g64 / s4 g64, pages
+Decode: B x Sk in {8 x 32k, 64 x 8k}, Sq 1, formats bf16 / s8 g64 / s4 g64 / fp8 (per-tensor
+scale), pages
 16 / 64 / 256 (target: paged >= 0.95x the contiguous time). Chunked prefill: Sq 2k / 8k
 over a 16k cache, B 2, bf16, causal bottom-right (target: >= 0.9x the contiguous flash
 forward). Pages are shuffled in a pool with spare pages; kv_lens = Sk (full caches) so
@@ -108,16 +109,17 @@ def main() -> None:
     torch.manual_seed(0)
     rows: list[dict] = []
     decode = [(8, 32768), (64, 8192)] if not a.quick else [(8, 32768)]
-    fmts = [None, ("s8", 64), ("s4", 64)]
+    fmts = [None, ("s8", 64), ("s4", 64), ("fp8_e4m3", None)]
     for B, Sk in decode:
         q = torch.randn(B, HQ, 1, D, device=DEV, dtype=torch.bfloat16)
         k = torch.randn(B, HKV, Sk, D, device=DEV, dtype=torch.bfloat16)
         v = torch.randn(B, HKV, Sk, D, device=DEV, dtype=torch.bfloat16)
         lens = torch.full((B,), Sk, dtype=torch.int32, device=DEV)
         for f in fmts:
-            kk = k if f is None else nnprim.quantize_kv(k, f[0], f[1])
-            vv = v if f is None else nnprim.quantize_kv(v, f[0], f[1])
-            name = f"decode_b{B}_k{Sk // 1024}k_{'bf16' if f is None else f'{f[0]}g{f[1]}'}"
+            extra = {"scale_per": "tensor"} if f is not None and f[0] == "fp8_e4m3" else {}  # pools share scales
+            kk = k if f is None else nnprim.quantize_kv(k, f[0], f[1], **extra)
+            vv = v if f is None else nnprim.quantize_kv(v, f[0], f[1], **extra)
+            name = f"decode_b{B}_k{Sk // 1024}k_{'bf16' if f is None else f[0] + (f'g{f[1]}' if f[1] else '')}"
             run_case(name, q, kk, vv, lens, (16, 64, 256), False, 50, rows)
             if f is None:
                 t = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))  # noqa: B023
