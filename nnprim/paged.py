@@ -234,7 +234,7 @@ def _parts(t, pool) -> list[torch.Tensor]:
 
 
 def append_kv(k_pages, v_pages, block_table: torch.Tensor, kv_lens: torch.Tensor, k_new: torch.Tensor,
-              v_new: torch.Tensor, *, symmetric: bool | None = None) -> torch.Tensor:
+              v_new: torch.Tensor, *, symmetric: bool | None = None, check: bool = True) -> torch.Tensor:
     """Write new tokens k_new (B, Hkv, S_new, D) and v_new (B, Hkv, S_new, Dv) into the
     page pools at positions kv_lens[b] .. kv_lens[b] + S_new - 1 of each sequence, in
     place; returns the new kv_lens (kv_lens + S_new, kv_lens' dtype). KVQuant pools are
@@ -244,8 +244,8 @@ def append_kv(k_pages, v_pages, block_table: torch.Tensor, kv_lens: torch.Tensor
     so the pages hold what quantizing the contiguous cache would; per-tensor / per-head
     scales (fp8, static scales) are the pool's and stay: codes = x / scale (+ zero point).
     The pages a write reaches must be in the block table: a sequence that would pass max_pages * page_size keys, or a page id out
-    of range, raises BadParameterError (checked on every call except during CUDA graph
-    capture, where rows past the table are skipped instead). One scatter kernel on GPUs
+    of range, raises BadParameterError (checked on every call, a device sync on GPUs, except
+    with check=False or during CUDA graph capture: rows past the table are then skipped). One scatter kernel on GPUs
     (per pair of K/V parts), torch indexing on CPUs."""
     num_pages, H, P, D, Dv = _check_pool_pair(k_pages, v_pages)
     for name, t in (("k_new", k_new), ("v_new", v_new)):
@@ -277,7 +277,7 @@ def append_kv(k_pages, v_pages, block_table: torch.Tensor, kv_lens: torch.Tensor
             raise BadParameterError(f"{name[0]}_new.dtype={new.dtype} must match {name}.dtype={pool.dtype}")
     new_lens = kv_lens + S
     capacity = block_table.shape[1] * P
-    if not (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    if check and not (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         lo, hi = int(kv_lens.min()), int(new_lens.max())
         if lo < 0 or hi > capacity:
             raise BadParameterError(f"append_kv: kv_lens (min {lo}) + S_new={S} (max {hi}) must lie in "
@@ -294,11 +294,12 @@ def append_kv(k_pages, v_pages, block_table: torch.Tensor, kv_lens: torch.Tensor
         scatter_rows(dst, src, block_table, kv_lens, P)
     else:
         pos = kv_lens.to(torch.int64)[:, None] + torch.arange(S, device=dev)[None, :]  # (B, S)
-        pages = torch.gather(block_table.to(torch.int64), 1, pos // P)
-        rows = pos % P
+        ok = (pos >= 0) & (pos < capacity)   # (all of them once checked)
+        pages = torch.gather(block_table.to(torch.int64), 1, torch.where(ok, pos, 0) // P)[ok]
+        rows = (pos % P)[ok]
         for d, s in zip(dst, src):
-            # d[pages, :, rows] with s (B, H, S, X) -> (B, S, H, X)
-            d[pages, :, rows] = s.to(d.dtype).permute(0, 2, 1, 3)
+            # d[pages, :, rows] = s (B, H, S, X) -> (B, S, H, X), the rows that fit
+            d[pages, :, rows] = s.to(d.dtype).permute(0, 2, 1, 3)[ok]
     return new_lens
 
 

@@ -282,13 +282,19 @@ def test_paged_needs_no_grad():
         assert nnprim.sdpa(q, kp, vp, block_table=bt, kv_lens=lens).shape == (2, 2, 1, 16)
 
 
-def test_append_bad_inputs():
+def test_append_bad_inputs(monkeypatch):
     kp = torch.zeros(4, 2, 16, 8)
     vp = torch.zeros(4, 2, 16, 8)
     bt = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
     new = torch.randn(2, 2, 5, 8)
     with pytest.raises(nnprim.BadParameterError, match="overflow"):
         append_kv(kp, vp, bt, torch.tensor([30, 0], dtype=torch.int32), new, new)
+    for triton_path in (True, False):  # check=False: no host check, the rows past the table are skipped
+        monkeypatch.setattr(paged, "_interpret", lambda t=triton_path: t)
+        kp2 = torch.zeros(4, 2, 16, 8)
+        lens = append_kv(kp2, kp2.clone(), bt, torch.tensor([30, 0], dtype=torch.int32), new, new, check=False)
+        assert lens.tolist() == [35, 5]
+        assert torch.equal(kp2[1, :, 14:], new[0, :, :2]) and torch.equal(kp2[2, :, :5], new[1])
     with pytest.raises(nnprim.BadParameterError, match="k_new"):
         append_kv(kp, vp, bt, torch.tensor([0, 0], dtype=torch.int32), new[:, :1], new)
     with pytest.raises(nnprim.BadParameterError, match="dtype"):
