@@ -29,6 +29,10 @@ class AttnArgs:
     seed: int = 0
     offset: int = 0
     kv_lens: torch.Tensor | None = None
+    # FP8 inputs only (nnprim.fp8): None, a float or an f32 tensor (one element or (B, H))
+    q_descale: float | torch.Tensor | None = None
+    k_descale: float | torch.Tensor | None = None
+    v_descale: float | torch.Tensor | None = None
     # backward only
     do: torch.Tensor | None = None
     o: torch.Tensor | None = None

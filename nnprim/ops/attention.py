@@ -4,12 +4,15 @@ Schema conventions: a quantized K or V comes as its codes (`k` / `v`), scales an
 points plus a spec "dtype:group" (group 0 = the head dim); plain tensors have spec "".
 `causal` is "", "top_left" or "bottom_right"; a float scale is `scale`, a tensor scale
 `scale_tensor`. lse is (B, Hq, Sq) f32 when `return_lse`, else an empty tensor.
+FP8 q/k/v (nnprim.fp8) take `q_descale`, `k_descale`, `v_descale` (f32 tensors: one element
+or (B, H)) and `out_dtype` (None = bf16), the schema's last arguments; they have no gradient.
 Autograd of sdpa_forward: (dq, dk, dv) = sdpa_backward(do, q, k, v, o, lse) with the
 same options; lse is not differentiable."""
 from __future__ import annotations
 
 import torch
 
+from .. import fp8 as _fp8
 from ..args import AttnArgs
 from ..errors import BadParameterError, NotSupportedError
 from ..problems.attention import AttentionProblem, check_kv_lens_values
@@ -24,7 +27,8 @@ _OPTIONS = ("Tensor? attn_mask, Tensor? scale_tensor, Tensor? kv_lens, str causa
             "bool invert_scale, float dropout_p, int seed, int offset, bool softmax_inf_as_zero")
 LIB.define("sdpa_forward(Tensor q, Tensor k, Tensor v, Tensor? k_scales, Tensor? k_zero_points, "
            "Tensor? v_scales, Tensor? v_zero_points, str k_quant, str v_quant, " + _OPTIONS +
-           ", bool return_lse, str? solver) -> (Tensor, Tensor)", tags=_TAGS)
+           ", bool return_lse, str? solver, Tensor? q_descale=None, Tensor? k_descale=None, "
+           "Tensor? v_descale=None, ScalarType? out_dtype=None) -> (Tensor, Tensor)", tags=_TAGS)
 LIB.define("sdpa_backward(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, " + _OPTIONS +
            ", str? solver) -> (Tensor, Tensor, Tensor)", tags=_TAGS)
 
@@ -58,14 +62,16 @@ def _scale_arg(scale, scale_tensor):
 
 
 def problem(direction: str, q, k, v, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p,
-            seed, offset, softmax_inf_as_zero, return_lse, *, check_values: bool = True) -> AttentionProblem:
+            seed, offset, softmax_inf_as_zero, return_lse, *, check_values: bool = True, descales=(None,) * 3,
+            out_dtype=None) -> AttentionProblem:
     """Validate an sdpa call (k, v: tensors or KVQuant); its AttentionProblem."""
     if scale_tensor is not None and scale is not None:
         raise BadParameterError("give the scale as a float or as a tensor, not both")
     p = AttentionProblem.from_tensors(
         q, k, v, attn_mask=attn_mask, causal=causal or None, scale=_scale_arg(scale, scale_tensor),
         invert_scale=invert_scale, dropout_p=dropout_p, kv_lens=kv_lens, softmax_inf_as_zero=softmax_inf_as_zero,
-        return_lse=return_lse, direction=direction, seed=seed, offset=offset, check_values=check_values)
+        return_lse=return_lse, direction=direction, seed=seed, offset=offset, check_values=check_values,
+        q_descale=descales[0], k_descale=descales[1], v_descale=descales[2], out_dtype=out_dtype)
     note(p)
     return p
 
@@ -87,26 +93,39 @@ def _check_lens(kv_lens, k: torch.Tensor) -> None:
         check_kv_lens_values(kv_lens, k.shape[2])
 
 
+def _check_descales(descales) -> None:
+    """Descale values (positive, finite) as kv_lens: every call on CPU tensors and with
+    NNPRIM_CHECK_NUMERICS=1, else on a call signature's first call."""
+    for name, d in zip(_fp8.DESCALE_NAMES, descales):
+        if d is not None and (d.device.type == "cpu" or SETTINGS.check_numerics):
+            _fp8.check_descale_values(name, d)
+
+
 # ---- forward -----------------------------------------------------------------------------------
 def sdpa_forward(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask,
                  scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero,
-                 return_lse, solver):
+                 return_lse, solver, q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """The forward's implementation (the op's arguments): (o, lse or None)."""
     _check_counters(seed, offset)
     _check_lens(kv_lens, k)
+    descales = (q_descale, k_descale, v_descale)
     key = ("fwd", q.shape, q.stride(), q.dtype, _tkey(k), _tkey(v), _tkey(k_scales), _tkey(k_zero_points),
            _tkey(v_scales), _tkey(v_zero_points), k_quant, v_quant, _tkey(attn_mask), _tkey(scale_tensor),
            _tkey(kv_lens), causal, scale, invert_scale, dropout_p, softmax_inf_as_zero, return_lse, solver)
+    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
+        _check_descales(descales)
+        key = key + (_tkey(q_descale), _tkey(k_descale), _tkey(v_descale), out_dtype)
     kk = _kv(k, k_scales, k_zero_points, k_quant, checked=False)
     vv = _kv(v, v_scales, v_zero_points, v_quant, checked=False)
 
     def make() -> AttentionProblem:
         return problem("fwd", q, _kv(k, k_scales, k_zero_points, k_quant, checked=True),
                        _kv(v, v_scales, v_zero_points, v_quant, checked=True), attn_mask, scale_tensor, kv_lens,
-                       causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse)
+                       causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse,
+                       descales=descales, out_dtype=out_dtype)
 
     args = AttnArgs(q=q, k=kk, v=vv, attn_mask=attn_mask, scale=_scale_arg(scale, scale_tensor), seed=seed,
-                    offset=offset, kv_lens=kv_lens)
+                    offset=offset, kv_lens=kv_lens, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
     return context(q.device).call(key, make, args, solver)
 
 
@@ -119,11 +138,13 @@ def _sdpa_forward(*args):
 @torch.library.register_fake("nnprim::sdpa_forward", lib=LIB)
 def _sdpa_forward_fake(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask,
                        scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset,
-                       softmax_inf_as_zero, return_lse, solver):
+                       softmax_inf_as_zero, return_lse, solver, q_descale=None, k_descale=None, v_descale=None,
+                       out_dtype=None):
     p = problem("fwd", q, _kv(k, k_scales, k_zero_points, k_quant, checked=True),
                 _kv(v, v_scales, v_zero_points, v_quant, checked=True), attn_mask, scale_tensor, kv_lens, causal,
-                scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, check_values=False)
-    o = q.new_empty((p.B, p.Hq, p.Sq, p.Dv))
+                scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, check_values=False,
+                descales=(q_descale, k_descale, v_descale), out_dtype=out_dtype)
+    o = q.new_empty((p.B, p.Hq, p.Sq, p.Dv), dtype=p.result_dtype)
     lse = q.new_empty((p.B, p.Hq, p.Sq) if return_lse else (0,), dtype=torch.float32)
     return o, lse
 
@@ -175,10 +196,19 @@ def _sdpa_backward_fake(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, c
 
 
 # ---- autograd -------------------------------------------------------------------------------
+def fp8_grad_error(named) -> NotSupportedError:
+    """The error for gradients asked through FP8 inputs (`named`: (name, needs grad) pairs)."""
+    names = [n for n, need in named if need]
+    return NotSupportedError(f"{', '.join(names)} requires grad: FP8 attention (float8_e4m3fn q/k/v) is not "
+                             "differentiable; call sdpa under torch.no_grad() or use bf16/f16/f32 inputs")
+
+
 def _save(ctx, q, k, v, o, lse, quantized: bool, attn_mask, scale_tensor, kv_lens, options) -> None:
     ctx.mark_non_differentiable(lse)
     if not any(ctx.needs_input_grad[:3]):
         return
+    if _fp8.is_fp8(q.dtype):
+        raise fp8_grad_error(zip("qkv", ctx.needs_input_grad[:3]))
     if quantized:
         raise NotSupportedError("gradients through quantized K/V are not supported; "
                                 "call sdpa under torch.no_grad() or dequantize K/V first")
@@ -196,13 +226,13 @@ def _grads(ctx, do, backward):
 
 def _setup(ctx, inputs, output) -> None:
     (q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask, scale_tensor, kv_lens,
-     causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, solver) = inputs
+     causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, solver, *_fp8_args) = inputs
     _save(ctx, q, k, v, *output, bool(k_quant or v_quant), attn_mask, scale_tensor, kv_lens,
           (causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero))
 
 
 def _backward(ctx, do, dlse):
-    return tuple(_grads(ctx, do, torch.ops.nnprim.sdpa_backward)) + (None,) * 18
+    return tuple(_grads(ctx, do, torch.ops.nnprim.sdpa_backward)) + (None,) * 22
 
 
 torch.library.register_autograd("nnprim::sdpa_forward", _backward, setup_context=_setup, lib=LIB)

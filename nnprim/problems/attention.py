@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .. import fp8 as _fp8
 from ..errors import BadParameterError, NotSupportedError
 from ..quant import KVQuant
 from .common import check_float_dtype, dtype_name
@@ -44,6 +45,29 @@ def check_kv_lens_values(kv_lens: torch.Tensor, Sk: int) -> None:
         raise BadParameterError(f"kv_lens values must lie in [0, Sk={Sk}], got min {lo}, max {hi}")
 
 
+def _fp8_options(fp8: bool, q, descales, B: int, Hq: int, Hkv: int, out_dtype, check_values: bool
+                 ) -> tuple[str | None, torch.dtype | None]:
+    """(descale granularity letters of q, k, v, output dtype) of an FP8 call; (None, None)
+    otherwise, where descales are an error and out_dtype must be q's."""
+    if not fp8:
+        for name, d in zip(_fp8.DESCALE_NAMES, descales):
+            if d is not None:
+                raise BadParameterError(f"{name} is only for float8 inputs (q.dtype={q.dtype})")
+        if out_dtype is not None and out_dtype != q.dtype:
+            raise NotSupportedError(f"out_dtype={out_dtype} with q.dtype={q.dtype}: only float8 inputs choose "
+                                    "their output dtype")
+        return None, None
+    if out_dtype is not None and out_dtype not in _fp8.OUT_DTYPES:
+        raise BadParameterError(f"out_dtype={out_dtype} must be one of torch.bfloat16, torch.float16, "
+                                "torch.float32")
+    kinds = ""
+    for name, d, H in zip(_fp8.DESCALE_NAMES, descales, (Hq, Hkv, Hkv)):
+        kinds += _fp8.descale_kind(name, d, B, H, q.device)
+        if check_values:
+            _fp8.check_descale_values(name, d)
+    return kinds, out_dtype or torch.bfloat16
+
+
 @dataclass(frozen=True)
 class AttentionProblem:
     direction: str  # "fwd" | "bwd"
@@ -67,23 +91,30 @@ class AttentionProblem:
     return_lse: bool = False
     k_quant: tuple | None = None  # KVQuant.signature()
     v_quant: tuple | None = None
+    # FP8 inputs (nnprim.fp8): output dtype and descale granularity of q, k, v ("n"/"t"/"h")
+    out_dtype: torch.dtype | None = None
+    descale: str | None = None
 
     @classmethod
     def from_tensors(cls, q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None,
                      causal=None, scale=None, invert_scale: bool = False, dropout_p: float = 0.0,
                      kv_lens: torch.Tensor | None = None, softmax_inf_as_zero: bool = False,
                      return_lse: bool = False, direction: str = "fwd",
-                     seed: int = 0, offset: int = 0, check_values: bool = True) -> AttentionProblem:
-        """Validate a call; `check_values=False` skips the kv_lens value range (a device
-        sync; fake tensors have no values)."""
+                     seed: int = 0, offset: int = 0, check_values: bool = True,
+                     q_descale=None, k_descale=None, v_descale=None,
+                     out_dtype: torch.dtype | None = None) -> AttentionProblem:
+        """Validate a call; `check_values=False` skips the kv_lens value range and the
+        descale positivity (a device sync; fake tensors have no values)."""
         if direction not in ("fwd", "bwd"):
             raise BadParameterError(f"direction={direction!r} must be 'fwd' or 'bwd'")
         B, Hq, Sq, D = _shape4("q", q)
         Bk, Hkv, Sk, Dk = _shape4("k", k)
         Bv, Hv, Skv, Dv = _shape4("v", v)
-        check_float_dtype("q", q)
+        fp8 = _fp8.check_inputs(q, k, v)
+        if not fp8:
+            check_float_dtype("q", q)
         for name, t in (("k", k), ("v", v)):
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and not fp8:
                 check_float_dtype(name, t)
                 if t.dtype != q.dtype:
                     raise BadParameterError(f"{name}.dtype={t.dtype} must match q.dtype={q.dtype}")
@@ -152,6 +183,8 @@ class AttentionProblem:
                 raise BadParameterError(f"kv_lens is on {kv_lens.device} but q is on {q.device}")
             if check_values:
                 check_kv_lens_values(kv_lens, Sk)
+        descale, out_dt = _fp8_options(fp8, q, (q_descale, k_descale, v_descale), B, Hq, Hkv, out_dtype,
+                                       check_values)
         kq = k.signature() if isinstance(k, KVQuant) else None
         vq = v.signature() if isinstance(v, KVQuant) else None
         return cls(direction=direction, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, Dv=Dv,
@@ -159,12 +192,15 @@ class AttentionProblem:
                    mask_shape=mshape, scale=scale_kind, invert_scale=bool(invert_scale),
                    dropout_p=float(dropout_p), has_kv_lens=kv_lens is not None,
                    inf_as_zero=bool(softmax_inf_as_zero), return_lse=bool(return_lse),
-                   k_quant=kq, v_quant=vq)
+                   k_quant=kq, v_quant=vq, out_dtype=out_dt, descale=descale)
 
     def __post_init__(self) -> None:
         if self.direction == "bwd" and self.quantized:
             raise NotSupportedError("sdpa_backward with quantized K/V is not supported: "
                                     "quantized K/V have no gradient; dequantize first")
+        if self.direction == "bwd" and self.fp8:
+            raise NotSupportedError("sdpa_backward with float8 inputs is not supported: FP8 attention is "
+                                    "forward only (not differentiable)")
 
     # ---- derived -------------------------------------------------------------------
     @property
@@ -175,6 +211,16 @@ class AttentionProblem:
     @property
     def quantized(self) -> bool:
         return self.k_quant is not None or self.v_quant is not None
+
+    @property
+    def fp8(self) -> bool:
+        """q, k, v are float8_e4m3fn (nnprim.fp8)."""
+        return self.dtype == _fp8.FP8
+
+    @property
+    def result_dtype(self) -> torch.dtype:
+        """dtype of o: out_dtype for FP8 inputs, else q's."""
+        return self.out_dtype or self.dtype
 
     def causal_fraction(self) -> float:
         """Fraction of the (Sq, Sk) score matrix that is computed under the causal mask."""
@@ -225,6 +271,8 @@ class AttentionProblem:
         for name, qs in (("kq", self.k_quant), ("vq", self.v_quant)):
             if qs is not None:
                 parts.append(name + ":".join(str(x) for x in qs))
+        if self.fp8:
+            parts.append(f"o{dtype_name(self.result_dtype)}-ds{self.descale}")
         return "-".join(parts)
 
     def class_key(self) -> str:
