@@ -225,3 +225,18 @@ def test_dequantize_helper():
     d = torch.rand(2, 3) + 0.5
     assert torch.equal(fp8.dequantize(x, d, torch.float64), x.double() * d.double()[:, :, None, None])
     assert torch.equal(fp8.dequantize(x, 2.0, torch.float32), x.float() * 2)
+
+
+def test_find_with_random_descales():
+    """find's random inputs carry descales of the problem's granularity; the FP8 kernel's
+    result on them passes find's check against the reference (tolerance for FP8)."""
+    from nnprim.search.numerics import rel_error, tolerance
+    from nnprim.search.random_args import random_args
+    q, k, v = make(B=1, Hq=2, Hkv=1, Sq=20, Sk=24, D=16)
+    p = AttentionProblem.from_tensors(q, k, v, q_descale=torch.ones(1, 2), k_descale=0.5, return_lse=True)
+    a = random_args(p)
+    assert a.q_descale.shape == (1, 2) and a.k_descale.shape == () and a.v_descale is None
+    ours = REGISTRY.get("flash_fwd_fp8").prepare(p)(a)
+    ref = REGISTRY.get("attn_reference_fwd").prepare(p)(a)
+    assert rel_error(ours, ref) < tolerance(p.dtype)
+    assert nnprim.find(p, exhaustive=True)[0].solver == "cpu_flash_fwd"   # CPU: interpreted Triton not timed
