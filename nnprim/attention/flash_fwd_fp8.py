@@ -48,6 +48,7 @@ from triton.runtime.errors import OutOfResources
 
 from .. import fp8
 from ..dropout import dropout_keep
+from ..errors import NotSupportedError
 from ..launch import Launch, aligned16, ensure_allocator, interpreting
 from ..search.solver import register
 from . import configs
@@ -67,7 +68,7 @@ from .flash_fwd import (
     tma_ok,
 )
 
-P_SHIFT = 8.0          # P = exp2(s - m + P_SHIFT) lies in [0, 2**8]; e4m3's largest finite is 448
+P_SHIFT = tl.constexpr(8.0)  # P = exp2(s - m + P_SHIFT) lies in [0, 2**8]; e4m3's largest finite is 448
 VT_ALIGN = 16          # keys of the V^T copy are padded to this (TMA row strides: 16 bytes)
 
 
@@ -278,6 +279,17 @@ def choose_tiles(problem) -> configs.TileConfig:
     return cfg
 
 
+def shrink(cfg: configs.TileConfig) -> configs.TileConfig:
+    """configs.shrink, keeping key steps of at least 32 (the FP8 MMA reduction depth): below
+    that the rows are halved instead."""
+    nxt = configs.shrink(cfg)
+    if nxt.block_n < 32 <= cfg.block_n:
+        if cfg.block_m <= 16:
+            raise NotSupportedError(f"no FP8 tile config fits the GPU's shared memory (last tried {cfg})")
+        nxt = _T(cfg.block_m // 2, 32, cfg.num_warps, 2)
+    return nxt
+
+
 def block_d(d: int) -> int:
     """Padded head-dim tile: a power of two, at least 32 (FP8 MMA reduction depth)."""
     return max(32, triton.next_power_of_2(d))
@@ -406,7 +418,7 @@ class Fp8ForwardPlan:
         try:
             launch.run_aligned(*_pointers(p, args, v_read, o, lse))
         except OutOfResources:
-            self.cfg = configs.shrink(self.cfg)
+            self.cfg = shrink(self.cfg)
             self.plans.clear()
             return self(args, out, lse_out)
         return o, lse

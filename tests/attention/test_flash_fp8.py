@@ -240,3 +240,11 @@ def test_find_with_random_descales():
     ref = REGISTRY.get("attn_reference_fwd").prepare(p)(a)
     assert rel_error(ours, ref) < tolerance(p.dtype)
     assert nnprim.find(p, exhaustive=True)[0].solver == "cpu_flash_fwd"   # CPU: interpreted Triton not timed
+
+
+def test_shrink_keeps_fp8_key_steps():
+    T = F._T
+    assert F.shrink(T(128, 128, 8, 2)) == T(128, 128, 8, 1)
+    assert F.shrink(T(128, 32, 8, 1)) == T(64, 32, 8, 2)
+    with pytest.raises(NotSupportedError):
+        F.shrink(T(16, 32, 4, 1))
