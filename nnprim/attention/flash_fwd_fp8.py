@@ -150,7 +150,7 @@ def _fp8_inner(acc, l_i, m_i, q, k_ptrs, vt_ptrs, k_desc, vt_desc, mask_ptrs, st
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Hq", "Sq", "Sk"])  # sizes: no recompile per shape (as solver 110)
 def _flash_fwd_fp8_kernel(
         Q, K, V, O, LSE, MASK, SCALE, KVLENS, DQ, DK, DV,
         sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
