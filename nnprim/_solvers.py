@@ -16,6 +16,7 @@ _MODULES = (
     "nnprim.conv.fft",
     "nnprim.attention.reference",
     "nnprim.attention.flash_fwd",
+    "nnprim.attention.flash_fwd_fp8",
     "nnprim.attention.flash_bwd",
     "nnprim.attention.flash_bwd_atomic",
     "nnprim.attention.decode",

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from . import fp8 as _fp8
 from .errors import BadParameterError
 from .ops import attention as attn_ops
 from .ops import conv as conv_ops
@@ -223,29 +224,58 @@ def _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv
             _counter("seed", seed), _counter("offset", offset), bool(softmax_inf_as_zero))
 
 
+def _fp8_args(q: torch.Tensor, descales, out_dtype) -> tuple:
+    """The FP8 arguments as the op takes them: descales as f32 tensors (floats moved to q's
+    device), out_dtype checked to be a dtype; () when none is given."""
+    if all(d is None for d in descales) and out_dtype is None:
+        return ()
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise BadParameterError(f"out_dtype={out_dtype!r} must be a torch.dtype or None")
+    for name, d in zip(_fp8.DESCALE_NAMES, descales):
+        if d is not None and not isinstance(d, torch.Tensor):
+            _fp8.descale_kind(name, d, 0, 0, q.device)      # a float: positive and finite
+    return (*(_fp8.descale_tensor(d, q.device) for d in descales), out_dtype)
+
+
 def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal=None, scale=None,
          invert_scale: bool = False, dropout_p: float = 0.0, seed: int = 0, offset: int = 0,
          kv_lens: torch.Tensor | None = None, softmax_inf_as_zero: bool = False,
-         return_lse: bool = False, solver=None, block_table: torch.Tensor | None = None):
+         return_lse: bool = False, solver=None, block_table: torch.Tensor | None = None, q_descale=None,
+         k_descale=None, v_descale=None, out_dtype: torch.dtype | None = None):
     """o = softmax(scale * q k^T + mask) v  (with GQA, dropout, quantized K/V...);
     returns o, or (o, lse) when return_lse. With `block_table` (B, max_pages) int32, k and
-    v are page pools (num_pages, Hkv, page_size, D) and kv_lens is required (nnprim.paged)."""
+    v are page pools (num_pages, Hkv, page_size, D) and kv_lens is required (nnprim.paged).
+    FP8 (float8_e4m3fn) q, k, v: the attention of (q * q_descale, k * k_descale,
+    v * v_descale), o in out_dtype (default bf16); see nnprim.fp8."""
     check_tensor("q", q)
     kd, ks, kz, kspec = _kv("k", k)
     vd, vs, vz, vspec = _kv("v", v)
-    q, kd, vd = _autocast(q.device.type, q, kd, vd)
+    fp8 = _fp8_args(q, (q_descale, k_descale, v_descale), out_dtype)
+    if not fp8 and _fp8.is_fp8(q.dtype):
+        fp8 = (None, None, None, None)      # FP8 inputs always take the op's FP8 arguments
+    if not _fp8.is_fp8(q.dtype):
+        q, kd, vd = _autocast(q.device.type, q, kd, vd)
     opts = _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv_lens, softmax_inf_as_zero)
     solver = _solver(solver)
-    grad = _needs_grad(q, kd, vd)
+    grad = _needs_grad(q, kd, vd, *fp8[:3])
+    if fp8 and grad:
+        if _fp8.is_fp8(q.dtype) or _fp8.is_fp8(kd.dtype) or _fp8.is_fp8(vd.dtype):
+            raise attn_ops.fp8_grad_error(
+                (n, t is not None and t.requires_grad) for n, t in zip(("q", "k", "v", *_fp8.DESCALE_NAMES),
+                                                                      (q, kd, vd, *fp8[:3])))
+        grad = _needs_grad(q, kd, vd)       # descales on non-FP8 inputs: the op reports them
     if block_table is not None:
         check_tensor("block_table", block_table)
         if grad:
             from .errors import NotSupportedError
             raise NotSupportedError("gradients through paged K/V (block_table) are not supported: paged caches "
                                     "serve inference; call sdpa under torch.no_grad()")
-        fn = attn_ops.sdpa_forward if eager(q, kd, vd, ks, kz, vs, vz, attn_mask, opts[1], kv_lens, block_table) \
-            else _ops.sdpa_forward
-        o, lse = fn(q, kd, vd, ks, kz, vs, vz, kspec, vspec, *opts, return_lse, solver, block_table)
+    if fp8 or block_table is not None:
+        # the op's trailing optional arguments: block_table, then the FP8 ones
+        extra = (block_table, *fp8) if fp8 else (block_table,)
+        fn = attn_ops.sdpa_forward if eager(q, kd, vd, ks, kz, vs, vz, attn_mask, opts[1], kv_lens, block_table,
+                                            *fp8[:3]) else _ops.sdpa_forward
+        o, lse = fn(q, kd, vd, ks, kz, vs, vz, kspec, vspec, *opts, return_lse, solver, *extra)
         return (o, lse) if return_lse else o
     direct = eager(q, kd, vd, ks, kz, vs, vz, attn_mask, opts[1], kv_lens)
     if direct and grad and not (kspec or vspec):

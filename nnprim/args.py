@@ -30,6 +30,10 @@ class AttnArgs:
     offset: int = 0
     kv_lens: torch.Tensor | None = None
     block_table: torch.Tensor | None = None  # paged K/V: k, v are page pools (nnprim.paged)
+    # FP8 inputs only (nnprim.fp8): None, a float or an f32 tensor (one element or (B, H))
+    q_descale: float | torch.Tensor | None = None
+    k_descale: float | torch.Tensor | None = None
+    v_descale: float | torch.Tensor | None = None
     # backward only
     do: torch.Tensor | None = None
     o: torch.Tensor | None = None

@@ -16,3 +16,4 @@ def test_kernels_compile_for_sm90():
                        text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "_im2col_t_kernel" in r.stdout and "_decode_combine_kernel" in r.stdout
+    assert "_flash_fwd_fp8_kernel" in r.stdout

@@ -41,10 +41,11 @@ attention contract. Not supported: CUDA tensors (the Triton flash solvers serve 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from .. import fp8
 from ..args import AttnArgs
 from ..dropout import dropout_keep_block, dropout_scale, dropout_threshold
 from ..paged import gathering
@@ -370,16 +371,33 @@ class _CpuFlashBase(Solver):
         return problem.flops() / (CPU_GFLOPS * 1e9) * 1e3 + 0.05
 
 
+def _fp8_invoker(problem: AttentionProblem, pl: Plan):
+    """FP8 q/k/v (nnprim.fp8): dequantised with their descales to f32 tensors, then the f32
+    forward; o cast to problem.out_dtype. (The CPU has no FP8 arithmetic; not a fast path.)"""
+    p32 = replace(problem, dtype=F32, out_dtype=None, descale=None)
+
+    def invoke(args: AttnArgs):
+        a = replace(args, q=fp8.dequantize(args.q, args.q_descale, F32), k=fp8.dequantize(args.k, args.k_descale, F32),
+                    v=fp8.dequantize(args.v, args.v_descale, F32), q_descale=None, k_descale=None, v_descale=None)
+        o, lse = cpu_forward(p32, a, pl)
+        return o.to(problem.result_dtype), (lse if problem.return_lse else None)
+    return invoke
+
+
 @register
 class CpuFlashForward(_CpuFlashBase):
-    """Forward: invoker(args) -> (o in q's dtype, lse f32 or None unless return_lse)."""
+    """Forward: invoker(args) -> (o in q's dtype (FP8: out_dtype), lse f32 or None unless
+    return_lse)."""
     id = 115
     name = "cpu_flash_fwd"
     directions = frozenset({"fwd"})
     paged = True  # pages gathered into a contiguous cache first (nnprim.paged)
+    dtypes = _CpuFlashBase.dtypes | {fp8.FP8}
 
     def prepare(self, problem: AttentionProblem):
         pl = plan(problem)
+        if problem.fp8:
+            return _fp8_invoker(problem, pl)
 
         def invoke(args: AttnArgs):
             o, lse = cpu_forward(problem, args, pl)

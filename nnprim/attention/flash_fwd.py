@@ -60,6 +60,65 @@ def _dot(a, b, acc, UPCAST: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _mask_scores(s, mask_ptrs, start_n, stride_mj, offs_m, offs_n, Sq, Sk, kv_len, shift,
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
+    """Scores s (log2 domain) of keys offs_n with the mask buffer applied (bool: -inf where
+    False; additive: added, times log2(e)) and, in MASKED blocks, -inf for keys at or past
+    kv_len or causally hidden (key j visible to row i iff j <= i + shift)."""
+    if MASK_KIND != 0:
+        mp = mask_ptrs + tl.cast(start_n, tl.int64) * stride_mj
+        mvalid = offs_m[:, None] < Sq
+        if MASKED:
+            mvalid = mvalid & (offs_n[None, :] < Sk)
+        if MASK_KIND == 1:
+            mv = tl.load(mp, mask=mvalid, other=1)
+            s = tl.where(mv != 0, s, float("-inf"))
+        else:
+            mv = tl.load(mp, mask=mvalid, other=0.0).to(tl.float32)
+            s = s + mv * 1.4426950408889634
+    if MASKED:
+        valid = offs_n[None, :] < kv_len
+        if CAUSAL != 0:
+            valid = valid & (offs_n[None, :] <= offs_m[:, None] + shift)
+        s = tl.where(valid, s, float("-inf"))
+    return s
+
+
+@triton.jit
+def _kv_len_shift(KVLENS, b, Sq, Sk, HAS_KVLENS: tl.constexpr, CAUSAL: tl.constexpr):
+    """(keys of batch entry b, causal shift): kv_lens clamped to [0, Sk] (a stale value never
+    reads past the keys); bottom-right alignment is to that length."""
+    if HAS_KVLENS:
+        kv_len = tl.minimum(tl.maximum(tl.load(KVLENS + b).to(tl.int32), 0), Sk)
+    else:
+        kv_len = Sk
+    if CAUSAL == 2:
+        shift = kv_len - Sq
+    else:
+        shift = 0
+    return kv_len, shift
+
+
+@triton.jit
+def _key_bounds(start_m, Sq, kv_len, shift, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                CAUSAL: tl.constexpr):
+    """(full, hi) for query rows [start_m, start_m + BLOCK_M): keys [0, hi) are visible to
+    some row, keys [0, full) (whole BLOCK_N blocks) to every row."""
+    hi = kv_len
+    if CAUSAL != 0:
+        last_row = tl.minimum(start_m + BLOCK_M, Sq) - 1
+        hi = tl.minimum(hi, last_row + shift + 1)
+        full = tl.minimum(kv_len, start_m + shift + 1)
+    else:
+        full = kv_len
+    hi = tl.maximum(hi, 0)
+    full = tl.maximum(full, 0)
+    full = (full // BLOCK_N) * BLOCK_N
+    full = tl.minimum(full, hi)
+    return full, hi
+
+
+@triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, k_desc, v_desc, mask_ptrs, stride_kn, stride_vn,
                stride_mj, offs_m, offs_d, offs_dv, lo, hi, kv_len, shift, qk_scale,
                seed, offset, b, h, Hq, Sq, Sk, threshold, D, Dv,
@@ -109,23 +168,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, k_desc, v_desc, mask_ptrs, stri
             p = tl.math.exp2(qk * qk_scale - m_new[:, None])
             m_use = m_new
         else:
-            s = qk * qk_scale
-        if MASK_KIND != 0 and not FAST:
-            mp = mask_ptrs + tl.cast(start_n, tl.int64) * stride_mj
-            mvalid = offs_m[:, None] < Sq
-            if MASKED:
-                mvalid = mvalid & (offs_n[None, :] < Sk)
-            if MASK_KIND == 1:
-                mv = tl.load(mp, mask=mvalid, other=1)
-                s = tl.where(mv != 0, s, float("-inf"))
-            else:
-                mv = tl.load(mp, mask=mvalid, other=0.0).to(tl.float32)
-                s = s + mv * 1.4426950408889634
-        if MASKED:
-            valid = offs_n[None, :] < kv_len
-            if CAUSAL != 0:
-                valid = valid & (offs_n[None, :] <= offs_m[:, None] + shift)
-            s = tl.where(valid, s, float("-inf"))
+            s = _mask_scores(qk * qk_scale, mask_ptrs, start_n, stride_mj, offs_m, offs_n, Sq, Sk, kv_len,
+                             shift, MASKED, CAUSAL, MASK_KIND)
         if not FAST:
             m_new = tl.maximum(m_i, tl.max(s, 1))
             if MASKED or MASK_KIND != 0:
@@ -207,14 +251,7 @@ def _flash_fwd_kernel(
         sc = scale
     qk_scale = sc * 1.4426950408889634
 
-    if HAS_KVLENS:
-        kv_len = tl.minimum(tl.maximum(tl.load(KVLENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
-    else:
-        kv_len = Sk
-    if CAUSAL == 2:
-        shift = kv_len - Sq
-    else:
-        shift = 0
+    kv_len, shift = _kv_len_shift(KVLENS, b, Sq, Sk, HAS_KVLENS, CAUSAL)
 
     kp_stride = skb
     vp_stride = svb
@@ -266,17 +303,7 @@ def _flash_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
 
     # key range: [0, hi) visible to some row of the block; [0, full) visible to all rows
-    hi = kv_len
-    if CAUSAL != 0:
-        last_row = tl.minimum(start_m + BLOCK_M, Sq) - 1
-        hi = tl.minimum(hi, last_row + shift + 1)
-        full = tl.minimum(kv_len, start_m + shift + 1)
-    else:
-        full = kv_len
-    hi = tl.maximum(hi, 0)
-    full = tl.maximum(full, 0)
-    full = (full // BLOCK_N) * BLOCK_N
-    full = tl.minimum(full, hi)
+    full, hi = _key_bounds(start_m, Sq, kv_len, shift, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, k_desc, v_desc, mask_ptrs, sks, svs, smj,
         offs_m, offs_d, offs_dv, 0, full, kv_len, shift, qk_scale,

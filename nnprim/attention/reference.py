@@ -13,7 +13,9 @@ Solvers: id 100 `attn_reference_fwd` (invoker(args) -> (o, lse)) and id 101
 `attn_reference_bwd` (invoker(args) -> (dq, dk, dv)); devices cpu and cuda; dtypes f32,
 f16, bf16, f64; every option of the contract (GQA, both causal alignments, bool/additive
 masks, scalar/tensor scale and its inverse, softmax_inf_as_zero, dropout, quantized K/V,
-kv_lens, paged K/V (forward), return_lse). Outputs have the inputs' dtypes, lse is f32.
+kv_lens, paged K/V (forward), return_lse), and FP8 (float8_e4m3fn) q/k/v, dequantised with
+their descale factors (nnprim.fp8). Outputs have the inputs' dtypes (FP8: problem.out_dtype),
+lse is f32.
 
 Math (per batch entry b, query head h, K/V head h // (Hq / Hkv)):
     S   = scale * Q K^T + bias          bias: additive mask, -inf where masked (masking.py)
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import fp8
 from ..args import AttnArgs
 from ..dropout import dropout_keep_mask, dropout_scale
 from ..paged import gathered
@@ -58,10 +61,10 @@ def _empty(shape, device) -> torch.Tensor:
     return torch.empty(shape, dtype=_F64, device=device)
 
 
-def _as64(t) -> torch.Tensor:
+def _as64(t, descale=None) -> torch.Tensor:
     if isinstance(t, KVQuant):
         return t.dequantize(_F64)
-    return t.to(_F64)
+    return fp8.dequantize(t, descale, _F64)
 
 
 def _scale64(problem: AttentionProblem, args: AttnArgs) -> float:
@@ -112,7 +115,7 @@ def reference_forward(problem: AttentionProblem, args: AttnArgs) -> tuple[torch.
     (page pools are gathered into the contiguous cache first)."""
     if args.block_table is not None:
         args = gathered(args)
-    q, k, v = _as64(args.q), _as64(args.k), _as64(args.v)
+    q, k, v = _as64(args.q, args.q_descale), _as64(args.k, args.k_descale), _as64(args.v, args.v_descale)
     scale = _scale64(problem, args)
     o = _empty((problem.B, problem.Hq, problem.Sq, problem.Dv), q.device)
     lse = _empty((problem.B, problem.Hq, problem.Sq), q.device)
@@ -172,13 +175,16 @@ def reference_backward(problem: AttentionProblem, args: AttnArgs, *, saved: bool
 
 def _problem_and_args(q, k, v, do=None, *, attn_mask=None, causal=None, scale=None, invert_scale=False,
                       dropout_p=0.0, seed=0, offset=0, kv_lens=None, softmax_inf_as_zero=False,
-                      return_lse=False, direction="fwd", block_table=None):
+                      return_lse=False, direction="fwd", block_table=None, q_descale=None, k_descale=None,
+                      v_descale=None, out_dtype=None):
     problem = AttentionProblem.from_tensors(
         q, k, v, attn_mask=attn_mask, causal=causal, scale=scale, invert_scale=invert_scale,
         dropout_p=dropout_p, kv_lens=kv_lens, softmax_inf_as_zero=softmax_inf_as_zero,
-        return_lse=return_lse, direction=direction, seed=seed, offset=offset, block_table=block_table)
+        return_lse=return_lse, direction=direction, seed=seed, offset=offset, block_table=block_table,
+        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, out_dtype=out_dtype)
     args = AttnArgs(q=q, k=k, v=v, attn_mask=attn_mask, scale=scale, seed=seed, offset=offset,
-                    kv_lens=kv_lens, do=do, block_table=block_table)
+                    kv_lens=kv_lens, do=do, block_table=block_table, q_descale=q_descale, k_descale=k_descale,
+                    v_descale=v_descale)
     return problem, args
 
 
@@ -200,7 +206,7 @@ class _ReferenceBase(Solver):
     family = "reference"
     primitive = "attention"
     devices = frozenset({"cpu", "cuda"})
-    dtypes = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
+    dtypes = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64, fp8.FP8})
 
     def estimate(self, problem: AttentionProblem) -> float:
         """Roofline of float64 torch ops: GEMMs at ~50 GFLOP/s (CPU) / ~30 TFLOP/s (H200
@@ -215,7 +221,8 @@ class _ReferenceBase(Solver):
 
 @register
 class AttentionReferenceFwd(_ReferenceBase):
-    """Forward: invoker(args) -> (o in q's dtype, lse f32 or None unless return_lse)."""
+    """Forward: invoker(args) -> (o in problem.result_dtype (q's dtype; FP8: out_dtype), lse f32
+    or None unless return_lse)."""
     id = 100
     name = "attn_reference_fwd"
     directions = frozenset({"fwd"})
@@ -224,7 +231,7 @@ class AttentionReferenceFwd(_ReferenceBase):
     def prepare(self, problem: AttentionProblem):
         def invoke(args: AttnArgs):
             o, lse = reference_forward(problem, args)
-            return o.to(args.q.dtype), (lse.to(torch.float32) if problem.return_lse else None)
+            return o.to(problem.result_dtype), (lse.to(torch.float32) if problem.return_lse else None)
         return invoke
 
 

@@ -4,12 +4,15 @@ Schema conventions: a quantized K or V comes as its codes (`k` / `v`), scales an
 points plus a spec "dtype:group" (group 0 = the head dim); plain tensors have spec "".
 `causal` is "", "top_left" or "bottom_right"; a float scale is `scale`, a tensor scale
 `scale_tensor`. lse is (B, Hq, Sq) f32 when `return_lse`, else an empty tensor.
+FP8 q/k/v (nnprim.fp8) take `q_descale`, `k_descale`, `v_descale` (f32 tensors: one element
+or (B, H)) and `out_dtype` (None = bf16), the schema's last arguments; they have no gradient.
 Autograd of sdpa_forward: (dq, dk, dv) = sdpa_backward(do, q, k, v, o, lse) with the
 same options; lse is not differentiable."""
 from __future__ import annotations
 
 import torch
 
+from .. import fp8 as _fp8
 from ..args import AttnArgs
 from ..errors import BadParameterError, NotSupportedError
 from ..paged import check_page_values
@@ -25,7 +28,9 @@ _OPTIONS = ("Tensor? attn_mask, Tensor? scale_tensor, Tensor? kv_lens, str causa
             "bool invert_scale, float dropout_p, int seed, int offset, bool softmax_inf_as_zero")
 LIB.define("sdpa_forward(Tensor q, Tensor k, Tensor v, Tensor? k_scales, Tensor? k_zero_points, "
            "Tensor? v_scales, Tensor? v_zero_points, str k_quant, str v_quant, " + _OPTIONS +
-           ", bool return_lse, str? solver, Tensor? block_table=None) -> (Tensor, Tensor)", tags=_TAGS)
+           ", bool return_lse, str? solver, Tensor? block_table=None, Tensor? q_descale=None, "
+           "Tensor? k_descale=None, Tensor? v_descale=None, ScalarType? out_dtype=None) -> (Tensor, Tensor)",
+           tags=_TAGS)
 LIB.define("sdpa_backward(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, " + _OPTIONS +
            ", str? solver) -> (Tensor, Tensor, Tensor)", tags=_TAGS)
 
@@ -60,7 +65,7 @@ def _scale_arg(scale, scale_tensor):
 
 def problem(direction: str, q, k, v, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p,
             seed, offset, softmax_inf_as_zero, return_lse, *, check_values: bool = True,
-            block_table=None) -> AttentionProblem:
+            block_table=None, descales=(None,) * 3, out_dtype=None) -> AttentionProblem:
     """Validate an sdpa call (k, v: tensors or KVQuant, page pools with block_table); its
     AttentionProblem."""
     if scale_tensor is not None and scale is not None:
@@ -69,7 +74,8 @@ def problem(direction: str, q, k, v, attn_mask, scale_tensor, kv_lens, causal, s
         q, k, v, attn_mask=attn_mask, causal=causal or None, scale=_scale_arg(scale, scale_tensor),
         invert_scale=invert_scale, dropout_p=dropout_p, kv_lens=kv_lens, softmax_inf_as_zero=softmax_inf_as_zero,
         return_lse=return_lse, direction=direction, seed=seed, offset=offset, check_values=check_values,
-        block_table=block_table)
+        block_table=block_table, q_descale=descales[0], k_descale=descales[1], v_descale=descales[2],
+        out_dtype=out_dtype)
     note(p)
     return p
 
@@ -96,17 +102,30 @@ def _check_lens(kv_lens, k: torch.Tensor, block_table=None) -> None:
             check_page_values(block_table, kv_lens, k.shape[0], k.shape[2])
 
 
+def _check_descales(descales) -> None:
+    """Descale values (positive, finite) as kv_lens: every call on CPU tensors and with
+    NNPRIM_CHECK_NUMERICS=1, else on a call signature's first call."""
+    for name, d in zip(_fp8.DESCALE_NAMES, descales):
+        if d is not None and (d.device.type == "cpu" or SETTINGS.check_numerics):
+            _fp8.check_descale_values(name, d)
+
+
 # ---- forward -----------------------------------------------------------------------------------
 def sdpa_forward(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask,
                  scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero,
-                 return_lse, solver, block_table=None):
+                 return_lse, solver, block_table=None, q_descale=None, k_descale=None, v_descale=None,
+                 out_dtype=None):
     """The forward's implementation (the op's arguments): (o, lse or None)."""
     _check_counters(seed, offset)
     _check_lens(kv_lens, k, block_table)
+    descales = (q_descale, k_descale, v_descale)
     key = ("fwd", q.shape, q.stride(), q.dtype, _tkey(k), _tkey(v), _tkey(k_scales), _tkey(k_zero_points),
            _tkey(v_scales), _tkey(v_zero_points), k_quant, v_quant, _tkey(attn_mask), _tkey(scale_tensor),
            _tkey(kv_lens), causal, scale, invert_scale, dropout_p, softmax_inf_as_zero, return_lse, solver,
            _tkey(block_table))
+    if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
+        _check_descales(descales)
+        key = key + (_tkey(q_descale), _tkey(k_descale), _tkey(v_descale), out_dtype)
     kk = _kv(k, k_scales, k_zero_points, k_quant, checked=False)
     vv = _kv(v, v_scales, v_zero_points, v_quant, checked=False)
 
@@ -114,10 +133,11 @@ def sdpa_forward(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_qu
         return problem("fwd", q, _kv(k, k_scales, k_zero_points, k_quant, checked=True),
                        _kv(v, v_scales, v_zero_points, v_quant, checked=True), attn_mask, scale_tensor, kv_lens,
                        causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse,
-                       block_table=block_table)
+                       block_table=block_table, descales=descales, out_dtype=out_dtype)
 
     args = AttnArgs(q=q, k=kk, v=vv, attn_mask=attn_mask, scale=_scale_arg(scale, scale_tensor), seed=seed,
-                    offset=offset, kv_lens=kv_lens, block_table=block_table)
+                    offset=offset, kv_lens=kv_lens, block_table=block_table, q_descale=q_descale,
+                    k_descale=k_descale, v_descale=v_descale)
     return context(q.device).call(key, make, args, solver)
 
 
@@ -130,12 +150,13 @@ def _sdpa_forward(*args):
 @torch.library.register_fake("nnprim::sdpa_forward", lib=LIB)
 def _sdpa_forward_fake(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask,
                        scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset,
-                       softmax_inf_as_zero, return_lse, solver, block_table=None):
+                       softmax_inf_as_zero, return_lse, solver, block_table=None, q_descale=None, k_descale=None,
+                       v_descale=None, out_dtype=None):
     p = problem("fwd", q, _kv(k, k_scales, k_zero_points, k_quant, checked=True),
                 _kv(v, v_scales, v_zero_points, v_quant, checked=True), attn_mask, scale_tensor, kv_lens, causal,
                 scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, check_values=False,
-                block_table=block_table)
-    o = q.new_empty((p.B, p.Hq, p.Sq, p.Dv))
+                block_table=block_table, descales=(q_descale, k_descale, v_descale), out_dtype=out_dtype)
+    o = q.new_empty((p.B, p.Hq, p.Sq, p.Dv), dtype=p.result_dtype)
     lse = q.new_empty((p.B, p.Hq, p.Sq) if return_lse else (0,), dtype=torch.float32)
     return o, lse
 
@@ -187,11 +208,20 @@ def _sdpa_backward_fake(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, c
 
 
 # ---- autograd -------------------------------------------------------------------------------
+def fp8_grad_error(named) -> NotSupportedError:
+    """The error for gradients asked through FP8 inputs (`named`: (name, needs grad) pairs)."""
+    names = [n for n, need in named if need]
+    return NotSupportedError(f"{', '.join(names)} requires grad: FP8 attention (float8_e4m3fn q/k/v) is not "
+                             "differentiable; call sdpa under torch.no_grad() or use bf16/f16/f32 inputs")
+
+
 def _save(ctx, q, k, v, o, lse, quantized: bool, attn_mask, scale_tensor, kv_lens, options,
           paged: bool = False) -> None:
     ctx.mark_non_differentiable(lse)
     if not any(ctx.needs_input_grad[:3]):
         return
+    if _fp8.is_fp8(q.dtype):
+        raise fp8_grad_error(zip("qkv", ctx.needs_input_grad[:3]))
     if quantized:
         raise NotSupportedError("gradients through quantized K/V are not supported; "
                                 "call sdpa under torch.no_grad() or dequantize K/V first")
@@ -220,7 +250,7 @@ def _setup(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, do, dlse):
-    return tuple(_grads(ctx, do, torch.ops.nnprim.sdpa_backward)) + (None,) * 19
+    return tuple(_grads(ctx, do, torch.ops.nnprim.sdpa_backward)) + (None,) * 23
 
 
 torch.library.register_autograd("nnprim::sdpa_forward", _backward, setup_context=_setup, lib=LIB)

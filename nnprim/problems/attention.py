@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .. import fp8 as _fp8
 from ..errors import BadParameterError, NotSupportedError
 from ..paged import check_block_table, check_page_values, check_pool_params, pool_shape
 from ..quant import KVQuant
@@ -63,6 +64,27 @@ def _paged(q, k, v, block_table, kv_lens, direction: str) -> tuple[int, int]:
     check_pool_params("k", k)
     check_pool_params("v", v)
     return pk, nk
+def _fp8_options(fp8: bool, q, descales, B: int, Hq: int, Hkv: int, out_dtype, check_values: bool
+                 ) -> tuple[str | None, torch.dtype | None]:
+    """(descale granularity letters of q, k, v, output dtype) of an FP8 call; (None, None)
+    otherwise, where descales are an error and out_dtype must be q's."""
+    if not fp8:
+        for name, d in zip(_fp8.DESCALE_NAMES, descales):
+            if d is not None:
+                raise BadParameterError(f"{name} is only for float8 inputs (q.dtype={q.dtype})")
+        if out_dtype is not None and out_dtype != q.dtype:
+            raise NotSupportedError(f"out_dtype={out_dtype} with q.dtype={q.dtype}: only float8 inputs choose "
+                                    "their output dtype")
+        return None, None
+    if out_dtype is not None and out_dtype not in _fp8.OUT_DTYPES:
+        raise BadParameterError(f"out_dtype={out_dtype} must be one of torch.bfloat16, torch.float16, "
+                                "torch.float32")
+    kinds = ""
+    for name, d, H in zip(_fp8.DESCALE_NAMES, descales, (Hq, Hkv, Hkv)):
+        kinds += _fp8.descale_kind(name, d, B, H, q.device)
+        if check_values:
+            _fp8.check_descale_values(name, d)
+    return kinds, out_dtype or torch.bfloat16
 
 
 @dataclass(frozen=True)
@@ -89,6 +111,9 @@ class AttentionProblem:
     k_quant: tuple | None = None  # KVQuant.signature()
     v_quant: tuple | None = None
     page_size: int = 0  # paged K/V (nnprim.paged): keys per page; Sk = max_pages * page_size; 0 = contiguous
+    # FP8 inputs (nnprim.fp8): output dtype and descale granularity of q, k, v ("n"/"t"/"h")
+    out_dtype: torch.dtype | None = None
+    descale: str | None = None
 
     @classmethod
     def from_tensors(cls, q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None,
@@ -96,10 +121,12 @@ class AttentionProblem:
                      kv_lens: torch.Tensor | None = None, softmax_inf_as_zero: bool = False,
                      return_lse: bool = False, direction: str = "fwd",
                      seed: int = 0, offset: int = 0, check_values: bool = True,
-                     block_table: torch.Tensor | None = None) -> AttentionProblem:
+                     block_table: torch.Tensor | None = None, q_descale=None, k_descale=None, v_descale=None,
+                     out_dtype: torch.dtype | None = None) -> AttentionProblem:
         """Validate a call; `check_values=False` skips the kv_lens (and block_table) value
-        ranges (a device sync; fake tensors have no values). With `block_table`, k and v
-        are page pools (num_pages, Hkv, page_size, D) (nnprim.paged)."""
+        ranges and the descale positivity (a device sync; fake tensors have no values).
+        With `block_table`, k and v are page pools (num_pages, Hkv, page_size, D)
+        (nnprim.paged)."""
         if direction not in ("fwd", "bwd"):
             raise BadParameterError(f"direction={direction!r} must be 'fwd' or 'bwd'")
         B, Hq, Sq, D = _shape4("q", q)
@@ -110,9 +137,11 @@ class AttentionProblem:
             page_size, num_pages = _paged(q, k, v, block_table, kv_lens, direction)
             Bk = Bv = B
             Sk = Skv = block_table.shape[1] * page_size
-        check_float_dtype("q", q)
+        fp8 = _fp8.check_inputs(q, k, v)
+        if not fp8:
+            check_float_dtype("q", q)
         for name, t in (("k", k), ("v", v)):
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and not fp8:
                 check_float_dtype(name, t)
                 if t.dtype != q.dtype:
                     raise BadParameterError(f"{name}.dtype={t.dtype} must match q.dtype={q.dtype}")
@@ -183,6 +212,8 @@ class AttentionProblem:
                 check_kv_lens_values(kv_lens, Sk)
                 if page_size:
                     check_page_values(block_table, kv_lens, num_pages, page_size)
+        descale, out_dt = _fp8_options(fp8, q, (q_descale, k_descale, v_descale), B, Hq, Hkv, out_dtype,
+                                       check_values)
         kq = k.signature() if isinstance(k, KVQuant) else None
         vq = v.signature() if isinstance(v, KVQuant) else None
         return cls(direction=direction, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, Dv=Dv,
@@ -190,7 +221,7 @@ class AttentionProblem:
                    mask_shape=mshape, scale=scale_kind, invert_scale=bool(invert_scale),
                    dropout_p=float(dropout_p), has_kv_lens=kv_lens is not None,
                    inf_as_zero=bool(softmax_inf_as_zero), return_lse=bool(return_lse),
-                   k_quant=kq, v_quant=vq, page_size=page_size)
+                   k_quant=kq, v_quant=vq, page_size=page_size, out_dtype=out_dt, descale=descale)
 
     def __post_init__(self) -> None:
         if self.direction == "bwd" and self.quantized:
@@ -199,6 +230,9 @@ class AttentionProblem:
         if self.direction == "bwd" and self.page_size:
             raise NotSupportedError("sdpa_backward with paged K/V (block_table) is not supported: paged caches "
                                     "serve inference (forward only)")
+        if self.direction == "bwd" and self.fp8:
+            raise NotSupportedError("sdpa_backward with float8 inputs is not supported: FP8 attention is "
+                                    "forward only (not differentiable)")
 
     # ---- derived -------------------------------------------------------------------
     @property
@@ -209,6 +243,16 @@ class AttentionProblem:
     @property
     def quantized(self) -> bool:
         return self.k_quant is not None or self.v_quant is not None
+
+    @property
+    def fp8(self) -> bool:
+        """q, k, v are float8_e4m3fn (nnprim.fp8)."""
+        return self.dtype == _fp8.FP8
+
+    @property
+    def result_dtype(self) -> torch.dtype:
+        """dtype of o: out_dtype for FP8 inputs, else q's."""
+        return self.out_dtype or self.dtype
 
     def causal_fraction(self) -> float:
         """Fraction of the (Sq, Sk) score matrix that is computed under the causal mask."""
@@ -261,6 +305,8 @@ class AttentionProblem:
                 parts.append(name + ":".join(str(x) for x in qs))
         if self.page_size:
             parts.append(f"pg{self.page_size}")
+        if self.fp8:
+            parts.append(f"o{dtype_name(self.result_dtype)}-ds{self.descale}")
         return "-".join(parts)
 
     def class_key(self) -> str:

@@ -69,6 +69,8 @@ def check_outputs(out) -> None:
 # ---- comparison for find's safety check -----------------------------------------------
 def tolerance(dtype: torch.dtype) -> float:
     """Relative-norm tolerance of find's check against the reference, by input dtype."""
+    if dtype == torch.float8_e4m3fn:   # P rounded to e4m3 (3 mantissa bits) in the kernels' PV product
+        return 1e-1
     return 1e-4 if dtype in (torch.float32, torch.float64) else 2e-2
 
 

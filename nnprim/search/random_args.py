@@ -3,7 +3,7 @@
 Values are drawn from a seeded generator on the CPU and moved to the problem's device,
 in the problem's dtype and layout; nothing is zero: dense tensors are standard normal,
 Binary "div" divisors are kept away from zero, quantized K/V get random codes with
-positive scales, kv_lens lie in [1, Sk], a boolean mask keeps key 0 of every row.
+positive scales, FP8 descales are positive, kv_lens lie in [1, Sk], a boolean mask keeps key 0 of every row.
 Attention backward gets do plus o and lse from the reference forward when one is
 registered (random o/lse otherwise: still the same inputs for every candidate)."""
 from __future__ import annotations
@@ -111,6 +111,10 @@ def attn_args(p, seed: int = 0) -> AttnArgs:
         k, v = to_pages(k, block_table, n + 1), to_pages(v, block_table, n + 1)
     a = AttnArgs(q=q, k=k, v=v, attn_mask=mask, scale=scale, seed=1234 + seed, offset=7, kv_lens=kv_lens,
                  block_table=block_table)
+    for name, kind, H in zip(("q_descale", "k_descale", "v_descale"), p.descale or "", (p.Hq, p.Hkv, p.Hkv)):
+        if kind != "n":     # FP8 descales: positive, per tensor or per (b, head)
+            shape = (p.B, H) if kind == "h" else ()
+            setattr(a, name, (0.5 + torch.rand(shape, generator=gen)).to(dev))
     if p.direction == "bwd":
         a.do = _randn((p.B, p.Hq, p.Sq, p.Dv), dt, dev, gen)
         a.o, a.lse = _forward_outputs(p, a, gen)

@@ -53,6 +53,29 @@ ATTENTION = [  # (solver, problem fields)
                                   v_quant=("u4", 32, "g", "float16", "g", 1))),
 ]
 
+E4 = torch.float8_e4m3fn
+FP8_ATTENTION = [  # solver 125 with the Hopper tiles, pointer and TMA loads (CPU tensors never take TMA)
+    dict(B=1, Hq=4, Hkv=2, Sq=300, Sk=333, D=128, Dv=128, causal="bottom_right", descale="hth"),
+    dict(B=1, Hq=2, Hkv=2, Sq=200, Sk=150, D=64, Dv=64, mask="bool", mask_shape=(1, 1, 200, 150), descale="tnt"),
+    dict(B=1, Hq=2, Hkv=1, Sq=130, Sk=260, D=256, Dv=256, causal="top_left", descale="hhh", return_lse=True),
+]
+
+
+def _fp8_attempts(attempt) -> None:
+    from nnprim.attention import configs, flash_fwd_fp8
+    from nnprim.problems.attention import AttentionProblem
+    from nnprim.search.solver import REGISTRY
+    saved = flash_fwd_fp8.use_tma_for, configs.device_arch
+    try:
+        configs.device_arch = lambda device: "sm90"
+        for tma in (False, True):
+            flash_fwd_fp8.use_tma_for = lambda p, a, tma=tma: tma
+            for fields in FP8_ATTENTION:
+                attempt(REGISTRY.get("flash_fwd_fp8"), AttentionProblem(**(
+                    dict(direction="fwd", device="cpu", dtype=E4, out_dtype=BF16) | fields)))
+    finally:
+        flash_fwd_fp8.use_tma_for, configs.device_arch = saved
+
 
 def install_compile_only(arch: int = 90) -> list[str]:
     """Make every Triton launch in this process a compile-only warm-up for `arch`; returns
@@ -109,6 +132,7 @@ def main() -> int:
                 attempt(s, p)
     for name, fields in ATTENTION:
         attempt(REGISTRY.get(name), AttentionProblem(**(dict(direction="fwd", device="cpu") | fields)))
+    _fp8_attempts(attempt)
     print(f"compiled {len(set(names))} kernels ({len(names)} launches) for sm_90 in {time.time() - t0:.0f} s: "
           + ", ".join(sorted(set(names))))
     for f in failures:
