@@ -625,7 +625,7 @@ def api_main(a, probs):
         res["rows"].append(row)
         print(f"[{time.time() - t0:.0f}s]", json.dumps(row), flush=True)
         json.dump(res, open(out, "w"), indent=1)
-    keys = sorted({k_ for r in res["rows"] for k_ in r if "_vs_" in k_})
+    keys = sorted({k_ for r in res["rows"] for k_, v_ in r.items() if "_vs_" in k_ and isinstance(v_, float)})
     res["geomean"] = {k_: round(geomean([r.get(k_) for r in res["rows"]]), 3) for k_ in keys}
     res["min"] = {k_: min((r[k_] for r in res["rows"] if k_ in r), default=None) for k_ in keys}
     json.dump(res, open(out, "w"), indent=1)

@@ -124,7 +124,7 @@ def main() -> None:
                 row = dict(problem=pr["name"], B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, causal=causal,
                            format=f"{fmt[0]}" + (f"_g{fmt[1]}" if fmt[1] else "") + ("_zp" if fmt[2] else ""),
                            v_order="keys" if role == "v" else "rows",
-                           layout=getattr(kk, "layout", None), kv_bytes=kv_bytes(kk) + kv_bytes(vv))
+                           layout=str(getattr(kk, "layout", None)), kv_bytes=kv_bytes(kk) + kv_bytes(vv))
                 try:
                     o = fn()
                     ref = reference(q, kk, vv, causal)
