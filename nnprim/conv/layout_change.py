@@ -75,9 +75,12 @@ class _LayoutChangeBase(Solver):
         return reasons
 
     def workspace_size(self, problem) -> int:
+        """The NHWC copies of the two inputs the direction reads, and the NHWC solver's own
+        workspace (measured on the H200 by tests/gpu/test_workspace.py)."""
         e = torch.tensor([], dtype=problem.dtype).element_size()
-        n = sum(map(_numel, (problem.x_shape, problem.w_shape, problem.y_shape)))
-        return n * e + REGISTRY.get(_INNER[problem.direction]).workspace_size(nhwc_twin(problem))
+        reads = {"fwd": (problem.x_shape, problem.w_shape), "bwd_data": (problem.y_shape, problem.w_shape),
+                 "bwd_weights": (problem.y_shape, problem.x_shape)}[problem.direction]
+        return sum(map(_numel, reads)) * e + REGISTRY.get(_INNER[problem.direction]).workspace_size(nhwc_twin(problem))
 
     def estimate(self, problem) -> float | None:
         inner = REGISTRY.get(_INNER[problem.direction]).estimate(nhwc_twin(problem))

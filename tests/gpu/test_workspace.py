@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("TRITON_INTERPRET=1: run with TRITON_INTERPRET=0", allow_module_level=True)
 
+from nnprim.launch import ensure_allocator  # noqa: E402
 from nnprim.problems.attention import AttentionProblem  # noqa: E402
 from nnprim.problems.conv import ConvProblem  # noqa: E402
 from nnprim.search.random_args import random_args  # noqa: E402
@@ -59,6 +60,7 @@ SLACK = 2 * 2 ** 20
 def _measure(solver, problem) -> tuple[int, int]:
     """(bytes allocated beyond the outputs at the peak of one call, reported workspace)."""
     args = random_args(problem, seed=0)
+    ensure_allocator(torch.device("cuda"))            # as the search context does around calls
     inv = solver.prepare(problem)
     inv(args)                                         # compile, cuBLAS workspace, plan variants
     torch.cuda.synchronize()
