@@ -23,6 +23,8 @@ from nnprim.attention.reference import reference_forward
 from nnprim.problems.attention import AttentionProblem
 from nnprim.search.solver import REGISTRY
 
+pytestmark = pytest.mark.bigmem   # several GiB per test: one at a time (conftest)
+
 DEV = "cuda"
 E4 = torch.float8_e4m3fn
 FP8_FACTOR = 16.0       # e4m3 / bf16 unit roundoff (2**-4 / 2**-8)

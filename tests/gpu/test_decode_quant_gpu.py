@@ -13,6 +13,8 @@ import nnprim
 from nnprim.attention import decode
 from nnprim.quant import quantize_kv
 
+pytestmark = pytest.mark.bigmem   # several GiB per test: one at a time (conftest)
+
 DEV = "cuda"
 FORMATS = ([("s8", g, zp) for g in (32, 128) for zp in (False, True)] + [("u8", 64, True)]
            + [(d, g, zp) for d in ("s4", "u4") for g in (32, 64, 128) for zp in (False, True)]
