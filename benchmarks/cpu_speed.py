@@ -157,7 +157,7 @@ def attn_case(spec: dict, dt: torch.dtype, mode: str):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, S, D, generator=g).to(dt) for _ in range(3))
     do = torch.randn(B, H, S, D, generator=g).to(dt)
-    pf = AttentionProblem.create("fwd", q.shape, k.shape, v.shape, dtype=dt, return_lse=True)
+    pf = AttentionProblem.from_tensors(q, k, v, return_lse=True)
     nf, fwd = invoker(pf)
     flops = 4.0 * B * H * S * S * D
     qr, kr, vr = (t.double().requires_grad_() for t in (q, k, v))
@@ -165,7 +165,7 @@ def attn_case(spec: dict, dt: torch.dtype, mode: str):
     if mode == "attn_fwd":
         return (nf, lambda: fwd(AttnArgs(q=q, k=k, v=v)),
                 lambda: F.scaled_dot_product_attention(q, k, v), lambda o: rel_err(o[0], o_ref), flops)
-    pb = AttentionProblem.create("bwd", q.shape, k.shape, v.shape, dtype=dt)
+    pb = pf.with_direction("bwd")
     nb, bwd = invoker(pb)
     gref = torch.autograd.grad(o_ref, (qr, kr, vr), do.double())
 

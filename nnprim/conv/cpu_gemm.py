@@ -136,7 +136,10 @@ class CpuGemmConfig:
                 or not cpu_has_native_bf16()):
             return F32
         plain_fwd = p.direction == "fwd" and not p.has_bias and not p.post_ops
-        if plain_fwd or (p.direction != "fwd" and self.bf16_gemm == "native"):
+        # 1x1 stride-1 unpadded backward data: dx = w^T dy is one GEMM per position, no
+        # col2im, so its single rounding is the result's (f32 accumulation inside)
+        one_gemm = p.direction == "bwd_data" and _is_direct(p)
+        if plain_fwd or one_gemm or (p.direction != "fwd" and self.bf16_gemm == "native"):
             return p.dtype
         return F32
 
