@@ -1,24 +1,26 @@
 """CPU per-tap convolution backward weights (family `gemm`, id 13 `CpuTapBwdWeights`):
-one GEMM per filter tap over ALL output positions, no im2col, for stride-1 problems
-with bf16 inputs and output on CPUs with native bf16 (avx512_bf16 / amx_bf16).
+one GEMM per filter tap over ALL output positions, no im2col, for bf16 inputs and output
+on CPUs with native bf16 (avx512_bf16 / amx_bf16); any stride, dilation, padding, groups.
 
-Math (groups G, Kg = K/G, Cg = C/G; padded grid P = in + pad_before + pad_after per
-spatial dim, flattened with strides ps; stride 1, so out = P - d*(f-1)):
-  x_pad   (C, N*prod(P) + slack)  channel-major, zero halo and zero slack
-  dy_wide (K, N*prod(P))          dy on the padded grid, zero where o_i >= out_i
-  tap f:  off_f = sum_i f_i * d_i * ps_i
-          dw[g*Kg + k, c, f] = sum_q dy_wide[g*Kg + k, q] * x_pad[g*Cg + c, q + off_f]
-A valid position q (o_i < out_i) reads o_i + f_i*d_i <= P_i - 1: its own row and image.
-Junk positions read whatever follows (finite: staged x or the zero slack) times dy = 0.
+Math (groups G, Kg = K/G, Cg = C/G; per spatial dim: padded size P = in + pad_before +
+pad_after, stride s, phase grid U = ceil(P / s), flattened with strides us):
+  x phase rho (one per combination of rho_i < s_i), channel-major or position-major:
+          X_rho[c, n, u] = x_pad[n, c, u*s + rho]      (zero outside x; zero slack after)
+  dy_wide (K, N*prod(U))  dy on the phase grid, zero where o_i >= out_i
+  tap f:  rho_f = f*d mod s, off_f = sum_i (f_i*d_i div s_i) * us_i
+          dw[g*Kg + k, c, f] = sum_q dy_wide[g*Kg + k, q] * X_rho_f[g*Cg + c, q + off_f]
+since x_pad[o*s + f*d] = X_{f*d mod s}[o + f*d div s]. A valid position (o_i < out_i) reads
+inside its own image row (o + f*d div s <= (P - 1) div s < U); junk positions read
+finite values (staged x or zeros) times dy = 0. Stride 1 is one phase, U = P.
 
 Each dw element is ONE GEMM's output: the bf16 GEMM (oneDNN, f32 accumulation inside
-over all N*prod(P) positions) rounds once, to the result's dtype -- the contract's f32
+over all N*prod(U) positions) rounds once, to the result's dtype -- the contract's f32
 accumulation, unlike a per-block bf16 GEMM whose partials are rounded before they are
-summed. Both operands are plain row-major views (row stride of x_pad is its row length),
-so the GEMM reads them in place. Cost over the im2col GEMM (solver 12): no column buffer
-(F x the input) and the native bf16 GEMM instead of the f32 one; the extra work is the
-junk positions ((prod(P) - prod(out)) / prod(out), 7 % on a padded 56x56 3x3).
-f32 is not served: the f32 GEMM with a reduction of N*prod(P) and a 64x64 output runs at
+summed. Both operands are plain views (row stride = a phase's row length), so torch.mm
+reads them in place. Against the im2col GEMM (solver 12): no column buffer (F x the
+input), the native bf16 GEMM instead of the f32 one; the extra work is the junk
+positions ((prod(U) - prod(out)) / prod(out): 7 % on a padded 56x56 3x3).
+f32 is not served: the f32 GEMM with a reduction of N*prod(U) and a 64x64 output runs at
 half the speed of the im2col GEMM's (benchmarks/CPU_SPEED.md), and f16 has no native GEMM."""
 from __future__ import annotations
 
@@ -37,27 +39,38 @@ _ALIGN = 64
 
 
 def _grid(p: ConvProblem) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-    """(padded sizes P, their row-major strides ps, elements per image prod(P))."""
-    P = tuple(i + a + b for i, a, b in zip(p.in_size, p.pad_before, p.pad_after))
-    ps = [1] * len(P)
-    for i in range(len(P) - 2, -1, -1):
-        ps[i] = ps[i + 1] * P[i + 1]
-    return P, tuple(ps), math.prod(P)
+    """(phase image sizes U = ceil(P / stride), their row-major strides us, prod(U)),
+    P = the padded input size. Stride 1: U = P."""
+    U = tuple(-(-(i + a + b) // s) for i, a, b, s in zip(p.in_size, p.pad_before, p.pad_after, p.stride))
+    us = [1] * len(U)
+    for i in range(len(U) - 2, -1, -1):
+        us[i] = us[i + 1] * U[i + 1]
+    return U, tuple(us), math.prod(U)
 
 
-def tap_offsets(p: ConvProblem) -> list[int]:
-    """Flat offset of each filter tap on the padded grid, taps in row-major filter order."""
-    _, ps, _ = _grid(p)
-    return [sum(f * d * s for f, d, s in zip(fi, p.dilation, ps))
-            for fi in itertools.product(*(range(f) for f in p.filter))]
+def _phase_list(p: ConvProblem) -> list[tuple[int, ...]]:
+    return list(itertools.product(*(range(s) for s in p.stride)))
+
+
+def tap_offsets(p: ConvProblem) -> list[tuple[int, int]]:
+    """(phase index, flat offset on the phase grid) of each filter tap, taps in row-major
+    filter order: tap f reads x_pad[o*s + f*d] = phase (f*d mod s) at o + (f*d div s)."""
+    _, us, _ = _grid(p)
+    index = {ph: i for i, ph in enumerate(_phase_list(p))}
+    out = []
+    for fi in itertools.product(*(range(f) for f in p.filter)):
+        fd = [f * d for f, d in zip(fi, p.dilation)]
+        ph = tuple(v % s for v, s in zip(fd, p.stride))
+        out.append((index[ph], sum((v // s) * u for v, s, u in zip(fd, p.stride, us))))
+    return out
 
 
 def _sizes(p: ConvProblem) -> tuple[int, int, int]:
-    """(elements of x_pad, of dy_wide, row length of x_pad)."""
-    _, _, pt = _grid(p)
-    mt = p.N * pt
-    row = mt + max(tap_offsets(p))
-    return p.C * row, p.K * mt, row
+    """(elements of the x phases, of dy_wide, row length of one x phase)."""
+    _, _, ut = _grid(p)
+    mt = p.N * ut
+    row = mt + max(o for _, o in tap_offsets(p))
+    return len(_phase_list(p)) * p.C * row, p.K * mt, row
 
 
 def _bytes(n: int, dt: torch.dtype) -> int:
@@ -69,30 +82,54 @@ def workspace_bytes(p: ConvProblem) -> int:
     return _bytes(nx, p.dtype) + _bytes(ndy, p.dtype)
 
 
+def _phase_copy(p: ConvProblem, ph: tuple[int, ...]) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
+    """(destination slices on the phase grid, source slices of x) of phase ph:
+    phase[u] = x_pad[u*s + rho] = x[u*s + rho - pb] where that is inside x; None if empty."""
+    dst, src = [], []
+    for rho, s, pb, n, U in zip(ph, p.stride, p.pad_before, p.in_size, _grid(p)[0]):
+        lo = max(0, -(-(pb - rho) // s))
+        hi = min(U - 1, (n - 1 + pb - rho) // s)
+        if hi < lo:
+            return None
+        i0 = lo * s + rho - pb
+        dst.append(slice(lo, hi + 1))
+        src.append(slice(i0, i0 + (hi - lo) * s + 1, s))
+    return tuple(dst), tuple(src)
+
+
 def _stage(p: ConvProblem, x: torch.Tensor, dy: torch.Tensor, ws: torch.Tensor, pm: bool
            ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """x_pad and dy_wide in the workspace: position-major ((row, C), (N*prod(P), K): nhwc
-    inputs copy row by row) or channel-major ((C, row), (K, N*prod(P)): nchw inputs copy
-    plane by plane). Both buffers are zeroed whole (halo, junk and slack; one memset),
-    then the interiors are copied."""
-    P, _, pt = _grid(p)
+    """The x phases (one zero-padded, stride-split image grid per phase: (phases, row, C)
+    position-major for nhwc inputs, (phases, C, row) channel-major for nchw: the copies
+    stay row / plane wise) and dy_wide ((N*prod(U), K) or (K, N*prod(U))) in the
+    workspace. Both are zeroed whole (halo, junk and slack; one memset), then filled."""
+    U, _, ut = _grid(p)
     nx, ndy, row = _sizes(p)
-    mt = p.N * pt
+    mt = p.N * ut
+    nph = len(_phase_list(p))
     xbuf = ws[:nx * p.dtype.itemsize].view(p.dtype)
     off = _bytes(nx, p.dtype)
     dbuf = ws[off:off + ndy * p.dtype.itemsize].view(p.dtype)
     xbuf.zero_()
     dbuf.zero_()
-    inner = tuple(slice(b, b + n) for b, n in zip(p.pad_before, p.in_size))
     valid = tuple(slice(0, o) for o in p.out_size)
+    xs = physical(x, "nhwc") if pm else x.transpose(0, 1)       # (N, sp.., C) | (C, N, sp..)
     if pm:
-        xp, dyw = xbuf.view(row, p.C), dbuf.view(mt, p.K)
-        xp[:mt].view(p.N, *P, p.C)[(slice(None), *inner)].copy_(physical(x, "nhwc"))
-        dyw.view(p.N, *P, p.K)[(slice(None), *valid)].copy_(physical(dy, "nhwc"))
+        xp, dyw = xbuf.view(nph, row, p.C), dbuf.view(mt, p.K)
+        dyw.view(p.N, *U, p.K)[(slice(None), *valid)].copy_(physical(dy, "nhwc"))
     else:
-        xp, dyw = xbuf.view(p.C, row), dbuf.view(p.K, mt)
-        xp[:, :mt].view(p.C, p.N, *P)[(slice(None), slice(None), *inner)].copy_(x.transpose(0, 1))
-        dyw.view(p.K, p.N, *P)[(slice(None), slice(None), *valid)].copy_(dy.transpose(0, 1))
+        xp, dyw = xbuf.view(nph, p.C, row), dbuf.view(p.K, mt)
+        dyw.view(p.K, p.N, *U)[(slice(None), slice(None), *valid)].copy_(dy.transpose(0, 1))
+    for i, ph in enumerate(_phase_list(p)):
+        cp = _phase_copy(p, ph)
+        if cp is None:
+            continue
+        dst, src = cp
+        if pm:
+            xp[i, :mt].view(p.N, *U, p.C)[(slice(None), *dst)].copy_(xs[(slice(None), *src)])
+        else:
+            xp[i, :, :mt].view(p.C, p.N, *U)[(slice(None), slice(None), *dst)].copy_(
+                xs[(slice(None), slice(None), *src)])
     return xp, dyw, mt
 
 
@@ -100,18 +137,18 @@ def tap_bwd_weights(p: ConvProblem, args: ConvArgs, ws: torch.Tensor) -> torch.T
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
     pm = p.layout == "nhwc"
     xp, dyw, mt = _stage(p, args.x, args.dy, ws, pm)
-    offs = tap_offsets(p)
-    F = len(offs)
+    taps = tap_offsets(p)
+    F = len(taps)
     # torch.mm (oneDNN's bf16 matmul) takes the transposed, row-strided views in place.
     out = torch.empty(F, G, Kg, Cg, dtype=p.out_dtype)      # tap-major dw pieces
     outt = out.view(F, G, Cg, Kg)                            # position-major: dw^T pieces
-    for t, o in enumerate(offs):
+    for t, (ph, o) in enumerate(taps):
         for g in range(G):
             ck, kk = slice(g * Cg, (g + 1) * Cg), slice(g * Kg, (g + 1) * Kg)
             if pm:    # (Cg, mt) . (mt, Kg)
-                torch.mm(xp[o:o + mt, ck].t(), dyw[:, kk], out=outt[t, g])
+                torch.mm(xp[ph, o:o + mt, ck].t(), dyw[:, kk], out=outt[t, g])
             else:     # (Kg, mt) . (mt, Cg)
-                torch.mm(dyw[kk], xp[ck, o:o + mt].t(), out=out[t, g])
+                torch.mm(dyw[kk], xp[ph, ck, o:o + mt].t(), out=out[t, g])
     src = (outt.transpose(2, 3) if pm else out).reshape(*p.filter, p.K, Cg)
     dw = empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype)
     nd = p.ndim
@@ -134,8 +171,8 @@ class CpuTapBwdWeights(Solver):
 
     def not_supported_reasons(self, p: ConvProblem) -> list[str]:
         reasons = super().not_supported_reasons(p)
-        if any(s != 1 for s in p.stride):
-            reasons.append(f"stride={p.stride}: per-tap GEMMs need stride 1")
+        if math.prod(p.stride) > 16:
+            reasons.append(f"stride={p.stride}: more than 16 input phases")
         if p.out_dtype != p.dtype:
             reasons.append(f"out_dtype={p.out_dtype}: the bf16 GEMM output is the result (bf16 only)")
         if not cpu_has_native_bf16():

@@ -1,4 +1,4 @@
-"""Per-tap backward weights (solver 13) against the float64 reference: NaN-poisoned
+"""Per-tap backward weights (solver 13, strided inputs split into phases) against the float64 reference: NaN-poisoned
 workspace and output, random never-zero inputs, bf16 error bounded by the error of
 rounding the exact result to bf16 (one rounding: the contract's f32 accumulation)."""
 import contextlib
@@ -20,6 +20,10 @@ SHAPES = {
     "2d_pad_over_span": ((2, 4, 5, 6), (3, 4, 1, 1), dict(padding=(1, (0, 2)))),
     "1d": ((2, 4, 15), (5, 4, 3), dict(padding=((2, 1),), dilation=2)),
     "3d_g2": ((2, 4, 5, 6, 7), (6, 2, 3, 1, 2), dict(groups=2, padding=1)),
+    "s2_3x3_pad1": ((2, 5, 9, 11), (4, 5, 3, 3), dict(stride=2, padding=1)),
+    "s2_d2_asym": ((1, 3, 9, 8), (4, 3, 3, 2), dict(stride=(2, 3), dilation=2, padding=((2, 0), (1, 2)))),
+    "s3_1x1_g2": ((2, 4, 10, 7), (6, 2, 1, 1), dict(stride=3, groups=2)),
+    "3d_s2_tail": ((1, 4, 5, 6, 7), (4, 4, 3, 2, 3), dict(stride=(2, 1, 3), padding=(1, 0, 2))),
 }
 
 
@@ -68,18 +72,20 @@ def test_bwd_weights(shape, layout):
 
 def test_f32_staging_exact():
     """The staging and tap offsets are exact: in f32 the result matches to f32 rounding."""
-    p, args = make((2, 3, 7, 6), (4, 3, 3, 2), "nhwc", dtype=torch.float32,
-                   padding=((2, 0), (1, 1)), dilation=(2, 1))
-    ws = torch.empty(cpu_tap.workspace_bytes(p), dtype=torch.uint8)
-    out = tap_bwd_weights(p, args, ws)
-    ref = reference(p, args)
-    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+    for layout in ("nchw", "nhwc"):
+        p, args = make((2, 3, 9, 8), (4, 3, 3, 2), layout, dtype=torch.float32,
+                       padding=((2, 0), (1, 1)), dilation=(2, 1), stride=(2, 3))
+        ws = torch.full((cpu_tap.workspace_bytes(p),), 255, dtype=torch.uint8)
+        out = tap_bwd_weights(p, args, ws)
+        ref = reference(p, args)
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
 
 
 def test_not_applicable():
     s = CpuTapBwdWeights()
     bad = {
-        "stride": ConvProblem.create("bwd_weights", (1, 16, 8, 8), (16, 16, 3, 3), dtype=torch.bfloat16, stride=2),
+        "stride": ConvProblem.create("bwd_weights", (1, 16, 18, 18), (16, 16, 3, 3), dtype=torch.bfloat16,
+                                     stride=5),
         "dtype": ConvProblem.create("bwd_weights", (1, 16, 8, 8), (16, 16, 3, 3), dtype=torch.float32),
         "out_dtype": ConvProblem.create("bwd_weights", (1, 16, 8, 8), (16, 16, 3, 3), dtype=torch.bfloat16,
                                         out_dtype=torch.float32),
