@@ -36,6 +36,8 @@ from .cpu_gemm import cpu_has_native_bf16, workspace
 from .cpu_im2col import physical
 
 _ALIGN = 64
+MAX_WORKSPACE = 1 << 30     # staged copies of x and dy; above this the blocked im2col solver 12
+_CALL_MS = 0.025            # host + oneDNN dispatch per GEMM call (measured 20-30 us)
 
 
 def _grid(p: ConvProblem) -> tuple[tuple[int, ...], tuple[int, ...], int]:
@@ -179,6 +181,8 @@ class CpuTapBwdWeights(Solver):
             reasons.append("CPU without avx512_bf16/amx_bf16: no native bf16 GEMM")
         if p.C // p.groups < 8 or p.K // p.groups < 8:
             reasons.append(f"groups={p.groups}: per-group GEMMs under 8x8 (the im2col GEMM is faster)")
+        elif not reasons and workspace_bytes(p) > MAX_WORKSPACE:
+            reasons.append(f"workspace {workspace_bytes(p)} bytes (staged x and dy) > {MAX_WORKSPACE}")
         return reasons
 
     def workspace_size(self, p: ConvProblem) -> int:
@@ -186,12 +190,13 @@ class CpuTapBwdWeights(Solver):
 
     def estimate(self, p: ConvProblem) -> float:
         # native bf16 GEMM at ~150 GFLOP/s per core on these reduction-heavy shapes (measured
-        # 130-210, plus the junk positions), staging (zero + copy) at ~8 GB/s per core.
+        # 130-210, plus the junk positions), staging (zero + copy) at ~8 GB/s per core, and
+        # the per-call cost of G x F small GEMMs (g32 with Cg = 8: slower than solver 12).
         cores = max(1, torch.get_num_threads())
         _, _, pt = _grid(p)
         junk = pt / max(1, math.prod(p.out_size))
         t = p.flops() * junk / (150e9 * cores) + 2.0 * workspace_bytes(p) / (8e9 * cores)
-        return t * 1e3
+        return t * 1e3 + _CALL_MS * len(tap_offsets(p)) * p.groups   # G x F GEMM calls
 
     def prepare(self, p: ConvProblem):
         nbytes = workspace_bytes(p)

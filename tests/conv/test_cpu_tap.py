@@ -96,3 +96,15 @@ def test_not_applicable():
     for what, p in bad.items():
         reasons = s.not_supported_reasons(p)
         assert reasons, what
+    big = ConvProblem.create("bwd_weights", (64, 64, 256, 256), (64, 64, 3, 3), dtype=torch.bfloat16, padding=1)
+    assert any("workspace" in r for r in s.not_supported_reasons(big))
+
+
+def test_estimate_prefers_im2col_for_many_small_groups():
+    """g32 with Cg = Kg = 8: 288 GEMM calls; the im2col GEMM (solver 12) is faster there."""
+    from nnprim.conv.cpu_gemm import CpuGemmBwdWeights
+    p = ConvProblem.create("bwd_weights", (8, 256, 14, 14), (256, 8, 3, 3), dtype=torch.bfloat16,
+                           padding=1, groups=32)
+    q = ConvProblem.create("bwd_weights", (8, 64, 56, 56), (64, 64, 3, 3), dtype=torch.bfloat16, padding=1)
+    assert CpuTapBwdWeights().estimate(p) > CpuGemmBwdWeights().estimate(p)
+    assert CpuTapBwdWeights().estimate(q) < CpuGemmBwdWeights().estimate(q)
