@@ -83,6 +83,10 @@ def plan(problem: AttentionProblem, tile_elems: int | None = None, kv_block: int
     chunk of (batch, head) pairs shrinks only when G * nr would drop below _MIN_GEMM_ROWS."""
     E = tile_elems or _TILE_ELEMS
     B, Hkv, G, Sq, Sk = problem.B, problem.Hkv, problem.group, problem.Sq, problem.Sk
+    if (kv_block is None and problem.direction == "fwd" and problem.dtype == torch.bfloat16
+            and Sk <= _WHOLE_ROW_MAX and _native_bf16()):
+        kv_block = Sk                  # whole rows: the P V GEMM runs in bf16 (_pv_native)
+        E = tile_elems or 2 * _TILE_ELEMS   # 8 MiB of scores: >= 128 rows per head at Sk 2048
     nc = max(1, min(Sk, kv_block or _KV_BLOCK))
     cap = max(1, E // nc)                                  # tile rows
     nr_min = min(Sq, max(1, -(-_MIN_GEMM_ROWS // G)))
@@ -223,6 +227,24 @@ def _blocks(ctx: _Ctx, pl: Plan, bs: slice, r0: int, r1: int):
 
 # ---- forward --------------------------------------------------------------------------
 
+_WHOLE_ROW_MAX = 2048      # bf16 forward: keys in one block (whole rows) up to this Sk
+
+
+def _native_bf16() -> bool:
+    from ..conv.cpu_gemm import cpu_has_native_bf16  # lazy: attention need not import conv
+    return cpu_has_native_bf16()
+
+
+def _pv_native(problem: AttentionProblem, args: AttnArgs) -> bool:
+    """P V through the native bf16 GEMM (oneDNN, f32 accumulation inside): bf16 V on a CPU
+    with avx512_bf16, no dropout, and whole rows (one key block). The normalised P / l
+    (f32, rounded to bf16 as torch's CPU flash kernel rounds P) times V sums over every
+    key in one GEMM whose bf16 output is o itself: one rounding of o, as in torch."""
+    return (isinstance(args.v, torch.Tensor) and args.v.dtype == args.q.dtype == torch.bfloat16
+            and problem.dropout_p == 0 and problem.Sk <= _WHOLE_ROW_MAX and _native_bf16())
+
+
+
 def _tile(buf: torch.Tensor, N: int, M: int, n: int) -> torch.Tensor:
     """A (N, M, n) view at the start of a preallocated flat f32 buffer (fresh large
     allocations cost page faults on every block)."""
@@ -236,6 +258,7 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
     pl = pl or plan(problem)
     ctx = _Ctx(problem, args)
     B, Hq, Hkv, G, Sq, Dv = problem.B, problem.Hq, problem.Hkv, problem.group, problem.Sq, problem.Dv
+    pv_native = _pv_native(problem, args)
     dev = args.q.device
     o = _empty((B, Hq, Sq, Dv), args.q.dtype, dev)
     lse = _empty((B, Hq, Sq), F32, dev)
@@ -244,6 +267,7 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
     rows_max = pl.nb * pl.nh * G * pl.nr
     sbuf = torch.empty(rows_max * pl.nc, dtype=F32, device=dev)
     pvbuf = torch.empty(rows_max * Dv, dtype=F32, device=dev)
+    pbuf = torch.empty(rows_max * pl.nc if pv_native else 0, dtype=torch.bfloat16, device=dev)
     for bs, hs in _chunks(problem, pl):
         nb, nh = bs.stop - bs.start, hs.stop - hs.start
         for r0 in range(0, Sq, pl.nr):
@@ -251,8 +275,10 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
             nr = r1 - r0
             qb = _rows_f32(args.q, Hkv, bs, hs, r0, r1, ctx.scale * LOG2E)
             N, M = qb.shape[0], qb.shape[1]
-            m = l = acc = None
-            for c0, c1, needs_vis in _blocks(ctx, pl, bs, r0, r1):
+            m = l = acc = direct = None
+            blocks = list(_blocks(ctx, pl, bs, r0, r1))
+            whole_row = pv_native and len(blocks) == 1
+            for c0, c1, needs_vis in blocks:
                 kb = _keys_f32(args.k, bs, hs, c0, c1)
                 s = torch.bmm(qb, kb.transpose(1, 2), out=_tile(sbuf, N, M, c1 - c0))
                 ctx.mask_tile(s.view(nb, nh, G, nr, c1 - c0), bs, hs, r0, r1, c0, c1, needs_vis)
@@ -263,6 +289,13 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
                 rs = s.sum(dim=-1, keepdim=True)
                 if drop:
                     s.mul_(ctx.keep_tile(bs, hs, r0, r1, c0, c1).view(N, M, -1))
+                if whole_row:   # o = (P / l) V: one bf16 GEMM over all keys, its output is o
+                    vn = args.v[bs, hs, c0:c1]
+                    lz = rs.masked_fill(rs == 0, 1.0) if problem.inf_as_zero else rs
+                    pn = _tile(pbuf, N, M, c1 - c0).copy_(s.mul_(lz.reciprocal()))  # (mul out=bf16: 2x slower)
+                    direct = torch.bmm(pn, vn.reshape(-1, *vn.shape[2:]))
+                    l, m = rs, m_new
+                    continue
                 vb = _keys_f32(args.v, bs, hs, c0, c1)
                 if acc is None:
                     l, acc = rs, torch.bmm(s, vb)
@@ -271,6 +304,10 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
                     l = l.mul_(alpha).add_(rs)
                     acc.mul_(alpha).add_(torch.bmm(s, vb, out=_tile(pvbuf, N, M, Dv)))
                 m = m_new
+            if direct is not None:      # whole row in bf16: already normalised and rounded
+                o5[bs, hs, :, r0:r1] = direct.view(nb, nh, G, nr, Dv)
+                lse5[bs, hs, :, r0:r1] = (m + torch.log2(l)).mul_(LN2).view(nb, nh, G, nr)
+                continue
             if acc is None:                                  # no visible key: dead rows
                 m = torch.full((N, M, 1), _NEG_INF, dtype=F32, device=dev)
                 l = torch.zeros((N, M, 1), dtype=F32, device=dev)
