@@ -87,6 +87,9 @@ def plan(problem: AttentionProblem, tile_elems: int | None = None, kv_block: int
             and Sk <= _WHOLE_ROW_MAX and _native_bf16()):
         kv_block = Sk                  # whole rows: the P V GEMM runs in bf16 (_pv_native)
         E = tile_elems or 2 * _TILE_ELEMS   # 8 MiB of scores: >= 128 rows per head at Sk 2048
+    if (kv_block is None and tile_elems is None and problem.direction == "bwd" and _bwd_whole_ok(problem)):
+        # whole (Sq x Sk) tiles per head: dV, dK, dQ each come out of one bf16 GEMM
+        return Plan(1, max(1, min(Hkv, 2 * _TILE_ELEMS // (G * Sq * Sk))), Sq, Sk)
     nc = max(1, min(Sk, kv_block or _KV_BLOCK))
     cap = max(1, E // nc)                                  # tile rows
     nr_min = min(Sq, max(1, -(-_MIN_GEMM_ROWS // G)))
@@ -325,6 +328,75 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
 
 # ---- backward -------------------------------------------------------------------------
 
+def _bwd_whole_ok(problem: AttentionProblem) -> bool:
+    return (problem.dtype == torch.bfloat16 and problem.dropout_p == 0 and not problem.quantized
+            and problem.Sq <= _WHOLE_ROW_MAX and problem.Sk <= _WHOLE_ROW_MAX and _native_bf16())
+
+
+def _rows_all(t: torch.Tensor, Hkv: int, bs: slice, hs: slice) -> torch.Tensor:
+    """All rows of t (B, Hq, Sq, X) for the chunk in t's dtype as (nb * nh, G * Sq, X)."""
+    blk = t.unflatten(1, (Hkv, -1))[bs, hs]
+    return blk.reshape(-1, blk.shape[2] * blk.shape[3], blk.shape[4])
+
+
+def _bmm_bf16(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Batched bf16 GEMM; a single batch goes through the 2D GEMM, which reads transposed
+    operands in place (the batched one copies them)."""
+    if a.shape[0] == 1:
+        return torch.mm(a[0], b[0]).unsqueeze(0)
+    return torch.bmm(a, b)
+
+
+def _backward_whole(problem: AttentionProblem, args: AttnArgs, pl: Plan, ctx: _Ctx,
+                    dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+    """bf16 backward on a native-bf16 CPU with whole (Sq x Sk) tiles per head: S and dP in
+    f32 GEMMs (f32 operands), then dV = P^T dO, dQ = (scale dS) K, dK = (scale dS)^T Q each
+    as ONE bf16 GEMM over all rows / keys (P and dS rounded to bf16 as torch's CPU flash
+    backward does, f32 accumulation inside) whose output is the gradient itself: one
+    rounding, no f32 accumulators across blocks."""
+    q, k, v = args.q, args.k, args.v
+    Hkv, G, Sq, Sk = problem.Hkv, problem.group, problem.Sq, problem.Sk
+    D, Dv = problem.D, problem.Dv
+    dev = q.device
+    dq5 = dq.unflatten(1, (Hkv, G))
+    lse4 = args.lse.unflatten(1, (Hkv, G))
+    rows_max = pl.nb * pl.nh * G * Sq
+    sbuf = torch.empty(rows_max * Sk, dtype=F32, device=dev)
+    dpbuf = torch.empty(rows_max * Sk, dtype=F32, device=dev)
+    hbuf = torch.empty(rows_max * Sk, dtype=torch.bfloat16, device=dev)
+    for bs, hs in _chunks(problem, pl):
+        nb, nh = bs.stop - bs.start, hs.stop - hs.start
+        blocks = list(_blocks(ctx, pl, bs, 0, Sq))
+        if not blocks:                                   # no row sees any key
+            dq5[bs, hs] = 0
+            dk[bs, hs] = 0
+            dv[bs, hs] = 0
+            continue
+        (c0, c1, needs_vis), = blocks                    # nc = Sk: one block from key 0
+        nc = c1 - c0
+        qb = _rows_f32(q, Hkv, bs, hs, 0, Sq, ctx.scale * LOG2E)
+        dob = _rows_f32(args.do, Hkv, bs, hs, 0, Sq)
+        ob = _rows_f32(args.o, Hkv, bs, hs, 0, Sq)
+        N, M = qb.shape[0], qb.shape[1]
+        lse_b = lse4[bs, hs].reshape(N, M, 1).to(F32)
+        dead = lse_b == _NEG_INF
+        di = (dob * ob).sum(dim=-1, keepdim=True).masked_fill_(dead, 0.0)
+        lse2 = (lse_b * LOG2E).masked_fill_(dead, float("inf"))
+        s = torch.bmm(qb, _keys_f32(k, bs, hs, c0, c1).transpose(1, 2), out=_tile(sbuf, N, M, nc))
+        ctx.mask_tile(s.view(nb, nh, G, Sq, nc), bs, hs, 0, Sq, c0, c1, needs_vis)
+        p = s.sub_(lse2).exp2_()
+        dp = torch.bmm(dob, _keys_f32(v, bs, hs, c0, c1).transpose(1, 2), out=_tile(dpbuf, N, M, nc))
+        h = _tile(hbuf, N, M, nc).copy_(p)                                  # P in bf16
+        dv[bs, hs, c0:c1] = _bmm_bf16(h.transpose(1, 2), _rows_all(args.do, Hkv, bs, hs)).view(nb, nh, nc, Dv)
+        h.copy_(dp.sub_(di).mul_(p).mul_(ctx.scale))                         # scale dS in bf16
+        kn = k[bs, hs, c0:c1]
+        dq5[bs, hs] = _bmm_bf16(h, kn.reshape(-1, nc, D)).view(nb, nh, G, Sq, D)
+        dk[bs, hs, c0:c1] = _bmm_bf16(h.transpose(1, 2), _rows_all(q, Hkv, bs, hs)).view(nb, nh, nc, D)
+        if c1 < Sk:                                      # keys no row sees
+            dk[bs, hs, c1:] = 0
+            dv[bs, hs, c1:] = 0
+
+
 def cpu_backward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in q's, k's, v's dtypes, from args.do, args.o and args.lse (scores in
@@ -338,6 +410,10 @@ def cpu_backward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = No
     dq = _empty(tuple(q.shape), q.dtype, dev)
     dk = _empty(tuple(k.shape), k.dtype, dev)
     dv = _empty(tuple(v.shape), v.dtype, dev)
+    if (pl.nr == Sq and pl.nc == Sk and _bwd_whole_ok(problem)
+            and all(t.dtype == torch.bfloat16 for t in (q, k, v, args.do))):
+        _backward_whole(problem, args, pl, ctx, dq, dk, dv)
+        return dq, dk, dv
     dq5 = dq.unflatten(1, (Hkv, G))
     lse4 = args.lse.unflatten(1, (Hkv, G))
     drop = problem.dropout_p > 0
