@@ -23,7 +23,13 @@ r0:r1 of a chunk of (batch, kv head) pairs becomes the f32 GEMM operand
 (nb * nh, G * nr, nc) f32, at most `_TILE_ELEMS` elements (no Sq x Sk matrix); dK and dV
 of a key block come out of one GEMM already summed over the G query heads.
 bf16/f16 blocks are converted to f32 on the way in (per block); outputs are written in
-q's dtype, lse in f32. Scores are computed in the log2 domain (q pre-scaled by
+q's dtype, lse in f32. On CPUs with native bf16 (avx512_bf16), bf16 problems use the bf16
+GEMM (oneDNN, f32 accumulation inside) where its single rounding is the result's: the
+forward takes whole rows (Sk <= 2048) and computes o = (P / l) V in one GEMM; the backward
+takes whole G*Sq x Sk tiles per head and computes dV = P^T dO, dQ = (scale dS) K and
+dK = (scale dS)^T Q each in one GEMM (P and dS rounded to bf16, as torch's CPU flash
+kernel does). S = Q K^T and dP = dO V^T stay f32 GEMMs (their outputs feed exp / dP - D).
+Scores are computed in the log2 domain (q pre-scaled by
 scale * log2(e), `exp2`, which is ~3x faster than torch's `exp` on CPU; lse converted back
 with ln 2) into preallocated tile buffers (`bmm(out=)`). Threads: torch's intra-op
 threads inside each GEMM / elementwise op (benchmarks/ATTENTION_CPU.md).
@@ -231,6 +237,7 @@ def _blocks(ctx: _Ctx, pl: Plan, bs: slice, r0: int, r1: int):
 # ---- forward --------------------------------------------------------------------------
 
 _WHOLE_ROW_MAX = 2048      # bf16 forward: keys in one block (whole rows) up to this Sk
+_WHOLE_TILE_MAX = 1 << 22  # bf16 backward: whole G*Sq x Sk tiles per head up to 16 MiB of f32 scores
 
 
 def _native_bf16() -> bool:
@@ -330,7 +337,7 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
 
 def _bwd_whole_ok(problem: AttentionProblem) -> bool:
     return (problem.dtype == torch.bfloat16 and problem.dropout_p == 0 and not problem.quantized
-            and problem.Sq <= _WHOLE_ROW_MAX and problem.Sk <= _WHOLE_ROW_MAX and _native_bf16())
+            and problem.group * problem.Sq * problem.Sk <= _WHOLE_TILE_MAX and _native_bf16())
 
 
 def _rows_all(t: torch.Tensor, Hkv: int, bs: slice, hs: slice) -> torch.Tensor:
