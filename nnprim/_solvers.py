@@ -6,6 +6,7 @@ import logging
 _MODULES = (
     "nnprim.conv.reference",
     "nnprim.conv.cpu_gemm",
+    "nnprim.conv.cpu_tap",
     "nnprim.conv.implicit_gemm",
     "nnprim.conv.implicit_gemm_bwd",
     "nnprim.conv.im2col_gemm",

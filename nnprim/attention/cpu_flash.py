@@ -23,7 +23,13 @@ r0:r1 of a chunk of (batch, kv head) pairs becomes the f32 GEMM operand
 (nb * nh, G * nr, nc) f32, at most `_TILE_ELEMS` elements (no Sq x Sk matrix); dK and dV
 of a key block come out of one GEMM already summed over the G query heads.
 bf16/f16 blocks are converted to f32 on the way in (per block); outputs are written in
-q's dtype, lse in f32. Scores are computed in the log2 domain (q pre-scaled by
+q's dtype, lse in f32. On CPUs with native bf16 (avx512_bf16), bf16 problems use the bf16
+GEMM (oneDNN, f32 accumulation inside) where its single rounding is the result's: the
+forward takes whole rows (Sk <= 2048) and computes o = (P / l) V in one GEMM; the backward
+takes whole G*Sq x Sk tiles per head and computes dV = P^T dO, dQ = (scale dS) K and
+dK = (scale dS)^T Q each in one GEMM (P and dS rounded to bf16, as torch's CPU flash
+kernel does). S = Q K^T and dP = dO V^T stay f32 GEMMs (their outputs feed exp / dP - D).
+Scores are computed in the log2 domain (q pre-scaled by
 scale * log2(e), `exp2`, which is ~3x faster than torch's `exp` on CPU; lse converted back
 with ln 2) into preallocated tile buffers (`bmm(out=)`). Threads: torch's intra-op
 threads inside each GEMM / elementwise op (benchmarks/ATTENTION_CPU.md).
@@ -85,6 +91,13 @@ def plan(problem: AttentionProblem, tile_elems: int | None = None, kv_block: int
     chunk of (batch, head) pairs shrinks only when G * nr would drop below _MIN_GEMM_ROWS."""
     E = tile_elems or _TILE_ELEMS
     B, Hkv, G, Sq, Sk = problem.B, problem.Hkv, problem.group, problem.Sq, problem.Sk
+    if (kv_block is None and problem.direction == "fwd" and problem.dtype == torch.bfloat16
+            and Sk <= _WHOLE_ROW_MAX and _native_bf16()):
+        kv_block = Sk                  # whole rows: the P V GEMM runs in bf16 (_pv_native)
+        E = tile_elems or 2 * _TILE_ELEMS   # 8 MiB of scores: >= 128 rows per head at Sk 2048
+    if (kv_block is None and tile_elems is None and problem.direction == "bwd" and _bwd_whole_ok(problem)):
+        # whole (Sq x Sk) tiles per head: dV, dK, dQ each come out of one bf16 GEMM
+        return Plan(1, max(1, min(Hkv, 2 * _TILE_ELEMS // (G * Sq * Sk))), Sq, Sk)
     nc = max(1, min(Sk, kv_block or _KV_BLOCK))
     cap = max(1, E // nc)                                  # tile rows
     nr_min = min(Sq, max(1, -(-_MIN_GEMM_ROWS // G)))
@@ -227,6 +240,25 @@ def _blocks(ctx: _Ctx, pl: Plan, bs: slice, r0: int, r1: int):
 
 # ---- forward --------------------------------------------------------------------------
 
+_WHOLE_ROW_MAX = 2048      # bf16 forward: keys in one block (whole rows) up to this Sk
+_WHOLE_TILE_MAX = 1 << 22  # bf16 backward: whole G*Sq x Sk tiles per head up to 16 MiB of f32 scores
+
+
+def _native_bf16() -> bool:
+    from ..conv.cpu_gemm import cpu_has_native_bf16  # lazy: attention need not import conv
+    return cpu_has_native_bf16()
+
+
+def _pv_native(problem: AttentionProblem, args: AttnArgs) -> bool:
+    """P V through the native bf16 GEMM (oneDNN, f32 accumulation inside): bf16 V on a CPU
+    with avx512_bf16, no dropout, and whole rows (one key block). The normalised P / l
+    (f32, rounded to bf16 as torch's CPU flash kernel rounds P) times V sums over every
+    key in one GEMM whose bf16 output is o itself: one rounding of o, as in torch."""
+    return (isinstance(args.v, torch.Tensor) and args.v.dtype == args.q.dtype == torch.bfloat16
+            and problem.dropout_p == 0 and problem.Sk <= _WHOLE_ROW_MAX and _native_bf16())
+
+
+
 def _tile(buf: torch.Tensor, N: int, M: int, n: int) -> torch.Tensor:
     """A (N, M, n) view at the start of a preallocated flat f32 buffer (fresh large
     allocations cost page faults on every block)."""
@@ -240,6 +272,7 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
     pl = pl or plan(problem)
     ctx = _Ctx(problem, args)
     B, Hq, Hkv, G, Sq, Dv = problem.B, problem.Hq, problem.Hkv, problem.group, problem.Sq, problem.Dv
+    pv_native = _pv_native(problem, args)
     dev = args.q.device
     o = _empty((B, Hq, Sq, Dv), args.q.dtype, dev)
     lse = _empty((B, Hq, Sq), F32, dev)
@@ -248,6 +281,7 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
     rows_max = pl.nb * pl.nh * G * pl.nr
     sbuf = torch.empty(rows_max * pl.nc, dtype=F32, device=dev)
     pvbuf = torch.empty(rows_max * Dv, dtype=F32, device=dev)
+    pbuf = torch.empty(rows_max * pl.nc if pv_native else 0, dtype=torch.bfloat16, device=dev)
     for bs, hs in _chunks(problem, pl):
         nb, nh = bs.stop - bs.start, hs.stop - hs.start
         for r0 in range(0, Sq, pl.nr):
@@ -255,8 +289,10 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
             nr = r1 - r0
             qb = _rows_f32(args.q, Hkv, bs, hs, r0, r1, ctx.scale * LOG2E)
             N, M = qb.shape[0], qb.shape[1]
-            m = l = acc = None
-            for c0, c1, needs_vis in _blocks(ctx, pl, bs, r0, r1):
+            m = l = acc = direct = None
+            blocks = list(_blocks(ctx, pl, bs, r0, r1))
+            whole_row = pv_native and len(blocks) == 1
+            for c0, c1, needs_vis in blocks:
                 kb = _keys_f32(args.k, bs, hs, c0, c1)
                 s = torch.bmm(qb, kb.transpose(1, 2), out=_tile(sbuf, N, M, c1 - c0))
                 ctx.mask_tile(s.view(nb, nh, G, nr, c1 - c0), bs, hs, r0, r1, c0, c1, needs_vis)
@@ -267,6 +303,13 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
                 rs = s.sum(dim=-1, keepdim=True)
                 if drop:
                     s.mul_(ctx.keep_tile(bs, hs, r0, r1, c0, c1).view(N, M, -1))
+                if whole_row:   # o = (P / l) V: one bf16 GEMM over all keys, its output is o
+                    vn = args.v[bs, hs, c0:c1]
+                    lz = rs.masked_fill(rs == 0, 1.0) if problem.inf_as_zero else rs
+                    pn = _tile(pbuf, N, M, c1 - c0).copy_(s.mul_(lz.reciprocal()))  # (mul out=bf16: 2x slower)
+                    direct = torch.bmm(pn, vn.reshape(-1, *vn.shape[2:]))
+                    l, m = rs, m_new
+                    continue
                 vb = _keys_f32(args.v, bs, hs, c0, c1)
                 if acc is None:
                     l, acc = rs, torch.bmm(s, vb)
@@ -275,6 +318,10 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
                     l = l.mul_(alpha).add_(rs)
                     acc.mul_(alpha).add_(torch.bmm(s, vb, out=_tile(pvbuf, N, M, Dv)))
                 m = m_new
+            if direct is not None:      # whole row in bf16: already normalised and rounded
+                o5[bs, hs, :, r0:r1] = direct.view(nb, nh, G, nr, Dv)
+                lse5[bs, hs, :, r0:r1] = (m + torch.log2(l)).mul_(LN2).view(nb, nh, G, nr)
+                continue
             if acc is None:                                  # no visible key: dead rows
                 m = torch.full((N, M, 1), _NEG_INF, dtype=F32, device=dev)
                 l = torch.zeros((N, M, 1), dtype=F32, device=dev)
@@ -292,6 +339,75 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
 
 # ---- backward -------------------------------------------------------------------------
 
+def _bwd_whole_ok(problem: AttentionProblem) -> bool:
+    return (problem.dtype == torch.bfloat16 and problem.dropout_p == 0 and not problem.quantized
+            and problem.group * problem.Sq * problem.Sk <= _WHOLE_TILE_MAX and _native_bf16())
+
+
+def _rows_all(t: torch.Tensor, Hkv: int, bs: slice, hs: slice) -> torch.Tensor:
+    """All rows of t (B, Hq, Sq, X) for the chunk in t's dtype as (nb * nh, G * Sq, X)."""
+    blk = t.unflatten(1, (Hkv, -1))[bs, hs]
+    return blk.reshape(-1, blk.shape[2] * blk.shape[3], blk.shape[4])
+
+
+def _bmm_bf16(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Batched bf16 GEMM; a single batch goes through the 2D GEMM, which reads transposed
+    operands in place (the batched one copies them)."""
+    if a.shape[0] == 1:
+        return torch.mm(a[0], b[0]).unsqueeze(0)
+    return torch.bmm(a, b)
+
+
+def _backward_whole(problem: AttentionProblem, args: AttnArgs, pl: Plan, ctx: _Ctx,
+                    dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+    """bf16 backward on a native-bf16 CPU with whole (Sq x Sk) tiles per head: S and dP in
+    f32 GEMMs (f32 operands), then dV = P^T dO, dQ = (scale dS) K, dK = (scale dS)^T Q each
+    as ONE bf16 GEMM over all rows / keys (P and dS rounded to bf16 as torch's CPU flash
+    backward does, f32 accumulation inside) whose output is the gradient itself: one
+    rounding, no f32 accumulators across blocks."""
+    q, k, v = args.q, args.k, args.v
+    Hkv, G, Sq, Sk = problem.Hkv, problem.group, problem.Sq, problem.Sk
+    D, Dv = problem.D, problem.Dv
+    dev = q.device
+    dq5 = dq.unflatten(1, (Hkv, G))
+    lse4 = args.lse.unflatten(1, (Hkv, G))
+    rows_max = pl.nb * pl.nh * G * Sq
+    sbuf = torch.empty(rows_max * Sk, dtype=F32, device=dev)
+    dpbuf = torch.empty(rows_max * Sk, dtype=F32, device=dev)
+    hbuf = torch.empty(rows_max * Sk, dtype=torch.bfloat16, device=dev)
+    for bs, hs in _chunks(problem, pl):
+        nb, nh = bs.stop - bs.start, hs.stop - hs.start
+        blocks = list(_blocks(ctx, pl, bs, 0, Sq))
+        if not blocks:                                   # no row sees any key
+            dq5[bs, hs] = 0
+            dk[bs, hs] = 0
+            dv[bs, hs] = 0
+            continue
+        (c0, c1, needs_vis), = blocks                    # nc = Sk: one block from key 0
+        nc = c1 - c0
+        qb = _rows_f32(q, Hkv, bs, hs, 0, Sq, ctx.scale * LOG2E)
+        dob = _rows_f32(args.do, Hkv, bs, hs, 0, Sq)
+        ob = _rows_f32(args.o, Hkv, bs, hs, 0, Sq)
+        N, M = qb.shape[0], qb.shape[1]
+        lse_b = lse4[bs, hs].reshape(N, M, 1).to(F32)
+        dead = lse_b == _NEG_INF
+        di = (dob * ob).sum(dim=-1, keepdim=True).masked_fill_(dead, 0.0)
+        lse2 = (lse_b * LOG2E).masked_fill_(dead, float("inf"))
+        s = torch.bmm(qb, _keys_f32(k, bs, hs, c0, c1).transpose(1, 2), out=_tile(sbuf, N, M, nc))
+        ctx.mask_tile(s.view(nb, nh, G, Sq, nc), bs, hs, 0, Sq, c0, c1, needs_vis)
+        p = s.sub_(lse2).exp2_()
+        dp = torch.bmm(dob, _keys_f32(v, bs, hs, c0, c1).transpose(1, 2), out=_tile(dpbuf, N, M, nc))
+        h = _tile(hbuf, N, M, nc).copy_(p)                                  # P in bf16
+        dv[bs, hs, c0:c1] = _bmm_bf16(h.transpose(1, 2), _rows_all(args.do, Hkv, bs, hs)).view(nb, nh, nc, Dv)
+        h.copy_(dp.sub_(di).mul_(p).mul_(ctx.scale))                         # scale dS in bf16
+        kn = k[bs, hs, c0:c1]
+        dq5[bs, hs] = _bmm_bf16(h, kn.reshape(-1, nc, D)).view(nb, nh, G, Sq, D)
+        dk[bs, hs, c0:c1] = _bmm_bf16(h.transpose(1, 2), _rows_all(q, Hkv, bs, hs)).view(nb, nh, nc, D)
+        if c1 < Sk:                                      # keys no row sees
+            dk[bs, hs, c1:] = 0
+            dv[bs, hs, c1:] = 0
+
+
 def cpu_backward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in q's, k's, v's dtypes, from args.do, args.o and args.lse (scores in
@@ -305,6 +421,10 @@ def cpu_backward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = No
     dq = _empty(tuple(q.shape), q.dtype, dev)
     dk = _empty(tuple(k.shape), k.dtype, dev)
     dv = _empty(tuple(v.shape), v.dtype, dev)
+    if (pl.nr == Sq and pl.nc == Sk and _bwd_whole_ok(problem)
+            and all(t.dtype == torch.bfloat16 for t in (q, k, v, args.do))):
+        _backward_whole(problem, args, pl, ctx, dq, dk, dv)
+        return dq, dk, dv
     dq5 = dq.unflatten(1, (Hkv, G))
     lse4 = args.lse.unflatten(1, (Hkv, G))
     drop = problem.dropout_p > 0

@@ -260,3 +260,87 @@ def test_plan_bounds_the_tile(B, H, G, S):
     assert pl.nb * pl.nh * G * pl.nr * pl.nc <= max(cf._TILE_ELEMS, G * pl.nc)
     assert 1 <= pl.nb <= B and 1 <= pl.nh <= H and 1 <= pl.nr <= S and 1 <= pl.nc <= S
     assert 4 * pl.nb * pl.nh * G * pl.nr * pl.nc < 8 << 20
+
+
+@pytest.mark.parametrize("case", ["plain", "gqa_causal", "bool_mask", "kv_lens"])
+def test_bf16_whole_row_pv(case):
+    """bf16 forward on a native-bf16 CPU: whole rows, P V as one bf16 GEMM (P rounded to
+    bf16, f32 accumulation inside). Error within 2x of torch's own bf16 SDPA error."""
+    if not cf._native_bf16():
+        pytest.skip("CPU without avx512_bf16")
+    g = torch.Generator().manual_seed(3)
+    Hq, Hkv = (4, 2) if case == "gqa_causal" else (2, 2)
+    q = torch.randn(2, Hq, 37, 24, generator=g).bfloat16()
+    k = torch.randn(2, Hkv, 45, 24, generator=g).bfloat16()
+    v = torch.randn(2, Hkv, 45, 16, generator=g).bfloat16()
+    opts = {}
+    if case == "gqa_causal":
+        opts["causal"] = "bottom_right"
+    if case == "bool_mask":
+        opts["attn_mask"] = torch.rand(1, 1, 37, 45, generator=g) > 0.3
+    if case == "kv_lens":
+        opts["kv_lens"] = torch.tensor([45, 17])
+    p = AttentionProblem.from_tensors(q, k, v, return_lse=True, **opts)
+    assert cf.plan(p).nc == 45 and cf._pv_native(p, AttnArgs(q, k, v))
+    args = AttnArgs(q, k, v, attn_mask=opts.get("attn_mask"), kv_lens=opts.get("kv_lens"))
+    o, lse = cf.cpu_forward(p, args)
+    ro, rlse = reference_forward(p, args)
+    # torch's bf16 error on the same inputs (its CPU SDPA; masks as an additive/bool mask)
+    mask = opts.get("attn_mask")
+    if case == "kv_lens":
+        mask = (torch.arange(45).view(1, 1, 1, -1) < opts["kv_lens"].view(-1, 1, 1, 1))
+    kk, vv = k.repeat_interleave(Hq // Hkv, 1), v.repeat_interleave(Hq // Hkv, 1)
+    if case == "gqa_causal":
+        mask = torch.ones(37, 45, dtype=torch.bool).tril(45 - 37)
+    to = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
+    assert rel_err(lse, rlse) < 1e-5
+    assert rel_err(o, ro) <= 2 * rel_err(to, ro) + 1e-4, (rel_err(o, ro), rel_err(to, ro))
+
+
+@pytest.mark.parametrize("case", ["plain", "gqa_causal_top_left", "kv_lens_dead"])
+def test_bf16_whole_backward(case, monkeypatch):
+    """bf16 backward on a native-bf16 CPU: whole (Sq x Sk) tiles, dV / dQ / dK each one
+    bf16 GEMM (P, dS rounded to bf16). Errors within 2x of torch's own bf16 SDPA backward."""
+    if not cf._native_bf16():
+        pytest.skip("CPU without avx512_bf16")
+    calls = []
+    real = cf._backward_whole
+    monkeypatch.setattr(cf, "_backward_whole", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator().manual_seed(5)
+    Hq, Hkv = (4, 2) if case.startswith("gqa") else (2, 2)
+    Sq, Sk = (33, 20) if case.startswith("gqa") else (29, 41)
+    q = torch.randn(2, Hq, Sq, 24, generator=g).bfloat16()
+    k = torch.randn(2, Hkv, Sk, 24, generator=g).bfloat16()
+    v = torch.randn(2, Hkv, Sk, 16, generator=g).bfloat16()
+    do = torch.randn(2, Hq, Sq, 16, generator=g).bfloat16()
+    opts, mask = {}, None
+    if case.startswith("gqa"):
+        opts["causal"] = "top_left"            # keys >= Sq... none here; rows see j <= i
+        mask = torch.ones(Sq, Sk, dtype=torch.bool).tril()
+    if case == "kv_lens_dead":
+        opts["kv_lens"] = torch.tensor([41, 0])
+        opts["softmax_inf_as_zero"] = True
+    p = AttentionProblem.from_tensors(q, k, v, return_lse=True, **opts)
+    pb = p.with_direction("bwd")
+    assert (cf.plan(pb).nr, cf.plan(pb).nc) == (Sq, Sk)
+    args = AttnArgs(q, k, v, kv_lens=opts.get("kv_lens"))
+    o, lse = cf.cpu_forward(p, args)
+    dq, dk, dv = cf.cpu_backward(pb, AttnArgs(q, k, v, kv_lens=opts.get("kv_lens"), o=o, lse=lse, do=do))
+    assert calls
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    ref = reference_backward(pb, AttnArgs(q64, k64, v64, kv_lens=opts.get("kv_lens"), do=do.double()))
+    if case == "kv_lens_dead":   # torch: batch 1 sees no key -> compare batch 0 only for the peer
+        mask = None
+    kk, vv = (t.repeat_interleave(Hq // Hkv, 1).detach().requires_grad_() for t in (k, v))
+    qq = q.detach().requires_grad_()
+    sl = slice(0, 1) if case == "kv_lens_dead" else slice(None)
+    to = torch.nn.functional.scaled_dot_product_attention(qq[sl], kk[sl], vv[sl], attn_mask=mask)
+    tg = torch.autograd.grad(to, (qq, kk, vv), do[sl], allow_unused=True)
+    for name, ours, r, t in zip("qkv", (dq, dk, dv), ref, tg):
+        assert not ours.isnan().any(), name
+        err = rel_err(ours, r, floor=1e-3)
+        peer = rel_err(t[sl].unflatten(1, (Hkv, -1)).sum(2) if name != "q" and Hq != Hkv else t[sl],
+                       r[sl], floor=1e-3)
+        assert err <= 2 * peer + 1e-4, (name, err, peer)
+    if case == "kv_lens_dead":
+        assert dk[1].abs().max() == 0 and dv[1].abs().max() == 0 and dq[1].abs().max() == 0

@@ -1,0 +1,210 @@
+"""CPU per-tap convolution backward weights (family `gemm`, id 13 `CpuTapBwdWeights`):
+one GEMM per filter tap over ALL output positions, no im2col, for bf16 inputs and output
+on CPUs with native bf16 (avx512_bf16 / amx_bf16); any stride, dilation, padding, groups.
+
+Math (groups G, Kg = K/G, Cg = C/G; per spatial dim: padded size P = in + pad_before +
+pad_after, stride s, phase grid U = ceil(P / s), flattened with strides us):
+  x phase rho (one per combination of rho_i < s_i), channel-major or position-major:
+          X_rho[c, n, u] = x_pad[n, c, u*s + rho]      (zero outside x; zero slack after)
+  dy_wide (K, N*prod(U))  dy on the phase grid, zero where o_i >= out_i
+  tap f:  rho_f = f*d mod s, off_f = sum_i (f_i*d_i div s_i) * us_i
+          dw[g*Kg + k, c, f] = sum_q dy_wide[g*Kg + k, q] * X_rho_f[g*Cg + c, q + off_f]
+since x_pad[o*s + f*d] = X_{f*d mod s}[o + f*d div s]. A valid position (o_i < out_i) reads
+inside its own image row (o + f*d div s <= (P - 1) div s < U); junk positions read
+finite values (staged x or zeros) times dy = 0. Stride 1 is one phase, U = P.
+
+Each dw element is ONE GEMM's output: the bf16 GEMM (oneDNN, f32 accumulation inside
+over all N*prod(U) positions) rounds once, to the result's dtype -- the contract's f32
+accumulation, unlike a per-block bf16 GEMM whose partials are rounded before they are
+summed. Both operands are plain views (row stride = a phase's row length), so torch.mm
+reads them in place. Against the im2col GEMM (solver 12): no column buffer (F x the
+input), the native bf16 GEMM instead of the f32 one; the extra work is the junk
+positions ((prod(U) - prod(out)) / prod(out): 7 % on a padded 56x56 3x3).
+f32 is not served: the f32 GEMM with a reduction of N*prod(U) and a 64x64 output runs at
+half the speed of the im2col GEMM's (benchmarks/CPU_SPEED.md), and f16 has no native GEMM."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from ..args import ConvArgs
+from ..problems.conv import ConvProblem, empty_in_layout
+from ..search.solver import Solver, register
+from .cpu_gemm import cpu_has_native_bf16, workspace
+from .cpu_im2col import physical
+
+_ALIGN = 64
+MAX_WORKSPACE = 1 << 30     # staged copies of x and dy; above this the blocked im2col solver 12
+_CALL_MS = 0.025            # host + oneDNN dispatch per GEMM call (measured 20-30 us)
+
+
+def _grid(p: ConvProblem) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """(phase image sizes U = ceil(P / stride), their row-major strides us, prod(U)),
+    P = the padded input size. Stride 1: U = P."""
+    U = tuple(-(-(i + a + b) // s) for i, a, b, s in zip(p.in_size, p.pad_before, p.pad_after, p.stride))
+    us = [1] * len(U)
+    for i in range(len(U) - 2, -1, -1):
+        us[i] = us[i + 1] * U[i + 1]
+    return U, tuple(us), math.prod(U)
+
+
+def _phase_list(p: ConvProblem) -> list[tuple[int, ...]]:
+    return list(itertools.product(*(range(s) for s in p.stride)))
+
+
+def tap_offsets(p: ConvProblem) -> list[tuple[int, int]]:
+    """(phase index, flat offset on the phase grid) of each filter tap, taps in row-major
+    filter order: tap f reads x_pad[o*s + f*d] = phase (f*d mod s) at o + (f*d div s)."""
+    _, us, _ = _grid(p)
+    index = {ph: i for i, ph in enumerate(_phase_list(p))}
+    out = []
+    for fi in itertools.product(*(range(f) for f in p.filter)):
+        fd = [f * d for f, d in zip(fi, p.dilation)]
+        ph = tuple(v % s for v, s in zip(fd, p.stride))
+        out.append((index[ph], sum((v // s) * u for v, s, u in zip(fd, p.stride, us))))
+    return out
+
+
+def _sizes(p: ConvProblem) -> tuple[int, int, int]:
+    """(elements of the x phases, of dy_wide, row length of one x phase)."""
+    _, _, ut = _grid(p)
+    mt = p.N * ut
+    row = mt + max(o for _, o in tap_offsets(p))
+    return len(_phase_list(p)) * p.C * row, p.K * mt, row
+
+
+def _bytes(n: int, dt: torch.dtype) -> int:
+    return -(-n * dt.itemsize // _ALIGN) * _ALIGN
+
+
+def workspace_bytes(p: ConvProblem) -> int:
+    nx, ndy, _ = _sizes(p)
+    return _bytes(nx, p.dtype) + _bytes(ndy, p.dtype)
+
+
+def _phase_copy(p: ConvProblem, ph: tuple[int, ...]) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
+    """(destination slices on the phase grid, source slices of x) of phase ph:
+    phase[u] = x_pad[u*s + rho] = x[u*s + rho - pb] where that is inside x; None if empty."""
+    dst, src = [], []
+    for rho, s, pb, n, U in zip(ph, p.stride, p.pad_before, p.in_size, _grid(p)[0]):
+        lo = max(0, -(-(pb - rho) // s))
+        hi = min(U - 1, (n - 1 + pb - rho) // s)
+        if hi < lo:
+            return None
+        i0 = lo * s + rho - pb
+        dst.append(slice(lo, hi + 1))
+        src.append(slice(i0, i0 + (hi - lo) * s + 1, s))
+    return tuple(dst), tuple(src)
+
+
+def _stage(p: ConvProblem, x: torch.Tensor, dy: torch.Tensor, ws: torch.Tensor, pm: bool
+           ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The x phases (one zero-padded, stride-split image grid per phase: (phases, row, C)
+    position-major for nhwc inputs, (phases, C, row) channel-major for nchw: the copies
+    stay row / plane wise) and dy_wide ((N*prod(U), K) or (K, N*prod(U))) in the
+    workspace. Both are zeroed whole (halo, junk and slack; one memset), then filled."""
+    U, _, ut = _grid(p)
+    nx, ndy, row = _sizes(p)
+    mt = p.N * ut
+    nph = len(_phase_list(p))
+    xbuf = ws[:nx * p.dtype.itemsize].view(p.dtype)
+    off = _bytes(nx, p.dtype)
+    dbuf = ws[off:off + ndy * p.dtype.itemsize].view(p.dtype)
+    xbuf.zero_()
+    dbuf.zero_()
+    valid = tuple(slice(0, o) for o in p.out_size)
+    xs = physical(x, "nhwc") if pm else x.transpose(0, 1)       # (N, sp.., C) | (C, N, sp..)
+    if pm:
+        xp, dyw = xbuf.view(nph, row, p.C), dbuf.view(mt, p.K)
+        dyw.view(p.N, *U, p.K)[(slice(None), *valid)].copy_(physical(dy, "nhwc"))
+    else:
+        xp, dyw = xbuf.view(nph, p.C, row), dbuf.view(p.K, mt)
+        dyw.view(p.K, p.N, *U)[(slice(None), slice(None), *valid)].copy_(dy.transpose(0, 1))
+    for i, ph in enumerate(_phase_list(p)):
+        cp = _phase_copy(p, ph)
+        if cp is None:
+            continue
+        dst, src = cp
+        if pm:
+            xp[i, :mt].view(p.N, *U, p.C)[(slice(None), *dst)].copy_(xs[(slice(None), *src)])
+        else:
+            xp[i, :, :mt].view(p.C, p.N, *U)[(slice(None), slice(None), *dst)].copy_(
+                xs[(slice(None), slice(None), *src)])
+    return xp, dyw, mt
+
+
+def tap_bwd_weights(p: ConvProblem, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
+    G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
+    pm = p.layout == "nhwc"
+    xp, dyw, mt = _stage(p, args.x, args.dy, ws, pm)
+    taps = tap_offsets(p)
+    F = len(taps)
+    # torch.mm (oneDNN's bf16 matmul) takes the transposed, row-strided views in place.
+    out = torch.empty(F, G, Kg, Cg, dtype=p.out_dtype)      # tap-major dw pieces
+    outt = out.view(F, G, Cg, Kg)                            # position-major: dw^T pieces
+    for t, (ph, o) in enumerate(taps):
+        for g in range(G):
+            ck, kk = slice(g * Cg, (g + 1) * Cg), slice(g * Kg, (g + 1) * Kg)
+            if pm:    # (Cg, mt) . (mt, Kg)
+                torch.mm(xp[ph, o:o + mt, ck].t(), dyw[:, kk], out=outt[t, g])
+            else:     # (Kg, mt) . (mt, Cg)
+                torch.mm(dyw[kk], xp[ph, ck, o:o + mt].t(), out=out[t, g])
+    src = (outt.transpose(2, 3) if pm else out).reshape(*p.filter, p.K, Cg)
+    dw = empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype)
+    nd = p.ndim
+    if p.layout == "nchw":
+        dw.copy_(src.permute(nd, nd + 1, *range(nd)))
+    else:   # physical (K, filter.., Cg)
+        physical(dw, "nhwc").copy_(src.permute(nd, *range(nd), nd + 1))
+    return dw
+
+
+@register
+class CpuTapBwdWeights(Solver):
+    id = 13
+    name = "CpuTapBwdWeights"
+    family = "gemm"
+    primitive = "conv"
+    directions = frozenset({"bwd_weights"})
+    devices = frozenset({"cpu"})
+    dtypes = frozenset({torch.bfloat16})
+
+    def not_supported_reasons(self, p: ConvProblem) -> list[str]:
+        reasons = super().not_supported_reasons(p)
+        if math.prod(p.stride) > 16:
+            reasons.append(f"stride={p.stride}: more than 16 input phases")
+        if p.out_dtype != p.dtype:
+            reasons.append(f"out_dtype={p.out_dtype}: the bf16 GEMM output is the result (bf16 only)")
+        if not cpu_has_native_bf16():
+            reasons.append("CPU without avx512_bf16/amx_bf16: no native bf16 GEMM")
+        if p.C // p.groups < 8 or p.K // p.groups < 8:
+            reasons.append(f"groups={p.groups}: per-group GEMMs under 8x8 (the im2col GEMM is faster)")
+        elif not reasons and workspace_bytes(p) > MAX_WORKSPACE:
+            reasons.append(f"workspace {workspace_bytes(p)} bytes (staged x and dy) > {MAX_WORKSPACE}")
+        return reasons
+
+    def workspace_size(self, p: ConvProblem) -> int:
+        return workspace_bytes(p)
+
+    def estimate(self, p: ConvProblem) -> float:
+        # native bf16 GEMM at ~150 GFLOP/s per core on these reduction-heavy shapes (measured
+        # 130-210, plus the junk positions), staging (zero + copy) at ~8 GB/s per core, and
+        # the per-call cost of G x F small GEMMs (g32 with Cg = 8: slower than solver 12).
+        cores = max(1, torch.get_num_threads())
+        _, _, pt = _grid(p)
+        junk = pt / max(1, math.prod(p.out_size))
+        t = p.flops() * junk / (150e9 * cores) + 2.0 * workspace_bytes(p) / (8e9 * cores)
+        return t * 1e3 + _CALL_MS * len(tap_offsets(p)) * p.groups   # G x F GEMM calls
+
+    def prepare(self, p: ConvProblem):
+        nbytes = workspace_bytes(p)
+
+        def invoke(args: ConvArgs) -> torch.Tensor:
+            with workspace(nbytes) as ws:
+                return tap_bwd_weights(p, args, ws)
+        return invoke
+
+
+__all__ = ["CpuTapBwdWeights", "tap_bwd_weights", "tap_offsets", "workspace_bytes"]

@@ -1,0 +1,110 @@
+"""Per-tap backward weights (solver 13, strided inputs split into phases) against the float64 reference: NaN-poisoned
+workspace and output, random never-zero inputs, bf16 error bounded by the error of
+rounding the exact result to bf16 (one rounding: the contract's f32 accumulation)."""
+import contextlib
+
+import pytest
+import torch
+
+from nnprim.args import ConvArgs
+from nnprim.conv import cpu_tap
+from nnprim.conv.cpu_tap import CpuTapBwdWeights, tap_bwd_weights
+from nnprim.conv.reference import reference
+from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
+
+SHAPES = {
+    "2d_3x3_pad": ((2, 5, 9, 11), (4, 5, 3, 3), dict(padding=1)),
+    "2d_asym_dil_g2": ((3, 6, 7, 9), (4, 3, 3, 2), dict(padding=((1, 0), (2, 1)), dilation=(1, 2), groups=2)),
+    "2d_no_pad_tail": ((1, 3, 6, 5), (7, 3, 2, 4), {}),
+    "2d_1x1": ((2, 8, 5, 3), (6, 8, 1, 1), {}),
+    "2d_pad_over_span": ((2, 4, 5, 6), (3, 4, 1, 1), dict(padding=(1, (0, 2)))),
+    "1d": ((2, 4, 15), (5, 4, 3), dict(padding=((2, 1),), dilation=2)),
+    "3d_g2": ((2, 4, 5, 6, 7), (6, 2, 3, 1, 2), dict(groups=2, padding=1)),
+    "s2_3x3_pad1": ((2, 5, 9, 11), (4, 5, 3, 3), dict(stride=2, padding=1)),
+    "s2_d2_asym": ((1, 3, 9, 8), (4, 3, 3, 2), dict(stride=(2, 3), dilation=2, padding=((2, 0), (1, 2)))),
+    "s3_1x1_g2": ((2, 4, 10, 7), (6, 2, 1, 1), dict(stride=3, groups=2)),
+    "3d_s2_tail": ((1, 4, 5, 6, 7), (4, 4, 3, 2, 3), dict(stride=(2, 1, 3), padding=(1, 0, 2))),
+}
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    def empty(shape, layout, **kw):
+        return empty_in_layout(shape, layout, **kw).fill_(float("nan"))
+
+    @contextlib.contextmanager
+    def ws(nbytes):
+        yield torch.full((nbytes,), 255, dtype=torch.uint8)     # NaN in bf16 / f32
+
+    monkeypatch.setattr(cpu_tap, "empty_in_layout", empty)
+    monkeypatch.setattr(cpu_tap, "workspace", ws)
+
+
+def make(x_shape, w_shape, layout, dtype=torch.bfloat16, **kw):
+    p = ConvProblem.create("bwd_weights", x_shape, w_shape, dtype=dtype, layout=layout, **kw)
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(shape):
+        t = torch.randn(shape, generator=g)
+        t = torch.where(t.abs() < 0.05, torch.full_like(t, 0.3), t)
+        return to_layout(t.to(dtype), layout)
+
+    return p, ConvArgs(x=rnd(p.x_shape), w=rnd(p.w_shape), dy=rnd(p.y_shape))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_bwd_weights(shape, layout):
+    xs, ws, kw = SHAPES[shape]
+    p, args = make(xs, ws, layout, **kw)
+    out = CpuTapBwdWeights().prepare(p)(args)
+    ref = reference(p, args)
+    assert tuple(out.shape) == p.w_shape and out.dtype == torch.bfloat16
+    if layout == "nhwc":
+        assert out.permute(0, *range(2, out.dim()), 1).is_contiguous()
+    else:
+        assert out.is_contiguous()
+    assert not out.isnan().any(), "unwritten (NaN) elements"
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    one_rounding = ((ref.to(torch.bfloat16).double() - ref).norm() / ref.norm()).item()
+    assert err <= 1.5 * one_rounding + 1e-6, (err, one_rounding)
+
+
+def test_f32_staging_exact():
+    """The staging and tap offsets are exact: in f32 the result matches to f32 rounding."""
+    for layout in ("nchw", "nhwc"):
+        p, args = make((2, 3, 9, 8), (4, 3, 3, 2), layout, dtype=torch.float32,
+                       padding=((2, 0), (1, 1)), dilation=(2, 1), stride=(2, 3))
+        ws = torch.full((cpu_tap.workspace_bytes(p),), 255, dtype=torch.uint8)
+        out = tap_bwd_weights(p, args, ws)
+        ref = reference(p, args)
+        assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_not_applicable():
+    s = CpuTapBwdWeights()
+    bad = {
+        "stride": ConvProblem.create("bwd_weights", (1, 16, 18, 18), (16, 16, 3, 3), dtype=torch.bfloat16,
+                                     stride=5),
+        "dtype": ConvProblem.create("bwd_weights", (1, 16, 8, 8), (16, 16, 3, 3), dtype=torch.float32),
+        "out_dtype": ConvProblem.create("bwd_weights", (1, 16, 8, 8), (16, 16, 3, 3), dtype=torch.bfloat16,
+                                        out_dtype=torch.float32),
+        "groups": ConvProblem.create("bwd_weights", (1, 16, 8, 8), (16, 1, 3, 3), dtype=torch.bfloat16,
+                                     groups=16),
+        "direction": ConvProblem.create("fwd", (1, 16, 8, 8), (16, 16, 3, 3), dtype=torch.bfloat16),
+    }
+    for what, p in bad.items():
+        reasons = s.not_supported_reasons(p)
+        assert reasons, what
+    big = ConvProblem.create("bwd_weights", (64, 64, 256, 256), (64, 64, 3, 3), dtype=torch.bfloat16, padding=1)
+    assert any("workspace" in r for r in s.not_supported_reasons(big))
+
+
+def test_estimate_prefers_im2col_for_many_small_groups():
+    """g32 with Cg = Kg = 8: 288 GEMM calls; the im2col GEMM (solver 12) is faster there."""
+    from nnprim.conv.cpu_gemm import CpuGemmBwdWeights
+    p = ConvProblem.create("bwd_weights", (8, 256, 14, 14), (256, 8, 3, 3), dtype=torch.bfloat16,
+                           padding=1, groups=32)
+    q = ConvProblem.create("bwd_weights", (8, 64, 56, 56), (64, 64, 3, 3), dtype=torch.bfloat16, padding=1)
+    assert CpuTapBwdWeights().estimate(p) > CpuGemmBwdWeights().estimate(p)
+    assert CpuTapBwdWeights().estimate(q) < CpuGemmBwdWeights().estimate(q)
