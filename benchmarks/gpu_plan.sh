@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU verification and measurement plan in steps that each fit one device call
+# (<= 10 minutes on one H200), logs and JSON under OUT:
+#   bash benchmarks/gpu_plan.sh STEP OUT
+# Steps, in the order a session with little device time should take them:
+#   tests      tests/gpu on 8 xdist workers (bigmem tests take a lock: one at a time)
+#   fuzz       the memory-safety fuzz (benchmarks/fuzz_gpu.sh), incl. compute-sanitizer
+#   attention  benchmarks/attention.py --api on every train problem (fwd, bwd, deterministic bwd)
+#   tune5      tile candidates of the five-GEMM backward solvers 123/124
+#   decode     benchmarks/decode_formats.py (every K/V format) and benchmarks/paged.py
+#   fp8        benchmarks/attention_fp8.py (d64/128/256, S 4k-16k)
+#   conv       the conv suite through the public API (run_suites.sh conv) and benchmarks/depthwise.py
+#   sysdb      nnprim db build-system for the H200 (suites only; --models in a second call)
+#   regret     benchmarks/regret.py (60 held-out problems) and benchmarks/first_call.py
+set -uo pipefail
+STEP=${1:?usage: bash benchmarks/gpu_plan.sh STEP OUT}
+OUT=${2:?usage: bash benchmarks/gpu_plan.sh STEP OUT}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+D=$(date +%F)
+case $STEP in
+  tests)
+    timeout 560 python3 -m pytest -p no:cacheprovider tests/gpu -n 8 --dist load -q -rf --tb=line \
+      --ignore=tests/gpu/test_fuzz.py > "$OUT/gpu_tests_$D.log" 2>&1
+    grep -E "^FAILED|passed|failed" "$OUT/gpu_tests_$D.log" | tail -40 ;;
+  fuzz)
+    bash benchmarks/fuzz_gpu.sh "$OUT" ;;
+  attention)
+    timeout 560 python3 benchmarks/attention.py --api --out "$OUT/attention_api_$D.json" 2>&1 | tail -15 ;;
+  tune5)
+    timeout 560 python3 benchmarks/attention.py --api --tune-5gemm --out "$OUT/attention_api_tune_$D.json" \
+      --subset train_d64_s4096,train_d128_s4096_causal,train_d256_s4096,train_d256_s4096_causal 2>&1 | tail -15 ;;
+  decode)
+    timeout 330 python3 benchmarks/decode_formats.py --out "$OUT/decode_formats_$D.json" 2>&1 | tail -40
+    timeout 220 python3 benchmarks/paged.py --out "$OUT/paged_$D.json" 2>&1 | tail -20 ;;
+  fp8)
+    timeout 560 python3 benchmarks/attention_fp8.py --out "$OUT/attention_fp8_$D.json" 2>&1 | tail -20 ;;
+  conv)
+    CONV_S=300 bash benchmarks/run_suites.sh "$OUT" conv
+    timeout 200 python3 benchmarks/depthwise.py --out "$OUT" 2>&1 | tail -3 ;;
+  sysdb)
+    timeout 560 python3 -m nnprim db build-system --models none 2>&1 | tail -5
+    cp nnprim/data/system_finddb.sqlite nnprim/data/system_finddb.tsv "$OUT"/ ;;
+  regret)
+    timeout 420 python3 benchmarks/regret.py --device cuda --count 60 --seed 1 --out "$OUT/regret_$D.json" 2>&1 | tail -20
+    NNPRIM_CACHE_DIR=$(mktemp -d) timeout 120 python3 benchmarks/first_call.py --out "$OUT/first_call_$D.json" 2>&1 | tail -10 ;;
+  *) echo "unknown step $STEP"; exit 2 ;;
+esac
