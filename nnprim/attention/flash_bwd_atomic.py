@@ -45,7 +45,7 @@ from ..dropout import dropout_keep
 from ..launch import Launch, aligned16, ensure_allocator, interpreting
 from ..search.solver import register
 from . import configs
-from .flash_bwd_common import _delta_rows, _kv_len_shift, _load_scale, _lse2, _query_ranges, _scores
+from .flash_bwd_common import _delta_rows, _kv_block, _kv_len_shift, _load_scale, _lse2, _query_ranges, _scores
 from .flash_fwd import (
     _CAUSAL_CODE,
     _MASK_CODE,
@@ -186,17 +186,8 @@ def _bwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     nmask = offs_n < Sk
-    if USE_TMA:
-        k = tl.make_tensor_descriptor(K + b64 * skb + hk.to(tl.int64) * skh, shape=[Sk, D],
-                                      strides=[sks, 1], block_shape=[BLOCK_N, BLOCK_D]).load([start_n, 0])
-        v = tl.make_tensor_descriptor(V + b64 * svb + hk.to(tl.int64) * svh, shape=[Sk, Dv],
-                                      strides=[svs, 1], block_shape=[BLOCK_N, BLOCK_DV]).load([start_n, 0])
-    else:
-        k = tl.load(K + b64 * skb + hk.to(tl.int64) * skh + offs_n[:, None].to(tl.int64) * sks
-                    + offs_d[None, :] * skd, mask=nmask[:, None] & (offs_d[None, :] < D), other=0.0)
-        v = tl.load(V + b64 * svb + hk.to(tl.int64) * svh + offs_n[:, None].to(tl.int64) * svs
-                    + offs_dv[None, :] * svd, mask=nmask[:, None] & (offs_dv[None, :] < Dv),
-                    other=0.0)
+    k, v = _kv_block(K, V, b64, hk, start_n, Sk, D, Dv, skb, skh, sks, skd, svb, svh, svs, svd,
+                     BLOCK_N, BLOCK_D, BLOCK_DV, USE_TMA)
     sc = _load_scale(SCALE, scale, SCALE_PTR, INVERT)
     qk_scale = sc * 1.4426950408889634
     kv_len, shift = _kv_len_shift(KVLENS, b, Sq, Sk, HAS_KVLENS, CAUSAL)

@@ -69,6 +69,29 @@ def _kv_len_shift(KVLENS, b, Sq, Sk, HAS_KVLENS: tl.constexpr, CAUSAL: tl.conste
 
 
 @triton.jit
+def _kv_block(K, V, b64, hk, start_n, Sk, D, Dv, skb, skh, sks, skd, svb, svh, svs, svd,
+              BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, USE_TMA: tl.constexpr):
+    """The (k [BLOCK_N, BLOCK_D], v [BLOCK_N, BLOCK_DV]) tiles of keys start_n.. of one
+    (b, kv head), zero past Sk / D / Dv: through in-kernel TMA descriptors or masked loads."""
+    if USE_TMA:
+        k = tl.make_tensor_descriptor(K + b64 * skb + hk.to(tl.int64) * skh, shape=[Sk, D],
+                                      strides=[sks, 1], block_shape=[BLOCK_N, BLOCK_D]).load([start_n, 0])
+        v = tl.make_tensor_descriptor(V + b64 * svb + hk.to(tl.int64) * svh, shape=[Sk, Dv],
+                                      strides=[svs, 1], block_shape=[BLOCK_N, BLOCK_DV]).load([start_n, 0])
+    else:
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        nmask = offs_n < Sk
+        k = tl.load(K + b64 * skb + hk.to(tl.int64) * skh + offs_n[:, None].to(tl.int64) * sks
+                    + offs_d[None, :] * skd, mask=nmask[:, None] & (offs_d[None, :] < D), other=0.0)
+        v = tl.load(V + b64 * svb + hk.to(tl.int64) * svh + offs_n[:, None].to(tl.int64) * svs
+                    + offs_dv[None, :] * svd, mask=nmask[:, None] & (offs_dv[None, :] < Dv),
+                    other=0.0)
+    return k, v
+
+
+@triton.jit
 def _lse2(lse):
     """log2-domain lse; a fully masked row (-inf) becomes +inf so its P is 0."""
     return tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634

@@ -34,11 +34,17 @@ CONV = [  # (direction, x, w, options): the kernel paths of implicit GEMM, gemm 
     ("bwd_weights", (2, 32, 9, 9), (32, 1, 3, 3), dict(padding=1, groups=32, dtype=F16)),
     ("bwd_weights", (8, 32, 9, 9), (32, 4, 3, 3), dict(padding=1, groups=8, layout="nhwc", dtype=BF16)),
     ("bwd_weights", (4, 32, 1, 1), (48, 32, 1, 1), dict(layout="nhwc", dtype=BF16)),       # 1x1 images
+    ("bwd_data", (2, 32, 9, 9), (32, 1, 3, 3), dict(padding=1, stride=2, groups=32, layout="nhwc", dtype=BF16)),
+    ("bwd_weights", (2, 32, 9, 9), (32, 1, 3, 3), dict(padding=1, groups=32, layout="nhwc", dtype=BF16)),
 ]
 ATTENTION = [  # (solver, problem fields)
     ("flash_fwd", dict(B=1, Hq=4, Hkv=2, Sq=70, Sk=90, D=64, Dv=64, dtype=BF16, causal="bottom_right",
                        return_lse=True)),
     ("flash_bwd", dict(direction="bwd", B=1, Hq=4, Hkv=2, Sq=70, Sk=90, D=64, Dv=64, dtype=F16, return_lse=True)),
+    ("flash_bwd_atomic", dict(direction="bwd", B=1, Hq=4, Hkv=2, Sq=70, Sk=90, D=128, Dv=128, dtype=BF16,
+                              causal="bottom_right", return_lse=True)),
+    ("flash_bwd_ordered", dict(direction="bwd", B=1, Hq=2, Hkv=1, Sq=70, Sk=90, D=256, Dv=256, dtype=BF16,
+                               causal="top_left", return_lse=True)),
     ("decode_split_k", dict(B=1, Hq=8, Hkv=1, Sq=1, Sk=5000, D=128, Dv=128, dtype=BF16, return_lse=True)),
     ("decode_split_k_quant", dict(B=1, Hq=4, Hkv=1, Sq=1, Sk=4000, D=128, Dv=128, dtype=BF16,
                                   k_quant=("s4", 32, "g", "float16", "g"))),
