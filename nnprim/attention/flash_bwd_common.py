@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .flash_fwd import _dot
+from .flash_fwd import _dot, _kv_len_shift  # noqa: F401  (_kv_len_shift: shared with the backward kernels)
 
 
 @triton.jit
@@ -51,21 +51,6 @@ def _load_scale(SCALE, scale, SCALE_PTR: tl.constexpr, INVERT: tl.constexpr):
     else:
         sc = scale
     return sc
-
-
-@triton.jit
-def _kv_len_shift(KVLENS, b, Sq, Sk, HAS_KVLENS: tl.constexpr, CAUSAL: tl.constexpr):
-    """(kv_len, shift): batch entry b's key count, clamped to [0, Sk] (never past the
-    keys), and the causal diagonal's offset (key j visible to row i iff j <= i + shift)."""
-    if HAS_KVLENS:
-        kv_len = tl.minimum(tl.maximum(tl.load(KVLENS + b).to(tl.int32), 0), Sk)
-    else:
-        kv_len = Sk
-    if CAUSAL == 2:
-        shift = kv_len - Sq
-    else:
-        shift = 0
-    return kv_len, shift
 
 
 @triton.jit

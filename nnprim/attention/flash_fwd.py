@@ -86,8 +86,9 @@ def _mask_scores(s, mask_ptrs, start_n, stride_mj, offs_m, offs_n, Sq, Sk, kv_le
 
 @triton.jit
 def _kv_len_shift(KVLENS, b, Sq, Sk, HAS_KVLENS: tl.constexpr, CAUSAL: tl.constexpr):
-    """(keys of batch entry b, causal shift): kv_lens clamped to [0, Sk] (a stale value never
-    reads past the keys); bottom-right alignment is to that length."""
+    """(kv_len, shift): batch entry b's key count, clamped to [0, Sk] (a stale value never
+    reads past the keys), and the causal diagonal's offset (key j visible to row i iff
+    j <= i + shift; bottom-right alignment is to kv_len). Shared by every flash kernel."""
     if HAS_KVLENS:
         kv_len = tl.minimum(tl.maximum(tl.load(KVLENS + b).to(tl.int32), 0), Sk)
     else:
