@@ -41,16 +41,17 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from ..dropout import dropout_keep
-from ..launch import Launch, aligned16, ensure_allocator, interpreting
+from ..launch import Launch, ensure_allocator, interpreting
 from ..search.solver import register
 from . import configs
-from .flash_bwd_common import _delta_rows, _kv_block, _kv_len_shift, _load_scale, _lse2, _mask_scores, _query_ranges, _scores
+from .flash_bwd_common import _delta_rows, _kv_block, _load_scale, _lse2, _mask_scores, _query_ranges, _scores, plan_key
 from .flash_fwd import (
     _CAUSAL_CODE,
     _MASK_CODE,
     TMA_DESC_BYTES,
     FlashBase,
     _dot,
+    _kv_len_shift,
     block_d,
     dropout_args,
     mask_view,
@@ -800,15 +801,8 @@ class BackwardPlan:
         self.problem, self.cfg, self.dq_cfg, self.dq_split = problem, cfg, dq_cfg, dq_split
         self.plans: dict[tuple, list] = {}
 
-    def _key(self, args) -> tuple:
-        m = args.attn_mask
-        return (args.q.stride(), args.k.stride(), args.v.stride(), args.o.stride(), args.do.stride(),
-                None if m is None else (m.shape, m.stride()),
-                None if isinstance(args.scale, torch.Tensor) else args.scale, args.seed, args.offset,
-                aligned16(args.q, args.k, args.v, args.do, args.o, args.lse, m, args.kv_lens, args.scale))
-
     def __call__(self, args):
-        key = self._key(args)
+        key = plan_key(args)
         stages = self.plans.get(key)
         if stages is None:
             if len(self.plans) >= 64:

@@ -4,10 +4,12 @@ the scale, the per-batch kv length and causal shift, and the query range of one 
 block. Each is inlined into its kernels, so the kernels compile as if written there."""
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
-from .flash_fwd import _dot, _kv_len_shift  # noqa: F401  (_kv_len_shift: shared with the backward kernels)
+from ..launch import aligned16
+from .flash_fwd import _dot
 
 
 @triton.jit
@@ -129,3 +131,13 @@ def _delta_rows(O, DO, LSE, DELTA, pid_m, pid_bh, sob, soh, sos, sod, sdb, sdh, 
     delta = tl.sum(o * do, 1)
     delta = tl.where(lse == float("-inf"), 0.0, delta)
     tl.store(DELTA + row, delta, mask=offs_m < Sq)
+
+
+def plan_key(args) -> tuple:
+    """What a backward plan specialises on besides the problem: the strides, the per-call
+    scalars and every pointer's 16-byte alignment (the invokers of 111, 123 and 124)."""
+    m = args.attn_mask
+    return (args.q.stride(), args.k.stride(), args.v.stride(), args.o.stride(), args.do.stride(),
+            None if m is None else (m.shape, m.stride()),
+            None if isinstance(args.scale, torch.Tensor) else args.scale, args.seed, args.offset,
+            aligned16(args.q, args.k, args.v, args.do, args.o, args.lse, m, args.kv_lens, args.scale))

@@ -138,7 +138,7 @@ def pick(p: ConvProblem) -> GemmTile:
     if env:
         return parse_override(env)
     cls = shape_class(p)
-    if cls == "tma_conv" and p.dtype in (torch.float16, torch.bfloat16):
+    if cls == "tma_conv":
         return _tma_conv_tile(p)
     return TABLE.get((p.direction, cls), GemmTile(128, 128, 64, 8, 3))
 

@@ -197,6 +197,22 @@ class DwPlan:
         return dst
 
 
+def _bwd_w_split(p: ConvProblem, BH: int, BW: int, BC: int) -> tuple[int, int, int]:
+    """(pixel tiles, tiles per slice, slices) of backward weights: ~4 programs per SM."""
+    gm = geom(p)
+    nt = gm.N * triton.cdiv(gm.out[1], BH) * triton.cdiv(gm.out[2], BW)
+    split = max(1, min(nt, triton.cdiv(4 * NUM_SMS, triton.cdiv(p.C, BC))))
+    tpp = triton.cdiv(nt, split)
+    return nt, tpp, triton.cdiv(nt, tpp)
+
+
+def bwd_w_workspace(p: ConvProblem) -> int:
+    """Bytes of the f32 per-slice partials [SPLIT, taps (power of two), C]."""
+    gm = geom(p)
+    BH, BW, BC, _ = _tile(p, gm.out[1], gm.out[2])
+    return _bwd_w_split(p, BH, BW, BC)[2] * triton.next_power_of_2(gm.filt[1] * gm.filt[2]) * p.C * 4
+
+
 class DwBwdWeightsPlan:
     """Backward weights: per-slice partials [SPLIT, taps, C] (f32), summed in order."""
 
@@ -208,11 +224,8 @@ class DwBwdWeightsPlan:
         sy, sx = _strides2(self.strides[0]), _strides2(self.strides[1])
         self.taps = gm.filt[1] * gm.filt[2]
         TP = triton.next_power_of_2(self.taps)
-        nt = gm.N * triton.cdiv(gm.out[1], BH) * triton.cdiv(gm.out[2], BW)
+        nt, tpp, self.split = _bwd_w_split(p, BH, BW, BC)
         nkb = triton.cdiv(p.C, BC)
-        split = max(1, min(nt, triton.cdiv(4 * NUM_SMS, nkb)))
-        tpp = triton.cdiv(nt, split)
-        self.split = triton.cdiv(nt, tpp)
         self.ws_shape = (self.split, TP, p.C)
         self.launch = Launch(
             _dw_bwd_w_kernel, (nkb, self.split),
@@ -261,7 +274,7 @@ class _DepthwiseBase(Solver):
         p = problem
         if not (p.groups == p.C == p.K):
             reasons.append(f"depthwise only (groups == C == K), got groups={p.groups}, C={p.C}, K={p.K}")
-        if p.layout != "nhwc" and p.ndim == 2:
+        if p.layout != "nhwc":
             reasons.append("channels-last (nhwc) layout only")
         if p.ndim == 3:
             reasons.append("1-D and 2-D only")
@@ -306,7 +319,7 @@ class DepthwiseBwdWeights(_DepthwiseBase):
     directions = frozenset({"bwd_weights"})
 
     def workspace_size(self, problem) -> int:
-        return math.prod(DwBwdWeightsPlan(problem).ws_shape) * 4
+        return bwd_w_workspace(problem)
 
     def prepare(self, problem):
         return DwBwdWeightsPlan(problem)

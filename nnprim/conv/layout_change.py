@@ -11,6 +11,7 @@ more than that much faster; find measures both and keeps the faster.
 Workspace: the NHWC copies of the inputs and of the output (temporaries of one call)."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import torch
@@ -80,7 +81,7 @@ class _LayoutChangeBase(Solver):
         e = torch.tensor([], dtype=problem.dtype).element_size()
         reads = {"fwd": (problem.x_shape, problem.w_shape), "bwd_data": (problem.y_shape, problem.w_shape),
                  "bwd_weights": (problem.y_shape, problem.x_shape)}[problem.direction]
-        return sum(map(_numel, reads)) * e + REGISTRY.get(_INNER[problem.direction]).workspace_size(nhwc_twin(problem))
+        return sum(map(math.prod, reads)) * e + REGISTRY.get(_INNER[problem.direction]).workspace_size(nhwc_twin(problem))
 
     def estimate(self, problem) -> float | None:
         inner = REGISTRY.get(_INNER[problem.direction]).estimate(nhwc_twin(problem))
@@ -91,13 +92,6 @@ class _LayoutChangeBase(Solver):
 
     def prepare(self, problem):
         return LayoutChangePlan(problem)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 @register

@@ -65,3 +65,10 @@ def test_large_filters_left_to_direct():
                            padding=2, device="cuda")
     assert not REGISTRY.get("depthwise_fwd").is_applicable(p)
     assert REGISTRY.get("direct_fwd").is_applicable(p)
+
+
+def test_bwd_weights_workspace_matches_plan():
+    import math
+    p = ConvProblem.create("bwd_weights", (4, 40, 30, 31), (40, 1, 3, 3), dtype=torch.bfloat16, layout="nhwc",
+                           padding=1, groups=40, device="cuda")
+    assert REGISTRY.get("depthwise_bwd_weights").workspace_size(p) == math.prod(depthwise.DwBwdWeightsPlan(p).ws_shape) * 4
