@@ -186,7 +186,11 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="timed rounds (default 25 CUDA, 5 CPU)")
     ap.add_argument("--scale", default=None, choices=("full", "tiny"), help="default full on CUDA, tiny on CPU")
     ap.add_argument("--out", default=None, help="JSON output path")
+    ap.add_argument("--workers", type=int, default=8, help="parallel compile processes on a GPU first (1: none)")
+    ap.add_argument("--time-budget", type=float, default=None,
+                    help="seconds after which no new problem is measured (the rest are reported skipped)")
     args = ap.parse_args(argv)
+    deadline = None if args.time_budget is None else time.monotonic() + args.time_budget
     device = pick_device(args.device)
     dtype = default_dtype(args.dtype, device)
     scale = args.scale or ("full" if device == "cuda" else "tiny")
@@ -200,7 +204,13 @@ def main(argv=None) -> int:
             _fresh_cache(tmp, "fast")
             choices = choices_without_find(problems)
             _fresh_cache(tmp, "hybrid")
+            if device == "cuda" and args.workers > 1:  # every candidate's kernels into Triton's cache
+                from nnprim.warmup import warmup
+                warmup(problems, workers=args.workers, find=False)
             for i, (h, p, ch) in enumerate(zip(held, problems, choices)):
+                if deadline is not None and time.monotonic() > deadline:
+                    rows.append(dict(name=h.name, family=h.family, key=p.key(), skipped="time budget spent"))
+                    continue
                 print(f"[{i + 1}/{len(held)}] {h.name} {p.key()}", file=sys.stderr, flush=True)
                 try:
                     rows.append(measure(h, p, ch, dtype, device, reps, args.seed + i))

@@ -124,8 +124,11 @@ def build_problems(suites, models, *, count: int, seed: int, dtype, device: str,
 
 
 def cmd_build_system(args) -> int:
+    import time
+
     from ..search.context import find
     from ..testing.heldout import FAMILIES
+    from ..warmup import Progress, warmup
     from .problem_args import pick_device
     dev = pick_device(args.device)
     suites = args.suite
@@ -136,35 +139,49 @@ def cmd_build_system(args) -> int:
     probs = build_problems(suites, models, count=args.count, seed=args.seed, dtype=args.dtype, device=dev,
                            direction=args.direction, scale=args.scale)
     out = args.out or str(finddb.SYSTEM_DB_PATH)
+    if not os.path.exists(out):
+        finddb.create_empty(out)
+    target = finddb.FindDb(out)
+    deadline = None if args.time_budget is None else time.monotonic() + args.time_budget
     old = os.environ.get("NNPRIM_CACHE_DIR")
-    ok = 0
+    ok = written = 0
     with tempfile.TemporaryDirectory(prefix="nnprim-build-") as tmp:
         os.environ["NNPRIM_CACHE_DIR"] = tmp  # find records into a scratch user db
         finddb.forget_dbs()
         try:
-            for i, (name, p) in enumerate(probs):
-                print(f"[{i + 1}/{len(probs)}] {name} {p.key()}", file=sys.stderr, flush=True)
-                try:
-                    res = find(p, refind=True, exhaustive=args.exhaustive)
-                    ok += 1
-                    print(f"  {res[0].solver} {res[0].time_ms:.4f} ms", file=sys.stderr)
-                except Exception as e:  # one problem failing must not lose the others
-                    print(f"  skipped: {type(e).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
-            recs = finddb.user_db().all()
+            bar = Progress("nnprim db build-system: find", len(probs))
+            chunk = max(1, 3 * args.workers)  # compile a chunk in parallel, then find it
+            for start in range(0, len(probs), chunk):
+                part = probs[start:start + chunk]
+                if deadline is not None and time.monotonic() > deadline:
+                    print(f"\ntime budget spent: {len(probs) - start} problems not found", file=sys.stderr)
+                    break
+                if dev == "cuda" and args.workers > 1:
+                    warmup([p for _, p in part], workers=args.workers, find=False, progress=False)
+                for name, p in part:
+                    t_find = time.time()
+                    try:
+                        res = find(p, refind=True, exhaustive=args.exhaustive)
+                        ok += 1
+                        bar.step(f"{name} {res[0].solver}")
+                    except Exception as e:  # one problem failing must not lose the others
+                        bar.step(name)
+                        print(f"\n  {name}: skipped: {type(e).__name__}: {str(e).splitlines()[0]}",
+                              file=sys.stderr)
+                    recs = [r for r in finddb.user_db().all() if r.timestamp >= t_find]
+                    target.write(recs)  # per problem, one transaction: a killed build keeps what it found
+                    written += len(recs)
+            bar.close()
         finally:
             finddb.forget_dbs()
             if old is None:
                 os.environ.pop("NNPRIM_CACHE_DIR", None)
             else:
                 os.environ["NNPRIM_CACHE_DIR"] = old
-    if not os.path.exists(out):
-        finddb.create_empty(out)
-    target = finddb.FindDb(out)
-    target.write(recs)  # one transaction: records of other devices and problems stay
     target.seal()
     tsv = os.path.splitext(out)[0] + ".tsv"
     n = finddb.FindDb(out, readonly=True).export_tsv(tsv)
-    print(f"wrote {len(recs)} records ({ok} of {len(probs)} problems found) to {out}; {n} records in {tsv}")
+    print(f"wrote {written} records ({ok} of {len(probs)} problems found) to {out}; {n} records in {tsv}")
     return 0
 
 
@@ -222,6 +239,9 @@ def add_parser(sub) -> None:
     p.add_argument("--scale", default="full", choices=("full", "tiny"), help="model layers' sizes (tiny: tests)")
     p.add_argument("--exhaustive", action="store_true", help="more repeats per candidate")
     p.add_argument("--out", default=None, help="output file (default: the package's system db)")
+    p.add_argument("--workers", type=int, default=8, help="parallel compile processes on a GPU (1: none)")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds after which no new problem is found (what was found is kept)")
     p.set_defaults(func=cmd_build_system)
     p = dsub.add_parser("model-check", help="leave-one-out validation of the learned model over a db")
     p.add_argument("--system", action="store_true")

@@ -99,20 +99,35 @@ def l2_flusher(device: str = "cuda") -> Callable[[], None] | None:
 
 
 # ---- clocks ----------------------------------------------------------------------------------------
-def _cuda_round(fns: Sequence[Callable[[], object]], flush: Callable[[], None] | None) -> list[float]:
+SLEEP_CYCLES_PER_MS = 2.0e6  # torch.cuda._sleep spins cycles; ~2 GHz SM clock (H100/H200 boost 1.98)
+MAX_LEAD_MS = 20.0
+
+
+def _cuda_round(fns: Sequence[Callable[[], object]], flush: Callable[[], None] | None,
+                lead_ms: float = 0.0) -> list[float]:
+    """One run of each of `fns`, each between its own pair of events, one sync at the end.
+    A spin kernel of `lead_ms` first keeps the GPU busy while the host enqueues the round,
+    so that no run's events enclose the GPU idling for the host (else the first run of a
+    round, and any run after a host-heavy one, would pay launch latency the others do not).
+    Each run's time is max(its event time, its host enqueue time): what it costs per call
+    when called back to back, bound by whichever of host and device is slower."""
     import torch
-    evs = []
+    if lead_ms > 0:
+        torch.cuda._sleep(int(min(lead_ms, MAX_LEAD_MS) * SLEEP_CYCLES_PER_MS))
+    evs, host = [], []
     for fn in fns:
         if flush is not None:
             flush()
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
         a.record()
+        t0 = time.perf_counter()
         fn()
+        host.append((time.perf_counter() - t0) * 1e3)
         b.record()
         evs.append((a, b))
     evs[-1][1].synchronize()
-    return [a.elapsed_time(b) for a, b in evs]
+    return [max(a.elapsed_time(b), h) for (a, b), h in zip(evs, host)]
 
 
 def _cpu_round(fns: Sequence[Callable[[], object]], flush: Callable[[], None] | None) -> list[float]:
@@ -126,32 +141,52 @@ def _cpu_round(fns: Sequence[Callable[[], object]], flush: Callable[[], None] | 
     return out
 
 
-def default_timer(device: str) -> Timer:
-    return _cuda_round if device == "cuda" else _cpu_round
+def default_timer(device: str, lead_ms: float = 0.0) -> Timer:
+    if device != "cuda":
+        return _cpu_round
+    return lambda fns, flush: _cuda_round(fns, flush, lead_ms)
+
+
+def _host_round_ms(fns: Sequence[Callable[[], object]], flush: Callable[[], None] | None) -> float:
+    """Host time to enqueue one round (flushes included): how long the GPU must be kept busy."""
+    t0 = time.perf_counter()
+    for fn in fns:
+        if flush is not None:
+            flush()
+        fn()
+    return (time.perf_counter() - t0) * 1e3
 
 
 def interleaved_samples(fns: Sequence[Callable[[], object]], device: str, *, rounds: int, warmup: int = 1,
                         budget_ms: float | None = None, first_ms: Sequence[float] | None = None,
                         flush: Callable[[], None] | None = None, timer: Timer | None = None) -> list[list[float]]:
     """Every run's ms of each of `fns` over `rounds` rounds (one run of each per round) after
-    `warmup` runs of each. With a budget and the candidates' first times, rounds are cut
-    so that about `budget_ms` is spent (at least one round)."""
+    `warmup` runs of each. The order within a round rotates from round to round, so that no
+    candidate always runs first or after the same neighbour. With a budget and the
+    candidates' first times, rounds are cut so that about `budget_ms` is spent (at least one
+    round)."""
     if budget_ms is not None and first_ms:
         per_round = max(sum(first_ms), 1e-3)
         fit = int(budget_ms // per_round)
         warmup = min(warmup, max(0, fit - 1))
         rounds = max(1, min(rounds, fit - warmup))
-    clock = timer or default_timer(device)
+    clock = timer
     if timer is None:
+        # the lead covers the host's enqueue of a round: measured on the last warm-up round
+        # (compiled, allocated), else bounded by the first runs' wall times (host + device)
+        host_ms = sum(first_ms) if first_ms else 1.0
         for _ in range(warmup):
-            for fn in fns:
-                fn()
+            _sync(device)
+            host_ms = _host_round_ms(fns, flush)
         _sync(device)
+        clock = default_timer(device, lead_ms=1.5 * host_ms + 0.05)
     elif warmup:
         clock(fns, flush)  # a fake clock sees the warm-up too, and discards it
+    n = len(fns)
     times: list[list[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for i, t in enumerate(clock(fns, flush)):
+    for r in range(rounds):
+        order = [(r + i) % n for i in range(n)]
+        for i, t in zip(order, clock([fns[i] for i in order], flush)):
             times[i].append(t)
     return times
 

@@ -22,7 +22,7 @@ def test_build_system_with_model_layers_and_text_export(solvers, clean, capsys):
     assert cli_main(["db", "build-system", "--suite", "conv_cpu", "--direction", "fwd", "--models", "resnet,unet",
                      "--count", "3", "--scale", "tiny", "--device", "cpu", "--out", str(out)]) == 0
     err = capsys.readouterr().err
-    assert "[10/10]" in err  # 7 suite problems + 3 model layers
+    assert "find 10/10" in err  # 7 suite problems + 3 model layers
     db = finddb.FindDb(out, readonly=True)
     recs = db.all()
     assert {r.device for r in recs} == {finddb.device_fingerprint("cpu")}
