@@ -5,7 +5,10 @@ s8/u8; s4/u4 with groups 32/64/128, with and without zero points; fp8 e4m3 per h
 V stored rows or keys-contiguous (`quantize_kv(..., role="v")`) for the quantized formats:
 - nnprim.sdpa(q, k, v[, causal]) (find decides; the call is repeated until the choice settles),
 - cuDNN SDPA (`sdpa_kernel(SDPBackend.CUDNN_ATTENTION)`) and torch's default SDPA on the bf16 cache,
-timed with CUDA events (warm-up, then the median of --reps calls), checked against an f32
+timed in one interleaved run with the peers (CUDA events, warm-up, median of --reps rounds;
+a spin kernel ahead of each round, so a run's time is max(host enqueue, device): its cost
+called back to back), plus two more columns per side: serial latency (event, call, event,
+sync: host launch time included) and the device time of a CUDA-graph replay; checked against an f32
 reference of the dequantised cache (first two batch entries). Reports ms, ratio vs cuDNN and
 bandwidth = bytes of K/V read (codes + scales + zero points) / time. JSON to --out.
 
@@ -33,7 +36,33 @@ FORMATS = ([("bf16", None, None)] + [("s8", 64, False), ("s8", 128, False), ("u8
            + [("fp8_e4m3", "head", False)])
 
 
+def paired_ms(fns, warmup: int, reps: int) -> list[float]:
+    """Per-call ms of each of `fns` called back to back, interleaved round by round in one run
+    (nnprim.search.timing: a spin kernel ahead of each round, so each run is max(host
+    enqueue, device time), not the launch latency of an idle GPU)."""
+    from nnprim.search.timing import interleaved_samples
+    return [statistics.median(t) for t in interleaved_samples(fns, "cuda", rounds=reps, warmup=warmup)]
+
+
+def graph_ms(fn, reps: int) -> float | None:
+    """Device time of fn replayed from a CUDA graph (no host work at all); None if it cannot be captured."""
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        return events_median(g.replay, 5, reps)
+    except Exception:
+        return None
+
+
 def events_median(fn, warmup: int, reps: int) -> float:
+    """Serial latency: each run between events with a sync after it (the GPU idles while the host enqueues)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -114,8 +143,9 @@ def main() -> None:
         q = torch.randn(B, Hq, Sq, D, device="cuda", dtype=torch.bfloat16, generator=g)
         k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.bfloat16, generator=g)
         v = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        cudnn = events_median(peer("cudnn", q, k, v, causal), a.warmup, a.reps)
-        default = events_median(peer(None, q, k, v, causal), a.warmup, a.reps)
+        cudnn_fn, default_fn = peer("cudnn", q, k, v, causal), peer(None, q, k, v, causal)
+        cudnn_lat = events_median(cudnn_fn, a.warmup, a.reps // 2)
+        cudnn_g = graph_ms(cudnn_fn, a.reps // 2)
         for fmt in fmts:
             for role in ((None,) if fmt[0] == "bf16" else (None, "v")):
                 kk, vv = quant(k, fmt, None), quant(v, fmt, role)
@@ -131,9 +161,14 @@ def main() -> None:
                     row["rel_err"] = float((o[:2].float() - ref).norm() / ref.norm())
                     for _ in range(20):          # find settles on the first calls
                         fn()
-                    ms = events_median(fn, a.warmup, a.reps)
+                    ms, cudnn, default = paired_ms([fn, cudnn_fn, default_fn], a.warmup, a.reps)
+                    lat = events_median(fn, a.warmup, a.reps // 2)
+                    g_ms = graph_ms(fn, a.reps // 2)
                     row.update(ms=round(ms, 4), cudnn_bf16_ms=round(cudnn, 4), torch_default_bf16_ms=round(default, 4),
-                               x_vs_cudnn=round(cudnn / ms, 3), tb_s=round(row["kv_bytes"] / ms / 1e9, 3))
+                               x_vs_cudnn=round(cudnn / ms, 3), tb_s=round(row["kv_bytes"] / ms / 1e9, 3),
+                               latency_ms=round(lat, 4), cudnn_latency_ms=round(cudnn_lat, 4),
+                               graph_ms=None if g_ms is None else round(g_ms, 4),
+                               cudnn_graph_ms=None if cudnn_g is None else round(cudnn_g, 4))
                 except Exception as e:  # record and go on
                     row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
                 res["rows"].append(row)
@@ -142,11 +177,13 @@ def main() -> None:
         torch.cuda.empty_cache()
     res["elapsed_s"] = round(time.time() - t0, 1)
     json.dump(res, open(a.out, "w"), indent=1)
-    print(f"\n{'problem':22s} {'format':16s} {'V':5s} {'ms':>8s} {'cudnn':>8s} {'x cudnn':>7s} {'TB/s':>6s} {'err':>8s}")
+    print(f"\n{'problem':22s} {'format':16s} {'V':5s} {'ms':>8s} {'cudnn':>8s} {'x cudnn':>7s} {'TB/s':>6s} {'err':>8s}"
+          f" {'graph':>8s} {'cudnn gr':>8s}")
     for r in res["rows"]:
         if "ms" in r:
             print(f"{r['problem']:22s} {r['format']:16s} {r['v_order']:5s} {r['ms']:8.4f} {r['cudnn_bf16_ms']:8.4f} "
-                  f"{r['x_vs_cudnn']:7.3f} {r['tb_s']:6.2f} {r['rel_err']:8.2e}")
+                  f"{r['x_vs_cudnn']:7.3f} {r['tb_s']:6.2f} {r['rel_err']:8.2e} {r['graph_ms'] or 0:8.4f} "
+                  f"{r['cudnn_graph_ms'] or 0:8.4f}")
         else:
             print(f"{r['problem']:22s} {r['format']:16s} {r['v_order']:5s} {r.get('error')}")
 

@@ -44,6 +44,15 @@ def test_interleaving_cancels_drift_and_spikes():
     assert ta < 1.00 + 15 * 2 * 0.01
 
 
+def test_order_rotates_so_no_candidate_always_runs_first():
+    def clock(fns, flush):  # the first run of every round pays a launch latency of 1 ms
+        return [fn() + (1.0 if j == 0 else 0.0) for j, fn in enumerate(fns)]
+
+    same = [lambda: 2.0, lambda: 2.0, lambda: 2.0]
+    samples = timing.interleaved_samples(same, "cpu", rounds=9, warmup=0, timer=clock)
+    assert [sum(s) for s in samples] == [9 * 2.0 + 3.0] * 3  # each ran first in 3 of the 9 rounds
+
+
 def test_interleaved_budget_cuts_rounds():
     clock = DriftClock()
     samples = timing.interleaved_samples([lambda: 1.0, lambda: 1.0], "cpu", rounds=100, warmup=1, budget_ms=10.0,
