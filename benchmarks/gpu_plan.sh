@@ -10,7 +10,7 @@
 #   decode     benchmarks/decode_formats.py (every K/V format) and benchmarks/paged.py
 #   fp8        benchmarks/attention_fp8.py (d64/128/256, S 4k-16k)
 #   conv       the conv suite through the public API (run_suites.sh conv) and benchmarks/depthwise.py
-#   sysdb      nnprim db build-system for the H200 (suites only; --models in a second call)
+#   sysdb      nnprim db build-system for the H200 (suites + 90 model layers, about 5 minutes)
 #   regret     benchmarks/regret.py (60 held-out problems) and benchmarks/first_call.py
 set -uo pipefail
 STEP=${1:?usage: bash benchmarks/gpu_plan.sh STEP OUT}
@@ -40,10 +40,12 @@ case $STEP in
     CONV_S=300 bash benchmarks/run_suites.sh "$OUT" conv
     timeout 200 python3 benchmarks/depthwise.py --out "$OUT" 2>&1 | tail -3 ;;
   sysdb)
-    timeout 560 python3 -m nnprim db build-system --models none 2>&1 | tail -5
+    timeout -s INT 585 python3 -m nnprim db build-system --device cuda --count 90 --workers 14 --time-budget 470 2>&1 \
+      | tr '\r' '\n' | tail -5
     cp nnprim/data/system_finddb.sqlite nnprim/data/system_finddb.tsv "$OUT"/ ;;
   regret)
-    timeout 420 python3 benchmarks/regret.py --device cuda --count 60 --seed 1 --out "$OUT/regret_$D.json" 2>&1 | tail -20
+    timeout -s INT 420 python3 benchmarks/regret.py --device cuda --count 60 --seed 1 --workers 14 --time-budget 300 \
+      --out "$OUT/regret_$D.json" 2>&1 | tail -20
     NNPRIM_CACHE_DIR=$(mktemp -d) timeout 120 python3 benchmarks/first_call.py --out "$OUT/first_call_$D.json" 2>&1 | tail -10 ;;
   *) echo "unknown step $STEP"; exit 2 ;;
 esac
