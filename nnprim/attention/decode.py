@@ -283,16 +283,15 @@ def _decode_fwd_kernel(
         tl.store(PL + prow * SPLITS + split, lse, mask=row_ok)
 
 
-@triton.jit
-def _decode_combine_kernel(PO, PL, O, LSE, n_rows, s_ob, s_oh, s_oq, s_od, Hq, Sq,
-                           SPLITS: tl.constexpr, DV: tl.constexpr, BLOCK_R: tl.constexpr,
-                           BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+@triton.jit(do_not_specialize=["n_rows", "s_ob", "s_oh", "s_oq", "Hq", "Sq", "SPLITS"])
+def _decode_combine_kernel(PO, PL, O, LSE, n_rows, s_ob, s_oh, s_oq, s_od, Hq, Sq, SPLITS,
+                           DV: tl.constexpr, BLOCK_R: tl.constexpr, SC: tl.constexpr, BLOCK_DV: tl.constexpr,
                            INF_AS_ZERO: tl.constexpr, WRITE_LSE: tl.constexpr):
     """Merge SPLITS partials of BLOCK_R output rows: LSE = log sum_s exp(lse_s),
     o = sum_s exp(lse_s - LSE) o_s (NaN, or 0 with INF_AS_ZERO, when every lse_s = -inf).
     The splits are read SC at a time (two passes: the largest lse, then the sums), so the
-    [BLOCK_R, SC, BLOCK_DV] tile stays small when SPLITS runs into the thousands."""
-    SC: tl.constexpr = BLOCK_S if BLOCK_S < 16 else 16
+    [BLOCK_R, SC, BLOCK_DV] tile stays small when SPLITS runs into the thousands; SPLITS
+    and the sizes are runtime values (a new split count or shape compiles nothing)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = rows < n_rows
     rows64 = rows.to(tl.int64)
@@ -466,13 +465,14 @@ def combine_launch(problem, splits: int) -> Launch | None:
     if splits == 1:
         return None
     n_rows = problem.B * problem.Hq * problem.Sq
-    block_s = triton.next_power_of_2(splits)
+    sc = 16  # splits read per step, fixed: one compiled variant for every split count
     block_dv = max(16, triton.next_power_of_2(problem.Dv))
-    block_r = max(1, min(16, 4096 // (block_s * block_dv)))
+    block_r = max(1, min(16, 4096 // (sc * block_dv)))
     block_r = 1 << (block_r.bit_length() - 1)
     so = (problem.Hq * problem.Sq * problem.Dv, problem.Sq * problem.Dv, problem.Dv, 1)
-    return Launch(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),), (n_rows, *so, problem.Hq, problem.Sq),
-                  SPLITS=splits, DV=problem.Dv, BLOCK_R=block_r, BLOCK_S=block_s, BLOCK_DV=block_dv,
+    return Launch(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),),
+                  (n_rows, *so, problem.Hq, problem.Sq, splits), DV=problem.Dv, BLOCK_R=block_r, SC=sc,
+                  BLOCK_DV=block_dv,
                   INF_AS_ZERO=problem.inf_as_zero, WRITE_LSE=problem.return_lse, num_warps=4)
 
 
