@@ -128,7 +128,7 @@ def _load_kv_tile(ptr, roff, n_ok, s_d, sc_ptr, sc_roff, sc_g, zp_ptr, zp_roff, 
         return x.to(DOT_DTYPE)
 
 
-@triton.jit(do_not_specialize=["Hq", "Hkv", "Sk", "s_bt"])  # sizes: no recompile per shape (see ARCHITECTURE)
+@triton.jit(do_not_specialize=["Hq", "Hkv", "Sk", "SPLITS", "s_bt", "seed", "offset"])  # sizes, split count, RNG: no recompile
 def _decode_fwd_kernel(
         Q, K, V, KS, KZ, VS, VZ, MASK, LENS, SCALE_PTR, O, LSE, PO, PL, BT,
         s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,

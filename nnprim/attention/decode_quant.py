@@ -239,7 +239,7 @@ def _select_zp(zcor, cols, GROUP: tl.constexpr, NG: tl.constexpr):
     return tl.sum(tl.where(sel, zcor[:, :, None], 0.0), 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Hq", "Hkv", "Sk", "SPLITS", "s_bt", "seed", "offset"])  # as _decode_fwd_kernel
 def _decode_quant_kernel(
         Q, K, V, KS, KZ, VS, VZ, MASK, LENS, SCALE_PTR, O, LSE, PO, PL, BT,
         s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,

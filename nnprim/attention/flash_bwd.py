@@ -119,7 +119,7 @@ def _dkdv_inner(dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Hq", "Hkv", "seed", "offset"])  # head counts, RNG: no recompile
 def _flash_bwd_dkdv_kernel(
         Q, K, V, DO, LSE, DELTA, DK, DV, MASK, SCALE, KVLENS,
         sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
@@ -238,7 +238,7 @@ def _dq_inner(dq, q, do, lse2, delta, k_base, v_base, k_desc, v_desc, mask_base,
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Hq", "seed", "offset"])  # head counts, RNG: no recompile
 def _flash_bwd_dq_kernel(
         Q, K, V, DO, LSE, DELTA, DQ, MASK, SCALE, KVLENS,
         sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
@@ -404,7 +404,7 @@ def _dkdv_split_inner(dk, dv, k0, k1, v0, v1, q_base, do_base, qd0, qd1, dod0, d
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Hq", "Hkv", "seed", "offset"])  # head counts, RNG: no recompile
 def _flash_bwd_dkdv_split_kernel(
         Q, K, V, DO, LSE, DELTA, DK, DV, MASK, SCALE, KVLENS,
         sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
@@ -545,7 +545,7 @@ def _dq_split_inner(dq, q0, q1, do0, do1, lse2, delta, k_base, v_base, kd0, kd1,
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Hq", "seed", "offset"])  # head counts, RNG: no recompile
 def _flash_bwd_dq_split_kernel(
         Q, K, V, DO, LSE, DELTA, DQ, MASK, SCALE, KVLENS,
         sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,

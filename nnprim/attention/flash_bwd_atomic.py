@@ -159,7 +159,7 @@ def _inner(dk, dv, k, v, q_base, do_base, q_desc, do_desc, lse_base, delta_base,
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Hq", "Hkv", "seed", "offset"])  # head counts, RNG: no recompile
 def _bwd_kernel(
         Q, K, V, DO, LSE, DELTA, DK, DV, DQA, SEM, MASK, SCALE, KVLENS,
         sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,

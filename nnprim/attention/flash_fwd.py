@@ -209,7 +209,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_ptrs, v_ptrs, k_desc, v_desc, mask_ptrs, stri
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["Hq", "Sq", "Sk", "s_bt", "n_pages"])  # sizes: no recompile per shape (see ARCHITECTURE)
+@triton.jit(do_not_specialize=["Hq", "Sq", "Sk", "s_bt", "n_pages", "seed", "offset"])  # sizes, RNG: no recompile
 def _flash_fwd_kernel(
         Q, K, V, O, LSE, MASK, SCALE, KVLENS, BT,
         sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,

@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-from nnprim.attention import decode, flash_fwd
+from nnprim.attention import decode, decode_quant, flash_bwd, flash_bwd_atomic, flash_fwd
 from nnprim.conv import implicit_gemm, implicit_gemm_bwd
 
 SHAPE_ARGS = [
@@ -16,8 +16,17 @@ SHAPE_ARGS = [
     (implicit_gemm, "_conv_bwd_data_kernel", ("M", "H", "W", "OH", "OW", "QH", "QW")),
     (implicit_gemm_bwd, "_conv_bwd_w_kernel", ("PT", "H", "W", "OH", "OW")),
     (implicit_gemm_bwd, "_conv_bwd_w_tma_kernel", ("NT", "OH", "OW")),
-    (flash_fwd, "_flash_fwd_kernel", ("Hq", "Sq", "Sk")),
-    (decode, "_decode_fwd_kernel", ("Hq", "Hkv", "Sk")),
+    (flash_fwd, "_flash_fwd_kernel", ("Hq", "Sq", "Sk", "seed", "offset")),
+    (decode, "_decode_fwd_kernel", ("Hq", "Hkv", "Sk", "SPLITS", "seed", "offset")),
+    (decode_quant, "_decode_quant_kernel", ("Hq", "Hkv", "Sk", "SPLITS", "seed", "offset")),
+    (decode, "_decode_combine_kernel", ("n_rows", "Hq", "Sq", "SPLITS")),
+    # backward: head counts and the dropout RNG state (a fresh seed every step: 1 in 16 is
+    # divisible by 16, which Triton would otherwise compile a variant for)
+    (flash_bwd, "_flash_bwd_dkdv_kernel", ("Hq", "Hkv", "seed", "offset")),
+    (flash_bwd, "_flash_bwd_dq_kernel", ("Hq", "seed", "offset")),
+    (flash_bwd, "_flash_bwd_dkdv_split_kernel", ("Hq", "Hkv", "seed", "offset")),
+    (flash_bwd, "_flash_bwd_dq_split_kernel", ("Hq", "seed", "offset")),
+    (flash_bwd_atomic, "_bwd_kernel", ("Hq", "Hkv", "seed", "offset")),
 ]
 
 
