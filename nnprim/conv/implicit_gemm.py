@@ -720,11 +720,15 @@ class _IGemmBase(Solver):
 
     def estimate(self, problem) -> float | None:
         gm = geom(problem)
-        # tensor-core efficiency falls when a GEMM side is narrower than the tile
-        n_side = {"fwd": gm.Kg, "bwd_data": gm.Cg, "bwd_weights": gm.Cg * gm.taps}[problem.direction]
-        k_side = {"fwd": gm.Cg * gm.taps, "bwd_data": gm.Kg * gm.taps,
-                  "bwd_weights": gm.N * gm.P}[problem.direction]
-        eff = 0.7 * min(1.0, n_side / 64) * min(1.0, k_side / 64)
+        d = problem.direction
+        # tensor-core efficiency falls when a GEMM side is narrower than the tile (per group:
+        # depthwise backward weights is a 1-row GEMM per channel)
+        m_side = {"fwd": gm.N * gm.P, "bwd_data": gm.N * math.prod(gm.inp), "bwd_weights": gm.Kg}[d]
+        n_side = {"fwd": gm.Kg, "bwd_data": gm.Cg, "bwd_weights": gm.Cg * gm.taps}[d]
+        k_side = {"fwd": gm.Cg * gm.taps, "bwd_data": gm.Kg * gm.taps, "bwd_weights": gm.N * gm.P}[d]
+        eff = 0.7 * min(1.0, m_side / 64) * min(1.0, n_side / 64) * min(1.0, k_side / 64)
+        if problem.layout == "nchw" and d != "fwd":
+            eff *= 0.3  # NCHW indexed natively: channel-strided gathers (H200 system db: 3-5x the NHWC time)
         return roofline_ms(problem.flops(), problem.bytes() + post_op_bytes(problem), problem.dtype,
                            max(eff, 0.02))
 
