@@ -12,7 +12,7 @@
                              model layers (nnprim.testing.heldout) and merge the records
                              into the system db (nnprim/data/system_finddb.sqlite, or
                              --out FILE) and its text export (same path, .tsv)
-  model-check [--system] [--device FP]  leave-one-out validation of the learned model"""
+  model-check [--system] [--device FP]  leave-one-out (and hash / held-out-class split) validation of the learned model"""
 from __future__ import annotations
 
 import os

@@ -61,7 +61,7 @@ def rows(problem) -> list[SolverRow]:
             if s.id in c.exclude:
                 reasons += ("failed at run time in this process",)
         r = recs.get(s.id)
-        pred = _safe(lambda s=s: model.predict(problem.key(), s.id, feats=feats)) if ok and feats else None
+        pred = _safe(lambda s=s: model.predict(problem.key(), s.id, feats=feats, problem=problem)) if ok and feats else None
         out.append(SolverRow(
             s.id, s.name, s.family, ok, SETTINGS.is_disabled(s.family), reasons,
             _safe(lambda s=s: int(s.workspace_size(problem))) if ok else None,

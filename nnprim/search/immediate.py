@@ -152,30 +152,17 @@ def model_solutions(problem, c: Constraints | None = None) -> list[Solution]:
     f = learned.features(problem.key()) if m is not None else None
     if f is None:
         return []
-    known: list[tuple[Solver, float]] = []
-    unknown: list[Solver] = []
-    for s in REGISTRY.for_problem(problem):
-        if s.family == "reference" or not s.is_applicable(problem) or usable(problem, s.id, "model", c) is None:
-            continue  # the reference serves only when nothing else does (the heuristic's last)
-        p = m.predict(problem.key(), s.id, feats=f)
-        (unknown.append(s) if p is None else known.append((s, p.time_ms)))
-    if not known:
+    cands = [s for s in REGISTRY.for_problem(problem)
+             if s.family != "reference" and s.is_applicable(problem) and usable(problem, s.id, "model", c) is not None]
+    # the reference serves only when nothing else does (the heuristic's last)
+    preds = {s.id: (lambda p: p and p.time_ms)(m.predict(problem.key(), s.id, feats=f, problem=problem))
+             for s in cands}
+    if not any(t is not None for t in preds.values()):
         return []
-    ests = {s.id: s.estimate(problem) for s in [s for s, _ in known] + unknown}
-    ratios = [math.log(t / ests[s.id]) for s, t in known if ests[s.id] is not None and ests[s.id] > 0]
-    scale = math.exp(sum(ratios) / len(ratios)) if ratios else None
-    rows = [(s, t, "model") for s, t in known]
-    late = []
-    for s in unknown:
-        est = ests[s.id]
-        if scale is not None and est is not None and est > 0:
-            rows.append((s, est * scale, "model-heuristic"))
-        else:
-            late.append((s, math.inf, "model-heuristic"))
-    rows.sort(key=lambda r: (interpreted(r[0], problem), r[1], r[0].id))
-    late.sort(key=lambda r: r[0].id)
-    return [Solution(s.name, s.family, None if math.isinf(t) else float(t), int(s.workspace_size(problem)), src, s.id)
-            for s, t, src in rows + late]
+    placed = learned.place(preds, {s.id: s.estimate(problem) for s in cands})
+    rows = sorted(cands, key=lambda s: (math.isinf(placed[s.id][0]), interpreted(s, problem), placed[s.id][0], s.id))
+    return [Solution(s.name, s.family, None if math.isinf(placed[s.id][0]) else float(placed[s.id][0]),
+                     int(s.workspace_size(problem)), placed[s.id][1], s.id) for s in rows]
 
 
 def _heuristic_rank(est: float) -> tuple[int, float]:
