@@ -1,0 +1,111 @@
+"""Replay a `benchmarks/regret.py` run against the current selection code, without a GPU.
+
+regret.py times every applicable solver of each held-out problem on the device (forced with
+`solver=`, interleaved, same process) and stores those times. This script recomputes, on any
+machine, what immediate mode (`fast`: exact db record, else the learned model over the
+shipped system db, else the heuristic) and the heuristic alone would choose for each problem
+now, and prices each choice with the stored device times: regret = time(choice) /
+time(best forced) - 1. It lets a change to estimates or to the model be judged on real
+held-out device measurements between device sessions. Problems whose key the system db
+now holds are left out (they are no longer held out).
+
+    python benchmarks/regret_replay.py benchmarks/results/regret_2026-11-30_biased_timing.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import nnprim  # noqa: E402,F401  (registers the solvers)
+from nnprim.search import finddb, immediate  # noqa: E402
+from nnprim.search.keys import problem_from_key  # noqa: E402
+from nnprim.search.solver import REGISTRY  # noqa: E402
+
+
+def heuristic_choice(p, names: set[str]) -> str | None:
+    ests = {}
+    for n in names:
+        e = REGISTRY.get(n).estimate(p)
+        if e is not None and e >= 0:
+            ests[n] = e
+    return min(ests, key=lambda n: (ests[n], n)) if ests else None
+
+
+def fast_choice(p, fingerprint: str, names: set[str]) -> tuple[str | None, str | None]:
+    sols = immediate.get_solutions(p, constraints=immediate.Constraints(fingerprint))
+    for s in sols:  # the first one that was timed on the device (the others could not be forced)
+        if s.solver in names:
+            return s.solver, s.source
+    return None, None
+
+
+def geomean_regret(vals: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log1p(max(v, -0.99)) for v in vals)) - 1.0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", help="JSON written by benchmarks/regret.py --out")
+    ap.add_argument("--out", default=None, help="JSON output path")
+    args = ap.parse_args(argv)
+    run = json.load(open(args.run))
+    fp = run["fingerprint"]
+    sdb = finddb.system_db()
+    known = {r.problem_key.split("|")[0] for r in sdb.for_device(fp, finddb.SOLVER_SET_VERSION)} if sdb else set()
+    rows, skipped = [], []
+    for r in run["rows"]:
+        times = {n: t for n, t in r.get("times_ms", {}).items() if n != "<default>"}
+        if not times:
+            continue
+        if r["key"] in known:
+            skipped.append((r["name"], "in the system db now"))
+            continue
+        p = problem_from_key(r["key"])
+        if p is None:
+            skipped.append((r["name"], "key not parsed"))
+            continue
+        best = min(times.values())
+        fast, src = fast_choice(p, fp, set(times))
+        heur = heuristic_choice(p, set(times))
+        row = dict(name=r["name"], key=r["key"], best=min(times, key=times.get), fast=fast, fast_source=src,
+                   heuristic=heur, recorded_fast=r.get("fast"), recorded_heuristic=r.get("heuristic"),
+                   regret=dict(fast=None if fast is None else times[fast] / best - 1.0,
+                               heuristic=None if heur is None else times[heur] / best - 1.0,
+                               recorded_fast=(times[r["fast"]] / best - 1.0) if r.get("fast") in times else None,
+                               recorded_heuristic=(times[r["heuristic"]] / best - 1.0)
+                               if r.get("heuristic") in times else None))
+        rows.append(row)
+    summary = {}
+    for mode in ("fast", "heuristic", "recorded_fast", "recorded_heuristic"):
+        vals = [(row["regret"][mode], row["name"]) for row in rows if row["regret"][mode] is not None]
+        if vals:
+            worst = sorted(vals, key=lambda v: -v[0])[:3]
+            summary[mode] = dict(problems=len(vals), geomean=geomean_regret([v for v, _ in vals]),
+                                 max=max(v for v, _ in vals), worst=[dict(name=n, regret=round(v, 4)) for v, n in worst])
+    print(f"{'problem':34} {'best':26} {'fast (now)':26} {'regret':>7} {'heuristic (now)':26} {'regret':>7}")
+    pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    for row in rows:
+        g = row["regret"]
+        print(f"{row['name']:34} {row['best']:26} {str(row['fast']):26} {pct(g['fast']):>7} "
+              f"{str(row['heuristic']):26} {pct(g['heuristic']):>7}")
+    print()
+    for mode, s in summary.items():
+        worst = ", ".join(f"{w['name']} {100 * w['regret']:.0f}%" for w in s["worst"])
+        print(f"{mode:20} {s['problems']:3d} problems  geomean {100 * s['geomean']:6.2f}%  max {100 * s['max']:7.1f}%  "
+              f"worst: {worst}")
+    if skipped:
+        print(f"left out: {len(skipped)} ({', '.join(f'{n}: {why}' for n, why in skipped[:5])})")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(source=args.run, fingerprint=fp, summary=summary, rows=rows, skipped=skipped), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
