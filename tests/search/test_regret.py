@@ -52,3 +52,27 @@ def test_regret_benchmark_smoke_on_cpu(tmp_path, monkeypatch, capsys):
     assert data["summary"]["hybrid"]["problems"] == 3
     assert "geomean" in capsys.readouterr().out
     assert os.environ["NNPRIM_CACHE_DIR"] == str(tmp_path / "cache")  # restored
+
+
+def test_regret_replay_reprices_a_stored_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NNPRIM_CACHE_DIR", str(tmp_path / "cache"))
+
+    def load(name):
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    run, out = tmp_path / "regret.json", tmp_path / "replay.json"
+    assert load("regret").main(["--device", "cpu", "--count", "2", "--families", "resnet", "--reps", "2",
+                                "--out", str(run)]) == 0
+    assert load("regret_replay").main([str(run), "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    stored = {r["name"]: r for r in json.loads(run.read_text())["rows"]}
+    assert len(data["rows"]) == 2
+    for r in data["rows"]:
+        times = stored[r["name"]]["times_ms"]
+        assert r["fast"] in times and r["heuristic"] in times
+        best = min(t for n, t in times.items() if n != "<default>")
+        assert r["regret"]["fast"] == pytest.approx(times[r["fast"]] / best - 1.0)
+    assert "fast" in data["summary"] and "geomean" in capsys.readouterr().out
