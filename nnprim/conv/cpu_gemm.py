@@ -109,8 +109,8 @@ def onednn_linear_available() -> bool:
 @dataclass(frozen=True)
 class CpuGemmConfig:
     block_bytes: int = 8 << 20      # column-buffer bytes per block; 1 .. COL_CAP_BYTES
-    grouped_block_bytes: int = 4 << 20  # the same for grouped forward: the batched per-group
-                                    # GEMMs (Kg-wide) slow down 10-25 % past ~1-2K positions
+    grouped_block_bytes: int = 4 << 20  # the same per thread for grouped forward: the batched
+                                    # per-group GEMMs (Kg-wide) slow down 10-25 % past ~1-2K positions
     threads: str = "torch"          # "torch" (one worker, torch's parallel ops) | "pool"
     nthr: int | None = None         # worker count for "pool"; None = torch.get_num_threads()
     bf16_gemm: str = "auto"         # "auto" | "f32" | "native" (see gemm_dtype)
@@ -128,7 +128,9 @@ class CpuGemmConfig:
     def cap(self, p: ConvProblem | None = None) -> int:
         b = self.block_bytes
         if p is not None and p.groups > 1 and p.direction == "fwd":
-            b = min(b, self.grouped_block_bytes)
+            # per thread of torch's parallel bmm (2 threads: 4 MiB blocks were 10-15 % slower)
+            threads = torch.get_num_threads() if self.threads == "torch" else 1
+            b = min(b, self.grouped_block_bytes * max(1, threads))
         return max(1, min(b, COL_CAP_BYTES))
 
     def gemm_dtype(self, p: ConvProblem) -> torch.dtype:
