@@ -20,6 +20,10 @@ summed. Both operands are plain views (row stride = a phase's row length), so to
 reads them in place. Against the im2col GEMM (solver 12): no column buffer (F x the
 input), the native bf16 GEMM instead of the f32 one; the extra work is the junk
 positions ((prod(U) - prod(out)) / prod(out): 7 % on a padded 56x56 3x3).
+Grouped problems (G > 1) copy the taps' columns of a chunk of groups (whole phase rows:
+long contiguous runs) and run ONE batched GEMM per chunk, dw^T[g] = col[g] . dy[g]^T, a
+reduction of N*prod(U) into a (Cg*F) x Kg output: the per-group per-tap GEMMs (Kg x Cg
+outputs, G x F calls) ran at a third of its speed (grouped_g8: 4.4 -> ~1.7 ms).
 f32 is not served: the f32 GEMM with a reduction of N*prod(U) and a 64x64 output runs at
 half the speed of the im2col GEMM's (benchmarks/CPU_SPEED.md), and f16 has no native GEMM."""
 from __future__ import annotations
@@ -37,6 +41,7 @@ from .cpu_im2col import physical
 
 _ALIGN = 64
 MAX_WORKSPACE = 1 << 30     # staged copies of x and dy; above this the blocked im2col solver 12
+GROUP_COL_BYTES = 64 << 20  # grouped problems: tap columns of one batched GEMM
 _CALL_MS = 0.025            # host + oneDNN dispatch per GEMM call (measured 20-30 us)
 
 
@@ -79,9 +84,21 @@ def _bytes(n: int, dt: torch.dtype) -> int:
     return -(-n * dt.itemsize // _ALIGN) * _ALIGN
 
 
+def _group_chunk(p: ConvProblem) -> int:
+    """Groups per batched GEMM of the grouped path (0: per-group GEMMs, no column buffer):
+    as many as keep the tap columns under GROUP_COL_BYTES."""
+    if p.groups == 1:
+        return 0
+    _, _, ut = _grid(p)
+    per_group = (p.C // p.groups) * len(tap_offsets(p)) * p.N * ut * p.dtype.itemsize
+    return min(p.groups, GROUP_COL_BYTES // per_group)
+
+
 def workspace_bytes(p: ConvProblem) -> int:
     nx, ndy, _ = _sizes(p)
-    return _bytes(nx, p.dtype) + _bytes(ndy, p.dtype)
+    _, _, ut = _grid(p)
+    col = _group_chunk(p) * (p.C // p.groups) * len(tap_offsets(p)) * p.N * ut
+    return _bytes(nx, p.dtype) + _bytes(ndy, p.dtype) + _bytes(col, p.dtype)
 
 
 def _phase_copy(p: ConvProblem, ph: tuple[int, ...]) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
@@ -135,12 +152,52 @@ def _stage(p: ConvProblem, x: torch.Tensor, dy: torch.Tensor, ws: torch.Tensor, 
     return xp, dyw, mt
 
 
+def _grouped(p: ConvProblem, xp: torch.Tensor, dyw: torch.Tensor, mt: int, ws: torch.Tensor,
+             gc: int) -> torch.Tensor:
+    """Grouped problems: the taps' columns of gc groups, col[g, c, f, q] = X_rho_f[g*Cg + c,
+    q + off_f] (contiguous copies of whole phase rows: long runs, cheap), then ONE batched
+    GEMM per chunk dw^T[g] (Cg*F, Kg) = col[g] (Cg*F, mt) . dy_wide[g]^T (mt, Kg): a
+    16-wide per-group GEMM per tap runs at a third of the speed of this K = Cg*F one.
+    Each dw element is still one GEMM's output (one rounding). Returns (G, Cg*F, Kg)."""
+    G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
+    taps = tap_offsets(p)
+    F = len(taps)
+    nx, ndy, row = _sizes(p)
+    off = _bytes(nx, p.dtype) + _bytes(ndy, p.dtype)
+    col = ws[off:off + gc * Cg * F * mt * p.dtype.itemsize].view(p.dtype).view(gc * Cg, F, mt)
+    out = torch.empty(G, Cg * F, Kg, dtype=p.out_dtype)
+    d3 = dyw.view(G, Kg, mt)
+    one_phase = len(_phase_list(p)) == 1
+    _, us, _ = _grid(p)
+    for g0 in range(0, G, gc):
+        g1 = min(G, g0 + gc)
+        cc = slice(g0 * Cg, g1 * Cg)
+        c = col[:(g1 - g0) * Cg]
+        if one_phase:   # stride 1: the taps' offsets are affine in the tap index
+            src = xp[0, cc]
+            c.view(-1, *p.filter, mt).copy_(src.as_strided(
+                (src.shape[0], *p.filter, mt), (row, *(d * u for d, u in zip(p.dilation, us)), 1),
+                src.storage_offset()))
+        else:
+            for t, (ph, o) in enumerate(taps):
+                c[:, t].copy_(xp[ph, cc, o:o + mt])
+        torch.bmm(c.view(g1 - g0, Cg * F, mt), d3[g0:g1].transpose(1, 2), out=out[g0:g1])
+    return out
+
+
 def tap_bwd_weights(p: ConvProblem, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
-    pm = p.layout == "nhwc"
+    gc = _group_chunk(p)
+    pm = p.layout == "nhwc" and not gc     # the grouped path stages channel-major
     xp, dyw, mt = _stage(p, args.x, args.dy, ws, pm)
     taps = tap_offsets(p)
     F = len(taps)
+    nd = p.ndim
+    if gc:
+        dwt = _grouped(p, xp, dyw, mt, ws, gc).view(G, Cg, *p.filter, Kg)
+        dw = empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype)
+        dw.unflatten(0, (G, Kg)).copy_(dwt.permute(0, nd + 2, *range(1, nd + 2)))
+        return dw
     # torch.mm (oneDNN's bf16 matmul) takes the transposed, row-strided views in place.
     out = torch.empty(F, G, Kg, Cg, dtype=p.out_dtype)      # tap-major dw pieces
     outt = out.view(F, G, Cg, Kg)                            # position-major: dw^T pieces
@@ -153,7 +210,6 @@ def tap_bwd_weights(p: ConvProblem, args: ConvArgs, ws: torch.Tensor) -> torch.T
                 torch.mm(dyw[kk], xp[ph, ck, o:o + mt].t(), out=out[t, g])
     src = (outt.transpose(2, 3) if pm else out).reshape(*p.filter, p.K, Cg)
     dw = empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype)
-    nd = p.ndim
     if p.layout == "nchw":
         dw.copy_(src.permute(nd, nd + 1, *range(nd)))
     else:   # physical (K, filter.., Cg)
@@ -196,7 +252,10 @@ class CpuTapBwdWeights(Solver):
         _, _, pt = _grid(p)
         junk = pt / max(1, math.prod(p.out_size))
         t = p.flops() * junk / (150e9 * cores) + 2.0 * workspace_bytes(p) / (8e9 * cores)
-        return t * 1e3 + _CALL_MS * len(tap_offsets(p)) * p.groups   # G x F GEMM calls
+        gc, F = _group_chunk(p), len(tap_offsets(p))
+        # F GEMMs per group, or per chunk of groups one GEMM + the column copies
+        calls = F * p.groups if not gc else -(-p.groups // gc) * (2 if len(_phase_list(p)) == 1 else 1 + F)
+        return t * 1e3 + _CALL_MS * calls
 
     def prepare(self, p: ConvProblem):
         nbytes = workspace_bytes(p)

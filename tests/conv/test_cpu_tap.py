@@ -100,11 +100,33 @@ def test_not_applicable():
     assert any("workspace" in r for r in s.not_supported_reasons(big))
 
 
-def test_estimate_prefers_im2col_for_many_small_groups():
-    """g32 with Cg = Kg = 8: 288 GEMM calls; the im2col GEMM (solver 12) is faster there."""
+def test_estimate_prefers_tap_for_groups():
+    """g32 with Cg = Kg = 8: one batched GEMM over the groups (2.5 ms vs 5.7 ms for the
+    im2col GEMM, solver 12, measured)."""
     from nnprim.conv.cpu_gemm import CpuGemmBwdWeights
     p = ConvProblem.create("bwd_weights", (8, 256, 14, 14), (256, 8, 3, 3), dtype=torch.bfloat16,
                            padding=1, groups=32)
     q = ConvProblem.create("bwd_weights", (8, 64, 56, 56), (64, 64, 3, 3), dtype=torch.bfloat16, padding=1)
-    assert CpuTapBwdWeights().estimate(p) > CpuGemmBwdWeights().estimate(p)
+    assert CpuTapBwdWeights().estimate(p) < CpuGemmBwdWeights().estimate(p)
     assert CpuTapBwdWeights().estimate(q) < CpuGemmBwdWeights().estimate(q)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("chunk", [1, 2, 3])
+@pytest.mark.parametrize("kw", [dict(padding=1), dict(stride=(2, 1), padding=((1, 0), 2), dilation=(1, 2))])
+def test_grouped_chunks(layout, chunk, kw, monkeypatch):
+    """Grouped problems: batched GEMM over chunks of groups (a chunk cap of 1, 2 and 3
+    groups of 4: uneven last chunk), one phase (one strided column copy) and several
+    (per-tap copies), both layouts (nhwc staged channel-major)."""
+    xs, ws = (2, 12, 7, 9), (8, 3, 3, 3)
+    p, args = make(xs, ws, layout, groups=4, **kw)
+    _, _, ut = cpu_tap._grid(p)
+    per_group = 3 * len(cpu_tap.tap_offsets(p)) * p.N * ut * 2
+    monkeypatch.setattr(cpu_tap, "GROUP_COL_BYTES", chunk * per_group)
+    assert cpu_tap._group_chunk(p) == chunk
+    out = CpuTapBwdWeights().prepare(p)(args)
+    ref = reference(p, args)
+    assert not out.isnan().any()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    one_rounding = ((ref.to(torch.bfloat16).double() - ref).norm() / ref.norm()).item()
+    assert err <= 1.5 * one_rounding + 1e-6, (err, one_rounding)
