@@ -727,6 +727,8 @@ class _IGemmBase(Solver):
         n_side = {"fwd": gm.Kg, "bwd_data": gm.Cg, "bwd_weights": gm.Cg * gm.taps}[d]
         k_side = {"fwd": gm.Cg * gm.taps, "bwd_data": gm.Kg * gm.taps, "bwd_weights": gm.N * gm.P}[d]
         eff = 0.7 * min(1.0, m_side / 64) * min(1.0, n_side / 64) * min(1.0, k_side / 64)
+        if d == "fwd" and gm.Cg < 32 and gm.taps > 1:
+            eff = min(eff, 0.025)  # flat walk (RGB stems, patchify): gathered K, 14-33 TFLOP/s on the H200
         if problem.layout == "nchw" and d != "fwd":
             eff *= 0.3  # NCHW indexed natively: channel-strided gathers (H200 system db: 3-5x the NHWC time)
         return roofline_ms(problem.flops(), problem.bytes() + post_op_bytes(problem), problem.dtype,
