@@ -188,6 +188,10 @@ def _ident(spec: dict) -> str:
     return json.dumps({k: spec.get(k) for k in _IDENT_FIELDS}, sort_keys=True)
 
 
+NCHW_FAMILIES = ("resnet", "unet")  # CNN layers a user may call in torch's default (NCHW) format
+NCHW_SHARE = 0.25
+
+
 def generate(count: int, seed: int = 0, families=None, *, scale: str = "full") -> list[HeldOut]:
     """`count` distinct held-out problems, families taken in turn (seeded; the same
     arguments give the same list). `scale`: "full" or "tiny" (CPU tests)."""
@@ -206,6 +210,8 @@ def generate(count: int, seed: int = 0, families=None, *, scale: str = "full") -
         tries += 1
         made = _MAKERS[fam](r)
         kind, spec = made if isinstance(made, tuple) else ("conv" if "N" in made else "attn", made)
+        if kind == "conv" and fam in NCHW_FAMILIES and r.random() < NCHW_SHARE:
+            spec = dict(spec, layout="nchw")  # torch's default memory format, as many users call
         if _ident(spec) in suites:
             continue
         if scale == "tiny":
