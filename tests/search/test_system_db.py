@@ -45,6 +45,16 @@ def test_build_system_with_model_layers_and_text_export(solvers, clean, capsys):
     assert not (clean / "again.sqlite-wal").exists()  # sealed: one self-contained file
 
 
+def test_build_system_time_budget_keeps_what_it_found(solvers, clean, capsys):
+    solvers.add(1000, "t_a", directions=("fwd",))
+    out = clean / "budget.sqlite"
+    assert cli_main(["db", "build-system", "--suite", "conv_cpu", "--direction", "fwd", "--models", "none",
+                     "--device", "cpu", "--time-budget", "0", "--out", str(out)]) == 0
+    assert "time budget spent: 7 problems not found" in capsys.readouterr().err
+    assert finddb.FindDb(out, readonly=True).all() == []  # a valid, sealed, empty db
+    assert (clean / "budget.tsv").read_text().splitlines() == ["\t".join(finddb.FindDb.TSV_COLUMNS)]
+
+
 def test_tsv_round_trip_and_bad_files(clean, capsys):
     db = finddb.user_db()
     db.write([_rec(PROBLEM, 1000, "t_a", 0.123456789), _rec(PROBLEM, 1001, "t_b", None)])
