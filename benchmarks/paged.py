@@ -36,18 +36,10 @@ HQ, HKV, D = 32, 8, 128
 
 
 def time_ms(fn, warmup: int = 10, reps: int = 50) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    """Median per-call ms called back to back (nnprim.search.timing's clock: a spin kernel ahead
+    of each run, max(host enqueue, device time)), the clock find and decode_formats.py use."""
+    from nnprim.search.timing import interleaved_samples
+    return statistics.median(interleaved_samples([fn], DEV, rounds=reps, warmup=warmup)[0])
 
 
 def paginate(k, v, page: int, seed: int = 0):
