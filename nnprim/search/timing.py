@@ -165,6 +165,8 @@ def interleaved_samples(fns: Sequence[Callable[[], object]], device: str, *, rou
     candidate always runs first or after the same neighbour. With a budget and the
     candidates' first times, rounds are cut so that about `budget_ms` is spent (at least one
     round)."""
+    if not fns:
+        return []
     if budget_ms is not None and first_ms:
         per_round = max(sum(first_ms), 1e-3)
         fit = int(budget_ms // per_round)
