@@ -12,6 +12,14 @@
 #   conv       the conv suite through the public API (run_suites.sh conv) and benchmarks/depthwise.py
 #   sysdb      nnprim db build-system for the H200 (suites + 90 model layers, about 5 minutes)
 #   regret     benchmarks/regret.py (60 held-out problems) and benchmarks/first_call.py
+# Unmerged GPU work waiting for its first device run (check out the branch here first: the
+# device machine gets this working tree, not the git history):
+#   gluon-fwd   solver 126 (Gluon FA3-style attention forward):
+#               timeout 270 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gluon_fwd_gpu.py;
+#               timeout 300 python3 benchmarks/gluon_fwd.py --out $OUT/gluon.json
+#   gluon-conv  solver 27 (persistent Gluon implicit-GEMM conv forward):
+#               timeout 240 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_gluon_conv_gpu.py;
+#               timeout 320 python3 benchmarks/gluon_conv.py --rounds 15 --out $OUT/gluon_conv.json
 set -uo pipefail
 STEP=${1:?usage: bash benchmarks/gpu_plan.sh STEP OUT}
 OUT=${2:?usage: bash benchmarks/gpu_plan.sh STEP OUT}
