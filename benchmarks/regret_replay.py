@@ -25,24 +25,21 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import nnprim  # noqa: E402,F401  (registers the solvers)
 from nnprim.search import finddb, immediate  # noqa: E402
 from nnprim.search.keys import problem_from_key  # noqa: E402
-from nnprim.search.solver import REGISTRY  # noqa: E402
 
 
-def heuristic_choice(p, names: set[str]) -> str | None:
-    ests = {}
-    for n in names:
-        e = REGISTRY.get(n).estimate(p)
-        if e is not None and e >= 0:
-            ests[n] = e
-    return min(ests, key=lambda n: (ests[n], n)) if ests else None
-
-
-def fast_choice(p, fingerprint: str, names: set[str]) -> tuple[str | None, str | None]:
-    sols = immediate.get_solutions(p, constraints=immediate.Constraints(fingerprint))
+def _first_timed(sols, names: set[str]) -> tuple[str | None, str | None]:
     for s in sols:  # the first one that was timed on the device (the others could not be forced)
         if s.solver in names:
             return s.solver, s.source
     return None, None
+
+
+def heuristic_choice(p, fingerprint: str, names: set[str]) -> str | None:
+    return _first_timed(immediate.heuristic_solutions(p, immediate.Constraints(fingerprint)), names)[0]
+
+
+def fast_choice(p, fingerprint: str, names: set[str]) -> tuple[str | None, str | None]:
+    return _first_timed(immediate.get_solutions(p, constraints=immediate.Constraints(fingerprint)), names)
 
 
 def geomean_regret(vals: list[float]) -> float:
@@ -72,7 +69,7 @@ def main(argv=None) -> int:
             continue
         best = min(times.values())
         fast, src = fast_choice(p, fp, set(times))
-        heur = heuristic_choice(p, set(times))
+        heur = heuristic_choice(p, fp, set(times))
         row = dict(name=r["name"], key=r["key"], best=min(times, key=times.get), fast=fast, fast_source=src,
                    heuristic=heur, recorded_fast=r.get("fast"), recorded_heuristic=r.get("heuristic"),
                    regret=dict(fast=None if fast is None else times[fast] / best - 1.0,

@@ -464,12 +464,13 @@ class _GemmBase(Solver):
         res = 0 if problem.direction == "bwd_weights" else 2 * rows * nres * 4
         # bwd_data multiplies the zero columns of a strided transposed convolution too
         waste = math.prod(gm.stride) if problem.direction == "bwd_data" else 1
+        blocks = len(row_blocks(problem))
         device = roofline_ms(problem.flops() * waste, problem.bytes() + post_op_bytes(problem) + col + res,
-                             problem.dtype, 0.75) + 0.01 + 0.02 * len(row_blocks(problem))
+                             problem.dtype, 0.75) + 0.01 + 0.02 * blocks
         # find counts max(device, host) per call; the host enqueues allocations, the im2col and
         # epilogue launches and a cuBLAS call per block: 0.15-0.2 ms on the H200's host
         # (serial latency minus device time, 4 held-out layers, 2026-11-30)
-        host = 0.15 + 0.02 * (len(row_blocks(problem)) - 1) if problem.device == "cuda" else 0.0
+        host = 0.15 + 0.02 * (blocks - 1) if problem.device == "cuda" else 0.0
         return max(device, host)
 
     def prepare(self, problem):
