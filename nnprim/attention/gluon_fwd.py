@@ -1,0 +1,384 @@
+"""Warp-specialised flash attention forward for Hopper in Gluon (solver 126 `gluon_flash_fwd`,
+family `flash`).
+
+Same definition as solver 110 (flash_fwd.py): per (b, h), kv head hk = h // (Hq // Hkv),
+
+    s_ij = scale * q_i . k_j  (-inf where causal hides j),  lse_i = log sum_j exp(s_ij),
+    o_i  = sum_j exp(s_ij - lse_i) v_j
+
+with an online softmax in the log2 domain (log2(e) folded into the scale, exp2) and f32
+accumulation. A fully masked row (bottom-right causal with Sk < Sq) gives o = NaN and
+lse = -inf, or o = 0 with softmax_inf_as_zero.
+
+Structure (FlashAttention-3's, written with Gluon's explicit Hopper ops): one CTA per
+(block of BLOCK_M = 128 query rows, b, h), launched heaviest-first for causal problems.
+`gl.warp_specialize` splits it into
+  - a 1-warp producer partition: TMA loads of the Q tile (once) and of K and V blocks into a
+    STAGES-deep shared-memory ring; per stage a ready barrier (TMA transaction count) and an
+    empty barrier (the consumer's release) for K and for V separately, so QK^T can start
+    as soon as K has landed while V is still in flight;
+  - the consumer (default) partition, 2 warpgroups (8 warps, 64 rows each): S = Q K^T with
+    async `warpgroup_mma` (both operands in shared memory), the online softmax in registers,
+    P cast to bf16/f16 in registers and used as the register A operand of O += P V (RS wgmma,
+    no shared-memory round trip). K slot released after its wait, V slot after the PV wait.
+    Intra-warpgroup overlap: the QK^T of block j+1 is issued before the PV of block j is
+    waited on, so the tensor cores have the next product queued while the softmax of block
+    j+1 waits (FA3's "intra-warpgroup overlap").
+Key blocks [0, full) are visible to every row (no masking), [full, hi) are masked per element
+(kv tail and the causal diagonal). Q/K/V are read through in-kernel TMA descriptors over each
+(b, head)'s [S, D] slab, so rows past Sq / Sk load as zeros; the output goes out through a
+TMA store on the same kind of descriptor, which never writes rows past Sq. lse (B, Hq, Sq)
+f32 through masked stores.
+
+Covers bf16/f16, D == Dv in {64, 128, 256}, GQA/MQA, causal top-left and bottom-right, any
+Sq/Sk (tails), float scale (inverted or not), return_lse, softmax_inf_as_zero. Everything
+else (masks, dropout, kv_lens, paging, tensor scale, f32, other head dims) is solver 110's.
+Needs a CUDA device of capability 9.x and Gluon; never applicable under TRITON_INTERPRET=1
+(Gluon kernels do not run in the interpreter). Inputs whose strides TMA cannot describe
+(inner stride != 1, rows not 16-byte aligned) are copied contiguous first.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..launch import ensure_allocator, interpreting
+from ..search.solver import register
+from .flash_fwd import TMA_DESC_BYTES, FlashBase, roofline_ms
+
+try:  # Gluon ships with triton >= 3.5; without it the solver is not applicable
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_init,
+        warpgroup_mma_wait,
+    )
+    GLUON_ERROR: str | None = None
+except Exception as e:  # noqa: BLE001 - any import failure makes the solver not applicable
+    gluon = None
+    GLUON_ERROR = f"{type(e).__name__}: {e}"
+
+_CAUSAL_CODE = {None: 0, "top_left": 1, "bottom_right": 2}
+HEAD_DIMS = (64, 128, 256)
+
+
+def tile_config(d: int) -> dict:
+    """(BLOCK_M, BLOCK_N, STAGES, num_warps, maxnreg) for head dim d. 128 query rows as two
+    64-row warpgroups; the ring depth is what fits 227 KB of shared memory with Q (reused for
+    the O store). maxnreg: 168 * 384 threads fits the 64K-register file at one CTA per SM;
+    the producer warpgroup gives its registers to the consumers (setmaxnreg)."""
+    if d <= 64:
+        return dict(BLOCK_M=128, BLOCK_N=128, STAGES=3, num_warps=8, maxnreg=168)
+    if d <= 128:
+        return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=8, maxnreg=168)
+    return dict(BLOCK_M=128, BLOCK_N=64, STAGES=2, num_warps=8, maxnreg=168)
+
+
+# ---- Gluon kernel ---------------------------------------------------------------------
+
+if gluon is not None:
+
+    @gluon.jit
+    def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, start_m, n_blocks,
+                  BLOCK_N: gl.constexpr):
+        """1 warp: Q once, then K_j and V_j into ring slot j % STAGES once it is empty.
+        Empty barriers start 'phase 1 complete', so the first pass waits on parity 1."""
+        q_bar, k_ready, k_empty, v_ready, v_empty = bars
+        STAGES: gl.constexpr = k_bufs.type.shape[0]
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_bar, q_smem)
+        for j in range(n_blocks):
+            s = j % STAGES
+            ph = (j // STAGES) & 1
+            mbarrier.wait(k_empty.index(s), ph ^ 1)
+            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_desc, [j * BLOCK_N, 0], k_ready.index(s), k_bufs.index(s))
+            mbarrier.wait(v_empty.index(s), ph ^ 1)
+            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], v_ready.index(s), v_bufs.index(s))
+
+    @gluon.jit
+    def _issue_qk(j, q_smem, k_bufs, k_ready, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr):
+        """Wait for K_j and start S_j = Q K_j^T (async; the caller waits)."""
+        STAGES: gl.constexpr = k_bufs.type.shape[0]
+        s = j % STAGES
+        mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+        zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        return warpgroup_mma(q_smem, k_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _softmax_block(qk, j, m_i, l_i, offs_m, kv_len, shift, qk_scale, BLOCK_N: gl.constexpr,
+                       MASKED: gl.constexpr, CAUSAL: gl.constexpr, SCALE_POS: gl.constexpr,
+                       s_layout: gl.constexpr):
+        """(p, alpha, m_new, l_new) of score block j (f32, log2 domain)."""
+        if (not MASKED) and SCALE_POS:
+            # unmasked block, positive scale: the max commutes with the scale, one FMA per score
+            m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
+            m_use = m_new
+            p = gl.exp2(qk * qk_scale - m_new[:, None])
+        else:
+            sc = qk * qk_scale
+            if MASKED:
+                offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                valid = offs_n[None, :] < kv_len
+                if CAUSAL != 0:
+                    valid = valid & (offs_n[None, :] <= offs_m[:, None] + shift)
+                sc = gl.where(valid, sc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, 1))
+            if MASKED:
+                m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            else:
+                m_use = m_new
+            p = gl.exp2(sc - m_use[:, None])
+        alpha = gl.exp2(m_i - m_use)
+        l_new = l_i * alpha + gl.sum(p, 1)
+        return p, alpha, m_new, l_new
+
+    @gluon.jit
+    def _consumer(q_smem, k_bufs, v_bufs, bars, o_desc, LSE, lse_off, start_m, n_full, n_blocks,
+                  Sq, kv_len, shift, qk_scale,
+                  HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  CAUSAL: gl.constexpr, SCALE_POS: gl.constexpr, STORE_LSE: gl.constexpr,
+                  INF_AS_ZERO: gl.constexpr, num_warps: gl.constexpr):
+        """num_warps (two warpgroups): QK^T, online softmax, PV, epilogue."""
+        q_bar, k_ready, k_empty, v_ready, v_empty = bars
+        STAGES: gl.constexpr = k_bufs.type.shape[0]
+        dtype: gl.constexpr = q_smem.dtype
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, HEAD_D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+        acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+
+        mbarrier.wait(q_bar, 0)
+        # qk_tok: the in-flight S_j product (a placeholder accumulator when none is issued)
+        if n_blocks > 0:
+            qk_tok = _issue_qk(0, q_smem, k_bufs, k_ready, s_layout, BLOCK_M, BLOCK_N)
+        else:
+            qk_tok = warpgroup_mma_init(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout))
+        for j in range(n_blocks):
+            s = j % STAGES
+            ph = (j // STAGES) & 1
+            qk = warpgroup_mma_wait(0, deps=(qk_tok,))
+            mbarrier.arrive(k_empty.index(s), count=1)
+            if j < n_full:
+                p, alpha, m_i, l_i = _softmax_block(qk, j, m_i, l_i, offs_m, kv_len, shift, qk_scale,
+                                                    BLOCK_N, False, CAUSAL, SCALE_POS, s_layout)
+            else:
+                p, alpha, m_i, l_i = _softmax_block(qk, j, m_i, l_i, offs_m, kv_len, shift, qk_scale,
+                                                    BLOCK_N, True, CAUSAL, SCALE_POS, s_layout)
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            p16 = gl.convert_layout(p.to(dtype), p_layout)
+            mbarrier.wait(v_ready.index(s), ph)
+            acc_tok = warpgroup_mma(p16, v_bufs.index(s), acc, is_async=True)
+            # intra-warpgroup overlap: queue S_{j+1} = Q K_{j+1}^T behind the PV product
+            if j + 1 < n_blocks:
+                qk_tok = _issue_qk(j + 1, q_smem, k_bufs, k_ready, s_layout, BLOCK_M, BLOCK_N)
+                acc = warpgroup_mma_wait(1, deps=(acc_tok,))
+            else:
+                qk_tok = warpgroup_mma_init(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout))
+                acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+            mbarrier.arrive(v_empty.index(s), count=1)
+
+        # epilogue: normalise, store O through the Q tile's shared memory (Q is no longer read)
+        inv_l = 1.0 / l_i
+        o = acc * gl.convert_layout(inv_l, row_o)[:, None]
+        if INF_AS_ZERO:
+            o = gl.where(gl.convert_layout(l_i == 0.0, row_o)[:, None], 0.0, o)
+        q_smem.store(o.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [start_m, 0], q_smem)
+        if STORE_LSE:
+            lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+            gl.store(LSE + lse_off + offs_m, lse, mask=offs_m < Sq)
+        tma.store_wait(0)
+
+    @gluon.jit(do_not_specialize=["Hq", "Sq", "Sk"])
+    def _gluon_fwd_kernel(Q, K, V, O, LSE, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
+                          Hq, Sq, Sk, GROUP, qk_scale,
+                          HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, SCALE_POS: gl.constexpr,
+                          STORE_LSE: gl.constexpr, INF_AS_ZERO: gl.constexpr, num_warps: gl.constexpr):
+        """One CTA: BLOCK_M query rows of one (b, h). O (B, Hq, Sq, D) and lse (B, Hq, Sq)
+        contiguous."""
+        n_m = gl.cdiv(Sq, BLOCK_M)
+        if CAUSAL != 0:
+            pid_m = n_m - 1 - gl.program_id(0)   # heaviest tiles first
+        else:
+            pid_m = gl.program_id(0)
+        pid_bh = gl.program_id(1)
+        b = pid_bh // Hq
+        h = pid_bh % Hq
+        hk = h // GROUP
+        start_m = pid_m * BLOCK_M
+        b64 = b.to(gl.int64)
+
+        dtype: gl.constexpr = Q.dtype.element_ty
+        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], dtype)
+        kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], dtype)
+        q_desc = tma.make_tensor_descriptor(Q + b64 * sqb + h.to(gl.int64) * sqh, shape=[Sq, HEAD_D],
+                                            strides=[sqs, 1], block_shape=[BLOCK_M, HEAD_D], layout=q_layout)
+        k_desc = tma.make_tensor_descriptor(K + b64 * skb + hk.to(gl.int64) * skh, shape=[Sk, HEAD_D],
+                                            strides=[sks, 1], block_shape=[BLOCK_N, HEAD_D], layout=kv_layout)
+        v_desc = tma.make_tensor_descriptor(V + b64 * svb + hk.to(gl.int64) * svh, shape=[Sk, HEAD_D],
+                                            strides=[svs, 1], block_shape=[BLOCK_N, HEAD_D], layout=kv_layout)
+        o_desc = tma.make_tensor_descriptor(O + pid_bh.to(gl.int64) * Sq * HEAD_D, shape=[Sq, HEAD_D],
+                                            strides=[HEAD_D, 1], block_shape=[BLOCK_M, HEAD_D], layout=q_layout)
+
+        # key range: [0, hi) visible to some row of the tile, whole blocks [0, n_full) to all rows
+        kv_len = Sk
+        if CAUSAL == 2:
+            shift = Sk - Sq
+        else:
+            shift = 0
+        hi = kv_len
+        full = kv_len
+        if CAUSAL != 0:
+            last_row = gl.minimum(start_m + BLOCK_M, Sq) - 1
+            hi = gl.minimum(hi, last_row + shift + 1)
+            full = gl.minimum(kv_len, start_m + shift + 1)
+        hi = gl.maximum(hi, 0)
+        full = gl.maximum(full, 0)
+        n_blocks = gl.cdiv(hi, BLOCK_N)
+        n_full = gl.minimum(full // BLOCK_N, n_blocks)
+
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_layout)
+        k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], kv_layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], kv_layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(v_empty.index(i), count=1)
+        bars = (q_bar, k_ready, k_empty, v_ready, v_empty)
+
+        gl.warp_specialize([
+            (_consumer, (q_smem, k_bufs, v_bufs, bars, o_desc, LSE, pid_bh.to(gl.int64) * Sq, start_m,
+                         n_full, n_blocks, Sq, kv_len, shift, qk_scale, HEAD_D, BLOCK_M, BLOCK_N,
+                         CAUSAL, SCALE_POS, STORE_LSE, INF_AS_ZERO, num_warps)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, start_m, n_blocks, BLOCK_N)),
+        ], [1], [24])
+
+        mbarrier.invalidate(q_bar)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(k_ready.index(i))
+            mbarrier.invalidate(k_empty.index(i))
+            mbarrier.invalidate(v_ready.index(i))
+            mbarrier.invalidate(v_empty.index(i))
+
+
+# ---- launcher -------------------------------------------------------------------------
+
+def _tma_view(t: torch.Tensor) -> torch.Tensor:
+    """t, or a contiguous copy when TMA cannot describe its rows (inner stride 1, 16-byte
+    aligned base and row/head/batch strides)."""
+    e = t.element_size()
+    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * e) % 16 == 0 for s in t.stride()[:-1]):
+        return t
+    return t.contiguous()
+
+
+def gluon_forward(problem, args, *, out: torch.Tensor | None = None,
+                  lse_out: torch.Tensor | None = None, cfg: dict | None = None):
+    """(o, lse): run the kernel. `out` / `lse_out` (contiguous) let tests pass poisoned
+    buffers; lse is computed when problem.return_lse or lse_out is given."""
+    p = problem
+    q, k, v = _tma_view(args.q), _tma_view(args.k), _tma_view(args.v)
+    cfg = dict(cfg or tile_config(p.D))
+    o = out if out is not None else torch.empty((p.B, p.Hq, p.Sq, p.Dv), dtype=q.dtype, device=q.device)
+    want_lse = p.return_lse or lse_out is not None
+    lse = lse_out if lse_out is not None else (
+        torch.empty((p.B, p.Hq, p.Sq), dtype=torch.float32, device=q.device) if want_lse else None)
+    scale = float(args.effective_scale(p.invert_scale))
+    ensure_allocator(q.device)
+    grid = (triton.cdiv(p.Sq, cfg["BLOCK_M"]), p.B * p.Hq)
+    _gluon_fwd_kernel[grid](
+        q, k, v, o, lse if lse is not None else o,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        p.Hq, p.Sq, p.Sk, p.group, scale * 1.4426950408889634,
+        HEAD_D=p.D, CAUSAL=_CAUSAL_CODE[p.causal], SCALE_POS=scale > 0, STORE_LSE=lse is not None,
+        INF_AS_ZERO=p.inf_as_zero, **cfg)
+    return o, lse if want_lse else None
+
+
+# ---- solver -----------------------------------------------------------------------------
+
+def gluon_reasons(problem) -> list[str]:
+    """Why the Gluon kernel cannot run here: Gluon missing, the interpreter, no Hopper GPU."""
+    if GLUON_ERROR is not None:
+        return [f"not applicable: Gluon cannot be imported ({GLUON_ERROR})"]
+    if interpreting():
+        return ["not applicable under TRITON_INTERPRET=1 (Gluon kernels do not run in the interpreter)"]
+    if problem.device != "cuda" or not torch.cuda.is_available():
+        return [f"not applicable on device {problem.device}: needs a CUDA GPU of capability 9.x (Hopper)"]
+    cap = torch.cuda.get_device_capability()
+    if cap[0] != 9:
+        return [f"not applicable on capability {cap[0]}.{cap[1]}: the kernel uses Hopper's wgmma (9.x)"]
+    return []
+
+
+@register
+class GluonFlashForward(FlashBase):
+    """Warp-specialised Hopper forward in Gluon: TMA producer warp, wgmma consumers."""
+    id = 126
+    name = "gluon_flash_fwd"
+    directions = frozenset({"fwd"})
+    devices = frozenset({"cuda"})
+    dtypes = frozenset({torch.bfloat16, torch.float16})
+    deterministic = True   # one CTA owns each output row; the key order is fixed
+    long_compile = True
+
+    def not_supported_reasons(self, problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if reasons and reasons[0].startswith("serves"):
+            return reasons
+        if problem.D != problem.Dv or problem.D not in HEAD_DIMS:
+            reasons.append(f"head dims D={problem.D}, Dv={problem.Dv}: needs D == Dv in {HEAD_DIMS} (solver 110 covers others)")
+        if problem.mask != "none":
+            reasons.append(f"mask={problem.mask} is not supported (solver 110 covers masks)")
+        if problem.dropout_p > 0:
+            reasons.append(f"dropout_p={problem.dropout_p} is not supported (solver 110 covers dropout)")
+        if problem.has_kv_lens:
+            reasons.append("kv_lens are not supported (solver 110 covers them)")
+        if problem.scale == "tensor":
+            reasons.append("a tensor scale is not supported (solver 110 reads it in the kernel)")
+        if problem.descale is not None or problem.out_dtype not in (None, problem.dtype):
+            reasons.append("FP8 inputs / another output dtype are not supported (solver 125)")
+        reasons += gluon_reasons(problem)
+        return reasons
+
+    def workspace_size(self, problem) -> int:
+        """The four in-kernel TMA descriptors' global scratch per CTA."""
+        cfg = tile_config(problem.D)
+        return 4 * TMA_DESC_BYTES * triton.cdiv(problem.Sq, cfg["BLOCK_M"]) * problem.B * problem.Hq
+
+    def estimate(self, problem) -> float | None:
+        # kept below solver 110's 0.65 until H200 measurements say otherwise: heuristic mode
+        # keeps choosing 110, find measures both
+        return roofline_ms(problem, 0.6)
+
+    def prepare(self, problem):
+        cfg = tile_config(problem.D)
+
+        def invoke(args):
+            return gluon_forward(problem, args, cfg=cfg)
+        return invoke
