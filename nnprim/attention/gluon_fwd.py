@@ -21,9 +21,11 @@ Structure (FlashAttention-3's, written with Gluon's explicit Hopper ops): one CT
     async `warpgroup_mma` (both operands in shared memory), the online softmax in registers,
     P cast to bf16/f16 in registers and used as the register A operand of O += P V (RS wgmma,
     no shared-memory round trip). K slot released after its wait, V slot after the PV wait.
-    Intra-warpgroup overlap: the QK^T of block j+1 is issued before the PV of block j is
-    waited on, so the tensor cores have the next product queued while the softmax of block
-    j+1 waits (FA3's "intra-warpgroup overlap").
+    Intra-warpgroup overlap (FA3's): S_{j+1} = Q K_{j+1}^T is issued before P_j V_j, and
+    the consumer waits for S_{j+1} only (wgmma groups retire in order), so the softmax of
+    block j+1 runs while P_j V_j is still on the tensor cores; the last block is peeled off
+    the loop. The two warpgroups are not ping-ponged explicitly (no named barriers): the
+    warp schedulers interleave them.
 Key blocks [0, full) are visible to every row (no masking), [full, hi) are masked per element
 (kv tail and the causal diagonal). Q/K/V are read through in-kernel TMA descriptors over each
 (b, head)'s [S, D] slab, so rows past Sq / Sk load as zeros; the output goes out through a
@@ -34,10 +36,13 @@ Covers bf16/f16, D == Dv in {64, 128, 256}, GQA/MQA, causal top-left and bottom-
 Sq/Sk (tails), float scale (inverted or not), return_lse, softmax_inf_as_zero. Everything
 else (masks, dropout, kv_lens, paging, tensor scale, f32, other head dims) is solver 110's.
 Needs a CUDA device of capability 9.x and Gluon; never applicable under TRITON_INTERPRET=1
-(Gluon kernels do not run in the interpreter). Inputs whose strides TMA cannot describe
+(Gluon kernels do not run in the interpreter) nor with NNPRIM_DISABLE_GLUON=1 (a switch to
+keep find from timing it). Inputs whose strides TMA cannot describe
 (inner stride != 1, rows not 16-byte aligned) are copied contiguous first.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -54,7 +59,6 @@ try:  # Gluon ships with triton >= 3.5; without it the solver is not applicable
         mbarrier,
         tma,
         warpgroup_mma,
-        warpgroup_mma_init,
         warpgroup_mma_wait,
     )
     GLUON_ERROR: str | None = None
@@ -163,33 +167,50 @@ if gluon is not None:
         acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
 
         mbarrier.wait(q_bar, 0)
-        # qk_tok: the in-flight S_j product (a placeholder accumulator when none is issued)
+        # prologue: S_0 and its softmax. p_cur / alpha: P_j (the PV operand, in registers) and
+        # the factor the accumulator takes before P_j V_j is added
+        p_cur = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
+        alpha = gl.full([BLOCK_M], 1.0, gl.float32, row_s)
         if n_blocks > 0:
-            qk_tok = _issue_qk(0, q_smem, k_bufs, k_ready, s_layout, BLOCK_M, BLOCK_N)
-        else:
-            qk_tok = warpgroup_mma_init(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout))
-        for j in range(n_blocks):
-            s = j % STAGES
-            ph = (j // STAGES) & 1
-            qk = warpgroup_mma_wait(0, deps=(qk_tok,))
-            mbarrier.arrive(k_empty.index(s), count=1)
-            if j < n_full:
-                p, alpha, m_i, l_i = _softmax_block(qk, j, m_i, l_i, offs_m, kv_len, shift, qk_scale,
+            qk = warpgroup_mma_wait(0, deps=(_issue_qk(0, q_smem, k_bufs, k_ready, s_layout, BLOCK_M, BLOCK_N),))
+            mbarrier.arrive(k_empty.index(0), count=1)
+            if n_full > 0:
+                p, alpha, m_i, l_i = _softmax_block(qk, 0, m_i, l_i, offs_m, kv_len, shift, qk_scale,
                                                     BLOCK_N, False, CAUSAL, SCALE_POS, s_layout)
             else:
-                p, alpha, m_i, l_i = _softmax_block(qk, j, m_i, l_i, offs_m, kv_len, shift, qk_scale,
+                p, alpha, m_i, l_i = _softmax_block(qk, 0, m_i, l_i, offs_m, kv_len, shift, qk_scale,
                                                     BLOCK_N, True, CAUSAL, SCALE_POS, s_layout)
+            p_cur = gl.convert_layout(p.to(dtype), p_layout)
+        # steady state (FA3's intra-warpgroup overlap): issue S_{j+1} = Q K_{j+1}^T, then
+        # O = alpha O + P_j V_j; wait for S_{j+1} only and run its softmax while P_j V_j is
+        # still on the tensor cores. The last block is peeled off (no S_{j+1}): branch-free
+        # issue/wait pairs let ptxas keep the wgmma pipeline asynchronous.
+        for j in range(n_blocks - 1):
+            s = j % STAGES
+            qk_tok = _issue_qk(j + 1, q_smem, k_bufs, k_ready, s_layout, BLOCK_M, BLOCK_N)
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            p16 = gl.convert_layout(p.to(dtype), p_layout)
-            mbarrier.wait(v_ready.index(s), ph)
-            acc_tok = warpgroup_mma(p16, v_bufs.index(s), acc, is_async=True)
-            # intra-warpgroup overlap: queue S_{j+1} = Q K_{j+1}^T behind the PV product
-            if j + 1 < n_blocks:
-                qk_tok = _issue_qk(j + 1, q_smem, k_bufs, k_ready, s_layout, BLOCK_M, BLOCK_N)
-                acc = warpgroup_mma_wait(1, deps=(acc_tok,))
+            mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
+            acc_tok = warpgroup_mma(p_cur, v_bufs.index(s), acc, is_async=True)
+            qk = warpgroup_mma_wait(1, deps=(qk_tok,))      # S_{j+1} done; P_j V_j may run on
+            mbarrier.arrive(k_empty.index((j + 1) % STAGES), count=1)
+            if j + 1 < n_full:
+                p, alpha, m_i, l_i = _softmax_block(qk, j + 1, m_i, l_i, offs_m, kv_len, shift, qk_scale,
+                                                    BLOCK_N, False, CAUSAL, SCALE_POS, s_layout)
             else:
-                qk_tok = warpgroup_mma_init(gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout))
-                acc = warpgroup_mma_wait(0, deps=(acc_tok,))
+                p, alpha, m_i, l_i = _softmax_block(qk, j + 1, m_i, l_i, offs_m, kv_len, shift, qk_scale,
+                                                    BLOCK_N, True, CAUSAL, SCALE_POS, s_layout)
+            p_next = gl.convert_layout(p.to(dtype), p_layout)
+            # P_j stays live (a dependency) until its product is done
+            acc, p_cur = warpgroup_mma_wait(0, deps=(acc_tok, p_cur))
+            mbarrier.arrive(v_empty.index(s), count=1)
+            p_cur = p_next
+        if n_blocks > 0:
+            j = n_blocks - 1
+            s = j % STAGES
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
+            acc_tok = warpgroup_mma(p_cur, v_bufs.index(s), acc, is_async=True)
+            acc, p_cur = warpgroup_mma_wait(0, deps=(acc_tok, p_cur))
             mbarrier.arrive(v_empty.index(s), count=1)
 
         # epilogue: normalise, store O through the Q tile's shared memory (Q is no longer read)
@@ -326,6 +347,8 @@ def gluon_reasons(problem) -> list[str]:
     """Why the Gluon kernel cannot run here: Gluon missing, the interpreter, no Hopper GPU."""
     if GLUON_ERROR is not None:
         return [f"not applicable: Gluon cannot be imported ({GLUON_ERROR})"]
+    if os.environ.get("NNPRIM_DISABLE_GLUON", "0") == "1":
+        return ["not applicable: NNPRIM_DISABLE_GLUON=1"]
     if interpreting():
         return ["not applicable under TRITON_INTERPRET=1 (Gluon kernels do not run in the interpreter)"]
     if problem.device != "cuda" or not torch.cuda.is_available():

@@ -57,6 +57,10 @@ def test_options_left_to_solver_110_are_named():
 def test_gluon_reasons_without_gluon(monkeypatch):
     monkeypatch.setattr(gluon_fwd, "GLUON_ERROR", "ImportError: no gluon")
     assert "Gluon cannot be imported" in gluon_fwd.gluon_reasons(problem(device="cuda"))[0]
+    monkeypatch.setattr(gluon_fwd, "GLUON_ERROR", None)
+    monkeypatch.setattr(gluon_fwd, "interpreting", lambda: False)
+    monkeypatch.setenv("NNPRIM_DISABLE_GLUON", "1")
+    assert "NNPRIM_DISABLE_GLUON" in gluon_fwd.gluon_reasons(problem(device="cuda"))[0]
 
 
 def test_registry_keeps_choosing_other_solvers_on_cpu():
