@@ -70,16 +70,20 @@ _CAUSAL_CODE = {None: 0, "top_left": 1, "bottom_right": 2}
 HEAD_DIMS = (64, 128, 256)
 
 
-def tile_config(d: int) -> dict:
-    """(BLOCK_M, BLOCK_N, STAGES, num_warps, maxnreg) for head dim d. 128 query rows as two
-    64-row warpgroups; the ring depth is what fits 227 KB of shared memory with Q (reused for
-    the O store). maxnreg: 168 * 384 threads fits the 64K-register file at one CTA per SM;
-    the producer warpgroup gives its registers to the consumers (setmaxnreg)."""
+def tile_config(d: int, pingpong: bool | None = None) -> dict:
+    """Launch constants for head dim d: BLOCK_M = 128 query rows per CTA, BLOCK_N keys per
+    ring stage, STAGES (what fits 227 KB of shared memory next to the Q tile, which the O
+    store reuses), PINGPONG (two 4-warp consumer partitions of 64 rows taking turns to issue
+    their MMAs, FA3's schedule) or one 8-warp consumer partition, num_warps (the default
+    partition's), maxnreg: 168 x 384 threads fills the 64K-register file at one CTA per SM,
+    and setmaxnreg moves the producer warpgroup's registers to the consumers (240 each)."""
+    pp = d <= 128 if pingpong is None else pingpong
+    base = dict(BLOCK_M=128, PINGPONG=pp, num_warps=4 if pp else 8, maxnreg=168)
     if d <= 64:
-        return dict(BLOCK_M=128, BLOCK_N=128, STAGES=3, num_warps=8, maxnreg=168)
+        return base | dict(BLOCK_N=128, STAGES=3)
     if d <= 128:
-        return dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=8, maxnreg=168)
-    return dict(BLOCK_M=128, BLOCK_N=64, STAGES=2, num_warps=8, maxnreg=168)
+        return base | dict(BLOCK_N=128, STAGES=2)
+    return base | dict(BLOCK_N=64, STAGES=2)
 
 
 # ---- Gluon kernel ---------------------------------------------------------------------
@@ -87,14 +91,18 @@ def tile_config(d: int) -> dict:
 if gluon is not None:
 
     @gluon.jit
-    def _producer(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, start_m, n_blocks,
+    def _producer(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, bars, start_m, n_blocks,
                   BLOCK_N: gl.constexpr):
-        """1 warp: Q once, then K_j and V_j into ring slot j % STAGES once it is empty.
-        Empty barriers start 'phase 1 complete', so the first pass waits on parity 1."""
-        q_bar, k_ready, k_empty, v_ready, v_empty = bars
+        """1 warp: the Q tile of each consumer once, then K_j and V_j into ring slot
+        j % STAGES once every consumer has released it. Empty barriers start 'phase 1
+        complete', so the first pass waits on parity 1."""
+        q_bars, k_ready, k_empty, v_ready, v_empty = bars
         STAGES: gl.constexpr = k_bufs.type.shape[0]
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_bar, q_smem)
+        NUM_C: gl.constexpr = q_bufs.type.shape[0]
+        ROWS: gl.constexpr = q_bufs.type.shape[1]
+        for c in gl.static_range(NUM_C):
+            mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [start_m + c * ROWS, 0], q_bars.index(c), q_bufs.index(c))
         for j in range(n_blocks):
             s = j % STAGES
             ph = (j // STAGES) & 1
@@ -106,14 +114,26 @@ if gluon is not None:
             tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], v_ready.index(s), v_bufs.index(s))
 
     @gluon.jit
-    def _issue_qk(j, q_smem, k_bufs, k_ready, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+    def _issue_qk(j, q_smem, k_bufs, k_ready, s_layout: gl.constexpr, ROWS: gl.constexpr,
                   BLOCK_N: gl.constexpr):
         """Wait for K_j and start S_j = Q K_j^T (async; the caller waits)."""
         STAGES: gl.constexpr = k_bufs.type.shape[0]
         s = j % STAGES
         mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
-        zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
         return warpgroup_mma(q_smem, k_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _turn_begin(turn_bars, slot, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        """Ping-pong: wait until it is this consumer's turn to issue MMAs (slot-th turn)."""
+        if PINGPONG:
+            mbarrier.wait(turn_bars.index(WG), slot & 1)
+
+    @gluon.jit
+    def _turn_end(turn_bars, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        """Ping-pong: hand the tensor cores to the other consumer."""
+        if PINGPONG:
+            mbarrier.arrive(turn_bars.index(1 - WG), count=1)
 
     @gluon.jit
     def _softmax_block(qk, j, m_i, l_i, offs_m, kv_len, shift, qk_scale, BLOCK_N: gl.constexpr,
@@ -144,35 +164,47 @@ if gluon is not None:
         return p, alpha, m_new, l_new
 
     @gluon.jit
-    def _consumer(q_smem, k_bufs, v_bufs, bars, o_desc, LSE, lse_off, start_m, n_full, n_blocks,
-                  Sq, kv_len, shift, qk_scale,
-                  HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _consumer(q_bufs, k_bufs, v_bufs, bars, turn_bars, o_desc, LSE, lse_off, start_m, n_full,
+                  n_blocks, Sq, kv_len, shift, qk_scale,
+                  WG: gl.constexpr, PINGPONG: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr,
                   CAUSAL: gl.constexpr, SCALE_POS: gl.constexpr, STORE_LSE: gl.constexpr,
-                  INF_AS_ZERO: gl.constexpr, num_warps: gl.constexpr):
-        """num_warps (two warpgroups): QK^T, online softmax, PV, epilogue."""
-        q_bar, k_ready, k_empty, v_ready, v_empty = bars
+                  INF_AS_ZERO: gl.constexpr, WARPS: gl.constexpr):
+        """Consumer WG (WARPS warps, ROWS query rows from start_m + WG * ROWS): QK^T, online
+        softmax, PV, epilogue. Its MMA issue slots (S_0; then S_{j+1} + P_j V_j per block;
+        then the last P V) take turns with the other consumer's under PINGPONG."""
+        q_bars, k_ready, k_empty, v_ready, v_empty = bars
         STAGES: gl.constexpr = k_bufs.type.shape[0]
+        ROWS: gl.constexpr = q_bufs.type.shape[1]
+        q_smem = q_bufs.index(WG)
         dtype: gl.constexpr = q_smem.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                            instr_shape=[16, HEAD_D, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-        offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
-        l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
-        acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, o_layout)
+        row0 = start_m + WG * ROWS
+        offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([ROWS], gl.float32, row_s)
+        acc = gl.zeros([ROWS, HEAD_D], gl.float32, o_layout)
+        if PINGPONG and WG == 0:
+            mbarrier.arrive(turn_bars.index(0), count=1)   # consumer 0 takes the first turn
+        slot = 0
 
-        mbarrier.wait(q_bar, 0)
+        mbarrier.wait(q_bars.index(WG), 0)
         # prologue: S_0 and its softmax. p_cur / alpha: P_j (the PV operand, in registers) and
         # the factor the accumulator takes before P_j V_j is added
-        p_cur = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
-        alpha = gl.full([BLOCK_M], 1.0, gl.float32, row_s)
+        p_cur = gl.zeros([ROWS, BLOCK_N], dtype, p_layout)
+        alpha = gl.full([ROWS], 1.0, gl.float32, row_s)
         if n_blocks > 0:
-            qk = warpgroup_mma_wait(0, deps=(_issue_qk(0, q_smem, k_bufs, k_ready, s_layout, BLOCK_M, BLOCK_N),))
+            _turn_begin(turn_bars, slot, WG, PINGPONG)
+            qk_tok = _issue_qk(0, q_smem, k_bufs, k_ready, s_layout, ROWS, BLOCK_N)
+            _turn_end(turn_bars, WG, PINGPONG)
+            slot += 1
+            qk = warpgroup_mma_wait(0, deps=(qk_tok,))
             mbarrier.arrive(k_empty.index(0), count=1)
             if n_full > 0:
                 p, alpha, m_i, l_i = _softmax_block(qk, 0, m_i, l_i, offs_m, kv_len, shift, qk_scale,
@@ -187,10 +219,13 @@ if gluon is not None:
         # issue/wait pairs let ptxas keep the wgmma pipeline asynchronous.
         for j in range(n_blocks - 1):
             s = j % STAGES
-            qk_tok = _issue_qk(j + 1, q_smem, k_bufs, k_ready, s_layout, BLOCK_M, BLOCK_N)
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            _turn_begin(turn_bars, slot, WG, PINGPONG)
+            qk_tok = _issue_qk(j + 1, q_smem, k_bufs, k_ready, s_layout, ROWS, BLOCK_N)
             mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
             acc_tok = warpgroup_mma(p_cur, v_bufs.index(s), acc, is_async=True)
+            _turn_end(turn_bars, WG, PINGPONG)
+            slot += 1
             qk = warpgroup_mma_wait(1, deps=(qk_tok,))      # S_{j+1} done; P_j V_j may run on
             mbarrier.arrive(k_empty.index((j + 1) % STAGES), count=1)
             if j + 1 < n_full:
@@ -208,19 +243,21 @@ if gluon is not None:
             j = n_blocks - 1
             s = j % STAGES
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            _turn_begin(turn_bars, slot, WG, PINGPONG)
             mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
             acc_tok = warpgroup_mma(p_cur, v_bufs.index(s), acc, is_async=True)
+            _turn_end(turn_bars, WG, PINGPONG)
             acc, p_cur = warpgroup_mma_wait(0, deps=(acc_tok, p_cur))
             mbarrier.arrive(v_empty.index(s), count=1)
 
-        # epilogue: normalise, store O through the Q tile's shared memory (Q is no longer read)
+        # epilogue: normalise, store O through this consumer's Q tile (no longer read)
         inv_l = 1.0 / l_i
         o = acc * gl.convert_layout(inv_l, row_o)[:, None]
         if INF_AS_ZERO:
             o = gl.where(gl.convert_layout(l_i == 0.0, row_o)[:, None], 0.0, o)
         q_smem.store(o.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [start_m, 0], q_smem)
+        tma.async_copy_shared_to_global(o_desc, [row0, 0], q_smem)
         if STORE_LSE:
             lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
             gl.store(LSE + lse_off + offs_m, lse, mask=offs_m < Sq)
@@ -230,10 +267,14 @@ if gluon is not None:
     def _gluon_fwd_kernel(Q, K, V, O, LSE, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
                           Hq, Sq, Sk, GROUP, qk_scale,
                           HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, SCALE_POS: gl.constexpr,
-                          STORE_LSE: gl.constexpr, INF_AS_ZERO: gl.constexpr, num_warps: gl.constexpr):
+                          STAGES: gl.constexpr, PINGPONG: gl.constexpr, CAUSAL: gl.constexpr,
+                          SCALE_POS: gl.constexpr, STORE_LSE: gl.constexpr, INF_AS_ZERO: gl.constexpr,
+                          num_warps: gl.constexpr):
         """One CTA: BLOCK_M query rows of one (b, h). O (B, Hq, Sq, D) and lse (B, Hq, Sq)
-        contiguous."""
+        contiguous. PINGPONG: two consumer partitions of num_warps (4) warps and BLOCK_M / 2
+        rows each; else one of num_warps (8) warps and BLOCK_M rows."""
+        NUM_C: gl.constexpr = 2 if PINGPONG else 1
+        ROWS: gl.constexpr = BLOCK_M // NUM_C
         n_m = gl.cdiv(Sq, BLOCK_M)
         if CAUSAL != 0:
             pid_m = n_m - 1 - gl.program_id(0)   # heaviest tiles first
@@ -247,18 +288,19 @@ if gluon is not None:
         b64 = b.to(gl.int64)
 
         dtype: gl.constexpr = Q.dtype.element_ty
-        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], dtype)
+        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_D], dtype)
         kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], dtype)
         q_desc = tma.make_tensor_descriptor(Q + b64 * sqb + h.to(gl.int64) * sqh, shape=[Sq, HEAD_D],
-                                            strides=[sqs, 1], block_shape=[BLOCK_M, HEAD_D], layout=q_layout)
+                                            strides=[sqs, 1], block_shape=[ROWS, HEAD_D], layout=q_layout)
         k_desc = tma.make_tensor_descriptor(K + b64 * skb + hk.to(gl.int64) * skh, shape=[Sk, HEAD_D],
                                             strides=[sks, 1], block_shape=[BLOCK_N, HEAD_D], layout=kv_layout)
         v_desc = tma.make_tensor_descriptor(V + b64 * svb + hk.to(gl.int64) * svh, shape=[Sk, HEAD_D],
                                             strides=[svs, 1], block_shape=[BLOCK_N, HEAD_D], layout=kv_layout)
         o_desc = tma.make_tensor_descriptor(O + pid_bh.to(gl.int64) * Sq * HEAD_D, shape=[Sq, HEAD_D],
-                                            strides=[HEAD_D, 1], block_shape=[BLOCK_M, HEAD_D], layout=q_layout)
+                                            strides=[HEAD_D, 1], block_shape=[ROWS, HEAD_D], layout=q_layout)
 
-        # key range: [0, hi) visible to some row of the tile, whole blocks [0, n_full) to all rows
+        # key range of the whole CTA (both consumers loop over the same blocks): [0, hi)
+        # visible to some row, whole blocks [0, n_full) to every row
         kv_len = Sk
         if CAUSAL == 2:
             shift = Sk - Sq
@@ -275,30 +317,49 @@ if gluon is not None:
         n_blocks = gl.cdiv(hi, BLOCK_N)
         n_full = gl.minimum(full // BLOCK_N, n_blocks)
 
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_D], q_layout)
+        q_bufs = gl.allocate_shared_memory(dtype, [NUM_C, ROWS, HEAD_D], q_layout)
         k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], kv_layout)
         v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], kv_layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_bars = gl.allocate_shared_memory(gl.int64, [NUM_C, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
+        turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(NUM_C):
+            mbarrier.init(q_bars.index(c), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(turn_bars.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(k_empty.index(i), count=1)
+            mbarrier.init(k_empty.index(i), count=NUM_C)   # released by every consumer
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=1)
-        bars = (q_bar, k_ready, k_empty, v_ready, v_empty)
+            mbarrier.init(v_empty.index(i), count=NUM_C)
+        bars = (q_bars, k_ready, k_empty, v_ready, v_empty)
+        lse_off = pid_bh.to(gl.int64) * Sq
 
-        gl.warp_specialize([
-            (_consumer, (q_smem, k_bufs, v_bufs, bars, o_desc, LSE, pid_bh.to(gl.int64) * Sq, start_m,
-                         n_full, n_blocks, Sq, kv_len, shift, qk_scale, HEAD_D, BLOCK_M, BLOCK_N,
-                         CAUSAL, SCALE_POS, STORE_LSE, INF_AS_ZERO, num_warps)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, bars, start_m, n_blocks, BLOCK_N)),
-        ], [1], [24])
+        if PINGPONG:
+            gl.warp_specialize([
+                (_consumer, (q_bufs, k_bufs, v_bufs, bars, turn_bars, o_desc, LSE, lse_off, start_m, n_full,
+                             n_blocks, Sq, kv_len, shift, qk_scale, 0, True, HEAD_D, BLOCK_N, CAUSAL,
+                             SCALE_POS, STORE_LSE, INF_AS_ZERO, num_warps)),
+                (_consumer, (q_bufs, k_bufs, v_bufs, bars, turn_bars, o_desc, LSE, lse_off, start_m, n_full,
+                             n_blocks, Sq, kv_len, shift, qk_scale, 1, True, HEAD_D, BLOCK_N, CAUSAL,
+                             SCALE_POS, STORE_LSE, INF_AS_ZERO, num_warps)),
+                (_producer, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, bars, start_m, n_blocks, BLOCK_N)),
+            ], [num_warps, 1], [240, 24])
+        else:
+            gl.warp_specialize([
+                (_consumer, (q_bufs, k_bufs, v_bufs, bars, turn_bars, o_desc, LSE, lse_off, start_m, n_full,
+                             n_blocks, Sq, kv_len, shift, qk_scale, 0, False, HEAD_D, BLOCK_N, CAUSAL,
+                             SCALE_POS, STORE_LSE, INF_AS_ZERO, num_warps)),
+                (_producer, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, bars, start_m, n_blocks, BLOCK_N)),
+            ], [1], [24])
 
-        mbarrier.invalidate(q_bar)
+        for c in gl.static_range(NUM_C):
+            mbarrier.invalidate(q_bars.index(c))
+        for i in gl.static_range(2):
+            mbarrier.invalidate(turn_bars.index(i))
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_ready.index(i))
             mbarrier.invalidate(k_empty.index(i))

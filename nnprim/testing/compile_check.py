@@ -83,13 +83,15 @@ def _fp8_attempts(attempt) -> None:
         flash_fwd_fp8.use_tma_for, configs.device_arch = saved
 
 
-GLUON_ATTENTION = [  # solver 126 (Gluon, sm_90 only): d64/d128/d256, causal and not, GQA, tails
-    dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=64, Dv=64, dtype=BF16, return_lse=True),
-    dict(B=1, Hq=4, Hkv=2, Sq=300, Sk=333, D=64, Dv=64, dtype=F16, causal="top_left"),
-    dict(B=1, Hq=8, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, return_lse=True),
-    dict(B=1, Hq=4, Hkv=1, Sq=333, Sk=300, D=128, Dv=128, dtype=BF16, causal="bottom_right", return_lse=True,
-         inf_as_zero=True),
-    dict(B=1, Hq=2, Hkv=1, Sq=200, Sk=150, D=256, Dv=256, dtype=BF16, causal="top_left"),
+GLUON_ATTENTION = [  # (ping-pong, fields) of solver 126 (Gluon, sm_90 only): d64/d128/d256, causal, GQA, tails
+    (True, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=64, Dv=64, dtype=BF16, return_lse=True)),
+    (False, dict(B=1, Hq=4, Hkv=2, Sq=300, Sk=333, D=64, Dv=64, dtype=F16, causal="top_left")),
+    (True, dict(B=1, Hq=8, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, return_lse=True)),
+    (True, dict(B=1, Hq=4, Hkv=1, Sq=333, Sk=300, D=128, Dv=128, dtype=BF16, causal="bottom_right",
+                return_lse=True, inf_as_zero=True)),
+    (False, dict(B=1, Hq=8, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, causal="top_left", return_lse=True)),
+    (False, dict(B=1, Hq=2, Hkv=1, Sq=200, Sk=150, D=256, Dv=256, dtype=BF16, causal="top_left")),
+    (True, dict(B=1, Hq=2, Hkv=1, Sq=200, Sk=150, D=256, Dv=256, dtype=BF16, return_lse=True)),
 ]
 
 
@@ -106,10 +108,10 @@ def _gluon_attempts(failures: list[str], report: list[str]) -> None:
     if gluon_fwd.GLUON_ERROR is not None:
         failures.append(f"gluon_flash_fwd: Gluon import failed: {gluon_fwd.GLUON_ERROR}")
         return
-    for fields in GLUON_ATTENTION:
+    for pingpong, fields in GLUON_ATTENTION:
         p = AttentionProblem(**(dict(direction="fwd", device="cpu") | fields))
         try:
-            gluon_fwd.gluon_forward(p, random_args(p, seed=0))
+            gluon_fwd.gluon_forward(p, random_args(p, seed=0), cfg=gluon_fwd.tile_config(p.D, pingpong))
         except Exception as e:  # noqa: BLE001 - report every variant that does not compile
             failures.append(f"gluon_flash_fwd on {p.key()}: {type(e).__name__}: {str(e)[:800]}")
     cuobjdump = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "cuobjdump")

@@ -78,6 +78,9 @@ def test_registry_keeps_choosing_other_solvers_on_cpu():
 
 def test_tile_configs_fit_hopper_shared_memory():
     for d in gluon_fwd.HEAD_DIMS:
-        c = gluon_fwd.tile_config(d)
-        smem = 2 * (c["BLOCK_M"] * d + 2 * c["STAGES"] * c["BLOCK_N"] * d)
-        assert smem <= 227 * 1024 and c["num_warps"] == 8
+        for pp in (None, False, True):
+            c = gluon_fwd.tile_config(d, pp)
+            smem = 2 * (c["BLOCK_M"] * d + 2 * c["STAGES"] * c["BLOCK_N"] * d)
+            assert smem <= 227 * 1024
+            # consumers: two 4-warp partitions (ping-pong) or one of 8 warps; + 1 producer warp
+            assert c["num_warps"] == (4 if c["PINGPONG"] else 8) and c["maxnreg"] * 384 <= 65536
