@@ -17,15 +17,18 @@ Structure (FlashAttention-3's, written with Gluon's explicit Hopper ops): one CT
     STAGES-deep shared-memory ring; per stage a ready barrier (TMA transaction count) and an
     empty barrier (the consumer's release) for K and for V separately, so QK^T can start
     as soon as K has landed while V is still in flight;
-  - the consumer (default) partition, 2 warpgroups (8 warps, 64 rows each): S = Q K^T with
-    async `warpgroup_mma` (both operands in shared memory), the online softmax in registers,
-    P cast to bf16/f16 in registers and used as the register A operand of O += P V (RS wgmma,
-    no shared-memory round trip). K slot released after its wait, V slot after the PV wait.
-    Intra-warpgroup overlap (FA3's): S_{j+1} = Q K_{j+1}^T is issued before P_j V_j, and
-    the consumer waits for S_{j+1} only (wgmma groups retire in order), so the softmax of
-    block j+1 runs while P_j V_j is still on the tensor cores; the last block is peeled off
-    the loop. The two warpgroups are not ping-ponged explicitly (no named barriers): the
-    warp schedulers interleave them.
+  - consumers: S = Q K^T with async `warpgroup_mma` (both operands in shared memory), the
+    online softmax in registers, P cast to bf16/f16 in registers and used as the register
+    A operand of O += P V (RS wgmma, no shared-memory round trip); a K slot is released
+    after its S wait, a V slot after its PV wait (empty barriers count one arrival per
+    consumer). Intra-warpgroup overlap (FA3's): S_{j+1} = Q K_{j+1}^T is issued before
+    P_j V_j and the consumer waits for S_{j+1} only (wgmma groups retire in order), so the
+    softmax of block j+1 runs while P_j V_j is on the tensor cores; the last block is
+    peeled off the loop (ptxas then keeps the wgmma pipeline asynchronous).
+    PINGPONG (default for D <= 128): two 4-warp consumer partitions of 64 rows each whose
+    MMA issue slots alternate through two mbarriers (FA3's inter-warpgroup ping-pong: one
+    warpgroup's softmax runs under the other's GEMMs). Otherwise one 8-warp consumer
+    partition (two warpgroups of 64 rows in lockstep, interleaved by the warp schedulers).
 Key blocks [0, full) are visible to every row (no masking), [full, hi) are masked per element
 (kv tail and the causal diagonal). Q/K/V are read through in-kernel TMA descriptors over each
 (b, head)'s [S, D] slab, so rows past Sq / Sk load as zeros; the output goes out through a
