@@ -18,6 +18,7 @@ _MODULES = (
     "nnprim.attention.reference",
     "nnprim.attention.flash_fwd",
     "nnprim.attention.flash_fwd_fp8",
+    "nnprim.attention.gluon_fwd",
     "nnprim.attention.flash_bwd",
     "nnprim.attention.flash_bwd_atomic",
     "nnprim.attention.decode",

@@ -83,6 +83,54 @@ def _fp8_attempts(attempt) -> None:
         flash_fwd_fp8.use_tma_for, configs.device_arch = saved
 
 
+GLUON_ATTENTION = [  # (ping-pong, fields) of solver 126 (Gluon, sm_90 only): d64/d128/d256, causal, GQA, tails
+    (True, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=64, Dv=64, dtype=BF16, return_lse=True)),
+    (False, dict(B=1, Hq=4, Hkv=2, Sq=300, Sk=333, D=64, Dv=64, dtype=F16, causal="top_left")),
+    (True, dict(B=1, Hq=8, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, return_lse=True)),
+    (True, dict(B=1, Hq=4, Hkv=1, Sq=333, Sk=300, D=128, Dv=128, dtype=BF16, causal="bottom_right",
+                return_lse=True, inf_as_zero=True)),
+    (False, dict(B=1, Hq=8, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, causal="top_left", return_lse=True)),
+    (False, dict(B=1, Hq=2, Hkv=1, Sq=200, Sk=150, D=256, Dv=256, dtype=BF16, causal="top_left")),
+    (True, dict(B=1, Hq=2, Hkv=1, Sq=200, Sk=150, D=256, Dv=256, dtype=BF16, return_lse=True)),
+]
+
+
+def _gluon_attempts(failures: list[str], report: list[str]) -> None:
+    """Compile solver 126's kernel through its launcher (its solver is not applicable without
+    a Hopper GPU, so `attempt` would skip it) and report registers, spills and shared memory
+    of each compiled variant (cuobjdump of the cubin when Triton ships it)."""
+    import subprocess
+    import tempfile
+
+    from nnprim.attention import gluon_fwd
+    from nnprim.problems.attention import AttentionProblem
+    from nnprim.search.random_args import random_args
+    if gluon_fwd.GLUON_ERROR is not None:
+        failures.append(f"gluon_flash_fwd: Gluon import failed: {gluon_fwd.GLUON_ERROR}")
+        return
+    for pingpong, fields in GLUON_ATTENTION:
+        p = AttentionProblem(**(dict(direction="fwd", device="cpu") | fields))
+        try:
+            gluon_fwd.gluon_forward(p, random_args(p, seed=0), cfg=gluon_fwd.tile_config(p.D, pingpong))
+        except Exception as e:  # noqa: BLE001 - report every variant that does not compile
+            failures.append(f"gluon_flash_fwd on {p.key()}: {type(e).__name__}: {str(e)[:800]}")
+    cuobjdump = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "cuobjdump")
+    for cache in gluon_fwd._gluon_fwd_kernel.device_caches.values():
+        for ck in cache[0].values():
+            names = gluon_fwd._gluon_fwd_kernel.arg_names
+            c = " ".join(f"{names[k[0]]}={v}" for k, v in ck.src.constants.items()
+                         if isinstance(k, tuple) and len(k) == 1 and names[k[0]].isupper())
+            regs = "?"
+            if os.path.exists(cuobjdump):
+                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                    f.write(ck.asm["cubin"])
+                    f.flush()
+                    out = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+                regs = " ".join(w for w in out.split() if w.startswith(("REG:", "STACK:", "LOCAL:")))
+            report.append(f"gluon_flash_fwd {ck.name} warps={ck.metadata.num_warps} "
+                          f"dynamic_smem={ck.metadata.shared} {regs} {c}".rstrip())
+
+
 def install_compile_only(arch: int = 90) -> list[str]:
     """Make every Triton launch in this process a compile-only warm-up for `arch`; returns
     the list the names of compiled kernels are appended to."""
@@ -139,8 +187,12 @@ def main() -> int:
     for name, fields in ATTENTION:
         attempt(REGISTRY.get(name), AttentionProblem(**(dict(direction="fwd", device="cpu") | fields)))
     _fp8_attempts(attempt)
+    gluon_report: list[str] = []
+    _gluon_attempts(failures, gluon_report)
     print(f"compiled {len(set(names))} kernels ({len(names)} launches) for sm_90 in {time.time() - t0:.0f} s: "
           + ", ".join(sorted(set(names))))
+    for line in gluon_report:
+        print(line)
     for f in failures:
         print("FAILED", f)
     return 1 if failures else 0

@@ -1,0 +1,245 @@
+"""Solver 126 `gluon_flash_fwd` (Gluon, warp-specialised Hopper forward) against solver 110,
+cuDNN and FLASH_ATTENTION, interleaved in one run (issue 12).
+
+For each train problem of nnprim/data/suites/attention_gpu.json with D in --dims (default
+64,128): bf16 q, k, v; a correctness check of 126 first (its output against a float32 torch
+reference on batch 0 and the query heads of kv head 0, bound 3x cuDNN's error + 6e-3, lse
+too); a compile error or a wrong result is recorded and 126 is not timed on that problem.
+Then 126 (`nnprim.sdpa(..., solver="gluon_flash_fwd")`, its default variant: ping-pong for
+D <= 128), 126's other variant through its launcher (`gluon_126_pp` / `gluon_126_1c`: ping-pong
+or one 8-warp consumer), 110 (`solver="flash_fwd"`) and torch SDPA with the CUDNN_ATTENTION and
+FLASH_ATTENTION backends are timed interleaved
+(nnprim.search.timing.interleaved_samples: rotating order, CUDA events, warm-up), median ms,
+TFLOP/s (4*B*Hq*Sq*Sk*D, x0.5 causal when Sq == Sk) and the ratio to cuDNN. Writes JSON to
+--out (a .json path, or a directory: gluon_fwd_<date>.json) and prints a table.
+
+    export PYTHONPATH=$PWD TRITON_INTERPRET=0
+    timeout 300 python3 benchmarks/gluon_fwd.py --out $OUT/gluon.json [--subset a,b] [--rounds 15]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TRITON_INTERPRET", "0")
+
+import nnprim  # noqa: E402
+from nnprim.args import AttnArgs  # noqa: E402
+from nnprim.attention import gluon_fwd  # noqa: E402
+from nnprim.problems.attention import AttentionProblem  # noqa: E402
+from nnprim.search.timing import interleaved_samples  # noqa: E402
+
+SMOKE = """
+import sys, torch
+from nnprim.args import AttnArgs
+from nnprim.attention import gluon_fwd
+from nnprim.problems.attention import AttentionProblem
+q = torch.randn(1, 2, 300, 128, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(1, 1, 333, 128, device="cuda", dtype=torch.bfloat16)
+for causal in (None, "bottom_right"):
+    p = AttentionProblem.from_tensors(q, k, k, causal=causal)
+    gluon_fwd.gluon_forward(p, AttnArgs(q, k, k), cfg=gluon_fwd.tile_config(128, sys.argv[1] == "1"))
+torch.cuda.synchronize()
+print("SMOKE-OK")
+"""
+
+
+def smoke(pingpong: bool) -> str | None:
+    """None when the variant runs a small problem in a subprocess within 90 s, else why (a
+    deadlocked kernel would otherwise hang the whole benchmark)."""
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        r = subprocess.run([sys.executable, "-c", SMOKE, "1" if pingpong else "0"], env=env, capture_output=True,
+                           text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        return "hung for 90 s"
+    return None if "SMOKE-OK" in r.stdout else (r.stdout + r.stderr)[-2000:]
+
+DEV, BF16 = "cuda", torch.bfloat16
+
+
+def flops_of(p: dict) -> float:
+    frac = 0.5 if (p["causal"] and p["Sq"] == p["Sk"]) else 1.0
+    return 4.0 * p["B"] * p["Hq"] * p["Sq"] * p["Sk"] * p["D"] * frac
+
+
+def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.double(), ref.double()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def slice_reference(q, k, v, causal: bool):
+    """float32 (o, lse) of batch 0 and the query heads of kv head 0 (heads are independent,
+    so the slice checks the whole launch's indexing for one (b, kv head) group)."""
+    g = q.shape[1] // k.shape[1]
+    qs, ks, vs = q[:1, :g].float(), k[:1, :1].float(), v[:1, :1].float()
+    s = (qs @ ks.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        Sq, Sk = q.shape[2], k.shape[2]
+        i = torch.arange(Sq, device=DEV)[:, None]
+        j = torch.arange(Sk, device=DEV)[None, :]
+        s = s.masked_fill(j > i + (Sk - Sq), float("-inf"))
+    return torch.softmax(s, -1) @ vs, torch.logsumexp(s, -1)
+
+
+def run_problem(p: dict, rounds: int, ok: dict[bool, bool]) -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    B, Hq, Hkv, Sq, Sk, D, causal = p["B"], p["Hq"], p["Hkv"], p["Sq"], p["Sk"], p["D"], p["causal"]
+    nc = "bottom_right" if causal else None   # Sq == Sk on the train problems: same as top-left
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, h, s, D, device=DEV, dtype=BF16) for h, s in ((Hq, Sq), (Hkv, Sk), (Hkv, Sk)))
+    row = dict(name=p["name"], B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, causal=causal, ms={}, tflops={},
+               vs_cudnn={}, errors={})
+    g = Hq // Hkv
+
+    def peer(be):
+        def f():
+            with sdpa_kernel([be]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), enable_gqa=Hq != Hkv)
+        return f
+
+    default_pp = gluon_fwd.tile_config(D)["PINGPONG"]
+    other = "gluon_126_1c" if default_pp else "gluon_126_pp"
+    pb = AttentionProblem.from_tensors(q, k, v, causal=nc)
+    other_cfg = gluon_fwd.tile_config(D, not default_pp)
+    impls = {
+        "gluon_126": lambda: nnprim.sdpa(q, k, v, causal=nc, solver="gluon_flash_fwd"),
+        other: lambda: gluon_fwd.gluon_forward(pb, AttnArgs(q, k, v), cfg=other_cfg)[0],
+        "flash_110": lambda: nnprim.sdpa(q, k, v, causal=nc, solver="flash_fwd"),
+        "cudnn": peer(SDPBackend.CUDNN_ATTENTION),
+        "flash": peer(SDPBackend.FLASH_ATTENTION),
+    }
+    for name, pp in (("gluon_126", default_pp), (other, not default_pp)):
+        if not ok[pp]:
+            row["errors"][name] = "smoke run failed or hung: not run"
+    ref_o, ref_lse = slice_reference(q, k, v, causal)
+    try:
+        e_c = rel(impls["cudnn"]()[:1, :g], ref_o)
+        row["err_cudnn"] = round(e_c, 6)
+    except Exception:  # noqa: BLE001 - no cuDNN for this problem: a plain bound
+        e_c = 1e-2
+    if other not in row["errors"]:
+        try:
+            e_other = rel(impls[other]()[:1, :g], ref_o)
+            row[f"err_{other}"] = round(e_other, 6)
+            if not e_other <= 3 * e_c + 6e-3:
+                row["errors"][other] = f"wrong result: o rel err {e_other:.3g} (cuDNN {e_c:.3g})"
+        except Exception as e:  # noqa: BLE001 - compile errors are a result here
+            row["errors"][other] = f"{type(e).__name__}: {str(e)[:3000]}"
+    # correctness first: 126 (compile errors and wrong results recorded, then left out)
+    try:
+        if "gluon_126" in row["errors"]:
+            raise _Skip
+        t0 = time.time()
+        o, lse = nnprim.sdpa(q, k, v, causal=nc, return_lse=True, solver="gluon_flash_fwd")
+        torch.cuda.synchronize()
+        row["gluon_first_call_s"] = round(time.time() - t0, 2)
+        e_o = rel(o[:1, :g], ref_o)
+        e_lse = float((lse[:1, :g].double() - ref_lse.double()).abs().max())
+        row["err_gluon"] = dict(o_rel=round(e_o, 6), lse_abs=round(e_lse, 6), finite=bool(torch.isfinite(o).all()))
+        o2 = nnprim.sdpa(q, k, v, causal=nc, solver="gluon_flash_fwd")
+        row["gluon_bit_identical"] = bool(torch.equal(o, o2))
+        if not (torch.isfinite(o).all() and e_o <= 3 * e_c + 6e-3 and e_lse < 1e-2):
+            row["errors"]["gluon_126"] = f"wrong result: o rel err {e_o:.3g} (cuDNN {e_c:.3g}), lse err {e_lse:.3g}"
+        del o, o2, lse
+    except _Skip:
+        pass
+    except Exception as e:  # noqa: BLE001 - compile errors are a result here
+        row["errors"]["gluon_126"] = f"{type(e).__name__}: {str(e)[:3000]}"
+        row["traceback"] = traceback.format_exc()[-3000:]
+    live = {}
+    for name, f in impls.items():
+        if name in row["errors"]:
+            continue
+        try:
+            f()
+            torch.cuda.synchronize()
+            live[name] = f
+        except Exception as e:  # noqa: BLE001 - a backend that does not serve the problem
+            row["errors"][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    names = list(live)
+    samples = interleaved_samples([live[n] for n in names], DEV, rounds=rounds, warmup=3)
+    fl = flops_of(p)
+    for n, ts in zip(names, samples):
+        ms = statistics.median(ts)
+        row["ms"][n] = round(ms, 4)
+        row["tflops"][n] = round(fl / ms / 1e9, 1)
+    if "cudnn" in row["ms"]:
+        for n in names:
+            row["vs_cudnn"][n] = round(row["ms"]["cudnn"] / row["ms"][n], 3)
+    if not row["errors"]:
+        del row["errors"]
+    return row
+
+
+class _Skip(Exception):
+    pass
+
+
+def geomean(xs: list[float]) -> float | None:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--suite", default=str(ROOT / "nnprim/data/suites/attention_gpu.json"))
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--subset", default="", help="comma-separated problem names")
+    ap.add_argument("--dims", default="64,128", help="head dims to run")
+    ap.add_argument("--rounds", type=int, default=15)
+    a = ap.parse_args()
+    dims = {int(d) for d in a.dims.split(",") if d}
+    probs = [p for p in json.load(open(a.suite))["problems"] if p["mode"] == "train" and p["D"] in dims]
+    if a.subset:
+        want = set(a.subset.split(","))
+        probs = [p for p in probs if p["name"] in want]
+    out = Path(a.out)
+    if out.suffix != ".json":
+        out = out / f"gluon_fwd_{time.strftime('%Y-%m-%d')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                  triton=__import__("triton").__version__, date=time.strftime("%Y-%m-%d %H:%M"), problems=[])
+    ok = {pp: smoke(pp) for pp in (True, False)}
+    result["smoke"] = {("pingpong" if pp else "one_consumer"): (why or "ok") for pp, why in ok.items()}
+    print("smoke:", result["smoke"], flush=True)
+    ok = {pp: why is None for pp, why in ok.items()}
+    print(f"{'problem':28s} {'126':>7s} {'126alt':>7s} {'110':>7s} {'cudnn':>7s} {'flash':>7s}  TFLOP/s"
+          " | 126/cudnn 110/cudnn")
+    for p in probs:
+        try:
+            row = run_problem(p, a.rounds, ok)
+        except Exception as e:  # noqa: BLE001 - keep the other problems' numbers
+            row = dict(name=p["name"], errors={"problem": f"{type(e).__name__}: {str(e)[:1000]}"})
+        result["problems"].append(row)
+        tf, vs = row.get("tflops", {}), row.get("vs_cudnn", {})
+        alt = tf.get("gluon_126_1c", tf.get("gluon_126_pp", float("nan")))
+        cols = " ".join(f"{x:7.1f}" for x in (tf.get("gluon_126", float("nan")), alt, tf.get("flash_110", float("nan")),
+                                              tf.get("cudnn", float("nan")), tf.get("flash", float("nan"))))
+        print(f"{p['name']:28s} {cols}  | {vs.get('gluon_126', float('nan')):6.3f} {vs.get('flash_110', float('nan')):6.3f}"
+              + (f"  ERR {row['errors']}" if row.get("errors") else ""), flush=True)
+        out.write_text(json.dumps(result, indent=1))   # partial results survive a timeout
+    for n in ("gluon_126", "gluon_126_pp", "gluon_126_1c", "flash_110", "flash"):
+        r = [row["vs_cudnn"][n] for row in result["problems"] if n in row.get("vs_cudnn", {})]
+        result[f"geomean_{n}_vs_cudnn"] = geomean(r)
+        result[f"min_{n}_vs_cudnn"] = min(r) if r else None
+    out.write_text(json.dumps(result, indent=1))
+    print({k: v for k, v in result.items() if k.startswith(("geomean", "min"))})
+    print("wrote", out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

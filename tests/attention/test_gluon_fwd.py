@@ -1,0 +1,86 @@
+"""Solver 126 `gluon_flash_fwd` on CPU: never applicable here (no Hopper GPU, and
+TRITON_INTERPRET=1 from tests/conftest.py), with reasons naming why, and the options it
+leaves to solver 110. Its kernel is compiled for sm_90 by tests/test_compile_sm90.py and run
+by tests/gpu/test_gluon_fwd_gpu.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nnprim
+from nnprim.attention import gluon_fwd
+from nnprim.problems.attention import AttentionProblem
+from nnprim.search.context import get_solutions
+from nnprim.search.solver import REGISTRY
+
+BF16 = torch.bfloat16
+
+
+def problem(**kw) -> AttentionProblem:
+    fields = dict(direction="fwd", B=1, Hq=4, Hkv=1, Sq=70, Sk=90, D=128, Dv=128, dtype=BF16, device="cpu")
+    return AttentionProblem(**(fields | kw))
+
+
+def test_registered_as_deterministic_flash_forward():
+    s = REGISTRY.get(126)
+    assert s is REGISTRY.get("gluon_flash_fwd")
+    assert s.family == "flash" and s.deterministic and s.directions == frozenset({"fwd"})
+
+
+def test_not_applicable_on_cpu_and_under_the_interpreter():
+    s = REGISTRY.get("gluon_flash_fwd")
+    reasons = " | ".join(s.not_supported_reasons(problem()))
+    assert "not applicable" in reasons and "TRITON_INTERPRET" in reasons
+    # a CUDA problem under the interpreter (or without a GPU) is not applicable either
+    cuda_reasons = " | ".join(s.not_supported_reasons(problem(device="cuda")))
+    assert "not applicable" in cuda_reasons
+
+
+def test_options_left_to_solver_110_are_named():
+    s = REGISTRY.get("gluon_flash_fwd")
+    cases = {
+        "mask=bool": dict(mask="bool", mask_shape=(1, 1, 70, 90)),
+        "dropout_p=0.1": dict(dropout_p=0.1),
+        "kv_lens": dict(has_kv_lens=True),
+        "tensor scale": dict(scale="tensor"),
+        "D=96": dict(D=96, Dv=96),
+        "Dv=64": dict(Dv=64),
+        "dtype torch.float32": dict(dtype=torch.float32),
+    }
+    for needle, kw in cases.items():
+        reasons = " | ".join(s.not_supported_reasons(problem(device="cuda", **kw)))
+        assert needle in reasons, (needle, reasons)
+    paged = " | ".join(s.not_supported_reasons(problem(device="cuda", page_size=16)))
+    assert "paged" in paged
+
+
+def test_gluon_reasons_without_gluon(monkeypatch):
+    monkeypatch.setattr(gluon_fwd, "GLUON_ERROR", "ImportError: no gluon")
+    assert "Gluon cannot be imported" in gluon_fwd.gluon_reasons(problem(device="cuda"))[0]
+    monkeypatch.setattr(gluon_fwd, "GLUON_ERROR", None)
+    monkeypatch.setattr(gluon_fwd, "interpreting", lambda: False)
+    monkeypatch.setenv("NNPRIM_DISABLE_GLUON", "1")
+    assert "NNPRIM_DISABLE_GLUON" in gluon_fwd.gluon_reasons(problem(device="cuda"))[0]
+
+
+def test_registry_keeps_choosing_other_solvers_on_cpu():
+    p = problem(causal="bottom_right", return_lse=True)
+    names = [sol.solver for sol in get_solutions(p)]
+    assert names and "gluon_flash_fwd" not in names
+    assert REGISTRY.get("flash_fwd").is_applicable(p)
+    q = torch.randn(1, 4, 20, 64).to(BF16)
+    k = torch.randn(1, 1, 23, 64).to(BF16)
+    with pytest.raises(nnprim.NotSupportedError, match="gluon_flash_fwd|not applicable"):
+        nnprim.sdpa(q, k, k, solver="gluon_flash_fwd")
+    o = nnprim.sdpa(q, k, k, solver="flash_fwd")
+    assert o.shape == (1, 4, 20, 64) and torch.isfinite(o.float()).all()
+
+
+def test_tile_configs_fit_hopper_shared_memory():
+    for d in gluon_fwd.HEAD_DIMS:
+        for pp in (None, False, True):
+            c = gluon_fwd.tile_config(d, pp)
+            smem = 2 * (c["BLOCK_M"] * d + 2 * c["STAGES"] * c["BLOCK_N"] * d)
+            assert smem <= 227 * 1024
+            # consumers: two 4-warp partitions (ping-pong) or one of 8 warps; + 1 producer warp
+            assert c["num_warps"] == (4 if c["PINGPONG"] else 8) and c["maxnreg"] * 384 <= 65536
