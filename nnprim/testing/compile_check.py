@@ -83,6 +83,65 @@ def _fp8_attempts(attempt) -> None:
         flash_fwd_fp8.use_tma_for, configs.device_arch = saved
 
 
+GLUON_CONV = [  # (x, w, options) of solver 27 (Gluon, sm_90 only): 3x3 C=K=64..512, 1x1, 5x5/7x7, epilogues
+    ((2, 64, 10, 10), (64, 64, 3, 3), dict(padding=1)),
+    ((2, 128, 20, 20), (128, 128, 3, 3), dict(padding=1)),
+    ((2, 256, 14, 14), (256, 256, 3, 3), dict(padding=1)),
+    ((2, 512, 7, 7), (512, 512, 3, 3), dict(padding=1)),
+    ((2, 64, 10, 10), (256, 64, 1, 1), dict()),
+    ((2, 256, 10, 10), (64, 256, 1, 1), dict(has_bias=True, dtype=F16)),
+    ((2, 512, 7, 7), (128, 512, 1, 1), dict()),
+    ((1, 32, 9, 11), (48, 32, 5, 5), dict(padding=((2, 1), (0, 3)), has_bias=True)),
+    ((1, 16, 9, 11), (32, 16, 7, 7), dict(padding=3)),
+    ((2, 64, 12, 12), (128, 64, 3, 3), dict(padding=2, dilation=2, has_bias=True,
+                                            post_ops=(("sum", 0.5), ("eltwise", "gelu_erf", 0.0, 0.0),
+                                                      ("binary", "mul", (1, 128, 1, 1)),
+                                                      ("eltwise", "silu", 0.0, 0.0)))),
+]
+
+
+def _cubin_usage(ck) -> str:
+    """'REG:n STACK:n SHARED:n LOCAL:n' of a compiled kernel (cuobjdump of its cubin), or '?'."""
+    import subprocess
+    import tempfile
+    cuobjdump = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(cuobjdump):
+        return "?"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        out = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+    return " ".join(w for w in out.split() if w.startswith(("REG:", "STACK:", "LOCAL:")))
+
+
+def _gluon_conv_attempts(failures: list[str], report: list[str]) -> None:
+    """Compile solver 27's kernel through its plan (the solver is not applicable without a
+    Hopper GPU) and report tile, registers, spills and shared memory per problem."""
+    from nnprim.conv import gluon_conv
+    from nnprim.problems.conv import ConvProblem
+    from nnprim.search.random_args import random_args
+    if gluon_conv.GLUON_ERROR is not None:
+        failures.append(f"gluon_implicit_gemm_fwd: Gluon import failed: {gluon_conv.GLUON_ERROR}")
+        return
+    kernel = gluon_conv._gluon_conv_kernel
+    for x, w, kw in GLUON_CONV:
+        kw = dict(kw)
+        p = ConvProblem.create("fwd", x, w, device="cpu", layout="nhwc", dtype=kw.pop("dtype", BF16), **kw)
+        before = {id(ck) for cache in kernel.device_caches.values() for ck in cache[0].values()}
+        try:
+            plan = gluon_conv.GluonConvPlan(p)
+            plan(random_args(p, seed=0))
+        except Exception as e:  # noqa: BLE001 - report every variant that does not compile
+            failures.append(f"gluon_implicit_gemm_fwd on {p.key()}: {type(e).__name__}: {str(e)[:800]}")
+            continue
+        new = [ck for cache in kernel.device_caches.values() for ck in cache[0].values() if id(ck) not in before]
+        for ck in new:
+            t = plan.tile
+            report.append(f"gluon_implicit_gemm_fwd x={x} w={w} BH={t.BH} BW={t.BW} BN={t.BN} BK={t.BK} "
+                          f"KSUB={t.KSUB} STAGES={t.STAGES} warps={ck.metadata.num_warps} "
+                          f"dynamic_smem={ck.metadata.shared} {_cubin_usage(ck)}")
+
+
 def install_compile_only(arch: int = 90) -> list[str]:
     """Make every Triton launch in this process a compile-only warm-up for `arch`; returns
     the list the names of compiled kernels are appended to."""
@@ -139,8 +198,12 @@ def main() -> int:
     for name, fields in ATTENTION:
         attempt(REGISTRY.get(name), AttentionProblem(**(dict(direction="fwd", device="cpu") | fields)))
     _fp8_attempts(attempt)
+    gluon_report: list[str] = []
+    _gluon_conv_attempts(failures, gluon_report)
     print(f"compiled {len(set(names))} kernels ({len(names)} launches) for sm_90 in {time.time() - t0:.0f} s: "
           + ", ".join(sorted(set(names))))
+    for line in gluon_report:
+        print(line)
     for f in failures:
         print("FAILED", f)
     return 1 if failures else 0
