@@ -9,6 +9,7 @@ _MODULES = (
     "nnprim.conv.cpu_tap",
     "nnprim.conv.implicit_gemm",
     "nnprim.conv.implicit_gemm_bwd",
+    "nnprim.conv.gluon_conv",
     "nnprim.conv.im2col_gemm",
     "nnprim.conv.direct",
     "nnprim.conv.depthwise",

@@ -83,6 +83,65 @@ def _fp8_attempts(attempt) -> None:
         flash_fwd_fp8.use_tma_for, configs.device_arch = saved
 
 
+GLUON_CONV = [  # (x, w, options) of solver 27 (Gluon, sm_90 only): 3x3 C=K=64..512, 1x1, 5x5/7x7, epilogues
+    ((2, 64, 10, 10), (64, 64, 3, 3), dict(padding=1)),
+    ((2, 128, 20, 20), (128, 128, 3, 3), dict(padding=1)),
+    ((2, 256, 14, 14), (256, 256, 3, 3), dict(padding=1)),
+    ((2, 512, 7, 7), (512, 512, 3, 3), dict(padding=1)),
+    ((2, 64, 10, 10), (256, 64, 1, 1), dict()),
+    ((2, 256, 10, 10), (64, 256, 1, 1), dict(has_bias=True, dtype=F16)),
+    ((2, 512, 7, 7), (128, 512, 1, 1), dict()),
+    ((1, 32, 9, 11), (48, 32, 5, 5), dict(padding=((2, 1), (0, 3)), has_bias=True)),
+    ((1, 16, 9, 11), (32, 16, 7, 7), dict(padding=3)),
+    ((2, 64, 12, 12), (128, 64, 3, 3), dict(padding=2, dilation=2, has_bias=True,
+                                            post_ops=(("sum", 0.5), ("eltwise", "gelu_erf", 0.0, 0.0),
+                                                      ("binary", "mul", (1, 128, 1, 1)),
+                                                      ("eltwise", "silu", 0.0, 0.0)))),
+]
+
+
+def _cubin_usage(ck) -> str:
+    """'REG:n STACK:n SHARED:n LOCAL:n' of a compiled kernel (cuobjdump of its cubin), or '?'."""
+    import subprocess
+    import tempfile
+    cuobjdump = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(cuobjdump):
+        return "?"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(ck.asm["cubin"])
+        f.flush()
+        out = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+    return " ".join(w for w in out.split() if w.startswith(("REG:", "STACK:", "LOCAL:")))
+
+
+def _gluon_conv_attempts(failures: list[str], report: list[str]) -> None:
+    """Compile solver 27's kernel through its plan (the solver is not applicable without a
+    Hopper GPU) and report tile, registers, spills and shared memory per problem."""
+    from nnprim.conv import gluon_conv
+    from nnprim.problems.conv import ConvProblem
+    from nnprim.search.random_args import random_args
+    if gluon_conv.GLUON_ERROR is not None:
+        failures.append(f"gluon_implicit_gemm_fwd: Gluon import failed: {gluon_conv.GLUON_ERROR}")
+        return
+    kernel = gluon_conv._gluon_conv_kernel
+    for x, w, kw in GLUON_CONV:
+        kw = dict(kw)
+        p = ConvProblem.create("fwd", x, w, device="cpu", layout="nhwc", dtype=kw.pop("dtype", BF16), **kw)
+        before = {id(ck) for cache in kernel.device_caches.values() for ck in cache[0].values()}
+        try:
+            plan = gluon_conv.GluonConvPlan(p)
+            plan(random_args(p, seed=0))
+        except Exception as e:  # noqa: BLE001 - report every variant that does not compile
+            failures.append(f"gluon_implicit_gemm_fwd on {p.key()}: {type(e).__name__}: {str(e)[:800]}")
+            continue
+        new = [ck for cache in kernel.device_caches.values() for ck in cache[0].values() if id(ck) not in before]
+        for ck in new:
+            t = plan.tile
+            report.append(f"gluon_implicit_gemm_fwd x={x} w={w} BH={t.BH} BW={t.BW} BN={t.BN} BK={t.BK} "
+                          f"KSUB={t.KSUB} STAGES={t.STAGES} warps={ck.metadata.num_warps} "
+                          f"dynamic_smem={ck.metadata.shared} {_cubin_usage(ck)}")
+
+
 GLUON_ATTENTION = [  # (ping-pong, fields) of solver 126 (Gluon, sm_90 only): d64/d128/d256, causal, GQA, tails
     (True, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=64, Dv=64, dtype=BF16, return_lse=True)),
     (False, dict(B=1, Hq=4, Hkv=2, Sq=300, Sk=333, D=64, Dv=64, dtype=F16, causal="top_left")),
@@ -99,9 +158,6 @@ def _gluon_attempts(failures: list[str], report: list[str]) -> None:
     """Compile solver 126's kernel through its launcher (its solver is not applicable without
     a Hopper GPU, so `attempt` would skip it) and report registers, spills and shared memory
     of each compiled variant (cuobjdump of the cubin when Triton ships it)."""
-    import subprocess
-    import tempfile
-
     from nnprim.attention import gluon_fwd
     from nnprim.problems.attention import AttentionProblem
     from nnprim.search.random_args import random_args
@@ -114,19 +170,12 @@ def _gluon_attempts(failures: list[str], report: list[str]) -> None:
             gluon_fwd.gluon_forward(p, random_args(p, seed=0), cfg=gluon_fwd.tile_config(p.D, pingpong))
         except Exception as e:  # noqa: BLE001 - report every variant that does not compile
             failures.append(f"gluon_flash_fwd on {p.key()}: {type(e).__name__}: {str(e)[:800]}")
-    cuobjdump = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "cuobjdump")
     for cache in gluon_fwd._gluon_fwd_kernel.device_caches.values():
         for ck in cache[0].values():
             names = gluon_fwd._gluon_fwd_kernel.arg_names
             c = " ".join(f"{names[k[0]]}={v}" for k, v in ck.src.constants.items()
                          if isinstance(k, tuple) and len(k) == 1 and names[k[0]].isupper())
-            regs = "?"
-            if os.path.exists(cuobjdump):
-                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                    f.write(ck.asm["cubin"])
-                    f.flush()
-                    out = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
-                regs = " ".join(w for w in out.split() if w.startswith(("REG:", "STACK:", "LOCAL:")))
+            regs = _cubin_usage(ck)
             report.append(f"gluon_flash_fwd {ck.name} warps={ck.metadata.num_warps} "
                           f"dynamic_smem={ck.metadata.shared} {regs} {c}".rstrip())
 
@@ -189,6 +238,7 @@ def main() -> int:
     _fp8_attempts(attempt)
     gluon_report: list[str] = []
     _gluon_attempts(failures, gluon_report)
+    _gluon_conv_attempts(failures, gluon_report)
     print(f"compiled {len(set(names))} kernels ({len(names)} launches) for sm_90 in {time.time() - t0:.0f} s: "
           + ", ".join(sorted(set(names))))
     for line in gluon_report:

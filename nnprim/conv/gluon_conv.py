@@ -1,0 +1,394 @@
+"""Persistent, warp-specialised implicit-GEMM convolution forward for Hopper in Gluon
+(solver 27 `gluon_implicit_gemm_fwd`, family `implicit_gemm`, issue 13).
+
+Same GEMM as solver 20's TMA convolution (implicit_gemm.py `_conv_tma_kernel`): NHWC,
+groups 1, stride 1; an output tile is a BH x BW rectangle of one image (BM = BH*BW rows)
+times BN output channels; the reduction walks (tap, channel block): for tap (r, s) the
+x tile is the output rectangle shifted by (r*dh - ph, s*dw - pw), one [1, BH, BW, BK] TMA
+box of a 4-D descriptor over x [N, H, W, C] whose out-of-bounds zero fill is the padding;
+the weights are w as [K, R*S*C] (channels-last filter), read in [BN, BK] boxes at
+(k, tap*C + c). Channel blocks past C load zeros from x, so BK need not divide C.
+
+Structure (Gluon's explicit Hopper ops):
+  - a persistent grid of min(#SMs, tiles) CTAs walking the output tiles with a stride of
+    the grid (grouped-M order: GROUP_M row tiles share their weight column tiles in L2);
+  - `gl.warp_specialize`: a 1-warp producer partition issues the TMA loads of KSUB
+    (x box, w box) pairs per ring stage into a STAGES-deep ring (ready barrier with the
+    transaction count, empty barrier released by the consumer). The ring runs across tile
+    boundaries, so the producer loads tile i+1 while the consumer runs tile i's epilogue;
+  - the default partition (one or two warpgroups) issues async wgmma (both operands in
+    shared memory, at most one stage in flight behind the one being issued) and runs the
+    epilogue: bias + post-op chain (triton_epilogue.epilogue, traced as Gluon), cast,
+    registers -> shared memory -> TMA store over y [N, OH, OW, K] (which clips the tile's
+    rows past OH/OW and channels past K). The store of tile i drains under tile i+1's
+    MMAs (store_wait just before the buffer is reused).
+KSUB > 1 (C <= 64 layers) makes one ring stage span several taps: fewer barrier round trips
+per wgmma; sub-steps past the last tap read weight columns past R*S*C, which TMA fills
+with zeros, so they add nothing.
+
+Covers 2-D NHWC bf16/f16 forward, groups 1, stride 1, any dilation, any filter and
+padding (asymmetric too), C and K multiples of 16 (TMA row alignment), bias and up to
+MAX_POST_OPS post-ops, y in the input dtype, standard (contiguous channels-last) x, w and
+y; other strides are copied (x, w) or the result copied out (y). Needs a CUDA device of
+capability 9.x and Gluon; never applicable under TRITON_INTERPRET=1 (Gluon kernels do not
+run in the interpreter) nor with NNPRIM_DISABLE_GLUON=1. Deterministic: each output
+element is reduced by one CTA in a fixed order.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ..args import ConvArgs
+from ..launch import interpreting
+from ..problems.conv import ConvProblem
+from ..search.solver import register
+from .implicit_gemm import _IGemmBase, geom
+from .triton_epilogue import plan_epilogue
+
+try:  # Gluon ships with triton >= 3.5; without it the solver is not applicable
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .triton_epilogue import epilogue
+    GLUON_ERROR: str | None = None
+except Exception as e:  # noqa: BLE001 - any import failure makes the solver not applicable
+    gluon = None
+    GLUON_ERROR = f"{type(e).__name__}: {e}"
+
+SMEM_BYTES = 227 * 1024
+
+
+# ---- tiles -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GluonTile:
+    BH: int
+    BW: int
+    BN: int
+    BK: int
+    KSUB: int      # (x box, w box) pairs per ring stage
+    STAGES: int
+    warps: int     # default (consumer) partition: 4 = one warpgroup, 8 = two
+    group_m: int = 8
+
+    @property
+    def BM(self) -> int:
+        return self.BH * self.BW
+
+    def smem_bytes(self, elem: int = 2) -> int:
+        ring = self.STAGES * self.KSUB * (self.BM + self.BN) * self.BK * elem
+        return ring + self.BM * self.BN * elem + 1024   # + epilogue buffer, barriers
+
+
+def rect(BM: int, OH: int, OW: int) -> tuple[int, int]:
+    """(BH, BW): whole power-of-two rows of the output rectangle, BW >= 8 (TMA boxes of
+    8+ rows keep the 128-byte swizzle atom whole), BH*BW == BM."""
+    BW = max(8, min(triton.next_power_of_2(OW), BM))
+    return BM // BW, BW
+
+
+def tile_config(p: ConvProblem) -> GluonTile:
+    """Tiles per problem class: BM 128 (64 when a 128-row rectangle would be mostly past a
+    small image's rows: 7x7 and below), BN up to 256 with two consumer warpgroups (128 f32
+    accumulator registers per thread), BK 64 (128-byte rows), KSUB taps per stage for
+    C <= 64, STAGES: what fits next to the epilogue buffer."""
+    gm = geom(p)
+    OH, OW = gm.out[1], gm.out[2]
+    BM = 64 if OH * OW <= 64 else 128
+    BH, BW = rect(BM, OH, OW)
+    BN = 256 if gm.K >= 256 and BM == 128 else min(128, max(64, triton.next_power_of_2(gm.K)))
+    BK = 64 if gm.C >= 64 else (32 if gm.C >= 32 else 16)
+    nk = math.ceil(gm.C / BK)
+    steps = gm.taps * nk
+    KSUB = 1
+    if gm.C <= 64:
+        KSUB = next(k for k in (3, 2, 1) if steps % k == 0)
+    warps = 8 if BM * BN > 128 * 128 else 4
+    t = GluonTile(BH, BW, BN, BK, KSUB, 4, warps)
+    while t.STAGES > 2 and t.smem_bytes() > SMEM_BYTES:
+        t = GluonTile(BH, BW, BN, BK, KSUB, t.STAGES - 1, warps)
+    return t
+
+
+# ---- Gluon kernel ------------------------------------------------------------------------
+if gluon is not None:
+
+    @gluon.jit
+    def _tile_coords(t, n_th, n_tw, num_m, num_n, BH: gl.constexpr, BW: gl.constexpr,
+                     BN: gl.constexpr, GROUP_M: gl.constexpr):
+        """(n, oh0, ow0, off_n) of linear tile t in grouped-M order."""
+        width = GROUP_M * num_n
+        first_m = (t // width) * GROUP_M
+        gsize = gl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (t % width) % gsize
+        pid_n = (t % width) // gsize
+        tw = pid_m % n_tw
+        tmp = pid_m // n_tw
+        th = tmp % n_th
+        n = tmp // n_th
+        return n, th * BH, tw * BW, pid_n * BN
+
+    @gluon.jit
+    def _producer(x_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles, n_th, n_tw, num_m, num_n,
+                  n_steps, nk, S, C, ph, pw, dh, dw,
+                  BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                  KSUB: gl.constexpr, GROUP_M: gl.constexpr):
+        """1 warp: for every tile of this CTA and every stage of its reduction, wait for the
+        slot to be released, then KSUB (x box, w box) loads onto its ready barrier. Empty
+        barriers start 'phase 1 complete', so the first pass waits on parity 1."""
+        STAGES: gl.constexpr = ready.type.shape[0]
+        nbytes: gl.constexpr = KSUB * (x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        cnt = 0
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            n, oh0, ow0, off_n = _tile_coords(t, n_th, n_tw, num_m, num_n, BH, BW, BN, GROUP_M)
+            for st in range(n_steps):
+                s = cnt % STAGES
+                mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), nbytes)
+                for u in gl.static_range(KSUB):
+                    it = st * KSUB + u
+                    tap = it // nk
+                    c0 = (it - tap * nk) * BK
+                    r = tap // S
+                    q = tap - r * S
+                    tma.async_copy_global_to_shared(x_desc, [n, oh0 - ph + r * dh, ow0 - pw + q * dw, c0],
+                                                    ready.index(s), a_bufs.index(s * KSUB + u))
+                    tma.async_copy_global_to_shared(w_desc, [off_n, tap * C + c0], ready.index(s),
+                                                    b_bufs.index(s * KSUB + u))
+                cnt += 1
+
+    @gluon.jit
+    def _consumer(a_bufs, b_bufs, c_smem, ready, empty, y_desc, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+                  n_tiles, n_th, n_tw, num_m, num_n, n_steps, OH, OW, K, syn, syh, syw,
+                  p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
+                  HAS_BIAS: gl.constexpr,
+                  P0_KIND: gl.constexpr, P0_SUB: gl.constexpr, P0_BC: gl.constexpr,
+                  P1_KIND: gl.constexpr, P1_SUB: gl.constexpr, P1_BC: gl.constexpr,
+                  P2_KIND: gl.constexpr, P2_SUB: gl.constexpr, P2_BC: gl.constexpr,
+                  P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr,
+                  BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                  KSUB: gl.constexpr, GROUP_M: gl.constexpr, WARPS: gl.constexpr):
+        """Default partition: async wgmma over the ring (a stage is released once the
+        wgmmas of the stage after it have been issued and the older ones retired), then the
+        fused epilogue and a TMA store of the tile."""
+        STAGES: gl.constexpr = ready.type.shape[0]
+        BM: gl.constexpr = BH * BW
+        dtype: gl.constexpr = a_bufs.dtype
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                             instr_shape=[16, BN, 16])
+        a2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], dtype)
+        c2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], dtype)
+        cnt = 0
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            n, oh0, ow0, off_n = _tile_coords(t, n_th, n_tw, num_m, num_n, BH, BW, BN, GROUP_M)
+            acc = gl.zeros([BM, BN], gl.float32, acc_layout)
+            for st in range(n_steps):
+                s = cnt % STAGES
+                mbarrier.wait(ready.index(s), (cnt // STAGES) & 1)
+                for u in gl.static_range(KSUB):
+                    a = a_bufs.index(s * KSUB + u)._reinterpret(dtype, [BM, BK], a2_layout)
+                    b = b_bufs.index(s * KSUB + u).permute((1, 0))
+                    acc = warpgroup_mma(a, b, acc, is_async=True)
+                # the previous stage's wgmmas have retired: release its slot
+                acc = warpgroup_mma_wait(KSUB, deps=(acc,))
+                if st > 0:
+                    mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
+                cnt += 1
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
+
+            ri = gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
+            oh = oh0 + ri // BW
+            ow = ow0 + ri % BW
+            rn = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
+            mask_n = rn < K
+            mask = ((oh < OH) & (ow < OW))[:, None] & mask_n[None, :]
+            y_off = (n.to(gl.int64) * syn + oh * syh + ow * syw)[:, None] + rn[None, :]
+            acc = epilogue(acc, y_off, rn, mask_n, mask, bias_ptr,
+                           p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
+                           HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
+                           P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC)
+            tma.store_wait(0)          # the previous tile's store has left c_smem
+            c_smem._reinterpret(dtype, [BM, BN], c2_layout).store(acc.to(dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(y_desc, [n, oh0, ow0, off_n], c_smem)
+        tma.store_wait(0)
+
+    @gluon.jit(do_not_specialize=["N", "OH", "OW", "S", "C", "K", "ph", "pw", "dh", "dw", "syn", "syh", "syw"])
+    def _gluon_conv_kernel(
+            x_desc, w_desc, y_desc, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+            N, OH, OW, R, S, C, K, ph, pw, dh, dw, syn, syh, syw,
+            p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
+            HAS_BIAS: gl.constexpr,
+            P0_KIND: gl.constexpr, P0_SUB: gl.constexpr, P0_BC: gl.constexpr,
+            P1_KIND: gl.constexpr, P1_SUB: gl.constexpr, P1_BC: gl.constexpr,
+            P2_KIND: gl.constexpr, P2_SUB: gl.constexpr, P2_BC: gl.constexpr,
+            P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr,
+            BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+            KSUB: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+        """Persistent: CTA i runs tiles i, i + grid, ... (see the module docstring)."""
+        dtype: gl.constexpr = x_desc.dtype
+        n_th = gl.cdiv(OH, BH)
+        n_tw = gl.cdiv(OW, BW)
+        num_m = N * n_th * n_tw
+        num_n = gl.cdiv(K, BN)
+        n_tiles = num_m * num_n
+        nk = gl.cdiv(C, BK)
+        n_steps = gl.cdiv(R * S * nk, KSUB)
+
+        a_bufs = gl.allocate_shared_memory(dtype, [STAGES * KSUB] + x_desc.block_type.shape, x_desc.layout)
+        b_bufs = gl.allocate_shared_memory(dtype, [STAGES * KSUB] + w_desc.block_type.shape, w_desc.layout)
+        c_smem = gl.allocate_shared_memory(dtype, y_desc.block_type.shape, y_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+
+        gl.warp_specialize([
+            (_consumer, (a_bufs, b_bufs, c_smem, ready, empty, y_desc, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+                         n_tiles, n_th, n_tw, num_m, num_n, n_steps, OH, OW, K, syn, syh, syw,
+                         p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
+                         HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
+                         P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC,
+                         BH, BW, BN, BK, KSUB, GROUP_M, num_warps)),
+            (_producer, (x_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles, n_th, n_tw, num_m, num_n,
+                         n_steps, nk, S, C, ph, pw, dh, dw, BH, BW, BN, BK, KSUB, GROUP_M)),
+        ], [1], [24])
+
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+            mbarrier.invalidate(empty.index(i))
+
+
+# ---- launcher ------------------------------------------------------------------------------
+def _nvmma(block: list[int], dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for(block, getattr(gl, str(dtype).split(".")[-1]))
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132   # compile-only runs on CPU tensors (testing/compile_check.py): an H200's count
+
+
+class GluonConvPlan:
+    """Launch of `_gluon_conv_kernel` for one problem; x, w, y as standard channels-last
+    tensors (others are copied)."""
+
+    def __init__(self, p: ConvProblem, tile: GluonTile | None = None):
+        self.p = p
+        self.gm = gm = geom(p)
+        self.tile = t = tile or tile_config(p)
+        self.epi = plan_epilogue(p)
+        OH, OW = gm.out[1], gm.out[2]
+        self.n_tiles = gm.N * triton.cdiv(OH, t.BH) * triton.cdiv(OW, t.BW) * triton.cdiv(gm.K, t.BN)
+        self.scalars = (gm.N, OH, OW, gm.filt[1], gm.filt[2], gm.C, gm.K, gm.pad[1], gm.pad[2],
+                        gm.dil[1], gm.dil[2], OH * OW * gm.K, OW * gm.K, gm.K)
+
+    def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
+        p, gm, t = self.p, self.gm, self.tile
+        H, W = gm.inp[1], gm.inp[2]
+        OH, OW = gm.out[1], gm.out[2]
+        # physical NHWC views (the logical tensors are (N, C, H, W) in channels-last memory)
+        x = args.x.permute(0, 2, 3, 1)
+        w = args.w.permute(0, 2, 3, 1)
+        x = x if x.is_contiguous() and x.data_ptr() % 16 == 0 else x.contiguous()
+        w = w if w.is_contiguous() and w.data_ptr() % 16 == 0 else w.contiguous()
+        direct = (out is not None and out.dtype == p.dtype and out.data_ptr() % 16 == 0
+                  and out.permute(0, 2, 3, 1).is_contiguous())
+        y = out.permute(0, 2, 3, 1) if direct else torch.empty((gm.N, OH, OW, gm.K), dtype=p.dtype, device=x.device)
+        xd = TensorDescriptor(x, [gm.N, H, W, gm.C], [H * W * gm.C, W * gm.C, gm.C, 1], [1, t.BH, t.BW, t.BK],
+                              _nvmma([1, t.BH, t.BW, t.BK], p.dtype))
+        w2 = w.reshape(gm.K, gm.taps * gm.C)
+        wd = TensorDescriptor(w2, [gm.K, gm.taps * gm.C], [gm.taps * gm.C, 1], [t.BN, t.BK],
+                              _nvmma([t.BN, t.BK], p.dtype))
+        yd = TensorDescriptor(y, [gm.N, OH, OW, gm.K], [OH * OW * gm.K, OW * gm.K, gm.K, 1], [1, t.BH, t.BW, t.BN],
+                              _nvmma([1, t.BH, t.BW, t.BN], p.dtype))
+        y_nchw = y.permute(0, 3, 1, 2)
+        ptrs = self.epi.pointers(args.bias, args.post_ops, y_nchw)
+        grid = (max(1, min(_sm_count(x.device), self.n_tiles)),)
+        _gluon_conv_kernel[grid](
+            xd, wd, yd, *ptrs, *self.scalars, *self.epi.scalars(), *self.epi.constexprs(),
+            t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, num_warps=t.warps)
+        if out is not None and not direct:
+            return out.copy_(y_nchw)
+        return y_nchw
+
+
+# ---- solver ------------------------------------------------------------------------------
+def gluon_reasons(device: str) -> list[str]:
+    """Why a Gluon Hopper kernel cannot run here: Gluon missing, the switch, the
+    interpreter, no GPU of capability 9.x."""
+    if GLUON_ERROR is not None:
+        return [f"not applicable: Gluon cannot be imported ({GLUON_ERROR})"]
+    if os.environ.get("NNPRIM_DISABLE_GLUON", "0") == "1":
+        return ["not applicable: NNPRIM_DISABLE_GLUON=1"]
+    if interpreting():
+        return ["not applicable under TRITON_INTERPRET=1 (Gluon kernels do not run in the interpreter)"]
+    if device != "cuda" or not torch.cuda.is_available():
+        return [f"not applicable on device {device}: needs a CUDA GPU of capability 9.x (Hopper)"]
+    cap = torch.cuda.get_device_capability()
+    if cap[0] != 9:
+        return [f"not applicable on capability {cap[0]}.{cap[1]}: the kernel uses Hopper's wgmma (9.x)"]
+    return []
+
+
+def shape_reasons(p: ConvProblem) -> list[str]:
+    """Options the kernel does not cover (each names the option and its value)."""
+    reasons = []
+    if p.ndim != 2:
+        reasons.append(f"ndim={p.ndim}: only 2-D convolutions")
+    if p.layout != "nhwc":
+        reasons.append(f"layout={p.layout}: needs nhwc")
+    if p.dtype not in (torch.bfloat16, torch.float16):
+        reasons.append(f"dtype {p.dtype}: needs bfloat16 or float16")
+    if p.out_dtype != p.dtype:
+        reasons.append(f"out_dtype {p.out_dtype}: the output must be in the input dtype {p.dtype}")
+    if p.groups != 1:
+        reasons.append(f"groups={p.groups}: needs groups == 1")
+    if any(s != 1 for s in p.stride):
+        reasons.append(f"stride={tuple(p.stride)}: needs stride 1")
+    if p.C % 16 or p.K % 16:
+        reasons.append(f"C={p.C}, K={p.K}: both must be multiples of 16 (TMA row alignment)")
+    return reasons
+
+
+@register
+class GluonImplicitGemmFwd(_IGemmBase):
+    """Persistent warp-specialised Hopper forward in Gluon: TMA producer warp, wgmma consumers."""
+    id = 27
+    name = "gluon_implicit_gemm_fwd"
+    directions = frozenset({"fwd"})
+    devices = frozenset({"cuda"})
+    dtypes = frozenset({torch.bfloat16, torch.float16})
+    deterministic = True    # one CTA reduces each output element in a fixed order
+    long_compile = True
+
+    def not_supported_reasons(self, problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if reasons and reasons[0].startswith("serves"):
+            return reasons
+        return reasons + shape_reasons(problem) + gluon_reasons(problem.device)
+
+    def estimate(self, problem) -> float | None:
+        # slightly above solver 20's estimate until H200 numbers exist: heuristic mode keeps
+        # choosing 20, find measures both
+        est = super().estimate(problem)
+        return None if est is None else est * 1.05
+
+    def prepare(self, problem):
+        return GluonConvPlan(problem)
+
