@@ -104,20 +104,23 @@ MAX_LEAD_MS = 20.0
 
 
 def _cuda_round(fns: Sequence[Callable[[], object]], flush: Callable[[], None] | None,
-                lead_ms: float = 0.0) -> list[float]:
+                leads_ms: Sequence[float] = ()) -> list[float]:
     """One run of each of `fns`, each between its own pair of events, one sync at the end.
-    A spin kernel of `lead_ms` first keeps the GPU busy while the host enqueues the round,
-    so that no run's events enclose the GPU idling for the host (else the first run of a
-    round, and any run after a host-heavy one, would pay launch latency the others do not).
-    Each run's time is max(its event time, its host enqueue time): what it costs per call
-    when called back to back, bound by whichever of host and device is slower."""
+    Before each run a spin kernel of that run's lead (1.5x its measured host time) keeps the
+    GPU busy while the host enqueues the run, so that its events enclose its device work
+    only: never the GPU idling for the host, whatever ran before it (a run behind a
+    host-heavy neighbour would otherwise pay its own launch latency, and a candidate's time
+    would depend on its place in the list). Each run's time is max(its event time, its
+    host enqueue time): what it costs per call when called back to back, bound by whichever
+    of host and device is slower."""
     import torch
-    if lead_ms > 0:
-        torch.cuda._sleep(int(min(lead_ms, MAX_LEAD_MS) * SLEEP_CYCLES_PER_MS))
     evs, host = [], []
-    for fn in fns:
+    for i, fn in enumerate(fns):
         if flush is not None:
             flush()
+        lead = leads_ms[i] if i < len(leads_ms) else 0.0
+        if lead > 0:
+            torch.cuda._sleep(int(min(lead, MAX_LEAD_MS) * SLEEP_CYCLES_PER_MS))
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
         a.record()
@@ -141,20 +144,25 @@ def _cpu_round(fns: Sequence[Callable[[], object]], flush: Callable[[], None] | 
     return out
 
 
-def default_timer(device: str, lead_ms: float = 0.0) -> Timer:
+def default_timer(device: str, leads_ms: Sequence[float] = ()) -> Timer:
+    """The clock of one device; on a GPU `leads_ms[i]` is the spin before the i-th callable
+    of a round (callers rotating the round pass the leads in the round's order)."""
     if device != "cuda":
         return _cpu_round
-    return lambda fns, flush: _cuda_round(fns, flush, lead_ms)
+    return lambda fns, flush: _cuda_round(fns, flush, leads_ms)
 
 
-def _host_round_ms(fns: Sequence[Callable[[], object]], flush: Callable[[], None] | None) -> float:
-    """Host time to enqueue one round (flushes included): how long the GPU must be kept busy."""
-    t0 = time.perf_counter()
+def _host_ms_each(fns: Sequence[Callable[[], object]], flush: Callable[[], None] | None) -> list[float]:
+    """Host time to enqueue each callable (its flush excluded): how long the GPU must be
+    kept busy in front of it."""
+    out = []
     for fn in fns:
         if flush is not None:
             flush()
+        t0 = time.perf_counter()
         fn()
-    return (time.perf_counter() - t0) * 1e3
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
 
 
 def interleaved_samples(fns: Sequence[Callable[[], object]], device: str, *, rounds: int, warmup: int = 1,
@@ -172,22 +180,23 @@ def interleaved_samples(fns: Sequence[Callable[[], object]], device: str, *, rou
         fit = int(budget_ms // per_round)
         warmup = min(warmup, max(0, fit - 1))
         rounds = max(1, min(rounds, fit - warmup))
-    clock = timer
+    n = len(fns)
+    leads: list[float] = []
     if timer is None:
-        # the lead covers the host's enqueue of a round: measured on the last warm-up round
-        # (compiled, allocated), else bounded by the first runs' wall times (host + device)
-        host_ms = sum(first_ms) if first_ms else 1.0
+        # each run's lead covers its host enqueue: measured on the last warm-up round
+        # (compiled, allocated), else bounded by its first run's wall time (host + device)
+        host = list(first_ms) if first_ms and len(first_ms) == n else [1.0] * n
         for _ in range(warmup):
             _sync(device)
-            host_ms = _host_round_ms(fns, flush)
+            host = _host_ms_each(fns, flush)
         _sync(device)
-        clock = default_timer(device, lead_ms=1.5 * host_ms + 0.05)
+        leads = [1.5 * h + 0.02 for h in host]
     elif warmup:
-        clock(fns, flush)  # a fake clock sees the warm-up too, and discards it
-    n = len(fns)
+        timer(fns, flush)  # a fake clock sees the warm-up too, and discards it
     times: list[list[float]] = [[] for _ in fns]
     for r in range(rounds):
         order = [(r + i) % n for i in range(n)]
+        clock = timer or default_timer(device, [leads[i] for i in order])
         for i, t in zip(order, clock([fns[i] for i in order], flush)):
             times[i].append(t)
     return times
