@@ -417,6 +417,7 @@ if gluon is not None:
                 gl.store(LSE + bh.to(gl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
             if not SEPARATE_O:
                 tma.store_wait(0)          # O went out through the Q tile: now it may be reloaded
+                gl.thread_barrier()        # (the store's issuing thread has waited; thread 0 arrives)
                 mbarrier.arrive(q_empty.index(WG), count=1)
             tcount += 1
         tma.store_wait(0)
