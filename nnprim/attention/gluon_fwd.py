@@ -537,12 +537,16 @@ def _sm_count(index: int | None) -> int:
 _GL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
+@functools.cache
+def _box_layout(rows: int, d: int, dtype: torch.dtype):
+    """The swizzled shared layout of a [1, 1, rows, d] box (what the kernel allocates)."""
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], getattr(gl, _GL_DTYPE[dtype]))
+
+
 def _descriptor(t: torch.Tensor, strides: list[int], rows: int) -> TensorDescriptor:
     """Host TMA descriptor of a [B, H, S, D] tensor with box [1, 1, rows, D]: rows past S
     load as zeros and are not stored, per (b, h)."""
-    block = [1, 1, rows, t.shape[3]]
-    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, _GL_DTYPE[t.dtype]))
-    return TensorDescriptor(t, list(t.shape), strides, block, layout)
+    return TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, t.shape[3]], _box_layout(rows, t.shape[3], t.dtype))
 
 
 def gluon_forward(problem, args, *, out: torch.Tensor | None = None,
