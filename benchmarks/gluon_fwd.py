@@ -5,16 +5,18 @@ For each train problem of nnprim/data/suites/attention_gpu.json with D in --dims
 64,128): bf16 q, k, v; a correctness check of 126 first (its output against a float32 torch
 reference on batch 0 and the query heads of kv head 0, bound 3x cuDNN's error + 6e-3, lse
 too); a compile error or a wrong result is recorded and 126 is not timed on that problem.
-Then 126 (`nnprim.sdpa(..., solver="gluon_flash_fwd")`, its default variant: ping-pong for
-D <= 128), 126's other variant through its launcher (`gluon_126_pp` / `gluon_126_1c`: ping-pong
-or one 8-warp consumer), 110 (`solver="flash_fwd"`) and torch SDPA with the CUDNN_ATTENTION and
-FLASH_ATTENTION backends are timed interleaved
+Then 126 (`nnprim.sdpa(..., solver="gluon_flash_fwd")`, its default variant for the problem),
+each of 126's kernel variants through its launcher (`g126_<consumers>_<launch>`: `pp` ping-pong
+or `1c` one 8-warp consumer; `pers` persistent, grid <= #SMs, or `single`, one tile per CTA;
+--variants picks them, each checked for correctness first), 110 (`solver="flash_fwd"`) and torch
+SDPA with the CUDNN_ATTENTION and FLASH_ATTENTION backends are timed interleaved
 (nnprim.search.timing.interleaved_samples: rotating order, CUDA events, warm-up), median ms,
 TFLOP/s (4*B*Hq*Sq*Sk*D, x0.5 causal when Sq == Sk) and the ratio to cuDNN. Writes JSON to
 --out (a .json path, or a directory: gluon_fwd_<date>.json) and prints a table.
 
     export PYTHONPATH=$PWD TRITON_INTERPRET=0
     timeout 300 python3 benchmarks/gluon_fwd.py --out $OUT/gluon.json [--subset a,b] [--rounds 15]
+        [--variants pp_pers,pp_single,1c_pers,1c_single]
 """
 from __future__ import annotations
 
@@ -50,20 +52,25 @@ q = torch.randn(1, 2, 300, 128, device="cuda", dtype=torch.bfloat16)
 k = torch.randn(1, 1, 333, 128, device="cuda", dtype=torch.bfloat16)
 for causal in (None, "bottom_right"):
     p = AttentionProblem.from_tensors(q, k, k, causal=causal)
-    gluon_fwd.gluon_forward(p, AttnArgs(q, k, k), cfg=gluon_fwd.tile_config(128, sys.argv[1] == "1"))
+    cfg = gluon_fwd.tile_config(128, sys.argv[1] == "1", sys.argv[2] == "1")
+    gluon_fwd.gluon_forward(p, AttnArgs(q, k, k), cfg=cfg)
 torch.cuda.synchronize()
 print("SMOKE-OK")
 """
 
 
-def smoke(pingpong: bool) -> str | None:
-    """None when the variant runs a small problem in a subprocess within 90 s, else why (a
-    deadlocked kernel would otherwise hang the whole benchmark)."""
+VARIANTS = {  # name: (ping-pong, persistent)
+    "pp_pers": (True, True), "pp_single": (True, False), "1c_pers": (False, True), "1c_single": (False, False)}
+
+
+def smoke(variant: tuple[bool, bool]) -> str | None:
+    """None when the variant (ping-pong, persistent) runs a small problem in a subprocess
+    within 90 s, else why (a deadlocked kernel would otherwise hang the whole benchmark)."""
     import subprocess
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
-        r = subprocess.run([sys.executable, "-c", SMOKE, "1" if pingpong else "0"], env=env, capture_output=True,
-                           text=True, timeout=90)
+        r = subprocess.run([sys.executable, "-c", SMOKE, *("1" if x else "0" for x in variant)], env=env,
+                           capture_output=True, text=True, timeout=90)
     except subprocess.TimeoutExpired:
         return "hung for 90 s"
     return None if "SMOKE-OK" in r.stdout else (r.stdout + r.stderr)[-2000:]
@@ -95,7 +102,7 @@ def slice_reference(q, k, v, causal: bool):
     return torch.softmax(s, -1) @ vs, torch.logsumexp(s, -1)
 
 
-def run_problem(p: dict, rounds: int, ok: dict[bool, bool]) -> dict:
+def run_problem(p: dict, rounds: int, ok: dict[tuple[bool, bool], bool], variants: list[str]) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     B, Hq, Hkv, Sq, Sk, D, causal = p["B"], p["Hq"], p["Hkv"], p["Sq"], p["Sk"], p["D"], p["causal"]
     nc = "bottom_right" if causal else None   # Sq == Sk on the train problems: same as top-left
@@ -111,34 +118,41 @@ def run_problem(p: dict, rounds: int, ok: dict[bool, bool]) -> dict:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), enable_gqa=Hq != Hkv)
         return f
 
-    default_pp = gluon_fwd.tile_config(D)["PINGPONG"]
-    other = "gluon_126_1c" if default_pp else "gluon_126_pp"
     pb = AttentionProblem.from_tensors(q, k, v, causal=nc)
-    other_cfg = gluon_fwd.tile_config(D, not default_pp)
-    impls = {
-        "gluon_126": lambda: nnprim.sdpa(q, k, v, causal=nc, solver="gluon_flash_fwd"),
-        other: lambda: gluon_fwd.gluon_forward(pb, AttnArgs(q, k, v), cfg=other_cfg)[0],
+    dcfg = gluon_fwd.tile_config(D, problem=pb)
+    default = (dcfg["PINGPONG"], dcfg["PERSISTENT"])
+    row["gluon_126_default"] = next(n for n, var in VARIANTS.items() if var == default)
+
+    def variant(cfg):
+        return lambda: gluon_fwd.gluon_forward(pb, AttnArgs(q, k, v), cfg=cfg)[0]
+    impls = {"gluon_126": lambda: nnprim.sdpa(q, k, v, causal=nc, solver="gluon_flash_fwd")}
+    impls |= {f"g126_{n}": variant(gluon_fwd.tile_config(D, *VARIANTS[n])) for n in variants}
+    impls |= {
         "flash_110": lambda: nnprim.sdpa(q, k, v, causal=nc, solver="flash_fwd"),
         "cudnn": peer(SDPBackend.CUDNN_ATTENTION),
         "flash": peer(SDPBackend.FLASH_ATTENTION),
     }
-    for name, pp in (("gluon_126", default_pp), (other, not default_pp)):
-        if not ok[pp]:
-            row["errors"][name] = "smoke run failed or hung: not run"
+    if not ok.get(default, False):
+        row["errors"]["gluon_126"] = "smoke run failed or hung: not run"
+    for n in variants:
+        if not ok[VARIANTS[n]]:
+            row["errors"][f"g126_{n}"] = "smoke run failed or hung: not run"
     ref_o, ref_lse = slice_reference(q, k, v, causal)
     try:
         e_c = rel(impls["cudnn"]()[:1, :g], ref_o)
         row["err_cudnn"] = round(e_c, 6)
     except Exception:  # noqa: BLE001 - no cuDNN for this problem: a plain bound
         e_c = 1e-2
-    if other not in row["errors"]:
+    for name in (f"g126_{n}" for n in variants):
+        if name in row["errors"]:
+            continue
         try:
-            e_other = rel(impls[other]()[:1, :g], ref_o)
-            row[f"err_{other}"] = round(e_other, 6)
-            if not e_other <= 3 * e_c + 6e-3:
-                row["errors"][other] = f"wrong result: o rel err {e_other:.3g} (cuDNN {e_c:.3g})"
+            e_v = rel(impls[name]()[:1, :g], ref_o)
+            row[f"err_{name}"] = round(e_v, 6)
+            if not e_v <= 3 * e_c + 6e-3:
+                row["errors"][name] = f"wrong result: o rel err {e_v:.3g} (cuDNN {e_c:.3g})"
         except Exception as e:  # noqa: BLE001 - compile errors are a result here
-            row["errors"][other] = f"{type(e).__name__}: {str(e)[:3000]}"
+            row["errors"][name] = f"{type(e).__name__}: {str(e)[:3000]}"
     # correctness first: 126 (compile errors and wrong results recorded, then left out)
     try:
         if "gluon_126" in row["errors"]:
@@ -200,7 +214,12 @@ def main() -> int:
     ap.add_argument("--subset", default="", help="comma-separated problem names")
     ap.add_argument("--dims", default="64,128", help="head dims to run")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="126 variants timed beside its default")
     a = ap.parse_args()
+    variants = [n for n in a.variants.split(",") if n]
+    bad = [n for n in variants if n not in VARIANTS]
+    if bad:
+        ap.error(f"unknown variants {bad}: choose from {list(VARIANTS)}")
     dims = {int(d) for d in a.dims.split(",") if d}
     probs = [p for p in json.load(open(a.suite))["problems"] if p["mode"] == "train" and p["D"] in dims]
     if a.subset:
@@ -212,26 +231,26 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                   triton=__import__("triton").__version__, date=time.strftime("%Y-%m-%d %H:%M"), problems=[])
-    ok = {pp: smoke(pp) for pp in (True, False)}
-    result["smoke"] = {("pingpong" if pp else "one_consumer"): (why or "ok") for pp, why in ok.items()}
+    why = {n: smoke(v) for n, v in VARIANTS.items()}   # all four: the default may be any of them
+    result["smoke"] = {n: (w or "ok") for n, w in why.items()}
     print("smoke:", result["smoke"], flush=True)
-    ok = {pp: why is None for pp, why in ok.items()}
-    print(f"{'problem':28s} {'126':>7s} {'126alt':>7s} {'110':>7s} {'cudnn':>7s} {'flash':>7s}  TFLOP/s"
-          " | 126/cudnn 110/cudnn")
+    ok = {VARIANTS[n]: w is None for n, w in why.items()}
+    cols = ["gluon_126"] + [f"g126_{n}" for n in variants] + ["flash_110", "cudnn", "flash"]
+    print(f"{'problem':28s} " + " ".join(f"{c.replace('gluon_', '').replace('g126_', ''):>9s}" for c in cols)
+          + "  TFLOP/s | 126/cudnn 110/cudnn  default")
     for p in probs:
         try:
-            row = run_problem(p, a.rounds, ok)
+            row = run_problem(p, a.rounds, ok, variants)
         except Exception as e:  # noqa: BLE001 - keep the other problems' numbers
             row = dict(name=p["name"], errors={"problem": f"{type(e).__name__}: {str(e)[:1000]}"})
         result["problems"].append(row)
         tf, vs = row.get("tflops", {}), row.get("vs_cudnn", {})
-        alt = tf.get("gluon_126_1c", tf.get("gluon_126_pp", float("nan")))
-        cols = " ".join(f"{x:7.1f}" for x in (tf.get("gluon_126", float("nan")), alt, tf.get("flash_110", float("nan")),
-                                              tf.get("cudnn", float("nan")), tf.get("flash", float("nan"))))
-        print(f"{p['name']:28s} {cols}  | {vs.get('gluon_126', float('nan')):6.3f} {vs.get('flash_110', float('nan')):6.3f}"
-              + (f"  ERR {row['errors']}" if row.get("errors") else ""), flush=True)
+        line = " ".join(f"{tf.get(c, float('nan')):9.1f}" for c in cols)
+        print(f"{p['name']:28s} {line}  | {vs.get('gluon_126', float('nan')):6.3f} {vs.get('flash_110', float('nan')):6.3f}"
+              f"  {row.get('gluon_126_default', '?')}" + (f"  ERR {row['errors']}" if row.get("errors") else ""),
+              flush=True)
         out.write_text(json.dumps(result, indent=1))   # partial results survive a timeout
-    for n in ("gluon_126", "gluon_126_pp", "gluon_126_1c", "flash_110", "flash"):
+    for n in ["gluon_126"] + [f"g126_{n}" for n in VARIANTS] + ["flash_110", "flash"]:
         r = [row["vs_cudnn"][n] for row in result["problems"] if n in row.get("vs_cudnn", {})]
         result[f"geomean_{n}_vs_cudnn"] = geomean(r)
         result[f"min_{n}_vs_cudnn"] = min(r) if r else None

@@ -19,7 +19,7 @@ def test_kernels_compile_for_sm90():
     assert "_flash_fwd_fp8_kernel" in r.stdout
     # solver 126 (Gluon): every variant compiled, without register spills
     gluon = [line for line in r.stdout.splitlines() if line.startswith("gluon_flash_fwd")]
-    assert len(gluon) >= 7 and all("LOCAL:0" in line or "?" in line for line in gluon), r.stdout[-4000:]
+    assert len(gluon) >= 15 and all("LOCAL:0" in line or "?" in line for line in gluon), r.stdout[-4000:]
     # solver 27 (Gluon conv): every problem compiled, without register spills
     gconv = [line for line in r.stdout.splitlines() if line.startswith("gluon_implicit_gemm_fwd")]
     assert len(gconv) >= 10 and all("LOCAL:0" in line or "?" in line for line in gconv), r.stdout[-4000:]

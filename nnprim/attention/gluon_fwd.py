@@ -10,13 +10,18 @@ with an online softmax in the log2 domain (log2(e) folded into the scale, exp2) 
 accumulation. A fully masked row (bottom-right causal with Sk < Sq) gives o = NaN and
 lse = -inf, or o = 0 with softmax_inf_as_zero.
 
-Structure (FlashAttention-3's, written with Gluon's explicit Hopper ops): one CTA per
-(block of BLOCK_M = 128 query rows, b, h), launched heaviest-first for causal problems.
-`gl.warp_specialize` splits it into
-  - a 1-warp producer partition: TMA loads of the Q tile (once) and of K and V blocks into a
-    STAGES-deep shared-memory ring; per stage a ready barrier (TMA transaction count) and an
-    empty barrier (the consumer's release) for K and for V separately, so QK^T can start
-    as soon as K has landed while V is still in flight;
+Structure (FlashAttention-3's, written with Gluon's explicit Hopper ops). A tile is a block
+of BLOCK_M = 128 query rows of one (b, h); a CTA runs one tile (grid = every tile) or, with
+PERSISTENT, grid = min(#SMs, #tiles) CTAs each walk tiles pid, pid + grid, ... (FA3's static
+tile scheduler): non-causal tiles (b, h)-major, causal tiles heaviest (last q block) first,
+each round of `grid` tiles walked in alternating directions so every CTA's total work
+evens out. `gl.warp_specialize` splits a CTA into
+  - a 1-warp producer partition: TMA loads of each tile's Q (once a consumer has released
+    the previous tile's) and of K and V blocks into a STAGES-deep shared-memory ring that runs
+    on across tiles (the next tile's first blocks load while the consumers finish this one);
+    per stage a ready barrier (TMA transaction count) and an empty barrier (the consumer's
+    release) for K and for V separately, so QK^T can start as soon as K has landed while V is
+    still in flight;
   - consumers: S = Q K^T with async `warpgroup_mma` (both operands in shared memory), the
     online softmax in registers, P cast to bf16/f16 in registers and used as the register
     A operand of O += P V (RS wgmma, no shared-memory round trip); a K slot is released
@@ -29,11 +34,16 @@ Structure (FlashAttention-3's, written with Gluon's explicit Hopper ops): one CT
     MMA issue slots alternate through two mbarriers (FA3's inter-warpgroup ping-pong: one
     warpgroup's softmax runs under the other's GEMMs). Otherwise one 8-warp consumer
     partition (two warpgroups of 64 rows in lockstep, interleaved by the warp schedulers).
+  - the epilogue: O normalised, written to shared memory and sent by a TMA store. With
+    SEPARATE_O (persistent, D <= 128: what fits 227 KB) O has its own buffer, the Q tile is
+    released as soon as the tile's last S has retired and the store runs on under the next
+    tile (waited for before the buffer is written again); otherwise O goes out through the
+    Q tile, which is released once the store has read it.
 Key blocks [0, full) are visible to every row (no masking), [full, hi) are masked per element
-(kv tail and the causal diagonal). Q/K/V are read through in-kernel TMA descriptors over each
-(b, head)'s [S, D] slab, so rows past Sq / Sk load as zeros; the output goes out through a
-TMA store on the same kind of descriptor, which never writes rows past Sq. lse (B, Hq, Sq)
-f32 through masked stores.
+(kv tail and the causal diagonal). Q/K/V/O are read and written through host TMA descriptors
+over 4-D [B, H, S, D] views with boxes [1, 1, rows, D], so rows past Sq / Sk load as zeros and
+rows past Sq are never stored, per (b, h), with no descriptor built in the kernel (no
+workspace). lse (B, Hq, Sq) f32 through masked stores.
 
 Covers bf16/f16, D == Dv in {64, 128, 256}, GQA/MQA, causal top-left and bottom-right, any
 Sq/Sk (tails), float scale (inverted or not), return_lse, softmax_inf_as_zero. Everything
@@ -41,18 +51,20 @@ else (masks, dropout, kv_lens, paging, tensor scale, f32, other head dims) is so
 Needs a CUDA device of capability 9.x and Gluon; never applicable under TRITON_INTERPRET=1
 (Gluon kernels do not run in the interpreter) nor with NNPRIM_DISABLE_GLUON=1 (a switch to
 keep find from timing it). Inputs whose strides TMA cannot describe
-(inner stride != 1, rows not 16-byte aligned) are copied contiguous first.
+(inner stride != 1, base or strides not 16-byte aligned) are copied contiguous first.
 """
 from __future__ import annotations
 
+import functools
+import math
 import os
 
 import torch
 import triton
 
-from ..launch import ensure_allocator, interpreting
+from ..launch import interpreting
 from ..search.solver import register
-from .flash_fwd import TMA_DESC_BYTES, FlashBase, roofline_ms
+from .flash_fwd import PEAK_TBS, PEAK_TFLOPS, FlashBase
 
 try:  # Gluon ships with triton >= 3.5; without it the solver is not applicable
     from triton.experimental import gluon
@@ -64,6 +76,7 @@ try:  # Gluon ships with triton >= 3.5; without it the solver is not applicable
         warpgroup_mma,
         warpgroup_mma_wait,
     )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     GLUON_ERROR: str | None = None
 except Exception as e:  # noqa: BLE001 - any import failure makes the solver not applicable
     gluon = None
@@ -71,22 +84,78 @@ except Exception as e:  # noqa: BLE001 - any import failure makes the solver not
 
 _CAUSAL_CODE = {None: 0, "top_left": 1, "bottom_right": 2}
 HEAD_DIMS = (64, 128, 256)
+SMEM_BYTES = 227 * 1024   # an H100/H200 CTA's shared memory
 
 
-def tile_config(d: int, pingpong: bool | None = None) -> dict:
-    """Launch constants for head dim d: BLOCK_M = 128 query rows per CTA, BLOCK_N keys per
-    ring stage, STAGES (what fits 227 KB of shared memory next to the Q tile, which the O
-    store reuses), PINGPONG (two 4-warp consumer partitions of 64 rows taking turns to issue
-    their MMAs, FA3's schedule) or one 8-warp consumer partition, num_warps (the default
-    partition's), maxnreg: 168 x 384 threads fills the 64K-register file at one CTA per SM,
-    and setmaxnreg moves the producer warpgroup's registers to the consumers (240 each)."""
+def persistent_default(problem) -> bool:
+    """Persistent scheduling unless the problem is causal with long sequences (Sk > 8192),
+    where the one-tile-per-CTA launch (the hardware hands the next, lighter tile to whichever
+    SM frees first) was measured at or above cuDNN and a static schedule may balance worse.
+    A first guess, to revisit with the benchmark's side-by-side numbers."""
+    return not problem.causal or problem.Sk <= 8192
+
+
+def tile_config(d: int, pingpong: bool | None = None, persistent: bool | None = None,
+                problem=None) -> dict:
+    """Launch constants for head dim d: BLOCK_M = 128 query rows per tile, BLOCK_N keys per
+    ring stage, STAGES (what fits 227 KB of shared memory next to the Q tile), PINGPONG (two
+    4-warp consumer partitions of 64 rows taking turns to issue their MMAs, FA3's schedule)
+    or one 8-warp consumer partition, PERSISTENT (grid = #SMs walking the tiles; default from
+    `problem` by persistent_default, else on), SEPARATE_O (an O buffer of its own when
+    persistent and it fits), num_warps (the default partition's), maxnreg: 168 x 384 threads
+    fills the 64K-register file at one CTA per SM, and setmaxnreg moves the producer
+    warpgroup's registers to the consumers (240 each)."""
     pp = d <= 128 if pingpong is None else pingpong
-    base = dict(BLOCK_M=128, PINGPONG=pp, num_warps=4 if pp else 8, maxnreg=168)
+    if persistent is None:
+        persistent = True if problem is None else persistent_default(problem)
+    base = dict(BLOCK_M=128, PINGPONG=pp, PERSISTENT=persistent, num_warps=4 if pp else 8, maxnreg=168)
     if d <= 64:
-        return base | dict(BLOCK_N=128, STAGES=3)
-    if d <= 128:
-        return base | dict(BLOCK_N=128, STAGES=2)
-    return base | dict(BLOCK_N=64, STAGES=2)
+        cfg = base | dict(BLOCK_N=128, STAGES=3)
+    elif d <= 128:
+        cfg = base | dict(BLOCK_N=128, STAGES=2)
+    else:
+        cfg = base | dict(BLOCK_N=64, STAGES=2)
+    return cfg | dict(SEPARATE_O=persistent and smem_bytes(d, cfg | dict(SEPARATE_O=True)) <= SMEM_BYTES)
+
+
+def smem_bytes(d: int, cfg: dict) -> int:
+    """Shared memory of a 16-bit launch: Q tile (+ O tile with SEPARATE_O) and the K/V ring
+    (barriers aside)."""
+    tiles = 2 if cfg["SEPARATE_O"] else 1
+    return 2 * (tiles * cfg["BLOCK_M"] * d + 2 * cfg["STAGES"] * cfg["BLOCK_N"] * d)
+
+
+# Fit of the first H200 run (bf16, train problems of attention_gpu.json, non-persistent):
+# the tensor-core rate reached by head dim, and the fixed cost per tile in key blocks
+EFF_BY_D = {64: 0.61, 128: 0.93, 256: 0.7}   # d256 not measured yet
+TILE_OVERHEAD_BLOCKS = 3.0                   # the persistent variant keeps 3 until measured
+
+
+def model_ms(problem, cfg: dict) -> float:
+    """Predicted time: flops / (peak * eff_D) * (n_kv + c) / n_kv, where n_kv is the mean
+    number of key blocks per tile and c = TILE_OVERHEAD_BLOCKS the per-tile fixed cost (Q load
+    and ring fill, epilogue), divided by the SM fill of the last wave (tiles / (waves * 132)),
+    as flash_fwd.roofline_ms; at least the memory time; plus 10 us of launch. Causal halves
+    the flops through problem.flops()."""
+    if problem.device != "cuda":
+        return problem.flops() / 2e7 + 1.0
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    n_m = math.ceil(problem.Sq / bm)
+    shift = 0 if problem.causal != "bottom_right" else problem.Sk - problem.Sq
+    blocks = 0
+    for m in range(n_m):
+        hi = problem.Sk
+        if problem.causal:
+            hi = min(hi, min((m + 1) * bm, problem.Sq) + shift)
+        blocks += math.ceil(max(hi, 0) / bn)
+    n_kv = max(blocks / n_m, 1e-3)
+    eff = EFF_BY_D.get(problem.D, 0.7)
+    t_c = problem.flops() / (PEAK_TFLOPS.get(problem.dtype, 750.0) * 1e12 * eff)
+    t_c *= (n_kv + TILE_OVERHEAD_BLOCKS) / n_kv
+    tiles = problem.B * problem.Hq * n_m
+    fill = tiles / (math.ceil(tiles / 132) * 132)
+    t_m = problem.bytes() / (PEAK_TBS * 1e12 * 0.8)
+    return max(t_c / max(fill, 0.05), t_m) * 1e3 + 0.01
 
 
 # ---- Gluon kernel ---------------------------------------------------------------------
@@ -94,37 +163,91 @@ def tile_config(d: int, pingpong: bool | None = None) -> dict:
 if gluon is not None:
 
     @gluon.jit
-    def _producer(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, bars, start_m, n_blocks,
-                  BLOCK_N: gl.constexpr):
-        """1 warp: the Q tile of each consumer once, then K_j and V_j into ring slot
-        j % STAGES once every consumer has released it. Empty barriers start 'phase 1
-        complete', so the first pass waits on parity 1."""
-        q_bars, k_ready, k_empty, v_ready, v_empty = bars
-        STAGES: gl.constexpr = k_bufs.type.shape[0]
-        NUM_C: gl.constexpr = q_bufs.type.shape[0]
-        ROWS: gl.constexpr = q_bufs.type.shape[1]
-        for c in gl.static_range(NUM_C):
-            mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(q_desc, [start_m + c * ROWS, 0], q_bars.index(c), q_bufs.index(c))
-        for j in range(n_blocks):
-            s = j % STAGES
-            ph = (j // STAGES) & 1
-            mbarrier.wait(k_empty.index(s), ph ^ 1)
-            mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [j * BLOCK_N, 0], k_ready.index(s), k_bufs.index(s))
-            mbarrier.wait(v_empty.index(s), ph ^ 1)
-            mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(v_desc, [j * BLOCK_N, 0], v_ready.index(s), v_bufs.index(s))
+    def _tile_at(t, Sq, Sk, n_m, BH, n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+        """(bh, start_m, n_full, n_blocks) of this CTA's tile at loop index t (t = pid,
+        pid + grid, ...). Non-causal tiles go (b, h)-major so CTAs running together share a
+        head's K/V in L2; causal tiles go q-block-major from the last (heaviest) q block, and a
+        persistent CTA walks each round of `grid` tiles in alternating directions (snake) so
+        every CTA's sum of tile lengths stays even. Key blocks [0, n_blocks) are visible to some
+        row of the tile, [0, n_full) to every row."""
+        tile = t
+        if PERSISTENT and CAUSAL != 0:
+            nprog = gl.num_programs(0)
+            r = t // nprog
+            if r % 2 == 1:
+                width = gl.minimum(nprog, n_tiles - r * nprog)
+                tile = r * nprog + width - 1 - gl.program_id(0)
+        if CAUSAL != 0:
+            pid_m = n_m - 1 - tile // BH
+            bh = tile % BH
+        else:
+            pid_m = tile % n_m
+            bh = tile // n_m
+        start_m = pid_m * BLOCK_M
+        if CAUSAL == 2:
+            shift = Sk - Sq
+        else:
+            shift = 0
+        hi = Sk
+        full = Sk
+        if CAUSAL != 0:
+            last_row = gl.minimum(start_m + BLOCK_M, Sq) - 1
+            hi = gl.minimum(hi, last_row + shift + 1)
+            full = gl.minimum(Sk, start_m + shift + 1)
+        hi = gl.maximum(hi, 0)
+        full = gl.maximum(full, 0)
+        n_blocks = gl.cdiv(hi, BLOCK_N)
+        n_full = gl.minimum(full // BLOCK_N, n_blocks)
+        return bh, start_m, n_full, n_blocks
 
     @gluon.jit
-    def _issue_qk(j, q_smem, k_bufs, k_ready, s_layout: gl.constexpr, ROWS: gl.constexpr,
-                  BLOCK_N: gl.constexpr):
-        """Wait for K_j and start S_j = Q K_j^T (async; the caller waits)."""
+    def _producer(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, bars, Hq, GROUP, Sq, Sk, n_m, BH, n_tiles,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+        """1 warp, for each tile of this CTA: each consumer's Q tile once that consumer has
+        released the previous one, then K_j and V_j into ring slot (it + j) % STAGES (it: the
+        blocks of earlier tiles, so the ring runs on across tiles and the next tile's blocks
+        load while the consumers finish this one) once every consumer has released the slot.
+        Empty barriers start 'phase 1 complete', so the first pass waits on parity 1."""
+        q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
         STAGES: gl.constexpr = k_bufs.type.shape[0]
-        s = j % STAGES
-        mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+        NUM_C: gl.constexpr = q_bufs.type.shape[0]
+        ROWS: gl.constexpr = BLOCK_M // NUM_C
+        it = 0
+        tcount = 0
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            bh, start_m, n_full, n_blocks = _tile_at(t, Sq, Sk, n_m, BH, n_tiles, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)
+            b = bh // Hq
+            h = bh % Hq
+            hk = h // GROUP
+            for c in gl.static_range(NUM_C):
+                mbarrier.wait(q_empty.index(c), (tcount & 1) ^ 1)
+                mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [b, h, start_m + c * ROWS, 0], q_ready.index(c),
+                                                q_bufs.index(c))
+            for j in range(n_blocks):
+                s = (it + j) % STAGES
+                ph = ((it + j) // STAGES) & 1
+                mbarrier.wait(k_empty.index(s), ph ^ 1)
+                mbarrier.expect(k_ready.index(s), k_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(k_desc, [b, hk, j * BLOCK_N, 0], k_ready.index(s), k_bufs.index(s))
+                mbarrier.wait(v_empty.index(s), ph ^ 1)
+                mbarrier.expect(v_ready.index(s), v_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(v_desc, [b, hk, j * BLOCK_N, 0], v_ready.index(s), v_bufs.index(s))
+            it += n_blocks
+            tcount += 1
+
+    @gluon.jit
+    def _issue_qk(idx, q_smem, k_bufs, k_ready, s_layout: gl.constexpr, ROWS: gl.constexpr,
+                  BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, kv_layout: gl.constexpr):
+        """Wait for the K block in ring position idx and start S = Q K^T (async; the caller
+        waits)."""
+        STAGES: gl.constexpr = k_bufs.type.shape[0]
+        s = idx % STAGES
+        mbarrier.wait(k_ready.index(s), (idx // STAGES) & 1)
         zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
-        return warpgroup_mma(q_smem, k_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+        k_smem = k_bufs.index(s)._reinterpret(k_bufs.dtype, [BLOCK_N, HEAD_D], kv_layout)
+        return warpgroup_mma(q_smem, k_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
 
     @gluon.jit
     def _turn_begin(turn_bars, slot, WG: gl.constexpr, PINGPONG: gl.constexpr):
@@ -167,19 +290,28 @@ if gluon is not None:
         return p, alpha, m_new, l_new
 
     @gluon.jit
-    def _consumer(q_bufs, k_bufs, v_bufs, bars, turn_bars, o_desc, LSE, lse_off, start_m, n_full,
-                  n_blocks, Sq, kv_len, shift, qk_scale,
-                  WG: gl.constexpr, PINGPONG: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr,
-                  CAUSAL: gl.constexpr, SCALE_POS: gl.constexpr, STORE_LSE: gl.constexpr,
-                  INF_AS_ZERO: gl.constexpr, WARPS: gl.constexpr):
-        """Consumer WG (WARPS warps, ROWS query rows from start_m + WG * ROWS): QK^T, online
-        softmax, PV, epilogue. Its MMA issue slots (S_0; then S_{j+1} + P_j V_j per block;
-        then the last P V) take turns with the other consumer's under PINGPONG."""
-        q_bars, k_ready, k_empty, v_ready, v_empty = bars
+    def _consumer(q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH, n_tiles,
+                  qk_scale, WG: gl.constexpr, PINGPONG: gl.constexpr, HEAD_D: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                  PERSISTENT: gl.constexpr, SEPARATE_O: gl.constexpr, SCALE_POS: gl.constexpr,
+                  STORE_LSE: gl.constexpr, INF_AS_ZERO: gl.constexpr, WARPS: gl.constexpr):
+        """Consumer WG (WARPS warps, ROWS query rows from start_m + WG * ROWS of each tile):
+        QK^T, online softmax, PV, epilogue. Its MMA issue slots (S_0; then S_{j+1} + P_j V_j
+        per block; then the last P V) take turns with the other consumer's under PINGPONG;
+        both consumers take the same number of turns per tile, so the turns alternate across
+        tiles too. The Q tile is released once its last S has retired (SEPARATE_O: the next
+        tile's Q loads during the last P V and the epilogue), else after O, written through
+        it, has left for global memory."""
+        q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
         STAGES: gl.constexpr = k_bufs.type.shape[0]
-        ROWS: gl.constexpr = q_bufs.type.shape[1]
-        q_smem = q_bufs.index(WG)
-        dtype: gl.constexpr = q_smem.dtype
+        NUM_C: gl.constexpr = q_bufs.type.shape[0]
+        ROWS: gl.constexpr = BLOCK_M // NUM_C
+        dtype: gl.constexpr = q_bufs.dtype
+        q2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_D], dtype)
+        kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], dtype)
+        q_smem = q_bufs.index(WG)._reinterpret(dtype, [ROWS, HEAD_D], q2_layout)
+        o_smem4 = o_bufs.index(WG)
+        o_smem = o_smem4._reinterpret(dtype, [ROWS, HEAD_D], q2_layout)
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -187,150 +319,143 @@ if gluon is not None:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-
-        row0 = start_m + WG * ROWS
-        offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
-        m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
-        l_i = gl.zeros([ROWS], gl.float32, row_s)
-        acc = gl.zeros([ROWS, HEAD_D], gl.float32, o_layout)
-        if PINGPONG and WG == 0:
-            mbarrier.arrive(turn_bars.index(0), count=1)   # consumer 0 takes the first turn
-        slot = 0
-
-        mbarrier.wait(q_bars.index(WG), 0)
-        # prologue: S_0 and its softmax. p_cur / alpha: P_j (the PV operand, in registers) and
-        # the factor the accumulator takes before P_j V_j is added
-        p_cur = gl.zeros([ROWS, BLOCK_N], dtype, p_layout)
-        alpha = gl.full([ROWS], 1.0, gl.float32, row_s)
-        if n_blocks > 0:
-            _turn_begin(turn_bars, slot, WG, PINGPONG)
-            qk_tok = _issue_qk(0, q_smem, k_bufs, k_ready, s_layout, ROWS, BLOCK_N)
-            _turn_end(turn_bars, WG, PINGPONG)
-            slot += 1
-            qk = warpgroup_mma_wait(0, deps=(qk_tok,))
-            mbarrier.arrive(k_empty.index(0), count=1)
-            if n_full > 0:
-                p, alpha, m_i, l_i = _softmax_block(qk, 0, m_i, l_i, offs_m, kv_len, shift, qk_scale,
-                                                    BLOCK_N, False, CAUSAL, SCALE_POS, s_layout)
-            else:
-                p, alpha, m_i, l_i = _softmax_block(qk, 0, m_i, l_i, offs_m, kv_len, shift, qk_scale,
-                                                    BLOCK_N, True, CAUSAL, SCALE_POS, s_layout)
-            p_cur = gl.convert_layout(p.to(dtype), p_layout)
-        # steady state (FA3's intra-warpgroup overlap): issue S_{j+1} = Q K_{j+1}^T, then
-        # O = alpha O + P_j V_j; wait for S_{j+1} only and run its softmax while P_j V_j is
-        # still on the tensor cores. The last block is peeled off (no S_{j+1}): branch-free
-        # issue/wait pairs let ptxas keep the wgmma pipeline asynchronous.
-        for j in range(n_blocks - 1):
-            s = j % STAGES
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            _turn_begin(turn_bars, slot, WG, PINGPONG)
-            qk_tok = _issue_qk(j + 1, q_smem, k_bufs, k_ready, s_layout, ROWS, BLOCK_N)
-            mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
-            acc_tok = warpgroup_mma(p_cur, v_bufs.index(s), acc, is_async=True)
-            _turn_end(turn_bars, WG, PINGPONG)
-            slot += 1
-            qk = warpgroup_mma_wait(1, deps=(qk_tok,))      # S_{j+1} done; P_j V_j may run on
-            mbarrier.arrive(k_empty.index((j + 1) % STAGES), count=1)
-            if j + 1 < n_full:
-                p, alpha, m_i, l_i = _softmax_block(qk, j + 1, m_i, l_i, offs_m, kv_len, shift, qk_scale,
-                                                    BLOCK_N, False, CAUSAL, SCALE_POS, s_layout)
-            else:
-                p, alpha, m_i, l_i = _softmax_block(qk, j + 1, m_i, l_i, offs_m, kv_len, shift, qk_scale,
-                                                    BLOCK_N, True, CAUSAL, SCALE_POS, s_layout)
-            p_next = gl.convert_layout(p.to(dtype), p_layout)
-            # P_j stays live (a dependency) until its product is done
-            acc, p_cur = warpgroup_mma_wait(0, deps=(acc_tok, p_cur))
-            mbarrier.arrive(v_empty.index(s), count=1)
-            p_cur = p_next
-        if n_blocks > 0:
-            j = n_blocks - 1
-            s = j % STAGES
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            _turn_begin(turn_bars, slot, WG, PINGPONG)
-            mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
-            acc_tok = warpgroup_mma(p_cur, v_bufs.index(s), acc, is_async=True)
-            _turn_end(turn_bars, WG, PINGPONG)
-            acc, p_cur = warpgroup_mma_wait(0, deps=(acc_tok, p_cur))
-            mbarrier.arrive(v_empty.index(s), count=1)
-
-        # epilogue: normalise, store O through this consumer's Q tile (no longer read)
-        inv_l = 1.0 / l_i
-        o = acc * gl.convert_layout(inv_l, row_o)[:, None]
-        if INF_AS_ZERO:
-            o = gl.where(gl.convert_layout(l_i == 0.0, row_o)[:, None], 0.0, o)
-        q_smem.store(o.to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [row0, 0], q_smem)
-        if STORE_LSE:
-            lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-            gl.store(LSE + lse_off + offs_m, lse, mask=offs_m < Sq)
-        tma.store_wait(0)
-
-    @gluon.jit(do_not_specialize=["Hq", "Sq", "Sk"])
-    def _gluon_fwd_kernel(Q, K, V, O, LSE, sqb, sqh, sqs, skb, skh, sks, svb, svh, svs,
-                          Hq, Sq, Sk, GROUP, qk_scale,
-                          HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                          STAGES: gl.constexpr, PINGPONG: gl.constexpr, CAUSAL: gl.constexpr,
-                          SCALE_POS: gl.constexpr, STORE_LSE: gl.constexpr, INF_AS_ZERO: gl.constexpr,
-                          num_warps: gl.constexpr):
-        """One CTA: BLOCK_M query rows of one (b, h). O (B, Hq, Sq, D) and lse (B, Hq, Sq)
-        contiguous. PINGPONG: two consumer partitions of num_warps (4) warps and BLOCK_M / 2
-        rows each; else one of num_warps (8) warps and BLOCK_M rows."""
-        NUM_C: gl.constexpr = 2 if PINGPONG else 1
-        ROWS: gl.constexpr = BLOCK_M // NUM_C
-        n_m = gl.cdiv(Sq, BLOCK_M)
-        if CAUSAL != 0:
-            pid_m = n_m - 1 - gl.program_id(0)   # heaviest tiles first
-        else:
-            pid_m = gl.program_id(0)
-        pid_bh = gl.program_id(1)
-        b = pid_bh // Hq
-        h = pid_bh % Hq
-        hk = h // GROUP
-        start_m = pid_m * BLOCK_M
-        b64 = b.to(gl.int64)
-
-        dtype: gl.constexpr = Q.dtype.element_ty
-        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_D], dtype)
-        kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], dtype)
-        q_desc = tma.make_tensor_descriptor(Q + b64 * sqb + h.to(gl.int64) * sqh, shape=[Sq, HEAD_D],
-                                            strides=[sqs, 1], block_shape=[ROWS, HEAD_D], layout=q_layout)
-        k_desc = tma.make_tensor_descriptor(K + b64 * skb + hk.to(gl.int64) * skh, shape=[Sk, HEAD_D],
-                                            strides=[sks, 1], block_shape=[BLOCK_N, HEAD_D], layout=kv_layout)
-        v_desc = tma.make_tensor_descriptor(V + b64 * svb + hk.to(gl.int64) * svh, shape=[Sk, HEAD_D],
-                                            strides=[svs, 1], block_shape=[BLOCK_N, HEAD_D], layout=kv_layout)
-        o_desc = tma.make_tensor_descriptor(O + pid_bh.to(gl.int64) * Sq * HEAD_D, shape=[Sq, HEAD_D],
-                                            strides=[HEAD_D, 1], block_shape=[ROWS, HEAD_D], layout=q_layout)
-
-        # key range of the whole CTA (both consumers loop over the same blocks): [0, hi)
-        # visible to some row, whole blocks [0, n_full) to every row
-        kv_len = Sk
         if CAUSAL == 2:
             shift = Sk - Sq
         else:
             shift = 0
-        hi = kv_len
-        full = kv_len
-        if CAUSAL != 0:
-            last_row = gl.minimum(start_m + BLOCK_M, Sq) - 1
-            hi = gl.minimum(hi, last_row + shift + 1)
-            full = gl.minimum(kv_len, start_m + shift + 1)
-        hi = gl.maximum(hi, 0)
-        full = gl.maximum(full, 0)
-        n_blocks = gl.cdiv(hi, BLOCK_N)
-        n_full = gl.minimum(full // BLOCK_N, n_blocks)
+        kv_len = Sk
 
-        q_bufs = gl.allocate_shared_memory(dtype, [NUM_C, ROWS, HEAD_D], q_layout)
-        k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], kv_layout)
-        v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_D], kv_layout)
-        q_bars = gl.allocate_shared_memory(gl.int64, [NUM_C, 1], mbarrier.MBarrierLayout())
+        if PINGPONG and WG == 0:
+            mbarrier.arrive(turn_bars.index(0), count=1)   # consumer 0 takes the first turn
+        slot = 0
+        it = 0
+        tcount = 0
+        for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+            bh, start_m, n_full, n_blocks = _tile_at(t, Sq, Sk, n_m, BH, n_tiles, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)
+            b = bh // Hq
+            h = bh % Hq
+            row0 = start_m + WG * ROWS
+            offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
+            m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+            l_i = gl.zeros([ROWS], gl.float32, row_s)
+            acc = gl.zeros([ROWS, HEAD_D], gl.float32, o_layout)
+
+            mbarrier.wait(q_ready.index(WG), tcount & 1)
+            # prologue: S_0 and its softmax. p_cur / alpha: P_j (the PV operand, in registers)
+            # and the factor the accumulator takes before P_j V_j is added
+            p_cur = gl.zeros([ROWS, BLOCK_N], dtype, p_layout)
+            alpha = gl.full([ROWS], 1.0, gl.float32, row_s)
+            if n_blocks > 0:
+                _turn_begin(turn_bars, slot, WG, PINGPONG)
+                qk_tok = _issue_qk(it, q_smem, k_bufs, k_ready, s_layout, ROWS, BLOCK_N, HEAD_D, kv_layout)
+                _turn_end(turn_bars, WG, PINGPONG)
+                slot += 1
+                qk = warpgroup_mma_wait(0, deps=(qk_tok,))
+                mbarrier.arrive(k_empty.index(it % STAGES), count=1)
+                if n_full > 0:
+                    p, alpha, m_i, l_i = _softmax_block(qk, 0, m_i, l_i, offs_m, kv_len, shift, qk_scale,
+                                                        BLOCK_N, False, CAUSAL, SCALE_POS, s_layout)
+                else:
+                    p, alpha, m_i, l_i = _softmax_block(qk, 0, m_i, l_i, offs_m, kv_len, shift, qk_scale,
+                                                        BLOCK_N, True, CAUSAL, SCALE_POS, s_layout)
+                p_cur = gl.convert_layout(p.to(dtype), p_layout)
+            # steady state (FA3's intra-warpgroup overlap): issue S_{j+1} = Q K_{j+1}^T, then
+            # O = alpha O + P_j V_j; wait for S_{j+1} only and run its softmax while P_j V_j is
+            # still on the tensor cores. The last block is peeled off (no S_{j+1}): branch-free
+            # issue/wait pairs let ptxas keep the wgmma pipeline asynchronous.
+            for j in range(n_blocks - 1):
+                s = (it + j) % STAGES
+                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                _turn_begin(turn_bars, slot, WG, PINGPONG)
+                qk_tok = _issue_qk(it + j + 1, q_smem, k_bufs, k_ready, s_layout, ROWS, BLOCK_N, HEAD_D, kv_layout)
+                mbarrier.wait(v_ready.index(s), ((it + j) // STAGES) & 1)
+                v_smem = v_bufs.index(s)._reinterpret(dtype, [BLOCK_N, HEAD_D], kv_layout)
+                acc_tok = warpgroup_mma(p_cur, v_smem, acc, is_async=True)
+                _turn_end(turn_bars, WG, PINGPONG)
+                slot += 1
+                qk = warpgroup_mma_wait(1, deps=(qk_tok,))      # S_{j+1} done; P_j V_j may run on
+                mbarrier.arrive(k_empty.index((it + j + 1) % STAGES), count=1)
+                if j + 1 < n_full:
+                    p, alpha, m_i, l_i = _softmax_block(qk, j + 1, m_i, l_i, offs_m, kv_len, shift, qk_scale,
+                                                        BLOCK_N, False, CAUSAL, SCALE_POS, s_layout)
+                else:
+                    p, alpha, m_i, l_i = _softmax_block(qk, j + 1, m_i, l_i, offs_m, kv_len, shift, qk_scale,
+                                                        BLOCK_N, True, CAUSAL, SCALE_POS, s_layout)
+                p_next = gl.convert_layout(p.to(dtype), p_layout)
+                # P_j stays live (a dependency) until its product is done
+                acc, p_cur = warpgroup_mma_wait(0, deps=(acc_tok, p_cur))
+                mbarrier.arrive(v_empty.index(s), count=1)
+                p_cur = p_next
+            if SEPARATE_O:
+                mbarrier.arrive(q_empty.index(WG), count=1)   # every S of this tile has retired
+            if n_blocks > 0:
+                j = n_blocks - 1
+                s = (it + j) % STAGES
+                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                _turn_begin(turn_bars, slot, WG, PINGPONG)
+                mbarrier.wait(v_ready.index(s), ((it + j) // STAGES) & 1)
+                v_smem = v_bufs.index(s)._reinterpret(dtype, [BLOCK_N, HEAD_D], kv_layout)
+                acc_tok = warpgroup_mma(p_cur, v_smem, acc, is_async=True)
+                _turn_end(turn_bars, WG, PINGPONG)
+                slot += 1
+                acc, p_cur = warpgroup_mma_wait(0, deps=(acc_tok, p_cur))
+                mbarrier.arrive(v_empty.index(s), count=1)
+            it += n_blocks
+
+            # epilogue: normalise, TMA store of O (clipped at Sq by the descriptor)
+            inv_l = 1.0 / l_i
+            o = acc * gl.convert_layout(inv_l, row_o)[:, None]
+            if INF_AS_ZERO:
+                o = gl.where(gl.convert_layout(l_i == 0.0, row_o)[:, None], 0.0, o)
+            if SEPARATE_O:
+                tma.store_wait(0)          # the previous tile's O has left the buffer
+            o_smem.store(o.to(dtype))
+            fence_async_shared()
+            tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], o_smem4)
+            if STORE_LSE:
+                lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+                gl.store(LSE + bh.to(gl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
+            if not SEPARATE_O:
+                tma.store_wait(0)          # O went out through the Q tile: now it may be reloaded
+                gl.thread_barrier()        # (the store's issuing thread has waited; thread 0 arrives)
+                mbarrier.arrive(q_empty.index(WG), count=1)
+            tcount += 1
+        tma.store_wait(0)
+
+    @gluon.jit(do_not_specialize=["B", "Hq", "Sq", "Sk"])
+    def _gluon_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, B, Hq, Sq, Sk, GROUP, qk_scale,
+                          HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                          STAGES: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
+                          SEPARATE_O: gl.constexpr, CAUSAL: gl.constexpr, SCALE_POS: gl.constexpr,
+                          STORE_LSE: gl.constexpr, INF_AS_ZERO: gl.constexpr, num_warps: gl.constexpr):
+        """Tiles (BLOCK_M query rows of one (b, h)) t = pid, pid + grid, ... of the
+        cdiv(Sq, BLOCK_M) * B * Hq: one per CTA (grid = every tile) or persistent (grid <=
+        #SMs). Descriptors: 4-D [B, H, S, D] views with boxes [1, 1, rows, D]; O (B, Hq, Sq, D)
+        and lse (B, Hq, Sq) contiguous. PINGPONG: two consumer partitions of num_warps (4) warps
+        and BLOCK_M / 2 rows each; else one of num_warps (8) warps and BLOCK_M rows."""
+        NUM_C: gl.constexpr = 2 if PINGPONG else 1
+        dtype: gl.constexpr = q_desc.dtype
+        n_m = gl.cdiv(Sq, BLOCK_M)
+        BH = B * Hq
+        n_tiles = n_m * BH
+
+        q_bufs = gl.allocate_shared_memory(dtype, [NUM_C] + q_desc.block_type.shape, q_desc.layout)
+        k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        if SEPARATE_O:
+            o_bufs = gl.allocate_shared_memory(dtype, [NUM_C] + o_desc.block_type.shape, o_desc.layout)
+        else:
+            o_bufs = q_bufs
+        q_ready = gl.allocate_shared_memory(gl.int64, [NUM_C, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [NUM_C, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(NUM_C):
-            mbarrier.init(q_bars.index(c), count=1)
+            mbarrier.init(q_ready.index(c), count=1)
+            mbarrier.init(q_empty.index(c), count=1)
         for i in gl.static_range(2):
             mbarrier.init(turn_bars.index(i), count=1)
         for i in gl.static_range(STAGES):
@@ -338,29 +463,31 @@ if gluon is not None:
             mbarrier.init(k_empty.index(i), count=NUM_C)   # released by every consumer
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(v_empty.index(i), count=NUM_C)
-        bars = (q_bars, k_ready, k_empty, v_ready, v_empty)
-        lse_off = pid_bh.to(gl.int64) * Sq
+        bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
 
         if PINGPONG:
             gl.warp_specialize([
-                (_consumer, (q_bufs, k_bufs, v_bufs, bars, turn_bars, o_desc, LSE, lse_off, start_m, n_full,
-                             n_blocks, Sq, kv_len, shift, qk_scale, 0, True, HEAD_D, BLOCK_N, CAUSAL,
+                (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH,
+                             n_tiles, qk_scale, 0, True, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O,
                              SCALE_POS, STORE_LSE, INF_AS_ZERO, num_warps)),
-                (_consumer, (q_bufs, k_bufs, v_bufs, bars, turn_bars, o_desc, LSE, lse_off, start_m, n_full,
-                             n_blocks, Sq, kv_len, shift, qk_scale, 1, True, HEAD_D, BLOCK_N, CAUSAL,
+                (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH,
+                             n_tiles, qk_scale, 1, True, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O,
                              SCALE_POS, STORE_LSE, INF_AS_ZERO, num_warps)),
-                (_producer, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, bars, start_m, n_blocks, BLOCK_N)),
+                (_producer, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, bars, Hq, GROUP, Sq, Sk, n_m, BH,
+                             n_tiles, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)),
             ], [num_warps, 1], [240, 24])
         else:
             gl.warp_specialize([
-                (_consumer, (q_bufs, k_bufs, v_bufs, bars, turn_bars, o_desc, LSE, lse_off, start_m, n_full,
-                             n_blocks, Sq, kv_len, shift, qk_scale, 0, False, HEAD_D, BLOCK_N, CAUSAL,
+                (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH,
+                             n_tiles, qk_scale, 0, False, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O,
                              SCALE_POS, STORE_LSE, INF_AS_ZERO, num_warps)),
-                (_producer, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, bars, start_m, n_blocks, BLOCK_N)),
+                (_producer, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, bars, Hq, GROUP, Sq, Sk, n_m, BH,
+                             n_tiles, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)),
             ], [1], [24])
 
         for c in gl.static_range(NUM_C):
-            mbarrier.invalidate(q_bars.index(c))
+            mbarrier.invalidate(q_ready.index(c))
+            mbarrier.invalidate(q_empty.index(c))
         for i in gl.static_range(2):
             mbarrier.invalidate(turn_bars.index(i))
         for i in gl.static_range(STAGES):
@@ -372,13 +499,54 @@ if gluon is not None:
 
 # ---- launcher -------------------------------------------------------------------------
 
-def _tma_view(t: torch.Tensor) -> torch.Tensor:
-    """t, or a contiguous copy when TMA cannot describe its rows (inner stride 1, 16-byte
-    aligned base and row/head/batch strides)."""
+def _tma_strides(t: torch.Tensor) -> list[int] | None:
+    """The strides a host TMA descriptor of t (4-D, inner stride 1) takes, or None when TMA
+    cannot describe t: a 16-byte aligned base and 16-byte multiples for the strides of the
+    dims that are stepped over (a size-1 dim's stride is never used: the contiguous one
+    stands in for it)."""
     e = t.element_size()
-    if t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all((s * e) % 16 == 0 for s in t.stride()[:-1]):
-        return t
-    return t.contiguous()
+    if t.stride(-1) != 1 or t.data_ptr() % 16:
+        return None
+    out = []
+    for i in range(t.dim() - 1):
+        s = t.stride(i)
+        if t.shape[i] == 1:
+            s = math.prod(t.shape[i + 1:])
+        elif s <= 0 or (s * e) % 16:
+            return None
+        out.append(s)
+    return out + [1]
+
+
+def _tma_view(t: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+    """(t, its TMA strides), or a contiguous copy of t when TMA cannot describe it."""
+    st = _tma_strides(t)
+    if st is None:
+        t = t.contiguous()
+        st = _tma_strides(t)
+    return t, st
+
+
+@functools.cache
+def _sm_count(index: int | None) -> int:
+    if index is None:
+        return 132   # compile-only runs on CPU tensors (testing/compile_check.py): an H200's count
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+_GL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@functools.cache
+def _box_layout(rows: int, d: int, dtype: torch.dtype):
+    """The swizzled shared layout of a [1, 1, rows, d] box (what the kernel allocates)."""
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], getattr(gl, _GL_DTYPE[dtype]))
+
+
+def _descriptor(t: torch.Tensor, strides: list[int], rows: int) -> TensorDescriptor:
+    """Host TMA descriptor of a [B, H, S, D] tensor with box [1, 1, rows, D]: rows past S
+    load as zeros and are not stored, per (b, h)."""
+    return TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, t.shape[3]], _box_layout(rows, t.shape[3], t.dtype))
 
 
 def gluon_forward(problem, args, *, out: torch.Tensor | None = None,
@@ -386,22 +554,29 @@ def gluon_forward(problem, args, *, out: torch.Tensor | None = None,
     """(o, lse): run the kernel. `out` / `lse_out` (contiguous) let tests pass poisoned
     buffers; lse is computed when problem.return_lse or lse_out is given."""
     p = problem
-    q, k, v = _tma_view(args.q), _tma_view(args.k), _tma_view(args.v)
-    cfg = dict(cfg or tile_config(p.D))
+    cfg = dict(cfg or tile_config(p.D, problem=p))
+    persistent = cfg.pop("PERSISTENT")
+    (q, sq), (k, sk), (v, sv) = _tma_view(args.q), _tma_view(args.k), _tma_view(args.v)
     o = out if out is not None else torch.empty((p.B, p.Hq, p.Sq, p.Dv), dtype=q.dtype, device=q.device)
     want_lse = p.return_lse or lse_out is not None
     lse = lse_out if lse_out is not None else (
         torch.empty((p.B, p.Hq, p.Sq), dtype=torch.float32, device=q.device) if want_lse else None)
     scale = float(args.effective_scale(p.invert_scale))
-    ensure_allocator(q.device)
-    grid = (triton.cdiv(p.Sq, cfg["BLOCK_M"]), p.B * p.Hq)
+    rows = cfg["BLOCK_M"] // (2 if cfg["PINGPONG"] else 1)
+    q_desc = _descriptor(q, sq, rows)
+    k_desc = _descriptor(k, sk, cfg["BLOCK_N"])
+    v_desc = _descriptor(v, sv, cfg["BLOCK_N"])
+    o_desc = _descriptor(o, [p.Hq * p.Sq * p.Dv, p.Sq * p.Dv, p.Dv, 1], rows)
+    n_tiles = triton.cdiv(p.Sq, cfg["BLOCK_M"]) * p.B * p.Hq
+    if persistent:
+        grid = (min(n_tiles, _sm_count(q.device.index if q.is_cuda else None)),)
+    else:
+        grid = (n_tiles,)
     _gluon_fwd_kernel[grid](
-        q, k, v, o, lse if lse is not None else o,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        p.Hq, p.Sq, p.Sk, p.group, scale * 1.4426950408889634,
-        HEAD_D=p.D, CAUSAL=_CAUSAL_CODE[p.causal], SCALE_POS=scale > 0, STORE_LSE=lse is not None,
-        INF_AS_ZERO=p.inf_as_zero, **cfg)
+        q_desc, k_desc, v_desc, o_desc, lse if lse is not None else o,
+        p.B, p.Hq, p.Sq, p.Sk, p.group, scale * 1.4426950408889634,
+        HEAD_D=p.D, PERSISTENT=persistent, CAUSAL=_CAUSAL_CODE[p.causal], SCALE_POS=scale > 0,
+        STORE_LSE=lse is not None, INF_AS_ZERO=p.inf_as_zero, **cfg)
     return o, lse if want_lse else None
 
 
@@ -454,17 +629,15 @@ class GluonFlashForward(FlashBase):
         return reasons
 
     def workspace_size(self, problem) -> int:
-        """The four in-kernel TMA descriptors' global scratch per CTA."""
-        cfg = tile_config(problem.D)
-        return 4 * TMA_DESC_BYTES * triton.cdiv(problem.Sq, cfg["BLOCK_M"]) * problem.B * problem.Hq
+        """0: host TMA descriptors, no in-kernel descriptor scratch (inputs TMA cannot
+        describe are copied, as every solver's launcher copies what it cannot read)."""
+        return 0
 
     def estimate(self, problem) -> float | None:
-        # kept below solver 110's 0.65 until H200 measurements say otherwise: heuristic mode
-        # keeps choosing 110, find measures both
-        return roofline_ms(problem, 0.6)
+        return model_ms(problem, tile_config(problem.D, problem=problem))
 
     def prepare(self, problem):
-        cfg = tile_config(problem.D)
+        cfg = tile_config(problem.D, problem=problem)
 
         def invoke(args):
             return gluon_forward(problem, args, cfg=cfg)

@@ -79,8 +79,32 @@ def test_registry_keeps_choosing_other_solvers_on_cpu():
 def test_tile_configs_fit_hopper_shared_memory():
     for d in gluon_fwd.HEAD_DIMS:
         for pp in (None, False, True):
-            c = gluon_fwd.tile_config(d, pp)
-            smem = 2 * (c["BLOCK_M"] * d + 2 * c["STAGES"] * c["BLOCK_N"] * d)
-            assert smem <= 227 * 1024
-            # consumers: two 4-warp partitions (ping-pong) or one of 8 warps; + 1 producer warp
-            assert c["num_warps"] == (4 if c["PINGPONG"] else 8) and c["maxnreg"] * 384 <= 65536
+            for persistent in (None, False, True):
+                c = gluon_fwd.tile_config(d, pp, persistent)
+                smem = 2 * ((2 if c["SEPARATE_O"] else 1) * c["BLOCK_M"] * d + 2 * c["STAGES"] * c["BLOCK_N"] * d)
+                assert smem == gluon_fwd.smem_bytes(d, c) <= 227 * 1024
+                # an O buffer of its own only for persistent launches, wherever it fits (d <= 128)
+                assert c["SEPARATE_O"] == (c["PERSISTENT"] and d <= 128)
+                # consumers: two 4-warp partitions (ping-pong) or one of 8 warps; + 1 producer warp
+                assert c["num_warps"] == (4 if c["PINGPONG"] else 8) and c["maxnreg"] * 384 <= 65536
+
+
+def test_persistent_choice_workspace_and_estimate():
+    s = REGISTRY.get("gluon_flash_fwd")
+    short = problem(device="cuda", B=16, Hq=16, Hkv=16, Sq=1024, Sk=1024, causal="top_left")
+    long_causal = problem(device="cuda", B=1, Hq=16, Hkv=16, Sq=16384, Sk=16384, causal="top_left")
+    long_plain = problem(device="cuda", B=1, Hq=16, Hkv=16, Sq=16384, Sk=16384)
+    assert gluon_fwd.tile_config(128, problem=short)["PERSISTENT"]
+    assert gluon_fwd.tile_config(128, problem=long_plain)["PERSISTENT"]
+    assert not gluon_fwd.tile_config(128, problem=long_causal)["PERSISTENT"]
+    assert s.workspace_size(short) == 0          # host descriptors: no in-kernel descriptor scratch
+
+    def tflops(p):
+        return p.flops() / s.estimate(p) / 1e9
+    # the fit of the first H200 run: d128 s16k about 680, s1024 under 520; d64 about 0.65x d128
+    d128 = {sq: problem(device="cuda", B=16384 // sq, Hq=16, Hkv=16, Sq=sq, Sk=sq) for sq in (1024, 4096, 16384)}
+    t = {sq: tflops(p) for sq, p in d128.items()}
+    assert 640 < t[16384] < 700 and 600 < t[4096] < 660 and 440 < t[1024] < 520
+    d64 = problem(device="cuda", B=1, Hq=32, Hkv=32, Sq=16384, Sk=16384, D=64, Dv=64)
+    assert 420 < tflops(d64) < 470
+    assert 600 < tflops(long_causal) < 700 and tflops(short) < t[1024]

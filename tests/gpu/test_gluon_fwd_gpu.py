@@ -1,8 +1,10 @@
 """Solver 126 `gluon_flash_fwd` (Gluon, warp-specialised, Hopper only) on the GPU: random
 inputs, NaN-poisoned outputs, against the float64 reference; odd Sq/Sk tails, GQA 4:1 and
 8:1, both causal alignments, d64/d128/d256, B*H above and below the SM count, lse,
-bit-identical output run to run, strided inputs (copied for TMA), the public API. Both
-kernel variants: ping-pong (two 4-warp consumers taking turns) and one 8-warp consumer.
+bit-identical output run to run, strided inputs (copied for TMA), the public API. Every
+kernel variant: ping-pong (two 4-warp consumers taking turns) or one 8-warp consumer, each
+launched one tile per CTA (`single`) or persistent (grid <= #SMs walking the tiles; a test
+shrinks the grid to 7 CTAs so each runs many tiles, causal snake rounds included).
 
 A wrong barrier phase shows as a hang, not an error: the smoke tests run small problems of
 each variant in a subprocess with a timeout, and a variant's other tests are skipped when
@@ -37,14 +39,14 @@ import sys, torch
 from nnprim.args import AttnArgs
 from nnprim.attention import gluon_fwd
 from nnprim.problems.attention import AttentionProblem
-pp = sys.argv[1] == "1"
-for D, Sq, Sk in ((64, 130, 200), (128, 300, 77)):
+pp, persistent = sys.argv[1] == "1", sys.argv[2] == "1"
+for D, Sq, Sk in ((64, 130, 200), (128, 300, 77), (256, 200, 333)):
     q = torch.randn(1, 2, Sq, D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, 1, Sk, D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(1, 1, Sk, D, device="cuda", dtype=torch.bfloat16)
     for causal in (None, "bottom_right"):
         p = AttentionProblem.from_tensors(q, k, v, causal=causal, return_lse=True)
-        o, lse = gluon_fwd.gluon_forward(p, AttnArgs(q, k, v), cfg=gluon_fwd.tile_config(D, pp))
+        o, lse = gluon_fwd.gluon_forward(p, AttnArgs(q, k, v), cfg=gluon_fwd.tile_config(D, pp, persistent))
         torch.cuda.synchronize()
         if causal is None:
             ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float().expand(1, 2, Sk, D),
@@ -54,38 +56,43 @@ for D, Sq, Sk in ((64, 130, 200), (128, 300, 77)):
 print("SMOKE-OK")
 """
 
-VARIANTS = {"pingpong": True, "one_consumer": False}
-_smoke: dict[bool, str] = {}
+VARIANTS = {  # name: (ping-pong, persistent)
+    "pingpong-persistent": (True, True),
+    "pingpong-single": (True, False),
+    "one_consumer-persistent": (False, True),
+    "one_consumer-single": (False, False),
+}
+_smoke: dict[tuple[bool, bool], str] = {}
 
 
-
-def smoke_failure(pingpong: bool) -> str | None:
-    """None when small launches of the variant finish correctly in a subprocess within 120 s,
-    else why (a hang is killed with its process)."""
-    if pingpong not in _smoke:
+def smoke_failure(variant: tuple[bool, bool]) -> str | None:
+    """None when small launches of the variant (ping-pong, persistent) finish correctly in a
+    subprocess within 120 s, else why (a hang is killed with its process)."""
+    if variant not in _smoke:
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.pop("TRITON_INTERPRET", None)
         try:
-            r = subprocess.run([sys.executable, "-c", SMOKE, "1" if pingpong else "0"], env=env,
+            r = subprocess.run([sys.executable, "-c", SMOKE, *("1" if x else "0" for x in variant)], env=env,
                                capture_output=True, text=True, timeout=120)
-            _smoke[pingpong] = "" if "SMOKE-OK" in r.stdout else f"smoke run failed: {(r.stdout + r.stderr)[-3000:]}"
+            _smoke[variant] = "" if "SMOKE-OK" in r.stdout else f"smoke run failed: {(r.stdout + r.stderr)[-3000:]}"
         except subprocess.TimeoutExpired:
-            _smoke[pingpong] = "smoke run hung for 120 s (deadlock: barrier phases?)"
-    return _smoke[pingpong] or None
+            _smoke[variant] = "smoke run hung for 120 s (deadlock: barrier phases?)"
+    return _smoke[variant] or None
 
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
-def pingpong(request) -> bool:
-    pp = VARIANTS[request.param]
-    why = smoke_failure(pp)
+def variant(request) -> tuple[bool, bool]:
+    """(ping-pong, persistent) of a variant whose smoke run passed."""
+    v = VARIANTS[request.param]
+    why = smoke_failure(v)
     if why:
         pytest.skip(f"{request.param}: {why[:500]}")
-    return pp
+    return v
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_smoke_in_subprocess(variant):
-    why = smoke_failure(VARIANTS[variant])
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_smoke_in_subprocess(name):
+    why = smoke_failure(VARIANTS[name])
     assert why is None, why
 
 
@@ -110,7 +117,7 @@ def torch_same_dtype(q, k, v, causal):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=vis)
 
 
-def run_checked(q, k, v, pingpong, causal=None, scale=None, inf_as_zero=False):
+def run_checked(q, k, v, variant, causal=None, scale=None, inf_as_zero=False):
     p = AttentionProblem.from_tensors(q, k, v, causal=causal, scale=scale, return_lse=True,
                                       softmax_inf_as_zero=inf_as_zero)
     s = REGISTRY.get("gluon_flash_fwd")
@@ -119,7 +126,7 @@ def run_checked(q, k, v, pingpong, causal=None, scale=None, inf_as_zero=False):
     B, Hq, Sq, D = q.shape
     o = torch.full((B, Hq, Sq, D), float("nan"), dtype=q.dtype, device=DEV)
     lse = torch.full((B, Hq, Sq), float("nan"), dtype=torch.float32, device=DEV)
-    gluon_fwd.gluon_forward(p, args, out=o, lse_out=lse, cfg=gluon_fwd.tile_config(D, pingpong))
+    gluon_fwd.gluon_forward(p, args, out=o, lse_out=lse, cfg=gluon_fwd.tile_config(D, *variant))
     torch.cuda.synchronize()
     ro, rl = reference_forward(p, args)
     return p, args, o, lse, ro, rl
@@ -131,17 +138,18 @@ SHAPES = [  # (B, Hq, Hkv, Sq, Sk, D)
     (1, 8, 1, 250, 129, 128),      # GQA 8:1, Sk one past a block
     (2, 8, 2, 1000, 1000, 128),    # tails in both, GQA 4:1
     (1, 2, 2, 77, 300, 256),       # d256
-    (4, 48, 6, 1024, 1024, 128),   # B*H = 192 > 132 SMs, GQA 8:1
+    (4, 48, 6, 1024, 1024, 128),   # B*H = 192 > 132 SMs, GQA 8:1: several tiles per persistent CTA
     (2, 16, 16, 2048, 2048, 64),   # several K/V ring wraps
+    (2, 8, 2, 1100, 900, 256),     # d256, 144 tiles: persistent CTAs reload Q after O left through it
 ]
 
 
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_against_reference(shape, causal, pingpong):
+def test_against_reference(shape, causal, variant):
     B, Hq, Hkv, Sq, Sk, D = shape
     q, k, v = case(B, Hq, Hkv, Sq, Sk, D)
-    p, args, o, lse, ro, rl = run_checked(q, k, v, pingpong, causal=causal)
+    p, args, o, lse, ro, rl = run_checked(q, k, v, variant, causal=causal)
     hidden = torch.isneginf(rl)               # bottom-right with Sk < Sq: rows that see no key
     assert torch.isnan(o[hidden]).all() and torch.equal(torch.isneginf(lse), hidden)
     theirs = torch_same_dtype(q, k, v, causal)
@@ -150,58 +158,88 @@ def test_against_reference(shape, causal, pingpong):
     assert (lse[rows].double() - rl[rows]).abs().max().item() < 1e-3 * max(1.0, rl[rows].abs().max().item())
 
 
-def test_fully_masked_rows_inf_as_zero(pingpong):
+def test_fully_masked_rows_inf_as_zero(variant):
     q, k, v = case(1, 4, 1, 300, 100, 128)
-    p, args, o, lse, ro, rl = run_checked(q, k, v, pingpong, causal="bottom_right", inf_as_zero=True)
+    p, args, o, lse, ro, rl = run_checked(q, k, v, variant, causal="bottom_right", inf_as_zero=True)
     hidden = torch.isneginf(rl)
     assert hidden.any() and (o[hidden] == 0).all() and torch.isneginf(lse[hidden]).all()
     assert torch.isfinite(o).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_f16_and_scales(dtype, pingpong):
+def test_f16_and_scales(dtype, variant):
     q, k, v = case(2, 4, 2, 333, 517, 128, dtype=dtype, seed=3)
     for scale in (0.05, -0.08):               # negative: the general (unfused) softmax path
-        p, args, o, lse, ro, rl = run_checked(q, k, v, pingpong, causal="top_left", scale=scale)
+        p, args, o, lse, ro, rl = run_checked(q, k, v, variant, causal="top_left", scale=scale)
         rep = 2
         theirs = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
                                                 is_causal=True, scale=scale)
         assert_close(f"o {dtype} scale={scale}", o, theirs, ro)
 
 
-def test_bit_identical_run_to_run(pingpong):
+def test_bit_identical_run_to_run(variant):
     q, k, v = case(2, 32, 4, 1531, 1531, 128, seed=7)
     p = AttentionProblem.from_tensors(q, k, v, causal="bottom_right", return_lse=True)
-    cfg = gluon_fwd.tile_config(128, pingpong)
+    cfg = gluon_fwd.tile_config(128, *variant)
     outs = [gluon_fwd.gluon_forward(p, AttnArgs(q, k, v), cfg=cfg) for _ in range(3)]
     for o, lse in outs[1:]:
         assert torch.equal(o, outs[0][0]) and torch.equal(lse, outs[0][1])
 
 
-def test_strided_inputs_bshd_and_unaligned(pingpong):
+def test_strided_inputs_bshd_and_unaligned(variant):
     # (B, S, H, D) storage viewed as (B, H, S, D): TMA-able strides, read in place
     g = torch.Generator(device=DEV).manual_seed(11)
     q = torch.randn(2, 301, 8, 128, generator=g, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
     k = torch.randn(2, 290, 2, 128, generator=g, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
     v = torch.randn(2, 290, 2, 128, generator=g, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
-    p, args, o, lse, ro, rl = run_checked(q, k, v, pingpong, causal="bottom_right")
+    p, args, o, lse, ro, rl = run_checked(q, k, v, variant, causal="bottom_right")
     assert_close("o bshd", o, torch_same_dtype(q, k, v, "bottom_right"), ro)
     # an odd storage offset (not 16-byte aligned): copied contiguous first
     base = torch.randn(2 * 4 * 100 * 64 + 3, device=DEV, dtype=torch.bfloat16)
     q2 = base[3:].view(2, 4, 100, 64)
     k2, v2 = case(2, 1, 1, 1, 120, 64, seed=5)[1:]
-    p, args, o, lse, ro, rl = run_checked(q2, k2, v2, pingpong)
+    p, args, o, lse, ro, rl = run_checked(q2, k2, v2, variant)
     assert_close("o unaligned", o, torch_same_dtype(q2, k2, v2, None), ro)
 
 
 def test_public_api_forced_solver():
-    why = smoke_failure(gluon_fwd.tile_config(128)["PINGPONG"])   # the solver's own variant
+    q, k, v = case(2, 8, 2, 513, 700, 128, seed=9)
+    p = AttentionProblem.from_tensors(q, k, v, causal="bottom_right", return_lse=True)
+    cfg = gluon_fwd.tile_config(128, problem=p)
+    why = smoke_failure((cfg["PINGPONG"], cfg["PERSISTENT"]))   # the solver's own variant
     if why:
         pytest.skip(why[:500])
-    q, k, v = case(2, 8, 2, 513, 700, 128, seed=9)
     o, lse = nnprim.sdpa(q, k, v, causal="bottom_right", return_lse=True, solver="gluon_flash_fwd")
     ref_o, ref_lse = nnprim.sdpa(q, k, v, causal="bottom_right", return_lse=True, solver="flash_fwd")
-    p = AttentionProblem.from_tensors(q, k, v, causal="bottom_right", return_lse=True)
     ro, rl = reference_forward(p, AttnArgs(q, k, v))
     assert_close("o api", o, ref_o, ro)
     assert (lse.double() - rl).abs().max().item() < 1e-3 * max(1.0, rl.abs().max().item())
+
+
+@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+@pytest.mark.parametrize("pp", [True, False], ids=["pingpong", "one_consumer"])
+def test_persistent_many_tiles_per_cta(monkeypatch, causal, pp):
+    """A grid of 7 CTAs over 2 * 4 * 9 = 72 tiles: ten full rounds and a partial one (snake
+    order when causal), the ring and the Q/O buffers cycling through many tiles."""
+    why = smoke_failure((pp, True))
+    if why:
+        pytest.skip(why[:500])
+    monkeypatch.setattr(gluon_fwd, "_sm_count", lambda index: 7)
+    for D in (64, 128, 256):
+        q, k, v = case(2, 4, 2, 1100, 1000 if D != 256 else 700, D, seed=D)
+        p, args, o, lse, ro, rl = run_checked(q, k, v, (pp, True), causal=causal)
+        rows = ~torch.isneginf(rl)
+        assert_close(f"o D={D} {causal}", o[rows], torch_same_dtype(q, k, v, causal)[rows], ro[rows])
+        assert (lse[rows].double() - rl[rows]).abs().max().item() < 1e-3 * max(1.0, rl[rows].abs().max().item())
+
+
+def test_size_one_dims_with_any_stride_need_no_copy(variant):
+    """A size-1 batch dim's stride is never stepped over: TMA describes the tensor as it is."""
+    g = torch.Generator(device=DEV).manual_seed(13)
+    base = torch.randn(4 * 100 * 64 * 3, generator=g, device=DEV).to(torch.bfloat16)
+    q = base.as_strided((1, 4, 100, 64), (12345, 6400, 64, 1))
+    k = base.as_strided((1, 1, 150, 64), (7, 64, 64, 1), 4 * 100 * 64)
+    v = base.as_strided((1, 1, 150, 64), (7, 64, 64, 1), 2 * 4 * 100 * 64)
+    assert gluon_fwd._tma_strides(q) is not None and gluon_fwd._tma_strides(k) is not None
+    p, args, o, lse, ro, rl = run_checked(q, k, v, variant, causal="top_left")
+    assert_close("o size-1 dims", o, torch_same_dtype(q, k, v, "top_left"), ro)
