@@ -21,6 +21,12 @@ import torch
 from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+try:  # Gluon's host descriptor (it carries the shared-memory layout) launches the same way
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+    DESCRIPTOR_TYPES: tuple[type, ...] = (TensorDescriptor, GluonTensorDescriptor)
+except Exception:  # noqa: BLE001 - a Triton without Gluon
+    DESCRIPTOR_TYPES = (TensorDescriptor,)
+
 
 def interpreting() -> bool:
     """True when Triton runs through its CPU interpreter (TRITON_INTERPRET=1)."""
@@ -180,7 +186,7 @@ class Launch:
             c.run  # noqa: B018  (loads the module and builds the launcher now)
             if self.full_tail is None:
                 self.full_tail = self.tail + _positional(self.kernel, len(ptrs) + len(self.tail), self.options)
-            has_desc = any(isinstance(p, TensorDescriptor) for p in ptrs)
+            has_desc = any(isinstance(p, DESCRIPTOR_TYPES) for p in ptrs)
             self.tma = _HostTMA.make(c, len(ptrs)) if has_desc else None
             self.compiled = c
             self.align = _aligned(ptrs)

@@ -44,7 +44,7 @@ import torch
 import triton
 
 from ..args import ConvArgs
-from ..launch import interpreting
+from ..launch import Launch, interpreting
 from ..problems.conv import ConvProblem
 from ..search.solver import register
 from .implicit_gemm import _IGemmBase, geom
@@ -74,6 +74,11 @@ SMEM_BYTES = 227 * 1024
 # ---- tiles -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GluonTile:
+    """One kernel variant: the output rectangle BH x BW (BM = BH*BW rows), BN output
+    channels, BK channels per wgmma step, KSUB steps per ring stage, STAGES ring stages,
+    `warps` consumer warps. `epilogue=False` is a debug variant for probes: the tile's
+    result is dropped (no epilogue, no store; y is left unwritten), so its time is the
+    main loop's."""
     BH: int
     BW: int
     BN: int
@@ -82,14 +87,17 @@ class GluonTile:
     STAGES: int
     warps: int     # default (consumer) partition: 4 = one warpgroup, 8 = two
     group_m: int = 8
+    epilogue: bool = True
 
     @property
     def BM(self) -> int:
         return self.BH * self.BW
 
+    def stage_bytes(self, elem: int = 2) -> int:
+        return self.KSUB * (self.BM + self.BN) * self.BK * elem
+
     def smem_bytes(self, elem: int = 2) -> int:
-        ring = self.STAGES * self.KSUB * (self.BM + self.BN) * self.BK * elem
-        return ring + self.BM * self.BN * elem + 1024   # + epilogue buffer, barriers
+        return self.STAGES * self.stage_bytes(elem) + self.BM * self.BN * elem + 1024   # + epilogue buffer, barriers
 
 
 def rect(BM: int, OH: int, OW: int) -> tuple[int, int]:
@@ -99,27 +107,44 @@ def rect(BM: int, OH: int, OW: int) -> tuple[int, int]:
     return BM // BW, BW
 
 
+def pick_bn(K: int, BM: int) -> int:
+    """Output channels per tile: the power of two in 64..256 (256 only with BM 128, two
+    consumer warpgroups) with the least padded work, cdiv(K, BN)*BN, weighted by
+    (1 + 32/BN) for the x tile each column tile re-reads; ties go to the wider tile.
+    K=320 -> 128 (256 would compute 512 columns), K=640 -> 128, K=256/512/.. -> 256."""
+    cands = [bn for bn in (256, 128, 64) if bn != 256 or BM == 128]
+    return min(cands, key=lambda bn: (triton.cdiv(K, bn) * bn * (1 + 32 / bn), -bn))
+
+
+MIN_STAGES = 3       # a ring of 2 holds the stage being multiplied and the one being released:
+MAX_STAGES = 8       # no load is in flight ahead of the consumer (each stage pays a TMA round trip)
+RING_BYTES = 96 * 1024   # aim: this much of loads in flight (~1.5 us of TMA latency at H200 L2 rates)
+
+
 def tile_config(p: ConvProblem) -> GluonTile:
     """Tiles per problem class: BM 128 (64 when a 128-row rectangle would be mostly past a
-    small image's rows: 7x7 and below), BN up to 256 with two consumer warpgroups (128 f32
-    accumulator registers per thread), BK 64 (128-byte rows), KSUB taps per stage for
-    C <= 64, STAGES: what fits next to the epilogue buffer."""
+    small image's rows: 7x7 and below), BN by `pick_bn` (256 with two consumer warpgroups:
+    128 f32 accumulator registers per thread), BK 64 (128-byte rows), then the ring: as
+    many stages as fit next to the epilogue buffer (at most MAX_STAGES), with KSUB taps per
+    stage for C <= 64 only when that still leaves MIN_STAGES stages (KSUB 3 at C=64 left 2
+    stages: no load in flight ahead of the wgmmas, the first device run's 172 TFLOP/s)."""
     gm = geom(p)
     OH, OW = gm.out[1], gm.out[2]
     BM = 64 if OH * OW <= 64 else 128
     BH, BW = rect(BM, OH, OW)
-    BN = 256 if gm.K >= 256 and BM == 128 else min(128, max(64, triton.next_power_of_2(gm.K)))
+    BN = pick_bn(gm.K, BM)
     BK = 64 if gm.C >= 64 else (32 if gm.C >= 32 else 16)
-    nk = math.ceil(gm.C / BK)
-    steps = gm.taps * nk
-    KSUB = 1
-    if gm.C <= 64:
-        KSUB = next(k for k in (3, 2, 1) if steps % k == 0)
+    steps = gm.taps * math.ceil(gm.C / BK)
     warps = 8 if BM * BN > 128 * 128 else 4
-    t = GluonTile(BH, BW, BN, BK, KSUB, 4, warps)
-    while t.STAGES > 2 and t.smem_bytes() > SMEM_BYTES:
-        t = GluonTile(BH, BW, BN, BK, KSUB, t.STAGES - 1, warps)
-    return t
+    for ksub in (3, 2, 1):
+        if ksub > 1 and (gm.C > 64 or steps % ksub):
+            continue
+        t = GluonTile(BH, BW, BN, BK, ksub, MAX_STAGES, warps)
+        stages = min(MAX_STAGES, (SMEM_BYTES - t.smem_bytes() + MAX_STAGES * t.stage_bytes()) // t.stage_bytes())
+        # KSUB > 1 only for small stages: it must leave MIN_STAGES and still reach RING_BYTES
+        if ksub == 1 or (stages >= MIN_STAGES and stages * t.stage_bytes() >= RING_BYTES):
+            return GluonTile(BH, BW, BN, BK, ksub, max(2, stages), warps)
+    raise AssertionError("unreachable: KSUB 1 always returns")
 
 
 # ---- Gluon kernel ------------------------------------------------------------------------
@@ -179,7 +204,7 @@ if gluon is not None:
                   P2_KIND: gl.constexpr, P2_SUB: gl.constexpr, P2_BC: gl.constexpr,
                   P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr,
                   BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                  KSUB: gl.constexpr, GROUP_M: gl.constexpr, WARPS: gl.constexpr):
+                  KSUB: gl.constexpr, GROUP_M: gl.constexpr, WARPS: gl.constexpr, EPILOGUE: gl.constexpr):
         """Default partition: async wgmma over the ring (a stage is released once the
         wgmmas of the stage after it have been issued and the older ones retired), then the
         fused epilogue and a TMA store of the tile."""
@@ -189,7 +214,6 @@ if gluon is not None:
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                              instr_shape=[16, BN, 16])
         a2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], dtype)
-        c2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], dtype)
         cnt = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             n, oh0, ow0, off_n = _tile_coords(t, n_th, n_tw, num_m, num_n, BH, BW, BN, GROUP_M)
@@ -208,23 +232,43 @@ if gluon is not None:
                 cnt += 1
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
-
-            ri = gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
-            oh = oh0 + ri // BW
-            ow = ow0 + ri % BW
-            rn = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
-            mask_n = rn < K
-            mask = ((oh < OH) & (ow < OW))[:, None] & mask_n[None, :]
-            y_off = (n.to(gl.int64) * syn + oh * syh + ow * syw)[:, None] + rn[None, :]
-            acc = epilogue(acc, y_off, rn, mask_n, mask, bias_ptr,
-                           p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
-                           HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
-                           P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC)
-            tma.store_wait(0)          # the previous tile's store has left c_smem
-            c_smem._reinterpret(dtype, [BM, BN], c2_layout).store(acc.to(dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(y_desc, [n, oh0, ow0, off_n], c_smem)
+            if EPILOGUE:
+                _store_tile(acc, c_smem, y_desc, n, oh0, ow0, off_n, OH, OW, K, syn, syh, syw, bias_ptr,
+                            p0_ptr, p1_ptr, p2_ptr, p3_ptr, p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
+                            HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
+                            P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC, BW)
         tma.store_wait(0)
+
+    @gluon.jit
+    def _store_tile(acc, c_smem, y_desc, n, oh0, ow0, off_n, OH, OW, K, syn, syh, syw, bias_ptr,
+                    p0_ptr, p1_ptr, p2_ptr, p3_ptr, p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
+                    HAS_BIAS: gl.constexpr,
+                    P0_KIND: gl.constexpr, P0_SUB: gl.constexpr, P0_BC: gl.constexpr,
+                    P1_KIND: gl.constexpr, P1_SUB: gl.constexpr, P1_BC: gl.constexpr,
+                    P2_KIND: gl.constexpr, P2_SUB: gl.constexpr, P2_BC: gl.constexpr,
+                    P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr, BW: gl.constexpr):
+        """Epilogue of one tile: bias + post-ops on the f32 accumulator, cast, registers ->
+        c_smem (after the previous tile's store has read it) -> TMA store."""
+        acc_layout: gl.constexpr = acc.type.layout
+        BM: gl.constexpr = acc.type.shape[0]
+        BN: gl.constexpr = acc.type.shape[1]
+        dtype: gl.constexpr = c_smem.dtype
+        c2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], dtype)
+        ri = gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
+        oh = oh0 + ri // BW
+        ow = ow0 + ri % BW
+        rn = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
+        mask_n = rn < K
+        mask = ((oh < OH) & (ow < OW))[:, None] & mask_n[None, :]
+        y_off = (n.to(gl.int64) * syn + oh * syh + ow * syw)[:, None] + rn[None, :]
+        acc = epilogue(acc, y_off, rn, mask_n, mask, bias_ptr,
+                       p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
+                       HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
+                       P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC)
+        tma.store_wait(0)          # the previous tile's store has left c_smem
+        c_smem._reinterpret(dtype, [BM, BN], c2_layout).store(acc.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(y_desc, [n, oh0, ow0, off_n], c_smem)
 
     @gluon.jit(do_not_specialize=["N", "OH", "OW", "S", "C", "K", "ph", "pw", "dh", "dw", "syn", "syh", "syw"])
     def _gluon_conv_kernel(
@@ -237,7 +281,8 @@ if gluon is not None:
             P2_KIND: gl.constexpr, P2_SUB: gl.constexpr, P2_BC: gl.constexpr,
             P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr,
             BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-            KSUB: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, num_warps: gl.constexpr):
+            KSUB: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr,
+            num_warps: gl.constexpr):
         """Persistent: CTA i runs tiles i, i + grid, ... (see the module docstring)."""
         dtype: gl.constexpr = x_desc.dtype
         n_th = gl.cdiv(OH, BH)
@@ -263,7 +308,7 @@ if gluon is not None:
                          p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
                          HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
                          P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC,
-                         BH, BW, BN, BK, KSUB, GROUP_M, num_warps)),
+                         BH, BW, BN, BK, KSUB, GROUP_M, num_warps, EPILOGUE)),
             (_producer, (x_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles, n_th, n_tw, num_m, num_n,
                          n_steps, nk, S, C, ph, pw, dh, dw, BH, BW, BN, BK, KSUB, GROUP_M)),
         ], [1], [24])
@@ -284,24 +329,51 @@ def _sm_count(device: torch.device) -> int:
     return 132   # compile-only runs on CPU tensors (testing/compile_check.py): an H200's count
 
 
+def gluon_descriptor(t: torch.Tensor, shape: list[int], strides: list[int], block: list[int], layout):
+    """A Gluon host TMA descriptor whose shape, strides, block and alignment the plan has
+    checked once (TensorDescriptor's __post_init__ validation costs ~5 us per call)."""
+    d = object.__new__(TensorDescriptor)
+    d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = t, shape, strides, block, layout, "zero"
+    return d
+
+
 class GluonConvPlan:
     """Launch of `_gluon_conv_kernel` for one problem; x, w, y as standard channels-last
-    tensors (others are copied)."""
+    tensors (others are copied). Everything but the data pointers is fixed here: the
+    descriptors' shapes, strides, boxes and layouts, the grid and the argument tail; calls
+    go through nnprim.launch.Launch (compiled-kernel fast path, CUtensorMaps cached per
+    address). `planned=False` takes Triton's JIT launch path on every call instead (the
+    first device run's path, kept for probes: ~100+ us of host work per call there)."""
 
-    def __init__(self, p: ConvProblem, tile: GluonTile | None = None):
+    def __init__(self, p: ConvProblem, tile: GluonTile | None = None, planned: bool = True):
         self.p = p
         self.gm = gm = geom(p)
         self.tile = t = tile or tile_config(p)
         self.epi = plan_epilogue(p)
+        self.planned = planned
+        H, W = gm.inp[1], gm.inp[2]
         OH, OW = gm.out[1], gm.out[2]
         self.n_tiles = gm.N * triton.cdiv(OH, t.BH) * triton.cdiv(OW, t.BW) * triton.cdiv(gm.K, t.BN)
         self.scalars = (gm.N, OH, OW, gm.filt[1], gm.filt[2], gm.C, gm.K, gm.pad[1], gm.pad[2],
                         gm.dil[1], gm.dil[2], OH * OW * gm.K, OW * gm.K, gm.K)
+        self.y_shape = (gm.N, OH, OW, gm.K)
+        self.dx = ([gm.N, H, W, gm.C], [H * W * gm.C, W * gm.C, gm.C, 1], [1, t.BH, t.BW, t.BK],
+                   _nvmma([1, t.BH, t.BW, t.BK], p.dtype))
+        self.dw = ([gm.K, gm.taps * gm.C], [gm.taps * gm.C, 1], [t.BN, t.BK], _nvmma([t.BN, t.BK], p.dtype))
+        self.dy = ([gm.N, OH, OW, gm.K], [OH * OW * gm.K, OW * gm.K, gm.K, 1], [1, t.BH, t.BW, t.BN],
+                   _nvmma([1, t.BH, t.BW, t.BN], p.dtype))
+        self.tail = (*self.scalars, *self.epi.scalars(), *self.epi.constexprs(),
+                     t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue)
+        self.launch = None     # the grid needs the device's SM count: planned on the first call
+
+    def _launch(self, device: torch.device) -> Launch:
+        if self.launch is None:
+            grid = (max(1, min(_sm_count(device), self.n_tiles)),)
+            self.launch = Launch(_gluon_conv_kernel, grid, self.tail, num_warps=self.tile.warps)
+        return self.launch
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
-        p, gm, t = self.p, self.gm, self.tile
-        H, W = gm.inp[1], gm.inp[2]
-        OH, OW = gm.out[1], gm.out[2]
+        p = self.p
         # physical NHWC views (the logical tensors are (N, C, H, W) in channels-last memory)
         x = args.x.permute(0, 2, 3, 1)
         w = args.w.permute(0, 2, 3, 1)
@@ -309,20 +381,16 @@ class GluonConvPlan:
         w = w if w.is_contiguous() and w.data_ptr() % 16 == 0 else w.contiguous()
         direct = (out is not None and out.dtype == p.dtype and out.data_ptr() % 16 == 0
                   and out.permute(0, 2, 3, 1).is_contiguous())
-        y = out.permute(0, 2, 3, 1) if direct else torch.empty((gm.N, OH, OW, gm.K), dtype=p.dtype, device=x.device)
-        xd = TensorDescriptor(x, [gm.N, H, W, gm.C], [H * W * gm.C, W * gm.C, gm.C, 1], [1, t.BH, t.BW, t.BK],
-                              _nvmma([1, t.BH, t.BW, t.BK], p.dtype))
-        w2 = w.reshape(gm.K, gm.taps * gm.C)
-        wd = TensorDescriptor(w2, [gm.K, gm.taps * gm.C], [gm.taps * gm.C, 1], [t.BN, t.BK],
-                              _nvmma([t.BN, t.BK], p.dtype))
-        yd = TensorDescriptor(y, [gm.N, OH, OW, gm.K], [OH * OW * gm.K, OW * gm.K, gm.K, 1], [1, t.BH, t.BW, t.BN],
-                              _nvmma([1, t.BH, t.BW, t.BN], p.dtype))
+        y = out.permute(0, 2, 3, 1) if direct else torch.empty(self.y_shape, dtype=p.dtype, device=x.device)
         y_nchw = y.permute(0, 3, 1, 2)
         ptrs = self.epi.pointers(args.bias, args.post_ops, y_nchw)
-        grid = (max(1, min(_sm_count(x.device), self.n_tiles)),)
-        _gluon_conv_kernel[grid](
-            xd, wd, yd, *ptrs, *self.scalars, *self.epi.scalars(), *self.epi.constexprs(),
-            t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, num_warps=t.warps)
+        if self.planned:
+            descs = (gluon_descriptor(x, *self.dx), gluon_descriptor(w, *self.dw), gluon_descriptor(y, *self.dy))
+            self._launch(x.device)(*descs, *ptrs)
+        else:
+            descs = (TensorDescriptor(x, *self.dx), TensorDescriptor(w, *self.dw), TensorDescriptor(y, *self.dy))
+            grid = (max(1, min(_sm_count(x.device), self.n_tiles)),)
+            _gluon_conv_kernel[grid](*descs, *ptrs, *self.tail, num_warps=self.tile.warps)
         if out is not None and not direct:
             return out.copy_(y_nchw)
         return y_nchw
