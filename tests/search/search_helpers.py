@@ -24,7 +24,8 @@ PROBLEM = ConvProblem.create("fwd", (1, 2, 5, 5), (3, 2, 3, 3), dtype=torch.floa
 def make_solver(id_: int, name: str, *, family: str = "t_a", sleep_ms: float = 0.0, behaviour: str = "ok",
                 workspace: int = 0, estimate: float | None = None, long_compile: bool = False,
                 directions=("fwd",), dtypes=(torch.float32, torch.float16, torch.bfloat16)) -> Solver:
-    """behaviour: ok | raise | wrong | memory | nan | prepare_fails."""
+    """behaviour: ok | raise | wrong | memory | nan | prepare_fails | overflow (inf outputs
+    on inputs past 1e20, where a low-precision kernel would overflow and the f64 reference not)."""
 
     class _TestSolver(Solver):
         primitive = "conv"
@@ -65,6 +66,8 @@ def make_solver(id_: int, name: str, *, family: str = "t_a", sleep_ms: float = 0
                 y = cache[key][1]
                 if behaviour == "wrong":
                     y = y * 1.01 + 0.1
+                if behaviour == "overflow" and args.x.abs().max() > 1e20:
+                    y = torch.full_like(y, float("inf"))
                 if behaviour == "nan":
                     y = y.clone()
                     y.view(-1)[0] = float("nan")

@@ -160,6 +160,18 @@ def test_find_with_given_tensors_and_progress(solvers):
     assert res[0].solver == "t_fast" and seen == [(1, 1, "t_fast", "ok")]
 
 
+def test_find_checks_on_random_inputs_not_the_callers(solvers):
+    """The caller's tensors may hold anything (make_graphed_callables warms up backward on
+    uninitialised gradients): a solver that overflows on them is still timed on them, but
+    its correctness is judged on random inputs, so it is not recorded wrong."""
+    solvers.add(1000, "t_overflows", behaviour="overflow")
+    a = random_args(PROBLEM, seed=3)
+    huge = ConvArgs(x=a.x * 1e30, w=a.w)
+    res = nnprim.find(PROBLEM, tensors=huge)
+    assert res[0].solver == "t_overflows"
+    assert _db_records()["t_overflows"].status == "ok"
+
+
 def test_find_budget_default_keeps_cpu_find_cheap(solvers):
     s = solvers.add(1000, "t_100ms", sleep_ms=100)
     res = nnprim.find(PROBLEM)
