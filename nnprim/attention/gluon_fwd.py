@@ -125,16 +125,17 @@ def smem_bytes(d: int, cfg: dict) -> int:
     return 2 * (tiles * cfg["BLOCK_M"] * d + 2 * cfg["STAGES"] * cfg["BLOCK_N"] * d)
 
 
-# Fit of the first H200 run (bf16, train problems of attention_gpu.json, non-persistent):
-# the tensor-core rate reached by head dim, and the fixed cost per tile in key blocks
-EFF_BY_D = {64: 0.61, 128: 0.93, 256: 0.7}   # d256 not measured yet
-TILE_OVERHEAD_BLOCKS = 3.0                   # the persistent variant keeps 3 until measured
+# Fit of the H200 runs of 2026-12-01 (bf16, train problems of attention_gpu.json): the
+# tensor-core rate reached by head dim, and the fixed cost per tile in key blocks (one CTA
+# per tile: 3; persistent, whose next tile's loads run under the current one: about 1)
+EFF_BY_D = {64: 0.61, 128: 0.94, 256: 0.7}   # d256 not measured yet
+TILE_OVERHEAD_BLOCKS = {False: 3.0, True: 1.0}   # by cfg["PERSISTENT"]
 
 
 def model_ms(problem, cfg: dict) -> float:
     """Predicted time: flops / (peak * eff_D) * (n_kv + c) / n_kv, where n_kv is the mean
     number of key blocks per tile and c = TILE_OVERHEAD_BLOCKS the per-tile fixed cost (Q load
-    and ring fill, epilogue), divided by the SM fill of the last wave (tiles / (waves * 132)),
+    and ring fill, epilogue; by launch variant), divided by the SM fill of the last wave (tiles / (waves * 132)),
     as flash_fwd.roofline_ms; at least the memory time; plus 10 us of launch. Causal halves
     the flops through problem.flops()."""
     if problem.device != "cuda":
@@ -151,7 +152,7 @@ def model_ms(problem, cfg: dict) -> float:
     n_kv = max(blocks / n_m, 1e-3)
     eff = EFF_BY_D.get(problem.D, 0.7)
     t_c = problem.flops() / (PEAK_TFLOPS.get(problem.dtype, 750.0) * 1e12 * eff)
-    t_c *= (n_kv + TILE_OVERHEAD_BLOCKS) / n_kv
+    t_c *= (n_kv + TILE_OVERHEAD_BLOCKS[bool(cfg.get("PERSISTENT"))]) / n_kv
     tiles = problem.B * problem.Hq * n_m
     fill = tiles / (math.ceil(tiles / 132) * 132)
     t_m = problem.bytes() / (PEAK_TBS * 1e12 * 0.8)

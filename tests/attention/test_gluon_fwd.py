@@ -101,10 +101,11 @@ def test_persistent_choice_workspace_and_estimate():
 
     def tflops(p):
         return p.flops() / s.estimate(p) / 1e9
-    # the fit of the first H200 run: d128 s16k about 680, s1024 under 520; d64 about 0.65x d128
+    # the fit of the H200 runs (persistent d128: s16k 709, s4k 702, s1k 605 TFLOP/s measured,
+    # the model a little below with its launch cost); d64 about 0.65x d128
     d128 = {sq: problem(device="cuda", B=16384 // sq, Hq=16, Hkv=16, Sq=sq, Sk=sq) for sq in (1024, 4096, 16384)}
     t = {sq: tflops(p) for sq, p in d128.items()}
-    assert 640 < t[16384] < 700 and 600 < t[4096] < 660 and 440 < t[1024] < 520
+    assert 640 < t[16384] < 740 and 620 < t[4096] < 720 and 540 < t[1024] < 640
     d64 = problem(device="cuda", B=1, Hq=32, Hkv=32, Sq=16384, Sk=16384, D=64, Dv=64)
     assert 420 < tflops(d64) < 470
     assert 600 < tflops(long_causal) < 700 and tflops(short) < t[1024]
