@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 import traceback
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+os.environ.setdefault("NNPRIM_GLUON", "1")  # the Gluon solvers are opt-in (nnprim/gluon_gate.py)
 import nnprim
 from nnprim.problems.conv import ConvProblem
 from nnprim.search.solver import REGISTRY

@@ -49,20 +49,19 @@ Covers bf16/f16, D == Dv in {64, 128, 256}, GQA/MQA, causal top-left and bottom-
 Sq/Sk (tails), float scale (inverted or not), return_lse, softmax_inf_as_zero. Everything
 else (masks, dropout, kv_lens, paging, tensor scale, f32, other head dims) is solver 110's.
 Needs a CUDA device of capability 9.x and Gluon; never applicable under TRITON_INTERPRET=1
-(Gluon kernels do not run in the interpreter) nor with NNPRIM_DISABLE_GLUON=1 (a switch to
-keep find from timing it). Inputs whose strides TMA cannot describe
+(Gluon kernels do not run in the interpreter) nor without NNPRIM_GLUON=1 (opt-in, see
+nnprim/gluon_gate.py). Inputs whose strides TMA cannot describe
 (inner stride != 1, base or strides not 16-byte aligned) are copied contiguous first.
 """
 from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 import triton
 
-from ..launch import interpreting
+from ..gluon_gate import gluon_reasons as gate_reasons
 from ..search.solver import register
 from .flash_fwd import PEAK_TBS, PEAK_TFLOPS, FlashBase
 
@@ -584,19 +583,9 @@ def gluon_forward(problem, args, *, out: torch.Tensor | None = None,
 # ---- solver -----------------------------------------------------------------------------
 
 def gluon_reasons(problem) -> list[str]:
-    """Why the Gluon kernel cannot run here: Gluon missing, the interpreter, no Hopper GPU."""
-    if GLUON_ERROR is not None:
-        return [f"not applicable: Gluon cannot be imported ({GLUON_ERROR})"]
-    if os.environ.get("NNPRIM_DISABLE_GLUON", "0") == "1":
-        return ["not applicable: NNPRIM_DISABLE_GLUON=1"]
-    if interpreting():
-        return ["not applicable under TRITON_INTERPRET=1 (Gluon kernels do not run in the interpreter)"]
-    if problem.device != "cuda" or not torch.cuda.is_available():
-        return [f"not applicable on device {problem.device}: needs a CUDA GPU of capability 9.x (Hopper)"]
-    cap = torch.cuda.get_device_capability()
-    if cap[0] != 9:
-        return [f"not applicable on capability {cap[0]}.{cap[1]}: the kernel uses Hopper's wgmma (9.x)"]
-    return []
+    """Why the Gluon kernel cannot run here (nnprim.gluon_gate: import, opt-in switch,
+    interpreter, Hopper GPU)."""
+    return gate_reasons(problem.device, GLUON_ERROR)
 
 
 @register

@@ -31,20 +31,20 @@ padding (asymmetric too), C and K multiples of 16 (TMA row alignment), bias and 
 MAX_POST_OPS post-ops, y in the input dtype, standard (contiguous channels-last) x, w and
 y; other strides are copied (x, w) or the result copied out (y). Needs a CUDA device of
 capability 9.x and Gluon; never applicable under TRITON_INTERPRET=1 (Gluon kernels do not
-run in the interpreter) nor with NNPRIM_DISABLE_GLUON=1. Deterministic: each output
-element is reduced by one CTA in a fixed order.
+run in the interpreter) nor without NNPRIM_GLUON=1 (opt-in, nnprim/gluon_gate.py).
+Deterministic: each output element is reduced by one CTA in a fixed order.
 """
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 
 from ..args import ConvArgs
-from ..launch import Launch, interpreting
+from ..gluon_gate import gluon_reasons as gate_reasons
+from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import register
 from .implicit_gemm import _IGemmBase, geom
@@ -399,20 +399,9 @@ class GluonConvPlan:
 
 # ---- solver ------------------------------------------------------------------------------
 def gluon_reasons(device: str) -> list[str]:
-    """Why a Gluon Hopper kernel cannot run here: Gluon missing, the switch, the
-    interpreter, no GPU of capability 9.x."""
-    if GLUON_ERROR is not None:
-        return [f"not applicable: Gluon cannot be imported ({GLUON_ERROR})"]
-    if os.environ.get("NNPRIM_DISABLE_GLUON", "0") == "1":
-        return ["not applicable: NNPRIM_DISABLE_GLUON=1"]
-    if interpreting():
-        return ["not applicable under TRITON_INTERPRET=1 (Gluon kernels do not run in the interpreter)"]
-    if device != "cuda" or not torch.cuda.is_available():
-        return [f"not applicable on device {device}: needs a CUDA GPU of capability 9.x (Hopper)"]
-    cap = torch.cuda.get_device_capability()
-    if cap[0] != 9:
-        return [f"not applicable on capability {cap[0]}.{cap[1]}: the kernel uses Hopper's wgmma (9.x)"]
-    return []
+    """Why the Gluon kernel cannot run here (nnprim.gluon_gate: import, opt-in switch,
+    interpreter, Hopper GPU)."""
+    return gate_reasons(device, GLUON_ERROR)
 
 
 def shape_reasons(p: ConvProblem) -> list[str]:

@@ -27,7 +27,8 @@ def test_registered_as_deterministic_flash_forward():
     assert s.family == "flash" and s.deterministic and s.directions == frozenset({"fwd"})
 
 
-def test_not_applicable_on_cpu_and_under_the_interpreter():
+def test_not_applicable_on_cpu_and_under_the_interpreter(monkeypatch):
+    monkeypatch.setenv("NNPRIM_GLUON", "1")   # past the opt-in switch: the device reasons
     s = REGISTRY.get("gluon_flash_fwd")
     reasons = " | ".join(s.not_supported_reasons(problem()))
     assert "not applicable" in reasons and "TRITON_INTERPRET" in reasons
@@ -58,9 +59,8 @@ def test_gluon_reasons_without_gluon(monkeypatch):
     monkeypatch.setattr(gluon_fwd, "GLUON_ERROR", "ImportError: no gluon")
     assert "Gluon cannot be imported" in gluon_fwd.gluon_reasons(problem(device="cuda"))[0]
     monkeypatch.setattr(gluon_fwd, "GLUON_ERROR", None)
-    monkeypatch.setattr(gluon_fwd, "interpreting", lambda: False)
-    monkeypatch.setenv("NNPRIM_DISABLE_GLUON", "1")
-    assert "NNPRIM_DISABLE_GLUON" in gluon_fwd.gluon_reasons(problem(device="cuda"))[0]
+    monkeypatch.delenv("NNPRIM_GLUON", raising=False)
+    assert "NNPRIM_GLUON=1" in gluon_fwd.gluon_reasons(problem(device="cuda"))[0]
 
 
 def test_registry_keeps_choosing_other_solvers_on_cpu():

@@ -27,7 +27,8 @@ def test_registered_as_deterministic_implicit_gemm_forward():
     assert s.family == "implicit_gemm" and s.deterministic and s.directions == frozenset({"fwd"})
 
 
-def test_not_applicable_on_cpu_and_under_the_interpreter():
+def test_not_applicable_on_cpu_and_under_the_interpreter(monkeypatch):
+    monkeypatch.setenv("NNPRIM_GLUON", "1")   # past the opt-in switch: the device reasons
     s = REGISTRY.get("gluon_implicit_gemm_fwd")
     reasons = " | ".join(s.not_supported_reasons(problem()))
     assert "not applicable" in reasons
@@ -56,11 +57,8 @@ def test_gluon_reasons(monkeypatch):
     monkeypatch.setattr(gluon_conv, "GLUON_ERROR", "ImportError: no gluon")
     assert "Gluon cannot be imported" in gluon_conv.gluon_reasons("cuda")[0]
     monkeypatch.setattr(gluon_conv, "GLUON_ERROR", None)
-    monkeypatch.setattr(gluon_conv, "interpreting", lambda: False)
-    monkeypatch.setenv("NNPRIM_DISABLE_GLUON", "1")
-    assert "NNPRIM_DISABLE_GLUON" in gluon_conv.gluon_reasons("cuda")[0]
-    monkeypatch.delenv("NNPRIM_DISABLE_GLUON")
-    assert "device cpu" in gluon_conv.gluon_reasons("cpu")[0]
+    monkeypatch.delenv("NNPRIM_GLUON", raising=False)
+    assert "NNPRIM_GLUON=1" in gluon_conv.gluon_reasons("cuda")[0]
 
 
 def test_registry_keeps_choosing_other_solvers_on_cpu():

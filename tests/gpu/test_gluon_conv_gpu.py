@@ -33,11 +33,18 @@ ROOT = Path(__file__).resolve().parents[2]
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 pytestmark = pytest.mark.skipif(not HOPPER, reason="needs an sm_90 (Hopper) GPU")
 
+
+@pytest.fixture(autouse=True)
+def _gluon_opt_in(monkeypatch):
+    monkeypatch.setenv("NNPRIM_GLUON", "1")   # the Gluon solvers are opt-in (nnprim/gluon_gate.py)
+
+
 SMOKE = """
 import torch
 from nnprim.args import ConvArgs
 from nnprim.conv import gluon_conv
 from nnprim.problems.conv import ConvProblem
+
 for x_shape, w_shape in (((2, 64, 9, 11), (64, 64, 3, 3)), ((2, 128, 20, 20), (256, 128, 3, 3)),
                          ((3, 512, 7, 7), (128, 512, 1, 1))):
     x = torch.randn(*x_shape, device="cuda").to(torch.bfloat16).to(memory_format=torch.channels_last)

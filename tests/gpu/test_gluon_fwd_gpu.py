@@ -34,11 +34,18 @@ ROOT = Path(__file__).resolve().parents[2]
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 pytestmark = pytest.mark.skipif(not HOPPER, reason="needs an sm_90 (Hopper) GPU")
 
+
+@pytest.fixture(autouse=True)
+def _gluon_opt_in(monkeypatch):
+    monkeypatch.setenv("NNPRIM_GLUON", "1")   # the Gluon solvers are opt-in (nnprim/gluon_gate.py)
+
+
 SMOKE = """
 import sys, torch
 from nnprim.args import AttnArgs
 from nnprim.attention import gluon_fwd
 from nnprim.problems.attention import AttentionProblem
+
 pp, persistent = sys.argv[1] == "1", sys.argv[2] == "1"
 for D, Sq, Sk in ((64, 130, 200), (128, 300, 77), (256, 200, 333)):
     q = torch.randn(1, 2, Sq, D, device="cuda", dtype=torch.bfloat16)
