@@ -12,14 +12,12 @@
 #   conv       the conv suite through the public API (run_suites.sh conv) and benchmarks/depthwise.py
 #   sysdb      nnprim db build-system for the H200 (suites + 90 model layers, about 5 minutes)
 #   regret     benchmarks/regret.py (60 held-out problems) and benchmarks/first_call.py
-# Unmerged GPU work waiting for its first device run (check out the branch here first: the
-# device machine gets this working tree, not the git history):
-#   gluon-fwd   solver 126 (Gluon FA3-style attention forward):
-#               timeout 270 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gluon_fwd_gpu.py;
-#               timeout 300 python3 benchmarks/gluon_fwd.py --out $OUT/gluon.json
-#   gluon-conv  solver 27 (persistent Gluon implicit-GEMM conv forward):
-#               timeout 240 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_gluon_conv_gpu.py;
-#               timeout 320 python3 benchmarks/gluon_conv.py --rounds 15 --out $OUT/gluon_conv.json
+#   gluon      tests/gpu with the Gluon solvers opted in everywhere (NNPRIM_GLUON=1: what the
+#              default path would run once they are on by default); the full suite takes more
+#              than 270 s now, give it a whole call
+#   gluon_bench  benchmarks/gluon_fwd.py and benchmarks/gluon_conv_probe.py (solver level,
+#              peers interleaved)
+#   diag       the default-vs-forced clock check and the graphed conv's choices
 set -uo pipefail
 STEP=${1:?usage: bash benchmarks/gpu_plan.sh STEP OUT}
 OUT=${2:?usage: bash benchmarks/gpu_plan.sh STEP OUT}
@@ -30,8 +28,18 @@ D=$(date +%F)
 case $STEP in
   tests)
     timeout 560 python3 -m pytest -p no:cacheprovider tests/gpu -n 8 --dist load -q -rf --tb=line \
-      --ignore=tests/gpu/test_fuzz.py > "$OUT/gpu_tests_$D.log" 2>&1
+      -p no:benchmark --ignore=tests/gpu/test_fuzz.py > "$OUT/gpu_tests_$D.log" 2>&1
     grep -E "^FAILED|passed|failed" "$OUT/gpu_tests_$D.log" | tail -40 ;;
+  gluon)
+    NNPRIM_GLUON=1 timeout 560 python3 -m pytest -p no:cacheprovider tests/gpu -n 8 --dist load -q -rf --tb=line \
+      -p no:benchmark --ignore=tests/gpu/test_fuzz.py > "$OUT/gpu_tests_gluon_$D.log" 2>&1
+    grep -E "^FAILED|passed|failed" "$OUT/gpu_tests_gluon_$D.log" | tail -40 ;;
+  gluon_bench)
+    timeout 300 python3 benchmarks/gluon_fwd.py --rounds 8 --variants pp_pers,pp_single --out "$OUT/gluon_fwd_$D.json" 2>&1 | tail -18
+    timeout 200 python3 benchmarks/gluon_conv_probe.py --out "$OUT/gluon_conv_probe_$D.json" 2>&1 | tail -40 ;;
+  diag)
+    timeout 60 python3 benchmarks/diag/default_vs_forced.py --out "$OUT/default_vs_forced_$D.json" 2>&1 | tail -4
+    timeout 120 python3 benchmarks/diag/graph_bwd_weights.py graph 2>&1 | grep -E "CHOSEN|WARNING" | head -20 ;;
   fuzz)
     bash benchmarks/fuzz_gpu.sh "$OUT" ;;
   attention)
