@@ -544,6 +544,7 @@ def roofline_ms(problem, efficiency: float) -> float:
     return max(t_c / max(fill, 0.05), t_m) * 1e3 + 0.01
 
 
+HOST_FLOOR_MS = 0.04   # flash_fwd's host work per call on the H200 machine (find's clock)
 TMA_DESC_BYTES = 128   # one in-kernel TMA descriptor: Triton's global scratch, per program
 
 
@@ -592,7 +593,8 @@ class FlashForward(FlashBase):
         return 3 * TMA_DESC_BYTES * triton.cdiv(problem.Sq, cfg.block_m) * problem.B * problem.Hq
 
     def estimate(self, problem) -> float | None:
-        return roofline_ms(problem, 0.65)
+        # at least its host work per call (the system db's fastest flash_fwd call: 0.04 ms)
+        return max(roofline_ms(problem, 0.65), HOST_FLOOR_MS if problem.device == "cuda" else 0.0)
 
     def prepare(self, problem):
         return ForwardPlan(problem, configs.choose(problem)[0])

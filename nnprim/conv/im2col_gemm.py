@@ -470,7 +470,7 @@ class _GemmBase(Solver):
         # find counts max(device, host) per call; the host enqueues allocations, the im2col and
         # epilogue launches and a cuBLAS call per block: 0.15-0.2 ms on the H200's host
         # (serial latency minus device time, 4 held-out layers, 2026-11-30)
-        host = 0.15 + 0.02 * (blocks - 1) if problem.device == "cuda" else 0.0
+        host = 0.075 + 0.02 * (blocks - 1) if problem.device == "cuda" else 0.0
         return max(device, host)
 
     def prepare(self, problem):

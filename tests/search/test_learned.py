@@ -100,14 +100,19 @@ def test_system_db_records_train_the_model(clean, monkeypatch):
     path = clean / "sys.sqlite"
     finddb.create_empty(path)
     fp = "test-fp"
-    key = _conv(4, 64, 64, 28, 3).key()
+    key = _conv(64, 256, 256, 28, 3).key()
+    measured = 3.0 * learned.base_ms(key, 1)          # the solver 3x slower than its estimate
     db = finddb.FindDb(path)
-    db.write([_rec(key, 1, 1.0, fp)])
+    db.write([_rec(key, 1, measured, fp)])
     db.close()
     monkeypatch.setenv("NNPRIM_SYSTEM_DB", str(path))
     finddb.forget_dbs()
     m = learned.model_for(fp)
-    assert m is not None and m.predict(_conv(4, 64, 64, 32, 3).key(), 1).time_ms > 1.0
+    assert m is not None
+    at, bigger = m.predict(key, 1).time_ms, m.predict(_conv(64, 256, 256, 56, 3).key(), 1).time_ms
+    # the record itself, and 4x the work predicted slower (the estimate's scaling, the correction
+    # shrunk towards none as the neighbour gets farther)
+    assert 0.9 * measured < at < 1.1 * measured and 2 * at < bigger < 4 * at
     assert learned.model_for("other-fp") is None
 
 
