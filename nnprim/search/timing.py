@@ -186,11 +186,17 @@ def interleaved_samples(fns: Sequence[Callable[[], object]], device: str, *, rou
         # each run's lead covers its host enqueue: measured on the last warm-up round
         # (compiled, allocated), else bounded by its first run's wall time (host + device)
         host = list(first_ms) if first_ms and len(first_ms) == n else [1.0] * n
+        t0 = time.perf_counter()
         for _ in range(warmup):
             _sync(device)
             host = _host_ms_each(fns, flush)
         _sync(device)
         leads = [1.5 * h + 0.02 for h in host]
+        if device == "cuda" and budget_ms is not None and first_ms and len(first_ms) == n:
+            # the GPU runs each lead before its run: a round costs the leads too
+            left = budget_ms - (time.perf_counter() - t0) * 1e3
+            per_round = max(sum(first_ms) + sum(leads), 1e-3)
+            rounds = max(1, min(rounds, int(left // per_round)))
     elif warmup:
         timer(fns, flush)  # a fake clock sees the warm-up too, and discards it
     times: list[list[float]] = [[] for _ in fns]
