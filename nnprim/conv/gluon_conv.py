@@ -22,9 +22,29 @@ Structure (Gluon's explicit Hopper ops):
     registers -> shared memory -> TMA store over y [N, OH, OW, K] (which clips the tile's
     rows past OH/OW and channels past K). The store of tile i drains under tile i+1's
     MMAs (store_wait just before the buffer is reused).
-KSUB > 1 (C <= 64 layers) makes one ring stage span several taps: fewer barrier round trips
-per wgmma; sub-steps past the last tap read weight columns past R*S*C, which TMA fills
-with zeros, so they add nothing.
+KSUB > 1 (small C) makes one ring stage span several taps: fewer barrier round trips per
+wgmma; sub-steps past the last tap read weight columns past R*S*C, which TMA fills with
+zeros, so they add nothing. tile_config only takes it when it still leaves MIN_STAGES.
+
+Performance notes (first H200 run, 2026-12-01: correct, but 0.29x cuDNN against solver
+20's 0.77x). Offline analysis of the sm_90 TTGIR/PTX/SASS (compile_check's path) shows a
+sound main loop: one mbarrier wait (all consumer threads), KSUB wgmma groups, one
+`wgmma.wait_group 1`, one single-thread arrive on the released slot; no local memory, no
+convert_layout through shared memory (the 4-D -> 2-D `_reinterpret` of the x box gives a
+plain 128-byte-swizzle K-major descriptor), no ptxas wgmma serialisation warning, a
+STSM epilogue and one TMA store per 64-column chunk. What the numbers point at instead:
+  1. host cost: every measured time was ~0.16 or ~0.33 ms whatever the work (3.3 to 60
+     GFLOP), and the benchmark's sample is max(event time, host enqueue time). Each call
+     built three TensorDescriptors (validation, layouts), took Triton's JIT launch path
+     (binder over ~50 arguments) and re-encoded three CUtensorMaps. Now: layouts, shapes,
+     grid and argument tail planned once, descriptors built unvalidated, the launch through
+     nnprim.launch.Launch (compiled kernel called directly, CUtensorMaps cached by address),
+     as solver 20 does. `GluonConvPlan(planned=False)` keeps the old path for probes.
+  2. ring depth: KSUB 3 at C=64 left STAGES=2, i.e. no load in flight ahead of the stage
+     being multiplied (a TMA round trip per 3 taps); BN=256 tiles have 3 stages.
+  3. padded work: BN 256 for K=320/640 computed 512/768 columns (pick_bn).
+benchmarks/gluon_conv_probe.py separates these on the device (JIT vs planned launch,
+host us per call, CUDA-graph time without host cost, variants, epilogue off).
 
 Covers 2-D NHWC bf16/f16 forward, groups 1, stride 1, any dilation, any filter and
 padding (asymmetric too), C and K multiples of 16 (TMA row alignment), bias and up to

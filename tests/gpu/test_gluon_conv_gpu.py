@@ -168,3 +168,36 @@ def test_public_api(smoked):
     y = nnprim.conv_forward(x, w, b, padding=1, solver="gluon_implicit_gemm_fwd")
     ref = F.conv2d(x.double(), w.double(), b.double(), padding=1)
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+VARIANTS = [  # (x, w, pad, tile overrides): the variants benchmarks/gluon_conv_probe.py compares
+    ((2, 64, 9, 11), (64, 64, 3, 3), 1, dict(KSUB=3, STAGES=2)),        # the first run's C=64 ring
+    ((3, 128, 17, 19), (128, 128, 3, 3), 1, dict(warps=8)),             # two warpgroups at BN 128
+    ((3, 128, 17, 19), (128, 128, 3, 3), 1, dict(STAGES=3)),
+    ((2, 256, 14, 14), (320, 256, 3, 3), 1, dict(BN=256, warps=8, STAGES=3)),   # K tail in a BN 256 tile
+]
+
+
+@pytest.mark.parametrize("x_shape,w_shape,pad,over", VARIANTS, ids=[str(v[3]) for v in VARIANTS])
+def test_tile_variants(smoked, x_shape, w_shape, pad, over):
+    from dataclasses import replace
+    x, w, _ = case(x_shape, w_shape)
+    p = ConvProblem.create("fwd", x.shape, w.shape, dtype=x.dtype, layout="nhwc", device=DEV, padding=pad)
+    tile = replace(gluon_conv.tile_config(p), **over)
+    assert tile.smem_bytes() <= gluon_conv.SMEM_BYTES
+    ref = conv_fwd_f64(p, x, w, None, ())
+    theirs = F.conv2d(x, w, padding=pad)
+    for planned in (True, False):
+        plan = gluon_conv.GluonConvPlan(p, tile, planned)
+        for _ in range(2):      # the second call of a planned launch takes the fast path
+            y = plan(ConvArgs(x=x, w=w))
+        assert_close(f"{over} planned={planned}", y, theirs, ref)
+
+
+def test_planned_launch_matches_jit_launch(smoked):
+    x, w, b = case((4, 64, 30, 30), (128, 64, 3, 3), bias=True)
+    p = ConvProblem.create("fwd", x.shape, w.shape, dtype=x.dtype, layout="nhwc", device=DEV, padding=1, has_bias=True)
+    jit = gluon_conv.GluonConvPlan(p, planned=False)(ConvArgs(x=x, w=w, bias=b))
+    plan = gluon_conv.GluonConvPlan(p)
+    for _ in range(3):
+        assert torch.equal(plan(ConvArgs(x=x, w=w, bias=b)), jit)
