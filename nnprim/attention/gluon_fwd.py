@@ -50,7 +50,7 @@ Sq/Sk (tails), float scale (inverted or not), return_lse, softmax_inf_as_zero. E
 else (masks, dropout, kv_lens, paging, tensor scale, f32, other head dims) is solver 110's.
 Needs a CUDA device of capability 9.x and Gluon; never applicable under TRITON_INTERPRET=1
 (Gluon kernels do not run in the interpreter) nor without NNPRIM_GLUON=1 (opt-in, see
-nnprim/gluon_gate.py). Inputs whose strides TMA cannot describe
+nnprim/gluon_support.py). Inputs whose strides TMA cannot describe
 (inner stride != 1, base or strides not 16-byte aligned) are copied contiguous first.
 """
 from __future__ import annotations
@@ -61,25 +61,21 @@ import math
 import torch
 import triton
 
-from ..gluon_gate import gluon_reasons as gate_reasons
+from ..gluon_support import (
+    fence_async_shared,
+    gl,
+    gluon,
+    gluon_reasons,
+    host_descriptor,
+    mbarrier,
+    sm_count,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from ..launch import Launch
 from ..search.solver import register
 from .flash_fwd import PEAK_TBS, PEAK_TFLOPS, FlashBase
-
-try:  # Gluon ships with triton >= 3.5; without it the solver is not applicable
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    GLUON_ERROR: str | None = None
-except Exception as e:  # noqa: BLE001 - any import failure makes the solver not applicable
-    gluon = None
-    GLUON_ERROR = f"{type(e).__name__}: {e}"
 
 _CAUSAL_CODE = {None: 0, "top_left": 1, "bottom_right": 2}
 HEAD_DIMS = (64, 128, 256)
@@ -527,13 +523,6 @@ def _tma_view(t: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     return t, st
 
 
-@functools.cache
-def _sm_count(index: int | None) -> int:
-    if index is None:
-        return 132   # compile-only runs on CPU tensors (testing/compile_check.py): an H200's count
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 _GL_DTYPE = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
@@ -543,50 +532,66 @@ def _box_layout(rows: int, d: int, dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, d], getattr(gl, _GL_DTYPE[dtype]))
 
 
-def _descriptor(t: torch.Tensor, strides: list[int], rows: int) -> TensorDescriptor:
+def _descriptor(t: torch.Tensor, strides: list[int], rows: int):
     """Host TMA descriptor of a [B, H, S, D] tensor with box [1, 1, rows, D]: rows past S
-    load as zeros and are not stored, per (b, h)."""
-    return TensorDescriptor(t, list(t.shape), strides, [1, 1, rows, t.shape[3]], _box_layout(rows, t.shape[3], t.dtype))
+    load as zeros and are not stored, per (b, h). `strides` come from _tma_strides, which
+    checked what TensorDescriptor's own validation would."""
+    d = t.shape[3]
+    return host_descriptor(t, list(t.shape), strides, [1, 1, rows, d], _box_layout(rows, d, t.dtype))
+
+
+class GluonFwdPlan:
+    """Launches of `_gluon_fwd_kernel` for one problem and tile config. The grid and every
+    constexpr are fixed here; a call builds the four descriptors (unvalidated, see
+    _descriptor) and launches through nnprim.launch.Launch (compiled-kernel fast path,
+    CUtensorMaps cached per address), one Launch per (scale sign, lse stored): the two
+    constexprs a call's arguments decide."""
+
+    def __init__(self, problem, cfg: dict | None = None):
+        self.p = p = problem
+        cfg = dict(cfg or tile_config(p.D, problem=p))
+        self.persistent = cfg["PERSISTENT"]
+        self.rows = cfg["BLOCK_M"] // (2 if cfg["PINGPONG"] else 1)
+        self.block_n = cfg["BLOCK_N"]
+        self.n_tiles = triton.cdiv(p.Sq, cfg["BLOCK_M"]) * p.B * p.Hq
+        self.o_strides = [p.Hq * p.Sq * p.Dv, p.Sq * p.Dv, p.Dv, 1]
+        self.options = dict(HEAD_D=p.D, CAUSAL=_CAUSAL_CODE[p.causal], INF_AS_ZERO=p.inf_as_zero, **cfg)
+        self.launches: dict[tuple[bool, bool], Launch] = {}
+
+    def _launch(self, device: torch.device, scale_pos: bool, store_lse: bool) -> Launch:
+        key = (scale_pos, store_lse)
+        launch = self.launches.get(key)
+        if launch is None:
+            grid = (min(self.n_tiles, sm_count(device.index)),) if self.persistent else (self.n_tiles,)
+            launch = self.launches[key] = Launch(_gluon_fwd_kernel, grid, (), SCALE_POS=scale_pos,
+                                                 STORE_LSE=store_lse, **self.options)
+        return launch
+
+    def __call__(self, args, out: torch.Tensor | None = None, lse_out: torch.Tensor | None = None):
+        """(o, lse). `out` / `lse_out` (contiguous) let tests pass poisoned buffers; lse is
+        computed when problem.return_lse or lse_out is given."""
+        p = self.p
+        (q, sq), (k, sk), (v, sv) = _tma_view(args.q), _tma_view(args.k), _tma_view(args.v)
+        o = out if out is not None else torch.empty((p.B, p.Hq, p.Sq, p.Dv), dtype=q.dtype, device=q.device)
+        want_lse = p.return_lse or lse_out is not None
+        lse = lse_out if lse_out is not None else (
+            torch.empty((p.B, p.Hq, p.Sq), dtype=torch.float32, device=q.device) if want_lse else None)
+        scale = float(args.effective_scale(p.invert_scale))
+        self._launch(q.device, scale > 0, lse is not None)(
+            _descriptor(q, sq, self.rows), _descriptor(k, sk, self.block_n), _descriptor(v, sv, self.block_n),
+            _descriptor(o, self.o_strides, self.rows), lse if lse is not None else o,
+            p.B, p.Hq, p.Sq, p.Sk, p.group, scale * 1.4426950408889634)
+        return o, lse if want_lse else None
 
 
 def gluon_forward(problem, args, *, out: torch.Tensor | None = None,
                   lse_out: torch.Tensor | None = None, cfg: dict | None = None):
-    """(o, lse): run the kernel. `out` / `lse_out` (contiguous) let tests pass poisoned
-    buffers; lse is computed when problem.return_lse or lse_out is given."""
-    p = problem
-    cfg = dict(cfg or tile_config(p.D, problem=p))
-    persistent = cfg.pop("PERSISTENT")
-    (q, sq), (k, sk), (v, sv) = _tma_view(args.q), _tma_view(args.k), _tma_view(args.v)
-    o = out if out is not None else torch.empty((p.B, p.Hq, p.Sq, p.Dv), dtype=q.dtype, device=q.device)
-    want_lse = p.return_lse or lse_out is not None
-    lse = lse_out if lse_out is not None else (
-        torch.empty((p.B, p.Hq, p.Sq), dtype=torch.float32, device=q.device) if want_lse else None)
-    scale = float(args.effective_scale(p.invert_scale))
-    rows = cfg["BLOCK_M"] // (2 if cfg["PINGPONG"] else 1)
-    q_desc = _descriptor(q, sq, rows)
-    k_desc = _descriptor(k, sk, cfg["BLOCK_N"])
-    v_desc = _descriptor(v, sv, cfg["BLOCK_N"])
-    o_desc = _descriptor(o, [p.Hq * p.Sq * p.Dv, p.Sq * p.Dv, p.Dv, 1], rows)
-    n_tiles = triton.cdiv(p.Sq, cfg["BLOCK_M"]) * p.B * p.Hq
-    if persistent:
-        grid = (min(n_tiles, _sm_count(q.device.index if q.is_cuda else None)),)
-    else:
-        grid = (n_tiles,)
-    _gluon_fwd_kernel[grid](
-        q_desc, k_desc, v_desc, o_desc, lse if lse is not None else o,
-        p.B, p.Hq, p.Sq, p.Sk, p.group, scale * 1.4426950408889634,
-        HEAD_D=p.D, PERSISTENT=persistent, CAUSAL=_CAUSAL_CODE[p.causal], SCALE_POS=scale > 0,
-        STORE_LSE=lse is not None, INF_AS_ZERO=p.inf_as_zero, **cfg)
-    return o, lse if want_lse else None
+    """(o, lse) of one call with a tile config of the caller's (tests, benchmarks, the
+    compile check); the solver keeps one GluonFwdPlan per problem instead."""
+    return GluonFwdPlan(problem, cfg)(args, out=out, lse_out=lse_out)
 
 
 # ---- solver -----------------------------------------------------------------------------
-
-def gluon_reasons(problem) -> list[str]:
-    """Why the Gluon kernel cannot run here (nnprim.gluon_gate: import, opt-in switch,
-    interpreter, Hopper GPU)."""
-    return gate_reasons(problem.device, GLUON_ERROR)
-
 
 @register
 class GluonFlashForward(FlashBase):
@@ -615,7 +620,7 @@ class GluonFlashForward(FlashBase):
             reasons.append("a tensor scale is not supported (solver 110 reads it in the kernel)")
         if problem.descale is not None or problem.out_dtype not in (None, problem.dtype):
             reasons.append("FP8 inputs / another output dtype are not supported (solver 125)")
-        reasons += gluon_reasons(problem)
+        reasons += gluon_reasons(problem.device)
         return reasons
 
     def workspace_size(self, problem) -> int:
@@ -627,8 +632,4 @@ class GluonFlashForward(FlashBase):
         return model_ms(problem, tile_config(problem.D, problem=problem))
 
     def prepare(self, problem):
-        cfg = tile_config(problem.D, problem=problem)
-
-        def invoke(args):
-            return gluon_forward(problem, args, cfg=cfg)
-        return invoke
+        return GluonFwdPlan(problem)

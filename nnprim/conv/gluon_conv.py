@@ -51,7 +51,7 @@ padding (asymmetric too), C and K multiples of 16 (TMA row alignment), bias and 
 MAX_POST_OPS post-ops, y in the input dtype, standard (contiguous channels-last) x, w and
 y; other strides are copied (x, w) or the result copied out (y). Needs a CUDA device of
 capability 9.x and Gluon; never applicable under TRITON_INTERPRET=1 (Gluon kernels do not
-run in the interpreter) nor without NNPRIM_GLUON=1 (opt-in, nnprim/gluon_gate.py).
+run in the interpreter) nor without NNPRIM_GLUON=1 (opt-in, nnprim/gluon_support.py).
 Deterministic: each output element is reduced by one CTA in a fixed order.
 """
 from __future__ import annotations
@@ -63,30 +63,24 @@ import torch
 import triton
 
 from ..args import ConvArgs
-from ..gluon_gate import gluon_reasons as gate_reasons
+from ..gluon_support import (
+    TensorDescriptor,
+    fence_async_shared,
+    gl,
+    gluon,
+    gluon_reasons,
+    host_descriptor,
+    mbarrier,
+    sm_count,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import register
 from .implicit_gemm import _IGemmBase, geom
-from .triton_epilogue import plan_epilogue
-
-try:  # Gluon ships with triton >= 3.5; without it the solver is not applicable
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from .triton_epilogue import epilogue
-    GLUON_ERROR: str | None = None
-except Exception as e:  # noqa: BLE001 - any import failure makes the solver not applicable
-    gluon = None
-    GLUON_ERROR = f"{type(e).__name__}: {e}"
+from .triton_epilogue import epilogue, plan_epilogue
 
 SMEM_BYTES = 227 * 1024
 GLUON_VS_SOLVER20 = 0.65   # measured time ratio to solver 20 (see GluonImplicitGemmFwd.estimate)
@@ -344,20 +338,6 @@ def _nvmma(block: list[int], dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(block, getattr(gl, str(dtype).split(".")[-1]))
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132   # compile-only runs on CPU tensors (testing/compile_check.py): an H200's count
-
-
-def gluon_descriptor(t: torch.Tensor, shape: list[int], strides: list[int], block: list[int], layout):
-    """A Gluon host TMA descriptor whose shape, strides, block and alignment the plan has
-    checked once (TensorDescriptor's __post_init__ validation costs ~5 us per call)."""
-    d = object.__new__(TensorDescriptor)
-    d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = t, shape, strides, block, layout, "zero"
-    return d
-
-
 class GluonConvPlan:
     """Launch of `_gluon_conv_kernel` for one problem; x, w, y as standard channels-last
     tensors (others are copied). Everything but the data pointers is fixed here: the
@@ -389,7 +369,7 @@ class GluonConvPlan:
 
     def _launch(self, device: torch.device) -> Launch:
         if self.launch is None:
-            grid = (max(1, min(_sm_count(device), self.n_tiles)),)
+            grid = (max(1, min(sm_count(device.index), self.n_tiles)),)
             self.launch = Launch(_gluon_conv_kernel, grid, self.tail, num_warps=self.tile.warps)
         return self.launch
 
@@ -406,11 +386,11 @@ class GluonConvPlan:
         y_nchw = y.permute(0, 3, 1, 2)
         ptrs = self.epi.pointers(args.bias, args.post_ops, y_nchw)
         if self.planned:
-            descs = (gluon_descriptor(x, *self.dx), gluon_descriptor(w, *self.dw), gluon_descriptor(y, *self.dy))
+            descs = (host_descriptor(x, *self.dx), host_descriptor(w, *self.dw), host_descriptor(y, *self.dy))
             self._launch(x.device)(*descs, *ptrs)
         else:
             descs = (TensorDescriptor(x, *self.dx), TensorDescriptor(w, *self.dw), TensorDescriptor(y, *self.dy))
-            grid = (max(1, min(_sm_count(x.device), self.n_tiles)),)
+            grid = (max(1, min(sm_count(x.device.index), self.n_tiles)),)
             _gluon_conv_kernel[grid](*descs, *ptrs, *self.tail, num_warps=self.tile.warps)
         if out is not None and not direct:
             return out.copy_(y_nchw)
@@ -418,12 +398,6 @@ class GluonConvPlan:
 
 
 # ---- solver ------------------------------------------------------------------------------
-def gluon_reasons(device: str) -> list[str]:
-    """Why the Gluon kernel cannot run here (nnprim.gluon_gate: import, opt-in switch,
-    interpreter, Hopper GPU)."""
-    return gate_reasons(device, GLUON_ERROR)
-
-
 def shape_reasons(p: ConvProblem) -> list[str]:
     """Options the kernel does not cover (each names the option and its value)."""
     reasons = []

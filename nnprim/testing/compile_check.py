@@ -118,10 +118,11 @@ def _gluon_conv_attempts(failures: list[str], report: list[str]) -> None:
     """Compile solver 27's kernel through its plan (the solver is not applicable without a
     Hopper GPU) and report tile, registers, spills and shared memory per problem."""
     from nnprim.conv import gluon_conv
+    from nnprim.gluon_support import GLUON_ERROR
     from nnprim.problems.conv import ConvProblem
     from nnprim.search.random_args import random_args
-    if gluon_conv.GLUON_ERROR is not None:
-        failures.append(f"gluon_implicit_gemm_fwd: Gluon import failed: {gluon_conv.GLUON_ERROR}")
+    if GLUON_ERROR is not None:
+        failures.append(f"gluon_implicit_gemm_fwd: Gluon import failed: {GLUON_ERROR}")
         return
     kernel = gluon_conv._gluon_conv_kernel
     for x, w, kw in GLUON_CONV:
@@ -172,10 +173,11 @@ def _gluon_attempts(failures: list[str], report: list[str]) -> None:
     a Hopper GPU, so `attempt` would skip it) and report registers, spills and shared memory
     of each compiled variant (cuobjdump of the cubin when Triton ships it)."""
     from nnprim.attention import gluon_fwd
+    from nnprim.gluon_support import GLUON_ERROR
     from nnprim.problems.attention import AttentionProblem
     from nnprim.search.random_args import random_args
-    if gluon_fwd.GLUON_ERROR is not None:
-        failures.append(f"gluon_flash_fwd: Gluon import failed: {gluon_fwd.GLUON_ERROR}")
+    if GLUON_ERROR is not None:
+        failures.append(f"gluon_flash_fwd: Gluon import failed: {GLUON_ERROR}")
         return
     for pingpong, persistent, fields in GLUON_ATTENTION:
         p = AttentionProblem(**(dict(direction="fwd", device="cpu") | fields))

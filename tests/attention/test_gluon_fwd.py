@@ -55,14 +55,6 @@ def test_options_left_to_solver_110_are_named():
     assert "paged" in paged
 
 
-def test_gluon_reasons_without_gluon(monkeypatch):
-    monkeypatch.setattr(gluon_fwd, "GLUON_ERROR", "ImportError: no gluon")
-    assert "Gluon cannot be imported" in gluon_fwd.gluon_reasons(problem(device="cuda"))[0]
-    monkeypatch.setattr(gluon_fwd, "GLUON_ERROR", None)
-    monkeypatch.delenv("NNPRIM_GLUON", raising=False)
-    assert "NNPRIM_GLUON=1" in gluon_fwd.gluon_reasons(problem(device="cuda"))[0]
-
-
 def test_registry_keeps_choosing_other_solvers_on_cpu():
     p = problem(causal="bottom_right", return_lse=True)
     names = [sol.solver for sol in get_solutions(p)]

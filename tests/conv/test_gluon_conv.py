@@ -53,14 +53,6 @@ def test_each_unsupported_option_is_named(needle, x, w, kw):
     assert needle in reasons, (needle, reasons)
 
 
-def test_gluon_reasons(monkeypatch):
-    monkeypatch.setattr(gluon_conv, "GLUON_ERROR", "ImportError: no gluon")
-    assert "Gluon cannot be imported" in gluon_conv.gluon_reasons("cuda")[0]
-    monkeypatch.setattr(gluon_conv, "GLUON_ERROR", None)
-    monkeypatch.delenv("NNPRIM_GLUON", raising=False)
-    assert "NNPRIM_GLUON=1" in gluon_conv.gluon_reasons("cuda")[0]
-
-
 def test_registry_keeps_choosing_other_solvers_on_cpu():
     p = problem()
     names = [sol.solver for sol in get_solutions(p)]

@@ -39,3 +39,10 @@ def _one_bigmem_test_at_a_time(request):
         finally:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
+
+
+
+@pytest.fixture
+def gluon_opt_in(monkeypatch):
+    """The Gluon solvers are opt-in (nnprim/gluon_support.py): their test modules switch them on."""
+    monkeypatch.setenv("NNPRIM_GLUON", "1")

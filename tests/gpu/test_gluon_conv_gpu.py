@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from gpu_helpers import assert_close
+from gpu_helpers import GLUON_MODULE_MARKS, assert_close
 
 import nnprim
 from nnprim.args import ConvArgs
@@ -30,13 +30,7 @@ from nnprim.search.solver import REGISTRY
 
 DEV = "cuda"
 ROOT = Path(__file__).resolve().parents[2]
-HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-pytestmark = pytest.mark.skipif(not HOPPER, reason="needs an sm_90 (Hopper) GPU")
-
-
-@pytest.fixture(autouse=True)
-def _gluon_opt_in(monkeypatch):
-    monkeypatch.setenv("NNPRIM_GLUON", "1")   # the Gluon solvers are opt-in (nnprim/gluon_gate.py)
+pytestmark = GLUON_MODULE_MARKS
 
 
 SMOKE = """

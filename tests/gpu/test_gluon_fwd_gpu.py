@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from gpu_helpers import assert_close
+from gpu_helpers import GLUON_MODULE_MARKS, assert_close
 
 import nnprim
 from nnprim.args import AttnArgs
@@ -31,13 +31,7 @@ from nnprim.search.solver import REGISTRY
 
 DEV = "cuda"
 ROOT = Path(__file__).resolve().parents[2]
-HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-pytestmark = pytest.mark.skipif(not HOPPER, reason="needs an sm_90 (Hopper) GPU")
-
-
-@pytest.fixture(autouse=True)
-def _gluon_opt_in(monkeypatch):
-    monkeypatch.setenv("NNPRIM_GLUON", "1")   # the Gluon solvers are opt-in (nnprim/gluon_gate.py)
+pytestmark = GLUON_MODULE_MARKS
 
 
 SMOKE = """
@@ -232,7 +226,7 @@ def test_persistent_many_tiles_per_cta(monkeypatch, causal, pp):
     why = smoke_failure((pp, True))
     if why:
         pytest.skip(why[:500])
-    monkeypatch.setattr(gluon_fwd, "_sm_count", lambda index: 7)
+    monkeypatch.setattr(gluon_fwd, "sm_count", lambda index: 7)
     for D in (64, 128, 256):
         q, k, v = case(2, 4, 2, 1100, 1000 if D != 256 else 700, D, seed=D)
         p, args, o, lse, ro, rl = run_checked(q, k, v, (pp, True), causal=causal)

@@ -1,0 +1,70 @@
+"""What the Gluon (Hopper) solvers share: Gluon's import, their applicability gate and the
+unvalidated host TMA descriptor. The solvers: 126 `gluon_flash_fwd` (attention/gluon_fwd.py)
+and 27 `gluon_implicit_gemm_fwd` (conv/gluon_conv.py).
+
+They are opt-in, `NNPRIM_GLUON=1` (read on every applicability check, so a test or a
+process can switch them), until the whole GPU test suite has passed with them on an H200:
+on 2026-12-01 their own correctness runs passed (bf16 ping-pong attention at d64/d128/d256,
+the conv probe), but the last full tests/gpu run timed out with 4 failures it did not name.
+Without the switch find never times them and the find-db records of them are skipped."""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from .launch import interpreting
+
+GLUON_ENV = "NNPRIM_GLUON"
+
+try:  # Gluon ships with triton >= 3.5; without it the Gluon solvers are not applicable
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    GLUON_ERROR: str | None = None
+except Exception as e:  # noqa: BLE001 - any import failure makes the solvers not applicable
+    gluon = gl = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
+    TensorDescriptor = None
+    GLUON_ERROR = f"{type(e).__name__}: {e}"
+
+
+def gluon_reasons(device: str) -> list[str]:
+    """Why a Gluon Hopper kernel cannot run on `device`: Gluon missing, the opt-in switch
+    off, the interpreter, no GPU of capability 9.x."""
+    if GLUON_ERROR is not None:
+        return [f"not applicable: Gluon cannot be imported ({GLUON_ERROR})"]
+    if os.environ.get(GLUON_ENV, "0") != "1":
+        return [f"not applicable: the Gluon solvers are opt-in ({GLUON_ENV}=1) until the GPU suite passes with them"]
+    if interpreting():
+        return ["not applicable under TRITON_INTERPRET=1 (Gluon kernels do not run in the interpreter)"]
+    if device != "cuda" or not torch.cuda.is_available():
+        return [f"not applicable on device {device}: needs a CUDA GPU of capability 9.x (Hopper)"]
+    cap = torch.cuda.get_device_capability()
+    if cap[0] != 9:
+        return [f"not applicable on capability {cap[0]}.{cap[1]}: the kernel uses Hopper's wgmma (9.x)"]
+    return []
+
+
+def host_descriptor(t: torch.Tensor, shape: list[int], strides: list[int], block: list[int], layout):
+    """A Gluon host TMA descriptor whose shape, strides, block and alignment the caller has
+    checked (TensorDescriptor's __post_init__ validation costs ~5 us per call)."""
+    d = object.__new__(TensorDescriptor)
+    d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = t, shape, strides, block, layout, "zero"
+    return d
+
+
+@functools.cache
+def sm_count(index: int | None) -> int:
+    """SMs of CUDA device `index`: the persistent grids' size. None: compile-only runs on CPU
+    tensors (testing/compile_check.py), which plan for an H200's 132."""
+    if index is None:
+        return 132
+    return torch.cuda.get_device_properties(index).multi_processor_count
