@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-os.environ.setdefault("NNPRIM_GLUON", "1")  # the Gluon solvers are opt-in (nnprim/gluon_support.py)
+os.environ["NNPRIM_GLUON"] = "1"  # measured even where the environment switches them off
 import nnprim
 from nnprim.problems.conv import ConvProblem
 from nnprim.search.solver import REGISTRY

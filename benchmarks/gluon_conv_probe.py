@@ -42,7 +42,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-os.environ.setdefault("NNPRIM_GLUON", "1")  # the Gluon solvers are opt-in (nnprim/gluon_support.py)
+os.environ["NNPRIM_GLUON"] = "1"  # measured even where the environment switches them off
 import nnprim  # noqa: E402
 from nnprim.args import ConvArgs  # noqa: E402
 from nnprim.conv import gluon_conv  # noqa: E402

@@ -2,11 +2,10 @@
 unvalidated host TMA descriptor. The solvers: 126 `gluon_flash_fwd` (attention/gluon_fwd.py)
 and 27 `gluon_implicit_gemm_fwd` (conv/gluon_conv.py).
 
-They are opt-in, `NNPRIM_GLUON=1` (read on every applicability check, so a test or a
-process can switch them), until the whole GPU test suite has passed with them on an H200:
-on 2026-12-01 their own correctness runs passed (bf16 ping-pong attention at d64/d128/d256,
-the conv probe), but the last full tests/gpu run timed out with 4 failures it did not name.
-Without the switch find never times them and the find-db records of them are skipped."""
+They are on by default since the whole GPU test suite passed with them on an H200
+(2026-12-01: 281 + 121 tests, results/gpu_tests_gluon_2026-12-01_*.log). `NNPRIM_GLUON=0`
+switches them off (read on every applicability check): find then never times them and the
+find-db records of them are skipped, so the Triton solvers take their problems."""
 from __future__ import annotations
 
 import functools
@@ -37,12 +36,12 @@ except Exception as e:  # noqa: BLE001 - any import failure makes the solvers no
 
 
 def gluon_reasons(device: str) -> list[str]:
-    """Why a Gluon Hopper kernel cannot run on `device`: Gluon missing, the opt-in switch
-    off, the interpreter, no GPU of capability 9.x."""
+    """Why a Gluon Hopper kernel cannot run on `device`: Gluon missing, switched off
+    (NNPRIM_GLUON=0), the interpreter, no GPU of capability 9.x."""
     if GLUON_ERROR is not None:
         return [f"not applicable: Gluon cannot be imported ({GLUON_ERROR})"]
-    if os.environ.get(GLUON_ENV, "0") != "1":
-        return [f"not applicable: the Gluon solvers are opt-in ({GLUON_ENV}=1) until the GPU suite passes with them"]
+    if os.environ.get(GLUON_ENV, "1") == "0":
+        return [f"not applicable: the Gluon solvers are switched off ({GLUON_ENV}=0)"]
     if interpreting():
         return ["not applicable under TRITON_INTERPRET=1 (Gluon kernels do not run in the interpreter)"]
     if device != "cuda" or not torch.cuda.is_available():
@@ -59,6 +58,14 @@ def host_descriptor(t: torch.Tensor, shape: list[int], strides: list[int], block
     d = object.__new__(TensorDescriptor)
     d.base, d.shape, d.strides, d.block_shape, d.layout, d.padding = t, shape, strides, block, layout, "zero"
     return d
+
+
+def contiguous_aligned(t: torch.Tensor) -> torch.Tensor:
+    """t, or a fresh contiguous copy when t is not contiguous or its base is not 16-byte
+    aligned (what a TMA descriptor needs; `contiguous()` would keep an odd offset)."""
+    if t.is_contiguous() and t.data_ptr() % 16 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 @functools.cache

@@ -49,7 +49,7 @@ Covers bf16/f16, D == Dv in {64, 128, 256}, GQA/MQA, causal top-left and bottom-
 Sq/Sk (tails), float scale (inverted or not), return_lse, softmax_inf_as_zero. Everything
 else (masks, dropout, kv_lens, paging, tensor scale, f32, other head dims) is solver 110's.
 Needs a CUDA device of capability 9.x and Gluon; never applicable under TRITON_INTERPRET=1
-(Gluon kernels do not run in the interpreter) nor without NNPRIM_GLUON=1 (opt-in, see
+(Gluon kernels do not run in the interpreter) nor with NNPRIM_GLUON=0 (the off switch, see
 nnprim/gluon_support.py). Inputs whose strides TMA cannot describe
 (inner stride != 1, base or strides not 16-byte aligned) are copied contiguous first.
 """
@@ -517,8 +517,8 @@ def _tma_strides(t: torch.Tensor) -> list[int] | None:
 def _tma_view(t: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
     """(t, its TMA strides), or a contiguous copy of t when TMA cannot describe it."""
     st = _tma_strides(t)
-    if st is None:
-        t = t.contiguous()
+    if st is None:   # clone, not contiguous(): a contiguous view at an odd offset stays odd
+        t = t.clone(memory_format=torch.contiguous_format)
         st = _tma_strides(t)
     return t, st
 

@@ -51,7 +51,7 @@ padding (asymmetric too), C and K multiples of 16 (TMA row alignment), bias and 
 MAX_POST_OPS post-ops, y in the input dtype, standard (contiguous channels-last) x, w and
 y; other strides are copied (x, w) or the result copied out (y). Needs a CUDA device of
 capability 9.x and Gluon; never applicable under TRITON_INTERPRET=1 (Gluon kernels do not
-run in the interpreter) nor without NNPRIM_GLUON=1 (opt-in, nnprim/gluon_support.py).
+run in the interpreter) nor with NNPRIM_GLUON=0 (the off switch, nnprim/gluon_support.py).
 Deterministic: each output element is reduced by one CTA in a fixed order.
 """
 from __future__ import annotations
@@ -65,6 +65,7 @@ import triton
 from ..args import ConvArgs
 from ..gluon_support import (
     TensorDescriptor,
+    contiguous_aligned,
     fence_async_shared,
     gl,
     gluon,
@@ -378,8 +379,7 @@ class GluonConvPlan:
         # physical NHWC views (the logical tensors are (N, C, H, W) in channels-last memory)
         x = args.x.permute(0, 2, 3, 1)
         w = args.w.permute(0, 2, 3, 1)
-        x = x if x.is_contiguous() and x.data_ptr() % 16 == 0 else x.contiguous()
-        w = w if w.is_contiguous() and w.data_ptr() % 16 == 0 else w.contiguous()
+        x, w = contiguous_aligned(x), contiguous_aligned(w)
         direct = (out is not None and out.dtype == p.dtype and out.data_ptr() % 16 == 0
                   and out.permute(0, 2, 3, 1).is_contiguous())
         y = out.permute(0, 2, 3, 1) if direct else torch.empty(self.y_shape, dtype=p.dtype, device=x.device)

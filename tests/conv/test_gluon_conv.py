@@ -28,7 +28,7 @@ def test_registered_as_deterministic_implicit_gemm_forward():
 
 
 def test_not_applicable_on_cpu_and_under_the_interpreter(monkeypatch):
-    monkeypatch.setenv("NNPRIM_GLUON", "1")   # past the opt-in switch: the device reasons
+    monkeypatch.setenv("NNPRIM_GLUON", "1")   # past the off switch: the device reasons
     s = REGISTRY.get("gluon_implicit_gemm_fwd")
     reasons = " | ".join(s.not_supported_reasons(problem()))
     assert "not applicable" in reasons

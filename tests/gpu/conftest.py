@@ -19,30 +19,49 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "bigmem: allocates several GiB; run one at a time across xdist workers")
+    config.addinivalue_line("markers", "bigmem: allocates several GiB; few at a time across xdist workers")
+
+
+BIGMEM_SLOTS = 3   # bigmem tests at once: 8 ran the H200 out of memory, 1 serialised the suite
 
 
 @pytest.fixture(autouse=True)
-def _one_bigmem_test_at_a_time(request):
-    """Tests marked bigmem (8k-32k contexts, FP8 references) take a file lock, so 8 xdist
-    workers sharing one GPU do not run them together (they ran out of memory that way),
-    and give their memory back to the other workers when done."""
+def _few_bigmem_tests_at_a_time(request):
+    """Tests marked bigmem (8k-32k contexts, FP8 references) take one of BIGMEM_SLOTS file
+    locks, so 8 xdist workers sharing one GPU do not run more of them together than its
+    memory holds, and give their memory back to the other workers when done."""
     if request.node.get_closest_marker("bigmem") is None or not torch.cuda.is_available():
         yield
         return
     import fcntl
     import tempfile
-    with open(os.path.join(tempfile.gettempdir(), "nnprim-gpu-bigmem.lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    import time
+    files = [open(os.path.join(tempfile.gettempdir(), f"nnprim-gpu-bigmem-{i}.lock"), "w")
+             for i in range(BIGMEM_SLOTS)]
+    held = None
+    try:
+        while held is None:
+            for f in files:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = f
+                    break
+                except BlockingIOError:
+                    pass
+            else:
+                time.sleep(0.05)
         try:
             yield
         finally:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
-
+    finally:
+        for f in files:
+            f.close()   # closing releases the lock held on it
 
 
 @pytest.fixture
-def gluon_opt_in(monkeypatch):
-    """The Gluon solvers are opt-in (nnprim/gluon_support.py): their test modules switch them on."""
+def gluon_on(monkeypatch):
+    """The Gluon solvers' test modules run them even where the environment switches them off
+    (NNPRIM_GLUON=0, nnprim/gluon_support.py)."""
     monkeypatch.setenv("NNPRIM_GLUON", "1")

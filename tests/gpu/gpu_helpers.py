@@ -11,9 +11,9 @@ import torch
 from nnprim.search.context import context
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-# the Gluon solvers' test modules: Hopper only, the solvers opted in (conftest.gluon_opt_in)
+# the Gluon solvers' test modules: Hopper only, the solvers on (conftest.gluon_on)
 GLUON_MODULE_MARKS = [pytest.mark.skipif(not HOPPER, reason="needs an sm_90 (Hopper) GPU"),
-                      pytest.mark.usefixtures("gluon_opt_in")]
+                      pytest.mark.usefixtures("gluon_on")]
 FACTOR = 3.0                         # ours may be this many times torch's same-dtype error
 FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 6e-3}
 

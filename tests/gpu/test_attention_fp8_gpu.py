@@ -23,7 +23,7 @@ from nnprim.attention.reference import reference_forward
 from nnprim.problems.attention import AttentionProblem
 from nnprim.search.solver import REGISTRY
 
-pytestmark = pytest.mark.bigmem   # several GiB per test: one at a time (conftest)
+pytestmark = pytest.mark.bigmem   # several GiB per test: few at a time (conftest)
 
 DEV = "cuda"
 E4 = torch.float8_e4m3fn

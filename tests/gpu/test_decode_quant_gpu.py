@@ -13,7 +13,7 @@ import nnprim
 from nnprim.attention import decode
 from nnprim.quant import quantize_kv
 
-pytestmark = pytest.mark.bigmem   # several GiB per test: one at a time (conftest)
+pytestmark = pytest.mark.bigmem   # several GiB per test: few at a time (conftest)
 
 DEV = "cuda"
 FORMATS = ([("s8", g, zp) for g in (32, 128) for zp in (False, True)] + [("u8", 64, True)]

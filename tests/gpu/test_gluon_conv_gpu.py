@@ -155,6 +155,13 @@ def test_strided_inputs_are_copied(smoked):
     p = ConvProblem.create("fwd", x.shape, w.shape, dtype=x.dtype, layout="nhwc", device=DEV, padding=1)
     y = gluon_conv.GluonConvPlan(p)(ConvArgs(x=x.contiguous(), w=w.contiguous()))   # NCHW memory
     assert torch.equal(y, y_ref)
+    # channels-last at an odd storage offset (base not 16-byte aligned): copied, not faulted
+    n = x.numel()
+    base = torch.empty(n + 1, dtype=x.dtype, device=DEV)
+    xo = base[1:].as_strided(x.shape, x.stride())
+    xo.copy_(x)
+    assert xo.data_ptr() % 16 and xo.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(gluon_conv.GluonConvPlan(p)(ConvArgs(x=xo, w=w)), y_ref)
 
 
 def test_public_api(smoked):

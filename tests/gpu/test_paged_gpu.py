@@ -16,7 +16,7 @@ from nnprim.attention.reference import sdpa_reference
 from nnprim.paged import append_kv, gather_pages, to_pages
 from nnprim.quant import KVQuant, quantize_kv
 
-pytestmark = pytest.mark.bigmem   # several GiB per test: one at a time (conftest)
+pytestmark = pytest.mark.bigmem   # several GiB per test: few at a time (conftest)
 
 DEV = "cuda"
 HQ, HKV, D = 32, 8, 128
