@@ -123,15 +123,21 @@ def smem_bytes(d: int, cfg: dict) -> int:
 # Fit of the H200 runs of 2026-12-01 (bf16, train problems of attention_gpu.json): the
 # tensor-core rate reached by head dim, and the fixed cost per tile in key blocks (one CTA
 # per tile: 3; persistent, whose next tile's loads run under the current one: about 1)
-EFF_BY_D = {64: 0.61, 128: 0.94, 256: 0.7}   # d256 not measured yet
+EFF_BY_D = {64: 0.61, 128: 0.94, 256: 0.9}   # H200, long sequences (d256: 684 TFLOP/s at s16k)
 TILE_OVERHEAD_BLOCKS = {False: 3.0, True: 1.0}   # by cfg["PERSISTENT"]
+# host time per call (descriptors, launch) that bounds tiny problems, on find's clock: solver
+# 110's floor (flash_fwd.HOST_FLOOR_MS) plus the 12 us more that the smallest forced calls of
+# 126 took through the API in the H200 regret run of 2026-12-01 (0.055 ms against 0.043;
+# results/regret_2026-12-01_run2.json)
+HOST_FLOOR_MS = 0.052
 
 
 def model_ms(problem, cfg: dict) -> float:
     """Predicted time: flops / (peak * eff_D) * (n_kv + c) / n_kv, where n_kv is the mean
     number of key blocks per tile and c = TILE_OVERHEAD_BLOCKS the per-tile fixed cost (Q load
     and ring fill, epilogue; by launch variant), divided by the SM fill of the last wave (tiles / (waves * 132)),
-    as flash_fwd.roofline_ms; at least the memory time; plus 10 us of launch. Causal halves
+    as flash_fwd.roofline_ms; at least the memory time; plus 10 us of launch; at least
+    HOST_FLOOR_MS. Causal halves
     the flops through problem.flops()."""
     if problem.device != "cuda":
         return problem.flops() / 2e7 + 1.0
@@ -151,7 +157,7 @@ def model_ms(problem, cfg: dict) -> float:
     tiles = problem.B * problem.Hq * n_m
     fill = tiles / (math.ceil(tiles / 132) * 132)
     t_m = problem.bytes() / (PEAK_TBS * 1e12 * 0.8)
-    return max(t_c / max(fill, 0.05), t_m) * 1e3 + 0.01
+    return max(max(t_c / max(fill, 0.05), t_m) * 1e3 + 0.01, HOST_FLOOR_MS)
 
 
 # ---- Gluon kernel ---------------------------------------------------------------------
