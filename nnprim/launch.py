@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Callable
 
 import torch
 from triton import knobs
@@ -99,7 +100,7 @@ class _HostTMA:
     which is all they encode. Built from the compiled launcher's parts; `make` returns
     None where that launcher is not the wrapped kind this knows (then the plain path runs)."""
 
-    __slots__ = ("raw", "function", "head", "meta", "maps")
+    __slots__ = ("raw", "function", "head", "meta", "maps", "keyed")
 
     @classmethod
     def make(cls, c, n_ptrs: int) -> _HostTMA | None:
@@ -114,6 +115,7 @@ class _HostTMA:
             self.head = (run.launch_cooperative_grid, run.launch_pdl, None, None, c.packed_metadata, None, None, None)
             self.meta = dict(zip(idx, meta))
             self.maps = {}
+            self.keyed = {}
             return self
         except Exception:  # noqa: BLE001 - another Triton: the plain path still works
             return None
@@ -127,6 +129,13 @@ class _HostTMA:
             out = self.maps[key] = _make_tensordesc_arg(d, self.meta[i])
         return out
 
+    def encode(self, descs: tuple) -> tuple:
+        """The launcher's arguments of the leading descriptor arguments `descs`."""
+        args: list = []
+        for i, d in enumerate(descs):
+            args.extend(self.expand(i, d))
+        return tuple(args)
+
     def __call__(self, grid: tuple, ptrs: tuple, tail: tuple) -> None:
         args: list = []
         for i, p in enumerate(ptrs):
@@ -135,6 +144,9 @@ class _HostTMA:
             else:
                 args.append(p)
         self.raw(grid[0], grid[1], grid[2], _stream(), self.function, *self.head, *args, *tail)
+
+    def run_encoded(self, grid: tuple, encoded: tuple, rest: tuple, tail: tuple) -> None:
+        self.raw(grid[0], grid[1], grid[2], _stream(), self.function, *self.head, *encoded, *rest, *tail)
 
 
 def _make_tensordesc_arg(d, meta) -> list:
@@ -175,6 +187,23 @@ class Launch:
         if c is not None and not _hooked():
             return self._fast(c, ptrs)
         return self(*ptrs)
+
+    def run_keyed(self, key, descriptors: Callable[[], tuple], *rest):
+        """Launch a kernel whose leading arguments are host TMA descriptors, built by
+        `descriptors()` only when `key` is new. `key` must fix everything they encode apart
+        from what the plan fixed (the data pointers and strides): then the encoded
+        CUtensorMaps are reused and a call costs no descriptor objects (~10-20 us of Python
+        for three or four). `rest` are the other per-call arguments (pointers, scalars)."""
+        tma = self.tma
+        if tma is not None and self.compiled is not None and not _hooked():
+            enc = tma.keyed.get(key)
+            if enc is None:
+                if len(tma.keyed) >= 256:
+                    tma.keyed.clear()
+                enc = tma.keyed[key] = tma.encode(descriptors())
+            tma.run_encoded(self.grid, enc, rest, self.full_tail)
+            return self.compiled
+        return self(*descriptors(), *rest)
 
     def __call__(self, *ptrs):
         """Launch; returns the compiled kernel (None under the interpreter)."""

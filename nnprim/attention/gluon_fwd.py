@@ -563,6 +563,9 @@ class GluonFwdPlan:
         self.o_strides = [p.Hq * p.Sq * p.Dv, p.Sq * p.Dv, p.Dv, 1]
         self.options = dict(HEAD_D=p.D, CAUSAL=_CAUSAL_CODE[p.causal], INF_AS_ZERO=p.inf_as_zero, **cfg)
         self.launches: dict[tuple[bool, bool], Launch] = {}
+        # TMA strides of (q, k, v) by their stride tuples: what _tma_strides found for
+        # inputs it took in place (the shapes are the problem's)
+        self.strides: dict[tuple, tuple[tuple[int, ...], ...]] = {}
 
     def _launch(self, device: torch.device, scale_pos: bool, store_lse: bool) -> Launch:
         key = (scale_pos, store_lse)
@@ -577,17 +580,30 @@ class GluonFwdPlan:
         """(o, lse). `out` / `lse_out` (contiguous) let tests pass poisoned buffers; lse is
         computed when problem.return_lse or lse_out is given."""
         p = self.p
-        (q, sq), (k, sk), (v, sv) = _tma_view(args.q), _tma_view(args.k), _tma_view(args.v)
+        q, k, v = args.q, args.k, args.v
         o = out if out is not None else torch.empty((p.B, p.Hq, p.Sq, p.Dv), dtype=q.dtype, device=q.device)
         want_lse = p.return_lse or lse_out is not None
         lse = lse_out if lse_out is not None else (
             torch.empty((p.B, p.Hq, p.Sq), dtype=torch.float32, device=q.device) if want_lse else None)
         scale = float(args.effective_scale(p.invert_scale))
-        self._launch(q.device, scale > 0, lse is not None)(
-            _descriptor(q, sq, self.rows), _descriptor(k, sk, self.block_n), _descriptor(v, sv, self.block_n),
-            _descriptor(o, self.o_strides, self.rows), lse if lse is not None else o,
-            p.B, p.Hq, p.Sq, p.Sk, p.group, scale * 1.4426950408889634)
+        launch = self._launch(q.device, scale > 0, lse is not None)
+        rest = (lse if lse is not None else o, p.B, p.Hq, p.Sq, p.Sk, p.group, scale * 1.4426950408889634)
+        st = self.strides.get((q.stride(), k.stride(), v.stride()))
+        if st is None or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+            # strides not seen yet, or a base TMA cannot take: checked, copied if need be
+            (q, sq), (k, sk), (v, sv) = _tma_view(q), _tma_view(k), _tma_view(v)
+            if q is args.q and k is args.k and v is args.v:
+                self.strides[(q.stride(), k.stride(), v.stride())] = (tuple(sq), tuple(sk), tuple(sv))
+            launch(*self._descriptors(q, k, v, o, (sq, sk, sv)), *rest)
+        else:   # TMA-able in place: the encoded descriptors are reused per address
+            launch.run_keyed((q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()) + st,
+                             lambda: self._descriptors(q, k, v, o, st), *rest)
         return o, lse if want_lse else None
+
+    def _descriptors(self, q, k, v, o, strides) -> tuple:
+        sq, sk, sv = strides
+        return (_descriptor(q, sq, self.rows), _descriptor(k, sk, self.block_n), _descriptor(v, sv, self.block_n),
+                _descriptor(o, self.o_strides, self.rows))
 
 
 def gluon_forward(problem, args, *, out: torch.Tensor | None = None,

@@ -389,9 +389,11 @@ class GluonConvPlan:
         y = out.permute(0, 2, 3, 1) if direct else torch.empty(self.y_shape, dtype=p.dtype, device=x.device)
         y_nchw = y.permute(0, 3, 1, 2)
         ptrs = self.epi.pointers(args.bias, args.post_ops, y_nchw)
-        if self.planned:
-            descs = (host_descriptor(x, *self.dx), host_descriptor(w, *self.dw), host_descriptor(y, *self.dy))
-            self._launch(x.device)(*descs, *ptrs)
+        if self.planned:   # the descriptors' encoded form is reused per (x, w, y) address
+            self._launch(x.device).run_keyed(
+                (x.data_ptr(), w.data_ptr(), y.data_ptr()),
+                lambda: (host_descriptor(x, *self.dx), host_descriptor(w, *self.dw), host_descriptor(y, *self.dy)),
+                *ptrs)
         else:
             descs = (TensorDescriptor(x, *self.dx), TensorDescriptor(w, *self.dw), TensorDescriptor(y, *self.dy))
             grid = (max(1, min(sm_count(x.device.index), self.n_tiles)),)

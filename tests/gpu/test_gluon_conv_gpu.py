@@ -202,3 +202,11 @@ def test_planned_launch_matches_jit_launch(smoked):
     plan = gluon_conv.GluonConvPlan(p)
     for _ in range(3):
         assert torch.equal(plan(ConvArgs(x=x, w=w, bias=b)), jit)
+    # the encoded descriptors are keyed by address: new values in place, then new tensors
+    x.copy_(torch.randn_like(x))
+    jit2 = gluon_conv.GluonConvPlan(p, planned=False)(ConvArgs(x=x, w=w, bias=b))
+    assert not torch.equal(jit2, jit)
+    assert torch.equal(plan(ConvArgs(x=x, w=w, bias=b)), jit2)
+    x3, w3, b3 = case((4, 64, 30, 30), (128, 64, 3, 3), bias=True, seed=5)
+    assert torch.equal(plan(ConvArgs(x=x3, w=w3, bias=b3)),
+                       gluon_conv.GluonConvPlan(p, planned=False)(ConvArgs(x=x3, w=w3, bias=b3)))

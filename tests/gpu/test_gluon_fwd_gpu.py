@@ -245,3 +245,32 @@ def test_size_one_dims_with_any_stride_need_no_copy(variant):
     assert gluon_fwd._tma_strides(q) is not None and gluon_fwd._tma_strides(k) is not None
     p, args, o, lse, ro, rl = run_checked(q, k, v, variant, causal="top_left")
     assert_close("o size-1 dims", o, torch_same_dtype(q, k, v, "top_left"), ro)
+
+
+def test_one_plan_many_calls():
+    """A plan reused as the solver reuses it: the encoded descriptors are keyed by address
+    and strides, so new values at the same addresses, new tensors, other strides (BSHD
+    views) and an unaligned copy each give the right result."""
+    q, k, v = case(2, 8, 2, 300, 333, 128, seed=21)
+    p = AttentionProblem.from_tensors(q, k, v, causal="bottom_right", return_lse=True)
+    plan = gluon_fwd.GluonFwdPlan(p)
+
+    def check(qq, kk, vv, name):
+        o, _ = plan(AttnArgs(qq, kk, vv))
+        ro, _ = reference_forward(p, AttnArgs(qq, kk, vv))
+        assert_close(name, o, torch_same_dtype(qq, kk, vv, "bottom_right"), ro)
+        return o
+
+    o1 = check(q, k, v, "first")
+    assert torch.equal(check(q, k, v, "again"), o1)
+    q.copy_(torch.randn_like(q))                       # same address, new values
+    assert not torch.equal(check(q, k, v, "new values"), o1)
+    q2, k2, v2 = case(2, 8, 2, 300, 333, 128, seed=22)   # new tensors
+    check(q2, k2, v2, "new tensors")
+    g = torch.Generator(device=DEV).manual_seed(23)  # (B, S, H, D) storage: other strides
+    qb = torch.randn(2, 300, 8, 128, generator=g, device=DEV).to(torch.bfloat16).transpose(1, 2)
+    check(qb, k2, v2, "bshd q")
+    base = torch.randn(q.numel() + 1, device=DEV).to(torch.bfloat16)
+    qo = base[1:].view(q.shape)
+    qo.copy_(q2)
+    check(qo, k2, v2, "unaligned q")

@@ -1,0 +1,54 @@
+"""nnprim.launch: the keyed TMA launch encodes descriptors once per key and falls back to
+the plain path before the first compile and under a launch hook (no GPU needed: the
+compiled kernel and its TMA launcher are stand-ins)."""
+from nnprim import launch as L
+
+
+class _FakeTMA:
+    def __init__(self):
+        self.keyed: dict = {}
+        self.encoded: list = []
+        self.runs: list = []
+
+    def encode(self, descs):
+        self.encoded.append(descs)
+        return tuple(f"enc:{d}" for d in descs)
+
+    def run_encoded(self, grid, enc, rest, tail):
+        self.runs.append((grid, enc, rest, tail))
+
+
+def _planned(monkeypatch):
+    ln = L.Launch.__new__(L.Launch)
+    ln.grid, ln.full_tail, ln.compiled, ln.tma = (4, 1, 1), ("t",), object(), _FakeTMA()
+    plain = []
+    monkeypatch.setattr(L.Launch, "__call__", lambda self, *a: plain.append(a) or self.compiled)
+    monkeypatch.setattr(L, "_hooked", lambda: False)
+    return ln, plain
+
+
+def test_run_keyed_encodes_once_per_key(monkeypatch):
+    ln, plain = _planned(monkeypatch)
+    built = []
+
+    def descs(tag):
+        return lambda: built.append(tag) or (f"{tag}q", f"{tag}k")
+
+    ln.run_keyed((1, 2), descs("a"), "lse", 3)
+    ln.run_keyed((1, 2), descs("b"), "lse", 4)   # same key: not rebuilt
+    ln.run_keyed((5, 2), descs("c"), "lse", 5)
+    assert built == ["a", "c"] and not plain
+    assert [r[1] for r in ln.tma.runs] == [("enc:aq", "enc:ak")] * 2 + [("enc:cq", "enc:ck")]
+    assert [r[2] for r in ln.tma.runs] == [("lse", 3), ("lse", 4), ("lse", 5)]
+    assert all(r[0] == (4, 1, 1) and r[3] == ("t",) for r in ln.tma.runs)
+
+
+def test_run_keyed_plain_path_before_compile_and_when_hooked(monkeypatch):
+    ln, plain = _planned(monkeypatch)
+    ln.compiled = None
+    ln.run_keyed((1,), lambda: ("d",), "x")
+    assert plain == [("d", "x")] and not ln.tma.runs
+    ln.compiled = object()
+    monkeypatch.setattr(L, "_hooked", lambda: True)   # a profiler's launch hook sees every launch
+    ln.run_keyed((1,), lambda: ("e",), "y")
+    assert plain[-1] == ("e", "y") and not ln.tma.runs
