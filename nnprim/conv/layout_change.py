@@ -4,8 +4,8 @@ family `implicit_gemm`.
 The TMA implicit-GEMM kernels need channels contiguous (16-byte channel rows); NCHW
 problems otherwise run the pointer-gather kernels at 0.3-0.4x cuDNN (NCHW rn50_r3_3x3,
 2026-11-30). These solvers change the layout once on the way in (x / dy / w and any
-full-size post-op tensor) and once on the way out, and run the NHWC solver (20/21/22)
-in between: two extra passes over the activations, which pays when the NHWC kernel is
+full-size post-op tensor) and once on the way out, and run the NHWC solver (forward: 27
+where it applies, else 20; 21/22 backward) in between: two extra passes over the activations, which pays when the NHWC kernel is
 more than that much faster; find measures both and keeps the faster.
 
 Workspace: the NHWC copies of the inputs and of the output (temporaries of one call)."""
@@ -24,6 +24,19 @@ from . import configs
 
 _INNER = {"fwd": "implicit_gemm_fwd", "bwd_data": "implicit_gemm_bwd_data",
           "bwd_weights": "implicit_gemm_bwd_weights"}
+# forward: the Gluon kernel where it runs the twin (0.57-0.62x solver 20's time on the
+# ResNet-50 / UNet layers of the H200 probe, benchmarks/gluon_conv_probe.py)
+_GLUON_FWD = "gluon_implicit_gemm_fwd"
+
+
+def inner_solver(p: ConvProblem) -> Solver:
+    """The NHWC solver that runs p's twin."""
+    twin = nhwc_twin(p)
+    if p.direction == "fwd":
+        gluon = REGISTRY.get(_GLUON_FWD)
+        if gluon.is_applicable(twin):
+            return gluon
+    return REGISTRY.get(_INNER[p.direction])
 
 
 def nhwc_twin(p: ConvProblem) -> ConvProblem:
@@ -41,7 +54,7 @@ class LayoutChangePlan:
 
     def __init__(self, p: ConvProblem):
         self.p = p
-        self.inner = REGISTRY.get(_INNER[p.direction]).prepare(nhwc_twin(p))
+        self.inner = inner_solver(p).prepare(nhwc_twin(p))
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
         nhwc = lambda t: None if t is None else to_layout(t, "nhwc")  # noqa: E731
@@ -71,8 +84,7 @@ class _LayoutChangeBase(Solver):
         if not _fast_path(twin):
             reasons.append("the NHWC twin has no TMA kernel (f16/bf16, groups 1, 16-byte channel rows, "
                            "stride 1 with a filter or an unpadded 1x1)")
-        inner = REGISTRY.get(_INNER[problem.direction])
-        reasons += [f"NHWC solver: {r}" for r in inner.not_supported_reasons(twin)]
+        reasons += [f"NHWC solver: {r}" for r in inner_solver(problem).not_supported_reasons(twin)]
         return reasons
 
     def workspace_size(self, problem) -> int:
@@ -81,10 +93,10 @@ class _LayoutChangeBase(Solver):
         e = torch.tensor([], dtype=problem.dtype).element_size()
         reads = {"fwd": (problem.x_shape, problem.w_shape), "bwd_data": (problem.y_shape, problem.w_shape),
                  "bwd_weights": (problem.y_shape, problem.x_shape)}[problem.direction]
-        return sum(map(math.prod, reads)) * e + REGISTRY.get(_INNER[problem.direction]).workspace_size(nhwc_twin(problem))
+        return sum(map(math.prod, reads)) * e + inner_solver(problem).workspace_size(nhwc_twin(problem))
 
     def estimate(self, problem) -> float | None:
-        inner = REGISTRY.get(_INNER[problem.direction]).estimate(nhwc_twin(problem))
+        inner = inner_solver(problem).estimate(nhwc_twin(problem))
         if inner is None:
             return None
         # one read and one write of every tensor for the two layout changes, at ~3 TB/s
