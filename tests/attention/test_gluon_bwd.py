@@ -1,0 +1,88 @@
+"""Solver 127 `gluon_flash_bwd` on CPU: never applicable here (no Hopper GPU, and
+TRITON_INTERPRET=1 from tests/conftest.py), with reasons naming why, and the options it
+leaves to solver 123. Its kernel is compiled for sm_90 by tests/test_compile_sm90.py and run
+by tests/gpu/test_gluon_bwd_gpu.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nnprim
+from nnprim.attention import gluon_bwd
+from nnprim.problems.attention import AttentionProblem
+from nnprim.search.context import get_solutions
+from nnprim.search.solver import REGISTRY
+
+BF16 = torch.bfloat16
+
+
+def problem(**kw) -> AttentionProblem:
+    fields = dict(direction="bwd", B=1, Hq=4, Hkv=1, Sq=70, Sk=90, D=128, Dv=128, dtype=BF16, device="cpu",
+                  return_lse=True)
+    return AttentionProblem(**(fields | kw))
+
+
+def test_registered_as_nondeterministic_flash_backward():
+    s = REGISTRY.get(127)
+    assert s is REGISTRY.get("gluon_flash_bwd")
+    assert s.family == "flash" and not s.deterministic and s.directions == frozenset({"bwd"})
+
+
+def test_not_applicable_on_cpu_and_under_the_interpreter(monkeypatch):
+    monkeypatch.setenv("NNPRIM_GLUON", "1")   # past the off switch: the device reasons
+    s = REGISTRY.get("gluon_flash_bwd")
+    reasons = " | ".join(s.not_supported_reasons(problem()))
+    assert "not applicable" in reasons and "TRITON_INTERPRET" in reasons
+    assert "not applicable" in " | ".join(s.not_supported_reasons(problem(device="cuda")))
+    monkeypatch.setenv("NNPRIM_GLUON", "0")
+    assert "NNPRIM_GLUON=0" in " | ".join(s.not_supported_reasons(problem(device="cuda")))
+
+
+def test_options_left_to_solver_123_are_named():
+    s = REGISTRY.get("gluon_flash_bwd")
+    cases = {
+        "mask=bool": dict(mask="bool", mask_shape=(1, 1, 70, 90)),
+        "dropout_p=0.1": dict(dropout_p=0.1),
+        "kv_lens": dict(has_kv_lens=True),
+        "tensor scale": dict(scale="tensor"),
+        "D=256": dict(D=256, Dv=256),
+        "D=96": dict(D=96, Dv=96),
+        "Dv=64": dict(Dv=64),
+        "dtype torch.float32": dict(dtype=torch.float32),
+    }
+    for needle, kw in cases.items():
+        reasons = " | ".join(s.not_supported_reasons(problem(device="cuda", **kw)))
+        assert needle in reasons, (needle, reasons)
+    fwd = " | ".join(s.not_supported_reasons(problem(device="cuda", direction="fwd")))
+    assert "fwd" in fwd
+
+
+def test_registry_keeps_choosing_triton_solvers_on_cpu():
+    p = problem(causal="bottom_right")
+    names = [sol.solver for sol in get_solutions(p)]
+    assert names and "gluon_flash_bwd" not in names
+    assert REGISTRY.get("flash_bwd_atomic").is_applicable(p)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 20, 64, generator=g).to(BF16)
+    k = torch.randn(1, 1, 23, 64, generator=g).to(BF16)
+    v = torch.randn(1, 1, 23, 64, generator=g).to(BF16)
+    o, lse = nnprim.sdpa(q, k, v, return_lse=True)
+    do = torch.randn(o.shape, generator=g).to(BF16)
+    with pytest.raises(nnprim.NotSupportedError, match="gluon_flash_bwd|not applicable"):
+        nnprim.sdpa_backward(do, q, k, v, o, lse, solver="gluon_flash_bwd")
+    dq, dk, dv = nnprim.sdpa_backward(do, q, k, v, o, lse, solver="flash_bwd_atomic")
+    assert dq.shape == q.shape and dk.shape == k.shape and torch.isfinite(dv.float()).all()
+
+
+def test_tile_configs_fit_hopper_shared_memory_workspace_and_estimate():
+    for d in gluon_bwd.HEAD_DIMS:
+        c = gluon_bwd.tile_config(d)
+        assert gluon_bwd.smem_bytes(d, c) <= gluon_bwd.SMEM_BYTES and c["maxnreg"] * 384 <= 65536
+        assert c["BLOCK_N"] == 2 * c["BLOCK_M"] == 128   # two warpgroups of 64 keys; dQ's M == keys
+    s = REGISTRY.get("gluon_flash_bwd")
+    p = problem(device="cuda", B=2, Hq=8, Hkv=2, Sq=1000, Sk=1000)
+    assert s.workspace_size(p) == 4 * 2 * 8 * 1000 * 129
+    big = problem(device="cuda", B=4, Hq=16, Hkv=16, Sq=4096, Sk=4096)
+    tflops = big.flops() / s.estimate(big) / 1e9
+    assert 250 < tflops < 330    # EFFICIENCY 0.4 of the bf16 peak the models use (750), wave fill 0.97
+    assert s.estimate(problem(device="cuda", Sq=16, Sk=16)) == gluon_bwd.HOST_FLOOR_MS
