@@ -75,18 +75,23 @@ EFFICIENCY = 0.4
 HOST_FLOOR_MS = 0.06      # three launches and four descriptors per call (126's floor + 2 launches)
 
 
-def tile_config(d: int) -> dict:
+def tile_config(d: int, split_dq: bool | None = None) -> dict:
     """Launch constants for head dim d: STAGES of the (Q, dO) ring (what fits 227 KB next to
-    K, V and the dS buffers), num_warps of each consumer warpgroup, maxnreg (168 x 384
-    threads fills the register file; setmaxnreg moves the producer's registers to the
-    consumers, 240 each)."""
-    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=3 if d <= 64 else 2, num_warps=4, maxnreg=168)
+    K, V and the dS buffers), SPLIT_DQ (dQ_partial of all 128 keys split by columns between
+    the warpgroups, FA3's: half the atomic adds and dQ registers; d128 only, where a column
+    half of K is whole 128-byte swizzle rows; default on there), num_warps of each consumer
+    warpgroup, maxnreg (168 x 384 threads fills the register file; setmaxnreg moves the
+    producer's registers to the consumers, 240 each)."""
+    split = d >= 128 if split_dq is None else split_dq and d >= 128
+    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=3 if d <= 64 else 2, SPLIT_DQ=split, num_warps=4,
+                maxnreg=168)
 
 
 def smem_bytes(d: int, cfg: dict) -> int:
     """Shared memory of a 16-bit launch: K and V (BLOCK_N x d each), the ring of Q and dO
-    tiles, the two consumers' dS^T buffers (barriers aside)."""
-    return 2 * (2 * cfg["BLOCK_N"] * d + 2 * cfg["STAGES"] * cfg["BLOCK_M"] * d + 2 * KEYS_PER_WG * cfg["BLOCK_M"])
+    tiles, the consumers' dS^T buffers (double-buffered with SPLIT_DQ; barriers aside)."""
+    n_ds = 4 if cfg["SPLIT_DQ"] else 2
+    return 2 * (2 * cfg["BLOCK_N"] * d + 2 * cfg["STAGES"] * cfg["BLOCK_M"] * d + n_ds * KEYS_PER_WG * cfg["BLOCK_M"])
 
 
 def model_ms(problem) -> float:
@@ -115,7 +120,7 @@ if gluon is not None:
         in [lo, m_end) of every query head of the group into ring slot it % STAGES once both
         consumers have released it. Empty barriers start 'phase 1 complete', so the first pass
         waits on parity 1. Boxes past Sq / Sk load as zeros."""
-        kv_ready, q_ready, q_empty = bars
+        kv_ready, q_ready, q_empty, ds_ready = bars
         STAGES: gl.constexpr = q_bufs.type.shape[0]
         mbarrier.expect(kv_ready.index(0), 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
         for c in gl.static_range(2):
@@ -135,21 +140,83 @@ if gluon is not None:
                 it += 1
 
     @gluon.jit
-    def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
-                  Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, WG: gl.constexpr,
-                  HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
-                  WARPS: gl.constexpr):
-        """Consumer warpgroup WG: keys start_n + WG * KEYS + [0, KEYS). Per ring stage the five
-        products (module doc), the stage released once every product reading it has retired,
-        then the atomic dQ adds; at the end dK, dV stored."""
-        kv_ready, q_ready, q_empty = bars
+    def _step(q_bufs, do_bufs, k_smem, v_smem, kq0, kq1, ds_bufs, bars, LSE, DELTA, DQA, bh, start_m, it, offs_n, offs_dq,
+              Sq, Sk, shift, qk_scale, scale, dk, dv, zero_st, zero_dq, WG: gl.constexpr, HEAD_D: gl.constexpr,
+              BLOCK_M: gl.constexpr, KEYS: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+              SPLIT_DQ: gl.constexpr, st_layout: gl.constexpr, p_layout: gl.constexpr,
+              dq_layout: gl.constexpr):
+        """One ring stage (query rows start_m.. of head bh, the it-th stage of this CTA) for
+        one consumer: the five products, the stage's release, the atomic dQ adds; (dk, dv).
+        kq0 / kq1: this warpgroup's dQ columns of the two K halves (SPLIT_DQ)."""
+        kv_ready, q_ready, q_empty, ds_ready = bars
         STAGES: gl.constexpr = q_bufs.type.shape[0]
         dtype: gl.constexpr = q_bufs.dtype
         q2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], dtype)
+        col_s: gl.constexpr = gl.SliceLayout(0, st_layout)
+        s = it % STAGES
+        mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
+        q_smem = q_bufs.index(s)._reinterpret(dtype, [BLOCK_M, HEAD_D], q2_layout)
+        do_smem = do_bufs.index(s)._reinterpret(dtype, [BLOCK_M, HEAD_D], q2_layout)
+        s_tok = warpgroup_mma(k_smem, q_smem.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(v_smem, do_smem.permute((1, 0)), zero_st, use_acc=False, is_async=True)
+        cols = gl.arange(0, BLOCK_M, layout=col_s)
+        rmask = cols < Sq - start_m
+        row0 = bh * Sq + start_m   # scalar bases, int32 offsets: fewer registers per element
+        lse = gl.load(LSE + row0 + cols, mask=rmask, other=float("inf"))
+        lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+        delta = gl.load(DELTA + row0 + cols, mask=rmask, other=0.0)
+        st = warpgroup_mma_wait(1, deps=(s_tok,))           # S^T done; dP^T may run on
+        if MASKED:
+            valid = offs_n[:, None] < Sk
+            if CAUSAL != 0:
+                valid = valid & (offs_n[:, None] - (start_m + shift) <= cols[None, :])
+            pt = gl.exp2(gl.where(valid, st * qk_scale, float("-inf")) - lse2[None, :])
+        else:
+            pt = gl.exp2(st * qk_scale - lse2[None, :])
+        p_op = gl.convert_layout(pt.to(dtype), p_layout)
+        dv_tok = warpgroup_mma(p_op, do_smem, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, deps=(dp_tok,))         # dP^T done; dV may run on
+        dst = pt * (dpt - delta[None, :])
+        if SPLIT_DQ:
+            u = it % 2
+            ds_smem = ds_bufs.index(2 * u + WG)
+        else:
+            ds_smem = ds_bufs.index(WG)
+        ds_smem.store(dst.to(dtype))
+        fence_async_shared()
+        if SPLIT_DQ:
+            gl.thread_barrier()                               # every warp's dS^T is written
+            mbarrier.arrive(ds_ready.index(u), count=1)
+        dk_tok = warpgroup_mma(ds_smem, q_smem, dk, is_async=True)
+        if SPLIT_DQ:
+            # dQ[:, cols] = dS_0 K_0[:, cols] + dS_1 K_1[:, cols] once both dS^T are in
+            mbarrier.wait(ds_ready.index(u), (it // 2) & 1)
+            dq_tok = warpgroup_mma(ds_bufs.index(2 * u).permute((1, 0)), kq0, zero_dq, use_acc=False, is_async=True)
+            dq_tok = warpgroup_mma(ds_bufs.index(2 * u + 1).permute((1, 0)), kq1, dq_tok, is_async=True)
+        else:
+            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True)
+        dv, dk, dq, p_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok, p_op))
+        mbarrier.arrive(q_empty.index(s), count=1)          # Q_i, dO_i no longer read
+        rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+        ptrs = (DQA + row0 * HEAD_D) + (rows[:, None] * HEAD_D + offs_dq[None, :])
+        gl.atomic_add(ptrs, dq * scale, mask=rows[:, None] < Sq - start_m, sem="relaxed")
+        return dk, dv
+
+    @gluon.jit
+    def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
+                  Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, WG: gl.constexpr,
+                  HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
+                  SPLIT_DQ: gl.constexpr, WARPS: gl.constexpr):
+        """Consumer warpgroup WG: keys start_n + WG * KEYS + [0, KEYS). Per ring stage the five
+        products (module doc), the stage released once every product reading it has retired,
+        then the atomic dQ adds; at the end dK, dV stored. SPLIT_DQ: dQ_partial of all 128 keys,
+        this warpgroup's HEAD_D / 2 columns (both warpgroups' dS^T through double-buffered shared
+        memory, ds_ready: both written), else of this warpgroup's 64 keys, all columns."""
+        kv_ready = bars[0]
+        dtype: gl.constexpr = q_bufs.dtype
         kv2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HEAD_D], dtype)
         k_smem = k_bufs.index(WG)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout)
         v_smem = v_bufs.index(WG)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout)
-        ds_smem = ds_bufs.index(WG)                                     # dS^T [KEYS, BLOCK_M]
         # S^T / dP^T tiles [KEYS, BLOCK_M] and the [64, HEAD_D] accumulators (dK, dV: key rows;
         # dQ: query rows, KEYS == BLOCK_M)
         st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -157,7 +224,6 @@ if gluon is not None:
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                              instr_shape=[16, HEAD_D, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-        col_s: gl.constexpr = gl.SliceLayout(0, st_layout)   # per query (column of S^T)
         row_s: gl.constexpr = gl.SliceLayout(1, st_layout)   # per key (row of S^T)
         row_a: gl.constexpr = gl.SliceLayout(1, acc_layout)
         col_a: gl.constexpr = gl.SliceLayout(0, acc_layout)
@@ -168,50 +234,42 @@ if gluon is not None:
         key0 = start_n + WG * KEYS
         offs_n = key0 + gl.arange(0, KEYS, layout=row_s)
         offs_d = gl.arange(0, HEAD_D, layout=col_a)
-        # every step of the last key block masks the key tail
-        tail_block = start_n + 2 * KEYS > Sk
+        if SPLIT_DQ:
+            DQ_N: gl.constexpr = HEAD_D // 2
+            dq_col0: gl.constexpr = WG * DQ_N
+        else:
+            DQ_N: gl.constexpr = HEAD_D
+            dq_col0: gl.constexpr = 0
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                            instr_shape=[16, DQ_N, 16])
+        offs_dq = dq_col0 + gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
         dk = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
         dv = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
         zero_st = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)
-        zero_acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, acc_layout)
+        zero_dq = gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout)
 
+        if SPLIT_DQ:
+            kq0 = k_bufs.index(0)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout).slice(dq_col0, DQ_N, dim=1)
+            kq1 = k_bufs.index(1)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout).slice(dq_col0, DQ_N, dim=1)
+        else:
+            kq0 = k_smem
+            kq1 = k_smem
         mbarrier.wait(kv_ready.index(0), 0)
         it = 0
         for g in range(GROUP):
             bh = (b * Hq + hk * GROUP + g).to(gl.int64)
-            for start_m in range(lo, m_end, BLOCK_M):
-                s = it % STAGES
-                mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
-                q_smem = q_bufs.index(s)._reinterpret(dtype, [BLOCK_M, HEAD_D], q2_layout)
-                do_smem = do_bufs.index(s)._reinterpret(dtype, [BLOCK_M, HEAD_D], q2_layout)
-                s_tok = warpgroup_mma(k_smem, q_smem.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-                dp_tok = warpgroup_mma(v_smem, do_smem.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-                offs_m = start_m + gl.arange(0, BLOCK_M, layout=col_s)
-                rmask = offs_m < Sq
-                lse = gl.load(LSE + bh * Sq + offs_m, mask=rmask, other=float("inf"))
-                lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
-                delta = gl.load(DELTA + bh * Sq + offs_m, mask=rmask, other=0.0)
-                st = warpgroup_mma_wait(1, deps=(s_tok,))           # S^T done; dP^T may run on
-                sc = st * qk_scale
-                if (start_m < full) | tail_block:
-                    valid = offs_n[:, None] < Sk
-                    if CAUSAL != 0:
-                        valid = valid & (offs_n[:, None] <= offs_m[None, :] + shift)
-                    sc = gl.where(valid, sc, float("-inf"))
-                pt = gl.exp2(sc - lse2[None, :])
-                p_op = gl.convert_layout(pt.to(dtype), p_layout)
-                dv_tok = warpgroup_mma(p_op, do_smem, dv, is_async=True)
-                dpt = warpgroup_mma_wait(1, deps=(dp_tok,))         # dP^T done; dV may run on
-                dst = pt * (dpt - delta[None, :])
-                ds_smem.store(dst.to(dtype))
-                fence_async_shared()
-                dk_tok = warpgroup_mma(ds_smem, q_smem, dk, is_async=True)
-                dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_acc, use_acc=False, is_async=True)
-                dv, dk, dq, p_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok, p_op))
-                mbarrier.arrive(q_empty.index(s), count=1)          # Q_i, dO_i no longer read
-                offs_q = start_m + gl.arange(0, BLOCK_M, layout=row_a)
-                ptrs = DQA + (bh * Sq + offs_q[:, None]) * HEAD_D + offs_d[None, :]
-                gl.atomic_add(ptrs, dq * scale, mask=offs_q[:, None] < Sq, sem="relaxed")
+            # query blocks crossing the diagonal (every block of the last key block, whose
+            # keys end past Sk) with element masks, then the rest without: two straight loops
+            # (a branch on the mask in one loop costs registers)
+            for start_m in range(lo, full, BLOCK_M):
+                dk, dv = _step(q_bufs, do_bufs, k_smem, v_smem, kq0, kq1, ds_bufs, bars, LSE, DELTA, DQA, bh, start_m, it,
+                               offs_n, offs_dq, Sq, Sk, shift, qk_scale, scale, dk, dv, zero_st, zero_dq, WG,
+                               HEAD_D, BLOCK_M, KEYS, True, CAUSAL, SPLIT_DQ, st_layout, p_layout, dq_layout)
+                it += 1
+            for start_m in range(full, m_end, BLOCK_M):
+                dk, dv = _step(q_bufs, do_bufs, k_smem, v_smem, kq0, kq1, ds_bufs, bars, LSE, DELTA, DQA, bh, start_m, it,
+                               offs_n, offs_dq, Sq, Sk, shift, qk_scale, scale, dk, dv, zero_st, zero_dq, WG,
+                               HEAD_D, BLOCK_M, KEYS, False, CAUSAL, SPLIT_DQ, st_layout, p_layout, dq_layout)
                 it += 1
 
         # epilogue: dK * scale and dV in the input dtype, rows past Sk not stored
@@ -224,7 +282,8 @@ if gluon is not None:
     @gluon.jit(do_not_specialize=["Hq", "Hkv", "Sq", "Sk"])
     def _gluon_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQA, DK, DV, Hq, Hkv, Sq, Sk, GROUP,
                           qk_scale, scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr,
+                          num_warps: gl.constexpr):
         """CTA (key block pid 0, b * Hkv + hk pid 1). Descriptors: 4-D [B, H, S, D] views with
         boxes [1, 1, BLOCK_M, D] (Q, dO) and [1, 1, BLOCK_N / 2, D] (K, V); lse, delta
         (B, Hq, Sq) f32, the dQ accumulator (B, Hq, Sq, D) f32, dK / dV (B, Hkv, Sk, D), all
@@ -239,7 +298,7 @@ if gluon is not None:
             shift = Sk - Sq
         else:
             shift = 0
-        # query blocks [lo, m_end) see a key of the block; [lo, full) cross the diagonal
+        # query blocks [lo, m_end) see a key of the block; [lo, full) need element masks
         m_end = gl.cdiv(Sq, BLOCK_M) * BLOCK_M
         if CAUSAL != 0:
             lo = (gl.maximum(start_n - shift, 0) // BLOCK_M) * BLOCK_M
@@ -248,35 +307,42 @@ if gluon is not None:
             lo = 0
             full = 0
         lo = gl.minimum(lo, m_end)
-        full = gl.minimum(full, m_end)
+        full = gl.maximum(gl.minimum(full, m_end), lo)
+        if start_n + BLOCK_N > Sk:
+            full = m_end      # the key block ends past Sk: every query block masks the key tail
 
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
         k_bufs = gl.allocate_shared_memory(dtype, [2] + k_desc.block_type.shape, k_desc.layout)
         v_bufs = gl.allocate_shared_memory(dtype, [2] + v_desc.block_type.shape, v_desc.layout)
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_M], dtype)
-        ds_bufs = gl.allocate_shared_memory(dtype, [2, KEYS, BLOCK_M], ds_layout)
+        ds_bufs = gl.allocate_shared_memory(dtype, [4 if SPLIT_DQ else 2, KEYS, BLOCK_M], ds_layout)
         kv_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_ready.index(0), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(ds_ready.index(i), count=2)  # both consumers' dS^T written
         for i in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=2)   # released by both consumers
-        bars = (kv_ready, q_ready, q_empty)
+        bars = (kv_ready, q_ready, q_empty, ds_ready)
 
         gl.warp_specialize([
             (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
                          Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 0, HEAD_D, BLOCK_M, KEYS,
-                         CAUSAL, num_warps)),
+                         CAUSAL, SPLIT_DQ, num_warps)),
             (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
                          Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 1, HEAD_D, BLOCK_M, KEYS,
-                         CAUSAL, num_warps)),
+                         CAUSAL, SPLIT_DQ, num_warps)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_bufs, v_bufs, bars, b, hk, start_n,
                          GROUP, lo, m_end, BLOCK_M, KEYS)),
         ], [num_warps, 1], [240, 24])
 
         mbarrier.invalidate(kv_ready.index(0))
+        for i in gl.static_range(2):
+            mbarrier.invalidate(ds_ready.index(i))
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(q_ready.index(i))
             mbarrier.invalidate(q_empty.index(i))

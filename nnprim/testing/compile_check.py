@@ -195,12 +195,15 @@ def _gluon_attempts(failures: list[str], report: list[str]) -> None:
                           f"dynamic_smem={ck.metadata.shared} {regs} {c}".rstrip())
 
 
-GLUON_BWD = [  # fields of solver 127 (Gluon, sm_90 only): d64/d128, causal both ways and not, GQA, tails
-    dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=64, Dv=64, dtype=BF16),
-    dict(B=1, Hq=4, Hkv=2, Sq=333, Sk=300, D=64, Dv=64, dtype=F16, causal="bottom_right"),
-    dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16),
-    dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, causal="top_left"),
-    dict(B=1, Hq=2, Hkv=2, Sq=333, Sk=300, D=128, Dv=128, dtype=F16, causal="bottom_right"),
+GLUON_BWD = [  # (split dQ, fields) of solver 127 (Gluon, sm_90 only): d64/d128, causal both ways and not,
+    # GQA, tails; d128 with dQ split by columns between the warpgroups (the default) and per warpgroup
+    (False, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=64, Dv=64, dtype=BF16)),
+    (False, dict(B=1, Hq=4, Hkv=2, Sq=333, Sk=300, D=64, Dv=64, dtype=F16, causal="bottom_right")),
+    (True, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16)),
+    (True, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, causal="top_left")),
+    (True, dict(B=1, Hq=2, Hkv=2, Sq=333, Sk=300, D=128, Dv=128, dtype=F16, causal="bottom_right")),
+    (False, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16)),
+    (False, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, causal="top_left")),
 ]
 
 
@@ -214,10 +217,10 @@ def _gluon_bwd_attempts(failures: list[str], report: list[str]) -> None:
     if GLUON_ERROR is not None:
         failures.append(f"gluon_flash_bwd: Gluon import failed: {GLUON_ERROR}")
         return
-    for fields in GLUON_BWD:
+    for split, fields in GLUON_BWD:
         p = AttentionProblem(**(dict(direction="bwd", device="cpu", return_lse=True) | fields))
         try:
-            gluon_bwd.GluonBwdPlan(p)(random_args(p, seed=0))
+            gluon_bwd.GluonBwdPlan(p, gluon_bwd.tile_config(p.D, split))(random_args(p, seed=0))
         except Exception as e:  # noqa: BLE001 - report every variant that does not compile
             failures.append(f"gluon_flash_bwd on {p.key()}: {type(e).__name__}: {str(e)[:1500]}")
     kernel = gluon_bwd._gluon_bwd_kernel
