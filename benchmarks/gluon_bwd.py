@@ -9,7 +9,9 @@ dq, dk, dv on batch 0 and the query heads of kv head 0 against float32 autograd 
 Then, interleaved (nnprim.search.timing.interleaved_samples: rotating order, CUDA events,
 warm-up), median ms of the backward alone: 127, 123 and 111 through
 `nnprim.sdpa_backward(..., solver=...)`, and torch SDPA's CUDNN_ATTENTION and FLASH_ATTENTION
-backends as `torch.autograd.grad(out, (q, k, v), do, retain_graph=True)` on one forward.
+backends as `torch.autograd.grad(out, (q, k, v), do, retain_graph=True)` on one forward; at
+d128 also 127's other dQ variant through its plan (`g127_wg_dq`: each warpgroup adds the dQ
+of its 64 keys, all columns; the solver's default splits the columns), checked the same way.
 TFLOP/s (2.5 x the forward's 4*B*Hq*Sq*Sk*D, x0.5 causal) and the ratio to cuDNN. Writes
 JSON to --out (a .json path, or a directory: gluon_bwd_<date>.json) and prints a table.
 
@@ -38,29 +40,37 @@ os.environ.setdefault("TRITON_INTERPRET", "0")
 
 os.environ["NNPRIM_GLUON"] = "1"  # measured even where the environment switches them off
 import nnprim  # noqa: E402
+from nnprim.args import AttnArgs  # noqa: E402
+from nnprim.attention import gluon_bwd  # noqa: E402
+from nnprim.problems.attention import AttentionProblem  # noqa: E402
 from nnprim.search.timing import interleaved_samples  # noqa: E402
 
 DEV, BF16 = "cuda", torch.bfloat16
 OURS = {"gluon_127": "gluon_flash_bwd", "atomic_123": "flash_bwd_atomic", "flash_111": "flash_bwd"}
 
 SMOKE = """
-import torch, nnprim
+import sys, torch, nnprim
+from nnprim.args import AttnArgs
+from nnprim.attention import gluon_bwd
+from nnprim.problems.attention import AttentionProblem
 for causal in (None, "bottom_right"):
     q, do = (torch.randn(1, 2, 300, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     k, v = (torch.randn(1, 1, 333, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     o, lse = nnprim.sdpa(q, k, v, causal=causal, return_lse=True)
-    nnprim.sdpa_backward(do, q, k, v, o, lse, causal=causal, solver="gluon_flash_bwd")
+    p = AttentionProblem.from_tensors(q, k, v, causal=causal, direction="bwd")
+    gluon_bwd.GluonBwdPlan(p, gluon_bwd.tile_config(128, sys.argv[1] == "1"))(AttnArgs(q, k, v, do=do, o=o, lse=lse))
 torch.cuda.synchronize()
 print("SMOKE-OK")
 """
 
 
-def smoke() -> str | None:
-    """None when 127 runs a small problem in a subprocess within 90 s, else why (a deadlocked
-    kernel would otherwise hang the whole benchmark)."""
+def smoke(split: bool) -> str | None:
+    """None when 127's dQ variant runs a small problem in a subprocess within 90 s, else why
+    (a deadlocked kernel would otherwise hang the whole benchmark)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
-        r = subprocess.run([sys.executable, "-c", SMOKE], env=env, capture_output=True, text=True, timeout=90)
+        r = subprocess.run([sys.executable, "-c", SMOKE, "1" if split else "0"], env=env, capture_output=True,
+                           text=True, timeout=90)
     except subprocess.TimeoutExpired:
         return "hung for 90 s"
     return None if "SMOKE-OK" in r.stdout else (r.stdout + r.stderr)[-2000:]
@@ -96,7 +106,7 @@ def slice_of(grads, g: int):
     return dq[:1, :g], dk[:1, :1], dv[:1, :1]
 
 
-def run_problem(p: dict, rounds: int, smoke_ok: bool) -> dict:
+def run_problem(p: dict, rounds: int, smoke_ok: dict[bool, bool]) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     B, Hq, Hkv, Sq, Sk, D, causal = p["B"], p["Hq"], p["Hkv"], p["Sq"], p["Sk"], p["D"], p["causal"]
     nc = "top_left" if causal else None
@@ -122,13 +132,19 @@ def run_problem(p: dict, rounds: int, smoke_ok: bool) -> dict:
         return f
 
     impls = {n: ours(s) for n, s in OURS.items()}
+    if D >= 128:
+        pb = AttentionProblem.from_tensors(q, k, v, causal=nc, direction="bwd")
+        wg = gluon_bwd.GluonBwdPlan(pb, gluon_bwd.tile_config(D, split_dq=False))
+        impls["g127_wg_dq"] = lambda: wg(AttnArgs(q, k, v, do=do, o=o, lse=lse))
     for n, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
         try:
             impls[n] = peer(be)
         except Exception as e:  # noqa: BLE001 - a backend that does not serve the problem
             row["errors"][n] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-    if not smoke_ok:
+    if not smoke_ok[gluon_bwd.tile_config(D)["SPLIT_DQ"]]:
         row["errors"]["gluon_127"] = "smoke run failed or hung: not run"
+    if "g127_wg_dq" in impls and not smoke_ok[False]:
+        row["errors"]["g127_wg_dq"] = "smoke run failed or hung: not run"
     ref = slice_reference(q, k, v, do, causal)
     e_c = 1e-2
     if "cudnn" in impls:
@@ -144,17 +160,17 @@ def run_problem(p: dict, rounds: int, smoke_ok: bool) -> dict:
             t0 = time.time()
             grads = impls[name]()
             torch.cuda.synchronize()
-            if name == "gluon_127":
-                row["gluon_first_call_s"] = round(time.time() - t0, 2)
+            if name.startswith("g"):
+                row[f"{name}_first_call_s"] = round(time.time() - t0, 2)
             errs = [rel(x, r) for x, r in zip(slice_of(grads, g), ref)]
             row["err"][name] = [round(e, 6) for e in errs]
             finite = all(bool(torch.isfinite(x).all()) for x in grads)
-            if name == "gluon_127" and not (finite and max(errs) <= 3 * e_c + 6e-3):
+            if name.startswith("g") and not (finite and max(errs) <= 3 * e_c + 6e-3):
                 row["errors"][name] = f"wrong result: rel errs (dq, dk, dv) {errs} (cuDNN {e_c:.3g}), finite {finite}"
             del grads
         except Exception as e:  # noqa: BLE001 - compile errors are a result here
             row["errors"][name] = f"{type(e).__name__}: {str(e)[:3000]}"
-            if name == "gluon_127":
+            if name.startswith("g"):
                 row["traceback"] = traceback.format_exc()[-3000:]
     live = {n: f for n, f in impls.items() if n not in row["errors"]}
     names = list(live)
@@ -195,14 +211,14 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                   triton=__import__("triton").__version__, date=time.strftime("%Y-%m-%d %H:%M"), problems=[])
-    why = smoke()
-    result["smoke"] = why or "ok"
+    why = {split: smoke(split) for split in (True, False)}
+    result["smoke"] = {("split_dq" if split else "wg_dq"): (w or "ok") for split, w in why.items()}
     print("smoke:", result["smoke"], flush=True)
-    cols = list(OURS) + ["cudnn", "flash"]
+    cols = list(OURS) + ["g127_wg_dq", "cudnn", "flash"]
     print(f"{'problem':28s} " + " ".join(f"{c:>10s}" for c in cols) + "  TFLOP/s | 127/cudnn 123/cudnn")
     for p in probs:
         try:
-            row = run_problem(p, a.rounds, why is None)
+            row = run_problem(p, a.rounds, {split: w is None for split, w in why.items()})
         except Exception as e:  # noqa: BLE001 - keep the other problems' numbers
             row = dict(name=p["name"], errors={"problem": f"{type(e).__name__}: {str(e)[:1000]}"})
         torch.cuda.empty_cache()
@@ -212,7 +228,7 @@ def main() -> int:
         print(f"{p['name']:28s} {line}  | {vs.get('gluon_127', float('nan')):6.3f} {vs.get('atomic_123', float('nan')):6.3f}"
               + (f"  ERR {row['errors']}" if row.get("errors") else ""), flush=True)
         out.write_text(json.dumps(result, indent=1))   # partial results survive a timeout
-    for n in list(OURS) + ["flash"]:
+    for n in list(OURS) + ["g127_wg_dq", "flash"]:
         r = [row["vs_cudnn"][n] for row in result["problems"] if n in row.get("vs_cudnn", {})]
         result[f"geomean_{n}_vs_cudnn"] = geomean(r)
         result[f"min_{n}_vs_cudnn"] = min(r) if r else None
