@@ -86,3 +86,75 @@ def test_tile_configs_fit_hopper_shared_memory_workspace_and_estimate():
     tflops = big.flops() / s.estimate(big) / 1e9
     assert 250 < tflops < 330    # EFFICIENCY 0.4 of the bf16 peak the models use (750), wave fill 0.97
     assert s.estimate(problem(device="cuda", Sq=16, Sk=16)) == gluon_bwd.HOST_FLOOR_MS
+
+
+def _emulate(p, q, k, v, do, o, lse, scale):
+    """Solver 127's tile algorithm in float64 torch: per CTA (128 keys of one (b, kv head)),
+    each 64-key warpgroup walks the query blocks [lo, full) with element masks and
+    [full, m_end) without, over the query heads of its group, from TMA-like zero-padded
+    tiles, lse = +inf past Sq and for rows that see no key (the kernel's index arithmetic,
+    written again here to check it covers every row and masks what it must)."""
+    BM, BN, KEYS = gluon_bwd.BLOCK_M, gluon_bwd.BLOCK_N, gluon_bwd.KEYS_PER_WG
+    B, Hq, Hkv, Sq, Sk, D, G = p.B, p.Hq, p.Hkv, p.Sq, p.Sk, p.D, p.group
+    m_end = -(-Sq // BM) * BM
+    n_pad = -(-Sk // BN) * BN
+
+    def pad(t, n):
+        return torch.cat([t, t.new_zeros(*t.shape[:-2], n - t.shape[-2], t.shape[-1])], -2)
+    qp, dop, kp, vp = pad(q, m_end), pad(do, m_end), pad(k, n_pad), pad(v, n_pad)
+    lse2 = torch.where(torch.isneginf(lse), torch.inf, lse)
+    lse2 = torch.cat([lse2, lse2.new_full((B, Hq, m_end - Sq), torch.inf)], -1)
+    delta = torch.where(torch.isneginf(lse), 0.0, (o * do).sum(-1))
+    delta = torch.cat([delta, delta.new_zeros(B, Hq, m_end - Sq)], -1)
+    shift = Sk - Sq if p.causal == "bottom_right" else 0
+    dq = torch.zeros(B, Hq, m_end, D, dtype=torch.float64)
+    dk, dv = torch.zeros(B, Hkv, n_pad, D, dtype=torch.float64), torch.zeros(B, Hkv, n_pad, D, dtype=torch.float64)
+    for b in range(B):
+        for hk in range(Hkv):
+            for start_n in range(0, Sk, BN):
+                if p.causal:
+                    lo = max(start_n - shift, 0) // BM * BM
+                    full = -(-max(start_n + BN - 1 - shift, 0) // BM) * BM
+                else:
+                    lo = full = 0
+                lo = min(lo, m_end)
+                full = max(min(full, m_end), lo)
+                if start_n + BN > Sk:
+                    full = m_end
+                for wg in range(2):
+                    n0 = start_n + wg * KEYS
+                    kk, vv = kp[b, hk, n0:n0 + KEYS], vp[b, hk, n0:n0 + KEYS]
+                    offs_n = torch.arange(n0, n0 + KEYS)[:, None]
+                    for g in range(G):
+                        h = hk * G + g
+                        for start_m in range(lo, m_end, BM):
+                            rows = slice(start_m, start_m + BM)
+                            qq, dd = qp[b, h, rows], dop[b, h, rows]
+                            st = (kk @ qq.T) * scale
+                            if start_m < full:
+                                valid = offs_n < Sk
+                                if p.causal:
+                                    valid = valid & (offs_n <= torch.arange(start_m, start_m + BM)[None, :] + shift)
+                                st = torch.where(valid, st, -torch.inf)
+                            pt = torch.exp(st - lse2[b, h, rows][None, :])
+                            dv[b, hk, n0:n0 + KEYS] += pt @ dd
+                            dst = pt * ((vv @ dd.T) - delta[b, h, rows][None, :])
+                            dk[b, hk, n0:n0 + KEYS] += dst @ qq * scale
+                            dq[b, h, rows] += dst.T @ kk * scale
+    return dq[:, :, :Sq], dk[:, :, :Sk], dv[:, :, :Sk]
+
+
+@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (70, 200), (200, 70), (129, 257), (64, 128)])
+def test_tile_algorithm_emulation_matches_reference(sq, sk, causal):
+    from nnprim.args import AttnArgs
+    from nnprim.attention.reference import reference_backward, reference_forward
+    g = torch.Generator().manual_seed(sq * 1000 + sk)
+    q, do = (torch.randn(1, 4, sq, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(1, 2, sk, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    p = AttentionProblem.from_tensors(q, k, v, causal=causal, direction="bwd")
+    o, lse = reference_forward(p, AttnArgs(q, k, v))
+    ref = reference_backward(p, AttnArgs(q, k, v, do=do))
+    got = _emulate(p, q, k, v, do, torch.nan_to_num(o), lse, 16 ** -0.5)
+    for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+        assert torch.allclose(x, r, atol=1e-9, rtol=1e-9), (name, (x - r).abs().max().item())
