@@ -25,12 +25,18 @@ them), as in 123. `gl.warp_specialize` splits the CTA into
     per query column; a fully masked row's lse = -inf gives P = 0), dV += P^T dO (P^T from
     registers), dS^T into the warpgroup's own shared buffer, dK += dS^T Q and
     dQ_partial = dS K (dS^T read transposed as the A operand, K as B), the stage released,
-    then dQ_partial added with `gl.atomic_add` in the accumulator's layout (masked at Sq).
-    Each warpgroup adds its own 64-key partial (FA3 splits the dQ product by columns across
-    the warpgroups to halve the adds; a next step).
+    then dQ_partial added with `gl.atomic_add` in the accumulator's layout (masked at Sq;
+    vectorised to 2 x f32 reductions). dQ_partial, SPLIT_DQ (d128, the default there; FA3's):
+    of all 128 keys, each warpgroup HEAD_D / 2 columns, from both warpgroups' dS^T (double-
+    buffered in shared memory, a ds_ready barrier per buffer counts both writers) and column
+    halves of K: half the atomic adds and dQ registers. Otherwise (d64, whose K column half
+    would cut a 128-byte swizzle row): each warpgroup its 64 keys, all columns.
 Element masks (key tail at Sk, the causal diagonal) only on the query blocks [lo, full) that
-cross the diagonal and in the last key block; query rows past Sq load as zeros and their lse
-as +inf (P = 0). Epilogue: dK * scale and dV cast to the input dtype, masked stores at Sk.
+cross the diagonal, and on every query block of the last key block (keys past Sk): the
+consumers walk [lo, full) and [full, m_end) as two loops (one with a branch on the mask cost
+registers). Query rows past Sq load as zeros and their lse as +inf (P = 0). Epilogue: dK *
+scale and dV cast to the input dtype, masked stores at Sk. Non-persistent grid (a next step:
+FA3's persistent scheduler, the dQ adds through shared memory and TMA).
 
 Covers bf16/f16, D == Dv in {64, 128} (d256 would need 2 x 128 registers of dK/dV
 accumulators per thread and ~260 KB of shared memory: not applicable), GQA/MQA, causal
