@@ -5,8 +5,8 @@ Same mathematics and launches as solver 123 (flash_bwd_atomic.py, read its docst
 preprocess kernel (delta = rowsum(dO * O), the f32 dQ accumulator zeroed), a main kernel
 that, per key block, forms the five products
 
-    S^T = K Q^T,  P^T = exp2(S^T * scale * log2e - lse * log2e),  dP^T = V dO^T,
-    dV += P^T dO,  dS^T = P^T * (dP^T - delta),  dK += dS^T Q,  dQ_partial = dS K
+    S = Q K^T,  P = exp2(S * scale * log2e - lse * log2e),  dP = dO V^T,
+    dV += P^T dO,  dS = P * (dP - delta),  dK += dS^T Q,  dQ_partial = dS K
 
 and adds dQ_partial to the accumulator with f32 atomics (so not deterministic), then its
 cast kernel (with scale 1: the main kernel adds scale * dQ_partial). Only the main kernel is new:
@@ -20,14 +20,14 @@ them), as in 123. `gl.warp_specialize` splits the CTA into
     for every query head of the group and every query block that sees a key of the block, the
     (Q_i, dO_i) tiles of BLOCK_M = 64 rows into a STAGES-deep shared-memory ring (one ready
     barrier with the TMA transaction count, one empty barrier released by both consumers);
-  - two 4-warp consumer warpgroups, each owning 64 of the 128 keys (wgmma's M = 64): per
-    stage S^T and dP^T (async wgmma, both operands in shared memory), P^T from the lse (read
-    per query column; a fully masked row's lse = -inf gives P = 0), dV += P^T dO (P^T from
-    registers), dS^T into the warpgroup's own shared buffer, dK += dS^T Q and
-    dQ_partial = dS K (dS^T read transposed as the A operand, K as B), the stage released,
-    then dQ_partial added with `gl.atomic_add` in the accumulator's layout (masked at Sq;
+  - two 4-warp consumer warpgroups, each owning 64 of the 128 keys: per stage S and dP as
+    [64 query rows, 64 keys] tiles (async wgmma, operands in shared memory; lse and delta are
+    then two values per thread, FA3's orientation), P from the lse (a fully masked row's
+    lse = -inf gives P = 0), P and dS into the warpgroup's shared buffers, dV += P^T dO and
+    dK += dS^T Q (P, dS read transposed as the A operands, wgmma's M = the 64 keys),
+    dQ_partial = dS K, the stage released, then dQ_partial added with `gl.atomic_add` in the accumulator's layout (masked at Sq;
     vectorised to 2 x f32 reductions). dQ_partial, SPLIT_DQ (d128, the default there; FA3's):
-    of all 128 keys, each warpgroup HEAD_D / 2 columns, from both warpgroups' dS^T (double-
+    of all 128 keys, each warpgroup HEAD_D / 2 columns, from both warpgroups' dS (double-
     buffered in shared memory, a ds_ready barrier per buffer counts both writers) and column
     halves of K: half the atomic adds and dQ registers. Otherwise (d64, whose K column half
     would cut a 128-byte swizzle row): each warpgroup its 64 keys, all columns.
@@ -95,9 +95,10 @@ def tile_config(d: int, split_dq: bool | None = None) -> dict:
 
 def smem_bytes(d: int, cfg: dict) -> int:
     """Shared memory of a 16-bit launch: K and V (BLOCK_N x d each), the ring of Q and dO
-    tiles, the consumers' dS^T buffers (double-buffered with SPLIT_DQ; barriers aside)."""
-    n_ds = 4 if cfg["SPLIT_DQ"] else 2
-    return 2 * (2 * cfg["BLOCK_N"] * d + 2 * cfg["STAGES"] * cfg["BLOCK_M"] * d + n_ds * KEYS_PER_WG * cfg["BLOCK_M"])
+    tiles, the consumers' P and dS buffers (dS double-buffered with SPLIT_DQ; barriers
+    aside)."""
+    n_pds = 2 + (4 if cfg["SPLIT_DQ"] else 2)
+    return 2 * (2 * cfg["BLOCK_N"] * d + 2 * cfg["STAGES"] * cfg["BLOCK_M"] * d + n_pds * KEYS_PER_WG * cfg["BLOCK_M"])
 
 
 def model_ms(problem) -> float:
@@ -146,91 +147,92 @@ if gluon is not None:
                 it += 1
 
     @gluon.jit
-    def _step(q_bufs, do_bufs, k_smem, v_smem, kq0, kq1, ds_bufs, bars, LSE, DELTA, DQA, bh, start_m, it, offs_n, offs_dq,
-              Sq, Sk, shift, qk_scale, scale, dk, dv, zero_st, zero_dq, WG: gl.constexpr, HEAD_D: gl.constexpr,
-              BLOCK_M: gl.constexpr, KEYS: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
-              SPLIT_DQ: gl.constexpr, st_layout: gl.constexpr, p_layout: gl.constexpr,
-              dq_layout: gl.constexpr):
+    def _step(q_bufs, do_bufs, k_smem, v_smem, kq0, kq1, p_smem, ds_bufs, bars, LSE, DELTA, DQA, bh, start_m, it,
+              offs_n, offs_dq, Sq, Sk, shift, qk_scale, scale, dk, dv, zero_s, zero_dq, WG: gl.constexpr,
+              HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, MASKED: gl.constexpr,
+              CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr):
         """One ring stage (query rows start_m.. of head bh, the it-th stage of this CTA) for
         one consumer: the five products, the stage's release, the atomic dQ adds; (dk, dv).
-        kq0 / kq1: this warpgroup's dQ columns of the two K halves (SPLIT_DQ)."""
+        S and dP are [query rows, keys] tiles, so lse and delta are two values per thread (per
+        row; FA3's orientation); P and dS go through shared memory, read transposed as the A
+        operands of dV += P^T dO and dK += dS^T Q. kq0 / kq1: this warpgroup's dQ columns of
+        the two K halves (SPLIT_DQ)."""
         kv_ready, q_ready, q_empty, ds_ready = bars
         STAGES: gl.constexpr = q_bufs.type.shape[0]
         dtype: gl.constexpr = q_bufs.dtype
         q2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], dtype)
-        col_s: gl.constexpr = gl.SliceLayout(0, st_layout)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         s = it % STAGES
         mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
         q_smem = q_bufs.index(s)._reinterpret(dtype, [BLOCK_M, HEAD_D], q2_layout)
         do_smem = do_bufs.index(s)._reinterpret(dtype, [BLOCK_M, HEAD_D], q2_layout)
-        s_tok = warpgroup_mma(k_smem, q_smem.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        dp_tok = warpgroup_mma(v_smem, do_smem.permute((1, 0)), zero_st, use_acc=False, is_async=True)
-        cols = gl.arange(0, BLOCK_M, layout=col_s)
-        rmask = cols < Sq - start_m
+        s_tok = warpgroup_mma(q_smem, k_smem.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        dp_tok = warpgroup_mma(do_smem, v_smem.permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        rws = gl.arange(0, BLOCK_M, layout=row_s)
+        rmask = rws < Sq - start_m
         row0 = bh * Sq + start_m   # scalar bases, int32 offsets: fewer registers per element
-        lse = gl.load(LSE + row0 + cols, mask=rmask, other=float("inf"))
+        lse = gl.load(LSE + row0 + rws, mask=rmask, other=float("inf"))
         lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
-        delta = gl.load(DELTA + row0 + cols, mask=rmask, other=0.0)
-        st = warpgroup_mma_wait(1, deps=(s_tok,))           # S^T done; dP^T may run on
+        delta = gl.load(DELTA + row0 + rws, mask=rmask, other=0.0)
+        st = warpgroup_mma_wait(1, deps=(s_tok,))           # S done; dP may run on
         if MASKED:
-            valid = offs_n[:, None] < Sk
+            valid = offs_n[None, :] < Sk
             if CAUSAL != 0:
-                valid = valid & (offs_n[:, None] - (start_m + shift) <= cols[None, :])
-            pt = gl.exp2(gl.where(valid, st * qk_scale, float("-inf")) - lse2[None, :])
+                valid = valid & (offs_n[None, :] - (start_m + shift) <= rws[:, None])
+            p = gl.exp2(gl.where(valid, st * qk_scale, float("-inf")) - lse2[:, None])
         else:
-            pt = gl.exp2(st * qk_scale - lse2[None, :])
-        p_op = gl.convert_layout(pt.to(dtype), p_layout)
-        dv_tok = warpgroup_mma(p_op, do_smem, dv, is_async=True)
-        dpt = warpgroup_mma_wait(1, deps=(dp_tok,))         # dP^T done; dV may run on
-        dst = pt * (dpt - delta[None, :])
+            p = gl.exp2(st * qk_scale - lse2[:, None])
+        p_smem.store(p.to(dtype))
+        fence_async_shared()
+        dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_smem, dv, is_async=True)
+        dpt = warpgroup_mma_wait(1, deps=(dp_tok,))         # dP done; dV may run on
+        ds = p * (dpt - delta[:, None])
         if SPLIT_DQ:
             u = it % 2
             ds_smem = ds_bufs.index(2 * u + WG)
         else:
             ds_smem = ds_bufs.index(WG)
-        ds_smem.store(dst.to(dtype))
+        ds_smem.store(ds.to(dtype))
         fence_async_shared()
         if SPLIT_DQ:
-            gl.thread_barrier()                               # every warp's dS^T is written
+            gl.thread_barrier()                               # every warp's dS is written
             mbarrier.arrive(ds_ready.index(u), count=1)
-        dk_tok = warpgroup_mma(ds_smem, q_smem, dk, is_async=True)
+        dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_smem, dk, is_async=True)
         if SPLIT_DQ:
-            # dQ[:, cols] = dS_0 K_0[:, cols] + dS_1 K_1[:, cols] once both dS^T are in
+            # dQ[:, cols] = dS_0 K_0[:, cols] + dS_1 K_1[:, cols] once both dS are in
             mbarrier.wait(ds_ready.index(u), (it // 2) & 1)
-            dq_tok = warpgroup_mma(ds_bufs.index(2 * u).permute((1, 0)), kq0, zero_dq, use_acc=False, is_async=True)
-            dq_tok = warpgroup_mma(ds_bufs.index(2 * u + 1).permute((1, 0)), kq1, dq_tok, is_async=True)
+            dq_tok = warpgroup_mma(ds_bufs.index(2 * u), kq0, zero_dq, use_acc=False, is_async=True)
+            dq_tok = warpgroup_mma(ds_bufs.index(2 * u + 1), kq1, dq_tok, is_async=True)
         else:
-            dq_tok = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, zero_dq, use_acc=False, is_async=True)
-        dv, dk, dq, p_op = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok, p_op))
-        mbarrier.arrive(q_empty.index(s), count=1)          # Q_i, dO_i no longer read
+            dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
+        mbarrier.arrive(q_empty.index(s), count=1)          # Q_i, dO_i, P, dS no longer read
         rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
         ptrs = (DQA + row0 * HEAD_D) + (rows[:, None] * HEAD_D + offs_dq[None, :])
         gl.atomic_add(ptrs, dq * scale, mask=rows[:, None] < Sq - start_m, sem="relaxed")
         return dk, dv
 
     @gluon.jit
-    def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
+    def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
                   Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, WG: gl.constexpr,
                   HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
                   SPLIT_DQ: gl.constexpr, WARPS: gl.constexpr):
         """Consumer warpgroup WG: keys start_n + WG * KEYS + [0, KEYS). Per ring stage the five
         products (module doc), the stage released once every product reading it has retired,
         then the atomic dQ adds; at the end dK, dV stored. SPLIT_DQ: dQ_partial of all 128 keys,
-        this warpgroup's HEAD_D / 2 columns (both warpgroups' dS^T through double-buffered shared
+        this warpgroup's HEAD_D / 2 columns (both warpgroups' dS through double-buffered shared
         memory, ds_ready: both written), else of this warpgroup's 64 keys, all columns."""
         kv_ready = bars[0]
         dtype: gl.constexpr = q_bufs.dtype
         kv2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HEAD_D], dtype)
         k_smem = k_bufs.index(WG)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout)
         v_smem = v_bufs.index(WG)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout)
-        # S^T / dP^T tiles [KEYS, BLOCK_M] and the [64, HEAD_D] accumulators (dK, dV: key rows;
+        # S / dP tiles [BLOCK_M, KEYS] and the [64, HEAD_D] accumulators (dK, dV: key rows;
         # dQ: query rows, KEYS == BLOCK_M)
-        st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                            instr_shape=[16, BLOCK_M, 16])
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                           instr_shape=[16, KEYS, 16])
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                              instr_shape=[16, HEAD_D, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-        row_s: gl.constexpr = gl.SliceLayout(1, st_layout)   # per key (row of S^T)
         row_a: gl.constexpr = gl.SliceLayout(1, acc_layout)
         col_a: gl.constexpr = gl.SliceLayout(0, acc_layout)
         if CAUSAL == 2:
@@ -238,7 +240,7 @@ if gluon is not None:
         else:
             shift = 0
         key0 = start_n + WG * KEYS
-        offs_n = key0 + gl.arange(0, KEYS, layout=row_s)
+        offs_n = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))   # per key (column of S)
         offs_d = gl.arange(0, HEAD_D, layout=col_a)
         if SPLIT_DQ:
             DQ_N: gl.constexpr = HEAD_D // 2
@@ -251,7 +253,8 @@ if gluon is not None:
         offs_dq = dq_col0 + gl.arange(0, DQ_N, layout=gl.SliceLayout(0, dq_layout))
         dk = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
         dv = gl.zeros([KEYS, HEAD_D], gl.float32, acc_layout)
-        zero_st = gl.zeros([KEYS, BLOCK_M], gl.float32, st_layout)
+        zero_s = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
+        p_smem = p_bufs.index(WG)
         zero_dq = gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout)
 
         if SPLIT_DQ:
@@ -268,22 +271,23 @@ if gluon is not None:
             # keys end past Sk) with element masks, then the rest without: two straight loops
             # (a branch on the mask in one loop costs registers)
             for start_m in range(lo, full, BLOCK_M):
-                dk, dv = _step(q_bufs, do_bufs, k_smem, v_smem, kq0, kq1, ds_bufs, bars, LSE, DELTA, DQA, bh, start_m, it,
-                               offs_n, offs_dq, Sq, Sk, shift, qk_scale, scale, dk, dv, zero_st, zero_dq, WG,
-                               HEAD_D, BLOCK_M, KEYS, True, CAUSAL, SPLIT_DQ, st_layout, p_layout, dq_layout)
+                dk, dv = _step(q_bufs, do_bufs, k_smem, v_smem, kq0, kq1, p_smem, ds_bufs, bars, LSE, DELTA, DQA, bh,
+                               start_m, it, offs_n, offs_dq, Sq, Sk, shift, qk_scale, scale, dk, dv, zero_s, zero_dq,
+                               WG, HEAD_D, BLOCK_M, KEYS, True, CAUSAL, SPLIT_DQ, s_layout, dq_layout)
                 it += 1
             for start_m in range(full, m_end, BLOCK_M):
-                dk, dv = _step(q_bufs, do_bufs, k_smem, v_smem, kq0, kq1, ds_bufs, bars, LSE, DELTA, DQA, bh, start_m, it,
-                               offs_n, offs_dq, Sq, Sk, shift, qk_scale, scale, dk, dv, zero_st, zero_dq, WG,
-                               HEAD_D, BLOCK_M, KEYS, False, CAUSAL, SPLIT_DQ, st_layout, p_layout, dq_layout)
+                dk, dv = _step(q_bufs, do_bufs, k_smem, v_smem, kq0, kq1, p_smem, ds_bufs, bars, LSE, DELTA, DQA, bh,
+                               start_m, it, offs_n, offs_dq, Sq, Sk, shift, qk_scale, scale, dk, dv, zero_s, zero_dq,
+                               WG, HEAD_D, BLOCK_M, KEYS, False, CAUSAL, SPLIT_DQ, s_layout, dq_layout)
                 it += 1
 
         # epilogue: dK * scale and dV in the input dtype, rows past Sk not stored
-        offs_k = key0 + gl.arange(0, KEYS, layout=row_a)
-        kmask = offs_k[:, None] < Sk
-        out = ((b * Hkv + hk).to(gl.int64) * Sk + offs_k[:, None]) * HEAD_D + offs_d[None, :]
-        gl.store(DK + out, (dk * scale).to(dtype), mask=kmask)
-        gl.store(DV + out, dv.to(dtype), mask=kmask)
+        krows = gl.arange(0, KEYS, layout=row_a)
+        kmask = krows[:, None] < Sk - key0
+        base = ((b * Hkv + hk).to(gl.int64) * Sk + key0) * HEAD_D   # scalar base, int32 offsets
+        out = krows[:, None] * HEAD_D + offs_d[None, :]
+        gl.store((DK + base) + out, (dk * scale).to(dtype), mask=kmask)
+        gl.store((DV + base) + out, dv.to(dtype), mask=kmask)
 
     @gluon.jit(do_not_specialize=["Hq", "Hkv", "Sq", "Sk"])
     def _gluon_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQA, DK, DV, Hq, Hkv, Sq, Sk, GROUP,
@@ -321,25 +325,26 @@ if gluon is not None:
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
         k_bufs = gl.allocate_shared_memory(dtype, [2] + k_desc.block_type.shape, k_desc.layout)
         v_bufs = gl.allocate_shared_memory(dtype, [2] + v_desc.block_type.shape, v_desc.layout)
-        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_M], dtype)
-        ds_bufs = gl.allocate_shared_memory(dtype, [4 if SPLIT_DQ else 2, KEYS, BLOCK_M], ds_layout)
+        ps_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KEYS], dtype)
+        p_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, KEYS], ps_layout)
+        ds_bufs = gl.allocate_shared_memory(dtype, [4 if SPLIT_DQ else 2, BLOCK_M, KEYS], ps_layout)
         kv_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(kv_ready.index(0), count=1)
         for i in gl.static_range(2):
-            mbarrier.init(ds_ready.index(i), count=2)  # both consumers' dS^T written
+            mbarrier.init(ds_ready.index(i), count=2)  # both consumers' dS written
         for i in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=2)   # released by both consumers
         bars = (kv_ready, q_ready, q_empty, ds_ready)
 
         gl.warp_specialize([
-            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
+            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
                          Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 0, HEAD_D, BLOCK_M, KEYS,
                          CAUSAL, SPLIT_DQ, num_warps)),
-            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
+            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
                          Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 1, HEAD_D, BLOCK_M, KEYS,
                          CAUSAL, SPLIT_DQ, num_warps)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_bufs, v_bufs, bars, b, hk, start_n,
