@@ -10,8 +10,9 @@ Then, interleaved (nnprim.search.timing.interleaved_samples: rotating order, CUD
 warm-up), median ms of the backward alone: 127, 123 and 111 through
 `nnprim.sdpa_backward(..., solver=...)`, and torch SDPA's CUDNN_ATTENTION and FLASH_ATTENTION
 backends as `torch.autograd.grad(out, (q, k, v), do, retain_graph=True)` on one forward; at
-d128 also 127's other dQ variant through its plan (`g127_wg_dq`: each warpgroup adds the dQ
-of its 64 keys, all columns; the solver's default splits the columns), checked the same way.
+d128 also two other variants of 127 through its plan, checked the same way: `g127_wg_dq`
+(each warpgroup adds the dQ of its 64 keys, all columns; the solver's default splits the
+columns) and `g127_s3` (a 3-stage Q/dO ring instead of 2).
 TFLOP/s (2.5 x the forward's 4*B*Hq*Sq*Sk*D, x0.5 causal) and the ratio to cuDNN. Writes
 JSON to --out (a .json path, or a directory: gluon_bwd_<date>.json) and prints a table.
 
@@ -136,6 +137,8 @@ def run_problem(p: dict, rounds: int, smoke_ok: dict[bool, bool]) -> dict:
         pb = AttentionProblem.from_tensors(q, k, v, causal=nc, direction="bwd")
         wg = gluon_bwd.GluonBwdPlan(pb, gluon_bwd.tile_config(D, split_dq=False))
         impls["g127_wg_dq"] = lambda: wg(AttnArgs(q, k, v, do=do, o=o, lse=lse))
+        s3 = gluon_bwd.GluonBwdPlan(pb, gluon_bwd.tile_config(D, stages=3))
+        impls["g127_s3"] = lambda: s3(AttnArgs(q, k, v, do=do, o=o, lse=lse))
     for n, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
         try:
             impls[n] = peer(be)
@@ -145,6 +148,8 @@ def run_problem(p: dict, rounds: int, smoke_ok: dict[bool, bool]) -> dict:
         row["errors"]["gluon_127"] = "smoke run failed or hung: not run"
     if "g127_wg_dq" in impls and not smoke_ok[False]:
         row["errors"]["g127_wg_dq"] = "smoke run failed or hung: not run"
+    if "g127_s3" in impls and not smoke_ok[True]:
+        row["errors"]["g127_s3"] = "smoke run failed or hung: not run"
     ref = slice_reference(q, k, v, do, causal)
     e_c = 1e-2
     if "cudnn" in impls:
@@ -214,7 +219,7 @@ def main() -> int:
     why = {split: smoke(split) for split in (True, False)}
     result["smoke"] = {("split_dq" if split else "wg_dq"): (w or "ok") for split, w in why.items()}
     print("smoke:", result["smoke"], flush=True)
-    cols = list(OURS) + ["g127_wg_dq", "cudnn", "flash"]
+    cols = list(OURS) + ["g127_wg_dq", "g127_s3", "cudnn", "flash"]
     print(f"{'problem':28s} " + " ".join(f"{c:>10s}" for c in cols) + "  TFLOP/s | 127/cudnn 123/cudnn")
     for p in probs:
         try:
@@ -228,7 +233,7 @@ def main() -> int:
         print(f"{p['name']:28s} {line}  | {vs.get('gluon_127', float('nan')):6.3f} {vs.get('atomic_123', float('nan')):6.3f}"
               + (f"  ERR {row['errors']}" if row.get("errors") else ""), flush=True)
         out.write_text(json.dumps(result, indent=1))   # partial results survive a timeout
-    for n in list(OURS) + ["g127_wg_dq", "flash"]:
+    for n in list(OURS) + ["g127_wg_dq", "g127_s3", "flash"]:
         r = [row["vs_cudnn"][n] for row in result["problems"] if n in row.get("vs_cudnn", {})]
         result[f"geomean_{n}_vs_cudnn"] = geomean(r)
         result[f"min_{n}_vs_cudnn"] = min(r) if r else None

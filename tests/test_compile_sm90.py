@@ -26,4 +26,4 @@ def test_kernels_compile_for_sm90():
     # solver 127 (Gluon backward): every variant compiled (its d128 consumers spill some
     # registers to the stack, reported by compile_check: STACK)
     gbwd = [line for line in r.stdout.splitlines() if line.startswith("gluon_flash_bwd")]
-    assert len(gbwd) >= 7, r.stdout[-4000:]
+    assert len(gbwd) >= 8, r.stdout[-4000:]

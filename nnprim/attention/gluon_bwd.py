@@ -81,16 +81,17 @@ EFFICIENCY = 0.4
 HOST_FLOOR_MS = 0.06      # three launches and four descriptors per call (126's floor + 2 launches)
 
 
-def tile_config(d: int, split_dq: bool | None = None) -> dict:
-    """Launch constants for head dim d: STAGES of the (Q, dO) ring (what fits 227 KB next to
-    K, V and the dS buffers), SPLIT_DQ (dQ_partial of all 128 keys split by columns between
-    the warpgroups, FA3's: half the atomic adds and dQ registers; d128 only, where a column
-    half of K is whole 128-byte swizzle rows; default on there), num_warps of each consumer
-    warpgroup, maxnreg (168 x 384 threads fills the register file; setmaxnreg moves the
-    producer's registers to the consumers, 240 each)."""
+def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None) -> dict:
+    """Launch constants for head dim d: STAGES of the (Q, dO) ring (default 3 at d64, 2 at
+    d128 as FA3; 3 also fits 227 KB at d128, which benchmarks/gluon_bwd.py times), SPLIT_DQ
+    (dQ_partial of all 128 keys split by columns between the warpgroups, FA3's: half the
+    atomic adds and dQ registers; d128 only, where a column half of K is whole 128-byte
+    swizzle rows; default on there), num_warps of each consumer warpgroup, maxnreg (168 x 384
+    threads fills the register file; setmaxnreg moves the producer's registers to the
+    consumers, 240 each)."""
     split = d >= 128 if split_dq is None else split_dq and d >= 128
-    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=3 if d <= 64 else 2, SPLIT_DQ=split, num_warps=4,
-                maxnreg=168)
+    stages = stages or (3 if d <= 64 else 2)
+    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, SPLIT_DQ=split, num_warps=4, maxnreg=168)
 
 
 def smem_bytes(d: int, cfg: dict) -> int:
