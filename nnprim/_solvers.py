@@ -22,6 +22,7 @@ _MODULES = (
     "nnprim.attention.gluon_fwd",
     "nnprim.attention.flash_bwd",
     "nnprim.attention.flash_bwd_atomic",
+    "nnprim.attention.gluon_bwd",
     "nnprim.attention.decode",
     "nnprim.attention.decode_quant",
     "nnprim.attention.cpu_flash",

@@ -195,6 +195,46 @@ def _gluon_attempts(failures: list[str], report: list[str]) -> None:
                           f"dynamic_smem={ck.metadata.shared} {regs} {c}".rstrip())
 
 
+GLUON_BWD = [  # (split dQ, or 3: 3 ring stages; fields) of solver 127 (Gluon, sm_90 only): d64/d128, causal both ways and not,
+    # GQA, tails; d128 with dQ split by columns between the warpgroups (the default) and per warpgroup
+    (False, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=64, Dv=64, dtype=BF16)),
+    (False, dict(B=1, Hq=4, Hkv=2, Sq=333, Sk=300, D=64, Dv=64, dtype=F16, causal="bottom_right")),
+    (True, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16)),
+    (True, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, causal="top_left")),
+    (True, dict(B=1, Hq=2, Hkv=2, Sq=333, Sk=300, D=128, Dv=128, dtype=F16, causal="bottom_right")),
+    (False, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16)),
+    (False, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, causal="top_left")),
+    (3, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, causal="top_left")),  # 3 stages
+]
+
+
+def _gluon_bwd_attempts(failures: list[str], report: list[str]) -> None:
+    """Compile solver 127's main kernel (and 123's preprocess / cast) through its plan and
+    report registers, spills and shared memory of each compiled variant."""
+    from nnprim.attention import gluon_bwd
+    from nnprim.gluon_support import GLUON_ERROR
+    from nnprim.problems.attention import AttentionProblem
+    from nnprim.search.random_args import random_args
+    if GLUON_ERROR is not None:
+        failures.append(f"gluon_flash_bwd: Gluon import failed: {GLUON_ERROR}")
+        return
+    for split, fields in GLUON_BWD:
+        p = AttentionProblem(**(dict(direction="bwd", device="cpu", return_lse=True) | fields))
+        try:
+            cfg = gluon_bwd.tile_config(p.D, stages=3) if split == 3 else gluon_bwd.tile_config(p.D, split)
+            gluon_bwd.GluonBwdPlan(p, cfg)(random_args(p, seed=0))
+        except Exception as e:  # noqa: BLE001 - report every variant that does not compile
+            failures.append(f"gluon_flash_bwd on {p.key()}: {type(e).__name__}: {str(e)[:1500]}")
+    kernel = gluon_bwd._gluon_bwd_kernel
+    for cache in kernel.device_caches.values():
+        for ck in cache[0].values():
+            names = kernel.arg_names
+            c = " ".join(f"{names[k[0]]}={v}" for k, v in ck.src.constants.items()
+                         if isinstance(k, tuple) and len(k) == 1 and names[k[0]].isupper())
+            report.append(f"gluon_flash_bwd {ck.name} warps={ck.metadata.num_warps} "
+                          f"dynamic_smem={ck.metadata.shared} {_cubin_usage(ck)} {c}".rstrip())
+
+
 def install_compile_only(arch: int = 90) -> list[str]:
     """Make every Triton launch in this process a compile-only warm-up for `arch`; returns
     the list the names of compiled kernels are appended to."""
@@ -253,6 +293,7 @@ def main() -> int:
     _fp8_attempts(attempt)
     gluon_report: list[str] = []
     _gluon_attempts(failures, gluon_report)
+    _gluon_bwd_attempts(failures, gluon_report)
     _gluon_conv_attempts(failures, gluon_report)
     print(f"compiled {len(set(names))} kernels ({len(names)} launches) for sm_90 in {time.time() - t0:.0f} s: "
           + ", ".join(sorted(set(names))))

@@ -1,0 +1,247 @@
+"""Solver 127 `gluon_flash_bwd` (Gluon, warp-specialised Hopper backward) against solvers 123
+and 111, cuDNN and FLASH_ATTENTION, backward only, interleaved in one run (issue 12).
+
+For each train problem of nnprim/data/suites/attention_gpu.json with D in --dims (default
+64,128): bf16 q, k, v, dO; o and lse from nnprim.sdpa. A correctness check of 127 first: its
+dq, dk, dv on batch 0 and the query heads of kv head 0 against float32 autograd of that slice
+(heads are independent given the saved o and lse), bound 3x cuDNN's error on the same slice
++ 6e-3; a compile error or a wrong result is recorded and 127 is not timed on that problem.
+Then, interleaved (nnprim.search.timing.interleaved_samples: rotating order, CUDA events,
+warm-up), median ms of the backward alone: 127, 123 and 111 through
+`nnprim.sdpa_backward(..., solver=...)`, and torch SDPA's CUDNN_ATTENTION and FLASH_ATTENTION
+backends as `torch.autograd.grad(out, (q, k, v), do, retain_graph=True)` on one forward; at
+d128 also two other variants of 127 through its plan, checked the same way: `g127_wg_dq`
+(each warpgroup adds the dQ of its 64 keys, all columns; the solver's default splits the
+columns) and `g127_s3` (a 3-stage Q/dO ring instead of 2).
+TFLOP/s (2.5 x the forward's 4*B*Hq*Sq*Sk*D, x0.5 causal) and the ratio to cuDNN. Writes
+JSON to --out (a .json path, or a directory: gluon_bwd_<date>.json) and prints a table.
+
+    export PYTHONPATH=$PWD TRITON_INTERPRET=0
+    timeout 240 python3 benchmarks/gluon_bwd.py --out $OUT/gluon_bwd.json [--subset a,b] [--rounds 10]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TRITON_INTERPRET", "0")
+
+os.environ["NNPRIM_GLUON"] = "1"  # measured even where the environment switches them off
+import nnprim  # noqa: E402
+from nnprim.args import AttnArgs  # noqa: E402
+from nnprim.attention import gluon_bwd  # noqa: E402
+from nnprim.problems.attention import AttentionProblem  # noqa: E402
+from nnprim.search.timing import interleaved_samples  # noqa: E402
+
+DEV, BF16 = "cuda", torch.bfloat16
+OURS = {"gluon_127": "gluon_flash_bwd", "atomic_123": "flash_bwd_atomic", "flash_111": "flash_bwd"}
+
+SMOKE = """
+import sys, torch, nnprim
+from nnprim.args import AttnArgs
+from nnprim.attention import gluon_bwd
+from nnprim.problems.attention import AttentionProblem
+for causal in (None, "bottom_right"):
+    q, do = (torch.randn(1, 2, 300, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(1, 1, 333, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    o, lse = nnprim.sdpa(q, k, v, causal=causal, return_lse=True)
+    p = AttentionProblem.from_tensors(q, k, v, causal=causal, direction="bwd")
+    gluon_bwd.GluonBwdPlan(p, gluon_bwd.tile_config(128, sys.argv[1] == "1"))(AttnArgs(q, k, v, do=do, o=o, lse=lse))
+torch.cuda.synchronize()
+print("SMOKE-OK")
+"""
+
+
+def smoke(split: bool) -> str | None:
+    """None when 127's dQ variant runs a small problem in a subprocess within 90 s, else why
+    (a deadlocked kernel would otherwise hang the whole benchmark)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        r = subprocess.run([sys.executable, "-c", SMOKE, "1" if split else "0"], env=env, capture_output=True,
+                           text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        return "hung for 90 s"
+    return None if "SMOKE-OK" in r.stdout else (r.stdout + r.stderr)[-2000:]
+
+
+def flops_of(p: dict) -> float:
+    frac = 0.5 if (p["causal"] and p["Sq"] == p["Sk"]) else 1.0
+    return 2.5 * 4.0 * p["B"] * p["Hq"] * p["Sq"] * p["Sk"] * p["D"] * frac
+
+
+def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.double(), ref.double()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def slice_reference(q, k, v, do, causal: bool):
+    """float32 (dq, dk, dv) of batch 0 and the query heads of kv head 0 (autograd through an
+    explicit softmax)."""
+    g = q.shape[1] // k.shape[1]
+    qs, ks, vs = (t[:1, :h].float().requires_grad_() for t, h in ((q, g), (k, 1), (v, 1)))
+    s = (qs @ ks.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    if causal:
+        Sq, Sk = q.shape[2], k.shape[2]
+        i = torch.arange(Sq, device=DEV)[:, None]
+        j = torch.arange(Sk, device=DEV)[None, :]
+        s = s.masked_fill(j > i + (Sk - Sq), float("-inf"))
+    o = torch.softmax(s, -1) @ vs
+    return torch.autograd.grad(o, (qs, ks, vs), do[:1, :g].float())
+
+
+def slice_of(grads, g: int):
+    dq, dk, dv = grads
+    return dq[:1, :g], dk[:1, :1], dv[:1, :1]
+
+
+def run_problem(p: dict, rounds: int, smoke_ok: dict[bool, bool]) -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    B, Hq, Hkv, Sq, Sk, D, causal = p["B"], p["Hq"], p["Hkv"], p["Sq"], p["Sk"], p["D"], p["causal"]
+    nc = "top_left" if causal else None
+    torch.manual_seed(0)
+    q, do = (torch.randn(B, Hq, Sq, D, device=DEV, dtype=BF16) for _ in range(2))
+    k, v = (torch.randn(B, Hkv, Sk, D, device=DEV, dtype=BF16) for _ in range(2))
+    o, lse = nnprim.sdpa(q, k, v, causal=nc, return_lse=True)
+    row = dict(name=p["name"], B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, causal=causal, ms={}, tflops={},
+               vs_cudnn={}, errors={}, err={})
+    g = Hq // Hkv
+
+    def ours(solver):
+        return lambda: nnprim.sdpa_backward(do, q, k, v, o, lse, causal=nc, solver=solver)
+
+    def peer(be):
+        qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel([be]):
+            out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=bool(causal), enable_gqa=Hq != Hkv)
+
+        def f():
+            with sdpa_kernel([be]):
+                return torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)
+        return f
+
+    impls = {n: ours(s) for n, s in OURS.items()}
+    if D >= 128:
+        pb = AttentionProblem.from_tensors(q, k, v, causal=nc, direction="bwd")
+        wg = gluon_bwd.GluonBwdPlan(pb, gluon_bwd.tile_config(D, split_dq=False))
+        impls["g127_wg_dq"] = lambda: wg(AttnArgs(q, k, v, do=do, o=o, lse=lse))
+        s3 = gluon_bwd.GluonBwdPlan(pb, gluon_bwd.tile_config(D, stages=3))
+        impls["g127_s3"] = lambda: s3(AttnArgs(q, k, v, do=do, o=o, lse=lse))
+    for n, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            impls[n] = peer(be)
+        except Exception as e:  # noqa: BLE001 - a backend that does not serve the problem
+            row["errors"][n] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    if not smoke_ok[gluon_bwd.tile_config(D)["SPLIT_DQ"]]:
+        row["errors"]["gluon_127"] = "smoke run failed or hung: not run"
+    if "g127_wg_dq" in impls and not smoke_ok[False]:
+        row["errors"]["g127_wg_dq"] = "smoke run failed or hung: not run"
+    if "g127_s3" in impls and not smoke_ok[True]:
+        row["errors"]["g127_s3"] = "smoke run failed or hung: not run"
+    ref = slice_reference(q, k, v, do, causal)
+    e_c = 1e-2
+    if "cudnn" in impls:
+        try:
+            e_c = max(rel(x, r) for x, r in zip(slice_of(impls["cudnn"](), g), ref))
+            row["err"]["cudnn"] = round(e_c, 6)
+        except Exception as e:  # noqa: BLE001 - no cuDNN for this problem: a plain bound
+            row["errors"]["cudnn"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    for name in impls:   # correctness first (127's compile errors and wrong results recorded)
+        if name in row["errors"] or name == "cudnn":
+            continue
+        try:
+            t0 = time.time()
+            grads = impls[name]()
+            torch.cuda.synchronize()
+            if name.startswith("g"):
+                row[f"{name}_first_call_s"] = round(time.time() - t0, 2)
+            errs = [rel(x, r) for x, r in zip(slice_of(grads, g), ref)]
+            row["err"][name] = [round(e, 6) for e in errs]
+            finite = all(bool(torch.isfinite(x).all()) for x in grads)
+            if name.startswith("g") and not (finite and max(errs) <= 3 * e_c + 6e-3):
+                row["errors"][name] = f"wrong result: rel errs (dq, dk, dv) {errs} (cuDNN {e_c:.3g}), finite {finite}"
+            del grads
+        except Exception as e:  # noqa: BLE001 - compile errors are a result here
+            row["errors"][name] = f"{type(e).__name__}: {str(e)[:3000]}"
+            if name.startswith("g"):
+                row["traceback"] = traceback.format_exc()[-3000:]
+    live = {n: f for n, f in impls.items() if n not in row["errors"]}
+    names = list(live)
+    samples = interleaved_samples([live[n] for n in names], DEV, rounds=rounds, warmup=2)
+    fl = flops_of(p)
+    for n, ts in zip(names, samples):
+        ms = statistics.median(ts)
+        row["ms"][n] = round(ms, 4)
+        row["tflops"][n] = round(fl / ms / 1e9, 1)
+    if "cudnn" in row["ms"]:
+        for n in names:
+            row["vs_cudnn"][n] = round(row["ms"]["cudnn"] / row["ms"][n], 3)
+    if not row["errors"]:
+        del row["errors"]
+    return row
+
+
+def geomean(xs: list[float]) -> float | None:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--suite", default=str(ROOT / "nnprim/data/suites/attention_gpu.json"))
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--subset", default="", help="comma-separated problem names")
+    ap.add_argument("--dims", default="64,128", help="head dims to run")
+    ap.add_argument("--rounds", type=int, default=10)
+    a = ap.parse_args()
+    dims = {int(d) for d in a.dims.split(",") if d}
+    probs = [p for p in json.load(open(a.suite))["problems"] if p["mode"] == "train" and p["D"] in dims]
+    if a.subset:
+        want = set(a.subset.split(","))
+        probs = [p for p in probs if p["name"] in want]
+    out = Path(a.out)
+    if out.suffix != ".json":
+        out = out / f"gluon_bwd_{time.strftime('%Y-%m-%d')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
+                  triton=__import__("triton").__version__, date=time.strftime("%Y-%m-%d %H:%M"), problems=[])
+    why = {split: smoke(split) for split in (True, False)}
+    result["smoke"] = {("split_dq" if split else "wg_dq"): (w or "ok") for split, w in why.items()}
+    print("smoke:", result["smoke"], flush=True)
+    cols = list(OURS) + ["g127_wg_dq", "g127_s3", "cudnn", "flash"]
+    print(f"{'problem':28s} " + " ".join(f"{c:>10s}" for c in cols) + "  TFLOP/s | 127/cudnn 123/cudnn")
+    for p in probs:
+        try:
+            row = run_problem(p, a.rounds, {split: w is None for split, w in why.items()})
+        except Exception as e:  # noqa: BLE001 - keep the other problems' numbers
+            row = dict(name=p["name"], errors={"problem": f"{type(e).__name__}: {str(e)[:1000]}"})
+        torch.cuda.empty_cache()
+        result["problems"].append(row)
+        tf, vs = row.get("tflops", {}), row.get("vs_cudnn", {})
+        line = " ".join(f"{tf.get(c, float('nan')):10.1f}" for c in cols)
+        print(f"{p['name']:28s} {line}  | {vs.get('gluon_127', float('nan')):6.3f} {vs.get('atomic_123', float('nan')):6.3f}"
+              + (f"  ERR {row['errors']}" if row.get("errors") else ""), flush=True)
+        out.write_text(json.dumps(result, indent=1))   # partial results survive a timeout
+    for n in list(OURS) + ["g127_wg_dq", "g127_s3", "flash"]:
+        r = [row["vs_cudnn"][n] for row in result["problems"] if n in row.get("vs_cudnn", {})]
+        result[f"geomean_{n}_vs_cudnn"] = geomean(r)
+        result[f"min_{n}_vs_cudnn"] = min(r) if r else None
+    out.write_text(json.dumps(result, indent=1))
+    print({k: v for k, v in result.items() if k.startswith(("geomean", "min"))})
+    print("wrote", out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Solver 127 `gluon_flash_bwd` on CPU: never applicable here (no Hopper GPU, and
+TRITON_INTERPRET=1 from tests/conftest.py), with reasons naming why, and the options it
+leaves to solver 123. Its kernel is compiled for sm_90 by tests/test_compile_sm90.py and run
+by tests/gpu/test_gluon_bwd_gpu.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nnprim
+from nnprim.attention import gluon_bwd
+from nnprim.problems.attention import AttentionProblem
+from nnprim.search.context import get_solutions
+from nnprim.search.solver import REGISTRY
+
+BF16 = torch.bfloat16
+
+
+def problem(**kw) -> AttentionProblem:
+    fields = dict(direction="bwd", B=1, Hq=4, Hkv=1, Sq=70, Sk=90, D=128, Dv=128, dtype=BF16, device="cpu",
+                  return_lse=True)
+    return AttentionProblem(**(fields | kw))
+
+
+def test_registered_as_nondeterministic_flash_backward():
+    s = REGISTRY.get(127)
+    assert s is REGISTRY.get("gluon_flash_bwd")
+    assert s.family == "flash" and not s.deterministic and s.directions == frozenset({"bwd"})
+
+
+def test_not_applicable_on_cpu_and_under_the_interpreter(monkeypatch):
+    monkeypatch.setenv("NNPRIM_GLUON", "1")   # past the off switch: the device reasons
+    s = REGISTRY.get("gluon_flash_bwd")
+    reasons = " | ".join(s.not_supported_reasons(problem()))
+    assert "not applicable" in reasons and "TRITON_INTERPRET" in reasons
+    assert "not applicable" in " | ".join(s.not_supported_reasons(problem(device="cuda")))
+    monkeypatch.setenv("NNPRIM_GLUON", "0")
+    assert "NNPRIM_GLUON=0" in " | ".join(s.not_supported_reasons(problem(device="cuda")))
+
+
+def test_options_left_to_solver_123_are_named():
+    s = REGISTRY.get("gluon_flash_bwd")
+    cases = {
+        "mask=bool": dict(mask="bool", mask_shape=(1, 1, 70, 90)),
+        "dropout_p=0.1": dict(dropout_p=0.1),
+        "kv_lens": dict(has_kv_lens=True),
+        "tensor scale": dict(scale="tensor"),
+        "D=256": dict(D=256, Dv=256),
+        "D=96": dict(D=96, Dv=96),
+        "Dv=64": dict(Dv=64),
+        "dtype torch.float32": dict(dtype=torch.float32),
+    }
+    for needle, kw in cases.items():
+        reasons = " | ".join(s.not_supported_reasons(problem(device="cuda", **kw)))
+        assert needle in reasons, (needle, reasons)
+    fwd = " | ".join(s.not_supported_reasons(problem(device="cuda", direction="fwd")))
+    assert "fwd" in fwd
+
+
+def test_registry_keeps_choosing_triton_solvers_on_cpu():
+    p = problem(causal="bottom_right")
+    names = [sol.solver for sol in get_solutions(p)]
+    assert names and "gluon_flash_bwd" not in names
+    assert REGISTRY.get("flash_bwd_atomic").is_applicable(p)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 20, 64, generator=g).to(BF16)
+    k = torch.randn(1, 1, 23, 64, generator=g).to(BF16)
+    v = torch.randn(1, 1, 23, 64, generator=g).to(BF16)
+    o, lse = nnprim.sdpa(q, k, v, return_lse=True)
+    do = torch.randn(o.shape, generator=g).to(BF16)
+    with pytest.raises(nnprim.NotSupportedError, match="gluon_flash_bwd|not applicable"):
+        nnprim.sdpa_backward(do, q, k, v, o, lse, solver="gluon_flash_bwd")
+    dq, dk, dv = nnprim.sdpa_backward(do, q, k, v, o, lse, solver="flash_bwd_atomic")
+    assert dq.shape == q.shape and dk.shape == k.shape and torch.isfinite(dv.float()).all()
+
+
+def test_tile_configs_fit_hopper_shared_memory_workspace_and_estimate():
+    for d in gluon_bwd.HEAD_DIMS:
+        c = gluon_bwd.tile_config(d)
+        assert gluon_bwd.smem_bytes(d, c) <= gluon_bwd.SMEM_BYTES and c["maxnreg"] * 384 <= 65536
+        assert c["BLOCK_N"] == 2 * c["BLOCK_M"] == 128   # two warpgroups of 64 keys; dQ's M == keys
+        # dQ split by columns at d128 only (a d64 column half would cut a 128-byte swizzle row)
+        assert c["SPLIT_DQ"] == (d == 128) and not gluon_bwd.tile_config(d, split_dq=False)["SPLIT_DQ"]
+        assert not gluon_bwd.tile_config(64, split_dq=True)["SPLIT_DQ"]
+        c3 = gluon_bwd.tile_config(d, stages=3)      # the benchmark's 3-stage variant fits too
+        assert c3["STAGES"] == 3 and gluon_bwd.smem_bytes(d, c3) <= gluon_bwd.SMEM_BYTES
+    s = REGISTRY.get("gluon_flash_bwd")
+    p = problem(device="cuda", B=2, Hq=8, Hkv=2, Sq=1000, Sk=1000)
+    assert s.workspace_size(p) == 4 * 2 * 8 * 1000 * 129
+    big = problem(device="cuda", B=4, Hq=16, Hkv=16, Sq=4096, Sk=4096)
+    tflops = big.flops() / s.estimate(big) / 1e9
+    assert 250 < tflops < 330    # EFFICIENCY 0.4 of the bf16 peak the models use (750), wave fill 0.97
+    assert s.estimate(problem(device="cuda", Sq=16, Sk=16)) == gluon_bwd.HOST_FLOOR_MS
+
+
+def _emulate(p, q, k, v, do, o, lse, scale):
+    """Solver 127's tile algorithm in float64 torch: per CTA (128 keys of one (b, kv head)),
+    each 64-key warpgroup walks the query blocks [lo, full) with element masks and
+    [full, m_end) without, over the query heads of its group, from TMA-like zero-padded
+    tiles, lse = +inf past Sq and for rows that see no key (the kernel's index arithmetic,
+    written again here to check it covers every row and masks what it must)."""
+    BM, BN, KEYS = gluon_bwd.BLOCK_M, gluon_bwd.BLOCK_N, gluon_bwd.KEYS_PER_WG
+    B, Hq, Hkv, Sq, Sk, D, G = p.B, p.Hq, p.Hkv, p.Sq, p.Sk, p.D, p.group
+    m_end = -(-Sq // BM) * BM
+    n_pad = -(-Sk // BN) * BN
+
+    def pad(t, n):
+        return torch.cat([t, t.new_zeros(*t.shape[:-2], n - t.shape[-2], t.shape[-1])], -2)
+    qp, dop, kp, vp = pad(q, m_end), pad(do, m_end), pad(k, n_pad), pad(v, n_pad)
+    lse2 = torch.where(torch.isneginf(lse), torch.inf, lse)
+    lse2 = torch.cat([lse2, lse2.new_full((B, Hq, m_end - Sq), torch.inf)], -1)
+    delta = torch.where(torch.isneginf(lse), 0.0, (o * do).sum(-1))
+    delta = torch.cat([delta, delta.new_zeros(B, Hq, m_end - Sq)], -1)
+    shift = Sk - Sq if p.causal == "bottom_right" else 0
+    dq = torch.zeros(B, Hq, m_end, D, dtype=torch.float64)
+    dk, dv = torch.zeros(B, Hkv, n_pad, D, dtype=torch.float64), torch.zeros(B, Hkv, n_pad, D, dtype=torch.float64)
+    for b in range(B):
+        for hk in range(Hkv):
+            for start_n in range(0, Sk, BN):
+                if p.causal:
+                    lo = max(start_n - shift, 0) // BM * BM
+                    full = -(-max(start_n + BN - 1 - shift, 0) // BM) * BM
+                else:
+                    lo = full = 0
+                lo = min(lo, m_end)
+                full = max(min(full, m_end), lo)
+                if start_n + BN > Sk:
+                    full = m_end
+                for wg in range(2):
+                    n0 = start_n + wg * KEYS
+                    kk, vv = kp[b, hk, n0:n0 + KEYS], vp[b, hk, n0:n0 + KEYS]
+                    offs_n = torch.arange(n0, n0 + KEYS)[:, None]
+                    for g in range(G):
+                        h = hk * G + g
+                        for start_m in range(lo, m_end, BM):
+                            rows = slice(start_m, start_m + BM)
+                            qq, dd = qp[b, h, rows], dop[b, h, rows]
+                            st = (kk @ qq.T) * scale
+                            if start_m < full:
+                                valid = offs_n < Sk
+                                if p.causal:
+                                    valid = valid & (offs_n <= torch.arange(start_m, start_m + BM)[None, :] + shift)
+                                st = torch.where(valid, st, -torch.inf)
+                            pt = torch.exp(st - lse2[b, h, rows][None, :])
+                            dv[b, hk, n0:n0 + KEYS] += pt @ dd
+                            dst = pt * ((vv @ dd.T) - delta[b, h, rows][None, :])
+                            dk[b, hk, n0:n0 + KEYS] += dst @ qq * scale
+                            dq[b, h, rows] += dst.T @ kk * scale
+    return dq[:, :, :Sq], dk[:, :, :Sk], dv[:, :, :Sk]
+
+
+@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (70, 200), (200, 70), (129, 257), (64, 128)])
+def test_tile_algorithm_emulation_matches_reference(sq, sk, causal):
+    from nnprim.args import AttnArgs
+    from nnprim.attention.reference import reference_backward, reference_forward
+    g = torch.Generator().manual_seed(sq * 1000 + sk)
+    q, do = (torch.randn(1, 4, sq, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(1, 2, sk, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    p = AttentionProblem.from_tensors(q, k, v, causal=causal, direction="bwd")
+    o, lse = reference_forward(p, AttnArgs(q, k, v))
+    ref = reference_backward(p, AttnArgs(q, k, v, do=do))
+    got = _emulate(p, q, k, v, do, torch.nan_to_num(o), lse, 16 ** -0.5)
+    for name, x, r in zip(("dq", "dk", "dv"), got, ref):
+        assert torch.allclose(x, r, atol=1e-9, rtol=1e-9), (name, (x - r).abs().max().item())
