@@ -1,10 +1,11 @@
 """What the Gluon (Hopper) solvers share: Gluon's import, their applicability gate and the
 unvalidated host TMA descriptor. The solvers: 126 `gluon_flash_fwd` (attention/gluon_fwd.py),
-127 `gluon_flash_bwd` (attention/gluon_bwd.py)
-and 27 `gluon_implicit_gemm_fwd` (conv/gluon_conv.py).
+127 `gluon_flash_bwd` (attention/gluon_bwd.py) and 27 `gluon_implicit_gemm_fwd`
+(conv/gluon_conv.py).
 
-They are on by default since the whole GPU test suite passed with them on an H200
-(2026-12-01: 281 + 121 tests, results/gpu_tests_gluon_2026-12-01_*.log). `NNPRIM_GLUON=0`
+They are on by default since the whole GPU test suite passed with 126 and 27 on an H200
+(2026-12-01: 281 + 121 tests, results/gpu_tests_gluon_2026-12-01_*.log), and 127's module
+after it (42 passed, results/gpu_tests_gluon_bwd_2026-12-01.log). `NNPRIM_GLUON=0`
 switches them off (read on every applicability check): find then never times them and the
 find-db records of them are skipped, so the Triton solvers take their problems."""
 from __future__ import annotations
