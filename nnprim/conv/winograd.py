@@ -82,36 +82,11 @@ from ..search.solver import Solver, register
 from .implicit_gemm import INT32_LIMIT, layout_strides, strides5_of
 from .implicit_gemm_bwd import NUM_SMS
 from .triton_epilogue import NO_EPILOGUE, epilogue, interpreting, plan_epilogue, post_op_bytes, post_op_reasons
+from .winograd_math import F23, F43, IDENTITY, VARIANTS, Transform  # noqa: F401 -- re-exported
 
 WORKSPACE_CAP = 512 << 20
 MIN_CH_PER_GROUP = 16
 SPLIT_TILES = 128                  # backward weights: fewest tiles a split of the reduction gets
-
-
-@dataclass(frozen=True)
-class Transform:
-    """F(m, 3): B^T (alpha x alpha), G (alpha x 3), A^T (m x alpha)."""
-    m: int
-    BT: tuple
-    G: tuple
-    AT: tuple
-
-    @property
-    def alpha(self) -> int:
-        return len(self.BT)
-
-
-F23 = Transform(2, ((1., 0., -1., 0.), (0., 1., 1., 0.), (0., -1., 1., 0.), (0., 1., 0., -1.)),
-                ((1., 0., 0.), (.5, .5, .5), (.5, -.5, .5), (0., 0., 1.)),
-                ((1., 1., 1., 0.), (0., 1., -1., -1.)))
-F43 = Transform(4, ((4., 0., -5., 0., 1., 0.), (0., -4., -4., 1., 1., 0.), (0., 4., -4., -1., 1., 0.),
-                    (0., -2., -1., 2., 1., 0.), (0., 2., -1., -2., 1., 0.), (0., 4., 0., -5., 0., 1.)),
-                ((1 / 4, 0., 0.), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6), (1 / 24, 1 / 12, 1 / 6),
-                 (1 / 24, -1 / 12, 1 / 6), (0., 0., 1.)),
-                ((1., 1., 1., 1., 1., 0.), (0., 1., -1., 2., -2., 0.), (0., 1., 1., 4., 4., 0.),
-                 (0., 1., -1., 8., -8., 1.)))
-IDENTITY = Transform(1, ((1.,),), ((1.,),), ((1.,),))          # the H direction of 1D problems
-VARIANTS = {2: F23, 4: F43}
 
 
 # ---- Triton kernels --------------------------------------------------------------------------

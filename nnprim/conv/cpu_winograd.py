@@ -1,0 +1,396 @@
+"""CPU Winograd convolution forward (family `winograd`, solver 14 `cpu_winograd_fwd`):
+F(4x4,3x3) or F(2x2,3x3) in torch ops, for 2-D 3x3 stride-1 undilated ungrouped problems.
+
+Math (winograd_math.py, Lavin & Gray): per tile of m x m outputs (alpha = m + 2),
+    U[e] = G w G^T (per call: weights change in training), V[e] = B^T d B,
+    M[e] = U[e] . V[e] over the channels (alpha^2 GEMMs), y = A^T M A.
+F(4x4) does 4x fewer GEMM multiplies than the direct convolution, F(2x2) 2.25x.
+
+Structure, per block of images (or of tile rows of one image) so that the transforms'
+operands stay in cache: the images are staged zero-padded in f32 (the halo, including
+the zero rows/columns that complete the last tile, is zeroed once per call); the input
+transform runs as two separable passes of explicit add/sub/scale ops (`_bt_*`: B^T's
+zeros and common subexpressions, 12 ops per pass for F(4)) over strided views of the
+whole block -- rows first (H: contiguous rows), then columns (W: stride-m views) --
+writing V as alpha^2 contiguous GEMM operands (nchw: (alpha^2, C, tiles), nhwc:
+(alpha^2, tiles, C)); ONE torch.bmm computes every M[e]; the bias is added to the
+M[1, 1] plane (A^T's column 1 is all ones: it reaches every output once); the output
+transform's two passes (`_at_*`, 10 ops each for F(4)) write y's strided m x m tile
+views directly (tails: the partial last tile row / column as separate regions), then
+the post-op chain runs in place on the block of y (f32 outputs; other dtypes through an
+f32 block, then one cast). All operands keep the problem's layout (C or K innermost in
+nhwc, the tile column innermost in nchw), so no transposing copy is made.
+Threads: one worker; torch's ops and bmm run on torch's threads.
+
+Numerics: transforms and GEMM in f32 for every input dtype (bf16/f16 inputs are
+converted in the staging copy). Relative norm error vs float64 (random data, C = 64..512):
+F(2x2) ~1e-7, F(4x4) ~5e-7 (winograd.py's docstring; the f32 contract is 1e-5).
+Choice of m: the estimate of each (m = 4 wastes work on small images' partial tiles)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from ..args import ConvArgs
+from ..problems.conv import ConvProblem, empty_in_layout, to_layout
+from ..search.solver import Solver, register
+from .cpu_gemm import apply_post_ops_block, workspace
+from .cpu_im2col import F32, Block
+from .winograd_math import VARIANTS, Transform
+
+BLOCK_BYTES = 8 << 20          # f32 transform buffers (T, V, M, Z) per block
+MAX_PAD = 2
+_GFLOPS_PER_CORE = 72.0        # f32 bmm of alpha^2 (tiles x C) . (C x K) products (measured 70-80)
+_ELEMS_PER_S_PER_CORE = 2.5e9  # strided add/sub/scale ops over the transform planes
+_OP_S = 6e-6                   # per torch op
+
+
+# ---- explicit transform programs (tests check them against winograd_math's matrices) -------
+# Each takes the alpha (B^T) or alpha (A^T) input views `d`, writes the output views `o`
+# (None: not needed, e.g. outputs past a tail) and uses temporaries `t` shaped like an output.
+add, sub = torch.add, torch.sub
+
+
+def _bt_f43(d: list, o: list, t: list) -> None:
+    """B^T of F(4,3): o0 = 4d0 - 5d2 + d4, o1/2 = (d4 - 4d2) +- (d3 - 4d1),
+    o3/4 = (d4 - d2) +- 2(d3 - d1), o5 = 4d1 - 5d3 + d5."""
+    d0, d1, d2, d3, d4, d5 = d
+    tmp = t[0]
+    add(d4, d2, alpha=-5, out=o[0]).add_(d0, alpha=4)
+    add(d4, d2, alpha=-4, out=o[1])
+    add(d3, d1, alpha=-4, out=tmp)
+    sub(o[1], tmp, out=o[2])
+    o[1].add_(tmp)
+    add(d4, d2, alpha=-1, out=o[3])
+    add(d3, d1, alpha=-1, out=tmp)
+    add(o[3], tmp, alpha=-2, out=o[4])
+    o[3].add_(tmp, alpha=2)
+    add(d5, d3, alpha=-5, out=o[5]).add_(d1, alpha=4)
+
+
+def _at_f43(d: list, o: list, t: list) -> None:
+    """A^T of F(4,3): s = d1 + d2, S = d3 + d4, e = d1 - d2, E = d3 - d4;
+    o0 = d0 + s + S, o1 = e + 2E, o2 = s + 4S, o3 = e + 8E + d5."""
+    d0, d1, d2, d3, d4, d5 = d
+    t1, t2 = t
+    add(d1, d2, out=t1)
+    add(d3, d4, out=t2)
+    if o[2] is not None:
+        add(t1, t2, alpha=4, out=o[2])
+    add(t1, t2, out=o[0]).add_(d0)
+    if o[1] is None:
+        return
+    sub(d1, d2, out=t1)
+    sub(d3, d4, out=t2)
+    add(t1, t2, alpha=2, out=o[1])
+    if o[3] is not None:
+        add(t1, t2, alpha=8, out=o[3]).add_(d5)
+
+
+def _bt_f23(d: list, o: list, t: list) -> None:
+    """B^T of F(2,3): o0 = d0 - d2, o1 = d1 + d2, o2 = d2 - d1, o3 = d1 - d3."""
+    sub(d[0], d[2], out=o[0])
+    add(d[1], d[2], out=o[1])
+    sub(d[2], d[1], out=o[2])
+    sub(d[1], d[3], out=o[3])
+
+
+def _at_f23(d: list, o: list, t: list) -> None:
+    """A^T of F(2,3): o0 = d0 + d1 + d2, o1 = d1 - d2 - d3."""
+    add(d[0], d[1], out=o[0]).add_(d[2])
+    if o[1] is not None:
+        sub(d[1], d[2], out=o[1]).sub_(d[3])
+
+
+PROGRAMS = {4: (_bt_f43, _at_f43, 1, 2), 2: (_bt_f23, _at_f23, 0, 0)}   # m: (B^T, A^T, temps)
+OPS = {4: (12, 10), 2: (4, 4)}                                           # torch ops per pass
+
+
+@lru_cache(maxsize=4)
+def filter_matrix(tr: Transform) -> torch.Tensor:
+    """Gk (alpha^2, 9): U[(xi, nu)] = sum_{r,s} G[xi][r] G[nu][s] w[r, s] (computed in float64)."""
+    g = torch.tensor(tr.G, dtype=torch.float64)
+    return torch.einsum("ar,bs->abrs", g, g).reshape(tr.alpha ** 2, 9).to(F32)
+
+
+# ---- plan -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WinoBlock:
+    n0: int
+    n1: int
+    th0: int        # tile rows [th0, th1) of images [n0, n1)
+    th1: int
+
+    @property
+    def nb(self) -> int:
+        return self.n1 - self.n0
+
+
+@dataclass(frozen=True)
+class WinoPlan:
+    p: ConvProblem
+    m: int
+    TH: int         # tiles per column / row of the output
+    TW: int
+    blocks: tuple[WinoBlock, ...]
+    nb: int         # most images / tile rows of any block (buffer sizes)
+    thb: int
+
+    @property
+    def alpha(self) -> int:
+        return self.m + 2
+
+    @property
+    def Hp(self) -> int:
+        return self.TH * self.m + 2
+
+    @property
+    def Wp(self) -> int:
+        return self.TW * self.m + 2
+
+    def buffers(self) -> dict[str, int]:
+        """f32 element counts of the workspace buffers."""
+        p, a, m = self.p, self.alpha, self.m
+        C, K, nb, thb = p.C, p.K, self.nb, self.thb
+        tiles = nb * thb * self.TW
+        nt = PROGRAMS[m][2]
+        bufs = {
+            "w": K * C * 9, "u": a * a * K * C,
+            "stage": nb * C * self.Hp * self.Wp,
+            "t": a * nb * C * thb * self.Wp + nt * nb * C * thb * self.Wp,   # H pass + its temps
+            "v": a * a * tiles * C + nt * a * tiles * C,                     # W pass + its temps
+            "m": a * a * tiles * K,
+            "z": m * a * tiles * K + PROGRAMS[m][3] * a * tiles * K,         # out passes + temps
+        }
+        if p.out_dtype != F32:
+            bufs["y"] = nb * K * min(thb * m, p.out_size[0]) * p.out_size[1]
+        return bufs
+
+    def workspace_bytes(self) -> int:
+        return sum(_aligned(n) for n in self.buffers().values()) * 4
+
+
+def _aligned(n: int) -> int:
+    return -(-n // 16) * 16     # 64-byte aligned f32 buffers
+
+
+def make_plan(p: ConvProblem, m: int, block_bytes: int = BLOCK_BYTES) -> WinoPlan:
+    """Blocks of whole images, or of tile rows of one image, each with at most
+    `block_bytes` of f32 transform buffers (T, V, M, Z)."""
+    a = m + 2
+    OH, OW = p.out_size
+    TH, TW = -(-OH // m), -(-OW // m)
+    Wp = TW * m + 2
+    row = 4 * (a * p.C * Wp + TW * (a * a * p.C + a * a * p.K + m * a * p.K))   # one tile row
+    rows = max(1, min(TH, block_bytes // max(1, row)))
+    blocks = []
+    if rows < TH:                        # tile rows of one image per block
+        nb, thb = 1, rows
+        per = -(-TH // -(-TH // rows))   # even split
+        thb = per
+        for n in range(p.N):
+            blocks += [WinoBlock(n, n + 1, t, min(TH, t + per)) for t in range(0, TH, per)]
+    else:
+        nb = max(1, min(p.N, block_bytes // max(1, row * TH)))
+        nb = -(-p.N // -(-p.N // nb))    # even split
+        thb = TH
+        blocks = [WinoBlock(n, min(p.N, n + nb), 0, TH) for n in range(0, p.N, nb)]
+    return WinoPlan(p, m, TH, TW, tuple(blocks), nb, thb)
+
+
+# ---- invoker --------------------------------------------------------------------------------
+def _phys_buffer(flat: torch.Tensor, logical_shape: tuple, phys_order: tuple) -> torch.Tensor:
+    """A logical-shaped view of `flat`, stored with dims in `phys_order` (outermost first)."""
+    phys = flat[:math.prod(logical_shape)].view([logical_shape[i] for i in phys_order])
+    inv = [phys_order.index(i) for i in range(len(logical_shape))]
+    return phys.permute(*inv)
+
+
+def _carve(plan: WinoPlan, ws: torch.Tensor) -> dict[str, torch.Tensor]:
+    f = ws.view(F32)
+    out, off = {}, 0
+    for k, n in plan.buffers().items():
+        out[k] = f[off:off + n]
+        off += _aligned(n)
+    return out
+
+
+def _stage(plan: WinoPlan, x: torch.Tensor, blk: WinoBlock, buf: torch.Tensor, zero_halo: bool) -> torch.Tensor:
+    """Images [n0, n1) of x, zero-padded to (Hp, Wp) and converted to f32: logical
+    (nb, C, Hp, Wp) in the layout's order. The halo sits at the same places for every
+    block, so it is zeroed only once per call."""
+    p = plan.p
+    (pt, pl), (H, W) = p.pad_before, p.in_size
+    order = (0, 1, 2, 3) if p.layout == "nchw" else (0, 2, 3, 1)
+    P = _phys_buffer(buf, (plan.nb, p.C, plan.Hp, plan.Wp), order)[:blk.nb]
+    if zero_halo:
+        P[:, :, :pt].zero_()
+        P[:, :, pt + H:].zero_()
+        P[:, :, :, :pl].zero_()
+        P[:, :, :, pl + W:].zero_()
+    P[:, :, pt:pt + H, pl:pl + W].copy_(x[blk.n0:blk.n1])
+    return P
+
+
+def _regions(lo: int, hi: int, out: int, m: int) -> list[tuple[int, int, int]]:
+    """Tile ranges [a, b) of [lo, hi) with the count of valid outputs per tile: full
+    tiles, then the partial last tile of an output extent `out`."""
+    full = min(hi, out // m)
+    regs = [(lo, full, m)] if full > lo else []
+    if out % m and lo <= out // m < hi:
+        regs.append((out // m, out // m + 1, out % m))
+    return regs
+
+
+def wino_fwd(plan: WinoPlan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
+    p, m, a = plan.p, plan.m, plan.alpha
+    C, K, TW = p.C, p.K, plan.TW
+    OH, OW = p.out_size
+    bt, at, nt_in, nt_out = PROGRAMS[m]
+    nhwc = p.layout == "nhwc"
+    buf = _carve(plan, ws)
+    x = to_layout(args.x, p.layout)
+    w = args.w
+    # U = G w G^T as (alpha^2, K, C): one mm reading w as (9, K*C)
+    w9 = buf["w"].view(K, C, 3, 3)
+    w9.copy_(w)
+    U = buf["u"].view(a * a, K, C)
+    torch.mm(filter_matrix(VARIANTS[m]), w9.view(K * C, 9).t(), out=U.view(a * a, K * C))
+    Ut = U.transpose(1, 2)                                   # (alpha^2, C, K) for nhwc
+    bias = args.bias.to(F32) if args.bias is not None else None
+    y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
+    ops = list(args.post_ops)
+    staged = None
+    for blk in plan.blocks:
+        nb, thn = blk.nb, blk.th1 - blk.th0
+        tiles = nb * thn * TW
+        if staged != (blk.n0, blk.n1):
+            P = _stage(plan, x, blk, buf["stage"], staged is None)
+            staged = (blk.n0, blk.n1)
+        # H pass: T[i] (nb, C, thn, Wp) from rows m*th + i
+        o_t = (0, 1, 2, 3, 4) if not nhwc else (0, 1, 3, 4, 2)
+        tsz = (a + nt_in, nb, C, thn, plan.Wp)
+        T = _phys_buffer(buf["t"], tsz, o_t)
+        r0 = m * blk.th0
+        d = [P[:, :, r0 + i:r0 + i + m * thn:m] for i in range(a)]
+        bt(d, list(T[:a]), list(T[a:]))
+        # W pass: V[i, j] (nb, C, thn, TW) from columns m*tw + j of T[i]
+        o_v = (0, 1, 3, 2, 4, 5) if not nhwc else (0, 1, 2, 4, 5, 3)
+        V = _phys_buffer(buf["v"], (a, a, nb, C, thn, TW), o_v)
+        Vt = _phys_buffer(buf["v"][a * a * tiles * C:], (nt_in, a, nb, C, thn, TW), o_v)
+        d = [T[:a, :, :, :, j:j + m * TW:m] for j in range(a)]
+        bt(d, [V[:, j] for j in range(a)], [Vt[k] for k in range(nt_in)])
+        # the alpha^2 GEMMs, M[e] logical (nb, K, thn, TW)
+        if nhwc:
+            Mp = buf["m"][:a * a * tiles * K].view(a * a, tiles, K)
+            torch.bmm(V.flatten(0, 1).permute(0, 1, 3, 4, 2).reshape(a * a, tiles, C), Ut, out=Mp)
+            M = Mp.view(a, a, nb, thn, TW, K).permute(0, 1, 2, 5, 3, 4)
+        else:
+            Mp = buf["m"][:a * a * tiles * K].view(a * a, K, tiles)
+            torch.bmm(U, V.flatten(0, 1).permute(0, 2, 1, 3, 4).reshape(a * a, C, tiles), out=Mp)
+            M = Mp.view(a, a, K, nb, thn, TW).permute(0, 1, 3, 2, 4, 5)
+        if bias is not None:
+            M[1, 1].add_(bias.view(1, K, 1, 1))
+        # output pass 1 (rows): Z[r, j] = sum_i A^T[r][i] M[i, j]
+        o_z = (0, 1, 3, 2, 4, 5) if not nhwc else (0, 1, 2, 4, 5, 3)
+        Z = _phys_buffer(buf["z"], (m + nt_out, a, nb, K, thn, TW), o_z)
+        at([M[i] for i in range(a)], list(Z[:m]), list(Z[m:]))
+        # output pass 2 (columns) into y's m x m tile views (or an f32 block)
+        r1 = min(m * blk.th1, OH)
+        if p.out_dtype == F32:
+            Yb = y[blk.n0:blk.n1, :, r0:r1]
+        else:
+            Yb = _phys_buffer(buf["y"], (nb, K, r1 - r0, OW), (0, 1, 2, 3) if not nhwc else (0, 2, 3, 1))
+        sn, sk, sh, sw = Yb.stride()
+        for (ta, tb, ra) in _regions(blk.th0, blk.th1, OH, m):
+            for (wa, wb, rb) in _regions(0, TW, OW, m):
+                zs = Z[:ra, :, :, :, ta - blk.th0:tb - blk.th0, wa:wb]
+                tmp = [Z[m + k, :ra, :, :, ta - blk.th0:tb - blk.th0, wa:wb] for k in range(nt_out)]
+                size = (ra, nb, K, tb - ta, wb - wa)
+                stride = (sh, sn, sk, m * sh, m * sw)
+                base = Yb.storage_offset() + (m * ta - r0) * sh + m * wa * sw
+                dst = [Yb.as_strided(size, stride, base + b * sw) if b < rb else None for b in range(m)]
+                at([zs[:, j] for j in range(a)], dst, tmp)
+        if ops:
+            apply_post_ops_block(Yb.unsqueeze(1), Block(blk.n0, blk.n1, (r0, 0), (r1, OW)), 1, None, ops)
+        if p.out_dtype != F32:
+            y[blk.n0:blk.n1, :, r0:r1].copy_(Yb)
+    return y
+
+
+# ---- solver ---------------------------------------------------------------------------------
+def estimate_ms(p: ConvProblem, m: int) -> float:
+    """GEMM at _GFLOPS_PER_CORE, the transforms' planes at _ELEMS_PER_S_PER_CORE, per-op cost."""
+    cores = max(1, torch.get_num_threads())
+    plan = make_plan(p, m)
+    a, (OH, OW) = m + 2, p.out_size
+    tiles = p.N * plan.TH * plan.TW
+    gemm = 2.0 * a * a * tiles * p.C * p.K / (_GFLOPS_PER_CORE * 1e9)
+    ops_in, ops_out = OPS[m]
+    # ops per pass / outputs per pass = element-ops per output element
+    elems = (ops_in / a) * (a * p.N * p.C * plan.TH * plan.Wp + a * a * tiles * p.C) \
+        + (ops_out / m) * (m * a * tiles * p.K + m * m * tiles * p.K) \
+        + p.N * p.C * plan.Hp * plan.Wp + p.N * p.K * OH * OW * (1 + len(p.post_ops))
+    calls = len(plan.blocks) * (2 * ops_in + 2 * ops_out + 4 + len(p.post_ops))
+    return (gemm + elems / _ELEMS_PER_S_PER_CORE) / cores * 1e3 + calls * _OP_S * 1e3
+
+
+def choose_m(p: ConvProblem) -> int:
+    """F(4x4) or F(2x2): the smaller estimate (m = 4 wastes work on small images' partial tiles)."""
+    return min((4, 2), key=lambda m: estimate_ms(p, m))
+
+
+def prepare_with(p: ConvProblem, m: int | None = None, block_bytes: int = BLOCK_BYTES):
+    """Invoker of p with F(m x m, 3x3) (None: choose_m) and blocks of `block_bytes`."""
+    plan = make_plan(p, m or choose_m(p), block_bytes)
+    nbytes = plan.workspace_bytes()
+
+    def invoke(args: ConvArgs) -> torch.Tensor:
+        with workspace(nbytes) as ws:
+            return wino_fwd(plan, args, ws)
+    invoke.plan = plan
+    return invoke
+
+
+@register
+class CpuWinogradFwd(Solver):
+    id = 14
+    name = "cpu_winograd_fwd"
+    family = "winograd"
+    primitive = "conv"
+    directions = frozenset({"fwd"})
+    devices = frozenset({"cpu"})
+    dtypes = frozenset({torch.float32, torch.float16, torch.bfloat16})
+    deterministic = True
+
+    def not_supported_reasons(self, p: ConvProblem) -> list[str]:
+        reasons = super().not_supported_reasons(p)
+        if p.ndim != 2:
+            reasons.append(f"{p.ndim}-D problem: 2-D only")
+            return reasons
+        if p.filter != (3, 3):
+            reasons.append(f"filter={p.filter}: 3x3 only")
+        if p.stride != (1, 1):
+            reasons.append(f"stride={p.stride}: stride 1 only")
+        if p.dilation != (1, 1):
+            reasons.append(f"dilation={p.dilation}: dilation 1 only")
+        if p.groups != 1:
+            reasons.append(f"groups={p.groups}: ungrouped only (per-group GEMMs are too narrow to pay)")
+        if max(*p.pad_before, *p.pad_after) > MAX_PAD:
+            reasons.append(f"padding={p.padding}: at most {MAX_PAD} a side")
+        return reasons
+
+    def workspace_size(self, p: ConvProblem) -> int:
+        return make_plan(p, choose_m(p)).workspace_bytes()
+
+    def estimate(self, p: ConvProblem) -> float:
+        return min(estimate_ms(p, 4), estimate_ms(p, 2))
+
+    def prepare(self, p: ConvProblem):
+        return prepare_with(p)
+
+
+__all__ = ["CpuWinogradFwd", "WinoPlan", "make_plan", "prepare_with", "wino_fwd", "choose_m", "PROGRAMS"]
