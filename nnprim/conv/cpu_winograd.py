@@ -29,6 +29,7 @@ Choice of m: the estimate of each (m = 4 wastes work on small images' partial ti
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -38,14 +39,17 @@ from ..args import ConvArgs
 from ..problems.conv import ConvProblem, empty_in_layout, to_layout
 from ..search.solver import Solver, register
 from .cpu_gemm import apply_post_ops_block, workspace
-from .cpu_im2col import F32, Block
+from .cpu_im2col import F32, Block, balance211
 from .winograd_math import VARIANTS, Transform
 
-BLOCK_BYTES = 8 << 20          # f32 transform buffers (T, V, M, Z) per block
+BLOCK_BYTES = 8 << 20          # f32 transform buffers (T, V, M, Z) per block and thread of torch's
+                               # (1 thread: 8 MiB 20 % faster than whole batches; 2 threads: 16 MiB)
 MAX_PAD = 2
 _GFLOPS_PER_CORE = 72.0        # f32 bmm of alpha^2 (tiles x C) . (C x K) products (measured 70-80)
 _ELEMS_PER_S_PER_CORE = 2.5e9  # strided add/sub/scale ops over the transform planes
 _OP_S = 6e-6                   # per torch op
+_U_BYTES_PER_S = 7.5e9         # U's traffic (written once, read by every block's bmm): measured
+                               # 7.5-8.5 GB/s at 1 and 2 threads; dominant for small images with wide C, K
 
 
 # ---- explicit transform programs (tests check them against winograd_math's matrices) -------
@@ -138,6 +142,12 @@ class WinoPlan:
     blocks: tuple[WinoBlock, ...]
     nb: int         # most images / tile rows of any block (buffer sizes)
     thb: int
+    workers: int    # Python workers, each on one core (1: torch's threads inside each op)
+
+    def work(self, t: int) -> tuple[WinoBlock, ...]:
+        """Worker t's contiguous share of the blocks (balance211)."""
+        lo, hi = balance211(len(self.blocks), self.workers, t)
+        return self.blocks[lo:hi]
 
     @property
     def alpha(self) -> int:
@@ -151,41 +161,52 @@ class WinoPlan:
     def Wp(self) -> int:
         return self.TW * self.m + 2
 
+    def shared(self) -> dict[str, int]:
+        """f32 element counts of the buffers all workers read: w (f32) and U."""
+        K, C, a = self.p.K, self.p.C, self.alpha
+        return {"w": K * C * 9, "u": a * a * K * C}
+
     def buffers(self) -> dict[str, int]:
-        """f32 element counts of the workspace buffers."""
+        """f32 element counts of one worker's buffers."""
         p, a, m = self.p, self.alpha, self.m
         C, K, nb, thb = p.C, p.K, self.nb, self.thb
         tiles = nb * thb * self.TW
         nt = PROGRAMS[m][2]
         bufs = {
-            "w": K * C * 9, "u": a * a * K * C,
             "stage": nb * C * self.Hp * self.Wp,
             "t": a * nb * C * thb * self.Wp + nt * nb * C * thb * self.Wp,   # H pass + its temps
             "v": a * a * tiles * C + nt * a * tiles * C,                     # W pass + its temps
             "m": a * a * tiles * K,
             "z": m * a * tiles * K + PROGRAMS[m][3] * a * tiles * K,         # out passes + temps
         }
-        if p.out_dtype != F32:
+        if p.out_dtype != F32 or p.layout == "nchw":
             bufs["y"] = nb * K * min(thb * m, p.out_size[0]) * p.out_size[1]
         return bufs
 
     def workspace_bytes(self) -> int:
-        return sum(_aligned(n) for n in self.buffers().values()) * 4
+        per = sum(_aligned(n) for n in self.buffers().values())
+        return (sum(_aligned(n) for n in self.shared().values()) + self.workers * per) * 4
 
 
 def _aligned(n: int) -> int:
     return -(-n // 16) * 16     # 64-byte aligned f32 buffers
 
 
-def make_plan(p: ConvProblem, m: int, block_bytes: int = BLOCK_BYTES) -> WinoPlan:
+def make_plan(p: ConvProblem, m: int, block_bytes: int | None = None, workers: int = 1) -> WinoPlan:
     """Blocks of whole images, or of tile rows of one image, each with at most
-    `block_bytes` of f32 transform buffers (T, V, M, Z)."""
+    `block_bytes` of f32 transform buffers (T, V, M, Z; None: BLOCK_BYTES per torch thread)
+    and at least one per worker where the tile rows allow."""
+    workers = max(1, workers)
+    if block_bytes is None:
+        block_bytes = BLOCK_BYTES * max(1, torch.get_num_threads())
     a = m + 2
     OH, OW = p.out_size
     TH, TW = -(-OH // m), -(-OW // m)
     Wp = TW * m + 2
     row = 4 * (a * p.C * Wp + TW * (a * a * p.C + a * a * p.K + m * a * p.K))   # one tile row
     rows = max(1, min(TH, block_bytes // max(1, row)))
+    if p.N < workers:                    # split the images' tile rows between the workers
+        rows = min(rows, -(-TH // -(-workers // p.N)))
     blocks = []
     if rows < TH:                        # tile rows of one image per block
         nb, thb = 1, rows
@@ -194,14 +215,18 @@ def make_plan(p: ConvProblem, m: int, block_bytes: int = BLOCK_BYTES) -> WinoPla
         for n in range(p.N):
             blocks += [WinoBlock(n, n + 1, t, min(TH, t + per)) for t in range(0, TH, per)]
     else:
-        nb = max(1, min(p.N, block_bytes // max(1, row * TH)))
+        nb = max(1, min(p.N, block_bytes // max(1, row * TH), -(-p.N // workers)))
         nb = -(-p.N // -(-p.N // nb))    # even split
         thb = TH
         blocks = [WinoBlock(n, min(p.N, n + nb), 0, TH) for n in range(0, p.N, nb)]
-    return WinoPlan(p, m, TH, TW, tuple(blocks), nb, thb)
+    return WinoPlan(p, m, TH, TW, tuple(blocks), nb, thb, min(workers, len(blocks)))
 
 
 # ---- invoker --------------------------------------------------------------------------------
+NHWC = (0, 2, 3, 1)              # physical order of the staged images and y blocks
+TILE_ORDER = (0, 1, 2, 4, 5, 3)  # (., ., n, C|K, th, tw) stored as (., ., n, th, tw, C|K)
+
+
 def _phys_buffer(flat: torch.Tensor, logical_shape: tuple, phys_order: tuple) -> torch.Tensor:
     """A logical-shaped view of `flat`, stored with dims in `phys_order` (outermost first)."""
     phys = flat[:math.prod(logical_shape)].view([logical_shape[i] for i in phys_order])
@@ -209,13 +234,32 @@ def _phys_buffer(flat: torch.Tensor, logical_shape: tuple, phys_order: tuple) ->
     return phys.permute(*inv)
 
 
-def _carve(plan: WinoPlan, ws: torch.Tensor) -> dict[str, torch.Tensor]:
+def _carve(plan: WinoPlan, ws: torch.Tensor) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
+    """The shared buffers and each worker's."""
     f = ws.view(F32)
-    out, off = {}, 0
-    for k, n in plan.buffers().items():
-        out[k] = f[off:off + n]
-        off += _aligned(n)
-    return out
+    off = 0
+
+    def take(sizes: dict[str, int]) -> dict[str, torch.Tensor]:
+        nonlocal off
+        out = {}
+        for k, n in sizes.items():
+            out[k] = f[off:off + n]
+            off += _aligned(n)
+        return out
+    shared = take(plan.shared())
+    return shared, [take(plan.buffers()) for _ in range(plan.workers)]
+
+
+@lru_cache(maxsize=4)
+def _pool(n: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=n, thread_name_prefix="nnprim-cpu-wino")
+
+
+def _one_thread() -> None:
+    """torch.set_num_threads(1) in a worker: OpenMP's and MKL's thread counts are
+    per calling thread, so the caller's setting is untouched."""
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 def _stage(plan: WinoPlan, x: torch.Tensor, blk: WinoBlock, buf: torch.Tensor, zero_halo: bool) -> torch.Tensor:
@@ -224,8 +268,7 @@ def _stage(plan: WinoPlan, x: torch.Tensor, blk: WinoBlock, buf: torch.Tensor, z
     block, so it is zeroed only once per call."""
     p = plan.p
     (pt, pl), (H, W) = p.pad_before, p.in_size
-    order = (0, 1, 2, 3) if p.layout == "nchw" else (0, 2, 3, 1)
-    P = _phys_buffer(buf, (plan.nb, p.C, plan.Hp, plan.Wp), order)[:blk.nb]
+    P = _phys_buffer(buf, (plan.nb, p.C, plan.Hp, plan.Wp), NHWC)[:blk.nb]
     if zero_halo:
         P[:, :, :pt].zero_()
         P[:, :, pt + H:].zero_()
@@ -247,63 +290,70 @@ def _regions(lo: int, hi: int, out: int, m: int) -> list[tuple[int, int, int]]:
 
 def wino_fwd(plan: WinoPlan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     p, m, a = plan.p, plan.m, plan.alpha
-    C, K, TW = p.C, p.K, plan.TW
-    OH, OW = p.out_size
-    bt, at, nt_in, nt_out = PROGRAMS[m]
-    nhwc = p.layout == "nhwc"
-    buf = _carve(plan, ws)
+    C, K = p.C, p.K
+    shared, bufs = _carve(plan, ws)
     x = to_layout(args.x, p.layout)
     w = args.w
     # U = G w G^T as (alpha^2, K, C): one mm reading w as (9, K*C)
-    w9 = buf["w"].view(K, C, 3, 3)
+    w9 = shared["w"].view(K, C, 3, 3)
     w9.copy_(w)
-    U = buf["u"].view(a * a, K, C)
+    U = shared["u"].view(a * a, K, C)
     torch.mm(filter_matrix(VARIANTS[m]), w9.view(K * C, 9).t(), out=U.view(a * a, K * C))
-    Ut = U.transpose(1, 2)                                   # (alpha^2, C, K) for nhwc
+    Ut = U.transpose(1, 2)                                   # (alpha^2, C, K)
     bias = args.bias.to(F32) if args.bias is not None else None
     y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
     ops = list(args.post_ops)
+
+    def worker(t: int) -> None:
+        if plan.workers > 1:
+            _one_thread()
+        _blocks(plan, x, y, Ut, bias, ops, plan.work(t), bufs[t])
+
+    if plan.workers == 1:
+        worker(0)
+    else:
+        for _ in _pool(plan.workers).map(worker, range(plan.workers)):
+            pass
+    return y
+
+
+def _blocks(plan: WinoPlan, x: torch.Tensor, y: torch.Tensor, Ut: torch.Tensor, bias: torch.Tensor | None,
+            ops: list, blocks: tuple[WinoBlock, ...], buf: dict[str, torch.Tensor]) -> None:
+    """One worker's blocks: stage, input transform, GEMMs, output transform, post-ops."""
+    p, m, a = plan.p, plan.m, plan.alpha
+    C, K, TW = p.C, p.K, plan.TW
+    OH, OW = p.out_size
+    bt, at, nt_in, nt_out = PROGRAMS[m]
     staged = None
-    for blk in plan.blocks:
+    for blk in blocks:
         nb, thn = blk.nb, blk.th1 - blk.th0
         tiles = nb * thn * TW
         if staged != (blk.n0, blk.n1):
             P = _stage(plan, x, blk, buf["stage"], staged is None)
             staged = (blk.n0, blk.n1)
         # H pass: T[i] (nb, C, thn, Wp) from rows m*th + i
-        o_t = (0, 1, 2, 3, 4) if not nhwc else (0, 1, 3, 4, 2)
-        tsz = (a + nt_in, nb, C, thn, plan.Wp)
-        T = _phys_buffer(buf["t"], tsz, o_t)
+        T = _phys_buffer(buf["t"], (a + nt_in, nb, C, thn, plan.Wp), (0, 1, 3, 4, 2))
         r0 = m * blk.th0
         d = [P[:, :, r0 + i:r0 + i + m * thn:m] for i in range(a)]
         bt(d, list(T[:a]), list(T[a:]))
         # W pass: V[i, j] (nb, C, thn, TW) from columns m*tw + j of T[i]
-        o_v = (0, 1, 3, 2, 4, 5) if not nhwc else (0, 1, 2, 4, 5, 3)
-        V = _phys_buffer(buf["v"], (a, a, nb, C, thn, TW), o_v)
-        Vt = _phys_buffer(buf["v"][a * a * tiles * C:], (nt_in, a, nb, C, thn, TW), o_v)
+        V = _phys_buffer(buf["v"], (a, a, nb, C, thn, TW), TILE_ORDER)
+        Vt = _phys_buffer(buf["v"][a * a * tiles * C:], (nt_in, a, nb, C, thn, TW), TILE_ORDER)
         d = [T[:a, :, :, :, j:j + m * TW:m] for j in range(a)]
         bt(d, [V[:, j] for j in range(a)], [Vt[k] for k in range(nt_in)])
         # the alpha^2 GEMMs, M[e] logical (nb, K, thn, TW)
-        if nhwc:
-            Mp = buf["m"][:a * a * tiles * K].view(a * a, tiles, K)
-            torch.bmm(V.flatten(0, 1).permute(0, 1, 3, 4, 2).reshape(a * a, tiles, C), Ut, out=Mp)
-            M = Mp.view(a, a, nb, thn, TW, K).permute(0, 1, 2, 5, 3, 4)
-        else:
-            Mp = buf["m"][:a * a * tiles * K].view(a * a, K, tiles)
-            torch.bmm(U, V.flatten(0, 1).permute(0, 2, 1, 3, 4).reshape(a * a, C, tiles), out=Mp)
-            M = Mp.view(a, a, K, nb, thn, TW).permute(0, 1, 3, 2, 4, 5)
+        Mp = buf["m"][:a * a * tiles * K].view(a * a, tiles, K)
+        torch.bmm(V.flatten(0, 1).permute(0, 1, 3, 4, 2).reshape(a * a, tiles, C), Ut, out=Mp)
+        M = Mp.view(a, a, nb, thn, TW, K).permute(0, 1, 2, 5, 3, 4)
         if bias is not None:
             M[1, 1].add_(bias.view(1, K, 1, 1))
         # output pass 1 (rows): Z[r, j] = sum_i A^T[r][i] M[i, j]
-        o_z = (0, 1, 3, 2, 4, 5) if not nhwc else (0, 1, 2, 4, 5, 3)
-        Z = _phys_buffer(buf["z"], (m + nt_out, a, nb, K, thn, TW), o_z)
+        Z = _phys_buffer(buf["z"], (m + nt_out, a, nb, K, thn, TW), TILE_ORDER)
         at([M[i] for i in range(a)], list(Z[:m]), list(Z[m:]))
         # output pass 2 (columns) into y's m x m tile views (or an f32 block)
         r1 = min(m * blk.th1, OH)
-        if p.out_dtype == F32:
-            Yb = y[blk.n0:blk.n1, :, r0:r1]
-        else:
-            Yb = _phys_buffer(buf["y"], (nb, K, r1 - r0, OW), (0, 1, 2, 3) if not nhwc else (0, 2, 3, 1))
+        ydst = y[blk.n0:blk.n1, :, r0:r1]
+        Yb = ydst if "y" not in buf else _phys_buffer(buf["y"], (nb, K, r1 - r0, OW), NHWC)
         sn, sk, sh, sw = Yb.stride()
         for (ta, tb, ra) in _regions(blk.th0, blk.th1, OH, m):
             for (wa, wb, rb) in _regions(0, TW, OW, m):
@@ -314,11 +364,15 @@ def wino_fwd(plan: WinoPlan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
                 base = Yb.storage_offset() + (m * ta - r0) * sh + m * wa * sw
                 dst = [Yb.as_strided(size, stride, base + b * sw) if b < rb else None for b in range(m)]
                 at([zs[:, j] for j in range(a)], dst, tmp)
+        # the chain on y's block in y's layout (f32 out: after the copy of an nchw block, so
+        # it runs on contiguous rows like its operands), else on the f32 block before the cast
+        post = Yb if p.out_dtype != F32 else ydst
+        if post is ydst and Yb is not ydst:
+            ydst.copy_(Yb)
         if ops:
-            apply_post_ops_block(Yb.unsqueeze(1), Block(blk.n0, blk.n1, (r0, 0), (r1, OW)), 1, None, ops)
-        if p.out_dtype != F32:
-            y[blk.n0:blk.n1, :, r0:r1].copy_(Yb)
-    return y
+            apply_post_ops_block(post.unsqueeze(1), Block(blk.n0, blk.n1, (r0, 0), (r1, OW)), 1, None, ops)
+        if post is not ydst:
+            ydst.copy_(Yb)
 
 
 # ---- solver ---------------------------------------------------------------------------------
@@ -335,7 +389,8 @@ def estimate_ms(p: ConvProblem, m: int) -> float:
         + (ops_out / m) * (m * a * tiles * p.K + m * m * tiles * p.K) \
         + p.N * p.C * plan.Hp * plan.Wp + p.N * p.K * OH * OW * (1 + len(p.post_ops))
     calls = len(plan.blocks) * (2 * ops_in + 2 * ops_out + 4 + len(p.post_ops))
-    return (gemm + elems / _ELEMS_PER_S_PER_CORE) / cores * 1e3 + calls * _OP_S * 1e3
+    u = 4.0 * a * a * p.K * p.C * (1 + len(plan.blocks)) / _U_BYTES_PER_S
+    return ((gemm + elems / _ELEMS_PER_S_PER_CORE) / cores + u + calls * _OP_S) * 1e3
 
 
 def choose_m(p: ConvProblem) -> int:
@@ -343,9 +398,12 @@ def choose_m(p: ConvProblem) -> int:
     return min((4, 2), key=lambda m: estimate_ms(p, m))
 
 
-def prepare_with(p: ConvProblem, m: int | None = None, block_bytes: int = BLOCK_BYTES):
-    """Invoker of p with F(m x m, 3x3) (None: choose_m) and blocks of `block_bytes`."""
-    plan = make_plan(p, m or choose_m(p), block_bytes)
+def prepare_with(p: ConvProblem, m: int | None = None, block_bytes: int | None = None, workers: int = 1):
+    """Invoker of p with F(m x m, 3x3) (None: choose_m), blocks of `block_bytes` (None:
+    make_plan's default) and `workers` Python workers, each running its share of the blocks
+    on one thread (measured 1.5-2x slower than one worker on torch's 2 threads: kept for
+    experiments)."""
+    plan = make_plan(p, m or choose_m(p), block_bytes, workers)
     nbytes = plan.workspace_bytes()
 
     def invoke(args: ConvArgs) -> torch.Tensor:
