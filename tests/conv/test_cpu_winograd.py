@@ -105,6 +105,8 @@ def _chain(p, g):
 def test_bias_and_post_ops(layout, m):
     run((2, 4, 9, 6), 5, layout, 1, m, bias=True, post=_chain)
     run((1, 3, 5, 7), 4, layout, 1, m, bias=True, post=lambda p, g: (Eltwise("relu"),), block_bytes=1)
+    run((2, 3, 6, 9), 4, layout, 2, m, post=lambda p, g: (Binary("add", torch.randn(1, p.K, 1, 1, generator=g)),
+                                                       Sum(torch.randn(p.y_shape, generator=g), 2.0)))
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
