@@ -1,5 +1,6 @@
 """CPU Winograd convolution forward (family `winograd`, solver 14 `cpu_winograd_fwd`):
-F(4x4,3x3) or F(2x2,3x3) in torch ops, for 2-D 3x3 stride-1 undilated ungrouped problems.
+F(4x4,3x3) or F(2x2,3x3) in torch ops, for 2-D 3x3 stride-1 undilated ungrouped problems
+with padding <= 2 a side (asymmetric too), nchw and nhwc, f32 (bf16/f16 inputs computed in f32).
 
 Math (winograd_math.py, Lavin & Gray): per tile of m x m outputs (alpha = m + 2),
     U[e] = G w G^T (per call: weights change in training), V[e] = B^T d B,
@@ -7,25 +8,35 @@ Math (winograd_math.py, Lavin & Gray): per tile of m x m outputs (alpha = m + 2)
 F(4x4) does 4x fewer GEMM multiplies than the direct convolution, F(2x2) 2.25x.
 
 Structure, per block of images (or of tile rows of one image) so that the transforms'
-operands stay in cache: the images are staged zero-padded in f32 (the halo, including
-the zero rows/columns that complete the last tile, is zeroed once per call); the input
-transform runs as two separable passes of explicit add/sub/scale ops (`_bt_*`: B^T's
-zeros and common subexpressions, 12 ops per pass for F(4)) over strided views of the
-whole block -- rows first (H: contiguous rows), then columns (W: stride-m views) --
-writing V as alpha^2 contiguous GEMM operands (nchw: (alpha^2, C, tiles), nhwc:
-(alpha^2, tiles, C)); ONE torch.bmm computes every M[e]; the bias is added to the
-M[1, 1] plane (A^T's column 1 is all ones: it reaches every output once); the output
-transform's two passes (`_at_*`, 10 ops each for F(4)) write y's strided m x m tile
-views directly (tails: the partial last tile row / column as separate regions), then
-the post-op chain runs in place on the block of y (f32 outputs; other dtypes through an
-f32 block, then one cast). All operands keep the problem's layout (C or K innermost in
-nhwc, the tile column innermost in nchw), so no transposing copy is made.
-Threads: one worker; torch's ops and bmm run on torch's threads.
+operands stay in cache: the block's images are staged zero-padded in f32 (the halo and the
+zero rows/columns completing the last tile are zeroed once per call); the input transform
+runs as two separable passes of explicit add/sub/scale ops (`_bt_*`: B^T's zeros and
+common subexpressions, 12 ops per pass for F(4)) over strided views of the whole block
+-- rows first, then columns (stride-m views) -- writing V as alpha^2 contiguous GEMM
+operands (alpha^2, tiles, C); ONE torch.bmm computes every M[e] (alpha^2, tiles, K) against
+U (one mm: (alpha^2 x 9) . w read as (9, K*C)); the bias is added to the M[1, 1] plane
+(A^T's column 1 is all ones: it reaches every output once); the output transform's two
+passes (`_at_*`, 10 ops each for F(4)) write y's strided m x m tile views directly (tails:
+the partial last tile row / column as separate regions, outputs past the edge skipped);
+then the post-op chain runs in place on the block of y while it is in cache.
+Every transform operand is channels-innermost (C or K contiguous: long vectorised inner
+loops). nhwc problems read x and write y in place. nchw problems convert on the way: the
+staging copy transposes the block to channels-last, and the output transform writes an
+f32 channels-last block that one copy (fused with a leading residual add) puts into y
+(the nchw-native order has the tile column innermost, 4-14 long: 1.3-2x slower).
+bf16/f16 outputs (and any out_dtype != f32) also go through the f32 block, then one cast.
+Threads: one worker on torch's threads (each op and the bmm are parallel). `workers=2`
+(prepare_with) runs the blocks on two Python workers of one thread each: measured 1.5-2x
+slower on this 2-core machine, kept for experiments. Many small ops are this solver's
+weak point on a loaded machine: every op is an OpenMP region (CPU_SPEED.md).
 
 Numerics: transforms and GEMM in f32 for every input dtype (bf16/f16 inputs are
-converted in the staging copy). Relative norm error vs float64 (random data, C = 64..512):
-F(2x2) ~1e-7, F(4x4) ~5e-7 (winograd.py's docstring; the f32 contract is 1e-5).
-Choice of m: the estimate of each (m = 4 wastes work on small images' partial tiles)."""
+converted in the staging copy). Relative norm error vs float64 measured 1.7-2.2e-6 for
+F(4x4) on the suite (C = 64..256; f32 contract 1e-5), ~1e-7 for F(2x2).
+bf16: the error is the output rounding's (1.7e-3), but the f32 GEMM loses to the im2col
+solver's native bf16 GEMM (avx512_bf16), so the estimate ranks it behind there.
+Choice of m: the smaller estimate (m = 4 wastes work on small images' partial tiles and
+moves 2.25x the filter-transform bytes)."""
 from __future__ import annotations
 
 import math
@@ -183,7 +194,7 @@ class WinoPlan:
             "z": m * a * tiles * K + PROGRAMS[m][3] * a * tiles * K,         # out passes + temps
         }
         if p.out_dtype != F32 or p.layout == "nchw":
-            bufs["y"] = nb * K * min(thb * m, p.out_size[0]) * p.out_size[1]
+            bufs["y"] = nb * K * thb * m * self.TW * m        # whole tiles: one output region
         return bufs
 
     def workspace_bytes(self) -> int:
@@ -356,16 +367,21 @@ def _blocks(plan: WinoPlan, x: torch.Tensor, y: torch.Tensor, Ut: torch.Tensor, 
         # output pass 2 (columns) into y's m x m tile views (or an f32 block)
         r1 = min(m * blk.th1, OH)
         ydst = y[blk.n0:blk.n1, :, r0:r1]
-        Yb = ydst if "y" not in buf else _phys_buffer(buf["y"], (nb, K, r1 - r0, OW), NHWC)
-        sn, sk, sh, sw = Yb.stride()
-        for (ta, tb, ra) in _regions(blk.th0, blk.th1, OH, m):
-            for (wa, wb, rb) in _regions(0, TW, OW, m):
+        if "y" in buf:      # an f32 block of whole tiles: one region, the tails cut by the copy
+            Yt = _phys_buffer(buf["y"], (nb, K, thn * m, TW * m), NHWC)
+            Yb, rows, cols = Yt[:, :, :r1 - r0, :OW], [(blk.th0, blk.th1, m)], [(0, TW, m)]
+        else:
+            Yt = Yb = ydst
+            rows, cols = _regions(blk.th0, blk.th1, OH, m), _regions(0, TW, OW, m)
+        sn, sk, sh, sw = Yt.stride()
+        for (ta, tb, ra) in rows:
+            for (wa, wb, rb) in cols:
                 zs = Z[:ra, :, :, :, ta - blk.th0:tb - blk.th0, wa:wb]
                 tmp = [Z[m + k, :ra, :, :, ta - blk.th0:tb - blk.th0, wa:wb] for k in range(nt_out)]
                 size = (ra, nb, K, tb - ta, wb - wa)
                 stride = (sh, sn, sk, m * sh, m * sw)
-                base = Yb.storage_offset() + (m * ta - r0) * sh + m * wa * sw
-                dst = [Yb.as_strided(size, stride, base + b * sw) if b < rb else None for b in range(m)]
+                base = Yt.storage_offset() + (m * ta - r0) * sh + m * wa * sw
+                dst = [Yt.as_strided(size, stride, base + b * sw) if b < rb else None for b in range(m)]
                 at([zs[:, j] for j in range(a)], dst, tmp)
         # the chain on y's block in y's layout (f32 out: after the copy of an nchw block, so
         # it runs on contiguous rows like its operands), else on the f32 block before the cast

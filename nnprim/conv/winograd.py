@@ -64,9 +64,8 @@ groups belong to `direct`), any padding (forward; backward data needs pad <= 2 a
 bias + up to 4 post-ops, f32/f16/bf16 (backward weights: f32 operands for every dtype,
 exact or TF32 GEMM as above). Not applicable: filters other than 3 (3x3 / 3-tap),
 stride or dilation != 1, 3D.
-CPU: no solver. A torch Winograd F(4x4) (unfold + einsum transforms + bmm) measured
-36 / 22 / 21 ms against the CPU gemm solver's 28 / 20 / 15 ms (N 8, C = K = 64 @ 56x56,
-128 @ 28x28, 256 @ 14x14, f32, 2 cores): it does not win there."""
+CPU: solver 14 (cpu_winograd.py: torch ops, explicit add/sub transforms, one bmm). The
+transform matrices live in winograd_math.py, shared with it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
