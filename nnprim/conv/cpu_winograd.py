@@ -57,6 +57,8 @@ from .winograd_math import VARIANTS, Transform
 
 BLOCK_BYTES = 8 << 20          # f32 transform buffers (T, V, M, Z) per block and thread of torch's
                                # (1 thread: 8 MiB 20 % faster than whole batches; 2 threads: 16 MiB)
+MIN_TILES = 128                # per block where 4x BLOCK_BYTES allow: (64 x C) . (C x K) GEMMs run
+                               # ~15 % slower than (128 x C) ones (rn50_r4: 8 images of 16 tiles)
 MAX_PAD = 2
 _GFLOPS_PER_CORE = 72.0        # f32 bmm of alpha^2 (tiles x C) . (C x K) products (measured 70-80)
 _ELEMS_PER_S_PER_CORE = 2.5e9  # strided add/sub/scale ops over the transform planes
@@ -206,7 +208,8 @@ def _aligned(n: int) -> int:
     return -(-n // 16) * 16     # 64-byte aligned f32 buffers
 
 
-def make_plan(p: ConvProblem, m: int, block_bytes: int | None = None, workers: int = 1) -> WinoPlan:
+def make_plan(p: ConvProblem, m: int, block_bytes: int | None = None, workers: int = 1,
+              min_tiles: int | None = None) -> WinoPlan:
     """Blocks of whole images, or of tile rows of one image, each with at most
     `block_bytes` of f32 transform buffers (T, V, M, Z; None: BLOCK_BYTES per torch thread)
     and at least one per worker where the tile rows allow."""
@@ -218,7 +221,10 @@ def make_plan(p: ConvProblem, m: int, block_bytes: int | None = None, workers: i
     TH, TW = -(-OH // m), -(-OW // m)
     Wp = TW * m + 2
     row = 4 * (a * p.C * Wp + TW * (a * a * p.C + a * a * p.K + m * a * p.K))   # one tile row
-    rows = max(1, min(TH, block_bytes // max(1, row)))
+    # the bmm wants tall operands: at least min_tiles tiles per block (up to 4x the bytes)
+    min_tiles = MIN_TILES if min_tiles is None else min_tiles
+    budget = max(block_bytes, min(4 * block_bytes, -(-min_tiles // TW) * row))
+    rows = max(1, min(TH, budget // max(1, row)))
     if p.N < workers:                    # split the images' tile rows between the workers
         rows = min(rows, -(-TH // -(-workers // p.N)))
     blocks = []
@@ -229,7 +235,7 @@ def make_plan(p: ConvProblem, m: int, block_bytes: int | None = None, workers: i
         for n in range(p.N):
             blocks += [WinoBlock(n, n + 1, t, min(TH, t + per)) for t in range(0, TH, per)]
     else:
-        nb = max(1, min(p.N, block_bytes // max(1, row * TH), -(-p.N // workers)))
+        nb = max(1, min(p.N, budget // max(1, row * TH), -(-p.N // workers)))
         nb = -(-p.N // -(-p.N // nb))    # even split
         thb = TH
         blocks = [WinoBlock(n, min(p.N, n + nb), 0, TH) for n in range(0, p.N, nb)]

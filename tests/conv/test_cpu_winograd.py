@@ -85,8 +85,9 @@ def test_forward(case, layout, m):
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-def test_row_blocks_and_image_blocks(layout, poison):
+def test_row_blocks_and_image_blocks(layout, poison, monkeypatch):
     """Tiny blocks: tile rows of one image per block, then pairs of images."""
+    monkeypatch.setattr(cw, "MIN_TILES", 1)
     _, plan = run((3, 5, 13, 7), 4, layout, 1, 4, block_bytes=1)
     assert len(plan.blocks) == 3 * plan.TH and plan.nb == 1
     _, plan = run((4, 5, 9, 7), 4, layout, ((0, 2), (1, 0)), 2, block_bytes=2 * 4 * 5 * 300 * 4)
