@@ -55,8 +55,9 @@ from .cpu_gemm import apply_post_ops_block, cpu_has_native_bf16, workspace
 from .cpu_im2col import F32, Block, balance211
 from .winograd_math import VARIANTS, Transform
 
-BLOCK_BYTES = 8 << 20          # f32 transform buffers (T, V, M, Z) per block and thread of torch's
-                               # (1 thread: 8 MiB 20 % faster than whole batches; 2 threads: 16 MiB)
+BLOCK_BYTES = 8 << 20          # f32 transform buffers (T, V, M, Z) per block on 1 thread (20 % faster
+                               # than whole batches); 2x this per thread on more (2 threads: 16 and 32
+                               # MiB equally fast, 4 MiB 1.7x slower: fewer, larger OpenMP regions)
 MIN_TILES = 128                # per block where 4x BLOCK_BYTES allow: (64 x C) . (C x K) GEMMs run
                                # ~15 % slower than (128 x C) ones (rn50_r4: 8 images of 16 tiles)
 MAX_PAD = 2
@@ -211,11 +212,12 @@ def _aligned(n: int) -> int:
 def make_plan(p: ConvProblem, m: int, block_bytes: int | None = None, workers: int = 1,
               min_tiles: int | None = None) -> WinoPlan:
     """Blocks of whole images, or of tile rows of one image, each with at most
-    `block_bytes` of f32 transform buffers (T, V, M, Z; None: BLOCK_BYTES per torch thread)
+    `block_bytes` of f32 transform buffers (T, V, M, Z; None: from BLOCK_BYTES and torch's threads)
     and at least one per worker where the tile rows allow."""
     workers = max(1, workers)
     if block_bytes is None:
-        block_bytes = BLOCK_BYTES * max(1, torch.get_num_threads())
+        threads = torch.get_num_threads()
+        block_bytes = BLOCK_BYTES if threads <= 1 else 2 * BLOCK_BYTES * threads
     a = m + 2
     OH, OW = p.out_size
     TH, TW = -(-OH // m), -(-OW // m)
