@@ -61,6 +61,8 @@ BLOCK_BYTES = 8 << 20          # f32 transform buffers (T, V, M, Z) per block on
 MIN_TILES = 128                # per block where 4x BLOCK_BYTES allow: (64 x C) . (C x K) GEMMs run
                                # ~15 % slower than (128 x C) ones (rn50_r4: 8 images of 16 tiles)
 MAX_PAD = 2
+MAX_U_BYTES = 1 << 30          # U (alpha^2 K C f32) is rebuilt and read by every block: wider
+                               # layers belong to the im2col solver
 _GFLOPS_PER_CORE = 72.0        # f32 bmm of alpha^2 (tiles x C) . (C x K) products (measured 70-80)
 _ELEMS_PER_S_PER_CORE = 2.5e9  # strided add/sub/scale ops over the transform planes
 _OP_S = 6e-6                   # per torch op
@@ -434,7 +436,10 @@ def estimate_ms(p: ConvProblem, m: int) -> float:
 
 
 def choose_m(p: ConvProblem) -> int:
-    """F(4x4) or F(2x2): the smaller estimate (m = 4 wastes work on small images' partial tiles)."""
+    """F(4x4) or F(2x2): the smaller estimate (m = 4 wastes work on small images' partial
+    tiles); F(2x2) where F(4x4)'s U would pass MAX_U_BYTES."""
+    if 4 * 36 * p.K * p.C > MAX_U_BYTES:
+        return 2
     return min((4, 2), key=lambda m: estimate_ms(p, m))
 
 
@@ -479,6 +484,9 @@ class CpuWinogradFwd(Solver):
             reasons.append(f"groups={p.groups}: ungrouped only (per-group GEMMs are too narrow to pay)")
         if max(*p.pad_before, *p.pad_after) > MAX_PAD:
             reasons.append(f"padding={p.padding}: at most {MAX_PAD} a side")
+        u = 4 * 16 * p.K * p.C          # U of F(2x2), the smaller one
+        if u > MAX_U_BYTES:
+            reasons.append(f"K={p.K}, C={p.C}: the filter transform U needs {u} bytes > {MAX_U_BYTES}")
         return reasons
 
     def workspace_size(self, p: ConvProblem) -> int:

@@ -164,6 +164,7 @@ def test_filter_matrix():
     (dict(x=(2, 3, 10), w=(4, 3, 3)), "2-D"),
     (dict(x=(2, 3, 6, 6, 6), w=(4, 3, 3, 3, 3)), "2-D"),
     (dict(w=(4, 3, 3, 3), direction="bwd_data"), "direction"),
+    (dict(x=(1, 8192, 4, 4), w=(4096, 8192, 3, 3)), "filter transform"),
 ])
 def test_not_applicable(kw, why):
     kw = dict(kw)
