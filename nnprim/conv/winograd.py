@@ -64,9 +64,8 @@ groups belong to `direct`), any padding (forward; backward data needs pad <= 2 a
 bias + up to 4 post-ops, f32/f16/bf16 (backward weights: f32 operands for every dtype,
 exact or TF32 GEMM as above). Not applicable: filters other than 3 (3x3 / 3-tap),
 stride or dilation != 1, 3D.
-CPU: no solver. A torch Winograd F(4x4) (unfold + einsum transforms + bmm) measured
-36 / 22 / 21 ms against the CPU gemm solver's 28 / 20 / 15 ms (N 8, C = K = 64 @ 56x56,
-128 @ 28x28, 256 @ 14x14, f32, 2 cores): it does not win there."""
+CPU: solver 14 (cpu_winograd.py: torch ops, explicit add/sub transforms, one bmm). The
+transform matrices live in winograd_math.py, shared with it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -82,36 +81,11 @@ from ..search.solver import Solver, register
 from .implicit_gemm import INT32_LIMIT, layout_strides, strides5_of
 from .implicit_gemm_bwd import NUM_SMS
 from .triton_epilogue import NO_EPILOGUE, epilogue, interpreting, plan_epilogue, post_op_bytes, post_op_reasons
+from .winograd_math import F23, F43, IDENTITY, VARIANTS, Transform  # noqa: F401 -- re-exported
 
 WORKSPACE_CAP = 512 << 20
 MIN_CH_PER_GROUP = 16
 SPLIT_TILES = 128                  # backward weights: fewest tiles a split of the reduction gets
-
-
-@dataclass(frozen=True)
-class Transform:
-    """F(m, 3): B^T (alpha x alpha), G (alpha x 3), A^T (m x alpha)."""
-    m: int
-    BT: tuple
-    G: tuple
-    AT: tuple
-
-    @property
-    def alpha(self) -> int:
-        return len(self.BT)
-
-
-F23 = Transform(2, ((1., 0., -1., 0.), (0., 1., 1., 0.), (0., -1., 1., 0.), (0., 1., 0., -1.)),
-                ((1., 0., 0.), (.5, .5, .5), (.5, -.5, .5), (0., 0., 1.)),
-                ((1., 1., 1., 0.), (0., 1., -1., -1.)))
-F43 = Transform(4, ((4., 0., -5., 0., 1., 0.), (0., -4., -4., 1., 1., 0.), (0., 4., -4., -1., 1., 0.),
-                    (0., -2., -1., 2., 1., 0.), (0., 2., -1., -2., 1., 0.), (0., 4., 0., -5., 0., 1.)),
-                ((1 / 4, 0., 0.), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6), (1 / 24, 1 / 12, 1 / 6),
-                 (1 / 24, -1 / 12, 1 / 6), (0., 0., 1.)),
-                ((1., 1., 1., 1., 1., 0.), (0., 1., -1., 2., -2., 0.), (0., 1., 1., 4., 4., 0.),
-                 (0., 1., -1., 8., -8., 1.)))
-IDENTITY = Transform(1, ((1.,),), ((1.,),), ((1.,),))          # the H direction of 1D problems
-VARIANTS = {2: F23, 4: F43}
 
 
 # ---- Triton kernels --------------------------------------------------------------------------

@@ -75,7 +75,7 @@ def test_strict_raises_instead_of_reference(solvers, monkeypatch):
     context.reset()
     monkeypatch.setenv("NNPRIM_STRICT", "1")
     nnprim.search.modes.SETTINGS.reload()
-    nnprim.disable_families("gemm", "direct", "implicit_gemm")
+    nnprim.disable_families("gemm", "direct", "implicit_gemm", "winograd")
     with pytest.raises(nnprim.NotSupportedError) as ei:
         nnprim.conv_forward(x, w, padding=1)
     msg = str(ei.value)

@@ -190,7 +190,7 @@ def test_log_level_from_env_and_find_logs_per_solver(solvers, monkeypatch, caplo
     import logging
     monkeypatch.setenv("NNPRIM_LOG_LEVEL", "INFO")
     modes.SETTINGS.reload()
-    modes.set_disabled(("gemm", "direct", "implicit_gemm", "flash", "decode"))
+    modes.set_disabled(("gemm", "direct", "implicit_gemm", "winograd", "flash", "decode"))
     try:
         assert logging.getLogger("nnprim").level == logging.INFO
         solvers.add(1000, "t_a")

@@ -1,0 +1,507 @@
+"""CPU Winograd convolution forward (family `winograd`, solver 14 `cpu_winograd_fwd`):
+F(4x4,3x3) or F(2x2,3x3) in torch ops, for 2-D 3x3 stride-1 undilated ungrouped problems
+with padding <= 2 a side (asymmetric too), nchw and nhwc, f32 (bf16/f16 inputs computed in f32).
+
+Math (winograd_math.py, Lavin & Gray): per tile of m x m outputs (alpha = m + 2),
+    U[e] = G w G^T (per call: weights change in training), V[e] = B^T d B,
+    M[e] = U[e] . V[e] over the channels (alpha^2 GEMMs), y = A^T M A.
+F(4x4) does 4x fewer GEMM multiplies than the direct convolution, F(2x2) 2.25x.
+
+Structure, per block of images (or of tile rows of one image) so that the transforms'
+operands stay in cache: the block's images are staged zero-padded in f32 (the halo and the
+zero rows/columns completing the last tile are zeroed once per call); the input transform
+runs as two separable passes of explicit add/sub/scale ops (`_bt_*`: B^T's zeros and
+common subexpressions, 12 ops per pass for F(4)) over strided views of the whole block
+-- rows first, then columns (stride-m views) -- writing V as alpha^2 contiguous GEMM
+operands (alpha^2, tiles, C); ONE torch.bmm computes every M[e] (alpha^2, tiles, K) against
+U (one mm: (alpha^2 x 9) . w read as (9, K*C)); the bias is added to the M[1, 1] plane
+(A^T's column 1 is all ones: it reaches every output once); the output transform's two
+passes (`_at_*`, 10 ops each for F(4)) write y's strided m x m tile views directly (tails:
+the partial last tile row / column as separate regions, outputs past the edge skipped);
+then the post-op chain runs in place on the block of y while it is in cache.
+Every transform operand is channels-innermost (C or K contiguous: long vectorised inner
+loops). nhwc problems read x and write y in place. nchw problems convert on the way: the
+staging copy transposes the block to channels-last, and the output transform writes an
+f32 channels-last block that one copy (fused with a leading residual add) puts into y
+(the nchw-native order has the tile column innermost, 4-14 long: 1.3-2x slower).
+bf16/f16 outputs (and any out_dtype != f32) also go through the f32 block, then one cast.
+Threads: one worker on torch's threads (each op and the bmm are parallel). `workers=2`
+(prepare_with) runs the blocks on two Python workers of one thread each: measured 1.5-2x
+slower on this 2-core machine, kept for experiments. Many small ops are this solver's
+weak point on a loaded machine: every op is an OpenMP region (CPU_SPEED.md).
+
+Numerics: transforms and GEMM in f32 for every input dtype (bf16/f16 inputs are
+converted in the staging copy). Relative norm error vs float64 measured 1.7-2.2e-6 for
+F(4x4) on the suite (C = 64..256; f32 contract 1e-5), ~1e-7 for F(2x2).
+bf16: the error is the output rounding's (1.7e-3), but the f32 GEMM loses to the im2col
+solver's native bf16 GEMM (avx512_bf16), so the estimate ranks it behind there.
+Choice of m: the smaller estimate (m = 4 wastes work on small images' partial tiles and
+moves 2.25x the filter-transform bytes)."""
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from ..args import ConvArgs
+from ..post_ops import Binary, Sum
+from ..problems.conv import ConvProblem, empty_in_layout, to_layout
+from ..search.solver import Solver, register
+from .cpu_gemm import _block_index as block_index
+from .cpu_gemm import apply_post_ops_block, cpu_has_native_bf16, workspace
+from .cpu_im2col import F32, Block, balance211
+from .winograd_math import VARIANTS, Transform
+
+BLOCK_BYTES = 8 << 20          # f32 transform buffers (T, V, M, Z) per block on 1 thread (20 % faster
+                               # than whole batches); 2x this per thread on more (2 threads: 16 and 32
+                               # MiB equally fast, 4 MiB 1.7x slower: fewer, larger OpenMP regions)
+MIN_TILES = 128                # per block where 4x BLOCK_BYTES allow: (64 x C) . (C x K) GEMMs run
+                               # ~15 % slower than (128 x C) ones (rn50_r4: 8 images of 16 tiles)
+MAX_PAD = 2
+MAX_U_BYTES = 1 << 30          # U (alpha^2 K C f32) is rebuilt and read by every block: wider
+                               # layers belong to the im2col solver
+_GFLOPS_PER_CORE = 72.0        # f32 bmm of alpha^2 (tiles x C) . (C x K) products (measured 70-80)
+_ELEMS_PER_S_PER_CORE = 2.5e9  # strided add/sub/scale ops over the transform planes
+_OP_S = 6e-6                   # per torch op
+_NATIVE_BF16_PENALTY = 2.0
+_U_BYTES_PER_S = 7.5e9         # U's traffic (written once, read by every block's bmm): measured
+                               # 7.5-8.5 GB/s at 1 and 2 threads; dominant for small images with wide C, K
+
+
+# ---- explicit transform programs (tests check them against winograd_math's matrices) -------
+# Each takes the alpha (B^T) or alpha (A^T) input views `d`, writes the output views `o`
+# (None: not needed, e.g. outputs past a tail) and uses temporaries `t` shaped like an output.
+add, sub = torch.add, torch.sub
+
+
+def _bt_f43(d: list, o: list, t: list) -> None:
+    """B^T of F(4,3): o0 = 4d0 - 5d2 + d4, o1/2 = (d4 - 4d2) +- (d3 - 4d1),
+    o3/4 = (d4 - d2) +- 2(d3 - d1), o5 = 4d1 - 5d3 + d5."""
+    d0, d1, d2, d3, d4, d5 = d
+    tmp = t[0]
+    add(d4, d2, alpha=-5, out=o[0]).add_(d0, alpha=4)
+    add(d4, d2, alpha=-4, out=o[1])
+    add(d3, d1, alpha=-4, out=tmp)
+    sub(o[1], tmp, out=o[2])
+    o[1].add_(tmp)
+    add(d4, d2, alpha=-1, out=o[3])
+    add(d3, d1, alpha=-1, out=tmp)
+    add(o[3], tmp, alpha=-2, out=o[4])
+    o[3].add_(tmp, alpha=2)
+    add(d5, d3, alpha=-5, out=o[5]).add_(d1, alpha=4)
+
+
+def _at_f43(d: list, o: list, t: list) -> None:
+    """A^T of F(4,3): s = d1 + d2, S = d3 + d4, e = d1 - d2, E = d3 - d4;
+    o0 = d0 + s + S, o1 = e + 2E, o2 = s + 4S, o3 = e + 8E + d5."""
+    d0, d1, d2, d3, d4, d5 = d
+    t1, t2 = t
+    add(d1, d2, out=t1)
+    add(d3, d4, out=t2)
+    if o[2] is not None:
+        add(t1, t2, alpha=4, out=o[2])
+    add(t1, t2, out=o[0]).add_(d0)
+    if o[1] is None:
+        return
+    sub(d1, d2, out=t1)
+    sub(d3, d4, out=t2)
+    add(t1, t2, alpha=2, out=o[1])
+    if o[3] is not None:
+        add(t1, t2, alpha=8, out=o[3]).add_(d5)
+
+
+def _bt_f23(d: list, o: list, t: list) -> None:
+    """B^T of F(2,3): o0 = d0 - d2, o1 = d1 + d2, o2 = d2 - d1, o3 = d1 - d3."""
+    sub(d[0], d[2], out=o[0])
+    add(d[1], d[2], out=o[1])
+    sub(d[2], d[1], out=o[2])
+    sub(d[1], d[3], out=o[3])
+
+
+def _at_f23(d: list, o: list, t: list) -> None:
+    """A^T of F(2,3): o0 = d0 + d1 + d2, o1 = d1 - d2 - d3."""
+    add(d[0], d[1], out=o[0]).add_(d[2])
+    if o[1] is not None:
+        sub(d[1], d[2], out=o[1]).sub_(d[3])
+
+
+PROGRAMS = {4: (_bt_f43, _at_f43, 1, 2), 2: (_bt_f23, _at_f23, 0, 0)}   # m: (B^T, A^T, temps)
+OPS = {4: (12, 10), 2: (4, 4)}                                           # torch ops per pass
+
+
+@lru_cache(maxsize=4)
+def filter_matrix(tr: Transform) -> torch.Tensor:
+    """Gk (alpha^2, 9): U[(xi, nu)] = sum_{r,s} G[xi][r] G[nu][s] w[r, s] (computed in float64)."""
+    g = torch.tensor(tr.G, dtype=torch.float64)
+    return torch.einsum("ar,bs->abrs", g, g).reshape(tr.alpha ** 2, 9).to(F32)
+
+
+# ---- plan -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WinoBlock:
+    n0: int
+    n1: int
+    th0: int        # tile rows [th0, th1) of images [n0, n1)
+    th1: int
+
+    @property
+    def nb(self) -> int:
+        return self.n1 - self.n0
+
+
+@dataclass(frozen=True)
+class WinoPlan:
+    p: ConvProblem
+    m: int
+    TH: int         # tiles per column / row of the output
+    TW: int
+    blocks: tuple[WinoBlock, ...]
+    nb: int         # most images / tile rows of any block (buffer sizes)
+    thb: int
+    workers: int    # Python workers, each on one core (1: torch's threads inside each op)
+
+    def work(self, t: int) -> tuple[WinoBlock, ...]:
+        """Worker t's contiguous share of the blocks (balance211)."""
+        lo, hi = balance211(len(self.blocks), self.workers, t)
+        return self.blocks[lo:hi]
+
+    @property
+    def alpha(self) -> int:
+        return self.m + 2
+
+    @property
+    def Hp(self) -> int:
+        return self.TH * self.m + 2
+
+    @property
+    def Wp(self) -> int:
+        return self.TW * self.m + 2
+
+    def shared(self) -> dict[str, int]:
+        """f32 element counts of the buffers all workers read: w (f32) and U."""
+        K, C, a = self.p.K, self.p.C, self.alpha
+        return {"w": K * C * 9, "u": a * a * K * C}
+
+    def buffers(self) -> dict[str, int]:
+        """f32 element counts of one worker's buffers."""
+        p, a, m = self.p, self.alpha, self.m
+        C, K, nb, thb = p.C, p.K, self.nb, self.thb
+        tiles = nb * thb * self.TW
+        nt = PROGRAMS[m][2]
+        bufs = {
+            "stage": nb * C * self.Hp * self.Wp,
+            "t": a * nb * C * thb * self.Wp + nt * nb * C * thb * self.Wp,   # H pass + its temps
+            "v": a * a * tiles * C + nt * a * tiles * C,                     # W pass + its temps
+            "m": a * a * tiles * K,
+            "z": m * a * tiles * K + PROGRAMS[m][3] * a * tiles * K,         # out passes + temps
+        }
+        if p.out_dtype != F32 or p.layout == "nchw":
+            bufs["y"] = nb * K * thb * m * self.TW * m        # whole tiles: one output region
+        return bufs
+
+    def workspace_bytes(self) -> int:
+        per = sum(_aligned(n) for n in self.buffers().values())
+        return (sum(_aligned(n) for n in self.shared().values()) + self.workers * per) * 4
+
+
+def _aligned(n: int) -> int:
+    return -(-n // 16) * 16     # 64-byte aligned f32 buffers
+
+
+def make_plan(p: ConvProblem, m: int, block_bytes: int | None = None, workers: int = 1,
+              min_tiles: int | None = None) -> WinoPlan:
+    """Blocks of whole images, or of tile rows of one image, each with at most
+    `block_bytes` of f32 transform buffers (T, V, M, Z; None: from BLOCK_BYTES and torch's threads)
+    and at least one per worker where the tile rows allow."""
+    workers = max(1, workers)
+    if block_bytes is None:
+        threads = torch.get_num_threads()
+        block_bytes = BLOCK_BYTES if threads <= 1 else 2 * BLOCK_BYTES * threads
+    a = m + 2
+    OH, OW = p.out_size
+    TH, TW = -(-OH // m), -(-OW // m)
+    Wp = TW * m + 2
+    row = 4 * (a * p.C * Wp + TW * (a * a * p.C + a * a * p.K + m * a * p.K))   # one tile row
+    # the bmm wants tall operands: at least min_tiles tiles per block (up to 4x the bytes)
+    min_tiles = MIN_TILES if min_tiles is None else min_tiles
+    budget = max(block_bytes, min(4 * block_bytes, -(-min_tiles // TW) * row))
+    rows = max(1, min(TH, budget // max(1, row)))
+    if p.N < workers:                    # split the images' tile rows between the workers
+        rows = min(rows, -(-TH // -(-workers // p.N)))
+    blocks = []
+    if rows < TH:                        # tile rows of one image per block
+        nb, thb = 1, rows
+        per = -(-TH // -(-TH // rows))   # even split
+        thb = per
+        for n in range(p.N):
+            blocks += [WinoBlock(n, n + 1, t, min(TH, t + per)) for t in range(0, TH, per)]
+    else:
+        nb = max(1, min(p.N, budget // max(1, row * TH), -(-p.N // workers)))
+        nb = -(-p.N // -(-p.N // nb))    # even split
+        thb = TH
+        blocks = [WinoBlock(n, min(p.N, n + nb), 0, TH) for n in range(0, p.N, nb)]
+    return WinoPlan(p, m, TH, TW, tuple(blocks), nb, thb, min(workers, len(blocks)))
+
+
+# ---- invoker --------------------------------------------------------------------------------
+NHWC = (0, 2, 3, 1)              # physical order of the staged images and y blocks
+TILE_ORDER = (0, 1, 2, 4, 5, 3)  # (., ., n, C|K, th, tw) stored as (., ., n, th, tw, C|K)
+
+
+def _phys_buffer(flat: torch.Tensor, logical_shape: tuple, phys_order: tuple) -> torch.Tensor:
+    """A logical-shaped view of `flat`, stored with dims in `phys_order` (outermost first)."""
+    phys = flat[:math.prod(logical_shape)].view([logical_shape[i] for i in phys_order])
+    inv = [phys_order.index(i) for i in range(len(logical_shape))]
+    return phys.permute(*inv)
+
+
+def _carve(plan: WinoPlan, ws: torch.Tensor) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
+    """The shared buffers and each worker's."""
+    f = ws.view(F32)
+    off = 0
+
+    def take(sizes: dict[str, int]) -> dict[str, torch.Tensor]:
+        nonlocal off
+        out = {}
+        for k, n in sizes.items():
+            out[k] = f[off:off + n]
+            off += _aligned(n)
+        return out
+    shared = take(plan.shared())
+    return shared, [take(plan.buffers()) for _ in range(plan.workers)]
+
+
+@lru_cache(maxsize=4)
+def _pool(n: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=n, thread_name_prefix="nnprim-cpu-wino")
+
+
+def _one_thread() -> None:
+    """torch.set_num_threads(1) in a worker: OpenMP's and MKL's thread counts are
+    per calling thread, so the caller's setting is untouched."""
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
+
+
+def _stage(plan: WinoPlan, x: torch.Tensor, blk: WinoBlock, buf: torch.Tensor, zero_halo: bool) -> torch.Tensor:
+    """Images [n0, n1) of x, zero-padded to (Hp, Wp) and converted to f32: logical
+    (nb, C, Hp, Wp) in the layout's order. The halo sits at the same places for every
+    block, so it is zeroed only once per call."""
+    p = plan.p
+    (pt, pl), (H, W) = p.pad_before, p.in_size
+    P = _phys_buffer(buf, (plan.nb, p.C, plan.Hp, plan.Wp), NHWC)[:blk.nb]
+    if zero_halo:
+        P[:, :, :pt].zero_()
+        P[:, :, pt + H:].zero_()
+        P[:, :, :, :pl].zero_()
+        P[:, :, :, pl + W:].zero_()
+    P[:, :, pt:pt + H, pl:pl + W].copy_(x[blk.n0:blk.n1])
+    return P
+
+
+def _regions(lo: int, hi: int, out: int, m: int) -> list[tuple[int, int, int]]:
+    """Tile ranges [a, b) of [lo, hi) with the count of valid outputs per tile: full
+    tiles, then the partial last tile of an output extent `out`."""
+    full = min(hi, out // m)
+    regs = [(lo, full, m)] if full > lo else []
+    if out % m and lo <= out // m < hi:
+        regs.append((out // m, out // m + 1, out % m))
+    return regs
+
+
+def wino_fwd(plan: WinoPlan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
+    p, m, a = plan.p, plan.m, plan.alpha
+    C, K = p.C, p.K
+    shared, bufs = _carve(plan, ws)
+    x = to_layout(args.x, p.layout)
+    w = args.w
+    # U = G w G^T as (alpha^2, K, C): one mm reading w as (9, K*C)
+    w9 = shared["w"].view(K, C, 3, 3)
+    w9.copy_(w)
+    U = shared["u"].view(a * a, K, C)
+    torch.mm(filter_matrix(VARIANTS[m]), w9.view(K * C, 9).t(), out=U.view(a * a, K * C))
+    Ut = U.transpose(1, 2)                                   # (alpha^2, C, K)
+    bias = args.bias.to(F32) if args.bias is not None else None
+    y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
+    ops = list(args.post_ops)
+
+    def worker(t: int) -> None:
+        if plan.workers > 1:
+            _one_thread()
+        _blocks(plan, x, y, Ut, bias, ops, plan.work(t), bufs[t])
+
+    if plan.workers == 1:
+        worker(0)
+    else:
+        for _ in _pool(plan.workers).map(worker, range(plan.workers)):
+            pass
+    return y
+
+
+def _blocks(plan: WinoPlan, x: torch.Tensor, y: torch.Tensor, Ut: torch.Tensor, bias: torch.Tensor | None,
+            ops: list, blocks: tuple[WinoBlock, ...], buf: dict[str, torch.Tensor]) -> None:
+    """One worker's blocks: stage, input transform, GEMMs, output transform, post-ops."""
+    p, m, a = plan.p, plan.m, plan.alpha
+    C, K, TW = p.C, p.K, plan.TW
+    OH, OW = p.out_size
+    bt, at, nt_in, nt_out = PROGRAMS[m]
+    staged = None
+    for blk in blocks:
+        nb, thn = blk.nb, blk.th1 - blk.th0
+        tiles = nb * thn * TW
+        if staged != (blk.n0, blk.n1):
+            P = _stage(plan, x, blk, buf["stage"], staged is None)
+            staged = (blk.n0, blk.n1)
+        # H pass: T[i] (nb, C, thn, Wp) from rows m*th + i
+        T = _phys_buffer(buf["t"], (a + nt_in, nb, C, thn, plan.Wp), (0, 1, 3, 4, 2))
+        r0 = m * blk.th0
+        d = [P[:, :, r0 + i:r0 + i + m * thn:m] for i in range(a)]
+        bt(d, list(T[:a]), list(T[a:]))
+        # W pass: V[i, j] (nb, C, thn, TW) from columns m*tw + j of T[i]
+        V = _phys_buffer(buf["v"], (a, a, nb, C, thn, TW), TILE_ORDER)
+        Vt = _phys_buffer(buf["v"][a * a * tiles * C:], (nt_in, a, nb, C, thn, TW), TILE_ORDER)
+        d = [T[:a, :, :, :, j:j + m * TW:m] for j in range(a)]
+        bt(d, [V[:, j] for j in range(a)], [Vt[k] for k in range(nt_in)])
+        # the alpha^2 GEMMs, M[e] logical (nb, K, thn, TW)
+        Mp = buf["m"][:a * a * tiles * K].view(a * a, tiles, K)
+        torch.bmm(V.flatten(0, 1).permute(0, 1, 3, 4, 2).reshape(a * a, tiles, C), Ut, out=Mp)
+        M = Mp.view(a, a, nb, thn, TW, K).permute(0, 1, 2, 5, 3, 4)
+        if bias is not None:
+            M[1, 1].add_(bias.view(1, K, 1, 1))
+        # output pass 1 (rows): Z[r, j] = sum_i A^T[r][i] M[i, j]
+        Z = _phys_buffer(buf["z"], (m + nt_out, a, nb, K, thn, TW), TILE_ORDER)
+        at([M[i] for i in range(a)], list(Z[:m]), list(Z[m:]))
+        # output pass 2 (columns) into y's m x m tile views (or an f32 block)
+        r1 = min(m * blk.th1, OH)
+        ydst = y[blk.n0:blk.n1, :, r0:r1]
+        if "y" in buf:      # an f32 block of whole tiles: one region, the tails cut by the copy
+            Yt = _phys_buffer(buf["y"], (nb, K, thn * m, TW * m), NHWC)
+            Yb, rows, cols = Yt[:, :, :r1 - r0, :OW], [(blk.th0, blk.th1, m)], [(0, TW, m)]
+        else:
+            Yt = Yb = ydst
+            rows, cols = _regions(blk.th0, blk.th1, OH, m), _regions(0, TW, OW, m)
+        sn, sk, sh, sw = Yt.stride()
+        for (ta, tb, ra) in rows:
+            for (wa, wb, rb) in cols:
+                zs = Z[:ra, :, :, :, ta - blk.th0:tb - blk.th0, wa:wb]
+                tmp = [Z[m + k, :ra, :, :, ta - blk.th0:tb - blk.th0, wa:wb] for k in range(nt_out)]
+                size = (ra, nb, K, tb - ta, wb - wa)
+                stride = (sh, sn, sk, m * sh, m * sw)
+                base = Yt.storage_offset() + (m * ta - r0) * sh + m * wa * sw
+                dst = [Yt.as_strided(size, stride, base + b * sw) if b < rb else None for b in range(m)]
+                at([zs[:, j] for j in range(a)], dst, tmp)
+        # the chain on y's block in y's layout (f32 out: after the copy of an nchw block, so
+        # it runs on contiguous rows like its operands), else on the f32 block before the cast
+        yblk = Block(blk.n0, blk.n1, (r0, 0), (r1, OW))
+        post, rest = (Yb, ops) if p.out_dtype != F32 else (ydst, _copy_fused(Yb, ydst, ops, yblk))
+        if rest:
+            apply_post_ops_block(post.unsqueeze(1), yblk, 1, None, rest)
+        if post is not ydst:
+            ydst.copy_(Yb)
+
+
+def _copy_fused(Yb: torch.Tensor, ydst: torch.Tensor, ops: list, blk: Block) -> list:
+    """Copy the f32 block Yb into y's block (nothing when it is one), fusing a leading
+    residual add (Sum / Binary add) into the copy; the rest of the chain is returned."""
+    if Yb is ydst:
+        return ops
+    op = ops[0] if ops else None
+    if isinstance(op, Sum) or (isinstance(op, Binary) and op.op == "add"):
+        t = op.tensor[block_index(blk, op.tensor)]
+        torch.add(Yb, t, alpha=op.scale if isinstance(op, Sum) else 1.0, out=ydst)
+        return ops[1:]
+    ydst.copy_(Yb)
+    return ops
+
+
+# ---- solver ---------------------------------------------------------------------------------
+def estimate_ms(p: ConvProblem, m: int) -> float:
+    """GEMM at _GFLOPS_PER_CORE, the transforms' planes at _ELEMS_PER_S_PER_CORE, per-op cost."""
+    cores = max(1, torch.get_num_threads())
+    plan = make_plan(p, m)
+    a, (OH, OW) = m + 2, p.out_size
+    tiles = p.N * plan.TH * plan.TW
+    gemm = 2.0 * a * a * tiles * p.C * p.K / (_GFLOPS_PER_CORE * 1e9)
+    ops_in, ops_out = OPS[m]
+    # ops per pass / outputs per pass = element-ops per output element
+    elems = (ops_in / a) * (a * p.N * p.C * plan.TH * plan.Wp + a * a * tiles * p.C) \
+        + (ops_out / m) * (m * a * tiles * p.K + m * m * tiles * p.K) \
+        + p.N * p.C * plan.Hp * plan.Wp + p.N * p.K * OH * OW * (1 + len(p.post_ops))
+    calls = len(plan.blocks) * (2 * ops_in + 2 * ops_out + 4 + len(p.post_ops))
+    u = 4.0 * a * a * p.K * p.C * (1 + len(plan.blocks)) / _U_BYTES_PER_S
+    return ((gemm + elems / _ELEMS_PER_S_PER_CORE) / cores + u + calls * _OP_S) * 1e3
+
+
+def choose_m(p: ConvProblem) -> int:
+    """F(4x4) or F(2x2): the smaller estimate (m = 4 wastes work on small images' partial
+    tiles); F(2x2) where F(4x4)'s U would pass MAX_U_BYTES."""
+    if 4 * 36 * p.K * p.C > MAX_U_BYTES:
+        return 2
+    return min((4, 2), key=lambda m: estimate_ms(p, m))
+
+
+def prepare_with(p: ConvProblem, m: int | None = None, block_bytes: int | None = None, workers: int = 1):
+    """Invoker of p with F(m x m, 3x3) (None: choose_m), blocks of `block_bytes` (None:
+    make_plan's default) and `workers` Python workers, each running its share of the blocks
+    on one thread (measured 1.5-2x slower than one worker on torch's 2 threads: kept for
+    experiments)."""
+    plan = make_plan(p, m or choose_m(p), block_bytes, workers)
+    nbytes = plan.workspace_bytes()
+
+    def invoke(args: ConvArgs) -> torch.Tensor:
+        with workspace(nbytes) as ws:
+            return wino_fwd(plan, args, ws)
+    invoke.plan = plan
+    return invoke
+
+
+@register
+class CpuWinogradFwd(Solver):
+    id = 14
+    name = "cpu_winograd_fwd"
+    family = "winograd"
+    primitive = "conv"
+    directions = frozenset({"fwd"})
+    devices = frozenset({"cpu"})
+    dtypes = frozenset({torch.float32, torch.float16, torch.bfloat16})
+    deterministic = True
+
+    def not_supported_reasons(self, p: ConvProblem) -> list[str]:
+        reasons = super().not_supported_reasons(p)
+        if p.ndim != 2:
+            reasons.append(f"{p.ndim}-D problem: 2-D only")
+            return reasons
+        if p.filter != (3, 3):
+            reasons.append(f"filter={p.filter}: 3x3 only")
+        if p.stride != (1, 1):
+            reasons.append(f"stride={p.stride}: stride 1 only")
+        if p.dilation != (1, 1):
+            reasons.append(f"dilation={p.dilation}: dilation 1 only")
+        if p.groups != 1:
+            reasons.append(f"groups={p.groups}: ungrouped only (per-group GEMMs are too narrow to pay)")
+        if max(*p.pad_before, *p.pad_after) > MAX_PAD:
+            reasons.append(f"padding={p.padding}: at most {MAX_PAD} a side")
+        u = 4 * 16 * p.K * p.C          # U of F(2x2), the smaller one
+        if u > MAX_U_BYTES:
+            reasons.append(f"K={p.K}, C={p.C}: the filter transform U needs {u} bytes > {MAX_U_BYTES}")
+        return reasons
+
+    def workspace_size(self, p: ConvProblem) -> int:
+        return make_plan(p, choose_m(p)).workspace_bytes()
+
+    def estimate(self, p: ConvProblem) -> float:
+        t = min(estimate_ms(p, 4), estimate_ms(p, 2))
+        if p.dtype != F32 and cpu_has_native_bf16():
+            # the im2col solver's native bf16 GEMM runs at ~2x the f32 rate this one keeps:
+            # measured 0.54-0.68x torch in bf16 vs 0.70-0.74 for solver 10 (suite, 1 thread)
+            t *= _NATIVE_BF16_PENALTY
+        return t
+
+    def prepare(self, p: ConvProblem):
+        return prepare_with(p)
+
+
+__all__ = ["CpuWinogradFwd", "WinoPlan", "make_plan", "prepare_with", "wino_fwd", "choose_m", "PROGRAMS"]

@@ -1,0 +1,202 @@
+"""CPU Winograd forward (solver 14) against the float64 reference: NaN-poisoned workspace
+and output, random never-zero inputs, odd sizes (partial last tiles), padding 0/1/2 and
+asymmetric, both layouts, F(2x2) and F(4x4), blocks of images and of tile rows, bias +
+post-op chain, out_dtype; the explicit transform programs against winograd_math."""
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import nnprim
+from nnprim.args import ConvArgs
+from nnprim.conv import cpu_winograd as cw
+from nnprim.conv import reference as ref
+from nnprim.conv.winograd_math import VARIANTS
+from nnprim.post_ops import Binary, Eltwise, Sum
+from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
+from nnprim.search.ranking import heuristic_order
+
+SOLVER = cw.CpuWinogradFwd()
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    asked = []
+
+    def empty(shape, layout, **kw):
+        return empty_in_layout(shape, layout, **kw).fill_(float("nan"))
+
+    @contextlib.contextmanager
+    def ws(nbytes):
+        asked.append(nbytes)
+        yield torch.full((nbytes,), 255, dtype=torch.uint8)     # NaN in f32
+
+    monkeypatch.setattr(cw, "empty_in_layout", empty)
+    monkeypatch.setattr(cw, "workspace", ws)
+    return asked
+
+
+def rnd(shape, dtype, layout, g):
+    t = torch.randn(shape, generator=g)
+    t = torch.where(t.abs() < 0.05, torch.full_like(t, 0.3), t)
+    return to_layout(t.to(dtype), layout)
+
+
+def run(x_shape, K, layout, padding=1, m=None, dtype=torch.float32, block_bytes=None, bias=False,
+        post=None, out_dtype=None):
+    g = torch.Generator().manual_seed(sum(x_shape) + K)
+    N, C, H, W = x_shape
+    x, w = rnd(x_shape, dtype, layout, g), rnd((K, C, 3, 3), dtype, layout, g)
+    p0 = ConvProblem.create("fwd", x.shape, w.shape, dtype=dtype, layout=layout, padding=padding)
+    b = torch.randn(K, generator=g) if bias else None
+    ops = post(p0, g) if post else ()
+    p = ConvProblem.create("fwd", x.shape, w.shape, dtype=dtype, layout=layout, padding=padding,
+                           out_dtype=out_dtype, has_bias=bias, post_ops=tuple(o.signature() for o in ops))
+    assert SOLVER.is_applicable(p), SOLVER.not_supported_reasons(p)
+    inv = cw.prepare_with(p, m, block_bytes)
+    y = inv(ConvArgs(x=x, w=w, bias=b, post_ops=ops))
+    exp = ref.conv_fwd_f64(p, x, w, b, ops)
+    assert y.shape == exp.shape and y.dtype == p.out_dtype
+    assert not torch.isnan(y).any(), "unwritten (poisoned) elements remain"
+    err = ((y.double() - exp).norm() / exp.norm()).item()
+    assert err < TOL[dtype if p.out_dtype == torch.float32 else p.out_dtype], err
+    return y, inv.plan
+
+
+CASES = {   # x shape, K, padding
+    "odd_tails_pad1": ((2, 3, 7, 9), 5, 1),
+    "no_pad": ((1, 4, 6, 11), 3, 0),
+    "pad2_tiny": ((1, 2, 3, 3), 4, 2),
+    "asym": ((2, 5, 9, 10), 6, ((2, 0), (1, 2))),
+    "exact_tiles": ((3, 8, 10, 10), 8, 1),
+}
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward(case, layout, m):
+    xs, K, pad = CASES[case]
+    _, plan = run(xs, K, layout, pad, m)
+    assert plan.m == m
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_row_blocks_and_image_blocks(layout, poison, monkeypatch):
+    """Tiny blocks: tile rows of one image per block, then pairs of images."""
+    monkeypatch.setattr(cw, "MIN_TILES", 1)
+    _, plan = run((3, 5, 13, 7), 4, layout, 1, 4, block_bytes=1)
+    assert len(plan.blocks) == 3 * plan.TH and plan.nb == 1
+    _, plan = run((4, 5, 9, 7), 4, layout, ((0, 2), (1, 0)), 2, block_bytes=2 * 4 * 5 * 300 * 4)
+    assert 1 < len(plan.blocks) < 4 * plan.TH
+    assert poison[-1] == plan.workspace_bytes()
+
+
+def _chain(p, g):
+    res = to_layout(torch.randn(p.y_shape, generator=g), p.layout)
+    return (Sum(res, 0.5), Eltwise("relu", 0.1), Binary("mul", torch.rand(1, p.K, 1, 1, generator=g) + 0.5),
+            Binary("add", torch.randn(1, 1, 1, p.y_shape[3], generator=g)), Eltwise("tanh"))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("m", [2, 4])
+def test_bias_and_post_ops(layout, m):
+    run((2, 4, 9, 6), 5, layout, 1, m, bias=True, post=_chain)
+    run((1, 3, 5, 7), 4, layout, 1, m, bias=True, post=lambda p, g: (Eltwise("relu"),), block_bytes=1)
+    run((2, 3, 6, 9), 4, layout, 2, m, post=lambda p, g: (Binary("add", torch.randn(1, p.K, 1, 1, generator=g)),
+                                                       Sum(torch.randn(p.y_shape, generator=g), 2.0)))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_dtypes(layout):
+    run((2, 5, 7, 9), 6, layout, 1, 4, dtype=torch.bfloat16)
+    run((2, 5, 7, 9), 6, layout, 1, 4, dtype=torch.bfloat16, out_dtype=torch.float32, bias=True, post=_chain)
+    run((1, 4, 6, 5), 3, layout, 1, 2, dtype=torch.float16, bias=True, post=_chain, block_bytes=1)
+
+
+def test_workers_pool():
+    """The optional pool: each worker runs its share of the blocks on one thread."""
+    g = torch.Generator().manual_seed(3)
+    x, w = rnd((3, 4, 9, 9), torch.float32, "nhwc", g), rnd((5, 4, 3, 3), torch.float32, "nhwc", g)
+    p = ConvProblem.create("fwd", x.shape, w.shape, dtype=torch.float32, layout="nhwc", padding=1)
+    inv = cw.prepare_with(p, 4, 1, workers=2)
+    assert inv.plan.workers == 2
+    threads = torch.get_num_threads()
+    y = inv(ConvArgs(x=x, w=w))
+    assert torch.get_num_threads() == threads
+    exp = ref.conv_fwd_f64(p, x, w, None, ())
+    assert ((y.double() - exp).norm() / exp.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_programs_match_matrices(m):
+    """The explicit add/sub programs compute B^T and A^T of winograd_math."""
+    tr = VARIANTS[m]
+    bt, at, nt_in, nt_out = cw.PROGRAMS[m]
+    a = tr.alpha
+    for prog, mat, nout, nt in ((bt, tr.BT, a, nt_in), (at, tr.AT, m, nt_out)):
+        d = list(torch.eye(a, dtype=torch.float64))           # d[k] = e_k: outputs are columns
+        o = [torch.full((a,), float("nan"), dtype=torch.float64) for _ in range(nout)]
+        prog(d, o, [torch.empty(a, dtype=torch.float64) for _ in range(nt)])
+        assert torch.equal(torch.stack(o), torch.tensor(mat, dtype=torch.float64))
+
+
+def test_filter_matrix():
+    """Gk (alpha^2 x 9) is G (x) G: U = G w G^T."""
+    w = torch.randn(3, 3, dtype=torch.float64)
+    for tr in VARIANTS.values():
+        g = torch.tensor(tr.G, dtype=torch.float64)
+        u = (cw.filter_matrix(tr).double() @ w.reshape(9)).view(tr.alpha, tr.alpha)
+        torch.testing.assert_close(u, g @ w @ g.T, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kw,why", [
+    (dict(w=(4, 3, 3, 3), stride=2), "stride"),
+    (dict(w=(4, 3, 3, 3), dilation=2), "dilation"),
+    (dict(w=(4, 3, 5, 5)), "filter"),
+    (dict(w=(4, 3, 3, 1)), "filter"),
+    (dict(w=(6, 1, 3, 3), groups=3), "groups"),
+    (dict(w=(4, 3, 3, 3), padding=3), "padding"),
+    (dict(w=(4, 3, 3, 3), padding=((0, 3), (1, 1))), "padding"),
+    (dict(x=(2, 3, 10), w=(4, 3, 3)), "2-D"),
+    (dict(x=(2, 3, 6, 6, 6), w=(4, 3, 3, 3, 3)), "2-D"),
+    (dict(w=(4, 3, 3, 3), direction="bwd_data"), "direction"),
+    (dict(x=(1, 8192, 4, 4), w=(4096, 8192, 3, 3)), "filter transform"),
+])
+def test_not_applicable(kw, why):
+    kw = dict(kw)
+    x, w, d = kw.pop("x", (2, 3, 10, 10)), kw.pop("w"), kw.pop("direction", "fwd")
+    p = ConvProblem.create(d, x, w, dtype=torch.float32, **kw)
+    reasons = SOLVER.not_supported_reasons(p)
+    assert any(why in r for r in reasons), reasons
+
+
+def test_public_api_forced_and_deterministic():
+    g = torch.Generator().manual_seed(5)
+    x, w = rnd((2, 3, 8, 7), torch.float32, "nchw", g), rnd((4, 3, 3, 3), torch.float32, "nchw", g)
+    b = torch.randn(4, generator=g)
+    y = nnprim.conv_forward(x, w, b, padding=1, solver="cpu_winograd_fwd", post_ops=(Eltwise("relu"),))
+    y2 = nnprim.conv_forward(x, w, b, padding=1, solver=14, post_ops=(Eltwise("relu"),))
+    assert torch.equal(y, y2) and SOLVER.deterministic and SOLVER.family == "winograd"
+    exp = torch.relu(torch.nn.functional.conv2d(x.double(), w.double(), b.double(), padding=1))
+    assert ((y.double() - exp).norm() / exp.norm()).item() < 1e-5
+
+
+def test_heuristic_ranks_it_first_on_the_suite_3x3():
+    """The suite's 3x3 stride-1 ungrouped f32 problems run Winograd by default (measured faster)."""
+    suite = json.loads((Path(nnprim.__file__).parent / "data" / "suites" / "conv_cpu.json").read_text())
+    n = 0
+    for s in suite["problems"]:
+        p = ConvProblem.create("fwd", (s["N"], s["C"], *s["spatial"]), (s["K"], s["C"] // s["groups"], *s["filter"]),
+                               stride=s["stride"], padding=s["padding"], dilation=s["dilation"],
+                               groups=s["groups"], layout=s["layout"], dtype=torch.float32)
+        first = heuristic_order(p)[0]
+        if SOLVER.is_applicable(p):
+            n += 1
+            assert first.id == 14, (s["name"], first)
+        else:
+            assert first.id != 14
+    assert n == 3
