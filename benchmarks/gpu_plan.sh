@@ -12,8 +12,8 @@
 #   conv       the conv suite through the public API (run_suites.sh conv) and benchmarks/depthwise.py
 #   sysdb      nnprim db build-system for the H200 (suites + 90 model layers, about 5 minutes)
 #   regret     benchmarks/regret.py (60 held-out problems) and benchmarks/first_call.py
-#   gluon_bench  benchmarks/gluon_fwd.py and benchmarks/gluon_conv_probe.py (solver level,
-#              peers interleaved)
+#   gluon_bench  benchmarks/gluon_fwd.py, benchmarks/gluon_bwd.py and benchmarks/gluon_conv_probe.py
+#              (solver level, peers interleaved)
 #   diag       the default-vs-forced clock check and the graphed conv's choices
 set -uo pipefail
 STEP=${1:?usage: bash benchmarks/gpu_plan.sh STEP OUT}
@@ -30,8 +30,9 @@ case $STEP in
       --durations=25 -p no:benchmark --ignore=tests/gpu/test_fuzz.py > "$OUT/gpu_tests_$D.log" 2>&1
     grep -E "FAILED|passed|failed" "$OUT/gpu_tests_$D.log" | tail -40 ;;
   gluon_bench)
-    timeout 300 python3 benchmarks/gluon_fwd.py --rounds 8 --variants pp_pers,pp_single --out "$OUT/gluon_fwd_$D.json" 2>&1 | tail -18
-    timeout 200 python3 benchmarks/gluon_conv_probe.py --out "$OUT/gluon_conv_probe_$D.json" 2>&1 | tail -40 ;;
+    timeout 200 python3 benchmarks/gluon_fwd.py --rounds 6 --variants pp_pers,pp_single --out "$OUT/gluon_fwd_$D.json" 2>&1 | tail -18
+    timeout 180 python3 benchmarks/gluon_bwd.py --rounds 4 --out "$OUT/gluon_bwd_$D.json" 2>&1 | tail -18
+    timeout 150 python3 benchmarks/gluon_conv_probe.py --out "$OUT/gluon_conv_probe_$D.json" 2>&1 | tail -40 ;;
   diag)
     timeout 60 python3 benchmarks/diag/default_vs_forced.py --out "$OUT/default_vs_forced_$D.json" 2>&1 | tail -4
     timeout 120 python3 benchmarks/diag/graph_bwd_weights.py graph 2>&1 | grep -E "CHOSEN|WARNING" | head -20 ;;
