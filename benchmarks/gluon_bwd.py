@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -40,11 +37,21 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TRITON_INTERPRET", "0")
 
 os.environ["NNPRIM_GLUON"] = "1"  # measured even where the environment switches them off
+from gluon_bench_common import (  # noqa: E402
+    attn_flops,
+    new_result,
+    out_path,
+    rel,
+    smoke,
+    summarise,
+    time_row,
+    train_problems,
+)
+
 import nnprim  # noqa: E402
 from nnprim.args import AttnArgs  # noqa: E402
 from nnprim.attention import gluon_bwd  # noqa: E402
 from nnprim.problems.attention import AttentionProblem  # noqa: E402
-from nnprim.search.timing import interleaved_samples  # noqa: E402
 
 DEV, BF16 = "cuda", torch.bfloat16
 OURS = {"gluon_127": "gluon_flash_bwd", "atomic_123": "flash_bwd_atomic", "flash_111": "flash_bwd"}
@@ -63,28 +70,6 @@ for causal in (None, "bottom_right"):
 torch.cuda.synchronize()
 print("SMOKE-OK")
 """
-
-
-def smoke(split: bool) -> str | None:
-    """None when 127's dQ variant runs a small problem in a subprocess within 90 s, else why
-    (a deadlocked kernel would otherwise hang the whole benchmark)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    try:
-        r = subprocess.run([sys.executable, "-c", SMOKE, "1" if split else "0"], env=env, capture_output=True,
-                           text=True, timeout=90)
-    except subprocess.TimeoutExpired:
-        return "hung for 90 s"
-    return None if "SMOKE-OK" in r.stdout else (r.stdout + r.stderr)[-2000:]
-
-
-def flops_of(p: dict) -> float:
-    frac = 0.5 if (p["causal"] and p["Sq"] == p["Sk"]) else 1.0
-    return 2.5 * 4.0 * p["B"] * p["Hq"] * p["Sq"] * p["Sk"] * p["D"] * frac
-
-
-def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.double(), ref.double()
-    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def slice_reference(q, k, v, do, causal: bool):
@@ -178,23 +163,7 @@ def run_problem(p: dict, rounds: int, smoke_ok: dict[bool, bool]) -> dict:
             if name.startswith("g"):
                 row["traceback"] = traceback.format_exc()[-3000:]
     live = {n: f for n, f in impls.items() if n not in row["errors"]}
-    names = list(live)
-    samples = interleaved_samples([live[n] for n in names], DEV, rounds=rounds, warmup=2)
-    fl = flops_of(p)
-    for n, ts in zip(names, samples):
-        ms = statistics.median(ts)
-        row["ms"][n] = round(ms, 4)
-        row["tflops"][n] = round(fl / ms / 1e9, 1)
-    if "cudnn" in row["ms"]:
-        for n in names:
-            row["vs_cudnn"][n] = round(row["ms"]["cudnn"] / row["ms"][n], 3)
-    if not row["errors"]:
-        del row["errors"]
-    return row
-
-
-def geomean(xs: list[float]) -> float | None:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+    return time_row(row, live, attn_flops(p, 2.5), rounds, warmup=2)
 
 
 def main() -> int:
@@ -205,18 +174,10 @@ def main() -> int:
     ap.add_argument("--dims", default="64,128", help="head dims to run")
     ap.add_argument("--rounds", type=int, default=10)
     a = ap.parse_args()
-    dims = {int(d) for d in a.dims.split(",") if d}
-    probs = [p for p in json.load(open(a.suite))["problems"] if p["mode"] == "train" and p["D"] in dims]
-    if a.subset:
-        want = set(a.subset.split(","))
-        probs = [p for p in probs if p["name"] in want]
-    out = Path(a.out)
-    if out.suffix != ".json":
-        out = out / f"gluon_bwd_{time.strftime('%Y-%m-%d')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                  triton=__import__("triton").__version__, date=time.strftime("%Y-%m-%d %H:%M"), problems=[])
-    why = {split: smoke(split) for split in (True, False)}
+    probs = train_problems(a.suite, a.dims, a.subset)
+    out = out_path(a.out, "gluon_bwd")
+    result = new_result()
+    why = {split: smoke(SMOKE, ["1" if split else "0"]) for split in (True, False)}
     result["smoke"] = {("split_dq" if split else "wg_dq"): (w or "ok") for split, w in why.items()}
     print("smoke:", result["smoke"], flush=True)
     cols = list(OURS) + ["g127_wg_dq", "g127_s3", "cudnn", "flash"]
@@ -233,10 +194,7 @@ def main() -> int:
         print(f"{p['name']:28s} {line}  | {vs.get('gluon_127', float('nan')):6.3f} {vs.get('atomic_123', float('nan')):6.3f}"
               + (f"  ERR {row['errors']}" if row.get("errors") else ""), flush=True)
         out.write_text(json.dumps(result, indent=1))   # partial results survive a timeout
-    for n in list(OURS) + ["g127_wg_dq", "g127_s3", "flash"]:
-        r = [row["vs_cudnn"][n] for row in result["problems"] if n in row.get("vs_cudnn", {})]
-        result[f"geomean_{n}_vs_cudnn"] = geomean(r)
-        result[f"min_{n}_vs_cudnn"] = min(r) if r else None
+    summarise(result, list(OURS) + ["g127_wg_dq", "g127_s3", "flash"])
     out.write_text(json.dumps(result, indent=1))
     print({k: v for k, v in result.items() if k.startswith(("geomean", "min"))})
     print("wrote", out)

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -38,11 +36,23 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TRITON_INTERPRET", "0")
 
 os.environ["NNPRIM_GLUON"] = "1"  # measured even where the environment switches them off
+from gluon_bench_common import (  # noqa: E402
+    attn_flops,
+    new_result,
+    out_path,
+    rel,
+    smoke,
+    summarise,
+    time_row,
+    train_problems,
+)
+
 import nnprim  # noqa: E402
 from nnprim.args import AttnArgs  # noqa: E402
 from nnprim.attention import gluon_fwd  # noqa: E402
 from nnprim.problems.attention import AttentionProblem  # noqa: E402
-from nnprim.search.timing import interleaved_samples  # noqa: E402
+
+DEV, BF16 = "cuda", torch.bfloat16
 
 SMOKE = """
 import sys, torch
@@ -62,31 +72,6 @@ print("SMOKE-OK")
 
 VARIANTS = {  # name: (ping-pong, persistent)
     "pp_pers": (True, True), "pp_single": (True, False), "1c_pers": (False, True), "1c_single": (False, False)}
-
-
-def smoke(variant: tuple[bool, bool]) -> str | None:
-    """None when the variant (ping-pong, persistent) runs a small problem in a subprocess
-    within 90 s, else why (a deadlocked kernel would otherwise hang the whole benchmark)."""
-    import subprocess
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    try:
-        r = subprocess.run([sys.executable, "-c", SMOKE, *("1" if x else "0" for x in variant)], env=env,
-                           capture_output=True, text=True, timeout=90)
-    except subprocess.TimeoutExpired:
-        return "hung for 90 s"
-    return None if "SMOKE-OK" in r.stdout else (r.stdout + r.stderr)[-2000:]
-
-DEV, BF16 = "cuda", torch.bfloat16
-
-
-def flops_of(p: dict) -> float:
-    frac = 0.5 if (p["causal"] and p["Sq"] == p["Sk"]) else 1.0
-    return 4.0 * p["B"] * p["Hq"] * p["Sq"] * p["Sk"] * p["D"] * frac
-
-
-def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.double(), ref.double()
-    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def slice_reference(q, k, v, causal: bool):
@@ -185,27 +170,11 @@ def run_problem(p: dict, rounds: int, ok: dict[tuple[bool, bool], bool], variant
             live[name] = f
         except Exception as e:  # noqa: BLE001 - a backend that does not serve the problem
             row["errors"][name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-    names = list(live)
-    samples = interleaved_samples([live[n] for n in names], DEV, rounds=rounds, warmup=3)
-    fl = flops_of(p)
-    for n, ts in zip(names, samples):
-        ms = statistics.median(ts)
-        row["ms"][n] = round(ms, 4)
-        row["tflops"][n] = round(fl / ms / 1e9, 1)
-    if "cudnn" in row["ms"]:
-        for n in names:
-            row["vs_cudnn"][n] = round(row["ms"]["cudnn"] / row["ms"][n], 3)
-    if not row["errors"]:
-        del row["errors"]
-    return row
+    return time_row(row, live, attn_flops(p), rounds, warmup=3)
 
 
 class _Skip(Exception):
     pass
-
-
-def geomean(xs: list[float]) -> float | None:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
 def main() -> int:
@@ -221,18 +190,11 @@ def main() -> int:
     bad = [n for n in variants if n not in VARIANTS]
     if bad:
         ap.error(f"unknown variants {bad}: choose from {list(VARIANTS)}")
-    dims = {int(d) for d in a.dims.split(",") if d}
-    probs = [p for p in json.load(open(a.suite))["problems"] if p["mode"] == "train" and p["D"] in dims]
-    if a.subset:
-        want = set(a.subset.split(","))
-        probs = [p for p in probs if p["name"] in want]
-    out = Path(a.out)
-    if out.suffix != ".json":
-        out = out / f"gluon_fwd_{time.strftime('%Y-%m-%d')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                  triton=__import__("triton").__version__, date=time.strftime("%Y-%m-%d %H:%M"), problems=[])
-    why = {n: smoke(v) for n, v in VARIANTS.items()}   # all four: the default may be any of them
+    probs = train_problems(a.suite, a.dims, a.subset)
+    out = out_path(a.out, "gluon_fwd")
+    result = new_result()
+    # all four variants: the default may be any of them
+    why = {n: smoke(SMOKE, ["1" if x else "0" for x in v]) for n, v in VARIANTS.items()}
     result["smoke"] = {n: (w or "ok") for n, w in why.items()}
     print("smoke:", result["smoke"], flush=True)
     ok = {VARIANTS[n]: w is None for n, w in why.items()}
@@ -251,10 +213,7 @@ def main() -> int:
               f"  {row.get('gluon_126_default', '?')}" + (f"  ERR {row['errors']}" if row.get("errors") else ""),
               flush=True)
         out.write_text(json.dumps(result, indent=1))   # partial results survive a timeout
-    for n in ["gluon_126"] + [f"g126_{n}" for n in VARIANTS] + ["flash_110", "flash"]:
-        r = [row["vs_cudnn"][n] for row in result["problems"] if n in row.get("vs_cudnn", {})]
-        result[f"geomean_{n}_vs_cudnn"] = geomean(r)
-        result[f"min_{n}_vs_cudnn"] = min(r) if r else None
+    summarise(result, ["gluon_126"] + [f"g126_{n}" for n in VARIANTS] + ["flash_110", "flash"])
     out.write_text(json.dumps(result, indent=1))
     print({k: v for k, v in result.items() if k.startswith(("geomean", "min"))})
     print("wrote", out)

@@ -63,7 +63,6 @@ from ..gluon_support import (
     fence_async_shared,
     gl,
     gluon,
-    gluon_reasons,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -73,7 +72,7 @@ from ..launch import Launch
 from ..search.solver import register
 from .flash_bwd_atomic import _cast_kernel, _pre_kernel
 from .flash_fwd import PEAK_TBS, PEAK_TFLOPS, FlashBase, block_d
-from .gluon_fwd import _CAUSAL_CODE, _descriptor, _tma_view
+from .gluon_fwd import _CAUSAL_CODE, _descriptor, _tma_view, scope_reasons
 
 HEAD_DIMS = (64, 128)
 SMEM_BYTES = 227 * 1024   # an H100/H200 CTA's shared memory
@@ -445,19 +444,8 @@ class GluonFlashBackward(FlashBase):
         reasons = super().not_supported_reasons(problem)
         if reasons and reasons[0].startswith("serves"):
             return reasons
-        if problem.D != problem.Dv or problem.D not in HEAD_DIMS:
-            reasons.append(f"head dims D={problem.D}, Dv={problem.Dv}: needs D == Dv in {HEAD_DIMS} "
-                           "(d256's dK/dV accumulators do not fit the registers; solver 123 covers others)")
-        if problem.mask != "none":
-            reasons.append(f"mask={problem.mask} is not supported (solver 123 covers masks)")
-        if problem.dropout_p > 0:
-            reasons.append(f"dropout_p={problem.dropout_p} is not supported (solver 123 covers dropout)")
-        if problem.has_kv_lens:
-            reasons.append("kv_lens are not supported (solver 123 covers them)")
-        if problem.scale == "tensor":
-            reasons.append("a tensor scale is not supported (solver 123 reads it in the kernel)")
-        reasons += gluon_reasons(problem.device)
-        return reasons
+        return reasons + scope_reasons(problem, HEAD_DIMS, "solver 123",
+                                       "; d256's dK/dV accumulators do not fit the registers")
 
     def workspace_size(self, problem) -> int:
         """The f32 dQ accumulator and delta (host TMA descriptors: no descriptor scratch)."""

@@ -588,15 +588,16 @@ class GluonFwdPlan:
         scale = float(args.effective_scale(p.invert_scale))
         launch = self._launch(q.device, scale > 0, lse is not None)
         rest = (lse if lse is not None else o, p.B, p.Hq, p.Sq, p.Sk, p.group, scale * 1.4426950408889634)
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr())
         st = self.strides.get((q.stride(), k.stride(), v.stride()))
-        if st is None or (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15:
+        if st is None or (ptrs[0] | ptrs[1] | ptrs[2]) & 15:
             # strides not seen yet, or a base TMA cannot take: checked, copied if need be
             (q, sq), (k, sk), (v, sv) = _tma_view(q), _tma_view(k), _tma_view(v)
             if q is args.q and k is args.k and v is args.v:
                 self.strides[(q.stride(), k.stride(), v.stride())] = (tuple(sq), tuple(sk), tuple(sv))
             launch(*self._descriptors(q, k, v, o, (sq, sk, sv)), *rest)
         else:   # TMA-able in place: the encoded descriptors are reused per address
-            launch.run_keyed((q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()) + st,
+            launch.run_keyed(ptrs + (o.data_ptr(),) + st,
                              lambda: self._descriptors(q, k, v, o, st), *rest)
         return o, lse if want_lse else None
 
@@ -615,6 +616,25 @@ def gluon_forward(problem, args, *, out: torch.Tensor | None = None,
 
 # ---- solver -----------------------------------------------------------------------------
 
+def scope_reasons(problem, head_dims: tuple[int, ...], fallback: str, why_dims: str = "") -> list[str]:
+    """What the Gluon attention kernels (126 forward, 127 backward) leave to the Triton
+    solver `fallback`: other head dims, masks, dropout, kv_lens, a tensor scale; and the
+    Gluon gate (Hopper, Gluon importable, not switched off, not the interpreter)."""
+    reasons = []
+    if problem.D != problem.Dv or problem.D not in head_dims:
+        reasons.append(f"head dims D={problem.D}, Dv={problem.Dv}: needs D == Dv in {head_dims}"
+                       f"{why_dims} ({fallback} covers others)")
+    if problem.mask != "none":
+        reasons.append(f"mask={problem.mask} is not supported ({fallback} covers masks)")
+    if problem.dropout_p > 0:
+        reasons.append(f"dropout_p={problem.dropout_p} is not supported ({fallback} covers dropout)")
+    if problem.has_kv_lens:
+        reasons.append(f"kv_lens are not supported ({fallback} covers them)")
+    if problem.scale == "tensor":
+        reasons.append(f"a tensor scale is not supported ({fallback} reads it in the kernel)")
+    return reasons + gluon_reasons(problem.device)
+
+
 @register
 class GluonFlashForward(FlashBase):
     """Warp-specialised Hopper forward in Gluon: TMA producer warp, wgmma consumers."""
@@ -630,19 +650,9 @@ class GluonFlashForward(FlashBase):
         reasons = super().not_supported_reasons(problem)
         if reasons and reasons[0].startswith("serves"):
             return reasons
-        if problem.D != problem.Dv or problem.D not in HEAD_DIMS:
-            reasons.append(f"head dims D={problem.D}, Dv={problem.Dv}: needs D == Dv in {HEAD_DIMS} (solver 110 covers others)")
-        if problem.mask != "none":
-            reasons.append(f"mask={problem.mask} is not supported (solver 110 covers masks)")
-        if problem.dropout_p > 0:
-            reasons.append(f"dropout_p={problem.dropout_p} is not supported (solver 110 covers dropout)")
-        if problem.has_kv_lens:
-            reasons.append("kv_lens are not supported (solver 110 covers them)")
-        if problem.scale == "tensor":
-            reasons.append("a tensor scale is not supported (solver 110 reads it in the kernel)")
+        reasons += scope_reasons(problem, HEAD_DIMS, "solver 110")
         if problem.descale is not None or problem.out_dtype not in (None, problem.dtype):
             reasons.append("FP8 inputs / another output dtype are not supported (solver 125)")
-        reasons += gluon_reasons(problem.device)
         return reasons
 
     def workspace_size(self, problem) -> int:
