@@ -11,6 +11,7 @@ _MODULES = (
     "nnprim.conv.implicit_gemm",
     "nnprim.conv.implicit_gemm_bwd",
     "nnprim.conv.gluon_conv",
+    "nnprim.conv.gluon_conv_wgrad",
     "nnprim.conv.im2col_gemm",
     "nnprim.conv.direct",
     "nnprim.conv.depthwise",

@@ -1,5 +1,7 @@
 """Persistent, warp-specialised implicit-GEMM convolution forward for Hopper in Gluon
-(solver 27 `gluon_implicit_gemm_fwd`, family `implicit_gemm`, issue 13).
+(solver 27 `gluon_implicit_gemm_fwd`, family `implicit_gemm`, issue 13), and stride-1
+backward data on the same kernel (solver 28 `gluon_implicit_gemm_bwd_data`: the forward of
+dy with the flipped filter, `forward_view`; the filter is read in place, TRANS_W).
 
 Same GEMM as solver 20's TMA convolution (implicit_gemm.py `_conv_tma_kernel`): NHWC,
 groups 1, stride 1; an output tile is a BH x BW rectangle of one image (BM = BH*BW rows)
@@ -187,12 +189,14 @@ if gluon is not None:
 
     @gluon.jit
     def _producer(x_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles, n_th, n_tw, num_m, num_n,
-                  n_steps, nk, S, C, ph, pw, dh, dw,
+                  n_steps, nk, S, C, K, n_taps, ph, pw, dh, dw,
                   BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                  KSUB: gl.constexpr, GROUP_M: gl.constexpr):
+                  KSUB: gl.constexpr, GROUP_M: gl.constexpr, TRANS_W: gl.constexpr):
         """1 warp: for every tile of this CTA and every stage of its reduction, wait for the
         slot to be released, then KSUB (x box, w box) loads onto its ready barrier. Empty
-        barriers start 'phase 1 complete', so the first pass waits on parity 1."""
+        barriers start 'phase 1 complete', so the first pass waits on parity 1.
+        TRANS_W (backward data): w is [C, taps*K] (the forward filter [K', R, S, C'] seen
+        with the reduction channels as rows), boxes [BK, BN] at (c0, flipped tap*K + n)."""
         STAGES: gl.constexpr = ready.type.shape[0]
         nbytes: gl.constexpr = KSUB * (x_desc.block_type.nbytes + w_desc.block_type.nbytes)
         cnt = 0
@@ -210,8 +214,12 @@ if gluon is not None:
                     q = tap - r * S
                     tma.async_copy_global_to_shared(x_desc, [n, oh0 - ph + r * dh, ow0 - pw + q * dw, c0],
                                                     ready.index(s), a_bufs.index(s * KSUB + u))
-                    tma.async_copy_global_to_shared(w_desc, [off_n, tap * C + c0], ready.index(s),
-                                                    b_bufs.index(s * KSUB + u))
+                    if TRANS_W:
+                        tma.async_copy_global_to_shared(w_desc, [c0, (n_taps - 1 - tap) * K + off_n],
+                                                        ready.index(s), b_bufs.index(s * KSUB + u))
+                    else:
+                        tma.async_copy_global_to_shared(w_desc, [off_n, tap * C + c0], ready.index(s),
+                                                        b_bufs.index(s * KSUB + u))
                 cnt += 1
 
     @gluon.jit
@@ -224,7 +232,8 @@ if gluon is not None:
                   P2_KIND: gl.constexpr, P2_SUB: gl.constexpr, P2_BC: gl.constexpr,
                   P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr,
                   BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                  KSUB: gl.constexpr, GROUP_M: gl.constexpr, WARPS: gl.constexpr, EPILOGUE: gl.constexpr):
+                  KSUB: gl.constexpr, GROUP_M: gl.constexpr, WARPS: gl.constexpr, EPILOGUE: gl.constexpr,
+                  TRANS_W: gl.constexpr):
         """Default partition: async wgmma over the ring (a stage is released once the
         wgmmas of the stage after it have been issued and the older ones retired), then the
         fused epilogue and a TMA store of the tile."""
@@ -243,7 +252,10 @@ if gluon is not None:
                 mbarrier.wait(ready.index(s), (cnt // STAGES) & 1)
                 for u in gl.static_range(KSUB):
                     a = a_bufs.index(s * KSUB + u)._reinterpret(dtype, [BM, BK], a2_layout)
-                    b = b_bufs.index(s * KSUB + u).permute((1, 0))
+                    if TRANS_W:   # [BK, BN] with BN contiguous: an MN-major B operand
+                        b = b_bufs.index(s * KSUB + u)
+                    else:
+                        b = b_bufs.index(s * KSUB + u).permute((1, 0))
                     acc = warpgroup_mma(a, b, acc, is_async=True)
                 # the previous stage's wgmmas have retired: release its slot
                 acc = warpgroup_mma_wait(KSUB, deps=(acc,))
@@ -302,7 +314,7 @@ if gluon is not None:
             P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr,
             BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
             KSUB: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr,
-            num_warps: gl.constexpr):
+            TRANS_W: gl.constexpr, num_warps: gl.constexpr):
         """Persistent: CTA i runs tiles i, i + grid, ... (see the module docstring)."""
         dtype: gl.constexpr = x_desc.dtype
         n_th = gl.cdiv(OH, BH)
@@ -328,9 +340,9 @@ if gluon is not None:
                          p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
                          HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
                          P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC,
-                         BH, BW, BN, BK, KSUB, GROUP_M, num_warps, EPILOGUE)),
+                         BH, BW, BN, BK, KSUB, GROUP_M, num_warps, EPILOGUE, TRANS_W)),
             (_producer, (x_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles, n_th, n_tw, num_m, num_n,
-                         n_steps, nk, S, C, ph, pw, dh, dw, BH, BW, BN, BK, KSUB, GROUP_M)),
+                         n_steps, nk, S, C, K, R * S, ph, pw, dh, dw, BH, BW, BN, BK, KSUB, GROUP_M, TRANS_W)),
         ], [1], [24])
 
         for i in gl.static_range(STAGES):
@@ -343,19 +355,35 @@ def _nvmma(block: list[int], dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(block, getattr(gl, str(dtype).split(".")[-1]))
 
 
+def forward_view(p: ConvProblem) -> ConvProblem:
+    """The forward convolution the kernel runs for p. Forward: p. Stride-1 backward data:
+    dx = conv(dy, w flipped, channels swapped) with padding dil*(R-1) - pad per side (>= 0,
+    `shape_reasons`), so dy plays x (channels K), dx plays y (channels C) and the output size
+    is p's input size; the kernel reads w in place (TRANS_W) instead of a flipped copy."""
+    if p.direction == "fwd":
+        return p
+    pads = tuple((d * (r - 1) - a, d * (r - 1) - b)
+                 for d, r, a, b in zip(p.dilation, p.filter, p.pad_before, p.pad_after))
+    return ConvProblem.create("fwd", (p.N, p.K, *p.out_size), (p.C, p.K, *p.filter), dtype=p.dtype,
+                              layout=p.layout, device=p.device, padding=pads, dilation=p.dilation)
+
+
 class GluonConvPlan:
-    """Launch of `_gluon_conv_kernel` for one problem; x, w, y as standard channels-last
-    tensors (others are copied). Everything but the data pointers is fixed here: the
-    descriptors' shapes, strides, boxes and layouts, the grid and the argument tail; calls
-    go through nnprim.launch.Launch (compiled-kernel fast path, CUtensorMaps cached per
-    address). `planned=False` takes Triton's JIT launch path on every call instead (the
-    first device run's path, kept for probes: ~100+ us of host work per call there)."""
+    """Launch of `_gluon_conv_kernel` for one problem (forward, or stride-1 backward data run
+    as its `forward_view`); x, w, y as standard channels-last tensors (others are copied).
+    Everything but the data pointers is fixed here: the descriptors' shapes, strides, boxes
+    and layouts, the grid and the argument tail; calls go through nnprim.launch.Launch
+    (compiled-kernel fast path, CUtensorMaps encoded once per address triple).
+    `planned=False` takes Triton's JIT launch path on every call instead (the first device
+    run's path, kept for probes: ~100+ us of host work per call there)."""
 
     def __init__(self, p: ConvProblem, tile: GluonTile | None = None, planned: bool = True):
         self.p = p
-        self.gm = gm = geom(p)
-        self.tile = t = tile or tile_config(p)
-        self.epi = plan_epilogue(p)
+        self.bwd = p.direction == "bwd_data"
+        fp = forward_view(p)
+        self.gm = gm = geom(fp)
+        self.tile = t = tile or tile_config(fp)
+        self.epi = plan_epilogue(fp if self.bwd else p)
         self.planned = planned
         H, W = gm.inp[1], gm.inp[2]
         OH, OW = gm.out[1], gm.out[2]
@@ -365,11 +393,14 @@ class GluonConvPlan:
         self.y_shape = (gm.N, OH, OW, gm.K)
         self.dx = ([gm.N, H, W, gm.C], [H * W * gm.C, W * gm.C, gm.C, 1], [1, t.BH, t.BW, t.BK],
                    _nvmma([1, t.BH, t.BW, t.BK], p.dtype))
-        self.dw = ([gm.K, gm.taps * gm.C], [gm.taps * gm.C, 1], [t.BN, t.BK], _nvmma([t.BN, t.BK], p.dtype))
+        if self.bwd:   # p's w [K=gm.C, R, S, C=gm.K] as [gm.C, taps * gm.K]: rows are the reduction
+            self.dw = ([gm.C, gm.taps * gm.K], [gm.taps * gm.K, 1], [t.BK, t.BN], _nvmma([t.BK, t.BN], p.dtype))
+        else:
+            self.dw = ([gm.K, gm.taps * gm.C], [gm.taps * gm.C, 1], [t.BN, t.BK], _nvmma([t.BN, t.BK], p.dtype))
         self.dy = ([gm.N, OH, OW, gm.K], [OH * OW * gm.K, OW * gm.K, gm.K, 1], [1, t.BH, t.BW, t.BN],
                    _nvmma([1, t.BH, t.BW, t.BN], p.dtype))
         self.tail = (*self.scalars, *self.epi.scalars(), *self.epi.constexprs(),
-                     t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue)
+                     t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, self.bwd)
         self.launch = None     # the grid needs the device's SM count: planned on the first call
 
     def _launch(self, device: torch.device) -> Launch:
@@ -381,7 +412,7 @@ class GluonConvPlan:
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
         p = self.p
         # physical NHWC views (the logical tensors are (N, C, H, W) in channels-last memory)
-        x = args.x.permute(0, 2, 3, 1)
+        x = (args.dy if self.bwd else args.x).permute(0, 2, 3, 1)
         w = args.w.permute(0, 2, 3, 1)
         x, w = contiguous_aligned(x), contiguous_aligned(w)
         direct = (out is not None and out.dtype == p.dtype and out.data_ptr() % 16 == 0
@@ -421,6 +452,11 @@ def shape_reasons(p: ConvProblem) -> list[str]:
         reasons.append(f"stride={tuple(p.stride)}: needs stride 1")
     if p.C % 16 or p.K % 16:
         reasons.append(f"C={p.C}, K={p.K}: both must be multiples of 16 (TMA row alignment)")
+    if p.direction == "bwd_data" and p.ndim == 2:
+        reach = tuple(d * (r - 1) for d, r in zip(p.dilation, p.filter))
+        if any(a > m or b > m for a, b, m in zip(p.pad_before, p.pad_after, reach)):
+            reasons.append(f"padding {p.padding} exceeds dilation*(filter-1) = {reach}: the flipped "
+                           "convolution would need negative padding")
     return reasons
 
 
@@ -450,3 +486,32 @@ class GluonImplicitGemmFwd(_IGemmBase):
     def prepare(self, problem):
         return GluonConvPlan(problem)
 
+
+
+@register
+class GluonImplicitGemmBwdData(_IGemmBase):
+    """Stride-1 backward data on solver 27's kernel: dy convolved with the flipped filter,
+    the filter read in place as an MN-major wgmma operand (`forward_view`, TRANS_W)."""
+    id = 28
+    name = "gluon_implicit_gemm_bwd_data"
+    directions = frozenset({"bwd_data"})
+    devices = frozenset({"cuda"})
+    dtypes = frozenset({torch.bfloat16, torch.float16})
+    deterministic = True    # one CTA reduces each output element in a fixed order
+    long_compile = True
+
+    def not_supported_reasons(self, problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if reasons and reasons[0].startswith("serves"):
+            return reasons
+        return reasons + shape_reasons(problem) + gluon_reasons(problem.device)
+
+    def estimate(self, problem) -> float | None:
+        # the forward it runs, priced as solver 27 prices a forward
+        if shape_reasons(problem):
+            return None
+        est = super().estimate(forward_view(problem))
+        return None if est is None else max(est * GLUON_VS_SOLVER20, HOST_FLOOR_MS)
+
+    def prepare(self, problem):
+        return GluonConvPlan(problem)

@@ -144,15 +144,22 @@ def _conv_bwd_w_tma_kernel(
         tl.store(out_ptr + off, acc, mask=mask)
 
 
+REDUCE_SLICES: tl.constexpr = 8   # slices loaded per step: one load per step is latency-bound
+
+
 @triton.jit
 def _split_reduce_kernel(ws_ptr, dw_ptr, E, NCOL, Cg, R, S, SPLIT,
                          swk, swc, swt, swr, sws, BLOCK: tl.constexpr):
-    """dw[e] = sum_s ws[s, e] in order s = 0..SPLIT-1; e = (g*Kg + k)*NCOL + j."""
+    """dw[e] = sum_s ws[s, e] in a fixed order (REDUCE_SLICES slices at a time, summed as a
+    tree, then added in slice order): deterministic; e = (g*Kg + k)*NCOL + j."""
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = e < E
+    rs = tl.arange(0, REDUCE_SLICES)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(0, SPLIT):
-        acc += tl.load(ws_ptr + s * E + e, mask=m, other=0.0)
+    for s0 in range(0, SPLIT, REDUCE_SLICES):
+        sl = s0 + rs
+        v = tl.load(ws_ptr + (sl * E)[:, None] + e[None, :], mask=(sl < SPLIT)[:, None] & m[None, :], other=0.0)
+        acc += tl.sum(v, axis=0)
     row = e // NCOL
     j = e - row * NCOL
     c = j % Cg

@@ -4,8 +4,8 @@ family `implicit_gemm`.
 The TMA implicit-GEMM kernels need channels contiguous (16-byte channel rows); NCHW
 problems otherwise run the pointer-gather kernels at 0.3-0.4x cuDNN (NCHW rn50_r3_3x3,
 2026-11-30). These solvers change the layout once on the way in (x / dy / w and any
-full-size post-op tensor) and once on the way out, and run the NHWC solver (forward: 27
-where it applies, else 20; 21/22 backward) in between: two extra passes over the activations, which pays when the NHWC kernel is
+full-size post-op tensor) and once on the way out, and run the NHWC solver (Gluon 27 / 28 / 29
+where they apply, else 20 / 21 / 22) in between: two extra passes over the activations, which pays when the NHWC kernel is
 more than that much faster; find measures both and keeps the faster.
 
 Workspace: the NHWC copies of the inputs and of the output (temporaries of one call)."""
@@ -24,16 +24,17 @@ from . import configs
 
 _INNER = {"fwd": "implicit_gemm_fwd", "bwd_data": "implicit_gemm_bwd_data",
           "bwd_weights": "implicit_gemm_bwd_weights"}
-# forward: the Gluon kernel where it runs the twin (0.57-0.62x solver 20's time on the
+# the Gluon kernels where they run the twin (forward: 0.57-0.62x solver 20's time on the
 # ResNet-50 / UNet layers of the H200 probe, benchmarks/gluon_conv_probe.py)
-_GLUON_FWD = "gluon_implicit_gemm_fwd"
+_GLUON = {"fwd": "gluon_implicit_gemm_fwd", "bwd_data": "gluon_implicit_gemm_bwd_data",
+          "bwd_weights": "gluon_implicit_gemm_bwd_weights"}
 
 
 def inner_solver(p: ConvProblem) -> Solver:
     """The NHWC solver that runs p's twin."""
     twin = nhwc_twin(p)
-    if p.direction == "fwd":
-        gluon = REGISTRY.get(_GLUON_FWD)
+    if p.direction in _GLUON:
+        gluon = REGISTRY.get(_GLUON[p.direction])
         if gluon.is_applicable(twin):
             return gluon
     return REGISTRY.get(_INNER[p.direction])

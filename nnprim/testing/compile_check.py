@@ -97,6 +97,10 @@ GLUON_CONV = [  # (x, w, options) of solver 27 (Gluon, sm_90 only): 3x3 C=K=64..
                                             post_ops=(("sum", 0.5), ("eltwise", "gelu_erf", 0.0, 0.0),
                                                       ("binary", "mul", (1, 128, 1, 1)),
                                                       ("eltwise", "silu", 0.0, 0.0)))),
+    # solver 28: stride-1 backward data on the same kernel (filter read transposed, taps flipped)
+    ((2, 64, 10, 10), (64, 64, 3, 3), dict(padding=1, direction="bwd_data")),
+    ((2, 256, 14, 14), (128, 256, 3, 3), dict(padding=1, direction="bwd_data")),
+    ((2, 64, 10, 10), (256, 64, 1, 1), dict(direction="bwd_data", dtype=F16)),
 ]
 
 
@@ -127,19 +131,52 @@ def _gluon_conv_attempts(failures: list[str], report: list[str]) -> None:
     kernel = gluon_conv._gluon_conv_kernel
     for x, w, kw in GLUON_CONV:
         kw = dict(kw)
-        p = ConvProblem.create("fwd", x, w, device="cpu", layout="nhwc", dtype=kw.pop("dtype", BF16), **kw)
+        p = ConvProblem.create(kw.pop("direction", "fwd"), x, w, device="cpu", layout="nhwc",
+                               dtype=kw.pop("dtype", BF16), **kw)
         before = {id(ck) for cache in kernel.device_caches.values() for ck in cache[0].values()}
         try:
             plan = gluon_conv.GluonConvPlan(p)
             plan(random_args(p, seed=0))
         except Exception as e:  # noqa: BLE001 - report every variant that does not compile
-            failures.append(f"gluon_implicit_gemm_fwd on {p.key()}: {type(e).__name__}: {str(e)[:800]}")
+            failures.append(f"gluon conv on {p.key()}: {type(e).__name__}: {str(e)[:800]}")
             continue
         new = [ck for cache in kernel.device_caches.values() for ck in cache[0].values() if id(ck) not in before]
         for ck in new:
             t = plan.tile
-            report.append(f"gluon_implicit_gemm_fwd x={x} w={w} BH={t.BH} BW={t.BW} BN={t.BN} BK={t.BK} "
+            report.append(f"gluon conv {p.direction} x={x} w={w} BH={t.BH} BW={t.BW} BN={t.BN} BK={t.BK} "
                           f"KSUB={t.KSUB} STAGES={t.STAGES} warps={ck.metadata.num_warps} "
+                          f"dynamic_smem={ck.metadata.shared} {_cubin_usage(ck)}")
+
+
+GLUON_WGRAD = [  # (x, w, options) of solver 29 (Gluon backward weights, sm_90 only)
+    ((2, 64, 10, 10), (64, 64, 3, 3), dict(padding=1)),                 # BM 64, BN 64: split
+    ((2, 256, 14, 14), (128, 256, 3, 3), dict(padding=1, dtype=F16)),   # BM 128, BN 128, 2 warpgroups
+    ((1, 128, 7, 7), (256, 128, 1, 1), dict()),                         # 1x1, small image
+    ((1, 64, 5, 6), (64, 64, 3, 3), dict(padding=1)),                   # one slice: dw written directly
+]
+
+
+def _gluon_wgrad_attempts(failures: list[str], report: list[str]) -> None:
+    """Compile solver 29's kernel through its plan and report tile, registers and spills."""
+    from nnprim.conv import gluon_conv_wgrad
+    from nnprim.problems.conv import ConvProblem
+    from nnprim.search.random_args import random_args
+    kernel = gluon_conv_wgrad._gluon_wgrad_kernel
+    for x, w, kw in GLUON_WGRAD:
+        kw = dict(kw)
+        p = ConvProblem.create("bwd_weights", x, w, device="cpu", layout="nhwc", dtype=kw.pop("dtype", BF16), **kw)
+        before = {id(ck) for cache in kernel.device_caches.values() for ck in cache[0].values()}
+        try:
+            plan = gluon_conv_wgrad.GluonWgradPlan(p)
+            plan(random_args(p, seed=0))
+        except Exception as e:  # noqa: BLE001 - report every variant that does not compile
+            failures.append(f"gluon_implicit_gemm_bwd_weights on {p.key()}: {type(e).__name__}: {str(e)[:800]}")
+            continue
+        new = [ck for cache in kernel.device_caches.values() for ck in cache[0].values() if id(ck) not in before]
+        for ck in new:
+            t = plan.tile
+            report.append(f"gluon_implicit_gemm_bwd_weights x={x} w={w} BH={t.BH} BW={t.BW} BM={t.BM} BN={t.BN} "
+                          f"STAGES={t.STAGES} split={plan.split} warps={ck.metadata.num_warps} "
                           f"dynamic_smem={ck.metadata.shared} {_cubin_usage(ck)}")
 
 
@@ -295,6 +332,7 @@ def main() -> int:
     _gluon_attempts(failures, gluon_report)
     _gluon_bwd_attempts(failures, gluon_report)
     _gluon_conv_attempts(failures, gluon_report)
+    _gluon_wgrad_attempts(failures, gluon_report)
     print(f"compiled {len(set(names))} kernels ({len(names)} launches) for sm_90 in {time.time() - t0:.0f} s: "
           + ", ".join(sorted(set(names))))
     for line in gluon_report:

@@ -75,3 +75,60 @@ def test_tiles_fit_hopper(x, w):
     # accumulator: at most 128 f32 registers per consumer thread
     assert t.BM * t.BN // (t.warps * 32) <= 128
     assert t.BK <= w[1] or t.BK == 16
+
+
+# ---- solvers 28 (backward data on the same kernel) and 29 (backward weights) ---------------
+@pytest.mark.parametrize("x,w,kw", [
+    ((2, 16, 9, 11), (32, 16, 3, 3), dict(padding=1)),
+    ((1, 16, 8, 7), (16, 16, 5, 3), dict(padding=((2, 1), (0, 2)))),   # asymmetric
+    ((2, 16, 12, 10), (32, 16, 3, 3), dict(padding=(2, 1), dilation=(2, 1))),
+    ((2, 16, 6, 6), (16, 16, 3, 3), dict(padding=0)),
+    ((2, 32, 5, 7), (48, 32, 1, 1), dict(padding=0)),
+])
+def test_backward_data_is_the_forward_view(x, w, kw):
+    """Solver 28 runs the forward of dy with the flipped, channel-swapped filter on the
+    padding forward_view computes: check that identity on CPU in float64."""
+    from nnprim.conv.reference import conv_bwd_data_f64, conv_fwd_f64
+    p = ConvProblem.create("bwd_data", x, w, dtype=torch.float64, layout="nhwc", device="cpu", **kw)
+    fp = gluon_conv.forward_view(p)
+    assert fp.direction == "fwd" and fp.x_shape == p.y_shape and fp.y_shape == p.x_shape
+    g = torch.Generator().manual_seed(0)
+    dy = torch.randn(p.y_shape, generator=g, dtype=torch.float64)
+    wt = torch.randn(p.w_shape, generator=g, dtype=torch.float64)
+    flipped = wt.flip(-1, -2).transpose(0, 1)
+    torch.testing.assert_close(conv_fwd_f64(fp, dy, flipped), conv_bwd_data_f64(p, dy, wt))
+
+
+def test_backward_solvers_registered_and_name_what_they_do_not_cover():
+    s28, s29 = REGISTRY.get(28), REGISTRY.get(29)
+    assert s28.name == "gluon_implicit_gemm_bwd_data" and s28.directions == frozenset({"bwd_data"})
+    assert s29.name == "gluon_implicit_gemm_bwd_weights" and s29.directions == frozenset({"bwd_weights"})
+    assert s28.deterministic and s29.deterministic
+    mk = lambda d, **kw: ConvProblem.create(d, (1, 64, 9, 9), (64, 64, 3, 3),  # noqa: E731
+                                            **(dict(dtype=BF16, layout="nhwc", device="cuda") | kw))
+    assert "stride=(2, 2)" in " | ".join(s28.not_supported_reasons(mk("bwd_data", padding=1, stride=2)))
+    assert "negative padding" in " | ".join(s28.not_supported_reasons(mk("bwd_data", padding=3)))
+    assert "stride=(2, 2)" in " | ".join(s29.not_supported_reasons(mk("bwd_weights", padding=1, stride=2)))
+    assert "layout=nchw" in " | ".join(s29.not_supported_reasons(mk("bwd_weights", padding=1, layout="nchw")))
+
+
+@pytest.mark.parametrize("x,w", [
+    ((128, 64, 56, 56), (64, 64, 3, 3)), ((128, 64, 56, 56), (64, 64, 1, 1)), ((128, 256, 14, 14), (256, 256, 3, 3)),
+    ((128, 512, 7, 7), (512, 512, 3, 3)), ((8, 640, 32, 32), (640, 640, 3, 3)), ((1, 16, 3, 5), (16, 16, 3, 3)),
+    ((2048, 1024, 64, 64), (1024, 1024, 1, 1)),    # the workspace bound caps the split
+])
+def test_wgrad_plan_covers_every_pixel_once(x, w):
+    from nnprim.conv import gluon_conv_wgrad as gw
+    from nnprim.conv.implicit_gemm import geom
+    from nnprim.conv.implicit_gemm_bwd import max_split
+    p = ConvProblem.create("bwd_weights", x, w, dtype=BF16, layout="nhwc", device="cuda", padding=w[-1] // 2)
+    t = gw.tile_config(p)
+    assert t.STAGES >= 3 and t.STAGES * t.stage_bytes() + 2048 <= gluon_conv.SMEM_BYTES
+    assert t.BM * t.BN // (t.warps * 32) <= 128
+    split, tps, units = gw.plan_split(p, t, 132)
+    gm = geom(p)
+    nt = gm.N * -(-gm.out[1] // t.BH) * -(-gm.out[2] // t.BW)
+    assert (split - 1) * tps < nt <= split * tps          # every slice non-empty, all pixels covered
+    assert 1 <= split <= max_split(p)
+    tiles = -(-gm.K // t.BM) * gm.taps * -(-gm.C // t.BN)
+    assert units == tiles * split

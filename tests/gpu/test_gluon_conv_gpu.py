@@ -23,7 +23,7 @@ from gpu_helpers import GLUON_MODULE_MARKS, assert_close
 import nnprim
 from nnprim.args import ConvArgs
 from nnprim.conv import gluon_conv
-from nnprim.conv.reference import _pad_spec, conv_fwd_f64
+from nnprim.conv.reference import _pad_spec, conv_bwd_data_f64, conv_bwd_weights_f64, conv_fwd_f64
 from nnprim.post_ops import Binary, Eltwise, Sum, apply_post_ops
 from nnprim.problems.conv import ConvProblem
 from nnprim.search.solver import REGISTRY
@@ -210,3 +210,108 @@ def test_planned_launch_matches_jit_launch(smoked):
     x3, w3, b3 = case((4, 64, 30, 30), (128, 64, 3, 3), bias=True, seed=5)
     assert torch.equal(plan(ConvArgs(x=x3, w=w3, bias=b3)),
                        gluon_conv.GluonConvPlan(p, planned=False)(ConvArgs(x=x3, w=w3, bias=b3)))
+
+
+# ---- solver 28: stride-1 backward data on the same kernel ----------------------------------
+BWD_SHAPES = [  # (x, w, padding, dilation) of the forward whose backward data is checked
+    ((2, 64, 9, 11), (64, 64, 3, 3), 1, 1),            # C = K = 64
+    ((3, 256, 17, 19), (128, 256, 3, 3), 1, 1),        # dx channels 256 (BN 256), odd tails
+    ((2, 128, 14, 14), (320, 128, 3, 3), 1, 1),        # reduction over K = 320, BN 128 tiles of dx's 128 channels
+    ((4, 256, 15, 13), (64, 256, 1, 1), 0, 1),         # 1x1
+    ((2, 48, 13, 17), (80, 48, 5, 5), ((2, 1), (0, 3)), 1),   # asymmetric padding, C = 48 (K tail in the tile)
+    ((2, 64, 12, 12), (96, 64, 3, 3), 2, 2),           # dilation 2
+    ((2, 64, 10, 10), (64, 64, 3, 3), 0, 1),           # no padding: dx borders from fewer taps
+    ((5, 512, 7, 7), (512, 512, 3, 3), 1, 1),          # small image: BM 64
+    ((16, 64, 56, 56), (64, 64, 3, 3), 1, 1),          # many tiles per SM
+]
+
+
+def run_bwd_checked(x_shape, w_shape, pad, dil, dtype=torch.bfloat16, seed=0):
+    x, w, _ = case(x_shape, w_shape, dtype=dtype, seed=seed)
+    p = ConvProblem.create("bwd_data", x.shape, w.shape, dtype=dtype, layout="nhwc", device=DEV, padding=pad,
+                           dilation=dil)
+    g = torch.Generator(device=DEV).manual_seed(seed + 1)
+    dy = torch.randn(p.y_shape, generator=g, device=DEV).to(dtype).to(memory_format=torch.channels_last)
+    s = REGISTRY.get("gluon_implicit_gemm_bwd_data")
+    assert s.is_applicable(p), s.not_supported_reasons(p)
+    out = torch.full(p.x_shape, float("nan"), dtype=dtype, device=DEV).to(memory_format=torch.channels_last)
+    dx = s.prepare(p)(ConvArgs(dy=dy, w=w), out)
+    assert dx.data_ptr() == out.data_ptr()
+    ref = conv_bwd_data_f64(p, dy, w)
+    # torch's same-dtype result (on the padded input, cropped: it has no asymmetric padding)
+    xp_shape = (x.shape[0], x.shape[1], *(n + a + b for n, (a, b) in zip(x.shape[2:], p.padding)))
+    (top, _), (left, _) = p.padding
+    theirs = torch.nn.grad.conv2d_input(xp_shape, w, dy, dilation=dil)[:, :, top:top + x.shape[2],
+                                                                         left:left + x.shape[3]]
+    assert_close(str(p.key()), dx, theirs, ref)
+    return p, dy, w, dx
+
+
+@pytest.mark.parametrize("x_shape,w_shape,pad,dil", BWD_SHAPES,
+                         ids=[f"{s[1]}-{s[0]}-p{s[2]}-d{s[3]}" for s in BWD_SHAPES])
+def test_backward_data_vs_reference(smoked, x_shape, w_shape, pad, dil):
+    run_bwd_checked(x_shape, w_shape, pad, dil)
+
+
+def test_backward_data_f16_deterministic_and_api(smoked):
+    p, dy, w, dx = run_bwd_checked((3, 128, 15, 17), (192, 128, 3, 3), 1, 1, dtype=torch.float16)
+    inv = REGISTRY.get("gluon_implicit_gemm_bwd_data").prepare(p)
+    for _ in range(3):
+        assert torch.equal(inv(ConvArgs(dy=dy, w=w)), dx)
+    dx_api = nnprim.conv_backward_data(dy, w, p.x_shape, padding=1, solver="gluon_implicit_gemm_bwd_data")
+    assert torch.equal(dx_api, dx)
+
+
+def test_backward_data_not_applicable_reasons():
+    s = REGISTRY.get("gluon_implicit_gemm_bwd_data")
+    mk = lambda **kw: ConvProblem.create("bwd_data", (2, 64, 12, 12), (64, 64, 3, 3), dtype=torch.bfloat16,  # noqa: E731
+                                         layout="nhwc", device=DEV, **kw)
+    assert any("stride" in r for r in s.not_supported_reasons(mk(padding=1, stride=2)))
+    assert any("negative padding" in r for r in s.not_supported_reasons(mk(padding=3)))
+
+
+# ---- solver 29: stride-1 backward weights ----------------------------------------------------
+WGRAD_SHAPES = [  # (x, w, padding, dilation)
+    ((2, 64, 9, 11), (64, 64, 3, 3), 1, 1),            # BM 64 x BN 64, one slice
+    ((8, 256, 17, 19), (128, 256, 3, 3), 1, 1),        # 128 x 128 tiles, split slices, odd tails
+    ((32, 64, 56, 56), (64, 64, 3, 3), 1, 1),          # ResNet stage 1: long reduction, many slices
+    ((16, 512, 7, 7), (512, 512, 3, 3), 1, 1),         # small image
+    ((4, 256, 15, 13), (64, 256, 1, 1), 0, 1),         # 1x1
+    ((2, 48, 13, 17), (80, 48, 5, 5), ((2, 1), (0, 3)), 1),   # asymmetric padding, C/K tails in tiles
+    ((2, 64, 12, 12), (96, 64, 3, 3), 2, 2),           # dilation 2
+]
+
+
+def run_wgrad_checked(x_shape, w_shape, pad, dil, dtype=torch.bfloat16, seed=0):
+    x, w, _ = case(x_shape, w_shape, dtype=dtype, seed=seed)
+    p = ConvProblem.create("bwd_weights", x.shape, w.shape, dtype=dtype, layout="nhwc", device=DEV, padding=pad,
+                           dilation=dil)
+    g = torch.Generator(device=DEV).manual_seed(seed + 1)
+    dy = torch.randn(p.y_shape, generator=g, device=DEV).to(dtype).to(memory_format=torch.channels_last)
+    s = REGISTRY.get("gluon_implicit_gemm_bwd_weights")
+    assert s.is_applicable(p), s.not_supported_reasons(p)
+    out = torch.full(p.w_shape, float("nan"), dtype=dtype, device=DEV).to(memory_format=torch.channels_last)
+    dw = s.prepare(p)(ConvArgs(dy=dy, x=x), out)
+    assert dw.data_ptr() == out.data_ptr()
+    ref = conv_bwd_weights_f64(p, dy, x)
+    xp = F.pad(x, _pad_spec(p))
+    theirs = torch.nn.grad.conv2d_weight(xp, w.shape, dy, dilation=dil)
+    assert_close(str(p.key()), dw, theirs, ref)
+    return p, dy, x, dw
+
+
+@pytest.mark.parametrize("x_shape,w_shape,pad,dil", WGRAD_SHAPES,
+                         ids=[f"{s[1]}-{s[0]}-p{s[2]}-d{s[3]}" for s in WGRAD_SHAPES])
+def test_backward_weights_vs_reference(smoked, x_shape, w_shape, pad, dil):
+    run_wgrad_checked(x_shape, w_shape, pad, dil)
+
+
+def test_backward_weights_f16_deterministic_and_api(smoked):
+    p, dy, x, dw = run_wgrad_checked((8, 128, 20, 20), (128, 128, 3, 3), 1, 1, dtype=torch.float16)
+    inv = REGISTRY.get("gluon_implicit_gemm_bwd_weights").prepare(p)
+    for _ in range(3):
+        assert torch.equal(inv(ConvArgs(dy=dy, x=x)), dw)
+    dw_api = nnprim.conv_backward_weights(dy, x, p.w_shape, padding=1, solver="gluon_implicit_gemm_bwd_weights")
+    assert torch.equal(dw_api, dw)
+    dw_nchw = torch.full(p.w_shape, float("nan"), dtype=dw.dtype, device=DEV)   # not channels-last: copied out
+    assert torch.equal(inv(ConvArgs(dy=dy, x=x), dw_nchw), dw)
