@@ -110,6 +110,7 @@ class GluonTile:
     warps: int     # default (consumer) partition: 4 = one warpgroup, 8 = two
     group_m: int = 8
     epilogue: bool = True
+    epi_bufs: int = 1   # output staging buffers: 2 lets tile i's TMA store drain under tile i+1's epilogue
 
     @property
     def BM(self) -> int:
@@ -119,7 +120,7 @@ class GluonTile:
         return self.KSUB * (self.BM + self.BN) * self.BK * elem
 
     def smem_bytes(self, elem: int = 2) -> int:
-        return self.STAGES * self.stage_bytes(elem) + self.BM * self.BN * elem + 1024   # + epilogue buffer, barriers
+        return self.STAGES * self.stage_bytes(elem) + self.epi_bufs * self.BM * self.BN * elem + 1024   # + barriers
 
 
 def rect(BM: int, OH: int, OW: int) -> tuple[int, int]:
@@ -165,6 +166,12 @@ def tile_config(p: ConvProblem) -> GluonTile:
         stages = min(MAX_STAGES, (SMEM_BYTES - t.smem_bytes() + MAX_STAGES * t.stage_bytes()) // t.stage_bytes())
         # KSUB > 1 only for small stages: it must leave MIN_STAGES and still reach RING_BYTES
         if ksub == 1 or (stages >= MIN_STAGES and stages * t.stage_bytes() >= RING_BYTES):
+            # a second output buffer where the ring keeps MIN_STAGES and RING_BYTES without it
+            # (short reductions, e.g. 1x1 at C=64: one K step per tile, the epilogue dominates)
+            t2 = GluonTile(BH, BW, BN, BK, ksub, MAX_STAGES, warps, epi_bufs=2)
+            s2 = min(MAX_STAGES, (SMEM_BYTES - t2.smem_bytes() + MAX_STAGES * t2.stage_bytes()) // t2.stage_bytes())
+            if s2 >= MIN_STAGES and s2 * t2.stage_bytes() >= RING_BYTES:
+                return GluonTile(BH, BW, BN, BK, ksub, s2, warps, epi_bufs=2)
             return GluonTile(BH, BW, BN, BK, ksub, max(2, stages), warps)
     raise AssertionError("unreachable: KSUB 1 always returns")
 
@@ -243,7 +250,9 @@ if gluon is not None:
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                              instr_shape=[16, BN, 16])
         a2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], dtype)
+        EPI_BUFS: gl.constexpr = c_smem.type.shape[0]
         cnt = 0
+        tcount = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
             n, oh0, ow0, off_n = _tile_coords(t, n_th, n_tw, num_m, num_n, BH, BW, BN, GROUP_M)
             acc = gl.zeros([BM, BN], gl.float32, acc_layout)
@@ -265,10 +274,12 @@ if gluon is not None:
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
             if EPILOGUE:
-                _store_tile(acc, c_smem, y_desc, n, oh0, ow0, off_n, OH, OW, K, syn, syh, syw, bias_ptr,
+                _store_tile(acc, c_smem.index(tcount % EPI_BUFS), y_desc, n, oh0, ow0, off_n, OH, OW, K,
+                            syn, syh, syw, bias_ptr,
                             p0_ptr, p1_ptr, p2_ptr, p3_ptr, p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
                             HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
-                            P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC, BW)
+                            P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC, BW, EPI_BUFS)
+            tcount += 1
         tma.store_wait(0)
 
     @gluon.jit
@@ -278,9 +289,11 @@ if gluon is not None:
                     P0_KIND: gl.constexpr, P0_SUB: gl.constexpr, P0_BC: gl.constexpr,
                     P1_KIND: gl.constexpr, P1_SUB: gl.constexpr, P1_BC: gl.constexpr,
                     P2_KIND: gl.constexpr, P2_SUB: gl.constexpr, P2_BC: gl.constexpr,
-                    P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr, BW: gl.constexpr):
+                    P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr, BW: gl.constexpr,
+                    EPI_BUFS: gl.constexpr):
         """Epilogue of one tile: bias + post-ops on the f32 accumulator, cast, registers ->
-        c_smem (after the previous tile's store has read it) -> TMA store."""
+        c_smem (once the store that last read it has: with EPI_BUFS buffers in turn, at most
+        EPI_BUFS - 1 stores may still be in flight) -> TMA store."""
         acc_layout: gl.constexpr = acc.type.layout
         BM: gl.constexpr = acc.type.shape[0]
         BN: gl.constexpr = acc.type.shape[1]
@@ -297,7 +310,7 @@ if gluon is not None:
                        p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
                        HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
                        P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC)
-        tma.store_wait(0)          # the previous tile's store has left c_smem
+        tma.store_wait(EPI_BUFS - 1)     # the store that last read this buffer is done
         c_smem._reinterpret(dtype, [BM, BN], c2_layout).store(acc.to(dtype))
         fence_async_shared()
         tma.async_copy_shared_to_global(y_desc, [n, oh0, ow0, off_n], c_smem)
@@ -314,7 +327,7 @@ if gluon is not None:
             P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr,
             BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
             KSUB: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr,
-            TRANS_W: gl.constexpr, num_warps: gl.constexpr):
+            TRANS_W: gl.constexpr, EPI_BUFS: gl.constexpr, num_warps: gl.constexpr):
         """Persistent: CTA i runs tiles i, i + grid, ... (see the module docstring)."""
         dtype: gl.constexpr = x_desc.dtype
         n_th = gl.cdiv(OH, BH)
@@ -327,7 +340,7 @@ if gluon is not None:
 
         a_bufs = gl.allocate_shared_memory(dtype, [STAGES * KSUB] + x_desc.block_type.shape, x_desc.layout)
         b_bufs = gl.allocate_shared_memory(dtype, [STAGES * KSUB] + w_desc.block_type.shape, w_desc.layout)
-        c_smem = gl.allocate_shared_memory(dtype, y_desc.block_type.shape, y_desc.layout)
+        c_smem = gl.allocate_shared_memory(dtype, [EPI_BUFS] + y_desc.block_type.shape, y_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
@@ -400,7 +413,7 @@ class GluonConvPlan:
         self.dy = ([gm.N, OH, OW, gm.K], [OH * OW * gm.K, OW * gm.K, gm.K, 1], [1, t.BH, t.BW, t.BN],
                    _nvmma([1, t.BH, t.BW, t.BN], p.dtype))
         self.tail = (*self.scalars, *self.epi.scalars(), *self.epi.constexprs(),
-                     t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, self.bwd)
+                     t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, self.bwd, t.epi_bufs)
         self.launch = None     # the grid needs the device's SM count: planned on the first call
 
     def _launch(self, device: torch.device) -> Launch:
