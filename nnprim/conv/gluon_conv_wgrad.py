@@ -107,7 +107,7 @@ def plan_split(p: ConvProblem, t: WgradTile, sms: int) -> tuple[int, int, int]:
         main = triton.cdiv(tiles * split, sms) * tps * step_us
         if split == 1:
             return main
-        return main + LAUNCH_US + triton.cdiv(split, REDUCE_SLICES) * REDUCE_STEP_US + split * E * 4 / 3e6
+        return main + LAUNCH_US + triton.cdiv(split, REDUCE_SLICES.value) * REDUCE_STEP_US + split * E * 4 / 3e6
 
     split = min(range(1, hi + 1), key=lambda s: (cost(s), s))
     tps = triton.cdiv(nt, split)

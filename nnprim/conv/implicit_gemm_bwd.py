@@ -144,7 +144,7 @@ def _conv_bwd_w_tma_kernel(
         tl.store(out_ptr + off, acc, mask=mask)
 
 
-REDUCE_SLICES: tl.constexpr = 8   # slices loaded per step: one load per step is latency-bound
+REDUCE_SLICES = tl.constexpr(8)   # slices loaded per step: one load per step is latency-bound
 
 
 @triton.jit

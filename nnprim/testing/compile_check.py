@@ -153,6 +153,7 @@ GLUON_WGRAD = [  # (x, w, options) of solver 29 (Gluon backward weights, sm_90 o
     ((2, 256, 14, 14), (128, 256, 3, 3), dict(padding=1, dtype=F16)),   # BM 128, BN 128, 2 warpgroups
     ((1, 128, 7, 7), (256, 128, 1, 1), dict()),                         # 1x1, small image
     ((1, 64, 5, 6), (64, 64, 3, 3), dict(padding=1)),                   # one slice: dw written directly
+    ((16, 128, 28, 28), (128, 128, 3, 3), dict(padding=1)),             # split slices + ordered reduce
 ]
 
 
