@@ -48,7 +48,11 @@ STSM epilogue and one TMA store per 64-column chunk. What the numbers point at i
 benchmarks/gluon_conv_probe.py separates these on the device (JIT vs planned launch,
 host us per call, CUDA-graph time without host cost, variants, epilogue off).
 
-Covers 2-D NHWC bf16/f16 forward, groups 1, stride 1, any dilation, any filter and
+Stride 2 (forward): the x box of a tap is read from the stride phase view x[:, a::2, b::2]
+(a, b = parities of the tap's input offset; one descriptor per phase, `_load_x`), in which
+the strided window is a unit-stride box again, so no gather and no copy.
+
+Covers 2-D NHWC bf16/f16 forward, groups 1, stride 1 or 2 (backward data: 1), any dilation, any filter and
 padding (asymmetric too), C and K multiples of 16 (TMA row alignment), bias and up to
 MAX_POST_OPS post-ops, y in the input dtype, standard (contiguous channels-last) x, w and
 y; other strides are copied (x, w) or the result copied out (y). Needs a CUDA device of
@@ -195,10 +199,35 @@ if gluon is not None:
         return n, th * BH, tw * BW, pid_n * BN
 
     @gluon.jit
-    def _producer(x_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles, n_th, n_tw, num_m, num_n,
-                  n_steps, nk, S, C, K, n_taps, ph, pw, dh, dw,
+    def _load_x(x_desc, x01_desc, x10_desc, x11_desc, n, oh0, ow0, oy, ox, c0, bar, buf,
+                SH: gl.constexpr, SW: gl.constexpr):
+        """The x box of output rows oh0.., columns ow0.. shifted by the tap's input offset
+        (oy, ox) = (r*dh - ph, q*dw - pw). Stride 2 reads the phase view x[:, a::2, b::2]
+        (a, b = the offset's parities) at (oh0 + (oy - a)/2, ..): a unit-stride box again."""
+        if SH == 1 and SW == 1:
+            tma.async_copy_global_to_shared(x_desc, [n, oh0 + oy, ow0 + ox, c0], bar, buf)
+        else:
+            a = oy & (SH - 1)
+            b = ox & (SW - 1)
+            iy = oh0 + (oy - a) // SH
+            ix = ow0 + (ox - b) // SW
+            if a == 0:
+                if b == 0:
+                    tma.async_copy_global_to_shared(x_desc, [n, iy, ix, c0], bar, buf)
+                else:
+                    tma.async_copy_global_to_shared(x01_desc, [n, iy, ix, c0], bar, buf)
+            else:
+                if b == 0:
+                    tma.async_copy_global_to_shared(x10_desc, [n, iy, ix, c0], bar, buf)
+                else:
+                    tma.async_copy_global_to_shared(x11_desc, [n, iy, ix, c0], bar, buf)
+
+    @gluon.jit
+    def _producer(x_desc, x01_desc, x10_desc, x11_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles,
+                  n_th, n_tw, num_m, num_n, n_steps, nk, S, C, K, n_taps, ph, pw, dh, dw,
                   BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                  KSUB: gl.constexpr, GROUP_M: gl.constexpr, TRANS_W: gl.constexpr):
+                  KSUB: gl.constexpr, GROUP_M: gl.constexpr, TRANS_W: gl.constexpr,
+                  SH: gl.constexpr, SW: gl.constexpr):
         """1 warp: for every tile of this CTA and every stage of its reduction, wait for the
         slot to be released, then KSUB (x box, w box) loads onto its ready barrier. Empty
         barriers start 'phase 1 complete', so the first pass waits on parity 1.
@@ -219,8 +248,8 @@ if gluon is not None:
                     c0 = (it - tap * nk) * BK
                     r = tap // S
                     q = tap - r * S
-                    tma.async_copy_global_to_shared(x_desc, [n, oh0 - ph + r * dh, ow0 - pw + q * dw, c0],
-                                                    ready.index(s), a_bufs.index(s * KSUB + u))
+                    _load_x(x_desc, x01_desc, x10_desc, x11_desc, n, oh0, ow0, r * dh - ph, q * dw - pw, c0,
+                            ready.index(s), a_bufs.index(s * KSUB + u), SH, SW)
                     if TRANS_W:
                         tma.async_copy_global_to_shared(w_desc, [c0, (n_taps - 1 - tap) * K + off_n],
                                                         ready.index(s), b_bufs.index(s * KSUB + u))
@@ -317,7 +346,7 @@ if gluon is not None:
 
     @gluon.jit(do_not_specialize=["N", "OH", "OW", "S", "C", "K", "ph", "pw", "dh", "dw", "syn", "syh", "syw"])
     def _gluon_conv_kernel(
-            x_desc, w_desc, y_desc, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+            x_desc, x01_desc, x10_desc, x11_desc, w_desc, y_desc, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
             N, OH, OW, R, S, C, K, ph, pw, dh, dw, syn, syh, syw,
             p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
             HAS_BIAS: gl.constexpr,
@@ -327,7 +356,8 @@ if gluon is not None:
             P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr,
             BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
             KSUB: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr,
-            TRANS_W: gl.constexpr, EPI_BUFS: gl.constexpr, num_warps: gl.constexpr):
+            TRANS_W: gl.constexpr, EPI_BUFS: gl.constexpr, SH: gl.constexpr, SW: gl.constexpr,
+            num_warps: gl.constexpr):
         """Persistent: CTA i runs tiles i, i + grid, ... (see the module docstring)."""
         dtype: gl.constexpr = x_desc.dtype
         n_th = gl.cdiv(OH, BH)
@@ -354,8 +384,9 @@ if gluon is not None:
                          HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
                          P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC,
                          BH, BW, BN, BK, KSUB, GROUP_M, num_warps, EPILOGUE, TRANS_W)),
-            (_producer, (x_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles, n_th, n_tw, num_m, num_n,
-                         n_steps, nk, S, C, K, R * S, ph, pw, dh, dw, BH, BW, BN, BK, KSUB, GROUP_M, TRANS_W)),
+            (_producer, (x_desc, x01_desc, x10_desc, x11_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles,
+                         n_th, n_tw, num_m, num_n, n_steps, nk, S, C, K, R * S, ph, pw, dh, dw,
+                         BH, BW, BN, BK, KSUB, GROUP_M, TRANS_W, SH, SW)),
         ], [1], [24])
 
         for i in gl.static_range(STAGES):
@@ -404,8 +435,11 @@ class GluonConvPlan:
         self.scalars = (gm.N, OH, OW, gm.filt[1], gm.filt[2], gm.C, gm.K, gm.pad[1], gm.pad[2],
                         gm.dil[1], gm.dil[2], OH * OW * gm.K, OW * gm.K, gm.K)
         self.y_shape = (gm.N, OH, OW, gm.K)
-        self.dx = ([gm.N, H, W, gm.C], [H * W * gm.C, W * gm.C, gm.C, 1], [1, t.BH, t.BW, t.BK],
-                   _nvmma([1, t.BH, t.BW, t.BK], p.dtype))
+        # x per stride phase (a, b): the view x[:, a::sh, b::sw] (one phase at stride 1)
+        self.sh, self.sw = sh, sw = gm.stride[1], gm.stride[2]
+        self.phases = [(a, b) for a in range(sh) for b in range(sw)]
+        self.dx = {(a, b): ([gm.N, -(-(H - a) // sh), -(-(W - b) // sw), gm.C], [H * W * gm.C, sh * W * gm.C, sw * gm.C, 1],
+                            [1, t.BH, t.BW, t.BK], _nvmma([1, t.BH, t.BW, t.BK], p.dtype)) for a, b in self.phases}
         if self.bwd:   # p's w [K=gm.C, R, S, C=gm.K] as [gm.C, taps * gm.K]: rows are the reduction
             self.dw = ([gm.C, gm.taps * gm.K], [gm.taps * gm.K, 1], [t.BK, t.BN], _nvmma([t.BK, t.BN], p.dtype))
         else:
@@ -413,7 +447,7 @@ class GluonConvPlan:
         self.dy = ([gm.N, OH, OW, gm.K], [OH * OW * gm.K, OW * gm.K, gm.K, 1], [1, t.BH, t.BW, t.BN],
                    _nvmma([1, t.BH, t.BW, t.BN], p.dtype))
         self.tail = (*self.scalars, *self.epi.scalars(), *self.epi.constexprs(),
-                     t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, self.bwd, t.epi_bufs)
+                     t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, self.bwd, t.epi_bufs, sh, sw)
         self.launch = None     # the grid needs the device's SM count: planned on the first call
 
     def _launch(self, device: torch.device) -> Launch:
@@ -421,6 +455,12 @@ class GluonConvPlan:
             grid = (max(1, min(sm_count(device.index), self.n_tiles)),)
             self.launch = Launch(_gluon_conv_kernel, grid, self.tail, num_warps=self.tile.warps)
         return self.launch
+
+    def _x_descs(self, x: torch.Tensor, make) -> tuple:
+        """The kernel's four x descriptors (phases (0,0), (0,1), (1,0), (1,1)); a phase the
+        strides do not have repeats phase (0,0)'s."""
+        d = {ab: make(x[:, ab[0]::self.sh, ab[1]::self.sw], *self.dx[ab]) for ab in self.phases}
+        return tuple(d.get(ab, d[(0, 0)]) for ab in ((0, 0), (0, 1), (1, 0), (1, 1)))
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
         p = self.p
@@ -436,10 +476,12 @@ class GluonConvPlan:
         if self.planned:   # the descriptors' encoded form is reused per (x, w, y) address
             self._launch(x.device).run_keyed(
                 (x.data_ptr(), w.data_ptr(), y.data_ptr()),
-                lambda: (host_descriptor(x, *self.dx), host_descriptor(w, *self.dw), host_descriptor(y, *self.dy)),
+                lambda: (*self._x_descs(x, host_descriptor), host_descriptor(w, *self.dw),
+                         host_descriptor(y, *self.dy)),
                 *ptrs)
         else:
-            descs = (TensorDescriptor(x, *self.dx), TensorDescriptor(w, *self.dw), TensorDescriptor(y, *self.dy))
+            descs = (*self._x_descs(x, TensorDescriptor), TensorDescriptor(w, *self.dw),
+                     TensorDescriptor(y, *self.dy))
             grid = (max(1, min(sm_count(x.device.index), self.n_tiles)),)
             _gluon_conv_kernel[grid](*descs, *ptrs, *self.tail, num_warps=self.tile.warps)
         if out is not None and not direct:
@@ -461,8 +503,12 @@ def shape_reasons(p: ConvProblem) -> list[str]:
         reasons.append(f"out_dtype {p.out_dtype}: the output must be in the input dtype {p.dtype}")
     if p.groups != 1:
         reasons.append(f"groups={p.groups}: needs groups == 1")
-    if any(s != 1 for s in p.stride):
+    if p.direction != "fwd" and any(s != 1 for s in p.stride):
         reasons.append(f"stride={tuple(p.stride)}: needs stride 1")
+    elif any(s not in (1, 2) for s in p.stride):
+        reasons.append(f"stride={tuple(p.stride)}: needs stride 1 or 2")
+    elif p.ndim == 2 and any(s == 2 and n < 2 for s, n in zip(p.stride, p.in_size)):
+        reasons.append(f"stride 2 over an input size {tuple(p.in_size)} < 2: an empty stride phase")
     if p.C % 16 or p.K % 16:
         reasons.append(f"C={p.C}, K={p.K}: both must be multiples of 16 (TMA row alignment)")
     if p.direction == "bwd_data" and p.ndim == 2:

@@ -82,7 +82,7 @@ class _LayoutChangeBase(Solver):
             reasons.append("serves NCHW problems (NHWC ones run the NHWC solvers directly)")
             return reasons
         twin = nhwc_twin(problem)
-        if not _fast_path(twin):
+        if not _fast_path(twin) and inner_solver(problem).name not in _GLUON.values():
             reasons.append("the NHWC twin has no TMA kernel (f16/bf16, groups 1, 16-byte channel rows, "
                            "stride 1 with a filter or an unpadded 1x1)")
         reasons += [f"NHWC solver: {r}" for r in inner_solver(problem).not_supported_reasons(twin)]

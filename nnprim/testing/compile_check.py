@@ -97,6 +97,10 @@ GLUON_CONV = [  # (x, w, options) of solver 27 (Gluon, sm_90 only): 3x3 C=K=64..
                                             post_ops=(("sum", 0.5), ("eltwise", "gelu_erf", 0.0, 0.0),
                                                       ("binary", "mul", (1, 128, 1, 1)),
                                                       ("eltwise", "silu", 0.0, 0.0)))),
+    # stride 2 (x read per stride phase): 3x3, the 1x1 downsample, dilation 2
+    ((2, 64, 11, 10), (128, 64, 3, 3), dict(padding=1, stride=2)),
+    ((2, 256, 14, 14), (512, 256, 1, 1), dict(stride=2)),
+    ((2, 64, 13, 12), (64, 64, 3, 3), dict(padding=2, dilation=2, stride=(2, 1))),
     # solver 28: stride-1 backward data on the same kernel (filter read transposed, taps flipped)
     ((2, 64, 10, 10), (64, 64, 3, 3), dict(padding=1, direction="bwd_data")),
     ((2, 256, 14, 14), (128, 256, 3, 3), dict(padding=1, direction="bwd_data")),

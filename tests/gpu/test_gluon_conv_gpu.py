@@ -315,3 +315,28 @@ def test_backward_weights_f16_deterministic_and_api(smoked):
     assert torch.equal(dw_api, dw)
     dw_nchw = torch.full(p.w_shape, float("nan"), dtype=dw.dtype, device=DEV)   # not channels-last: copied out
     assert torch.equal(inv(ConvArgs(dy=dy, x=x), dw_nchw), dw)
+
+
+# ---- stride 2 forward (x read per stride phase) ----------------------------------------------
+STRIDE2 = [  # (x, w, padding, dilation, stride)
+    ((4, 128, 28, 28), (256, 128, 3, 3), 1, 1, 2),     # ResNet stage transition
+    ((3, 64, 17, 19), (128, 64, 3, 3), 1, 1, 2),       # odd sizes: phases of different extents
+    ((4, 256, 14, 14), (512, 256, 1, 1), 0, 1, 2),     # 1x1 downsample
+    ((2, 64, 13, 12), (64, 64, 3, 3), 2, 2, (2, 1)),   # dilation 2, stride (2, 1)
+    ((2, 32, 15, 16), (48, 32, 5, 5), ((2, 1), (1, 2)), 1, 2),   # asymmetric padding, BK 32
+    ((2, 64, 2, 3), (64, 64, 3, 3), 1, 1, 2),          # a 2x3 image: one row per phase
+]
+
+
+@pytest.mark.parametrize("x_shape,w_shape,pad,dil,stride", STRIDE2, ids=[f"{s[1]}-{s[0]}-s{s[4]}" for s in STRIDE2])
+def test_forward_stride2_vs_reference(smoked, x_shape, w_shape, pad, dil, stride):
+    x, w, b = case(x_shape, w_shape, bias=True)
+    p = ConvProblem.create("fwd", x.shape, w.shape, dtype=x.dtype, layout="nhwc", device=DEV, padding=pad,
+                           dilation=dil, stride=stride, has_bias=True)
+    s = REGISTRY.get("gluon_implicit_gemm_fwd")
+    assert s.is_applicable(p), s.not_supported_reasons(p)
+    out = torch.full(p.y_shape, float("nan"), dtype=x.dtype, device=DEV).to(memory_format=torch.channels_last)
+    y = s.prepare(p)(ConvArgs(x=x, w=w, bias=b), out)
+    ref = conv_fwd_f64(p, x, w, b, ())
+    theirs = F.conv2d(F.pad(x, _pad_spec(p)), w, b, stride=stride, dilation=dil)
+    assert_close(str(p.key()), y, theirs, ref)
