@@ -412,6 +412,18 @@ def forward_view(p: ConvProblem) -> ConvProblem:
                               layout=p.layout, device=p.device, padding=pads, dilation=p.dilation)
 
 
+def flat_view(p: ConvProblem) -> ConvProblem | None:
+    """A 2-D 1x1, stride-1, unpadded convolution as one image of 1 x N*H*W pixels (None for
+    others): the same GEMM over the same channels-last memory, tiled as flat 128-row
+    blocks instead of rectangles of each image (a 7x7 image fills 49 of a 64-row
+    rectangle; the flat rows waste nothing but the last tile's tail)."""
+    if p.ndim != 2 or p.filter != (1, 1) or any(s != 1 for s in p.stride) \
+            or any(p.pad_before) or any(p.pad_after):
+        return None
+    return ConvProblem.create(p.direction, (1, p.C, 1, p.N * math.prod(p.in_size)), (p.K, p.C, 1, 1),
+                              dtype=p.dtype, layout=p.layout, device=p.device)
+
+
 class GluonConvPlan:
     """Launch of `_gluon_conv_kernel` for one problem (forward, or stride-1 backward data run
     as its `forward_view`); x, w, y as standard channels-last tensors (others are copied).
@@ -425,9 +437,13 @@ class GluonConvPlan:
         self.p = p
         self.bwd = p.direction == "bwd_data"
         fp = forward_view(p)
+        self.epi = plan_epilogue(fp if self.bwd else p)   # the epilogue by the real shapes
+        flat = flat_view(fp)
+        self.flat = flat is not None
+        if self.flat:
+            fp = flat
         self.gm = gm = geom(fp)
         self.tile = t = tile or tile_config(fp)
-        self.epi = plan_epilogue(fp if self.bwd else p)
         self.planned = planned
         H, W = gm.inp[1], gm.inp[2]
         OH, OW = gm.out[1], gm.out[2]
@@ -470,8 +486,14 @@ class GluonConvPlan:
         x, w = contiguous_aligned(x), contiguous_aligned(w)
         direct = (out is not None and out.dtype == p.dtype and out.data_ptr() % 16 == 0
                   and out.permute(0, 2, 3, 1).is_contiguous())
-        y = out.permute(0, 2, 3, 1) if direct else torch.empty(self.y_shape, dtype=p.dtype, device=x.device)
-        y_nchw = y.permute(0, 3, 1, 2)
+        y_phys = out.permute(0, 2, 3, 1) if direct else None
+        if self.flat:   # the same memory as one row of N*H*W pixels
+            x = x.reshape(self.dx[(0, 0)][0])
+            y = y_phys.reshape(self.y_shape) if direct else torch.empty(self.y_shape, dtype=p.dtype, device=x.device)
+            y_nchw = y.view(out_phys_shape(p)).permute(0, 3, 1, 2)
+        else:
+            y = y_phys if direct else torch.empty(self.y_shape, dtype=p.dtype, device=x.device)
+            y_nchw = y.permute(0, 3, 1, 2)
         ptrs = self.epi.pointers(args.bias, args.post_ops, y_nchw)
         if self.planned:   # the descriptors' encoded form is reused per (x, w, y) address
             self._launch(x.device).run_keyed(
@@ -487,6 +509,12 @@ class GluonConvPlan:
         if out is not None and not direct:
             return out.copy_(y_nchw)
         return y_nchw
+
+
+def out_phys_shape(p: ConvProblem) -> tuple[int, ...]:
+    """The channels-last (N, H, W, C) shape of what the plan writes: y (forward), dx (backward data)."""
+    n, c, *sp = p.y_shape if p.direction == "fwd" else p.x_shape
+    return (n, *sp, c)
 
 
 # ---- solver ------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from ..gluon_support import (
 from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import register
-from .gluon_conv import GLUON_VS_SOLVER20, HOST_FLOOR_MS, SMEM_BYTES, _nvmma, rect, shape_reasons
+from .gluon_conv import GLUON_VS_SOLVER20, HOST_FLOOR_MS, SMEM_BYTES, _nvmma, flat_view, rect, shape_reasons
 from .implicit_gemm import _IGemmBase, geom
 from .implicit_gemm_bwd import REDUCE_SLICES, _split_reduce_kernel, max_split
 
@@ -235,8 +235,9 @@ class GluonWgradPlan:
 
     def __init__(self, p: ConvProblem, tile: WgradTile | None = None, sms: int | None = None):
         self.p = p
-        gm = self.gm = geom(p)
-        self.tile = t = tile or tile_config(p)
+        self.gp = flat_view(p) or p    # 1x1: the pixels of all images as one flat row
+        gm = self.gm = geom(self.gp)
+        self.tile = t = tile or tile_config(self.gp)
         self.sms = sms
         H, W = gm.inp[1], gm.inp[2]
         OH, OW = gm.out[1], gm.out[2]
@@ -251,7 +252,7 @@ class GluonWgradPlan:
     def _plan(self, device: torch.device) -> None:
         gm, t = self.gm, self.tile
         sms = self.sms or sm_count(device.index)
-        self.split, tps, units = plan_split(self.p, t, sms)
+        self.split, tps, units = plan_split(self.gp, t, sms)
         direct = self.split == 1
         self.ws_shape = (self.split, gm.K, self.ncol)
         self.launch = Launch(_gluon_wgrad_kernel, (max(1, min(sms, units)),),
@@ -266,13 +267,13 @@ class GluonWgradPlan:
                                   self.ncol, 1, 0, gm.filt[2] * gm.C, gm.C, 1024))
 
     def workspace_bytes(self, device_index: int | None = None) -> int:
-        split = plan_split(self.p, self.tile, self.sms or sm_count(device_index))[0]
+        split = plan_split(self.gp, self.tile, self.sms or sm_count(device_index))[0]
         return 0 if split == 1 else split * self.gm.K * self.ncol * 4
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
         p = self.p
-        dy = contiguous_aligned(args.dy.permute(0, 2, 3, 1))
-        x = contiguous_aligned(args.x.permute(0, 2, 3, 1))
+        dy = contiguous_aligned(args.dy.permute(0, 2, 3, 1)).reshape(self.ddy[0])
+        x = contiguous_aligned(args.x.permute(0, 2, 3, 1)).reshape(self.dx[0])
         if self.launch is None:
             self._plan(dy.device)
         direct_out = (out is not None and out.dtype == p.dtype and out.permute(0, 2, 3, 1).is_contiguous())

@@ -340,3 +340,14 @@ def test_forward_stride2_vs_reference(smoked, x_shape, w_shape, pad, dil, stride
     ref = conv_fwd_f64(p, x, w, b, ())
     theirs = F.conv2d(F.pad(x, _pad_spec(p)), w, b, stride=stride, dilation=dil)
     assert_close(str(p.key()), y, theirs, ref)
+
+
+def test_flat_1x1_with_residual_chain_and_out(smoked):
+    """1x1 layers run as one flat row of N*H*W pixels (flat_view): the epilogue's full-size
+    residual, the per-channel binary and a caller's `out` address the same memory."""
+    x, w, b = case((5, 128, 7, 9), (192, 128, 1, 1), bias=True, seed=3)
+    g = torch.Generator(device=DEV).manual_seed(4)
+    r = torch.randn(5, 192, 7, 9, generator=g, device=DEV).to(torch.bfloat16).to(memory_format=torch.channels_last)
+    ch = (torch.rand(1, 192, 1, 1, generator=g, device=DEV) + 0.5).to(torch.bfloat16)
+    p, _ = run_checked(x, w, b, post_ops=(Sum(r, 1.0), Binary("mul", ch), Eltwise("relu")))
+    assert gluon_conv.GluonConvPlan(p).flat
