@@ -420,8 +420,8 @@ def flat_view(p: ConvProblem) -> ConvProblem | None:
     if p.ndim != 2 or p.filter != (1, 1) or any(s != 1 for s in p.stride) \
             or any(p.pad_before) or any(p.pad_after):
         return None
-    return ConvProblem.create(p.direction, (1, p.C, 1, p.N * math.prod(p.in_size)), (p.K, p.C, 1, 1),
-                              dtype=p.dtype, layout=p.layout, device=p.device)
+    return ConvProblem.create(p.direction, (1, p.C, 1, p.N * math.prod(p.in_size)), (p.K, p.C // p.groups, 1, 1),
+                              dtype=p.dtype, layout=p.layout, device=p.device, groups=p.groups)
 
 
 class GluonConvPlan:
@@ -529,7 +529,7 @@ def shape_reasons(p: ConvProblem) -> list[str]:
         reasons.append(f"dtype {p.dtype}: needs bfloat16 or float16")
     if p.out_dtype != p.dtype:
         reasons.append(f"out_dtype {p.out_dtype}: the output must be in the input dtype {p.dtype}")
-    if p.groups != 1:
+    if p.groups != 1 and p.direction != "bwd_weights":
         reasons.append(f"groups={p.groups}: needs groups == 1")
     if p.direction != "fwd" and any(s != 1 for s in p.stride):
         reasons.append(f"stride={tuple(p.stride)}: needs stride 1")

@@ -16,7 +16,11 @@ across unit boundaries and a consumer warpgroup issuing async wgmma and storing 
 f32 tile: into dw (cast) when there is one slice, else into a workspace [SPLIT, K, taps*C]
 that `_split_reduce_kernel` (solver 22's) sums in slice order: deterministic.
 
-Covers 2-D NHWC bf16/f16, groups 1, stride 1, any dilation/padding/filter, C and K multiples
+Grouped (DIAG): a tile is BM filter rows of whole groups times the BN = BM/Kg*Cg input
+channels of those groups (the block-diagonal tiles of the dense GEMM; ResNeXt g32: 16 groups of
+4x4 per 64 x 64 tile, depthwise 64 groups of 1x1), only the entries within a group stored.
+
+Covers 2-D NHWC bf16/f16, any groups with such a tile, stride 1, any dilation/padding/filter, C and K multiples
 of 16, dw in the input dtype. Hopper + Gluon only (see gluon_support.gluon_reasons)."""
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import register
 from .gluon_conv import GLUON_VS_SOLVER20, HOST_FLOOR_MS, SMEM_BYTES, _nvmma, flat_view, rect, shape_reasons
-from .implicit_gemm import _IGemmBase, geom
+from .implicit_gemm import _IGemmBase, geom, roofline_ms
 from .implicit_gemm_bwd import REDUCE_SLICES, _split_reduce_kernel, max_split
 
 MAX_STAGES = 6
@@ -68,12 +72,26 @@ class WgradTile:
         return (self.BM + self.BN) * self.BP * elem
 
 
+def diag_tile(p: ConvProblem) -> tuple[int, int] | None:
+    """(BM, BN) of the grouped (block-diagonal) mode: BM filter rows holding whole groups
+    and the BN = BM/Kg*Cg input channels of the same groups; None when no such tile is a
+    valid wgmma/TMA shape (BN a power of two in 16..256)."""
+    Kg, Cg = p.K // p.groups, p.C // p.groups
+    for BM in (64, 128):
+        if BM % Kg == 0 and BM // Kg * Cg in (16, 32, 64, 128, 256):
+            return BM, BM // Kg * Cg
+    return None
+
+
 def tile_config(p: ConvProblem) -> WgradTile:
     """BM/BN 128 where K/C reach 128 (else 64), BP 64 pixels (a 7x7 image fills 49 of 64),
-    as many ring stages as fit (at most MAX_STAGES)."""
+    as many ring stages as fit (at most MAX_STAGES). Grouped: `diag_tile`."""
     gm = geom(p)
-    BM = 128 if gm.K >= 128 else 64
-    BN = 128 if gm.C >= 128 else 64
+    if p.groups > 1:
+        BM, BN = diag_tile(p)
+    else:
+        BM = 128 if gm.K >= 128 else 64
+        BN = 128 if gm.C >= 128 else 64
     BH, BW = rect(64, gm.out[1], gm.out[2])
     t = WgradTile(BH, BW, BM, BN, 1)
     stages = min(MAX_STAGES, (SMEM_BYTES - 2048) // t.stage_bytes())
@@ -96,9 +114,9 @@ def plan_split(p: ConvProblem, t: WgradTile, sms: int) -> tuple[int, int, int]:
     slices of at least SLICE_STEPS pixel rectangles."""
     gm = geom(p)
     nt = gm.N * triton.cdiv(gm.out[1], t.BH) * triton.cdiv(gm.out[2], t.BW)
-    tiles = triton.cdiv(gm.K, t.BM) * gm.taps * triton.cdiv(gm.C, t.BN)
+    tiles = triton.cdiv(gm.K, t.BM) * gm.taps * (1 if p.groups > 1 else triton.cdiv(gm.C, t.BN))
     step_us = max(STEP_FLOOR_US, 2 * t.BM * t.BN * t.BP / (600e6 / 132))
-    E = gm.K * gm.taps * gm.C
+    E = gm.K * gm.taps * gm.Cg
     hi = max(1, min(triton.cdiv(8 * sms, tiles), nt // SLICE_STEPS, max_split(p)))
 
     def cost(split: int) -> float:
@@ -120,8 +138,8 @@ if gluon is not None:
 
     @gluon.jit
     def _producer(dy_desc, x_desc, a_bufs, b_bufs, ready, empty, n_units, tiles, nj, ncb, S, tps, nt,
-                  n_th, n_tw, ph, pw, dh, dw, BH: gl.constexpr, BW: gl.constexpr, BM: gl.constexpr,
-                  BN: gl.constexpr):
+                  n_th, n_tw, ph, pw, dh, dw, Kg, Cg, DIAG: gl.constexpr, BH: gl.constexpr, BW: gl.constexpr,
+                  BM: gl.constexpr, BN: gl.constexpr):
         """1 warp: for each unit of this CTA and each pixel rectangle of its slice, a dy box
         and the tap-shifted x box onto the next ring slot."""
         STAGES: gl.constexpr = ready.type.shape[0]
@@ -133,7 +151,10 @@ if gluon is not None:
             pid_k = tile // nj
             pid_j = tile - pid_k * nj
             tap = pid_j // ncb
-            c0 = (pid_j - tap * ncb) * BN
+            if DIAG:   # the input channels of the groups of rows [pid_k*BM, +BM)
+                c0 = (pid_k * BM // Kg) * Cg
+            else:
+                c0 = (pid_j - tap * ncb) * BN
             r = tap // S
             q = tap - r * S
             t_end = gl.minimum(sp * tps + tps, nt)
@@ -152,12 +173,13 @@ if gluon is not None:
                 cnt += 1
 
     @gluon.jit
-    def _consumer(a_bufs, b_bufs, ready, empty, out_ptr, n_units, tiles, nj, ncb, tps, nt, K, C, n_taps,
-                  DIRECT: gl.constexpr, BH: gl.constexpr, BW: gl.constexpr, BM: gl.constexpr,
-                  BN: gl.constexpr, WARPS: gl.constexpr):
+    def _consumer(a_bufs, b_bufs, ready, empty, out_ptr, n_units, tiles, nj, ncb, tps, nt, K, C, Kg, Cg, n_taps,
+                  DIRECT: gl.constexpr, DIAG: gl.constexpr, BH: gl.constexpr, BW: gl.constexpr,
+                  BM: gl.constexpr, BN: gl.constexpr, WARPS: gl.constexpr):
         """Async wgmma over the ring (a slot is released once the next step's wgmma is
         issued and the older ones retired), then the unit's tile to dw or its slice of the
-        workspace ([SPLIT, K, taps*C] f32; dw is [K, taps*C] as well)."""
+        workspace ([SPLIT, K, taps*Cg] f32; dw is [K, taps*Cg] as well). Grouped (DIAG):
+        only the entries whose channel is in the row's group are stored."""
         STAGES: gl.constexpr = ready.type.shape[0]
         BP: gl.constexpr = BH * BW
         dtype: gl.constexpr = a_bufs.dtype
@@ -165,7 +187,7 @@ if gluon is not None:
                                                              instr_shape=[16, BN, 16])
         a2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BP, BM], dtype)
         b2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BP, BN], dtype)
-        ncol = n_taps * C
+        ncol = n_taps * Cg
         cnt = 0
         for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
             sp = u // tiles
@@ -173,7 +195,10 @@ if gluon is not None:
             pid_k = tile // nj
             pid_j = tile - pid_k * nj
             tap = pid_j // ncb
-            c0 = (pid_j - tap * ncb) * BN
+            if DIAG:
+                c0 = (pid_k * BM // Kg) * Cg
+            else:
+                c0 = (pid_j - tap * ncb) * BN
             acc = gl.zeros([BM, BN], gl.float32, acc_layout)
             steps = gl.minimum(sp * tps + tps, nt) - sp * tps
             for st in range(steps):
@@ -190,23 +215,27 @@ if gluon is not None:
             mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
             rk = pid_k * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
             rc = c0 + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
-            mask = (rk < K)[:, None] & (rc < C)[None, :]
-            off = (rk * ncol)[:, None] + (tap * C + rc)[None, :]
+            grp = rk // Kg
+            mask = (rk < K)[:, None] & (rc < C)[None, :] & ((rc // Cg)[None, :] == grp[:, None])
+            off = (rk * ncol - grp * Cg)[:, None] + (tap * Cg + rc)[None, :]
             if DIRECT:
                 gl.store(out_ptr + off, acc.to(out_ptr.dtype.element_ty), mask=mask)
             else:
                 gl.store(out_ptr + sp.to(gl.int64) * K * ncol + off, acc, mask=mask)
 
     @gluon.jit(do_not_specialize=["N", "OH", "OW", "S", "C", "K", "ph", "pw", "dh", "dw", "tps", "split"])
-    def _gluon_wgrad_kernel(dy_desc, x_desc, out_ptr, N, OH, OW, R, S, C, K, ph, pw, dh, dw, tps, split,
-                            DIRECT: gl.constexpr, BH: gl.constexpr, BW: gl.constexpr, BM: gl.constexpr,
-                            BN: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+    def _gluon_wgrad_kernel(dy_desc, x_desc, out_ptr, N, OH, OW, R, S, C, K, Kg, Cg, ph, pw, dh, dw, tps, split,
+                            DIRECT: gl.constexpr, DIAG: gl.constexpr, BH: gl.constexpr, BW: gl.constexpr,
+                            BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
         """Persistent: CTA i runs units i, i + grid, ... (see the module docstring)."""
         dtype: gl.constexpr = dy_desc.dtype
         n_th = gl.cdiv(OH, BH)
         n_tw = gl.cdiv(OW, BW)
         nt = N * n_th * n_tw
-        ncb = gl.cdiv(C, BN)
+        if DIAG:
+            ncb = 1
+        else:
+            ncb = gl.cdiv(C, BN)
         nj = R * S * ncb
         tiles = gl.cdiv(K, BM) * nj
         n_units = tiles * split
@@ -218,10 +247,10 @@ if gluon is not None:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
         gl.warp_specialize([
-            (_consumer, (a_bufs, b_bufs, ready, empty, out_ptr, n_units, tiles, nj, ncb, tps, nt, K, C, R * S,
-                         DIRECT, BH, BW, BM, BN, num_warps)),
+            (_consumer, (a_bufs, b_bufs, ready, empty, out_ptr, n_units, tiles, nj, ncb, tps, nt, K, C, Kg, Cg,
+                         R * S, DIRECT, DIAG, BH, BW, BM, BN, num_warps)),
             (_producer, (dy_desc, x_desc, a_bufs, b_bufs, ready, empty, n_units, tiles, nj, ncb, S, tps, nt,
-                         n_th, n_tw, ph, pw, dh, dw, BH, BW, BM, BN)),
+                         n_th, n_tw, ph, pw, dh, dw, Kg, Cg, DIAG, BH, BW, BM, BN)),
         ], [1], [24])
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
@@ -245,7 +274,7 @@ class GluonWgradPlan:
                     _nvmma([1, t.BH, t.BW, t.BM], p.dtype))
         self.dx = ([gm.N, H, W, gm.C], [H * W * gm.C, W * gm.C, gm.C, 1], [1, t.BH, t.BW, t.BN],
                    _nvmma([1, t.BH, t.BW, t.BN], p.dtype))
-        self.ncol = gm.taps * gm.C
+        self.ncol = gm.taps * gm.Cg
         self.launch = self.reduce = None
         self.split = 0
 
@@ -256,15 +285,16 @@ class GluonWgradPlan:
         direct = self.split == 1
         self.ws_shape = (self.split, gm.K, self.ncol)
         self.launch = Launch(_gluon_wgrad_kernel, (max(1, min(sms, units)),),
-                             (gm.N, gm.out[1], gm.out[2], gm.filt[1], gm.filt[2], gm.C, gm.K, gm.pad[1], gm.pad[2],
-                              gm.dil[1], gm.dil[2], tps, self.split, direct, t.BH, t.BW, t.BM, t.BN, t.STAGES),
+                             (gm.N, gm.out[1], gm.out[2], gm.filt[1], gm.filt[2], gm.C, gm.K, gm.Kg, gm.Cg,
+                              gm.pad[1], gm.pad[2], gm.dil[1], gm.dil[2], tps, self.split, direct, gm.G > 1,
+                              t.BH, t.BW, t.BM, t.BN, t.STAGES),
                              num_warps=t.warps)
         if not direct:
             E = gm.K * self.ncol
             # dw as [K, taps*C]: the reduce kernel's (row, j = tap*C + c) with unit strides per c
             self.reduce = Launch(_split_reduce_kernel, (triton.cdiv(E, 1024),),
-                                 (E, self.ncol, gm.C, gm.filt[1], gm.filt[2], self.split,
-                                  self.ncol, 1, 0, gm.filt[2] * gm.C, gm.C, 1024))
+                                 (E, self.ncol, gm.Cg, gm.filt[1], gm.filt[2], self.split,
+                                  self.ncol, 1, 0, gm.filt[2] * gm.Cg, gm.Cg, 1024))
 
     def workspace_bytes(self, device_index: int | None = None) -> int:
         split = plan_split(self.gp, self.tile, self.sms or sm_count(device_index))[0]
@@ -280,7 +310,7 @@ class GluonWgradPlan:
         if direct_out:
             dw = out
         else:
-            dw = torch.empty((p.K, *p.filter, p.C), dtype=p.dtype, device=dy.device).permute(0, 3, 1, 2)
+            dw = torch.empty((p.K, *p.filter, p.C // p.groups), dtype=p.dtype, device=dy.device).permute(0, 3, 1, 2)
         descs = lambda: (host_descriptor(dy, *self.ddy), host_descriptor(x, *self.dx))  # noqa: E731
         if self.split == 1:
             self.launch.run_keyed((dy.data_ptr(), x.data_ptr()), descs, dw)
@@ -309,13 +339,26 @@ class GluonImplicitGemmBwdWeights(_IGemmBase):
         reasons = super().not_supported_reasons(problem)
         if reasons and reasons[0].startswith("serves"):
             return reasons
+        if problem.groups > 1 and diag_tile(problem) is None:
+            reasons.append(f"groups={problem.groups} with {problem.K // problem.groups} filters and "
+                           f"{problem.C // problem.groups} channels per group: no tile of whole groups "
+                           "(64 or 128 rows, 16-256 channels)")
         return reasons + shape_reasons(problem) + gluon_reasons(problem.device)
 
     def workspace_size(self, problem) -> int:
         return GluonWgradPlan(problem).workspace_bytes(0 if torch.cuda.is_available() else None)
 
     def estimate(self, problem) -> float | None:
-        # priced as solver 27 prices the forward of the same GEMM (same kernel structure)
+        # priced as solver 27 prices the forward of the same GEMM (same kernel structure);
+        # grouped: the block-diagonal tiles' dense work (BM x BN per block of BM rows)
+        if problem.groups > 1:
+            d = diag_tile(problem)
+            if d is None:
+                return None
+            gm = geom(problem)
+            flops = 2.0 * d[0] * d[1] * triton.cdiv(gm.K, d[0]) * gm.taps * gm.N * gm.P
+            est = roofline_ms(flops, problem.bytes(), problem.dtype, 0.7)
+            return max(est * GLUON_VS_SOLVER20, HOST_FLOOR_MS)
         est = super().estimate(problem)
         return None if est is None else max(est * GLUON_VS_SOLVER20, HOST_FLOOR_MS)
 

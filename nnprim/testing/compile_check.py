@@ -158,6 +158,8 @@ GLUON_WGRAD = [  # (x, w, options) of solver 29 (Gluon backward weights, sm_90 o
     ((1, 128, 7, 7), (256, 128, 1, 1), dict()),                         # 1x1, small image
     ((1, 64, 5, 6), (64, 64, 3, 3), dict(padding=1)),                   # one slice: dw written directly
     ((16, 128, 28, 28), (128, 128, 3, 3), dict(padding=1)),             # split slices + ordered reduce
+    ((8, 128, 12, 12), (128, 4, 3, 3), dict(padding=1, groups=32)),     # grouped: block-diagonal tiles
+    ((8, 144, 10, 10), (144, 1, 3, 3), dict(padding=1, groups=144)),    # depthwise
 ]
 
 

@@ -132,3 +132,17 @@ def test_wgrad_plan_covers_every_pixel_once(x, w):
     assert 1 <= split <= max_split(p)
     tiles = -(-gm.K // t.BM) * gm.taps * -(-gm.C // t.BN)
     assert units == tiles * split
+
+
+@pytest.mark.parametrize("C,K,groups,want", [
+    (128, 128, 32, (64, 64)), (144, 144, 144, (64, 64)), (256, 512, 32, (64, 32)), (128, 128, 2, (64, 64)),
+    (256, 256, 2, (128, 128)), (96, 96, 32, None),     # Kg 3 divides neither 64 nor 128
+])
+def test_grouped_wgrad_tiles_hold_whole_groups(C, K, groups, want):
+    from nnprim.conv import gluon_conv_wgrad as gw
+    p = ConvProblem.create("bwd_weights", (2, C, 8, 8), (K, C // groups, 3, 3), dtype=BF16, layout="nhwc",
+                           device="cuda", padding=1, groups=groups)
+    assert gw.diag_tile(p) == want
+    s = REGISTRY.get("gluon_implicit_gemm_bwd_weights")
+    named = " | ".join(s.not_supported_reasons(p))
+    assert ("no tile of whole groups" in named) == (want is None)

@@ -282,10 +282,10 @@ WGRAD_SHAPES = [  # (x, w, padding, dilation)
 ]
 
 
-def run_wgrad_checked(x_shape, w_shape, pad, dil, dtype=torch.bfloat16, seed=0):
+def run_wgrad_checked(x_shape, w_shape, pad, dil, dtype=torch.bfloat16, seed=0, groups=1):
     x, w, _ = case(x_shape, w_shape, dtype=dtype, seed=seed)
     p = ConvProblem.create("bwd_weights", x.shape, w.shape, dtype=dtype, layout="nhwc", device=DEV, padding=pad,
-                           dilation=dil)
+                           dilation=dil, groups=groups)
     g = torch.Generator(device=DEV).manual_seed(seed + 1)
     dy = torch.randn(p.y_shape, generator=g, device=DEV).to(dtype).to(memory_format=torch.channels_last)
     s = REGISTRY.get("gluon_implicit_gemm_bwd_weights")
@@ -295,7 +295,7 @@ def run_wgrad_checked(x_shape, w_shape, pad, dil, dtype=torch.bfloat16, seed=0):
     assert dw.data_ptr() == out.data_ptr()
     ref = conv_bwd_weights_f64(p, dy, x)
     xp = F.pad(x, _pad_spec(p))
-    theirs = torch.nn.grad.conv2d_weight(xp, w.shape, dy, dilation=dil)
+    theirs = torch.nn.grad.conv2d_weight(xp, w.shape, dy, dilation=dil, groups=groups)
     assert_close(str(p.key()), dw, theirs, ref)
     return p, dy, x, dw
 
@@ -351,3 +351,16 @@ def test_flat_1x1_with_residual_chain_and_out(smoked):
     ch = (torch.rand(1, 192, 1, 1, generator=g, device=DEV) + 0.5).to(torch.bfloat16)
     p, _ = run_checked(x, w, b, post_ops=(Sum(r, 1.0), Binary("mul", ch), Eltwise("relu")))
     assert gluon_conv.GluonConvPlan(p).flat
+
+
+GROUPED_WGRAD = [  # (x, w, padding, groups): the block-diagonal tiles
+    ((8, 128, 28, 28), (128, 4, 3, 3), 1, 32),         # ResNeXt g32: 16 groups of 4 x 4 per 64 x 64 tile
+    ((4, 144, 17, 19), (144, 1, 3, 3), 1, 144),        # depthwise, a partial last block (144 = 2*64 + 16)
+    ((4, 256, 14, 14), (512, 8, 3, 3), 1, 32),         # Kg 16, Cg 8: BM 64 x BN 32
+    ((2, 128, 9, 11), (128, 64, 1, 1), 0, 2),          # two groups of 64: plain grouped GEMM, flat 1x1
+]
+
+
+@pytest.mark.parametrize("x_shape,w_shape,pad,groups", GROUPED_WGRAD, ids=[f"g{g[3]}-{g[1]}" for g in GROUPED_WGRAD])
+def test_grouped_backward_weights_vs_reference(smoked, x_shape, w_shape, pad, groups):
+    run_wgrad_checked(x_shape, w_shape, pad, 1, groups=groups)
