@@ -1,12 +1,13 @@
 """Incremental find: a user-db record made before a solver existed (or was enabled) gets
 that solver timed alone, merged in, and the choice made again; fast mode never times;
 solvers that are not candidates are never missing; schema-1 files migrate losslessly."""
+import os
 import sqlite3
 import threading
 import time
 
 import torch
-from search_helpers import PROBLEM, resolve
+from search_helpers import PROBLEM, REAL_FAMILIES, resolve
 
 import nnprim
 from nnprim.search import context, finddb, modes
@@ -71,7 +72,7 @@ def test_not_applicable_disabled_or_interpreted_solvers_are_not_missing(solvers)
     assert missing(PROBLEM, _c()) == []
     assert resolve(PROBLEM).name == "t_a" and off.calls == 0
     modes.enable_families("t_off")  # enabled since the find: now missing
-    modes.disable_families(*__import__("search_helpers").REAL_FAMILIES)
+    modes.disable_families(*REAL_FAMILIES)
     assert [s.name for s in missing(PROBLEM, _c())] == ["t_off"]
     trit = solvers.add(1003, "t_triton")
     type(trit).uses_triton = True  # would run in the Triton interpreter on CPU: never timed
@@ -120,7 +121,6 @@ def test_schema_1_file_migrates_without_losing_records(solvers, clean):
     solvers.add(1000, "t_a", sleep_ms=3)
     solvers.add(1001, "t_b")
     path = finddb.user_db_path()
-    import os
     os.makedirs(os.path.dirname(path), exist_ok=True)
     conn = sqlite3.connect(path)  # a file as nnprim's schema 1 wrote it
     conn.executescript("""
@@ -165,3 +165,29 @@ def test_readonly_schema_1_db_has_no_considered(clean):
     conn.close()
     db = finddb.FindDb(path, readonly=True)
     assert db.considered("cpu:x", "1", "k") is None
+
+
+def test_two_connections_merge_without_losing_records(clean):
+    """Two processes completing one record at once: every solver's record survives."""
+    path = clean / "shared.sqlite"
+    one, two = finddb.FindDb(path), finddb.FindDb(path)
+
+    def rec(sid, t):
+        return finddb.Record("cpu:x", "1", "k", "c", sid, f"s{sid}", "gemm", t, 0, "ok", time.time())
+    one.replace_problem("cpu:x", "1", "k", [rec(1, 2.0)], considered=[1])
+    errs = []
+
+    def work(db, sid):
+        try:
+            for i in range(20):
+                db.merge_problem("cpu:x", "1", "k", [rec(sid, 1.0 + i)], [sid])
+        except Exception as e:  # pragma: no cover - reported below
+            errs.append(e)
+    ts = [threading.Thread(target=work, args=(db, sid)) for db, sid in ((one, 2), (two, 3))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errs
+    assert {r.solver_id for r in two.lookup("cpu:x", "1", "k")} == {1, 2, 3}
+    assert one.considered("cpu:x", "1", "k") == {1, 2, 3}
