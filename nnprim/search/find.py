@@ -30,7 +30,8 @@ invokers (passed in as `prepare`) and remembers the winner.
    order. Everything is cut to fit the budget (NNPRIM_FIND_BUDGET_MS,
    NNPRIM_FIND_MAX_CANDIDATES).
 6. Results go to the user find-db in one transaction, with the ids of every candidate
-   considered; PerfResults come back fastest first."""
+   considered, replacing the problem's records (but those of long-compile solvers that a
+   dynamic_only find skipped); PerfResults come back fastest first."""
 from __future__ import annotations
 
 import logging
@@ -47,7 +48,7 @@ from .modes import SETTINGS
 from .numerics import rel_error, tolerance
 from .random_args import random_args
 from .ranking import heuristic_order, interpreted, not_applicable_error, over_limit, reference_solver
-from .solver import Invoker, Solver
+from .solver import REGISTRY, Invoker, Solver
 from .timing import Timer, interleaved_ms, l2_flusher, l2_policy, once_ms
 
 log = logging.getLogger("nnprim.search")
@@ -175,8 +176,14 @@ def find(problem, prepare: Prepare, c: Constraints, *, tensors=None, exhaustive:
                                               timer)
     if record and records:
         try:
-            finddb.user_db().replace_problem(c.fingerprint, finddb.SOLVER_SET_VERSION, key, records,
-                                             considered=considered)
+            db = finddb.user_db()
+            if dynamic_only and not refind:  # keep the records of the long-compile solvers it skipped
+                redone = {r.solver_id for r in records}
+                kept = [r for r in db.lookup(c.fingerprint, finddb.SOLVER_SET_VERSION, key)
+                        if r.solver_id not in redone and getattr(REGISTRY.find_id(r.solver_id), "long_compile", False)]
+                records = records + kept
+                considered = considered + [r.solver_id for r in kept]
+            db.replace_problem(c.fingerprint, finddb.SOLVER_SET_VERSION, key, records, considered=considered)
         except Exception as e:  # the db is a cache: a failure to record must not fail find
             log.warning("find: could not record results for %s: %s", problem.key(), e)
     log.info("find: selected %s: %.4f ms, workspace %d B", results[0].solver, results[0].time_ms,

@@ -191,3 +191,15 @@ def test_two_connections_merge_without_losing_records(clean):
     assert not errs
     assert {r.solver_id for r in two.lookup("cpu:x", "1", "k")} == {1, 2, 3}
     assert one.considered("cpu:x", "1", "k") == {1, 2, 3}
+
+
+def test_dynamic_hybrid_keeps_the_long_compile_records_it_skips(solvers):
+    solvers.add(1000, "t_long", long_compile=True)
+    nnprim.find(PROBLEM)
+    _new_process()
+    solvers.add(1001, "t_new", sleep_ms=2)
+    modes.set_find_mode("dynamic_hybrid")
+    assert [s.name for s in missing(PROBLEM, _c(), dynamic_only=True)] == ["t_new"]
+    resolve(PROBLEM)
+    assert set(_recs()) == {"t_long", "t_new"}  # the skipped solver's record is not lost
+    assert missing(PROBLEM, _c()) == [] and missing(PROBLEM, _c(), dynamic_only=True) == []
