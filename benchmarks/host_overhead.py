@@ -26,18 +26,24 @@ import nnprim  # noqa: E402
 from nnprim.search.context import context  # noqa: E402
 
 
-def per_call_us(fn, calls: int, repeats: int, sync) -> float:
-    for _ in range(50):
-        fn()
+def per_call_us(fn, calls: int, repeats: int, sync, peer=None) -> tuple[float, float | None]:
+    """Median wall us per call of `fn` (and of `peer`): loops of `calls` calls, the two
+    alternating loop by loop, so that the machine's drift falls on both alike."""
+    fns = [fn] if peer is None else [fn, peer]
+    for f in fns:
+        for _ in range(50):
+            f()
     sync()
-    out = []
+    out: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        out.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(out)
+        for i, f in enumerate(fns):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            sync()
+            out[i].append((time.perf_counter() - t0) / calls * 1e6)
+    meds = [statistics.median(o) for o in out]
+    return meds[0], (meds[1] if peer is not None else None)
 
 
 def main() -> None:
@@ -92,8 +98,7 @@ def main() -> None:
 
     def pair(name, ours, theirs, peer_name):
         with torch.no_grad() if "fwd+bwd" not in name else torch.enable_grad():
-            o = per_call_us(ours, a.calls, a.repeats, sync)
-            t = per_call_us(theirs, a.calls, a.repeats, sync) if theirs is not None else None
+            o, t = per_call_us(ours, a.calls, a.repeats, sync, theirs)
         row = dict(case=name, nnprim_us=round(o, 2), peer=peer_name, peer_us=None if t is None else round(t, 2),
                    ratio=None if t is None else round(o / t, 3))
         rows.append(row)

@@ -529,12 +529,14 @@ PEAK_TFLOPS = {torch.bfloat16: 750.0, torch.float16: 750.0, torch.float32: 50.0}
 PEAK_TBS = 4.2
 
 
-def roofline_ms(problem, efficiency: float) -> float:
+def roofline_ms(problem, efficiency: float, block_m: int = 1) -> float:
     """max(compute, memory) time on an H200-class GPU at `efficiency` of peak, plus a
-    launch overhead; on CPU (interpreter) a slow constant rate."""
+    launch overhead; on CPU (interpreter) a slow constant rate. `block_m`: query rows per
+    tile; a tile computes all of them, so a short Sq (a decode step of 2-8 rows) costs
+    the whole block (decode kernels pack the G*Sq rows of a KV head instead)."""
     if problem.device != "cuda":
         return problem.flops() / 2e7 + 1.0
-    flops = problem.flops()
+    flops = problem.flops() * (math.ceil(problem.Sq / block_m) * block_m / problem.Sq)
     t_c = flops / (PEAK_TFLOPS.get(problem.dtype, 750.0) * 1e12 * efficiency)
     t_m = problem.bytes() / (PEAK_TBS * 1e12 * 0.8)
     # small problems under-fill the 132 SMs: scale by the wave quantisation
@@ -545,6 +547,7 @@ def roofline_ms(problem, efficiency: float) -> float:
 
 
 HOST_FLOOR_MS = 0.04   # flash_fwd's host work per call on the H200 machine (find's clock)
+MIN_BLOCK_M = 64       # query rows of the smallest forward tile on a GPU (configs: 64-128)
 TMA_DESC_BYTES = 128   # one in-kernel TMA descriptor: Triton's global scratch, per program
 
 
@@ -593,8 +596,9 @@ class FlashForward(FlashBase):
         return 3 * TMA_DESC_BYTES * triton.cdiv(problem.Sq, cfg.block_m) * problem.B * problem.Hq
 
     def estimate(self, problem) -> float | None:
-        # at least its host work per call (the system db's fastest flash_fwd call: 0.04 ms)
-        return max(roofline_ms(problem, 0.65), HOST_FLOOR_MS if problem.device == "cuda" else 0.0)
+        # at least its host work per call (the system db's fastest flash_fwd call: 0.04 ms);
+        # query rows padded to the smallest forward tile (a Hopper MMA's 64 rows)
+        return max(roofline_ms(problem, 0.65, MIN_BLOCK_M), HOST_FLOOR_MS if problem.device == "cuda" else 0.0)
 
     def prepare(self, problem):
         return ForwardPlan(problem, configs.choose(problem)[0])

@@ -717,6 +717,14 @@ def winograd_reasons(p: ConvProblem) -> list[str]:
 
 
 # ---- solvers -------------------------------------------------------------------------------------
+def host_floor_ms(problem, launches: int) -> float:
+    """Host work per call on the H200 machine (find's clock): the plan, the allocations and
+    `launches` kernel launches (filter transform and main kernel fused; input transform,
+    GEMM and output transform unfused). The system db's fastest calls: 0.065 ms (fused),
+    0.072 (unfused); without it the small layers' estimates fell to 0.03 ms."""
+    return 0.03 + 0.0133 * launches if problem.device == "cuda" else 0.0
+
+
 class _WinogradBase(Solver):
     family = "winograd"
     primitive = "conv"
@@ -749,7 +757,8 @@ class _WinogradBase(Solver):
             # GEMM, bound these kernels: ~17 (fused F2), ~7 (fused F4), ~35 (unfused) TFLOP/s of GEMM
             rate = min(rate, 35e12 if not self.fused else 17e12 if self.m == 2 else 7e12)
         nbytes = problem.bytes() + post_op_bytes(problem) + 2 * v_bytes + 2 * m_bytes
-        return (gemm_flops / rate + nbytes / 4.2e12) / 0.8 * 1e3 + 0.01
+        t = (gemm_flops / rate + nbytes / 4.2e12) / 0.8 * 1e3 + 0.01
+        return max(t, host_floor_ms(problem, 2 if self.fused else 3))
 
     def prepare(self, problem):
         return WinogradPlan(problem, self.m, self.fused)
@@ -818,7 +827,7 @@ class _WinogradBwdWeights(_WinogradBase):
         gemm_flops = 2.0 * gm.E * nt * gm.G * gm.CI * gm.CO
         rate = {"ieee": 30e12, "tf32x3": 120e12, "tf32": 15e12}[prec]  # tf32: measured on the H200 (system db)
         nbytes = problem.bytes() + 2 * gm.E * nt * gm.G * (gm.CI + gm.CO) * 4
-        return (gemm_flops / rate + nbytes / 4.2e12) / 0.8 * 1e3 + 0.015
+        return max((gemm_flops / rate + nbytes / 4.2e12) / 0.8 * 1e3 + 0.015, host_floor_ms(problem, 3))
 
     def prepare(self, problem):
         return WinogradBwdWeightsPlan(problem, self.m)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from . import finddb, learned
 from .context import for_problem
+from .immediate import usable
 from .modes import SETTINGS
 from .ranking import heuristic_order, skip_reason
 from .solver import REGISTRY
@@ -49,6 +50,11 @@ def rows(problem) -> list[SolverRow]:
             recs.setdefault(r.solver_id, r)
     model = _safe(lambda: learned.model_for(c.fingerprint))
     feats = learned.features(problem.key()) if model is not None else None
+    # ranked together, as immediate mode ranks them (immediate.model_solutions)
+    ranked = [s.id for s in REGISTRY.for_problem(problem) if s.family != "reference"
+              and _safe(lambda s=s: usable(problem, s.id, "explain", c)) is not None]
+    preds = _safe(lambda: model.predict_many(problem.key(), ranked, feats=feats, problem=problem), {}) \
+        if feats is not None else {}
     out = []
     for s in REGISTRY.for_problem(problem):
         reasons = tuple(s.not_supported_reasons(problem))
@@ -61,7 +67,9 @@ def rows(problem) -> list[SolverRow]:
             if s.id in c.exclude:
                 reasons += ("failed at run time in this process",)
         r = recs.get(s.id)
-        pred = _safe(lambda s=s: model.predict(problem.key(), s.id, feats=feats, problem=problem)) if ok and feats else None
+        pred = preds.get(s.id) if ok else None
+        if ok and pred is None and s.id not in preds and feats is not None:
+            pred = _safe(lambda s=s: model.predict(problem.key(), s.id, feats=feats, problem=problem))
         out.append(SolverRow(
             s.id, s.name, s.family, ok, SETTINGS.is_disabled(s.family), reasons,
             _safe(lambda s=s: int(s.workspace_size(problem))) if ok else None,

@@ -3,7 +3,12 @@
 and records them in the find-db; the per-device context (context.py) prepares the
 invokers (passed in as `prepare`) and remembers the winner.
 
-1. A user find-db hit answers without benchmarking (unless `refind=True`).
+1. A user find-db hit answers without benchmarking (unless `refind=True`), unless it is
+   missing solvers (`missing`: applicable candidates now that its finds never considered,
+   e.g. registered by a later nnprim, or enabled since): those alone are timed, on the
+   same path and clock, interleaved with the record's fastest (so that the new times and
+   the one they compete with come from one run), merged into the record
+   (finddb.merge_problem) and the choice is made again over the merged record.
 2. Candidates: applicable solvers whose family is not disabled; the reference family
    only when nothing else remains; `dynamic_only` drops long-compile solvers; a solver
    whose workspace exceeds `workspace_limit` is skipped with the reason logged;
@@ -24,7 +29,9 @@ invokers (passed in as `prepare`) and remembers the winner.
    5% of the fastest gets 3x the rounds again, interleaved with the fastest, to settle the
    order. Everything is cut to fit the budget (NNPRIM_FIND_BUDGET_MS,
    NNPRIM_FIND_MAX_CANDIDATES).
-6. Results go to the user find-db in one transaction; PerfResults come back fastest first."""
+6. Results go to the user find-db in one transaction, with the ids of every candidate
+   considered, replacing the problem's records (but those of long-compile solvers that a
+   dynamic_only find skipped); PerfResults come back fastest first."""
 from __future__ import annotations
 
 import logging
@@ -41,7 +48,7 @@ from .modes import SETTINGS
 from .numerics import rel_error, tolerance
 from .random_args import random_args
 from .ranking import heuristic_order, interpreted, not_applicable_error, over_limit, reference_solver
-from .solver import Invoker, Solver
+from .solver import REGISTRY, Invoker, Solver
 from .timing import Timer, interleaved_ms, l2_flusher, l2_policy, once_ms
 
 log = logging.getLogger("nnprim.search")
@@ -124,6 +131,29 @@ def candidates(problem, c: Constraints, *, dynamic_only: bool = False) -> tuple[
     raise not_applicable_error(problem, workspace_limit=c.workspace_limit, deterministic=c.deterministic)
 
 
+def missing(problem, c: Constraints, dynamic_only: bool = False) -> list[Solver]:
+    """Candidates of `problem` (find's, under `c`) that its user find-db record never
+    considered: registered or enabled since its find. Solvers that are not candidates now
+    (not applicable, disabled, over the workspace limit, not deterministic when asked,
+    Triton in the interpreter, the reference) are never missing. Empty when the user db
+    holds no record of the problem (a full find is due then, not an incremental one)."""
+    db, key = finddb.user_db(), finddb.db_key(problem, c.deterministic)
+    try:
+        recs = db.lookup(c.fingerprint, finddb.SOLVER_SET_VERSION, key)
+        if not recs:
+            return []
+        seen = db.considered(c.fingerprint, finddb.SOLVER_SET_VERSION, key)
+    except Exception as e:  # the db is a cache: unreadable means nothing to add
+        log.debug("find: cannot read the considered solvers of %s: %s", key, e)
+        return []
+    seen = (seen or frozenset()) | {r.solver_id for r in recs}
+    try:
+        cands, _ = candidates(problem, c, dynamic_only=dynamic_only)
+    except NotSupportedError:
+        return []
+    return [s for s in cands if s.id not in seen and s.family != "reference" and not interpreted(s, problem)]
+
+
 def find(problem, prepare: Prepare, c: Constraints, *, tensors=None, exhaustive: bool = False,
          refind: bool = False, dynamic_only: bool = False, record: bool = True,
          progress: Progress | None = None, timer: Timer | None = None) -> list[PerfResult]:
@@ -132,16 +162,28 @@ def find(problem, prepare: Prepare, c: Constraints, *, tensors=None, exhaustive:
     fastest first (see module doc). exhaustive: benchmark every candidate (no
     NNPRIM_FIND_MAX_CANDIDATES cut) with more repeats. `timer`: the clock of the timed
     rounds (tests pass a fake one; see timing.Timer)."""
+    key = finddb.db_key(problem, c.deterministic)
     if not refind:
         hit = from_db(problem, c, dynamic_only)
         if hit:
-            log.info("find: find-db hit for %s: %s %.4f ms", problem.key(), hit[0].solver, hit[0].time_ms)
-            return hit
-    results, records = _benchmark(problem, prepare, c, tensors, exhaustive, dynamic_only, progress, timer)
+            new = missing(problem, c, dynamic_only)
+            if not new:
+                log.info("find: find-db hit for %s: %s %.4f ms", problem.key(), hit[0].solver, hit[0].time_ms)
+                return hit
+            return _add_missing(problem, prepare, c, hit, new, tensors, exhaustive, dynamic_only, record,
+                                progress, timer)
+    results, records, considered = _benchmark(problem, prepare, c, tensors, exhaustive, dynamic_only, progress,
+                                              timer)
     if record and records:
         try:
-            finddb.user_db().replace_problem(c.fingerprint, finddb.SOLVER_SET_VERSION,
-                                             finddb.db_key(problem, c.deterministic), records)
+            db = finddb.user_db()
+            if dynamic_only and not refind:  # keep the records of the long-compile solvers it skipped
+                redone = {r.solver_id for r in records}
+                kept = [r for r in db.lookup(c.fingerprint, finddb.SOLVER_SET_VERSION, key)
+                        if r.solver_id not in redone and getattr(REGISTRY.find_id(r.solver_id), "long_compile", False)]
+                records = records + kept
+                considered = considered + [r.solver_id for r in kept]
+            db.replace_problem(c.fingerprint, finddb.SOLVER_SET_VERSION, key, records, considered=considered)
         except Exception as e:  # the db is a cache: a failure to record must not fail find
             log.warning("find: could not record results for %s: %s", problem.key(), e)
     log.info("find: selected %s: %.4f ms, workspace %d B", results[0].solver, results[0].time_ms,
@@ -149,9 +191,42 @@ def find(problem, prepare: Prepare, c: Constraints, *, tensors=None, exhaustive:
     return results
 
 
-def _benchmark(problem, prepare: Prepare, c: Constraints, tensors, exhaustive, dynamic_only, progress, timer):
+def _add_missing(problem, prepare: Prepare, c: Constraints, hit: list[PerfResult], new: list[Solver], tensors,
+                 exhaustive, dynamic_only, record, progress, timer) -> list[PerfResult]:
+    """Time the `new` solvers of a recorded problem with the record's fastest, merge them into
+    the record, and rank the merged record (see the module doc, 1.)."""
+    log.info("find: %s: timing %s, added since its record (with the recorded fastest %s)", problem.key(),
+             ", ".join(s.name for s in new), hit[0].solver)
+    only = {s.id for s in new} | {hit[0].solver_id}
+    results, records, considered = _benchmark(problem, prepare, c, tensors, exhaustive, dynamic_only, progress,
+                                              timer, only=only)
+    if record:
+        try:
+            finddb.user_db().merge_problem(c.fingerprint, finddb.SOLVER_SET_VERSION,
+                                           finddb.db_key(problem, c.deterministic), records, considered)
+        except Exception as e:
+            log.warning("find: could not record results for %s: %s", problem.key(), e)
+    by_id = {r.solver_id: r for r in hit}
+    for rec in records:  # this run's outcome replaces the recorded one (a failure drops it)
+        by_id.pop(rec.solver_id, None)
+    by_id.update({r.solver_id: r for r in results})
+    merged = sorted(by_id.values(), key=lambda r: (r.time_ms, r.solver_id))
+    if not merged:  # the recorded fastest failed now and nothing new ran: the record as it was
+        return hit
+    log.info("find: selected %s after adding %d solver(s): %.4f ms", merged[0].solver, len(new), merged[0].time_ms)
+    return merged
+
+
+def _benchmark(problem, prepare: Prepare, c: Constraints, tensors, exhaustive, dynamic_only, progress, timer,
+               only: set[int] | None = None):
+    """(results fastest first, records, ids of every candidate considered). `only`: time just
+    these of the candidates (an incremental find: no reference fallback, no error when none
+    succeeds)."""
     t_start = time.perf_counter()
     cands, ref = candidates(problem, c, dynamic_only=dynamic_only)
+    considered = [s.id for s in cands]
+    if only is not None:
+        cands = [s for s in cands if s.id in only]
     if SETTINGS.find_max_candidates is not None and not exhaustive and len(cands) > SETTINGS.find_max_candidates:
         log.info("find: benchmarking the first %d of %d candidates (NNPRIM_FIND_MAX_CANDIDATES)",
                  SETTINGS.find_max_candidates, len(cands))
@@ -235,6 +310,9 @@ def _benchmark(problem, prepare: Prepare, c: Constraints, tensors, exhaustive, d
         records.append(rec(s, t, "ok"))
         results.append(PerfResult(s.name, s.family, t, _workspace(s, problem), s.id))
 
+    if only is not None:
+        results.sort(key=lambda r: (r.time_ms, r.solver_id))
+        return results, records, considered
     if not results and ref is not None and not SETTINGS.is_disabled(ref.family) and ref not in todo:
         log.warning("find: no candidate succeeded for %s; falling back to the reference %s", key, ref.name)
         t, _ = once_ms(lambda: prepare(ref)(args), dev)
@@ -245,7 +323,7 @@ def _benchmark(problem, prepare: Prepare, c: Constraints, tensors, exhaustive, d
         lines += [f"  {r.solver_name} (id {r.solver_id}, {r.family}): {r.status}" for r in records]
         raise NotSupportedError("\n".join(lines))
     results.sort(key=lambda r: (r.time_ms, r.solver_id))
-    return results, records
+    return results, records, considered
 
 
 def _rounds(live: list[tuple[Solver, float]], invokers: dict[int, Invoker], args, dev: str, repeats: int,

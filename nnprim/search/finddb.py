@@ -3,6 +3,11 @@
 One row per (device fingerprint, solver-set version, problem key, solver id):
 class key (for nearest-match), solver name and family, time_ms, workspace bytes,
 status ("ok", "wrong": disagreed with the reference, "failed": raised) and a timestamp.
+Since schema 2 a second table, `considered`, keeps per problem the solver ids its find
+considered (its candidates, timed or cut by the budget), so that a solver registered
+later (or enabled later) is known to be missing from the record and can be timed alone
+(find.missing). Schema-1 files gain the table when opened; their problems have no row
+and count as having considered exactly the solvers they hold records of.
 
 - User db: `$NNPRIM_CACHE_DIR/finddb.sqlite` (default `~/.cache/nnprim`). Many processes
   may read and write at once: WAL journal, a busy timeout, every write one short
@@ -33,7 +38,7 @@ from pathlib import Path
 
 log = logging.getLogger("nnprim.finddb")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SOLVER_SET_VERSION = "1"  # bump when solvers change meaning so that old records are ignored
 DB_NAME = "finddb.sqlite"
 SYSTEM_DB_PATH = Path(__file__).resolve().parent.parent / "data" / "system_finddb.sqlite"
@@ -59,6 +64,15 @@ CREATE TABLE IF NOT EXISTS records (
     PRIMARY KEY (device, solver_set, problem_key, solver_id)
 );
 CREATE INDEX IF NOT EXISTS records_class ON records (device, solver_set, class_key);
+""" + """
+CREATE TABLE IF NOT EXISTS considered (
+    device      TEXT NOT NULL,
+    solver_set  TEXT NOT NULL,
+    problem_key TEXT NOT NULL,
+    solver_ids  TEXT NOT NULL,
+    timestamp   REAL NOT NULL,
+    PRIMARY KEY (device, solver_set, problem_key)
+);
 """
 
 
@@ -78,6 +92,14 @@ class Record:
 
     def row(self) -> tuple:
         return tuple(getattr(self, c) for c in _COLUMNS)
+
+
+def _ids_text(ids) -> str:
+    return ",".join(str(i) for i in sorted({int(i) for i in ids}))
+
+
+def _parse_ids(text: str) -> frozenset[int]:
+    return frozenset(int(v) for v in text.split(",") if v.strip().lstrip("-").isdigit())
 
 
 def _is_busy(e: BaseException) -> bool:
@@ -132,9 +154,14 @@ class FindDb:
             if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                 conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-            if conn.execute("SELECT count(*) FROM sqlite_master WHERE name='records'").fetchone()[0] == 0:
-                conn.executescript(_SCHEMA)  # idempotent (IF NOT EXISTS): safe when processes race
-                conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if not {"records", "considered"} <= tables:
+                # a new file, or a schema-1 file gaining the considered table: additive and
+                # idempotent (IF NOT EXISTS), existing records untouched; safe when processes race
+                conn.executescript(_SCHEMA)
+                old = conn.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone()
+                version = max(SCHEMA_VERSION, int(old[0])) if old and str(old[0]).isdigit() else SCHEMA_VERSION
+                conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
         except BaseException:
             conn.close()
             raise
@@ -283,6 +310,29 @@ class FindDb:
                 "FROM records r GROUP BY device, solver_set, problem_key ORDER BY problem_key").fetchall()
         return self._run(q)
 
+    def considered(self, device: str, solver_set: str, problem_key: str) -> frozenset[int] | None:
+        """The solver ids the last find of a problem considered; None when unknown (a record
+        of schema 1, an import, a db without the table, or records written after the row by
+        a writer that does not keep it)."""
+        def q(c):
+            if c is None:
+                return None
+            try:
+                row = c.execute("SELECT solver_ids, timestamp FROM considered WHERE device=? AND solver_set=? "
+                                "AND problem_key=?", (device, solver_set, problem_key)).fetchone()
+            except sqlite3.OperationalError as e:  # a read-only db of schema 1
+                if "no such table" in str(e):
+                    return None
+                raise
+            if row is None:
+                return None
+            newest = c.execute("SELECT max(timestamp) FROM records WHERE device=? AND solver_set=? AND problem_key=?",
+                               (device, solver_set, problem_key)).fetchone()[0]
+            if newest is not None and newest > row[1]:
+                return None
+            return _parse_ids(row[0])
+        return self._run(q)
+
     def count(self) -> int:
         return self._run(lambda c: 0 if c is None else c.execute("SELECT count(*) FROM records").fetchone()[0])
 
@@ -297,15 +347,44 @@ class FindDb:
         sql = f"INSERT OR REPLACE INTO records ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
         self._run(lambda c: c.executemany(sql, rows), write=True)
 
-    def replace_problem(self, device: str, solver_set: str, problem_key: str, records: list[Record]) -> None:
-        """Atomically replace every record of one problem (a re-find)."""
+    def replace_problem(self, device: str, solver_set: str, problem_key: str, records: list[Record],
+                        considered=None) -> None:
+        """Atomically replace every record of one problem (a re-find); `considered`: the
+        solver ids its find considered (None: unknown, the row is dropped)."""
         sql = f"INSERT OR REPLACE INTO records ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
         rows = [r.row() for r in records]
+        where = (device, solver_set, problem_key)
 
         def op(c):
-            c.execute("DELETE FROM records WHERE device=? AND solver_set=? AND problem_key=?",
-                      (device, solver_set, problem_key))
+            c.execute("DELETE FROM records WHERE device=? AND solver_set=? AND problem_key=?", where)
+            c.execute("DELETE FROM considered WHERE device=? AND solver_set=? AND problem_key=?", where)
             c.executemany(sql, rows)
+            if considered is not None:
+                stamp = max((r.timestamp for r in records), default=time.time())
+                c.execute("INSERT INTO considered VALUES (?, ?, ?, ?, ?)", (*where, _ids_text(considered), stamp))
+        self._run(op, write=True)
+
+    def merge_problem(self, device: str, solver_set: str, problem_key: str, records: list[Record],
+                      considered) -> None:
+        """Atomically add (or replace, per solver) records of one problem and add `considered`
+        to the ids its finds considered (an incremental find: the other records stay)."""
+        sql = f"INSERT OR REPLACE INTO records ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+        rows = [r.row() for r in records]
+        where = (device, solver_set, problem_key)
+
+        def op(c):
+            old = c.execute("SELECT solver_ids, timestamp FROM considered WHERE device=? AND solver_set=? "
+                            "AND problem_key=?", where).fetchone()
+            ids = {int(i) for i in considered}
+            ids |= {r[0] for r in c.execute("SELECT solver_id FROM records WHERE device=? AND solver_set=? "
+                                            "AND problem_key=?", where)}
+            if old is not None:
+                ids |= _parse_ids(old[0])
+            c.executemany(sql, rows)
+            newest = c.execute("SELECT max(timestamp) FROM records WHERE device=? AND solver_set=? "
+                               "AND problem_key=?", where).fetchone()[0]
+            stamp = time.time() if newest is None else newest  # not older than any record (see considered)
+            c.execute("INSERT OR REPLACE INTO considered VALUES (?, ?, ?, ?, ?)", (*where, _ids_text(ids), stamp))
         self._run(op, write=True)
 
     def delete(self, problem_key: str | None = None, device: str | None = None) -> int:
@@ -318,7 +397,11 @@ class FindDb:
             conds.append("device=?")
             params.append(device)
         where = ("WHERE " + " AND ".join(conds)) if conds else ""
-        return self._run(lambda c: c.execute(f"DELETE FROM records {where}", tuple(params)).rowcount, write=True)
+
+        def op(c):
+            c.execute(f"DELETE FROM considered {where}", tuple(params))
+            return c.execute(f"DELETE FROM records {where}", tuple(params)).rowcount
+        return self._run(op, write=True)
 
     def export_json(self, path: str | os.PathLike) -> int:
         recs = self.all()

@@ -155,8 +155,8 @@ def model_solutions(problem, c: Constraints | None = None) -> list[Solution]:
     cands = [s for s in REGISTRY.for_problem(problem)
              if s.family != "reference" and s.is_applicable(problem) and usable(problem, s.id, "model", c) is not None]
     # the reference serves only when nothing else does (the heuristic's last)
-    preds = {s.id: (lambda p: p and p.time_ms)(m.predict(problem.key(), s.id, feats=f, problem=problem))
-             for s in cands}
+    preds = {sid: p and p.time_ms
+             for sid, p in m.predict_many(problem.key(), [s.id for s in cands], feats=f, problem=problem).items()}
     if not any(t is not None for t in preds.values()):
         return []
     placed = learned.place(preds, {s.id: s.estimate(problem) for s in cands})

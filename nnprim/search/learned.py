@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -171,10 +171,12 @@ class Prediction:
     nearest_distance: float
     base_ms: float = 0.0      # the solver's own estimate (or the roofline) the correction scales
     confidence: float = 1.0   # share of the correction from the neighbours (the rest: the solver's mean)
+    shared: float = 0.0       # share of the correction taken from the other solvers' (predict_many)
 
     def why(self) -> str:
+        also = f", {self.shared:.0%} from the other solvers' correction" if self.shared >= 0.005 else ""
         return (f"base {self.base_ms:.4g} ms x correction from {self.neighbours} nearest records "
-                f"({self.confidence:.0%}), nearest {self.nearest_key} at distance {self.nearest_distance:.2f}")
+                f"({self.confidence:.0%}{also}), nearest {self.nearest_key} at distance {self.nearest_distance:.2f}")
 
 
 def base_ms(key: str, solver_id: int, feats: Features | None = None, problem=None) -> float | None:
@@ -249,10 +251,50 @@ class Model:
 
     def predict(self, key: str, solver_id: int, *, exclude_key: str | None = None,
                 feats: Features | None = None, problem=None, exclude=None) -> Prediction | None:
-        """Time of `solver_id` on the problem of `key` (`problem` saves rebuilding it): its
-        base (`base_ms`) times exp of the neighbours' log corrections, shrunk towards the
-        solver's mean correction in the group when all neighbours are far; None when the
-        group holds no record of the solver (or it has no base). `exclude_key` / `exclude`
+        """The solver's prediction on its own records alone (see _raw); immediate mode ranks
+        with predict_many."""
+        got = self._raw(key, solver_id, exclude_key=exclude_key, feats=feats, problem=problem, exclude=exclude)
+        if got is None:
+            return None
+        pred, raw, trust = got
+        return replace(pred, time_ms=pred.base_ms * math.exp(raw * trust))
+
+    def predict_many(self, key: str, solver_ids, *, feats: Features | None = None, problem=None,
+                     exclude=None) -> dict[int, Prediction | None]:
+        """Predictions of several solvers of one problem, ranked against each other. A solver
+        whose own records are farther than the others' (its trust below their mean trust)
+        takes that difference of trust from the others' mean correction instead of shrinking
+        it towards its bare estimate: the records of a problem region share what no estimate
+        sees (the machine's host speed near the host floor), and a solver never recorded
+        there must not look faster merely because its estimate went uncorrected (a Gluon
+        kernel's bare floor against flash_fwd's measured one). Solvers recorded alike keep
+        their own corrections."""
+        f = feats or features(key)
+        raws = {sid: self._raw(key, sid, feats=f, problem=problem, exclude=exclude) if f is not None else None
+                for sid in solver_ids}
+        out: dict[int, Prediction | None] = {}
+        for sid, got in raws.items():
+            if got is None:
+                out[sid] = None
+                continue
+            pred, raw, trust = got
+            others = [(g[2], g[1]) for o, g in raws.items() if o != sid and g is not None]  # (trust, correction)
+            tsum = sum(t for t, _ in others)
+            shared, common = 0.0, 0.0
+            if tsum > 0:
+                common = sum(t * r for t, r in others) / tsum
+                shared = max(0.0, sum(t * t for t, _ in others) / tsum - trust)
+            corr = trust * raw + shared * common
+            out[sid] = replace(pred, time_ms=pred.base_ms * math.exp(corr), shared=shared)
+        return out
+
+    def _raw(self, key: str, solver_id: int, *, exclude_key: str | None = None,
+             feats: Features | None = None, problem=None, exclude=None) -> tuple[Prediction, float, float] | None:
+        """(prediction, correction, trust) of `solver_id` on the problem of `key` (`problem`
+        saves rebuilding it): its base (`base_ms`) times exp of the neighbours' log corrections
+        (the solver's mean correction in the group when all neighbours are far), times `trust`
+        (wsum / (wsum + SHRINK_WEIGHT): far neighbours, back towards the estimate); None when
+        the group holds no record of the solver (or it has no base). `exclude_key` / `exclude`
         (a set of keys) leave records out (validation)."""
         f = feats or features(key)
         if f is None:
@@ -277,10 +319,10 @@ class Model:
         w = 1.0 / (_WEIGHT_EPS + d[idx]) ** 2
         wsum = float(w.sum())
         corr = (float((w * tab.r[idx]).sum()) + PRIOR_WEIGHT * prior) / (wsum + PRIOR_WEIGHT)
-        corr *= wsum / (wsum + SHRINK_WEIGHT)   # far neighbours: back towards the estimate
+        trust = wsum / (wsum + SHRINK_WEIGHT)   # far neighbours: back towards the estimate
         nearest = int(np.argmin(d))
-        return Prediction(base * math.exp(corr), len(idx), tab.keys[nearest], float(d[nearest]), base,
-                          wsum / (wsum + PRIOR_WEIGHT))
+        return (Prediction(base * math.exp(corr * trust), len(idx), tab.keys[nearest], float(d[nearest]), base,
+                           wsum / (wsum + PRIOR_WEIGHT)), corr, trust)
 
 
 # ---- the model of the current dbs -----------------------------------------------------------
@@ -403,8 +445,8 @@ def leave_one_out(records, k: int = K_NEIGHBOURS) -> dict:
         f = features(key)
         placed = {}
         if exclude is not None and f is not None:
-            placed = place({s: (lambda p: p and p.time_ms)(model.predict(key, s, feats=f, exclude=exclude))
-                            for s in times}, est)
+            placed = place({s: p and p.time_ms
+                            for s, p in model.predict_many(key, list(times), feats=f, exclude=exclude).items()}, est)
         ranked = {s: t for s, (t, _) in placed.items()} if placed else \
             {s: e if e is not None and e >= 0 else math.inf for s, e in est.items()}
         if all(math.isinf(t) for t in ranked.values()):

@@ -5,9 +5,10 @@
   fast            immediate mode: user db, system db, the learned model (learned.py),
                   nearest record of the same class, else the heuristic (estimate)
                   ranking; never benchmarks
-  hybrid          user or system db hit, else find (the default)
+  hybrid          user or system db hit, else find (the default); a user-db record
+                  missing solvers added since its find gets those timed (find.missing)
   dynamic_hybrid  like hybrid, but a find skips solvers with long compilation
-  normal          find (the user db answers a repeated find)
+  normal          find (the user db answers a repeated find, adding missing solvers)
 
 While a CUDA graph is being captured nothing may be benchmarked: every mode answers as
 `fast` does, and `Decision.would_find` tells the caller that a find was skipped.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from .find import Prepare, find
+from .find import Prepare, find, missing
 from .immediate import Constraints, db_solutions, get_solutions
 from .modes import SETTINGS
 from .ranking import heuristic_order, interpreter_only, not_applicable_error
@@ -58,7 +59,9 @@ def select(problem, c: Constraints, prepare: Prepare, *, args=None, capturing: b
     else:
         if mode in ("hybrid", "dynamic_hybrid"):
             sols = db_solutions(problem, c)
-            if sols:
+            # a user-db record missing solvers added since its find: find times those alone
+            if sols and not (sols[0].source == "user-db"
+                             and missing(problem, c, dynamic_only=mode == "dynamic_hybrid")):
                 pick = REGISTRY.get(sols[0].solver_id), sols[0].source
         if pick is None and interpreter_only(problem, workspace_limit=c.workspace_limit,
                                              deterministic=c.deterministic, exclude=c.exclude):

@@ -16,6 +16,7 @@
 - The clock is injectable (`timer=`): tests rank fake candidates with a fake clock."""
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -170,7 +171,12 @@ def interleaved_samples(fns: Sequence[Callable[[], object]], device: str, *, rou
                         flush: Callable[[], None] | None = None, timer: Timer | None = None) -> list[list[float]]:
     """Every run's ms of each of `fns` over `rounds` rounds (one run of each per round) after
     `warmup` runs of each. The order within a round rotates from round to round, so that no
-    candidate always runs first or after the same neighbour. With a budget and the
+    candidate always runs first; every n rounds (n candidates, each first once) the cycle is
+    reshuffled (seeded), so that no candidate always runs after the same neighbour either: a
+    rotation alone keeps neighbours, and a run right after the same kernel on the same data
+    (warm L2, warm caches) beat its twin that always followed a workspace-heavy candidate
+    by 2-9 us on the H200 (results/regret_2026-12-01_run2.json: the default call against
+    forcing the solver it chose). With a budget and the
     candidates' first times, rounds are cut so that about `budget_ms` is spent (at least one
     round)."""
     if not fns:
@@ -200,8 +206,11 @@ def interleaved_samples(fns: Sequence[Callable[[], object]], device: str, *, rou
     elif warmup:
         timer(fns, flush)  # a fake clock sees the warm-up too, and discards it
     times: list[list[float]] = [[] for _ in fns]
+    base, rng = list(range(n)), random.Random(n)
     for r in range(rounds):
-        order = [(r + i) % n for i in range(n)]
+        if r and r % n == 0 and n > 2:
+            rng.shuffle(base)  # a new cycle of neighbours (see the docstring)
+        order = [base[(r + i) % n] for i in range(n)]
         clock = timer or default_timer(device, [leads[i] for i in order])
         for i, t in zip(order, clock([fns[i] for i in order], flush)):
             times[i].append(t)

@@ -380,3 +380,15 @@ def test_separate_dkdv_dropout_masks():
     grads = flash_bwd.flash_backward(p, a, configs.choose(p)[1], split="separate", out=out)
     for g_, r in zip(grads, reference_backward(p, a)):
         assert rel_err(g_, r) < BWD_TOL[torch.bfloat16]
+
+
+def test_forward_estimate_counts_the_padded_query_block():
+    """A 4-row decode step through flash_fwd computes whole 64-row tiles: 4 rows cost as
+    much as 64 (decode_split_k packs the rows of a KV head group instead)."""
+    s = REGISTRY.get("flash_fwd")
+
+    def est(sq):
+        return s.estimate(AttentionProblem(direction="fwd", B=4, Hq=32, Hkv=8, Sq=sq, Sk=5000, D=128, Dv=128,
+                                           dtype=torch.bfloat16, device="cuda", causal="bottom_right"))
+    assert est(4) > flash_fwd.HOST_FLOOR_MS
+    assert est(4) == pytest.approx(est(64), rel=0.1)

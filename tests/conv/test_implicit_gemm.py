@@ -317,3 +317,19 @@ def test_default_plans_use_tma_when_eligible():
             assert inv.tma, (xs, sid)
             check(lambda p, a, out, inv=inv: inv(a, out), p)
             assert s.workspace_size(p) >= 0
+
+
+def test_estimate_host_floor_and_nchw_gathers_in_every_direction():
+    """A tiny CUDA layer costs at least the call's host work; NCHW is indexed natively with
+    channel-strided gathers, forward too (a stride-2 NCHW conv1d measured 6-11x its old
+    estimate on the H200, the NHWC twin ~1x)."""
+    s = REGISTRY.get("implicit_gemm_fwd")
+    tiny = ConvProblem.create("fwd", (1, 8, 8, 8), (8, 8, 3, 3), dtype=torch.bfloat16, padding=1, device="cuda",
+                              layout="nhwc")
+    assert s.estimate(tiny) == ig.HOST_FLOOR_MS
+    cpu = ConvProblem.create("fwd", (1, 8, 8, 8), (8, 8, 3, 3), dtype=torch.float32, padding=1)
+    assert s.estimate(cpu) < ig.HOST_FLOOR_MS
+    kw = dict(dtype=torch.bfloat16, stride=2, padding=1, device="cuda")
+    nchw = ConvProblem.create("fwd", (16, 384, 3000), (384, 384, 3), layout="nchw", **kw)
+    nhwc = ConvProblem.create("fwd", (16, 384, 3000), (384, 384, 3), layout="nhwc", **kw)
+    assert s.estimate(nchw) > 2.5 * s.estimate(nhwc)

@@ -162,3 +162,11 @@ def test_registered_switchable_and_explained(capsys):
     nnprim.explain(p)
     out = capsys.readouterr().out
     assert "winograd_f4_nonfused_fwd" in out and "fft_fwd" in out
+
+
+def test_estimate_host_floor_counts_launches():
+    """On CUDA a tiny layer costs at least the host work of its launches: more unfused."""
+    kw = dict(dtype=torch.bfloat16, padding=1, device="cuda", layout="nhwc")
+    p = ConvProblem.create("bwd_data", (1, 16, 8, 8), (16, 16, 3, 3), **kw)
+    fused, unfused = REGISTRY.get("winograd_f4_bwd_data"), REGISTRY.get("winograd_f4_nonfused_bwd_data")
+    assert fused.estimate(p) == wg.host_floor_ms(p, 2) < unfused.estimate(p) == wg.host_floor_ms(p, 3)

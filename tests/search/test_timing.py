@@ -133,3 +133,20 @@ def test_find_ranks_with_a_fake_clock_through_the_call_path(solvers, monkeypatch
     assert [r.solver for r in res] == ["t_b", "t_a"]
     assert [r.time_ms for r in res] == [1.0, 2.0]
     assert a.calls > 0 and b.calls > 0
+
+
+def test_neighbours_vary_so_no_candidate_always_follows_the_same_one():
+    """A run right after candidate 0 (the same kernel on the same data: warm caches) is 1 ms
+    faster; with a rotation alone candidate 1 would always follow 0 and always gain."""
+    def clock(fns, flush):
+        out, prev = [], None
+        for fn in fns:
+            out.append(fn() - (1.0 if prev is fns_[0] else 0.0))
+            prev = fn
+        return out
+
+    fns_ = [lambda: 5.0, lambda: 5.0, lambda: 5.0, lambda: 5.0]
+    samples = timing.interleaved_samples(fns_, "cpu", rounds=24, warmup=0, timer=clock)
+    gains = [sum(5.0 - t for t in s) for s in samples]
+    assert gains[0] == 0.0 and max(gains[1:]) < 24 * 0.75  # nobody follows candidate 0 every round
+    assert [sum(1 for t in s) for s in samples] == [24] * 4
