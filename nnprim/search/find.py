@@ -131,13 +131,13 @@ def candidates(problem, c: Constraints, *, dynamic_only: bool = False) -> tuple[
     raise not_applicable_error(problem, workspace_limit=c.workspace_limit, deterministic=c.deterministic)
 
 
-def missing(problem, c: Constraints, dynamic_only: bool = False) -> list[Solver]:
-    """Candidates of `problem` (find's, under `c`) that its user find-db record never
-    considered: registered or enabled since its find. Solvers that are not candidates now
-    (not applicable, disabled, over the workspace limit, not deterministic when asked,
-    Triton in the interpreter, the reference) are never missing. Empty when the user db
-    holds no record of the problem (a full find is due then, not an incremental one)."""
-    db, key = finddb.user_db(), finddb.db_key(problem, c.deterministic)
+def missing(problem, c: Constraints, dynamic_only: bool = False, db: finddb.FindDb | None = None) -> list[Solver]:
+    """Candidates of `problem` (find's, under `c`) that its find-db record (the user db's,
+    or `db`'s) never considered: registered or enabled since its find. Solvers that are not
+    candidates now (not applicable, disabled, over the workspace limit, not deterministic
+    when asked, Triton in the interpreter, the reference) are never missing. Empty when the
+    db holds no record of the problem (a full find is due then, not an incremental one)."""
+    db, key = db or finddb.user_db(), finddb.db_key(problem, c.deterministic)
     try:
         recs = db.lookup(c.fingerprint, finddb.SOLVER_SET_VERSION, key)
         if not recs:
@@ -152,6 +152,29 @@ def missing(problem, c: Constraints, dynamic_only: bool = False) -> list[Solver]
     except NotSupportedError:
         return []
     return [s for s in cands if s.id not in seen and s.family != "reference" and not interpreted(s, problem)]
+
+
+def adopt_system_record(problem, c: Constraints) -> bool:
+    """Copy the system db's record of `problem` (its solvers' times and what its find
+    considered) into the user db, so that an incremental find can add the solvers the
+    shipped db predates (they are timed with the record's fastest, on this machine). False
+    when there is no system record or the user db already has one."""
+    sysdb, key = finddb.system_db(), finddb.db_key(problem, c.deterministic)
+    if sysdb is None:
+        return False
+    user = finddb.user_db()
+    try:
+        if user.lookup(c.fingerprint, finddb.SOLVER_SET_VERSION, key):
+            return False
+        recs = sysdb.lookup(c.fingerprint, finddb.SOLVER_SET_VERSION, key)
+        if not recs:
+            return False
+        seen = sysdb.considered(c.fingerprint, finddb.SOLVER_SET_VERSION, key) or frozenset()
+        user.merge_problem(c.fingerprint, finddb.SOLVER_SET_VERSION, key, recs, seen)
+    except Exception as e:  # the dbs are caches: then a full find runs instead
+        log.warning("find: could not adopt the system record of %s: %s", problem.key(), e)
+        return False
+    return True
 
 
 def find(problem, prepare: Prepare, c: Constraints, *, tensors=None, exhaustive: bool = False,

@@ -5,8 +5,9 @@
   fast            immediate mode: user db, system db, the learned model (learned.py),
                   nearest record of the same class, else the heuristic (estimate)
                   ranking; never benchmarks
-  hybrid          user or system db hit, else find (the default); a user-db record
-                  missing solvers added since its find gets those timed (find.missing)
+  hybrid          user or system db hit, else find (the default); a record missing
+                  solvers added since its find gets those timed (find.missing; a system
+                  record is copied into the user db first, find.adopt_system_record)
   dynamic_hybrid  like hybrid, but a find skips solvers with long compilation
   normal          find (the user db answers a repeated find, adding missing solvers)
 
@@ -20,7 +21,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from .find import Prepare, find, missing
+from . import finddb
+from .find import Prepare, adopt_system_record, find, missing
 from .immediate import Constraints, db_solutions, get_solutions
 from .modes import SETTINGS
 from .ranking import heuristic_order, interpreter_only, not_applicable_error
@@ -59,9 +61,13 @@ def select(problem, c: Constraints, prepare: Prepare, *, args=None, capturing: b
     else:
         if mode in ("hybrid", "dynamic_hybrid"):
             sols = db_solutions(problem, c)
-            # a user-db record missing solvers added since its find: find times those alone
-            if sols and not (sols[0].source == "user-db"
-                             and missing(problem, c, dynamic_only=mode == "dynamic_hybrid")):
+            dyn = mode == "dynamic_hybrid"
+            # a record missing solvers added since its find: find times those alone (a system
+            # record is first copied into the user db, where the merged record then lives)
+            if sols and sols[0].source == "system-db" and missing(problem, c, dyn, db=finddb.system_db()):
+                if not adopt_system_record(problem, c):
+                    sols = []
+            elif sols and not (sols[0].source == "user-db" and missing(problem, c, dynamic_only=dyn)):
                 pick = REGISTRY.get(sols[0].solver_id), sols[0].source
         if pick is None and interpreter_only(problem, workspace_limit=c.workspace_limit,
                                              deterministic=c.deterministic, exclude=c.exclude):

@@ -203,3 +203,24 @@ def test_dynamic_hybrid_keeps_the_long_compile_records_it_skips(solvers):
     resolve(PROBLEM)
     assert set(_recs()) == {"t_long", "t_new"}  # the skipped solver's record is not lost
     assert missing(PROBLEM, _c()) == [] and missing(PROBLEM, _c(), dynamic_only=True) == []
+
+
+def test_system_record_missing_a_solver_is_adopted_and_completed(solvers, tmp_path, monkeypatch):
+    """A shipped system record made before a solver existed: hybrid copies it into the user
+    db and times only the new solver with the recorded fastest (not a full find)."""
+    solvers.add(1000, "t_a", sleep_ms=4)
+    slow = solvers.add(1001, "t_b", sleep_ms=8)
+    nnprim.find(PROBLEM)
+    system = finddb.user_db_path()             # this db becomes the "shipped" one
+    _new_process()
+    monkeypatch.setenv("NNPRIM_SYSTEM_DB", system)
+    monkeypatch.setenv("NNPRIM_CACHE_DIR", str(tmp_path / "fresh-cache"))
+    assert resolve(PROBLEM).name == "t_a" and not _recs()   # the system record answers as is
+    _new_process()
+    new = solvers.add(1002, "t_new")
+    slow_calls = slow.calls
+    assert resolve(PROBLEM).name == "t_new"
+    assert slow.calls == slow_calls and new.calls > 0        # incremental, not a full find
+    assert set(_recs()) == {"t_a", "t_b", "t_new"}           # the merged record lives in the user db
+    fp = finddb.device_fingerprint("cpu")
+    assert len(finddb.system_db().lookup(fp, finddb.SOLVER_SET_VERSION, PROBLEM.key())) == 2   # untouched
