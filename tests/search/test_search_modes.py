@@ -115,7 +115,8 @@ def test_mode_normal_ignores_system_db_hybrid_uses_it(solvers, clean, monkeypatc
     b = solvers.add(1001, "t_b", sleep_ms=5)
     sys_path = clean / "system.sqlite"
     w = finddb.FindDb(sys_path)
-    w.write([_record(PROBLEM, 1001, "t_b", 0.001)])
+    # both candidates recorded (a system record lacking one gets it timed: test_incremental_find)
+    w.write([_record(PROBLEM, 1001, "t_b", 0.001), _record(PROBLEM, 1000, "t_a", 0.01)])
     w._connection().execute("PRAGMA journal_mode=DELETE")
     w.close()
     monkeypatch.setenv("NNPRIM_SYSTEM_DB", str(sys_path))
