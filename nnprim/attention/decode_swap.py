@@ -47,61 +47,63 @@ _MAX_MX = 128    # columns of an expanded tile (BLOCK_M * BNG): the MMA's N
 # ---- code conversion --------------------------------------------------------------
 
 
-def _asm4m(dot: str, signed: bool) -> str:
-    """PTX: 2 bytes of packed 4-bit codes ($2, 16 bits) -> their low nibbles ($0) and high
-    nibbles ($1) as the exact 16-bit floats OFF + code, two per register (bf16 0x4300 | n =
-    128 + n, f16 0x6400 | n = 1024 + n; s4 flips bit 3: 136 + c / 1032 + c). Two bytes per
-    call is what one thread holds per MMA A-operand register pair, so no repacking; no bias
-    fma: the kernel folds OFF into the zero-point term."""
+def _asm_nib(dot: str, flip_lo: bool, flip_hi: bool) -> str:
+    """PTX: 2 bytes ($2, 16 bits) -> their low nibbles ($0) and high nibbles ($1) as exact
+    16-bit floats M + n, two per register (bf16 0x4300 | n = 128 + n, f16 0x6400 | n = 1024 + n),
+    bit 3 of a nibble flipped where asked (s4: both, the two's complement sign; s8: the high
+    nibble). Two bytes is what one thread holds per A-operand register pair of the MMA, so
+    nothing is repacked; no bias fma: the kernel folds the offset into the zero-point term."""
     magic = {"bf16": 0x4300, "f16": 0x6400}[dot]
     m2 = magic | magic << 16
-    lut = 0x6A if signed else 0xEA  # (a & b) ^ c: flips bit 3 (s4) | (a & b) | c
-    if signed:
-        m2 |= 0x00080008
-    return (
-        "{ .reg .b32 w, t, s;\n"
-        "cvt.u32.u16 w, $2;\n"
-        "prmt.b32 t, w, 0, 0x4140;\n"      # [b0, 0, b1, 0]
-        "shr.u32 s, t, 4;\n"
-        f"lop3.b32 $0, t, 0x000F000F, {m2}, {lut};\n"
-        f"lop3.b32 $1, s, 0x000F000F, {m2}, {lut};\n"
-        "}")
+
+    def lop(dst: str, src: str, flip: bool) -> str:   # (a & b) ^ c flips bit 3 | (a & b) | c
+        return f"lop3.b32 {dst}, {src}, 0x000F000F, {m2 | 0x00080008 if flip else m2}, {0x6A if flip else 0xEA};\n"
+    return ("{ .reg .b32 w, t, s;\n"
+            "cvt.u32.u16 w, $2;\n"
+            "prmt.b32 t, w, 0, 0x4140;\n"      # [b0, 0, b1, 0]
+            "shr.u32 s, t, 4;\n" + lop("$0", "t", flip_lo) + lop("$1", "s", flip_hi) + "}")
 
 
-_M4_BF16_S = tl.constexpr(_asm4m("bf16", True))
-_M4_BF16_U = tl.constexpr(_asm4m("bf16", False))
-_M4_F16_S = tl.constexpr(_asm4m("f16", True))
-_M4_F16_U = tl.constexpr(_asm4m("f16", False))
+# by FLIP: 0 none (u4, u8), 1 both nibbles (s4), 2 the high nibble (s8)
+_NB0 = tl.constexpr(_asm_nib("bf16", False, False))
+_NB1 = tl.constexpr(_asm_nib("bf16", True, True))
+_NB2 = tl.constexpr(_asm_nib("bf16", False, True))
+_NF0 = tl.constexpr(_asm_nib("f16", False, False))
+_NF1 = tl.constexpr(_asm_nib("f16", True, True))
+_NF2 = tl.constexpr(_asm_nib("f16", False, True))
 
 
-def code_offset(bits: int, signed: bool, asm: bool, dot: torch.dtype) -> float:
-    """OFF of the converted codes (see the module docstring)."""
-    if bits != 4 or not asm:
+def code_offset(bits: int, signed: bool, asm: bool, dot: torch.dtype, fp8: bool = False) -> float:
+    """OFF of the converted codes (module docstring): 4-bit M + code (+8 for s4); 8-bit codes
+    split in nibbles, 16 (M + hi) + (M + lo) = 17 M + code (+128 for s8); 0 without the asm."""
+    if not asm or fp8:
         return 0.0
-    return (128.0 if dot == torch.bfloat16 else 1024.0) + (8.0 if signed else 0.0)
+    m = 128.0 if dot == torch.bfloat16 else 1024.0
+    return (m + (8.0 if signed else 0.0)) if bits == 4 else (17 * m + (128.0 if signed else 0.0))
 
 
 @triton.jit
-def _nibbles(c, SIGNED: tl.constexpr, ASM: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Low and high nibbles of uint8 codes as DOT_DTYPE values: OFF + code with ASM, else the
-    code (two's complement if SIGNED)."""
+def _nibbles(c, SIGNED: tl.constexpr, FLIP: tl.constexpr, ASM: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Low and high nibbles of 8-bit codes as DOT_DTYPE values: M + nibble with ASM (FLIP as
+    in `_asm_nib`), else the nibbles as numbers (both two's complement for s4, the high one
+    for s8: code = 16 hi + lo)."""
     if ASM:
         if DOT_DTYPE == tl.bfloat16:
-            if SIGNED:
-                return tl.inline_asm_elementwise(_M4_BF16_S, "=r,=r,h", [c], (tl.bfloat16, tl.bfloat16),
-                                                 True, 2)
+            if FLIP == 0:
+                return tl.inline_asm_elementwise(_NB0, "=r,=r,h", [c], (tl.bfloat16, tl.bfloat16), True, 2)
+            elif FLIP == 1:
+                return tl.inline_asm_elementwise(_NB1, "=r,=r,h", [c], (tl.bfloat16, tl.bfloat16), True, 2)
             else:
-                return tl.inline_asm_elementwise(_M4_BF16_U, "=r,=r,h", [c], (tl.bfloat16, tl.bfloat16),
-                                                 True, 2)
+                return tl.inline_asm_elementwise(_NB2, "=r,=r,h", [c], (tl.bfloat16, tl.bfloat16), True, 2)
         else:
-            if SIGNED:
-                return tl.inline_asm_elementwise(_M4_F16_S, "=r,=r,h", [c], (tl.float16, tl.float16),
-                                                 True, 2)
+            if FLIP == 0:
+                return tl.inline_asm_elementwise(_NF0, "=r,=r,h", [c], (tl.float16, tl.float16), True, 2)
+            elif FLIP == 1:
+                return tl.inline_asm_elementwise(_NF1, "=r,=r,h", [c], (tl.float16, tl.float16), True, 2)
             else:
-                return tl.inline_asm_elementwise(_M4_F16_U, "=r,=r,h", [c], (tl.float16, tl.float16),
-                                                 True, 2)
-    else:
-        if SIGNED:
+                return tl.inline_asm_elementwise(_NF2, "=r,=r,h", [c], (tl.float16, tl.float16), True, 2)
+    else:   # the plain nibbles: signed where FLIP says (c is int8 for s8, else uint8)
+        if FLIP == 1:
             ci = c.to(tl.int8, bitcast=True)
             return ((ci << 4) >> 4).to(DOT_DTYPE), (ci >> 4).to(DOT_DTYPE)
         else:
@@ -176,7 +178,8 @@ def _step(n0, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row
           K_OFF: tl.constexpr, VBITS: tl.constexpr, V_SIGNED: tl.constexpr, V_NG: tl.constexpr,
           V_BNG: tl.constexpr, V_SC_G: tl.constexpr, V_ZP: tl.constexpr, V_ZP_G: tl.constexpr,
           V_OFF: tl.constexpr, DOT_DTYPE: tl.constexpr, F32_DOT: tl.constexpr, ASM4: tl.constexpr,
-          PAGE: tl.constexpr):
+          PAGE: tl.constexpr, K_FLIP: tl.constexpr, K_SPLIT: tl.constexpr, V_FLIP: tl.constexpr,
+          V_SPLIT: tl.constexpr):
     """One key block [n0, n0 + BLOCK_N) (MASKED: the last, partial one): scores, online
     softmax, P @ V. acc_a / acc_b: o^T of the low / high nibbles (4-bit V) or acc_a alone."""
     LOG2E: tl.constexpr = 1.4426950408889634
@@ -191,10 +194,11 @@ def _step(n0, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row
     pg, pi = page_rows(bt_row, offs_n, n_ok, n0, PAGE, BLOCK_N)
     # ---- S^T = codes @ Qx^T, then offset / zero point and scale per group ----
     kro = pg * s_kb + pi * s_kn
-    if KBITS == 4:
-        kc = _codes(k_base + kro[:, None] + offs_kh[None, :] * s_kd, n_ok[:, None], offs_kh[None, :] < D // 2,
-                    MASKED, BLOCK_D * 2 == D)
-        k_lo, k_hi = _nibbles(kc, K_SIGNED, ASM4, DOT_DTYPE)
+    if KBITS == 4 or K_SPLIT:   # two MMAs: low nibbles x qx_lo, high nibbles x qx_hi
+        KC: tl.constexpr = D // 2 if KBITS == 4 else D
+        kc = _codes(k_base + kro[:, None] + offs_kh[None, :] * s_kd, n_ok[:, None], offs_kh[None, :] < KC,
+                    MASKED, BLOCK_D == KC)
+        k_lo, k_hi = _nibbles(kc, K_SIGNED, K_FLIP, ASM4, DOT_DTYPE)
         if F32_DOT:
             sx = tl.dot(k_lo, qx_lo, input_precision="ieee")
             sx = tl.dot(k_hi, qx_hi, sx, input_precision="ieee")
@@ -274,10 +278,11 @@ def _step(n0, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row
                 pxf = pxf * zv
         zcor = zcor * alpha_x[None, :] + pxf    # not grouped: times (OFF + zv) after the loop
     vro = pg * s_vb + pi * s_vn
-    if VBITS == 4:
-        vc = _codes(v_base + vro[None, :] + offs_vh[:, None] * s_vd, n_ok[None, :], offs_vh[:, None] < DV // 2,
-                    MASKED, BLOCK_DV * 2 == DV)
-        v_lo, v_hi = _nibbles(vc, V_SIGNED, ASM4, DOT_DTYPE)
+    if VBITS == 4 or V_SPLIT:   # low nibbles into acc_a, high nibbles into acc_b
+        VC: tl.constexpr = DV // 2 if VBITS == 4 else DV
+        vc = _codes(v_base + vro[None, :] + offs_vh[:, None] * s_vd, n_ok[None, :], offs_vh[:, None] < VC,
+                    MASKED, BLOCK_DV == VC)
+        v_lo, v_hi = _nibbles(vc, V_SIGNED, V_FLIP, ASM4, DOT_DTYPE)
         if F32_DOT:
             acc_a = tl.dot(v_lo, px, acc_a * alpha_x[None, :], input_precision="ieee")
             acc_b = tl.dot(v_hi, px, acc_b * alpha_x[None, :], input_precision="ieee")
@@ -316,7 +321,8 @@ def _decode_swap_kernel(
         VBITS: tl.constexpr, V_SIGNED: tl.constexpr, V_GROUP: tl.constexpr, V_NG: tl.constexpr,
         V_BNG: tl.constexpr, V_SC_G: tl.constexpr, V_ZP: tl.constexpr, V_ZP_G: tl.constexpr,
         V_OFF: tl.constexpr, V_L1: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, F32_DOT: tl.constexpr, ASM4: tl.constexpr, PAGE: tl.constexpr):
+        DOT_DTYPE: tl.constexpr, F32_DOT: tl.constexpr, ASM4: tl.constexpr, PAGE: tl.constexpr,
+        K_FLIP: tl.constexpr, K_SPLIT: tl.constexpr, V_FLIP: tl.constexpr, V_SPLIT: tl.constexpr):
     """One program: KV head (b, hk), key chunk `split`, row block `mblk`. KBITS / VBITS: 8 =
     s8/u8/fp8 codes, 4 = packed s4/u4; BLOCK_D / BLOCK_DV count rows of the code tiles
     (elements, or bytes = pairs for 4 bits). Writes o / lse (ONE_SPLIT) or the f32 partials
@@ -397,15 +403,17 @@ def _decode_swap_kernel(
         qsum = tl.sum(qx_lo.to(tl.float32), 0) + tl.sum(qx_hi.to(tl.float32), 0)  # of the rounded q
     else:
         qx_lo = _qx_t(q_cols, rk_ok, gk, offs_kh, s_qd, D, K_GROUP, DOT_DTYPE)
-        qx_hi = qx_lo
+        qx_hi = qx_lo * 16   # 8-bit codes split in nibbles: 16 hi + lo (exact: a power of two)
         qsum = tl.sum(qx_lo.to(tl.float32), 0)
     offs_vh = tl.arange(0, BLOCK_DV)
     acc_a = tl.zeros((BLOCK_DV, VMX), tl.float32)
     if VBITS == 4:
         pv = l1_pairs(offs_vh) if V_L1 else offs_vh   # pair of o held by byte row c of V^T
-        acc_b = tl.zeros((BLOCK_DV, VMX), tl.float32)
     else:
         offs_vd = offs_vh
+    if VBITS == 4 or V_SPLIT:
+        acc_b = tl.zeros((BLOCK_DV, VMX), tl.float32)
+    else:
         acc_b = tl.zeros((1,), tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
@@ -427,7 +435,8 @@ def _decode_swap_kernel(
             s_kb, s_kn, s_kd, s_vb, s_vn, s_vd, s_ksb, s_ksn, s_ksg, s_kzb, s_kzn, s_kzg,
             s_vsb, s_vsn, s_vsg, s_vzb, s_vzn, s_vzg, s_mk, qk_scale, False, D, DV, BLOCK_M, BLOCK_N, BLOCK_D,
             BLOCK_DV, CAUSAL, MASK_KIND, KBITS, K_SIGNED, K_NG, K_BNG, K_SC_G, K_ZP, K_ZP_G, K_OFF,
-            VBITS, V_SIGNED, V_NG, V_BNG, V_SC_G, V_ZP, V_ZP_G, V_OFF, DOT_DTYPE, F32_DOT, ASM4, PAGE)
+            VBITS, V_SIGNED, V_NG, V_BNG, V_SC_G, V_ZP, V_ZP_G, V_OFF, DOT_DTYPE, F32_DOT, ASM4, PAGE,
+            K_FLIP, K_SPLIT, V_FLIP, V_SPLIT)
     if end_full < end:
         m_i, l_i, acc_a, acc_b, zcor = _step(
             end_full, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row_lim, m_base, bt_row,
@@ -435,10 +444,13 @@ def _decode_swap_kernel(
             s_kb, s_kn, s_kd, s_vb, s_vn, s_vd, s_ksb, s_ksn, s_ksg, s_kzb, s_kzn, s_kzg,
             s_vsb, s_vsn, s_vsg, s_vzb, s_vzn, s_vzg, s_mk, qk_scale, True, D, DV, BLOCK_M, BLOCK_N, BLOCK_D,
             BLOCK_DV, CAUSAL, MASK_KIND, KBITS, K_SIGNED, K_NG, K_BNG, K_SC_G, K_ZP, K_ZP_G, K_OFF,
-            VBITS, V_SIGNED, V_NG, V_BNG, V_SC_G, V_ZP, V_ZP_G, V_OFF, DOT_DTYPE, F32_DOT, ASM4, PAGE)
+            VBITS, V_SIGNED, V_NG, V_BNG, V_SC_G, V_ZP, V_ZP_G, V_OFF, DOT_DTYPE, F32_DOT, ASM4, PAGE,
+            K_FLIP, K_SPLIT, V_FLIP, V_SPLIT)
     if VBITS == 4:
         acc_lo = acc_a
         acc_hi = acc_b
+    elif V_SPLIT:
+        acc = acc_a + acc_b * 16
     else:
         acc = acc_a
 
@@ -529,13 +541,16 @@ def tile_groups(bng: int, block_m: int) -> int:
 
 
 def default_config(problem) -> DecodeConfig:
-    """Keys per step 128 with one warpgroup (4 warps): two m64 wgmma tiles of keys per K
-    step and D = 128 rows of o^T per V step. Not tuned on a GPU yet (benchmarks/DECODE_QUANT.md)."""
+    """One warpgroup (4 warps); keys per step by the fewest main-loop instructions per
+    element in the sm_90 SASS (benchmarks/DECODE_QUANT.md, "Solver 128"): 128 when K and V
+    are 4-bit (two m64 wgmma tiles of keys), 64 with 8-bit / fp8 codes (128 spills: each
+    8-bit code is two 16-bit A-operand values). Not timed on a GPU yet."""
     if problem.device != "cuda":
         return DecodeConfig(block_n=16, block_m=16, num_warps=4, num_stages=1)
+    four = all(qs is not None and qs[0] in ("s4", "u4") for qs in (problem.k_quant, problem.v_quant))
     if max(problem.D, problem.Dv) > 128:
         return DecodeConfig(block_n=64, block_m=16, num_warps=4, num_stages=2)
-    return DecodeConfig(block_n=128, block_m=16, num_warps=4, num_stages=3)
+    return DecodeConfig(block_n=128 if four else 64, block_m=16, num_warps=4, num_stages=3)
 
 
 def _has_4bit(problem) -> bool:
@@ -568,9 +583,11 @@ def _meta(t, D: int, asm: bool, dot: torch.dtype) -> tuple[dict, int]:
     ng, bng = _groups(t, D)
     bits = 4 if t.is_4bit else 8
     signed = t.dtype in ("s8", "s4")
+    split = bits == 8 and not t.is_fp8   # 8-bit integer codes as two nibble MMAs (16 hi + lo)
     meta = dict(BITS=bits, SIGNED=signed, GROUP=t.group if ng > 1 else D, NG=ng, BNG=bng,
                 SC_G=t.scale_kind == "g", ZP=t.zero_points is not None, ZP_G=t.zp_kind == "g",
-                OFF=code_offset(bits, signed, asm, dot), L1=t.is_4bit and t.layout == 1)
+                OFF=code_offset(bits, signed, asm, dot, t.is_fp8), L1=t.is_4bit and t.layout == 1,
+                FLIP=(1 if bits == 4 else 2) if signed else 0, SPLIT=split)
     return meta, max(16, triton.next_power_of_2(D // 2 if bits == 4 else D))
 
 
@@ -614,17 +631,35 @@ def swap_forward(problem, args: AttnArgs, cfg: DecodeConfig | None = None,
 
 # ---- solver -----------------------------------------------------------------------
 
-def _issue_per_element(problem) -> float:
-    """Warp-instructions per K+V element of 128's main loop, counted in the sm_90 SASS
-    (benchmarks/DECODE_QUANT.md, "Solver 128"); by the narrower of the two formats."""
-    bits = [qs[0] for qs in (problem.k_quant, problem.v_quant)]
-    four = all(b in ("s4", "u4") for b in bits)
-    return ISSUE_4BIT if four else ISSUE_8BIT
+# Warp-instructions per K+V element of the main loop in the sm_90 SASS (Hq 32, Hkv 8, D 128,
+# Sq 1, bf16 q, default tiles; benchmarks/DECODE_QUANT.md "Solver 128"), by the format of K
+# (or V): (without zero points, with grouped zero points).
+ISSUE_128 = {"4": (0.105, 0.125), "8": (0.175, 0.21), "fp8": (0.145, 0.145)}
+ISSUE_122 = {"4": (0.17, 0.19), "8": (0.21, 0.23), "fp8": (0.17, 0.17)}  # rows V (DECODE_QUANT.md)
+# 121 (f32 dequantisation per element) was not counted; 122 measured 1.2-2.1x faster (DECODE_QUANT.md)
+ISSUE_121 = {"4": (0.3, 0.35), "8": (0.3, 0.35), "fp8": (0.3, 0.3)}
+ISSUE_RATE = 132 * 4 * 1.98e9 * 0.8   # H200 warp-instructions / s at 80% issue efficiency
 
 
-ISSUE_4BIT = 0.10   # replaced by the SASS counts below
-ISSUE_8BIT = 0.15
-_ISSUE_RATE = 132 * 4 * 1.98e9 * 0.8   # H200 warp-instructions / s at 80% issue efficiency
+def _fmt(qs) -> str:
+    return "fp8" if qs[0] == "fp8_e4m3" else ("4" if qs[0] in ("s4", "u4") else "8")
+
+
+def roofline_ms(problem, table: dict, passes: int = 1) -> float:
+    """max(bytes / bandwidth, instructions / issue rate) + a quarter of the smaller (memory
+    and issue overlap imperfectly, so fewer instructions still help at the memory roof);
+    the instructions per element from `table` (K and V half each); `passes`: row blocks,
+    each reading K and V again."""
+    per = 0.0
+    for qs, d in ((problem.k_quant, problem.D), (problem.v_quant, problem.Dv)):
+        if qs is None:
+            per += 0.07 * d    # float K or V: about the bf16 kernel's count (120)
+        else:
+            per += table[_fmt(qs)][qs[4] is not None] * d
+    elems = problem.B * problem.Hkv * problem.Sk * passes
+    issue = elems * per / ISSUE_RATE
+    mem = problem.bytes() / _dec._BW
+    return (max(mem, issue) + 0.25 * min(mem, issue)) * 1e3
 
 
 @register
@@ -654,13 +689,10 @@ class DecodeSwapAB(_DecodeBase):
         return workspace_bytes(problem)
 
     def estimate(self, problem) -> float:
-        """Roofline max(bytes / bandwidth, main-loop instructions / issue rate) with the
-        instructions per K/V element counted in the SASS; 122's estimate is its bytes alone,
-        so 128 ranks first only where its instruction count keeps it at the memory roof."""
-        elems = problem.B * problem.Hkv * problem.Sk * (problem.D + problem.Dv)
-        elems *= row_block(problem, default_config(problem))[1]   # K/V read once per row block
-        t = max(problem.bytes() / _dec._BW, elems * _issue_per_element(problem) / _ISSUE_RATE) * 1e3
-        return t + _dec._LAUNCH_MS
+        """`roofline_ms` with the instructions per element counted in the SASS; 122 uses the
+        same form with its own counts, so 128 ranks first where its counts are lower."""
+        passes = row_block(problem, default_config(problem))[1]
+        return roofline_ms(problem, ISSUE_128, passes) + _dec._LAUNCH_MS
 
     def prepare(self, problem):
         return _dec.DecodePlan(problem, default_config(problem), plan)
