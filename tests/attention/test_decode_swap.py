@@ -9,8 +9,15 @@ import nnprim
 from nnprim.args import AttnArgs
 from nnprim.attention import decode
 from nnprim.attention.decode import DecodeConfig
-from nnprim.attention.decode_swap import (ISSUE_128, choose_splits, code_offset, default_config, row_block,
-                                          swap_forward, tile_groups)
+from nnprim.attention.decode_swap import (
+    ISSUE_128,
+    choose_splits,
+    code_offset,
+    default_config,
+    row_block,
+    swap_forward,
+    tile_groups,
+)
 from nnprim.attention.reference import reference_forward
 from nnprim.problems.attention import AttentionProblem
 from nnprim.quant import KVQuant, quantize_kv
