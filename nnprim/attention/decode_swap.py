@@ -543,14 +543,21 @@ def tile_groups(bng: int, block_m: int) -> int:
 def default_config(problem) -> DecodeConfig:
     """One warpgroup (4 warps); keys per step by the fewest main-loop instructions per
     element in the sm_90 SASS (benchmarks/DECODE_QUANT.md, "Solver 128"): 128 when K and V
-    are 4-bit (two m64 wgmma tiles of keys), 64 with 8-bit / fp8 codes (128 spills: each
-    8-bit code is two 16-bit A-operand values). Not timed on a GPU yet."""
+    are 4-bit and the expanded tile is the minimum 16 columns (two m64 wgmma tiles of keys),
+    else 64 (8-bit codes are two 16-bit A-operand values each, wider tiles hold more
+    registers: 128 spills). Not timed on a GPU yet."""
     if problem.device != "cuda":
         return DecodeConfig(block_n=16, block_m=16, num_warps=4, num_stages=1)
-    four = all(qs is not None and qs[0] in ("s4", "u4") for qs in (problem.k_quant, problem.v_quant))
     if max(problem.D, problem.Dv) > 128:
         return DecodeConfig(block_n=64, block_m=16, num_warps=4, num_stages=2)
-    return DecodeConfig(block_n=128 if four else 64, block_m=16, num_warps=4, num_stages=3)
+    four = all(qs is not None and qs[0] in ("s4", "u4") for qs in (problem.k_quant, problem.v_quant))
+    base = DecodeConfig(block_n=64, block_m=16, num_warps=4, num_stages=3)
+    bm, _ = row_block(problem, base)
+    bng = max(triton.next_power_of_2(_sig_groups(qs, d))
+              for qs, d in ((problem.k_quant, problem.D), (problem.v_quant, problem.Dv)))
+    if four and tile_groups(bng, bm) * bm <= 16:
+        return DecodeConfig(block_n=128, block_m=16, num_warps=4, num_stages=3)
+    return base
 
 
 def _has_4bit(problem) -> bool:
