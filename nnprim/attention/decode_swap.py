@@ -151,6 +151,17 @@ def _pick_groups(acc, d, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BNG: tl.con
 
 
 @triton.jit
+def _roff(pg, pi, n0, s_page, s_row, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """int64 offsets of the keys of a block: pg * s_page + pi * s_row (paged), or for the
+    contiguous cache n0 * s_row + arange * s_row, whose vector part the compiler hoists out
+    of the key loop (a per-key 64-bit multiply per tensor per step otherwise)."""
+    if PAGE == 0:
+        return tl.cast(n0, tl.int64) * s_row + tl.arange(0, BLOCK_N).to(tl.int64) * s_row
+    else:
+        return pg * s_page + pi * s_row
+
+
+@triton.jit
 def _codes(ptr, key_ok, col_ok, MASKED: tl.constexpr, FULL: tl.constexpr):
     """A code tile; full key blocks load without a key mask (so keys-contiguous V vectorises)."""
     if MASKED:
@@ -193,7 +204,7 @@ def _step(n0, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row
         n_ok = offs_n >= 0   # a full block: every key is < end
     pg, pi = page_rows(bt_row, offs_n, n_ok, n0, PAGE, BLOCK_N)
     # ---- S^T = codes @ Qx^T, then offset / zero point and scale per group ----
-    kro = pg * s_kb + pi * s_kn
+    kro = _roff(pg, pi, n0, s_kb, s_kn, PAGE, BLOCK_N)
     if KBITS == 4 or K_SPLIT:   # two MMAs: low nibbles x qx_lo, high nibbles x qx_hi
         KC: tl.constexpr = D // 2 if KBITS == 4 else D
         kc = _codes(k_base + kro[:, None] + offs_kh[None, :] * s_kd, n_ok[:, None], offs_kh[None, :] < KC,
@@ -213,7 +224,8 @@ def _step(n0, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row
         else:
             sx = tl.dot(kc.to(DOT_DTYPE), qx_lo)
     if K_ZP:
-        zb = _params(kz_base, pg * s_kzb + pi * s_kzn, n_ok, s_kzg, K_ZP_G, K_NG, K_BNG, 0.0) + K_OFF
+        zro = _roff(pg, pi, n0, s_kzb, s_kzn, PAGE, BLOCK_N)
+        zb = _params(kz_base, zro, n_ok, s_kzg, K_ZP_G, K_NG, K_BNG, 0.0) + K_OFF
     else:
         zb = K_OFF
     if K_BNG > 1:
@@ -225,7 +237,7 @@ def _step(n0, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row
             else:
                 sx3 = sx3 - zb * qs3
         if K_SC_G:
-            ks = _params(ks_base, pg * s_ksb + pi * s_ksn, n_ok, s_ksg, True, K_NG, K_BNG, 1.0)
+            ks = _params(ks_base, _roff(pg, pi, n0, s_ksb, s_ksn, PAGE, BLOCK_N), n_ok, s_ksg, True, K_NG, K_BNG, 1.0)
             sx3 = sx3 * ks[:, None, :]
         s = tl.sum(sx3, 2)
     else:
@@ -236,7 +248,8 @@ def _step(n0, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row
             else:
                 s = s - zb * qsum[None, :]
         if K_SC_G:
-            s = s * _params(ks_base, pg * s_ksb + pi * s_ksn, n_ok, s_ksg, True, 1, 1, 1.0)  # (BLOCK_N, 1)
+            sro = _roff(pg, pi, n0, s_ksb, s_ksn, PAGE, BLOCK_N)
+            s = s * _params(ks_base, sro, n_ok, s_ksg, True, 1, 1, 1.0)  # (BLOCK_N, 1)
     # ---- online softmax over the key axis (0) ----
     s = s * qk_scale
     valid = n_ok[:, None] & row_ok[None, :]
@@ -258,7 +271,7 @@ def _step(n0, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row
     # ---- O^T += codes^T @ Px^T, the V scale folded into the probabilities ----
     px = _spread(p, BLOCK_N, BLOCK_M, V_BNG)
     if V_SC_G:
-        vs = _params(vs_base, pg * s_vsb + pi * s_vsn, n_ok, s_vsg, True, V_NG, V_BNG, 1.0)
+        vs = _params(vs_base, _roff(pg, pi, n0, s_vsb, s_vsn, PAGE, BLOCK_N), n_ok, s_vsg, True, V_NG, V_BNG, 1.0)
         if V_BNG > 1:
             px = tl.reshape(p[:, :, None] * vs[:, None, :], (BLOCK_N, VMX))
         else:
@@ -271,13 +284,14 @@ def _step(n0, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row
     if V_CORR:   # per-thread partials of sum_j px (OFF + zv), with the rounded px the MMA sees
         pxf = px.to(tl.float32)
         if V_ZP_G:
-            zv = _params(vz_base, pg * s_vzb + pi * s_vzn, n_ok, s_vzg, True, V_NG, V_BNG, 0.0) + V_OFF
+            zro = _roff(pg, pi, n0, s_vzb, s_vzn, PAGE, BLOCK_N)
+            zv = _params(vz_base, zro, n_ok, s_vzg, True, V_NG, V_BNG, 0.0) + V_OFF
             if V_BNG > 1:
                 pxf = tl.reshape(tl.reshape(pxf, (BLOCK_N, BLOCK_M, V_BNG)) * zv[:, None, :], (BLOCK_N, VMX))
             else:
                 pxf = pxf * zv
         zcor = zcor * alpha_x[None, :] + pxf    # not grouped: times (OFF + zv) after the loop
-    vro = pg * s_vb + pi * s_vn
+    vro = _roff(pg, pi, n0, s_vb, s_vn, PAGE, BLOCK_N)
     if VBITS == 4 or V_SPLIT:   # low nibbles into acc_a, high nibbles into acc_b
         VC: tl.constexpr = DV // 2 if VBITS == 4 else DV
         vc = _codes(v_base + vro[None, :] + offs_vh[:, None] * s_vd, n_ok[None, :], offs_vh[:, None] < VC,
