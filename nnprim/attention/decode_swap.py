@@ -213,6 +213,8 @@ def _step(n0, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row
         if F32_DOT:
             sx = tl.dot(k_lo, qx_lo, input_precision="ieee")
             sx = tl.dot(k_hi, qx_hi, sx, input_precision="ieee")
+        elif KBITS == 8 and DOT_DTYPE == tl.float16:   # 16 q could overflow f16: scale the sum
+            sx = tl.dot(k_lo, qx_lo, tl.dot(k_hi, qx_hi) * 16.0)
         else:
             sx = tl.dot(k_lo, qx_lo)
             sx = tl.dot(k_hi, qx_hi, sx)
@@ -417,7 +419,10 @@ def _decode_swap_kernel(
         qsum = tl.sum(qx_lo.to(tl.float32), 0) + tl.sum(qx_hi.to(tl.float32), 0)  # of the rounded q
     else:
         qx_lo = _qx_t(q_cols, rk_ok, gk, offs_kh, s_qd, D, K_GROUP, DOT_DTYPE)
-        qx_hi = qx_lo * 16   # 8-bit codes split in nibbles: 16 hi + lo (exact: a power of two)
+        if DOT_DTYPE == tl.float16:
+            qx_hi = qx_lo    # 8-bit codes split in nibbles: 16 hi + lo; f16: the 16 goes on the sum
+        else:
+            qx_hi = qx_lo * 16   # exact (a power of two; bf16 / f32 do not overflow here)
         qsum = tl.sum(qx_lo.to(tl.float32), 0)
     offs_vh = tl.arange(0, BLOCK_DV)
     acc_a = tl.zeros((BLOCK_DV, VMX), tl.float32)
