@@ -694,6 +694,7 @@ class DecodeSwapAB(_DecodeBase):
     converted in registers straight into the A operand, q / p tiles as the B operand."""
     id = 128
     name = "decode_swap_ab_quant"
+    deterministic = True   # fixed split count and combine order
     paged = True  # page pools addressed as in decode.py (paging.py)
 
     def not_supported_reasons(self, problem) -> list[str]:
