@@ -12,7 +12,12 @@ sync: host launch time included) and the device time of a CUDA-graph replay; che
 reference of the dequantised cache (first two batch entries). Reports ms, ratio vs cuDNN and
 bandwidth = bytes of K/V read (codes + scales + zero points) / time. JSON to --out.
 
+--solvers 122,128 also times those solvers forced (`nnprim.sdpa(..., solver=...)`) in the same
+interleaved rounds (columns solver_ms / solver_x_vs_cudnn / solver_rel_err); --v-order keys times
+only keys-contiguous V; --problems names a subset of the suite's decode problems.
+
 Usage: python benchmarks/decode_formats.py --out /tmp/decode_formats.json [--quick] [--reps 200]
+       [--solvers 122,128] [--v-order keys] [--problems decode_b64_k8k,decode_b8_k32k]
 """
 from __future__ import annotations
 
@@ -129,13 +134,19 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--quick", action="store_true", help="s8 g64, s4 g64, u4 g64 zp, fp8 only")
+    ap.add_argument("--solvers", default="", help="comma list of solver ids / names also timed forced")
+    ap.add_argument("--v-order", choices=("both", "keys", "rows"), default="both")
+    ap.add_argument("--problems", default="", help="comma list of suite problem names (default: every decode one)")
     a = ap.parse_args()
+    forced = [int(x) if x.strip().isdigit() else x.strip() for x in a.solvers.split(",") if x.strip()]
+    roles = {"both": (None, "v"), "keys": ("v",), "rows": (None,)}[a.v_order]
     fmts = FORMATS if not a.quick else [f for f in FORMATS if f[0] in ("bf16", "fp8_e4m3") or f[1] == 64]
     p = torch.cuda.get_device_properties(0)
     import triton
     res = dict(env=dict(gpu=p.name, sms=p.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
                         nnprim_find=os.environ.get("NNPRIM_FIND_MODE", "default")), rows=[])
-    probs = [pr for pr in json.load(open(SUITE))["problems"] if pr["mode"] == "decode"]
+    probs = [pr for pr in json.load(open(SUITE))["problems"] if pr["mode"] == "decode"
+             and (not a.problems or pr["name"] in a.problems.split(","))]
     t0 = time.time()
     for pr in probs:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -147,7 +158,7 @@ def main() -> None:
         cudnn_lat = events_median(cudnn_fn, a.warmup, a.reps // 2)
         cudnn_g = graph_ms(cudnn_fn, a.reps // 2)
         for fmt in fmts:
-            for role in ((None,) if fmt[0] == "bf16" else (None, "v")):
+            for role in ((None,) if fmt[0] == "bf16" else roles):
                 kk, vv = quant(k, fmt, None), quant(v, fmt, role)
                 kw = dict(causal="bottom_right") if causal else {}
                 fn = (lambda q=q, kk=kk, vv=vv, kw=kw: nnprim.sdpa(q, kk, vv, **kw))
@@ -161,7 +172,22 @@ def main() -> None:
                     row["rel_err"] = float((o[:2].float() - ref).norm() / ref.norm())
                     for _ in range(20):          # find settles on the first calls
                         fn()
-                    ms, cudnn, default = paired_ms([fn, cudnn_fn, default_fn], a.warmup, a.reps)
+                    fns = [fn, cudnn_fn, default_fn]
+                    names = []
+                    for sv in (forced if fmt[0] != "bf16" else []):
+                        f_s = (lambda q=q, kk=kk, vv=vv, kw=kw, sv=sv: nnprim.sdpa(q, kk, vv, solver=sv, **kw))
+                        try:
+                            o_s = f_s()
+                        except Exception as e:  # not applicable to this format: recorded
+                            row.setdefault("solver_error", {})[str(sv)] = f"{type(e).__name__}: {str(e)[:120]}"
+                            continue
+                        row.setdefault("solver_rel_err", {})[str(sv)] = float((o_s[:2].float() - ref).norm() / ref.norm())
+                        fns.append(f_s)
+                        names.append(str(sv))
+                    ms, cudnn, default, *solver_ms = paired_ms(fns, a.warmup, a.reps)
+                    if names:
+                        row["solver_ms"] = {n: round(t, 4) for n, t in zip(names, solver_ms)}
+                        row["solver_x_vs_cudnn"] = {n: round(cudnn / t, 3) for n, t in zip(names, solver_ms)}
                     lat = events_median(fn, a.warmup, a.reps // 2)
                     g_ms = graph_ms(fn, a.reps // 2)
                     row.update(ms=round(ms, 4), cudnn_bf16_ms=round(cudnn, 4), torch_default_bf16_ms=round(default, 4),
@@ -181,9 +207,11 @@ def main() -> None:
           f" {'graph':>8s} {'cudnn gr':>8s}")
     for r in res["rows"]:
         if "ms" in r:
+            forced_s = " ".join(f"{n}:{t:.4f}ms({r['solver_x_vs_cudnn'][n]:.2f}x)"
+                                for n, t in r.get("solver_ms", {}).items())
             print(f"{r['problem']:22s} {r['format']:16s} {r['v_order']:5s} {r['ms']:8.4f} {r['cudnn_bf16_ms']:8.4f} "
                   f"{r['x_vs_cudnn']:7.3f} {r['tb_s']:6.2f} {r['rel_err']:8.2e} {r['graph_ms'] or 0:8.4f} "
-                  f"{r['cudnn_graph_ms'] or 0:8.4f}")
+                  f"{r['cudnn_graph_ms'] or 0:8.4f} {forced_s}")
         else:
             print(f"{r['problem']:22s} {r['format']:16s} {r['v_order']:5s} {r.get('error')}")
 

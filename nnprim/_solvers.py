@@ -27,6 +27,7 @@ _MODULES = (
     "nnprim.attention.gluon_bwd",
     "nnprim.attention.decode",
     "nnprim.attention.decode_quant",
+    "nnprim.attention.decode_swap",
     "nnprim.attention.cpu_flash",
 )
 

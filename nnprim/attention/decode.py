@@ -657,6 +657,12 @@ class DecodeSplitKQuant(_DecodeBase):
                                "decode_split_k_quant_grouped (122)")
         return reasons
 
+    def estimate(self, problem) -> float:
+        """The base estimate, or the roofline with 121's instructions (decode_swap.ISSUE_121)
+        where that is larger: 121 stays behind 122 / 128, which count fewer."""
+        from .decode_swap import ISSUE_121, roofline_ms
+        return max(super().estimate(problem), roofline_ms(problem, ISSUE_121) + _LAUNCH_MS)
+
 
 __all__ = ["DecodeConfig", "DecodeSplitK", "DecodeSplitKQuant", "choose_splits", "decode_forward",
            "default_config", "workspace_bytes"]

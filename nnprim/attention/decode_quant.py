@@ -711,9 +711,10 @@ class DecodeSplitKQuantGrouped(_DecodeBase):
         return workspace_bytes(problem)
 
     def estimate(self, problem) -> float:
-        """Roofline: bytes read (q, codes, scales, zero points, o) at ~3.8 TB/s (121 adds
-        15% for its per-element dequantization)."""
-        return problem.bytes() / _dec._BW * 1e3 + _dec._LAUNCH_MS
+        """Roofline of bytes read and main-loop instructions counted in the SASS
+        (decode_swap.roofline_ms, shared with 128 and 121)."""
+        from .decode_swap import ISSUE_122, roofline_ms
+        return roofline_ms(problem, ISSUE_122, self.row_blocks(problem)) + _dec._LAUNCH_MS
 
     def prepare(self, problem):
         return _dec.DecodePlan(problem, default_config(problem), plan)

@@ -81,6 +81,8 @@ DECODE_CASES = [  # solver, dtype, K/V format, page, Sq, (Hq, Hkv)
     (121, torch.bfloat16, ("s4", 16, True), 32, 4, (4, 1)),
     (122, torch.float16, ("s4", 16, True), 16, 4, (8, 2)),
     (122, torch.bfloat16, ("s8", 16, False), 64, 1, (4, 2)),
+    (128, torch.float16, ("u4", 16, False), 16, 4, (8, 2)),
+    (128, torch.bfloat16, ("s8", 16, True), 64, 1, (4, 2)),
 ]
 
 
@@ -333,7 +335,7 @@ def test_append_static_scale_then_decode(fmt):
     want = want.to(dt) if fmt == "fp8_e4m3" else torch.round(want).clamp(-128, 127).to(dt)
     assert torch.equal(gk.data[:, :, :40].view(torch.int8), want.view(torch.int8))
     q = torch.randn(B, Hq, 1, D, generator=g).half()
-    sids = [s.id for s in REGISTRY.all("attention") if s.id in (121, 122)
+    sids = [s.id for s in REGISTRY.all("attention") if s.id in (121, 122, 128)
             and s.is_applicable(AttentionProblem.from_tensors(q, kp, vp, kv_lens=lens, block_table=bt))]
     assert sids
     for sid in sids:
