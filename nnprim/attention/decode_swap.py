@@ -14,10 +14,10 @@ zero points are per tensor / per head):
   V:  Ox^T += C_V^T (Dv, BLOCK_N) @ Px^T (BLOCK_N, BLOCK_M * BNG)   Px^T[j, (m, g)] = p[j, m] * sv[j, g]
       o[m, d] = Ox^T[d, (m, group(d))] - sum_j Px^T[j, (m, group(d))] * (OFF + zv[j, group(d)])
 
-C are the codes as exact 16-bit floats *plus a constant OFF*: the 4-bit codes become
-0x4300 | n (bf16 128 + n) / 0x6400 | n (f16 1024 + n) by one lop3 per pair (`_asm4m`, no
-fma), and OFF (128 or 1024, +8 for s4) is folded into the zero-point term, which uses the
-same rounded q / p values the MMA sees, so the cancellation is exact up to f32 sums.
+C are the codes as exact 16-bit floats: the 4-bit codes become 0x4300 | n (bf16 128 + n) /
+0x6400 | n (f16 1024 + n) by one lop3 per pair and one packed sub of the constant (`_asm_nib`;
+OFF = 0). Folding that constant into the zero-point term instead (OFF = 128 or 1024, +8 for
+s4) saved the sub but measured ~10x the error on the H200 (2026-12-01).
 8-bit and fp8 codes convert with Triton's own (short, exact) sequences, OFF = 0.
 4-bit codes are never interleaved: the low nibbles meet the even d of q (V: give the even
 rows of o), the high nibbles the odd ones (layout 1: byte column c holds pair l1_pairs(c)).
@@ -56,9 +56,17 @@ def _asm_nib(dot: str, flip_lo: bool, flip_hi: bool) -> str:
     magic = {"bf16": 0x4300, "f16": 0x6400}[dot]
     m2 = magic | magic << 16
 
+    sub = {"bf16": "sub.rn.bf16x2", "f16": "sub.rn.f16x2"}[dot]
+
     def lop(dst: str, src: str, flip: bool) -> str:   # (a & b) ^ c flips bit 3 | (a & b) | c
-        return f"lop3.b32 {dst}, {src}, 0x000F000F, {m2 | 0x00080008 if flip else m2}, {0x6A if flip else 0xEA};\n"
-    return ("{ .reg .b32 w, t, s;\n"
+        c = m2 | 0x00080008 if flip else m2
+        # then M (+ 8) off again, exactly: the MMA sees the codes themselves. Folding the
+        # offset into the zero-point term instead saved this sub but cost ~10x the error
+        # on the H200 (rel. 0.016-0.031 against 122's 0.0022: the correction does not cancel
+        # the offset's products exactly)
+        return (f"lop3.b32 {dst}, {src}, 0x000F000F, {c}, {0x6A if flip else 0xEA};\n"
+                f"mov.b32 k, {c};\n{sub} {dst}, {dst}, k;\n")
+    return ("{ .reg .b32 w, t, s, k;\n"
             "cvt.u32.u16 w, $2;\n"
             "prmt.b32 t, w, 0, 0x4140;\n"      # [b0, 0, b1, 0]
             "shr.u32 s, t, 4;\n" + lop("$0", "t", flip_lo) + lop("$1", "s", flip_hi) + "}")
@@ -74,12 +82,9 @@ _NF2 = tl.constexpr(_asm_nib("f16", False, True))
 
 
 def code_offset(bits: int, signed: bool, asm: bool, dot: torch.dtype, fp8: bool = False) -> float:
-    """OFF of the converted codes (module docstring): 4-bit M + code (+8 for s4); 8-bit codes
-    split in nibbles, 16 (M + hi) + (M + lo) = 17 M + code (+128 for s8); 0 without the asm."""
-    if not asm or fp8:
-        return 0.0
-    m = 128.0 if dot == torch.bfloat16 else 1024.0
-    return (m + (8.0 if signed else 0.0)) if bits == 4 else (17 * m + (128.0 if signed else 0.0))
+    """OFF of the converted codes (module docstring): 0, the codes reach the MMA exactly
+    (the magic-number offset M, +8 for s4, is subtracted after the lop3)."""
+    return 0.0    # the conversion subtracts M (+ 8) in registers (`_asm_nib`)
 
 
 @triton.jit
