@@ -665,10 +665,15 @@ def swap_forward(problem, args: AttnArgs, cfg: DecodeConfig | None = None,
 # Warp-instructions per K+V element of the main loop in the sm_90 SASS (Hq 32, Hkv 8, D 128,
 # Sq 1, bf16 q, default tiles; benchmarks/DECODE_QUANT.md "Solver 128"), by the format of K
 # (or V): (without zero points, with grouped zero points).
-ISSUE_128 = {"4": (0.10, 0.115), "8": (0.175, 0.22), "fp8": (0.14, 0.14)}
-ISSUE_122 = {"4": (0.17, 0.19), "8": (0.21, 0.23), "fp8": (0.17, 0.17)}  # rows V (DECODE_QUANT.md)
+# Per K/V element: the issue-rate equivalent of the H200 times (2026-12-01, b64 k8k, Hq 32, Hkv 8,
+# D 128; (no zero points, zero points)), not the SASS counts (128: 0.10 / 0.175 for 4 / 8 bits):
+# 128 ran 0.32-0.33 ms (s4), 0.41 (s4 zp), 0.73-0.75 (s8), 0.78 (u8 zp), so it is bound by more
+# than issue; 122 with V rows 0.31 ms (s4) and 0.39 (s8) on 2026-11-30 (keys-contiguous V, which
+# its estimate cannot see, ran 0.57-0.98 ms). fp8: 128 not timed, scaled as its 4-bit.
+ISSUE_128 = {"4": (0.25, 0.32), "8": (0.56, 0.61), "fp8": (0.35, 0.35)}
+ISSUE_122 = {"4": (0.26, 0.33), "8": (0.30, 0.36), "fp8": (0.30, 0.30)}  # rows V
 # 121 (f32 dequantisation per element) was not counted; 122 measured 1.2-2.1x faster (DECODE_QUANT.md)
-ISSUE_121 = {"4": (0.3, 0.35), "8": (0.3, 0.35), "fp8": (0.3, 0.3)}
+ISSUE_121 = {"4": (0.4, 0.45), "8": (0.45, 0.5), "fp8": (0.45, 0.45)}   # 1.5x 122's
 ISSUE_RATE = 132 * 4 * 1.98e9 * 0.8   # H200 warp-instructions / s at 80% issue efficiency
 
 

@@ -143,15 +143,16 @@ def test_public_api_and_applicability():
     assert any("groups per row" in r for r in s128.not_supported_reasons(p16))
 
 
-def test_estimates_rank_by_counted_instructions():
-    """On the GPU problem 128 ranks before 122 and 121 for every format (its SASS counts are
-    lower), and the roofline is at least the bytes over the bandwidth."""
-    for sig in (("s4", 32, "g", "bfloat16", None), ("u4", 64, "g", "bfloat16", "g", 1),
-                ("s8", 64, "g", "bfloat16", None), ("fp8_e4m3", 128, "h", "float32", None)):
+def test_estimates_rank_by_measured_rates():
+    """On the GPU problem the estimates follow the H200 times (ISSUE_128 / ISSUE_122): 128
+    first for 4-bit codes, 122 (V rows) first for 8-bit codes, 122 before 121; the
+    roofline is at least the bytes over the bandwidth."""
+    for sig, first in ((("s4", 32, "g", "bfloat16", None), 128), (("u4", 64, "g", "bfloat16", "g", 1), 128),
+                       (("s8", 64, "g", "bfloat16", None), 122), (("fp8_e4m3", 128, "h", "float32", None), 122)):
         p = AttentionProblem(direction="fwd", device="cuda", B=64, Hq=32, Hkv=8, Sq=1, Sk=8192, D=128, Dv=128,
                              dtype=torch.bfloat16, k_quant=sig, v_quant=sig)
         e = {i: REGISTRY.get(i).estimate(p) for i in (121, 122, 128)}
-        assert e[128] < e[122] < e[121], (sig, e)
+        assert min(e, key=e.get) == first and e[121] > e[122], (sig, e)
         assert e[128] >= p.bytes() / decode._BW * 1e3
     assert set(ISSUE_128) == {"4", "8", "fp8"}
 
