@@ -18,10 +18,9 @@ import torch
 
 from ..args import ConvArgs
 from ..post_ops import Binary, Sum
-from ..problems.conv import ConvProblem
+from ..problems.conv import ConvProblem, to_layout
 from ..search.solver import REGISTRY, Solver, register
 from . import configs
-from .layout_kernels import change_layout
 
 _INNER = {"fwd": "implicit_gemm_fwd", "bwd_data": "implicit_gemm_bwd_data",
           "bwd_weights": "implicit_gemm_bwd_weights"}
@@ -59,13 +58,15 @@ class LayoutChangePlan:
         self.inner = inner_solver(p).prepare(nhwc_twin(p))
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
-        nhwc = lambda t: None if t is None else change_layout(t, "nhwc")  # noqa: E731
+        nhwc = lambda t: None if t is None else to_layout(t, "nhwc")  # noqa: E731
         post = tuple(Sum(nhwc(o.tensor), o.scale) if isinstance(o, Sum) else
                      Binary(o.op, nhwc(o.tensor)) if isinstance(o, Binary) and o.tensor.dim() == args.x.dim()
                      else o for o in args.post_ops)
         inner_args = ConvArgs(x=nhwc(args.x), w=nhwc(args.w), dy=nhwc(args.dy), bias=args.bias, post_ops=post)
         res = self.inner(inner_args)
-        return change_layout(res, "nchw", out)
+        if out is not None:
+            return out.copy_(res)
+        return to_layout(res, "nchw")
 
 
 class _LayoutChangeBase(Solver):

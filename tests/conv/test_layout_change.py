@@ -56,20 +56,3 @@ def test_to_layout_roundtrip():
     t = torch.randn(2, 3, 4, 5)
     assert torch.equal(to_layout(to_layout(t, "nhwc"), "nchw"), t)
 
-
-@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 70, 9, 11), (1, 130, 66), (2, 5, 3, 4, 6)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_change_layout_kernel_matches_to_layout(shape, dtype):
-    """The transpose kernel (interpreter here) gives to_layout's tensor, both ways, into
-    a fresh tensor and into a caller's `out` (poisoned first)."""
-    from nnprim.conv.layout_kernels import change_layout
-    t = torch.randn(shape).to(dtype)
-    for src, dst in (("nchw", "nhwc"), ("nhwc", "nchw")):
-        a = to_layout(t, src)
-        want = to_layout(a, dst)
-        got = change_layout(a, dst)
-        assert torch.equal(got, want) and got.stride() == want.stride()
-        out = to_layout(torch.full(shape, float("nan"), dtype=dtype), dst)
-        assert change_layout(a, dst, out).data_ptr() == out.data_ptr() and torch.equal(out, want)
-    odd = t.transpose(-1, -2)        # neither layout: to_layout's copy
-    assert torch.equal(change_layout(odd, "nhwc"), to_layout(odd, "nhwc"))
