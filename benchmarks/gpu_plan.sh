@@ -7,7 +7,7 @@
 #   fuzz       the memory-safety fuzz (benchmarks/fuzz_gpu.sh), incl. compute-sanitizer
 #   attention  benchmarks/attention.py --api on every train problem (fwd, bwd, deterministic bwd)
 #   tune5      tile candidates of the five-GEMM backward solvers 123/124
-#   decode     benchmarks/decode_formats.py (every K/V format) and benchmarks/paged.py
+#   decode     benchmarks/decode_formats.py (K/V formats, 122 vs 128, both V orders) and benchmarks/paged.py
 #   fp8        benchmarks/attention_fp8.py (d64/128/256, S 4k-16k)
 #   conv       the conv suite through the public API (run_suites.sh conv) and benchmarks/depthwise.py
 #   sysdb      nnprim db build-system for the H200 (suites + 90 model layers, about 5 minutes)
@@ -44,7 +44,10 @@ case $STEP in
     timeout 560 python3 benchmarks/attention.py --api --tune-5gemm --out "$OUT/attention_api_tune_$D.json" \
       --subset train_d64_s4096,train_d128_s4096_causal,train_d256_s4096,train_d256_s4096_causal 2>&1 | tail -15 ;;
   decode)
-    timeout 330 python3 benchmarks/decode_formats.py --out "$OUT/decode_formats_$D.json" 2>&1 | tail -40
+    # 122 and 128 forced next to the default path, V stored both ways (2026-12-01: 128 1.49x
+    # cuDNN on s4 g32 with keys-contiguous V; 122 2-3x slower on that storage than on rows)
+    timeout 330 python3 benchmarks/decode_formats.py --quick --solvers 122,128 --v-order both \
+      --problems decode_b64_k8k,decode_b8_k32k --out "$OUT/decode_formats_$D.json" 2>&1 | tail -40
     timeout 220 python3 benchmarks/paged.py --out "$OUT/paged_$D.json" 2>&1 | tail -20 ;;
   fp8)
     timeout 560 python3 benchmarks/attention_fp8.py --out "$OUT/attention_fp8_$D.json" 2>&1 | tail -20 ;;
