@@ -51,7 +51,7 @@ from ..post_ops import Binary, Sum
 from ..problems.conv import ConvProblem, empty_in_layout, to_layout
 from ..search.solver import Solver, register
 from .cpu_gemm import _block_index as block_index
-from .cpu_gemm import apply_post_ops_block, cpu_has_native_bf16, workspace
+from .cpu_gemm import apply_post_ops_block, cpu_has_native_bf16, transposed_fwd, workspace
 from .cpu_im2col import F32, Block, balance211
 from .winograd_math import VARIANTS, Transform
 
@@ -132,11 +132,13 @@ PROGRAMS = {4: (_bt_f43, _at_f43, 1, 2), 2: (_bt_f23, _at_f23, 0, 0)}   # m: (B^
 OPS = {4: (12, 10), 2: (4, 4)}                                           # torch ops per pass
 
 
-@lru_cache(maxsize=4)
-def filter_matrix(tr: Transform) -> torch.Tensor:
-    """Gk (alpha^2, 9): U[(xi, nu)] = sum_{r,s} G[xi][r] G[nu][s] w[r, s] (computed in float64)."""
+@lru_cache(maxsize=8)
+def filter_matrix(tr: Transform, flipped: bool = False) -> torch.Tensor:
+    """Gk (alpha^2, 9): U[(xi, nu)] = sum_{r,s} G[xi][r] G[nu][s] w[r, s] (computed in float64).
+    flipped: of the 180-degree rotated filter (w[2 - r, 2 - s]: the 9 columns reversed)."""
     g = torch.tensor(tr.G, dtype=torch.float64)
-    return torch.einsum("ar,bs->abrs", g, g).reshape(tr.alpha ** 2, 9).to(F32)
+    gk = torch.einsum("ar,bs->abrs", g, g).reshape(tr.alpha ** 2, 9)
+    return (gk.flip(1) if flipped else gk).to(F32).contiguous()
 
 
 # ---- plan -----------------------------------------------------------------------------------
@@ -312,17 +314,20 @@ def _regions(lo: int, hi: int, out: int, m: int) -> list[tuple[int, int, int]]:
     return regs
 
 
-def wino_fwd(plan: WinoPlan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
+def wino_fwd(plan: WinoPlan, args: ConvArgs, ws: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+    """y = conv(x, w) of plan.p. transposed (backward data): args.w is the original (C, K, 3, 3)
+    filter, used as w'[k, c] = w[c, k] rotated by 180 degrees (the rotation is folded into
+    the filter matrix's columns, the transposition into the staging copy of w)."""
     p, m, a = plan.p, plan.m, plan.alpha
     C, K = p.C, p.K
     shared, bufs = _carve(plan, ws)
     x = to_layout(args.x, p.layout)
-    w = args.w
+    w = args.w.transpose(0, 1) if transposed else args.w
     # U = G w G^T as (alpha^2, K, C): one mm reading w as (9, K*C)
     w9 = shared["w"].view(K, C, 3, 3)
     w9.copy_(w)
     U = shared["u"].view(a * a, K, C)
-    torch.mm(filter_matrix(VARIANTS[m]), w9.view(K * C, 9).t(), out=U.view(a * a, K * C))
+    torch.mm(filter_matrix(VARIANTS[m], transposed), w9.view(K * C, 9).t(), out=U.view(a * a, K * C))
     Ut = U.transpose(1, 2)                                   # (alpha^2, C, K)
     bias = args.bias.to(F32) if args.bias is not None else None
     y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
@@ -458,6 +463,36 @@ def prepare_with(p: ConvProblem, m: int | None = None, block_bytes: int | None =
     return invoke
 
 
+def _shape_reasons(p: ConvProblem) -> list[str]:
+    """Why the forward problem p is not Winograd's (empty: it is)."""
+    if p.ndim != 2:
+        return [f"{p.ndim}-D problem: 2-D only"]
+    reasons = []
+    if p.filter != (3, 3):
+        reasons.append(f"filter={p.filter}: 3x3 only")
+    if p.stride != (1, 1):
+        reasons.append(f"stride={p.stride}: stride 1 only")
+    if p.dilation != (1, 1):
+        reasons.append(f"dilation={p.dilation}: dilation 1 only")
+    if p.groups != 1:
+        reasons.append(f"groups={p.groups}: ungrouped only (per-group GEMMs are too narrow to pay)")
+    if max(*p.pad_before, *p.pad_after) > MAX_PAD:
+        reasons.append(f"padding={p.padding}: at most {MAX_PAD} a side")
+    u = 4 * 16 * p.K * p.C          # U of F(2x2), the smaller one
+    if u > MAX_U_BYTES:
+        reasons.append(f"K={p.K}, C={p.C}: the filter transform U needs {u} bytes > {MAX_U_BYTES}")
+    return reasons
+
+
+def _estimate(p: ConvProblem) -> float:
+    t = min(estimate_ms(p, 4), estimate_ms(p, 2))
+    if p.dtype != F32 and cpu_has_native_bf16():
+        # the im2col solver's native bf16 GEMM runs at ~2x the f32 rate this one keeps:
+        # measured 0.54-0.68x torch in bf16 vs 0.70-0.74 for solver 10 (suite, 1 thread)
+        t *= _NATIVE_BF16_PENALTY
+    return t
+
+
 @register
 class CpuWinogradFwd(Solver):
     id = 14
@@ -470,38 +505,64 @@ class CpuWinogradFwd(Solver):
     deterministic = True
 
     def not_supported_reasons(self, p: ConvProblem) -> list[str]:
-        reasons = super().not_supported_reasons(p)
-        if p.ndim != 2:
-            reasons.append(f"{p.ndim}-D problem: 2-D only")
-            return reasons
-        if p.filter != (3, 3):
-            reasons.append(f"filter={p.filter}: 3x3 only")
-        if p.stride != (1, 1):
-            reasons.append(f"stride={p.stride}: stride 1 only")
-        if p.dilation != (1, 1):
-            reasons.append(f"dilation={p.dilation}: dilation 1 only")
-        if p.groups != 1:
-            reasons.append(f"groups={p.groups}: ungrouped only (per-group GEMMs are too narrow to pay)")
-        if max(*p.pad_before, *p.pad_after) > MAX_PAD:
-            reasons.append(f"padding={p.padding}: at most {MAX_PAD} a side")
-        u = 4 * 16 * p.K * p.C          # U of F(2x2), the smaller one
-        if u > MAX_U_BYTES:
-            reasons.append(f"K={p.K}, C={p.C}: the filter transform U needs {u} bytes > {MAX_U_BYTES}")
-        return reasons
+        return super().not_supported_reasons(p) + _shape_reasons(p)
 
     def workspace_size(self, p: ConvProblem) -> int:
         return make_plan(p, choose_m(p)).workspace_bytes()
 
     def estimate(self, p: ConvProblem) -> float:
-        t = min(estimate_ms(p, 4), estimate_ms(p, 2))
-        if p.dtype != F32 and cpu_has_native_bf16():
-            # the im2col solver's native bf16 GEMM runs at ~2x the f32 rate this one keeps:
-            # measured 0.54-0.68x torch in bf16 vs 0.70-0.74 for solver 10 (suite, 1 thread)
-            t *= _NATIVE_BF16_PENALTY
-        return t
+        return _estimate(p)
 
     def prepare(self, p: ConvProblem):
         return prepare_with(p)
 
 
-__all__ = ["CpuWinogradFwd", "WinoPlan", "make_plan", "prepare_with", "wino_fwd", "choose_m", "PROGRAMS"]
+def prepare_bwd_data_with(p: ConvProblem, m: int | None = None, block_bytes: int | None = None):
+    """Invoker of the backward-data problem p: dx = wino_fwd(dy, w rotated and transposed)."""
+    pf = transposed_fwd(p)
+    plan = make_plan(pf, m or choose_m(pf), block_bytes)
+    nbytes = plan.workspace_bytes()
+
+    def invoke(args: ConvArgs) -> torch.Tensor:
+        with workspace(nbytes) as ws:
+            return wino_fwd(plan, ConvArgs(x=args.dy, w=args.w), ws, transposed=True)
+    invoke.plan = plan
+    return invoke
+
+
+@register
+class CpuWinogradBwdData(Solver):
+    """Backward data of stride-1 3x3 problems through the Winograd forward (solver 14's
+    structure and numerics): dx = conv(dy, w'), w'[c, k] = w[k, c] rotated 180 degrees,
+    padding 2 - pad a side (so pad <= 2)."""
+
+    id = 15
+    name = "cpu_winograd_bwd_data"
+    family = "winograd"
+    primitive = "conv"
+    directions = frozenset({"bwd_data"})
+    devices = frozenset({"cpu"})
+    dtypes = frozenset({torch.float32, torch.float16, torch.bfloat16})
+    deterministic = True
+
+    def not_supported_reasons(self, p: ConvProblem) -> list[str]:
+        reasons = super().not_supported_reasons(p)
+        pf = transposed_fwd(p)
+        if pf is None:
+            shape = _shape_reasons(p)    # the original's stride / filter / dilation reasons
+            return reasons + (shape or [f"padding={p.padding}: more than the filter span (2) a side"])
+        return reasons + _shape_reasons(pf)
+
+    def workspace_size(self, p: ConvProblem) -> int:
+        pf = transposed_fwd(p)
+        return make_plan(pf, choose_m(pf)).workspace_bytes()
+
+    def estimate(self, p: ConvProblem) -> float:
+        return _estimate(transposed_fwd(p))
+
+    def prepare(self, p: ConvProblem):
+        return prepare_bwd_data_with(p)
+
+
+__all__ = ["CpuWinogradFwd", "CpuWinogradBwdData", "prepare_bwd_data_with",
+           "WinoPlan", "make_plan", "prepare_with", "wino_fwd", "choose_m", "PROGRAMS"]
