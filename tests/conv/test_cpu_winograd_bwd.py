@@ -1,0 +1,125 @@
+"""CPU Winograd backward data (solver 15) against the float64 reference: NaN-poisoned
+workspace and output, random never-zero inputs, odd sizes (partial tiles), padding 0/1/2
+and asymmetric, both layouts, F(2x2) and F(4x4), f32/bf16 and out_dtype; applicability,
+the public API and the suite ranking."""
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import nnprim
+from nnprim.args import ConvArgs
+from nnprim.conv import cpu_winograd as cw
+from nnprim.conv import reference as ref
+from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
+from nnprim.search.ranking import heuristic_order
+
+SOLVER = cw.CpuWinogradBwdData()
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    def empty(shape, layout, **kw):
+        return empty_in_layout(shape, layout, **kw).fill_(float("nan"))
+
+    @contextlib.contextmanager
+    def ws(nbytes):
+        yield torch.full((nbytes,), 255, dtype=torch.uint8)     # NaN in f32
+
+    monkeypatch.setattr(cw, "empty_in_layout", empty)
+    monkeypatch.setattr(cw, "workspace", ws)
+
+
+def rnd(shape, dtype, layout, g):
+    t = torch.randn(shape, generator=g)
+    t = torch.where(t.abs() < 0.05, torch.full_like(t, 0.3), t)
+    return to_layout(t.to(dtype), layout)
+
+
+CASES = {   # x shape, K, padding
+    "odd_pad1": ((2, 3, 7, 9), 5, 1),
+    "no_pad": ((1, 4, 6, 11), 3, 0),
+    "pad2": ((1, 2, 4, 3), 4, 2),
+    "asym": ((2, 5, 9, 10), 6, ((2, 0), (1, 2))),
+}
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_bwd_data(case, layout, m):
+    xs, K, pad = CASES[case]
+    g = torch.Generator().manual_seed(sum(xs) + K + m)
+    w = rnd((K, xs[1], 3, 3), torch.float32, layout, g)
+    p = ConvProblem.create("bwd_data", xs, w.shape, dtype=torch.float32, layout=layout, padding=pad)
+    assert SOLVER.is_applicable(p), SOLVER.not_supported_reasons(p)
+    dy = rnd(p.y_shape, torch.float32, layout, g)
+    dx = cw.prepare_bwd_data_with(p, m)(ConvArgs(dy=dy, w=w))
+    exp = ref.conv_bwd_data_f64(p, dy, w)
+    assert dx.shape == exp.shape and dx.dtype == torch.float32
+    assert not torch.isnan(dx).any(), "unwritten (poisoned) elements remain"
+    assert ((dx.double() - exp).norm() / exp.norm()).item() < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("dtype,out_dtype", [(torch.bfloat16, None),
+                                             (torch.bfloat16, torch.float32)])
+def test_dtypes(dtype, out_dtype):
+    g = torch.Generator().manual_seed(3)
+    w = rnd((6, 4, 3, 3), dtype, "nhwc", g)
+    p = ConvProblem.create("bwd_data", (2, 4, 8, 7), w.shape, dtype=dtype, out_dtype=out_dtype,
+                           layout="nhwc", padding=1)
+    dy = rnd(p.y_shape, dtype, "nhwc", g)
+    dx = SOLVER.prepare(p)(ConvArgs(dy=dy, w=w))
+    exp = ref.conv_bwd_data_f64(p, dy, w)
+    assert dx.dtype == p.out_dtype and not torch.isnan(dx).any()
+    tol = TOL[torch.bfloat16 if torch.bfloat16 in (dtype, p.out_dtype) else torch.float32]
+    assert ((dx.double() - exp).norm() / exp.norm()).item() < tol
+
+
+@pytest.mark.parametrize("kw,why", [
+    (dict(stride=2), "stride"),
+    (dict(dilation=2), "dilation"),
+    (dict(w=(6, 1, 3, 3), groups=3), "groups"),
+    (dict(padding=3), "padding"),
+    (dict(w=(4, 3, 1, 1), padding=0), "filter"),
+    (dict(w=(4, 3, 5, 5)), "filter"),
+    (dict(x=(2, 3, 10), w=(4, 3, 3)), "2-D"),
+    (dict(direction="fwd"), "direction"),
+])
+def test_not_applicable(kw, why):
+    kw = dict(kw)
+    x, w, d = kw.pop("x", (2, 3, 10, 10)), kw.pop("w", (4, 3, 3, 3)), kw.pop("direction", "bwd_data")
+    p = ConvProblem.create(d, x, w, dtype=torch.float32, **kw)
+    reasons = SOLVER.not_supported_reasons(p)
+    assert reasons and any(why in r for r in reasons), reasons
+
+
+def test_public_api_forced_and_deterministic():
+    g = torch.Generator().manual_seed(5)
+    w = rnd((4, 3, 3, 3), torch.float32, "nchw", g)
+    dy = rnd((2, 4, 8, 7), torch.float32, "nchw", g)
+    dx = nnprim.conv_backward_data(dy, w, (2, 3, 8, 7), padding=1, solver="cpu_winograd_bwd_data")
+    dx2 = nnprim.conv_backward_data(dy, w, (2, 3, 8, 7), padding=1, solver=15)
+    assert torch.equal(dx, dx2) and SOLVER.deterministic and SOLVER.family == "winograd"
+    exp = torch.nn.grad.conv2d_input((2, 3, 8, 7), w.double(), dy.double(), padding=1)
+    assert ((dx.double() - exp).norm() / exp.norm()).item() < 1e-5
+
+
+def test_heuristic_ranks_it_first_on_the_suite_3x3_f32():
+    suite = json.loads((Path(nnprim.__file__).parent / "data" / "suites" / "conv_cpu.json").read_text())
+    n = 0
+    for s in suite["problems"]:
+        p = ConvProblem.create("bwd_data", (s["N"], s["C"], *s["spatial"]),
+                               (s["K"], s["C"] // s["groups"], *s["filter"]), stride=s["stride"],
+                               padding=s["padding"], dilation=s["dilation"], groups=s["groups"],
+                               layout=s["layout"], dtype=torch.float32)
+        first = heuristic_order(p)[0]
+        if SOLVER.is_applicable(p):
+            n += 1
+            assert first.id == 15, (s["name"], first)
+        else:
+            assert first.id != 15
+    assert n == 3
