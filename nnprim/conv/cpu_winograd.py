@@ -346,13 +346,33 @@ def wino_fwd(plan: WinoPlan, args: ConvArgs, ws: torch.Tensor, transposed: bool 
     return y
 
 
+def _input_transform(plan: WinoPlan, P: torch.Tensor, blk: WinoBlock, buf: dict[str, torch.Tensor]) -> torch.Tensor:
+    """V = B^T d B of the block's tiles of the staged images P: (alpha^2, tiles, C), tiles
+    ordered (n, th, tw), C contiguous."""
+    p, m, a, TW = plan.p, plan.m, plan.alpha, plan.TW
+    C, nb, thn = p.C, blk.nb, blk.th1 - blk.th0
+    tiles = nb * thn * TW
+    bt, nt_in = PROGRAMS[m][0], PROGRAMS[m][2]
+    # H pass: T[i] (nb, C, thn, Wp) from rows m*th + i
+    T = _phys_buffer(buf["t"], (a + nt_in, nb, C, thn, plan.Wp), (0, 1, 3, 4, 2))
+    r0 = m * blk.th0
+    d = [P[:, :, r0 + i:r0 + i + m * thn:m] for i in range(a)]
+    bt(d, list(T[:a]), list(T[a:]))
+    # W pass: V[i, j] (nb, C, thn, TW) from columns m*tw + j of T[i]
+    V = _phys_buffer(buf["v"], (a, a, nb, C, thn, TW), TILE_ORDER)
+    Vt = _phys_buffer(buf["v"][a * a * tiles * C:], (nt_in, a, nb, C, thn, TW), TILE_ORDER)
+    d = [T[:a, :, :, :, j:j + m * TW:m] for j in range(a)]
+    bt(d, [V[:, j] for j in range(a)], [Vt[k] for k in range(nt_in)])
+    return V.flatten(0, 1).permute(0, 1, 3, 4, 2).reshape(a * a, tiles, C)
+
+
 def _blocks(plan: WinoPlan, x: torch.Tensor, y: torch.Tensor, Ut: torch.Tensor, bias: torch.Tensor | None,
             ops: list, blocks: tuple[WinoBlock, ...], buf: dict[str, torch.Tensor]) -> None:
     """One worker's blocks: stage, input transform, GEMMs, output transform, post-ops."""
     p, m, a = plan.p, plan.m, plan.alpha
-    C, K, TW = p.C, p.K, plan.TW
+    K, TW = p.K, plan.TW
     OH, OW = p.out_size
-    bt, at, nt_in, nt_out = PROGRAMS[m]
+    at, nt_out = PROGRAMS[m][1], PROGRAMS[m][3]
     staged = None
     for blk in blocks:
         nb, thn = blk.nb, blk.th1 - blk.th0
@@ -360,19 +380,10 @@ def _blocks(plan: WinoPlan, x: torch.Tensor, y: torch.Tensor, Ut: torch.Tensor, 
         if staged != (blk.n0, blk.n1):
             P = _stage(plan, x, blk, buf["stage"], staged is None)
             staged = (blk.n0, blk.n1)
-        # H pass: T[i] (nb, C, thn, Wp) from rows m*th + i
-        T = _phys_buffer(buf["t"], (a + nt_in, nb, C, thn, plan.Wp), (0, 1, 3, 4, 2))
         r0 = m * blk.th0
-        d = [P[:, :, r0 + i:r0 + i + m * thn:m] for i in range(a)]
-        bt(d, list(T[:a]), list(T[a:]))
-        # W pass: V[i, j] (nb, C, thn, TW) from columns m*tw + j of T[i]
-        V = _phys_buffer(buf["v"], (a, a, nb, C, thn, TW), TILE_ORDER)
-        Vt = _phys_buffer(buf["v"][a * a * tiles * C:], (nt_in, a, nb, C, thn, TW), TILE_ORDER)
-        d = [T[:a, :, :, :, j:j + m * TW:m] for j in range(a)]
-        bt(d, [V[:, j] for j in range(a)], [Vt[k] for k in range(nt_in)])
         # the alpha^2 GEMMs, M[e] logical (nb, K, thn, TW)
         Mp = buf["m"][:a * a * tiles * K].view(a * a, tiles, K)
-        torch.bmm(V.flatten(0, 1).permute(0, 1, 3, 4, 2).reshape(a * a, tiles, C), Ut, out=Mp)
+        torch.bmm(_input_transform(plan, P, blk, buf), Ut, out=Mp)
         M = Mp.view(a, a, nb, thn, TW, K).permute(0, 1, 2, 5, 3, 4)
         if bias is not None:
             M[1, 1].add_(bias.view(1, K, 1, 1))
@@ -420,6 +431,93 @@ def _copy_fused(Yb: torch.Tensor, ydst: torch.Tensor, ops: list, blk: Block) -> 
         return ops[1:]
     ydst.copy_(Yb)
     return ops
+
+
+# ---- backward weights -----------------------------------------------------------------------
+@lru_cache(maxsize=4)
+def dy_matrix(tr: Transform) -> torch.Tensor:
+    """(alpha^2, m^2): DY[(e1, e2)] = sum_{i,j} A[e1][i] A[e2][j] dy[i, j] (A = (A^T)^T)."""
+    at = torch.tensor(tr.AT, dtype=torch.float64)           # (m, alpha)
+    return torch.einsum("ia,jb->abij", at, at).reshape(tr.alpha ** 2, tr.m ** 2).to(F32).contiguous()
+
+
+def _dy_tiles(plan: WinoPlan, dy: torch.Tensor, blk: WinoBlock, buf: torch.Tensor) -> torch.Tensor:
+    """dy's m x m tiles of the block as (m^2, tiles*K) f32, zero past the output's edge."""
+    p, m, TW = plan.p, plan.m, plan.TW
+    K, nb, thn = p.K, blk.nb, blk.th1 - blk.th0
+    OH, OW = p.out_size
+    D = buf[:m * m * nb * thn * TW * K].view(m, m, nb, thn, TW, K)
+    dst6 = D.permute(2, 5, 3, 0, 4, 1)                     # (nb, K, thn, m, TW, m)
+    rows, cols = _regions(blk.th0, blk.th1, OH, m), _regions(0, TW, OW, m)
+    if len(rows) * len(cols) > 1 or rows[0][2] < m or cols[0][2] < m:
+        D.zero_()
+    for ta, tb, ra in rows:
+        for wa, wb, rb in cols:
+            src = dy[blk.n0:blk.n1, :, m * ta:m * (tb - 1) + ra, m * wa:m * (wb - 1) + rb]
+            if ra == m and rb == m:
+                dst6[:, :, ta - blk.th0:tb - blk.th0, :, wa:wb, :].copy_(
+                    src.unflatten(2, (tb - ta, m)).unflatten(4, (wb - wa, m)))
+            else:   # one partial tile row or column: (nb, K, 1 or n, ra, n or 1, rb)
+                dst6[:, :, ta - blk.th0:tb - blk.th0, :ra, wa:wb, :rb].copy_(
+                    src.unflatten(2, (tb - ta, ra)).unflatten(4, (wb - wa, rb)))
+    return D.view(m * m, -1)
+
+
+def wino_bwd_weights(plan: WinoPlan, pw: ConvProblem, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
+    """dw = G^T [sum over tiles of (A dy A^T)^T (B^T x B)] G: the transpose of F(m x m, 3x3)
+    is F(3x3, m x m) with the dy tile as the filter. Per block: V = B^T x B (the forward's
+    input transform), DY = kron(A, A) . dy tiles (one mm), then ONE batched GEMM accumulates
+    M[e] (K, C) += DY[e]^T (K, tiles) . V[e] (tiles, C) in f32 across blocks; finally
+    dw (9, K*C) = Gk^T . M (one mm)."""
+    p, m, a = plan.p, plan.m, plan.alpha
+    C, K = p.C, p.K
+    shared, bufs = _carve(plan, ws)
+    buf = bufs[0]
+    x, dy = to_layout(args.x, p.layout), to_layout(args.dy, p.layout)
+    Macc = shared["u"].view(a * a, K, C)
+    tr = VARIANTS[m]
+    Ak = dy_matrix(tr)
+    staged, first = None, True
+    for blk in plan.blocks:
+        nb, thn = blk.nb, blk.th1 - blk.th0
+        tiles = nb * thn * plan.TW
+        if staged != (blk.n0, blk.n1):
+            P = _stage(plan, x, blk, buf["stage"], staged is None)
+            staged = (blk.n0, blk.n1)
+        V = _input_transform(plan, P, blk, buf)                       # (a^2, tiles, C)
+        D = _dy_tiles(plan, dy, blk, buf["z"])                         # (m^2, tiles*K)
+        DY = buf["m"][:a * a * tiles * K].view(a * a, tiles * K)
+        torch.mm(Ak, D, out=DY)
+        DYt = DY.view(a * a, tiles, K).transpose(1, 2)
+        if first:
+            torch.bmm(DYt, V, out=Macc)
+            first = False
+        else:
+            Macc.baddbmm_(DYt, V)
+    dw9 = torch.mm(filter_matrix(tr).t(), Macc.view(a * a, K * C))   # (9, K*C)
+    dw = empty_in_layout(pw.w_shape, pw.layout, dtype=pw.out_dtype)
+    dw.copy_(dw9.view(3, 3, K, C).permute(2, 3, 0, 1))
+    return dw
+
+
+def _fwd_of(p: ConvProblem) -> ConvProblem:
+    """The forward problem with p's geometry (its plan serves p's backward weights)."""
+    return ConvProblem.create("fwd", p.x_shape, p.w_shape, dtype=p.dtype, layout=p.layout,
+                              stride=p.stride, padding=tuple(zip(p.pad_before, p.pad_after)),
+                              dilation=p.dilation, groups=p.groups)
+
+
+def prepare_bwd_weights_with(p: ConvProblem, m: int | None = None, block_bytes: int | None = None):
+    """Invoker of the backward-weights problem p (m: None = choose_m of its forward)."""
+    pf = _fwd_of(p)
+    plan = make_plan(pf, m or choose_m(pf), block_bytes)
+    nbytes = plan.workspace_bytes()
+
+    def invoke(args: ConvArgs) -> torch.Tensor:
+        with workspace(nbytes) as ws:
+            return wino_bwd_weights(plan, p, args, ws)
+    invoke.plan = plan
+    return invoke
 
 
 # ---- solver ---------------------------------------------------------------------------------
@@ -564,5 +662,37 @@ class CpuWinogradBwdData(Solver):
         return prepare_bwd_data_with(p)
 
 
-__all__ = ["CpuWinogradFwd", "CpuWinogradBwdData", "prepare_bwd_data_with",
+@register
+class CpuWinogradBwdWeights(Solver):
+    """Backward weights of stride-1 3x3 problems as the transposed Winograd algorithm
+    F(3x3, m x m) (wino_bwd_weights): the forward's input transform, a dy transform, one
+    batched GEMM per block accumulating in f32, one filter-side mm at the end."""
+
+    id = 16
+    name = "cpu_winograd_bwd_weights"
+    family = "winograd"
+    primitive = "conv"
+    directions = frozenset({"bwd_weights"})
+    devices = frozenset({"cpu"})
+    dtypes = frozenset({torch.float32, torch.float16, torch.bfloat16})
+    deterministic = True
+
+    def not_supported_reasons(self, p: ConvProblem) -> list[str]:
+        return super().not_supported_reasons(p) + _shape_reasons(p)
+
+    def workspace_size(self, p: ConvProblem) -> int:
+        pf = _fwd_of(p)
+        return make_plan(pf, choose_m(pf)).workspace_bytes()
+
+    def estimate(self, p: ConvProblem) -> float:
+        # the forward's structure: input transform, alpha^2 GEMMs of the same size, a dy
+        # transform (one small mm) in place of the output transform
+        return _estimate(_fwd_of(p))
+
+    def prepare(self, p: ConvProblem):
+        return prepare_bwd_weights_with(p)
+
+
+__all__ = ["CpuWinogradFwd", "CpuWinogradBwdData", "CpuWinogradBwdWeights", "prepare_bwd_data_with",
+           "prepare_bwd_weights_with", "wino_bwd_weights",
            "WinoPlan", "make_plan", "prepare_with", "wino_fwd", "choose_m", "PROGRAMS"]

@@ -1,4 +1,4 @@
-"""CPU Winograd backward data (solver 15) against the float64 reference: NaN-poisoned
+"""CPU Winograd backward data (solver 15) and backward weights (solver 16) against the float64 reference: NaN-poisoned
 workspace and output, random never-zero inputs, odd sizes (partial tiles), padding 0/1/2
 and asymmetric, both layouts, F(2x2) and F(4x4), f32/bf16 and out_dtype; applicability,
 the public API and the suite ranking."""
@@ -17,6 +17,7 @@ from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
 from nnprim.search.ranking import heuristic_order
 
 SOLVER = cw.CpuWinogradBwdData()
+WSOLVER = cw.CpuWinogradBwdWeights()
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 
@@ -122,4 +123,62 @@ def test_heuristic_ranks_it_first_on_the_suite_3x3_f32():
             assert first.id == 15, (s["name"], first)
         else:
             assert first.id != 15
+    assert n == 3
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_bwd_weights(case, layout, m):
+    xs, K, pad = CASES[case]
+    g = torch.Generator().manual_seed(sum(xs) + K + m + 1)
+    x = rnd(xs, torch.float32, layout, g)
+    p = ConvProblem.create("bwd_weights", xs, (K, xs[1], 3, 3), dtype=torch.float32, layout=layout, padding=pad)
+    assert WSOLVER.is_applicable(p), WSOLVER.not_supported_reasons(p)
+    dy = rnd(p.y_shape, torch.float32, layout, g)
+    dw = cw.prepare_bwd_weights_with(p, m)(ConvArgs(x=x, dy=dy))
+    exp = ref.conv_bwd_weights_f64(p, dy, x)
+    assert dw.shape == exp.shape and dw.dtype == torch.float32 and not torch.isnan(dw).any()
+    assert ((dw.double() - exp).norm() / exp.norm()).item() < TOL[torch.float32]
+    if layout == "nhwc":
+        assert dw.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_bwd_weights_row_blocks_and_dtypes():
+    """Blocks of tile rows (a tiny block budget) accumulate across blocks; bf16 in, f32 out."""
+    g = torch.Generator().manual_seed(11)
+    for dtype, out_dtype, bb in ((torch.float32, None, 1), (torch.bfloat16, torch.float32, None),
+                                 (torch.bfloat16, None, None)):
+        x = rnd((3, 4, 13, 10), dtype, "nchw", g)
+        p = ConvProblem.create("bwd_weights", x.shape, (5, 4, 3, 3), dtype=dtype, out_dtype=out_dtype,
+                               padding=((1, 2), (0, 1)))
+        dy = rnd(p.y_shape, dtype, "nchw", g)
+        inv = cw.prepare_bwd_weights_with(p, 2, bb)
+        if bb:
+            assert len(inv.plan.blocks) > p.N
+        dw = inv(ConvArgs(x=x, dy=dy))
+        exp = ref.conv_bwd_weights_f64(p, dy, x)
+        assert dw.dtype == p.out_dtype and not torch.isnan(dw).any()
+        tol = TOL[torch.bfloat16 if torch.bfloat16 == p.out_dtype else torch.float32]
+        assert ((dw.double() - exp).norm() / exp.norm()).item() < tol
+
+
+def test_bwd_weights_api_and_ranking():
+    g = torch.Generator().manual_seed(6)
+    x, dy = rnd((2, 3, 8, 7), torch.float32, "nhwc", g), rnd((2, 4, 8, 7), torch.float32, "nhwc", g)
+    dw = nnprim.conv_backward_weights(dy, x, (4, 3, 3, 3), padding=1, solver="cpu_winograd_bwd_weights")
+    exp = torch.nn.grad.conv2d_weight(x.double(), (4, 3, 3, 3), dy.double(), padding=1)
+    assert ((dw.double() - exp).norm() / exp.norm()).item() < 1e-5 and WSOLVER.deterministic
+    assert any("stride" in r for r in WSOLVER.not_supported_reasons(
+        ConvProblem.create("bwd_weights", (2, 3, 8, 8), (4, 3, 3, 3), stride=2, dtype=torch.float32)))
+    suite = json.loads((Path(nnprim.__file__).parent / "data" / "suites" / "conv_cpu.json").read_text())
+    n = 0
+    for s in suite["problems"]:
+        p = ConvProblem.create("bwd_weights", (s["N"], s["C"], *s["spatial"]),
+                               (s["K"], s["C"] // s["groups"], *s["filter"]), stride=s["stride"],
+                               padding=s["padding"], dilation=s["dilation"], groups=s["groups"],
+                               layout=s["layout"], dtype=torch.float32)
+        if WSOLVER.is_applicable(p):
+            n += 1
+            assert heuristic_order(p)[0].id == 16, s["name"]
     assert n == 3
