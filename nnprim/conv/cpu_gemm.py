@@ -906,7 +906,10 @@ class _CpuGemmBase(Solver):
         cores = max(1, torch.get_num_threads())
         F = math.prod(p.filter)
         col = 0.0 if _is_direct(p) else 8.0 * p.N * math.prod(p.out_size) * p.C * F
-        gf = _GFLOPS_PER_CORE * (_BF16_GEMM_SPEEDUP if self.config.gemm_dtype(p) == torch.bfloat16 else 1.0)
+        # the plan's GEMM dtype: backward data run as forward convolutions (stride 1, or per
+        # phase) gets the native bf16 GEMM that gemm_dtype(p) alone does not show
+        gd = make_plan(p, self.config).gemm_dtype if p.direction == "bwd_data" else self.config.gemm_dtype(p)
+        gf = _GFLOPS_PER_CORE * (_BF16_GEMM_SPEEDUP if gd == torch.bfloat16 else 1.0)
         t = p.flops() / (gf * 1e9 * cores) + (col + p.bytes()) / (_GBS_PER_CORE * 1e9 * cores)
         return t * 1e3
 
