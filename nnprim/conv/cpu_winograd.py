@@ -369,54 +369,62 @@ def _input_transform(plan: WinoPlan, P: torch.Tensor, blk: WinoBlock, buf: dict[
 def _blocks(plan: WinoPlan, x: torch.Tensor, y: torch.Tensor, Ut: torch.Tensor, bias: torch.Tensor | None,
             ops: list, blocks: tuple[WinoBlock, ...], buf: dict[str, torch.Tensor]) -> None:
     """One worker's blocks: stage, input transform, GEMMs, output transform, post-ops."""
+    a, K = plan.alpha, plan.p.K
+    staged = None
+    for blk in blocks:
+        tiles = blk.nb * (blk.th1 - blk.th0) * plan.TW
+        if staged != (blk.n0, blk.n1):
+            P = _stage(plan, x, blk, buf["stage"], staged is None)
+            staged = (blk.n0, blk.n1)
+        # the alpha^2 GEMMs, M[e] logical (nb, K, thn, TW)
+        Mp = buf["m"][:a * a * tiles * K].view(a * a, tiles, K)
+        torch.bmm(_input_transform(plan, P, blk, buf), Ut, out=Mp)
+        _output_transform(plan, Mp, blk, y, bias, ops, buf)
+
+
+def _output_transform(plan: WinoPlan, Mp: torch.Tensor, blk: WinoBlock, y: torch.Tensor,
+                      bias: torch.Tensor | None, ops: list, buf: dict[str, torch.Tensor]) -> None:
+    """y's block (images [n0, n1), tile rows [th0, th1)) = A^T M A (+ bias, post-ops) of the
+    GEMM output Mp (alpha^2, tiles, K)."""
     p, m, a = plan.p, plan.m, plan.alpha
     K, TW = p.K, plan.TW
     OH, OW = p.out_size
     at, nt_out = PROGRAMS[m][1], PROGRAMS[m][3]
-    staged = None
-    for blk in blocks:
-        nb, thn = blk.nb, blk.th1 - blk.th0
-        tiles = nb * thn * TW
-        if staged != (blk.n0, blk.n1):
-            P = _stage(plan, x, blk, buf["stage"], staged is None)
-            staged = (blk.n0, blk.n1)
-        r0 = m * blk.th0
-        # the alpha^2 GEMMs, M[e] logical (nb, K, thn, TW)
-        Mp = buf["m"][:a * a * tiles * K].view(a * a, tiles, K)
-        torch.bmm(_input_transform(plan, P, blk, buf), Ut, out=Mp)
-        M = Mp.view(a, a, nb, thn, TW, K).permute(0, 1, 2, 5, 3, 4)
-        if bias is not None:
-            M[1, 1].add_(bias.view(1, K, 1, 1))
-        # output pass 1 (rows): Z[r, j] = sum_i A^T[r][i] M[i, j]
-        Z = _phys_buffer(buf["z"], (m + nt_out, a, nb, K, thn, TW), TILE_ORDER)
-        at([M[i] for i in range(a)], list(Z[:m]), list(Z[m:]))
-        # output pass 2 (columns) into y's m x m tile views (or an f32 block)
-        r1 = min(m * blk.th1, OH)
-        ydst = y[blk.n0:blk.n1, :, r0:r1]
-        if "y" in buf:      # an f32 block of whole tiles: one region, the tails cut by the copy
-            Yt = _phys_buffer(buf["y"], (nb, K, thn * m, TW * m), NHWC)
-            Yb, rows, cols = Yt[:, :, :r1 - r0, :OW], [(blk.th0, blk.th1, m)], [(0, TW, m)]
-        else:
-            Yt = Yb = ydst
-            rows, cols = _regions(blk.th0, blk.th1, OH, m), _regions(0, TW, OW, m)
-        sn, sk, sh, sw = Yt.stride()
-        for (ta, tb, ra) in rows:
-            for (wa, wb, rb) in cols:
-                zs = Z[:ra, :, :, :, ta - blk.th0:tb - blk.th0, wa:wb]
-                tmp = [Z[m + k, :ra, :, :, ta - blk.th0:tb - blk.th0, wa:wb] for k in range(nt_out)]
-                size = (ra, nb, K, tb - ta, wb - wa)
-                stride = (sh, sn, sk, m * sh, m * sw)
-                base = Yt.storage_offset() + (m * ta - r0) * sh + m * wa * sw
-                dst = [Yt.as_strided(size, stride, base + b * sw) if b < rb else None for b in range(m)]
-                at([zs[:, j] for j in range(a)], dst, tmp)
-        # the chain on y's block in y's layout (f32 out: after the copy of an nchw block, so
-        # it runs on contiguous rows like its operands), else on the f32 block before the cast
-        yblk = Block(blk.n0, blk.n1, (r0, 0), (r1, OW))
-        post, rest = (Yb, ops) if p.out_dtype != F32 else (ydst, _copy_fused(Yb, ydst, ops, yblk))
-        if rest:
-            apply_post_ops_block(post.unsqueeze(1), yblk, 1, None, rest)
-        if post is not ydst:
-            ydst.copy_(Yb)
+    nb, thn = blk.nb, blk.th1 - blk.th0
+    r0 = m * blk.th0
+    M = Mp.view(a, a, nb, thn, TW, K).permute(0, 1, 2, 5, 3, 4)
+    if bias is not None:
+        M[1, 1].add_(bias.view(1, K, 1, 1))
+    # output pass 1 (rows): Z[r, j] = sum_i A^T[r][i] M[i, j]
+    Z = _phys_buffer(buf["z"], (m + nt_out, a, nb, K, thn, TW), TILE_ORDER)
+    at([M[i] for i in range(a)], list(Z[:m]), list(Z[m:]))
+    # output pass 2 (columns) into y's m x m tile views (or an f32 block)
+    r1 = min(m * blk.th1, OH)
+    ydst = y[blk.n0:blk.n1, :, r0:r1]
+    if "y" in buf:      # an f32 block of whole tiles: one region, the tails cut by the copy
+        Yt = _phys_buffer(buf["y"], (nb, K, thn * m, TW * m), NHWC)
+        Yb, rows, cols = Yt[:, :, :r1 - r0, :OW], [(blk.th0, blk.th1, m)], [(0, TW, m)]
+    else:
+        Yt = Yb = ydst
+        rows, cols = _regions(blk.th0, blk.th1, OH, m), _regions(0, TW, OW, m)
+    sn, sk, sh, sw = Yt.stride()
+    for (ta, tb, ra) in rows:
+        for (wa, wb, rb) in cols:
+            zs = Z[:ra, :, :, :, ta - blk.th0:tb - blk.th0, wa:wb]
+            tmp = [Z[m + k, :ra, :, :, ta - blk.th0:tb - blk.th0, wa:wb] for k in range(nt_out)]
+            size = (ra, nb, K, tb - ta, wb - wa)
+            stride = (sh, sn, sk, m * sh, m * sw)
+            base = Yt.storage_offset() + (m * ta - r0) * sh + m * wa * sw
+            dst = [Yt.as_strided(size, stride, base + b * sw) if b < rb else None for b in range(m)]
+            at([zs[:, j] for j in range(a)], dst, tmp)
+    # the chain on y's block in y's layout (f32 out: after the copy of an nchw block, so
+    # it runs on contiguous rows like its operands), else on the f32 block before the cast
+    yblk = Block(blk.n0, blk.n1, (r0, 0), (r1, OW))
+    post, rest = (Yb, ops) if p.out_dtype != F32 else (ydst, _copy_fused(Yb, ydst, ops, yblk))
+    if rest:
+        apply_post_ops_block(post.unsqueeze(1), yblk, 1, None, rest)
+    if post is not ydst:
+        ydst.copy_(Yb)
 
 
 def _copy_fused(Yb: torch.Tensor, ydst: torch.Tensor, ops: list, blk: Block) -> list:
