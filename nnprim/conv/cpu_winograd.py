@@ -1,6 +1,17 @@
-"""CPU Winograd convolution forward (family `winograd`, solver 14 `cpu_winograd_fwd`):
-F(4x4,3x3) or F(2x2,3x3) in torch ops, for 2-D 3x3 stride-1 undilated ungrouped problems
-with padding <= 2 a side (asymmetric too), nchw and nhwc, f32 (bf16/f16 inputs computed in f32).
+"""CPU Winograd convolution (family `winograd`): forward (solver 14 `cpu_winograd_fwd`),
+backward data (15 `cpu_winograd_bwd_data`) and backward weights (16
+`cpu_winograd_bwd_weights`). F(4x4,3x3) or F(2x2,3x3) in torch ops, for 3x3 (3x3x3)
+stride-1 undilated ungrouped problems with padding <= 2 a side (asymmetric too), nchw and
+nhwc, f32 (bf16/f16 inputs computed in f32).
+
+Backward data = the forward of dy with the transposed filter rotated by 180 degrees
+(cpu_gemm.transposed_fwd; the rotation is folded into the filter matrix's columns).
+Backward weights = the transposed algorithm F(3x3, m x m): dw = G^T [sum over tiles of
+(A dy A^T) (.) (B^T x B)] G, i.e. the forward's input transform, a dy transform (one mm by
+kron(A, A)), ONE batched GEMM per block M[e] (K, C) += DY[e]^T V[e] accumulating in f32,
+and one mm by G^T at the end. 3-D problems run 2-D Winograd over (H, W) per depth slice
+and sum the three depth taps as f32 GEMMs accumulating in place (Wino3Plan); a post-op
+chain is 2-D only.
 
 Math (winograd_math.py, Lavin & Gray): per tile of m x m outputs (alpha = m + 2),
     U[e] = G w G^T (per call: weights change in training), V[e] = B^T d B,
@@ -517,15 +528,158 @@ def _fwd_of(p: ConvProblem) -> ConvProblem:
 
 def prepare_bwd_weights_with(p: ConvProblem, m: int | None = None, block_bytes: int | None = None):
     """Invoker of the backward-weights problem p (m: None = choose_m of its forward)."""
-    pf = _fwd_of(p)
-    plan = make_plan(pf, m or choose_m(pf), block_bytes)
+    plan = plan_any(_fwd_of(p), m, block_bytes)
     nbytes = plan.workspace_bytes()
+    fn = wino_bwd_weights3 if isinstance(plan, Wino3Plan) else wino_bwd_weights
 
     def invoke(args: ConvArgs) -> torch.Tensor:
         with workspace(nbytes) as ws:
-            return wino_bwd_weights(plan, p, args, ws)
+            return fn(plan, p, args, ws)
     invoke.plan = plan
     return invoke
+
+
+# ---- 3-D: 2-D Winograd over (H, W) per depth slice, the depth taps as accumulating GEMMs -----
+@dataclass(frozen=True)
+class Wino3Plan:
+    """A 3-D 3x3x3 problem as 2-D Winograd over (H, W): the Dp zero-padded depth slices of
+    one image are the pseudo-images of `plan` (a 2-D plan whose blocks are tile rows of all
+    of them), so V is computed once per input slice, and output slice d sums the depth taps
+    fd as f32 GEMMs accumulating in place: M[e] = sum_fd V_{d+fd}[e] . U_fd[e] (V's tiles
+    of slices d + fd, d < Do, are one contiguous row range per fd)."""
+    p: ConvProblem          # the 3-D problem (forward geometry)
+    plan: WinoPlan          # 2-D plan over the Dp pseudo-images
+    pd: int                 # depth padding before
+
+    @property
+    def Dp(self) -> int:
+        return self.plan.nb
+
+    @property
+    def Do(self) -> int:
+        return self.Dp - 2
+
+    def workspace_bytes(self) -> int:
+        K, C, a = self.plan.p.K, self.plan.p.C, self.plan.alpha
+        return self.plan.workspace_bytes() + 4 * (_aligned(3 * K * C * 9) + _aligned(3 * a * a * K * C))
+
+
+def make_plan3(p: ConvProblem, m: int, block_bytes: int | None = None) -> Wino3Plan:
+    """Blocks of tile rows of all Dp depth slices of an image, at most `block_bytes` of f32
+    transform buffers (None: as make_plan)."""
+    if block_bytes is None:
+        threads = torch.get_num_threads()
+        block_bytes = BLOCK_BYTES if threads <= 1 else 2 * BLOCK_BYTES * threads
+    Dp = p.in_size[0] + p.pad_before[0] + p.pad_after[0]
+    p2 = ConvProblem.create("fwd", (Dp, p.C, *p.in_size[1:]), (p.K, p.C, 3, 3), dtype=p.dtype,
+                            out_dtype=p.out_dtype, layout=p.layout,
+                            padding=tuple(zip(p.pad_before[1:], p.pad_after[1:])))
+    a = m + 2
+    OH, OW = p2.out_size
+    TH, TW = -(-OH // m), -(-OW // m)
+    Wp = TW * m + 2
+    row = 4 * Dp * (a * p.C * Wp + TW * (a * a * p.C + a * a * p.K + m * a * p.K))   # one tile row
+    rows = max(1, min(TH, block_bytes // row))
+    per = -(-TH // -(-TH // rows))       # even split
+    blocks = tuple(WinoBlock(0, Dp, t, min(TH, t + per)) for t in range(0, TH, per))
+    return Wino3Plan(p, WinoPlan(p2, m, TH, TW, blocks, Dp, per, 1), p.pad_before[0])
+
+
+def _carve3(plan3: Wino3Plan, ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """(w staged f32 (3, K, C, 3, 3), U or the dw accumulator (3, alpha^2, K, C), the 2-D buffers)."""
+    K, C, a = plan3.plan.p.K, plan3.plan.p.C, plan3.plan.alpha
+    nw, nu = _aligned(3 * K * C * 9), _aligned(3 * a * a * K * C)
+    f = ws[:4 * (nw + nu)].view(F32)
+    _, bufs = _carve(plan3.plan, ws[4 * (nw + nu):])
+    return f[:3 * K * C * 9].view(3, K, C, 3, 3), f[nw:nw + 3 * a * a * K * C].view(3, a * a, K, C), bufs[0]
+
+
+def _stage3(plan3: Wino3Plan, xs: torch.Tensor, buf: torch.Tensor, first: bool) -> torch.Tensor:
+    """One image's depth slices xs (D, C, H, W) zero-padded to (Dp, C, Hp, Wp) in f32; the
+    padding slices and the halo are zeroed on the first image only (the buffer is reused)."""
+    plan, pd = plan3.plan, plan3.pd
+    p2 = plan.p
+    (pt, pl), (H, W) = p2.pad_before, p2.in_size
+    D = xs.shape[0]
+    P = _phys_buffer(buf, (plan.nb, p2.C, plan.Hp, plan.Wp), NHWC)
+    if first:
+        P[:pd].zero_()
+        P[pd + D:].zero_()
+        P[:, :, :pt].zero_()
+        P[:, :, pt + H:].zero_()
+        P[:, :, :, :pl].zero_()
+        P[:, :, :, pl + W:].zero_()
+    P[pd:pd + D, :, pt:pt + H, pl:pl + W].copy_(xs)
+    return P
+
+
+def wino_fwd3(plan3: Wino3Plan, args: ConvArgs, ws: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+    """y = conv3d(x, w) of plan3.p (transposed: as wino_fwd, the depth taps reversed too)."""
+    p, plan = plan3.p, plan3.plan
+    m, a, C, K, Do = plan.m, plan.alpha, p.C, p.K, plan3.Do
+    w9, U, buf = _carve3(plan3, ws)
+    x = to_layout(args.x, p.layout)
+    w = args.w.transpose(0, 1) if transposed else args.w
+    gk = filter_matrix(VARIANTS[m], transposed)
+    for fd in range(3):
+        w9[fd].copy_(w[:, :, 2 - fd if transposed else fd])
+        torch.mm(gk, w9[fd].view(K * C, 9).t(), out=U[fd].view(a * a, K * C))
+    Ut = U.transpose(2, 3)                                   # (3, alpha^2, C, K)
+    bias = args.bias.to(F32) if args.bias is not None else None
+    y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
+    for n in range(p.N):
+        P = _stage3(plan3, x[n].transpose(0, 1), buf["stage"], n == 0)
+        ys = y[n].transpose(0, 1)                            # (Do, K, OH, OW) pseudo-images
+        for blk in plan.blocks:
+            T = (blk.th1 - blk.th0) * plan.TW
+            V = _input_transform(plan, P, blk, buf)          # (alpha^2, Dp*T, C)
+            Mp = buf["m"][:a * a * Do * T * K].view(a * a, Do * T, K)
+            torch.bmm(V[:, :Do * T], Ut[0], out=Mp)
+            for fd in (1, 2):
+                Mp.baddbmm_(V[:, fd * T:(fd + Do) * T], Ut[fd])
+            _output_transform(plan, Mp, WinoBlock(0, Do, blk.th0, blk.th1), ys, bias, [], buf)
+    return y
+
+
+def wino_bwd_weights3(plan3: Wino3Plan, pw: ConvProblem, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
+    """dw[:, :, fd] = G^T [sum over images, output slices d, tiles of DY_d^T V_{d+fd}] G."""
+    plan = plan3.plan
+    m, a, C, K, Do = plan.m, plan.alpha, pw.C, pw.K, plan3.Do
+    _, Macc, buf = _carve3(plan3, ws)
+    x, dy = to_layout(args.x, pw.layout), to_layout(args.dy, pw.layout)
+    Ak = dy_matrix(VARIANTS[m])
+    first = True
+    for n in range(pw.N):
+        P = _stage3(plan3, x[n].transpose(0, 1), buf["stage"], n == 0)
+        dys = dy[n].transpose(0, 1)                          # (Do, K, OH, OW)
+        for blk in plan.blocks:
+            T = (blk.th1 - blk.th0) * plan.TW
+            V = _input_transform(plan, P, blk, buf)
+            D = _dy_tiles(plan, dys, WinoBlock(0, Do, blk.th0, blk.th1), buf["z"])
+            DY = buf["m"][:a * a * Do * T * K].view(a * a, Do * T * K)
+            torch.mm(Ak, D, out=DY)
+            DYt = DY.view(a * a, Do * T, K).transpose(1, 2)
+            for fd in range(3):
+                if first:
+                    torch.bmm(DYt, V[:, fd * T:(fd + Do) * T], out=Macc[fd])
+                else:
+                    Macc[fd].baddbmm_(DYt, V[:, fd * T:(fd + Do) * T])
+            first = False
+    gt = filter_matrix(VARIANTS[m]).t()
+    dw = empty_in_layout(pw.w_shape, pw.layout, dtype=pw.out_dtype)
+    for fd in range(3):
+        dw[:, :, fd].copy_(torch.mm(gt, Macc[fd].view(a * a, K * C)).view(3, 3, K, C).permute(2, 3, 0, 1))
+    return dw
+
+
+def estimate3_ms(p: ConvProblem, m: int) -> float:
+    """N x the 2-D estimate of one image's Dp slices (transforms, one GEMM per block, calls)
+    plus the two further depth-tap GEMMs."""
+    plan3 = make_plan3(p, m)
+    p2, a = plan3.plan.p, m + 2
+    tiles = p.N * plan3.Do * plan3.plan.TH * plan3.plan.TW
+    extra = 2 * 2.0 * a * a * tiles * p.C * p.K / (_GFLOPS_PER_CORE * 1e9 * max(1, torch.get_num_threads()))
+    return p.N * estimate_ms(p2, m) + extra * 1e3
 
 
 # ---- solver ---------------------------------------------------------------------------------
@@ -549,9 +703,25 @@ def estimate_ms(p: ConvProblem, m: int) -> float:
 def choose_m(p: ConvProblem) -> int:
     """F(4x4) or F(2x2): the smaller estimate (m = 4 wastes work on small images' partial
     tiles); F(2x2) where F(4x4)'s U would pass MAX_U_BYTES."""
-    if 4 * 36 * p.K * p.C > MAX_U_BYTES:
+    if 4 * 36 * p.K * p.C * (3 if p.ndim == 3 else 1) > MAX_U_BYTES:
         return 2
-    return min((4, 2), key=lambda m: estimate_ms(p, m))
+    return min((4, 2), key=lambda m: _estimate_m(p, m))
+
+
+def _estimate_m(p: ConvProblem, m: int) -> float:
+    return estimate3_ms(p, m) if p.ndim == 3 else estimate_ms(p, m)
+
+
+def plan_any(p: ConvProblem, m: int | None = None, block_bytes: int | None = None, workers: int = 1):
+    """WinoPlan (2-D) or Wino3Plan (3-D) of the forward-geometry problem p."""
+    m = m or choose_m(p)
+    return make_plan3(p, m, block_bytes) if p.ndim == 3 else make_plan(p, m, block_bytes, workers)
+
+
+def fwd_any(plan, args: ConvArgs, ws: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+    if isinstance(plan, Wino3Plan):
+        return wino_fwd3(plan, args, ws, transposed)
+    return wino_fwd(plan, args, ws, transposed)
 
 
 def prepare_with(p: ConvProblem, m: int | None = None, block_bytes: int | None = None, workers: int = 1):
@@ -559,39 +729,41 @@ def prepare_with(p: ConvProblem, m: int | None = None, block_bytes: int | None =
     make_plan's default) and `workers` Python workers, each running its share of the blocks
     on one thread (measured 1.5-2x slower than one worker on torch's 2 threads: kept for
     experiments)."""
-    plan = make_plan(p, m or choose_m(p), block_bytes, workers)
+    plan = plan_any(p, m, block_bytes, workers)
     nbytes = plan.workspace_bytes()
 
     def invoke(args: ConvArgs) -> torch.Tensor:
         with workspace(nbytes) as ws:
-            return wino_fwd(plan, args, ws)
+            return fwd_any(plan, args, ws)
     invoke.plan = plan
     return invoke
 
 
 def _shape_reasons(p: ConvProblem) -> list[str]:
-    """Why the forward problem p is not Winograd's (empty: it is)."""
-    if p.ndim != 2:
-        return [f"{p.ndim}-D problem: 2-D only"]
-    reasons = []
-    if p.filter != (3, 3):
-        reasons.append(f"filter={p.filter}: 3x3 only")
-    if p.stride != (1, 1):
+    """Why the forward-geometry problem p is not Winograd's (empty: it is)."""
+    if p.ndim not in (2, 3):
+        return [f"{p.ndim}-D problem: 2-D and 3-D only"]
+    nd, reasons = p.ndim, []
+    if p.filter != (3,) * nd:
+        reasons.append(f"filter={p.filter}: 3x3 (3x3x3) only")
+    if p.stride != (1,) * nd:
         reasons.append(f"stride={p.stride}: stride 1 only")
-    if p.dilation != (1, 1):
+    if p.dilation != (1,) * nd:
         reasons.append(f"dilation={p.dilation}: dilation 1 only")
     if p.groups != 1:
         reasons.append(f"groups={p.groups}: ungrouped only (per-group GEMMs are too narrow to pay)")
     if max(*p.pad_before, *p.pad_after) > MAX_PAD:
         reasons.append(f"padding={p.padding}: at most {MAX_PAD} a side")
-    u = 4 * 16 * p.K * p.C          # U of F(2x2), the smaller one
+    if nd == 3 and p.post_ops:
+        reasons.append(f"post_ops={p.post_ops}: 3-D problems without a post-op chain")
+    u = 4 * 16 * p.K * p.C * (3 if nd == 3 else 1)          # U of F(2x2), the smaller one
     if u > MAX_U_BYTES:
         reasons.append(f"K={p.K}, C={p.C}: the filter transform U needs {u} bytes > {MAX_U_BYTES}")
     return reasons
 
 
 def _estimate(p: ConvProblem) -> float:
-    t = min(estimate_ms(p, 4), estimate_ms(p, 2))
+    t = min(_estimate_m(p, 4), _estimate_m(p, 2))
     if p.dtype != F32 and cpu_has_native_bf16():
         # the im2col solver's native bf16 GEMM runs at ~2x the f32 rate this one keeps:
         # measured 0.54-0.68x torch in bf16 vs 0.70-0.74 for solver 10 (suite, 1 thread)
@@ -614,7 +786,7 @@ class CpuWinogradFwd(Solver):
         return super().not_supported_reasons(p) + _shape_reasons(p)
 
     def workspace_size(self, p: ConvProblem) -> int:
-        return make_plan(p, choose_m(p)).workspace_bytes()
+        return plan_any(p).workspace_bytes()
 
     def estimate(self, p: ConvProblem) -> float:
         return _estimate(p)
@@ -625,13 +797,12 @@ class CpuWinogradFwd(Solver):
 
 def prepare_bwd_data_with(p: ConvProblem, m: int | None = None, block_bytes: int | None = None):
     """Invoker of the backward-data problem p: dx = wino_fwd(dy, w rotated and transposed)."""
-    pf = transposed_fwd(p)
-    plan = make_plan(pf, m or choose_m(pf), block_bytes)
+    plan = plan_any(transposed_fwd(p), m, block_bytes)
     nbytes = plan.workspace_bytes()
 
     def invoke(args: ConvArgs) -> torch.Tensor:
         with workspace(nbytes) as ws:
-            return wino_fwd(plan, ConvArgs(x=args.dy, w=args.w), ws, transposed=True)
+            return fwd_any(plan, ConvArgs(x=args.dy, w=args.w), ws, transposed=True)
     invoke.plan = plan
     return invoke
 
@@ -660,8 +831,7 @@ class CpuWinogradBwdData(Solver):
         return reasons + _shape_reasons(pf)
 
     def workspace_size(self, p: ConvProblem) -> int:
-        pf = transposed_fwd(p)
-        return make_plan(pf, choose_m(pf)).workspace_bytes()
+        return plan_any(transposed_fwd(p)).workspace_bytes()
 
     def estimate(self, p: ConvProblem) -> float:
         return _estimate(transposed_fwd(p))
@@ -689,8 +859,7 @@ class CpuWinogradBwdWeights(Solver):
         return super().not_supported_reasons(p) + _shape_reasons(p)
 
     def workspace_size(self, p: ConvProblem) -> int:
-        pf = _fwd_of(p)
-        return make_plan(pf, choose_m(pf)).workspace_bytes()
+        return plan_any(_fwd_of(p)).workspace_bytes()
 
     def estimate(self, p: ConvProblem) -> float:
         # the forward's structure: input transform, alpha^2 GEMMs of the same size, a dy
@@ -701,6 +870,7 @@ class CpuWinogradBwdWeights(Solver):
         return prepare_bwd_weights_with(p)
 
 
-__all__ = ["CpuWinogradFwd", "CpuWinogradBwdData", "CpuWinogradBwdWeights", "prepare_bwd_data_with",
+__all__ = ["Wino3Plan", "make_plan3", "plan_any",
+           "CpuWinogradFwd", "CpuWinogradBwdData", "CpuWinogradBwdWeights", "prepare_bwd_data_with",
            "prepare_bwd_weights_with", "wino_bwd_weights",
            "WinoPlan", "make_plan", "prepare_with", "wino_fwd", "choose_m", "PROGRAMS"]

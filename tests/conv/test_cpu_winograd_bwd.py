@@ -123,7 +123,7 @@ def test_heuristic_ranks_it_first_on_the_suite_3x3_f32():
             assert first.id == 15, (s["name"], first)
         else:
             assert first.id != 15
-    assert n == 3
+    assert n == 4      # the three 2-D 3x3 problems and c3d_small
 
 
 @pytest.mark.parametrize("m", [2, 4])
@@ -181,7 +181,7 @@ def test_bwd_weights_api_and_ranking():
         if WSOLVER.is_applicable(p):
             n += 1
             assert heuristic_order(p)[0].id == 16, s["name"]
-    assert n == 3
+    assert n == 4      # the three 2-D 3x3 problems and c3d_small
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -199,3 +199,39 @@ def test_bf16_keeps_the_native_gemm(threads, monkeypatch):
             assert heuristic_order(p)[0].id == first, (d, threads, heuristic_order(p)[0])
     finally:
         torch.set_num_threads(old)
+
+
+CASES3 = {   # 3-D: x shape, K, padding (2-D Winograd over (H, W), depth taps as accumulating GEMMs)
+    "odd_asym": ((2, 3, 4, 7, 9), 5, ((1, 0), (0, 2), (1, 1))),
+    "pad2": ((1, 4, 3, 5, 6), 3, 2),
+}
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("case", list(CASES3))
+def test_3d_all_directions(case, layout, m):
+    xs, K, pad = CASES3[case]
+    g = torch.Generator().manual_seed(sum(xs) + K + m)
+    x, w = rnd(xs, torch.float32, layout, g), rnd((K, xs[1], 3, 3, 3), torch.float32, layout, g)
+    b = torch.randn(K, generator=g)
+    p = ConvProblem.create("fwd", xs, w.shape, dtype=torch.float32, layout=layout, padding=pad, has_bias=True)
+    pd, pw = p.with_direction("bwd_data"), p.with_direction("bwd_weights")
+    dy = rnd(p.y_shape, torch.float32, layout, g)
+    assert cw.CpuWinogradFwd().is_applicable(p) and SOLVER.is_applicable(pd) and WSOLVER.is_applicable(pw)
+    y = cw.prepare_with(p, m, 1)(ConvArgs(x=x, w=w, bias=b))          # tiny blocks: one tile row each
+    dx = cw.prepare_bwd_data_with(pd, m)(ConvArgs(dy=dy, w=w))
+    dw = cw.prepare_bwd_weights_with(pw, m, 1)(ConvArgs(x=x, dy=dy))
+    for out, exp in ((y, ref.conv_fwd_f64(p, x, w, b, ())), (dx, ref.conv_bwd_data_f64(pd, dy, w)),
+                     (dw, ref.conv_bwd_weights_f64(pw, dy, x))):
+        assert out.shape == exp.shape and not torch.isnan(out).any()
+        assert ((out.double() - exp).norm() / exp.norm()).item() < TOL[torch.float32]
+        if layout == "nhwc":
+            assert out.is_contiguous(memory_format=torch.channels_last_3d)
+
+
+def test_3d_post_ops_not_applicable():
+    from nnprim.post_ops import Eltwise
+    p = ConvProblem.create("fwd", (1, 2, 4, 4, 4), (2, 2, 3, 3, 3), padding=1, dtype=torch.float32,
+                           post_ops=(Eltwise("relu").signature(),))
+    assert any("post_ops" in r for r in cw.CpuWinogradFwd().not_supported_reasons(p))
