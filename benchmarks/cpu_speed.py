@@ -10,9 +10,9 @@ number. Threads: torch's default unless --threads.
 
 Conv modes (nnprim/data/suites/conv_cpu.json):
   fwd_f32, fwd_bf16        forward                vs F.conv*d (no grad)
-  bwd_data_bf16            backward data          vs torch.nn.grad.conv*d_input in bf16
-  bwd_weights_bf16         backward weights       vs torch.nn.grad.conv*d_weight in bf16
-  bwd_bf16                 both backward passes   vs torch's bf16 autograd (dx and dw)
+  bwd_data_bf16/_f32       backward data          vs torch.nn.grad.conv*d_input
+  bwd_weights_bf16/_f32    backward weights       vs torch.nn.grad.conv*d_weight
+  bwd_bf16, bwd_f32        both backward passes   vs torch's autograd (dx and dw)
   fused_f32                conv+bias+Sum+ReLU     vs torch eager conv(bias) + res, relu
 Attention modes: attn_fwd / attn_fwd_bwd, f32 and bf16, vs F.scaled_dot_product_attention.
 
@@ -44,7 +44,9 @@ from nnprim.search.ranking import heuristic_order  # noqa: E402
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 GRAD_IN = {1: torch.nn.grad.conv1d_input, 2: torch.nn.grad.conv2d_input, 3: torch.nn.grad.conv3d_input}
 GRAD_W = {1: torch.nn.grad.conv1d_weight, 2: torch.nn.grad.conv2d_weight, 3: torch.nn.grad.conv3d_weight}
-CONV_MODES = ("fwd_f32", "fwd_bf16", "bwd_data_bf16", "bwd_weights_bf16", "bwd_bf16", "fused_f32")
+CONV_MODES = ("fwd_f32", "fwd_bf16", "bwd_data_bf16", "bwd_weights_bf16", "bwd_bf16", "fused_f32",
+              "bwd_data_f32", "bwd_weights_f32", "bwd_f32")
+DEFAULT_MODES = CONV_MODES[:6]
 ATTN = [dict(B=1, H=8, S=1024, D=64), dict(B=1, H=8, S=2048, D=128)]
 BF16, F32 = torch.bfloat16, torch.float32
 
@@ -126,21 +128,21 @@ def conv_case(spec: dict, mode: str):
         ref = torch.relu(conv(xf, wf, b, *args_t) + res)
         return (name, lambda: inv(a), lambda: torch.relu(conv(x, w, b, *args_t) + res),
                 lambda o: rel_err(o, ref), p.flops())
-    if mode == "bwd_data_bf16":
+    if mode.startswith("bwd_data_"):
         pd = prob("bwd_data")
         name, inv = invoker(pd)
         a = ConvArgs(x=x, w=w, dy=dy)
         ref = GRAD_IN[nd](x.shape, wf, dyf, *args_t)
         return (name, lambda: inv(a), lambda: GRAD_IN[nd](x.shape, w, dy, *args_t),
                 lambda o: rel_err(o, ref), p.flops())
-    if mode == "bwd_weights_bf16":
+    if mode.startswith("bwd_weights_"):
         pw = prob("bwd_weights")
         name, inv = invoker(pw)
         a = ConvArgs(x=x, w=w, dy=dy)
         ref = GRAD_W[nd](xf, w.shape, dyf, *args_t)
         return (name, lambda: inv(a), lambda: GRAD_W[nd](x, w.shape, dy, *args_t),
                 lambda o: rel_err(o, ref), p.flops())
-    # bwd_bf16: both directions vs torch's autograd backward
+    # bwd_bf16 / bwd_f32: both directions vs torch's autograd backward
     (nd_, id_), (nw, iw) = invoker(prob("bwd_data")), invoker(prob("bwd_weights"))
     a = ConvArgs(x=x, w=w, dy=dy)
     xb, wb = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
@@ -200,7 +202,7 @@ def geomean(v):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--suite", default=str(Path(__file__).parents[1] / "nnprim" / "data" / "suites" / "conv_cpu.json"))
-    ap.add_argument("--modes", default=",".join(CONV_MODES) + ",attn_fwd,attn_fwd_bwd")
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES) + ",attn_fwd,attn_fwd_bwd")
     ap.add_argument("--problems", default="", help="comma-separated conv problem names (default: all)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
@@ -222,13 +224,12 @@ def main() -> None:
     with torch.no_grad():
         for spec in suite:
             for m in (m for m in modes if m in CONV_MODES):
-                if m.startswith("bwd_bf16"):
+                if m in ("bwd_bf16", "bwd_f32"):
                     continue
                 recs.append(run_case(dict(problem=spec["name"], mode=m), conv_case(spec, m), a.rounds, print))
     for spec in suite:     # autograd peers need grad mode
-        if "bwd_bf16" in modes:
-            recs.append(run_case(dict(problem=spec["name"], mode="bwd_bf16"), conv_case(spec, "bwd_bf16"),
-                                 a.rounds, print))
+        for m in (m for m in ("bwd_bf16", "bwd_f32") if m in modes):
+            recs.append(run_case(dict(problem=spec["name"], mode=m), conv_case(spec, m), a.rounds, print))
     for m in (m for m in modes if m.startswith("attn")):
         for spec in ATTN:
             for dn, dt in (("f32", F32), ("bf16", BF16)):

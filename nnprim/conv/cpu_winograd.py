@@ -1,6 +1,17 @@
-"""CPU Winograd convolution forward (family `winograd`, solver 14 `cpu_winograd_fwd`):
-F(4x4,3x3) or F(2x2,3x3) in torch ops, for 2-D 3x3 stride-1 undilated ungrouped problems
-with padding <= 2 a side (asymmetric too), nchw and nhwc, f32 (bf16/f16 inputs computed in f32).
+"""CPU Winograd convolution (family `winograd`): forward (solver 14 `cpu_winograd_fwd`),
+backward data (15 `cpu_winograd_bwd_data`) and backward weights (16
+`cpu_winograd_bwd_weights`). F(4x4,3x3) or F(2x2,3x3) in torch ops, for 3x3 (3x3x3)
+stride-1 undilated ungrouped problems with padding <= 2 a side (asymmetric too), nchw and
+nhwc, f32 (bf16/f16 inputs computed in f32).
+
+Backward data = the forward of dy with the transposed filter rotated by 180 degrees
+(cpu_gemm.transposed_fwd; the rotation is folded into the filter matrix's columns).
+Backward weights = the transposed algorithm F(3x3, m x m): dw = G^T [sum over tiles of
+(A dy A^T) (.) (B^T x B)] G, i.e. the forward's input transform, a dy transform (one mm by
+kron(A, A)), ONE batched GEMM per block M[e] (K, C) += DY[e]^T V[e] accumulating in f32,
+and one mm by G^T at the end. 3-D problems run 2-D Winograd over (H, W) per depth slice
+and sum the three depth taps as f32 GEMMs accumulating in place (Wino3Plan); a post-op
+chain is 2-D only.
 
 Math (winograd_math.py, Lavin & Gray): per tile of m x m outputs (alpha = m + 2),
     U[e] = G w G^T (per call: weights change in training), V[e] = B^T d B,
@@ -51,7 +62,7 @@ from ..post_ops import Binary, Sum
 from ..problems.conv import ConvProblem, empty_in_layout, to_layout
 from ..search.solver import Solver, register
 from .cpu_gemm import _block_index as block_index
-from .cpu_gemm import apply_post_ops_block, cpu_has_native_bf16, workspace
+from .cpu_gemm import apply_post_ops_block, cpu_has_native_bf16, transposed_fwd, workspace
 from .cpu_im2col import F32, Block, balance211
 from .winograd_math import VARIANTS, Transform
 
@@ -132,11 +143,13 @@ PROGRAMS = {4: (_bt_f43, _at_f43, 1, 2), 2: (_bt_f23, _at_f23, 0, 0)}   # m: (B^
 OPS = {4: (12, 10), 2: (4, 4)}                                           # torch ops per pass
 
 
-@lru_cache(maxsize=4)
-def filter_matrix(tr: Transform) -> torch.Tensor:
-    """Gk (alpha^2, 9): U[(xi, nu)] = sum_{r,s} G[xi][r] G[nu][s] w[r, s] (computed in float64)."""
+@lru_cache(maxsize=8)
+def filter_matrix(tr: Transform, flipped: bool = False) -> torch.Tensor:
+    """Gk (alpha^2, 9): U[(xi, nu)] = sum_{r,s} G[xi][r] G[nu][s] w[r, s] (computed in float64).
+    flipped: of the 180-degree rotated filter (w[2 - r, 2 - s]: the 9 columns reversed)."""
     g = torch.tensor(tr.G, dtype=torch.float64)
-    return torch.einsum("ar,bs->abrs", g, g).reshape(tr.alpha ** 2, 9).to(F32)
+    gk = torch.einsum("ar,bs->abrs", g, g).reshape(tr.alpha ** 2, 9)
+    return (gk.flip(1) if flipped else gk).to(F32).contiguous()
 
 
 # ---- plan -----------------------------------------------------------------------------------
@@ -312,17 +325,20 @@ def _regions(lo: int, hi: int, out: int, m: int) -> list[tuple[int, int, int]]:
     return regs
 
 
-def wino_fwd(plan: WinoPlan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
+def wino_fwd(plan: WinoPlan, args: ConvArgs, ws: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+    """y = conv(x, w) of plan.p. transposed (backward data): args.w is the original (C, K, 3, 3)
+    filter, used as w'[k, c] = w[c, k] rotated by 180 degrees (the rotation is folded into
+    the filter matrix's columns, the transposition into the staging copy of w)."""
     p, m, a = plan.p, plan.m, plan.alpha
     C, K = p.C, p.K
     shared, bufs = _carve(plan, ws)
     x = to_layout(args.x, p.layout)
-    w = args.w
+    w = args.w.transpose(0, 1) if transposed else args.w
     # U = G w G^T as (alpha^2, K, C): one mm reading w as (9, K*C)
     w9 = shared["w"].view(K, C, 3, 3)
     w9.copy_(w)
     U = shared["u"].view(a * a, K, C)
-    torch.mm(filter_matrix(VARIANTS[m]), w9.view(K * C, 9).t(), out=U.view(a * a, K * C))
+    torch.mm(filter_matrix(VARIANTS[m], transposed), w9.view(K * C, 9).t(), out=U.view(a * a, K * C))
     Ut = U.transpose(1, 2)                                   # (alpha^2, C, K)
     bias = args.bias.to(F32) if args.bias is not None else None
     y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
@@ -341,66 +357,85 @@ def wino_fwd(plan: WinoPlan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     return y
 
 
+def _input_transform(plan: WinoPlan, P: torch.Tensor, blk: WinoBlock, buf: dict[str, torch.Tensor]) -> torch.Tensor:
+    """V = B^T d B of the block's tiles of the staged images P: (alpha^2, tiles, C), tiles
+    ordered (n, th, tw), C contiguous."""
+    p, m, a, TW = plan.p, plan.m, plan.alpha, plan.TW
+    C, nb, thn = p.C, blk.nb, blk.th1 - blk.th0
+    tiles = nb * thn * TW
+    bt, nt_in = PROGRAMS[m][0], PROGRAMS[m][2]
+    # H pass: T[i] (nb, C, thn, Wp) from rows m*th + i
+    T = _phys_buffer(buf["t"], (a + nt_in, nb, C, thn, plan.Wp), (0, 1, 3, 4, 2))
+    r0 = m * blk.th0
+    d = [P[:, :, r0 + i:r0 + i + m * thn:m] for i in range(a)]
+    bt(d, list(T[:a]), list(T[a:]))
+    # W pass: V[i, j] (nb, C, thn, TW) from columns m*tw + j of T[i]
+    V = _phys_buffer(buf["v"], (a, a, nb, C, thn, TW), TILE_ORDER)
+    Vt = _phys_buffer(buf["v"][a * a * tiles * C:], (nt_in, a, nb, C, thn, TW), TILE_ORDER)
+    d = [T[:a, :, :, :, j:j + m * TW:m] for j in range(a)]
+    bt(d, [V[:, j] for j in range(a)], [Vt[k] for k in range(nt_in)])
+    return V.flatten(0, 1).permute(0, 1, 3, 4, 2).reshape(a * a, tiles, C)
+
+
 def _blocks(plan: WinoPlan, x: torch.Tensor, y: torch.Tensor, Ut: torch.Tensor, bias: torch.Tensor | None,
             ops: list, blocks: tuple[WinoBlock, ...], buf: dict[str, torch.Tensor]) -> None:
     """One worker's blocks: stage, input transform, GEMMs, output transform, post-ops."""
-    p, m, a = plan.p, plan.m, plan.alpha
-    C, K, TW = p.C, p.K, plan.TW
-    OH, OW = p.out_size
-    bt, at, nt_in, nt_out = PROGRAMS[m]
+    a, K = plan.alpha, plan.p.K
     staged = None
     for blk in blocks:
-        nb, thn = blk.nb, blk.th1 - blk.th0
-        tiles = nb * thn * TW
+        tiles = blk.nb * (blk.th1 - blk.th0) * plan.TW
         if staged != (blk.n0, blk.n1):
             P = _stage(plan, x, blk, buf["stage"], staged is None)
             staged = (blk.n0, blk.n1)
-        # H pass: T[i] (nb, C, thn, Wp) from rows m*th + i
-        T = _phys_buffer(buf["t"], (a + nt_in, nb, C, thn, plan.Wp), (0, 1, 3, 4, 2))
-        r0 = m * blk.th0
-        d = [P[:, :, r0 + i:r0 + i + m * thn:m] for i in range(a)]
-        bt(d, list(T[:a]), list(T[a:]))
-        # W pass: V[i, j] (nb, C, thn, TW) from columns m*tw + j of T[i]
-        V = _phys_buffer(buf["v"], (a, a, nb, C, thn, TW), TILE_ORDER)
-        Vt = _phys_buffer(buf["v"][a * a * tiles * C:], (nt_in, a, nb, C, thn, TW), TILE_ORDER)
-        d = [T[:a, :, :, :, j:j + m * TW:m] for j in range(a)]
-        bt(d, [V[:, j] for j in range(a)], [Vt[k] for k in range(nt_in)])
         # the alpha^2 GEMMs, M[e] logical (nb, K, thn, TW)
         Mp = buf["m"][:a * a * tiles * K].view(a * a, tiles, K)
-        torch.bmm(V.flatten(0, 1).permute(0, 1, 3, 4, 2).reshape(a * a, tiles, C), Ut, out=Mp)
-        M = Mp.view(a, a, nb, thn, TW, K).permute(0, 1, 2, 5, 3, 4)
-        if bias is not None:
-            M[1, 1].add_(bias.view(1, K, 1, 1))
-        # output pass 1 (rows): Z[r, j] = sum_i A^T[r][i] M[i, j]
-        Z = _phys_buffer(buf["z"], (m + nt_out, a, nb, K, thn, TW), TILE_ORDER)
-        at([M[i] for i in range(a)], list(Z[:m]), list(Z[m:]))
-        # output pass 2 (columns) into y's m x m tile views (or an f32 block)
-        r1 = min(m * blk.th1, OH)
-        ydst = y[blk.n0:blk.n1, :, r0:r1]
-        if "y" in buf:      # an f32 block of whole tiles: one region, the tails cut by the copy
-            Yt = _phys_buffer(buf["y"], (nb, K, thn * m, TW * m), NHWC)
-            Yb, rows, cols = Yt[:, :, :r1 - r0, :OW], [(blk.th0, blk.th1, m)], [(0, TW, m)]
-        else:
-            Yt = Yb = ydst
-            rows, cols = _regions(blk.th0, blk.th1, OH, m), _regions(0, TW, OW, m)
-        sn, sk, sh, sw = Yt.stride()
-        for (ta, tb, ra) in rows:
-            for (wa, wb, rb) in cols:
-                zs = Z[:ra, :, :, :, ta - blk.th0:tb - blk.th0, wa:wb]
-                tmp = [Z[m + k, :ra, :, :, ta - blk.th0:tb - blk.th0, wa:wb] for k in range(nt_out)]
-                size = (ra, nb, K, tb - ta, wb - wa)
-                stride = (sh, sn, sk, m * sh, m * sw)
-                base = Yt.storage_offset() + (m * ta - r0) * sh + m * wa * sw
-                dst = [Yt.as_strided(size, stride, base + b * sw) if b < rb else None for b in range(m)]
-                at([zs[:, j] for j in range(a)], dst, tmp)
-        # the chain on y's block in y's layout (f32 out: after the copy of an nchw block, so
-        # it runs on contiguous rows like its operands), else on the f32 block before the cast
-        yblk = Block(blk.n0, blk.n1, (r0, 0), (r1, OW))
-        post, rest = (Yb, ops) if p.out_dtype != F32 else (ydst, _copy_fused(Yb, ydst, ops, yblk))
-        if rest:
-            apply_post_ops_block(post.unsqueeze(1), yblk, 1, None, rest)
-        if post is not ydst:
-            ydst.copy_(Yb)
+        torch.bmm(_input_transform(plan, P, blk, buf), Ut, out=Mp)
+        _output_transform(plan, Mp, blk, y, bias, ops, buf)
+
+
+def _output_transform(plan: WinoPlan, Mp: torch.Tensor, blk: WinoBlock, y: torch.Tensor,
+                      bias: torch.Tensor | None, ops: list, buf: dict[str, torch.Tensor]) -> None:
+    """y's block (images [n0, n1), tile rows [th0, th1)) = A^T M A (+ bias, post-ops) of the
+    GEMM output Mp (alpha^2, tiles, K)."""
+    p, m, a = plan.p, plan.m, plan.alpha
+    K, TW = p.K, plan.TW
+    OH, OW = p.out_size
+    at, nt_out = PROGRAMS[m][1], PROGRAMS[m][3]
+    nb, thn = blk.nb, blk.th1 - blk.th0
+    r0 = m * blk.th0
+    M = Mp.view(a, a, nb, thn, TW, K).permute(0, 1, 2, 5, 3, 4)
+    if bias is not None:
+        M[1, 1].add_(bias.view(1, K, 1, 1))
+    # output pass 1 (rows): Z[r, j] = sum_i A^T[r][i] M[i, j]
+    Z = _phys_buffer(buf["z"], (m + nt_out, a, nb, K, thn, TW), TILE_ORDER)
+    at([M[i] for i in range(a)], list(Z[:m]), list(Z[m:]))
+    # output pass 2 (columns) into y's m x m tile views (or an f32 block)
+    r1 = min(m * blk.th1, OH)
+    ydst = y[blk.n0:blk.n1, :, r0:r1]
+    if "y" in buf:      # an f32 block of whole tiles: one region, the tails cut by the copy
+        Yt = _phys_buffer(buf["y"], (nb, K, thn * m, TW * m), NHWC)
+        Yb, rows, cols = Yt[:, :, :r1 - r0, :OW], [(blk.th0, blk.th1, m)], [(0, TW, m)]
+    else:
+        Yt = Yb = ydst
+        rows, cols = _regions(blk.th0, blk.th1, OH, m), _regions(0, TW, OW, m)
+    sn, sk, sh, sw = Yt.stride()
+    for (ta, tb, ra) in rows:
+        for (wa, wb, rb) in cols:
+            zs = Z[:ra, :, :, :, ta - blk.th0:tb - blk.th0, wa:wb]
+            tmp = [Z[m + k, :ra, :, :, ta - blk.th0:tb - blk.th0, wa:wb] for k in range(nt_out)]
+            size = (ra, nb, K, tb - ta, wb - wa)
+            stride = (sh, sn, sk, m * sh, m * sw)
+            base = Yt.storage_offset() + (m * ta - r0) * sh + m * wa * sw
+            dst = [Yt.as_strided(size, stride, base + b * sw) if b < rb else None for b in range(m)]
+            at([zs[:, j] for j in range(a)], dst, tmp)
+    # the chain on y's block in y's layout (f32 out: after the copy of an nchw block, so
+    # it runs on contiguous rows like its operands), else on the f32 block before the cast
+    yblk = Block(blk.n0, blk.n1, (r0, 0), (r1, OW))
+    post, rest = (Yb, ops) if p.out_dtype != F32 else (ydst, _copy_fused(Yb, ydst, ops, yblk))
+    if rest:
+        apply_post_ops_block(post.unsqueeze(1), yblk, 1, None, rest)
+    if post is not ydst:
+        ydst.copy_(Yb)
 
 
 def _copy_fused(Yb: torch.Tensor, ydst: torch.Tensor, ops: list, blk: Block) -> list:
@@ -415,6 +450,236 @@ def _copy_fused(Yb: torch.Tensor, ydst: torch.Tensor, ops: list, blk: Block) -> 
         return ops[1:]
     ydst.copy_(Yb)
     return ops
+
+
+# ---- backward weights -----------------------------------------------------------------------
+@lru_cache(maxsize=4)
+def dy_matrix(tr: Transform) -> torch.Tensor:
+    """(alpha^2, m^2): DY[(e1, e2)] = sum_{i,j} A[e1][i] A[e2][j] dy[i, j] (A = (A^T)^T)."""
+    at = torch.tensor(tr.AT, dtype=torch.float64)           # (m, alpha)
+    return torch.einsum("ia,jb->abij", at, at).reshape(tr.alpha ** 2, tr.m ** 2).to(F32).contiguous()
+
+
+def _dy_tiles(plan: WinoPlan, dy: torch.Tensor, blk: WinoBlock, buf: torch.Tensor) -> torch.Tensor:
+    """dy's m x m tiles of the block as (m^2, tiles*K) f32, zero past the output's edge."""
+    p, m, TW = plan.p, plan.m, plan.TW
+    K, nb, thn = p.K, blk.nb, blk.th1 - blk.th0
+    OH, OW = p.out_size
+    D = buf[:m * m * nb * thn * TW * K].view(m, m, nb, thn, TW, K)
+    dst6 = D.permute(2, 5, 3, 0, 4, 1)                     # (nb, K, thn, m, TW, m)
+    rows, cols = _regions(blk.th0, blk.th1, OH, m), _regions(0, TW, OW, m)
+    if len(rows) * len(cols) > 1 or rows[0][2] < m or cols[0][2] < m:
+        D.zero_()
+    for ta, tb, ra in rows:
+        for wa, wb, rb in cols:
+            src = dy[blk.n0:blk.n1, :, m * ta:m * (tb - 1) + ra, m * wa:m * (wb - 1) + rb]
+            if ra == m and rb == m:
+                dst6[:, :, ta - blk.th0:tb - blk.th0, :, wa:wb, :].copy_(
+                    src.unflatten(2, (tb - ta, m)).unflatten(4, (wb - wa, m)))
+            else:   # one partial tile row or column: (nb, K, 1 or n, ra, n or 1, rb)
+                dst6[:, :, ta - blk.th0:tb - blk.th0, :ra, wa:wb, :rb].copy_(
+                    src.unflatten(2, (tb - ta, ra)).unflatten(4, (wb - wa, rb)))
+    return D.view(m * m, -1)
+
+
+def wino_bwd_weights(plan: WinoPlan, pw: ConvProblem, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
+    """dw = G^T [sum over tiles of (A dy A^T)^T (B^T x B)] G: the transpose of F(m x m, 3x3)
+    is F(3x3, m x m) with the dy tile as the filter. Per block: V = B^T x B (the forward's
+    input transform), DY = kron(A, A) . dy tiles (one mm), then ONE batched GEMM accumulates
+    M[e] (K, C) += DY[e]^T (K, tiles) . V[e] (tiles, C) in f32 across blocks; finally
+    dw (9, K*C) = Gk^T . M (one mm)."""
+    p, m, a = plan.p, plan.m, plan.alpha
+    C, K = p.C, p.K
+    shared, bufs = _carve(plan, ws)
+    buf = bufs[0]
+    x, dy = to_layout(args.x, p.layout), to_layout(args.dy, p.layout)
+    Macc = shared["u"].view(a * a, K, C)
+    tr = VARIANTS[m]
+    Ak = dy_matrix(tr)
+    staged, first = None, True
+    for blk in plan.blocks:
+        nb, thn = blk.nb, blk.th1 - blk.th0
+        tiles = nb * thn * plan.TW
+        if staged != (blk.n0, blk.n1):
+            P = _stage(plan, x, blk, buf["stage"], staged is None)
+            staged = (blk.n0, blk.n1)
+        V = _input_transform(plan, P, blk, buf)                       # (a^2, tiles, C)
+        D = _dy_tiles(plan, dy, blk, buf["z"])                         # (m^2, tiles*K)
+        DY = buf["m"][:a * a * tiles * K].view(a * a, tiles * K)
+        torch.mm(Ak, D, out=DY)
+        DYt = DY.view(a * a, tiles, K).transpose(1, 2)
+        if first:
+            torch.bmm(DYt, V, out=Macc)
+            first = False
+        else:
+            Macc.baddbmm_(DYt, V)
+    dw9 = torch.mm(filter_matrix(tr).t(), Macc.view(a * a, K * C))   # (9, K*C)
+    dw = empty_in_layout(pw.w_shape, pw.layout, dtype=pw.out_dtype)
+    dw.copy_(dw9.view(3, 3, K, C).permute(2, 3, 0, 1))
+    return dw
+
+
+def _fwd_of(p: ConvProblem) -> ConvProblem:
+    """The forward problem with p's geometry (its plan serves p's backward weights)."""
+    return ConvProblem.create("fwd", p.x_shape, p.w_shape, dtype=p.dtype, layout=p.layout,
+                              stride=p.stride, padding=tuple(zip(p.pad_before, p.pad_after)),
+                              dilation=p.dilation, groups=p.groups)
+
+
+def prepare_bwd_weights_with(p: ConvProblem, m: int | None = None, block_bytes: int | None = None):
+    """Invoker of the backward-weights problem p (m: None = choose_m of its forward)."""
+    plan = plan_any(_fwd_of(p), m, block_bytes)
+    nbytes = plan.workspace_bytes()
+    fn = wino_bwd_weights3 if isinstance(plan, Wino3Plan) else wino_bwd_weights
+
+    def invoke(args: ConvArgs) -> torch.Tensor:
+        with workspace(nbytes) as ws:
+            return fn(plan, p, args, ws)
+    invoke.plan = plan
+    return invoke
+
+
+# ---- 3-D: 2-D Winograd over (H, W) per depth slice, the depth taps as accumulating GEMMs -----
+@dataclass(frozen=True)
+class Wino3Plan:
+    """A 3-D 3x3x3 problem as 2-D Winograd over (H, W): the Dp zero-padded depth slices of
+    one image are the pseudo-images of `plan` (a 2-D plan whose blocks are tile rows of all
+    of them), so V is computed once per input slice, and output slice d sums the depth taps
+    fd as f32 GEMMs accumulating in place: M[e] = sum_fd V_{d+fd}[e] . U_fd[e] (V's tiles
+    of slices d + fd, d < Do, are one contiguous row range per fd)."""
+    p: ConvProblem          # the 3-D problem (forward geometry)
+    plan: WinoPlan          # 2-D plan over the Dp pseudo-images
+    pd: int                 # depth padding before
+
+    @property
+    def Dp(self) -> int:
+        return self.plan.nb
+
+    @property
+    def Do(self) -> int:
+        return self.Dp - 2
+
+    def workspace_bytes(self) -> int:
+        K, C, a = self.plan.p.K, self.plan.p.C, self.plan.alpha
+        return self.plan.workspace_bytes() + 4 * (_aligned(3 * K * C * 9) + _aligned(3 * a * a * K * C))
+
+
+def make_plan3(p: ConvProblem, m: int, block_bytes: int | None = None) -> Wino3Plan:
+    """Blocks of tile rows of all Dp depth slices of an image, at most `block_bytes` of f32
+    transform buffers (None: as make_plan)."""
+    if block_bytes is None:
+        threads = torch.get_num_threads()
+        block_bytes = BLOCK_BYTES if threads <= 1 else 2 * BLOCK_BYTES * threads
+    Dp = p.in_size[0] + p.pad_before[0] + p.pad_after[0]
+    p2 = ConvProblem.create("fwd", (Dp, p.C, *p.in_size[1:]), (p.K, p.C, 3, 3), dtype=p.dtype,
+                            out_dtype=p.out_dtype, layout=p.layout,
+                            padding=tuple(zip(p.pad_before[1:], p.pad_after[1:])))
+    a = m + 2
+    OH, OW = p2.out_size
+    TH, TW = -(-OH // m), -(-OW // m)
+    Wp = TW * m + 2
+    row = 4 * Dp * (a * p.C * Wp + TW * (a * a * p.C + a * a * p.K + m * a * p.K))   # one tile row
+    rows = max(1, min(TH, block_bytes // row))
+    per = -(-TH // -(-TH // rows))       # even split
+    blocks = tuple(WinoBlock(0, Dp, t, min(TH, t + per)) for t in range(0, TH, per))
+    return Wino3Plan(p, WinoPlan(p2, m, TH, TW, blocks, Dp, per, 1), p.pad_before[0])
+
+
+def _carve3(plan3: Wino3Plan, ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """(w staged f32 (3, K, C, 3, 3), U or the dw accumulator (3, alpha^2, K, C), the 2-D buffers)."""
+    K, C, a = plan3.plan.p.K, plan3.plan.p.C, plan3.plan.alpha
+    nw, nu = _aligned(3 * K * C * 9), _aligned(3 * a * a * K * C)
+    f = ws[:4 * (nw + nu)].view(F32)
+    _, bufs = _carve(plan3.plan, ws[4 * (nw + nu):])
+    return f[:3 * K * C * 9].view(3, K, C, 3, 3), f[nw:nw + 3 * a * a * K * C].view(3, a * a, K, C), bufs[0]
+
+
+def _stage3(plan3: Wino3Plan, xs: torch.Tensor, buf: torch.Tensor, first: bool) -> torch.Tensor:
+    """One image's depth slices xs (D, C, H, W) zero-padded to (Dp, C, Hp, Wp) in f32; the
+    padding slices and the halo are zeroed on the first image only (the buffer is reused)."""
+    plan, pd = plan3.plan, plan3.pd
+    p2 = plan.p
+    (pt, pl), (H, W) = p2.pad_before, p2.in_size
+    D = xs.shape[0]
+    P = _phys_buffer(buf, (plan.nb, p2.C, plan.Hp, plan.Wp), NHWC)
+    if first:
+        P[:pd].zero_()
+        P[pd + D:].zero_()
+        P[:, :, :pt].zero_()
+        P[:, :, pt + H:].zero_()
+        P[:, :, :, :pl].zero_()
+        P[:, :, :, pl + W:].zero_()
+    P[pd:pd + D, :, pt:pt + H, pl:pl + W].copy_(xs)
+    return P
+
+
+def wino_fwd3(plan3: Wino3Plan, args: ConvArgs, ws: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+    """y = conv3d(x, w) of plan3.p (transposed: as wino_fwd, the depth taps reversed too)."""
+    p, plan = plan3.p, plan3.plan
+    m, a, C, K, Do = plan.m, plan.alpha, p.C, p.K, plan3.Do
+    w9, U, buf = _carve3(plan3, ws)
+    x = to_layout(args.x, p.layout)
+    w = args.w.transpose(0, 1) if transposed else args.w
+    gk = filter_matrix(VARIANTS[m], transposed)
+    for fd in range(3):
+        w9[fd].copy_(w[:, :, 2 - fd if transposed else fd])
+        torch.mm(gk, w9[fd].view(K * C, 9).t(), out=U[fd].view(a * a, K * C))
+    Ut = U.transpose(2, 3)                                   # (3, alpha^2, C, K)
+    bias = args.bias.to(F32) if args.bias is not None else None
+    y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
+    for n in range(p.N):
+        P = _stage3(plan3, x[n].transpose(0, 1), buf["stage"], n == 0)
+        ys = y[n].transpose(0, 1)                            # (Do, K, OH, OW) pseudo-images
+        for blk in plan.blocks:
+            T = (blk.th1 - blk.th0) * plan.TW
+            V = _input_transform(plan, P, blk, buf)          # (alpha^2, Dp*T, C)
+            Mp = buf["m"][:a * a * Do * T * K].view(a * a, Do * T, K)
+            torch.bmm(V[:, :Do * T], Ut[0], out=Mp)
+            for fd in (1, 2):
+                Mp.baddbmm_(V[:, fd * T:(fd + Do) * T], Ut[fd])
+            _output_transform(plan, Mp, WinoBlock(0, Do, blk.th0, blk.th1), ys, bias, [], buf)
+    return y
+
+
+def wino_bwd_weights3(plan3: Wino3Plan, pw: ConvProblem, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
+    """dw[:, :, fd] = G^T [sum over images, output slices d, tiles of DY_d^T V_{d+fd}] G."""
+    plan = plan3.plan
+    m, a, C, K, Do = plan.m, plan.alpha, pw.C, pw.K, plan3.Do
+    _, Macc, buf = _carve3(plan3, ws)
+    x, dy = to_layout(args.x, pw.layout), to_layout(args.dy, pw.layout)
+    Ak = dy_matrix(VARIANTS[m])
+    first = True
+    for n in range(pw.N):
+        P = _stage3(plan3, x[n].transpose(0, 1), buf["stage"], n == 0)
+        dys = dy[n].transpose(0, 1)                          # (Do, K, OH, OW)
+        for blk in plan.blocks:
+            T = (blk.th1 - blk.th0) * plan.TW
+            V = _input_transform(plan, P, blk, buf)
+            D = _dy_tiles(plan, dys, WinoBlock(0, Do, blk.th0, blk.th1), buf["z"])
+            DY = buf["m"][:a * a * Do * T * K].view(a * a, Do * T * K)
+            torch.mm(Ak, D, out=DY)
+            DYt = DY.view(a * a, Do * T, K).transpose(1, 2)
+            for fd in range(3):
+                if first:
+                    torch.bmm(DYt, V[:, fd * T:(fd + Do) * T], out=Macc[fd])
+                else:
+                    Macc[fd].baddbmm_(DYt, V[:, fd * T:(fd + Do) * T])
+            first = False
+    gt = filter_matrix(VARIANTS[m]).t()
+    dw = empty_in_layout(pw.w_shape, pw.layout, dtype=pw.out_dtype)
+    for fd in range(3):
+        dw[:, :, fd].copy_(torch.mm(gt, Macc[fd].view(a * a, K * C)).view(3, 3, K, C).permute(2, 3, 0, 1))
+    return dw
+
+
+def estimate3_ms(p: ConvProblem, m: int) -> float:
+    """N x the 2-D estimate of one image's Dp slices (transforms, one GEMM per block, calls)
+    plus the two further depth-tap GEMMs."""
+    plan3 = make_plan3(p, m)
+    p2, a = plan3.plan.p, m + 2
+    tiles = p.N * plan3.Do * plan3.plan.TH * plan3.plan.TW
+    extra = 2 * 2.0 * a * a * tiles * p.C * p.K / (_GFLOPS_PER_CORE * 1e9 * max(1, torch.get_num_threads()))
+    return p.N * estimate_ms(p2, m) + extra * 1e3
 
 
 # ---- solver ---------------------------------------------------------------------------------
@@ -438,9 +703,25 @@ def estimate_ms(p: ConvProblem, m: int) -> float:
 def choose_m(p: ConvProblem) -> int:
     """F(4x4) or F(2x2): the smaller estimate (m = 4 wastes work on small images' partial
     tiles); F(2x2) where F(4x4)'s U would pass MAX_U_BYTES."""
-    if 4 * 36 * p.K * p.C > MAX_U_BYTES:
+    if 4 * 36 * p.K * p.C * (3 if p.ndim == 3 else 1) > MAX_U_BYTES:
         return 2
-    return min((4, 2), key=lambda m: estimate_ms(p, m))
+    return min((4, 2), key=lambda m: _estimate_m(p, m))
+
+
+def _estimate_m(p: ConvProblem, m: int) -> float:
+    return estimate3_ms(p, m) if p.ndim == 3 else estimate_ms(p, m)
+
+
+def plan_any(p: ConvProblem, m: int | None = None, block_bytes: int | None = None, workers: int = 1):
+    """WinoPlan (2-D) or Wino3Plan (3-D) of the forward-geometry problem p."""
+    m = m or choose_m(p)
+    return make_plan3(p, m, block_bytes) if p.ndim == 3 else make_plan(p, m, block_bytes, workers)
+
+
+def fwd_any(plan, args: ConvArgs, ws: torch.Tensor, transposed: bool = False) -> torch.Tensor:
+    if isinstance(plan, Wino3Plan):
+        return wino_fwd3(plan, args, ws, transposed)
+    return wino_fwd(plan, args, ws, transposed)
 
 
 def prepare_with(p: ConvProblem, m: int | None = None, block_bytes: int | None = None, workers: int = 1):
@@ -448,14 +729,46 @@ def prepare_with(p: ConvProblem, m: int | None = None, block_bytes: int | None =
     make_plan's default) and `workers` Python workers, each running its share of the blocks
     on one thread (measured 1.5-2x slower than one worker on torch's 2 threads: kept for
     experiments)."""
-    plan = make_plan(p, m or choose_m(p), block_bytes, workers)
+    plan = plan_any(p, m, block_bytes, workers)
     nbytes = plan.workspace_bytes()
 
     def invoke(args: ConvArgs) -> torch.Tensor:
         with workspace(nbytes) as ws:
-            return wino_fwd(plan, args, ws)
+            return fwd_any(plan, args, ws)
     invoke.plan = plan
     return invoke
+
+
+def _shape_reasons(p: ConvProblem) -> list[str]:
+    """Why the forward-geometry problem p is not Winograd's (empty: it is)."""
+    if p.ndim not in (2, 3):
+        return [f"{p.ndim}-D problem: 2-D and 3-D only"]
+    nd, reasons = p.ndim, []
+    if p.filter != (3,) * nd:
+        reasons.append(f"filter={p.filter}: 3x3 (3x3x3) only")
+    if p.stride != (1,) * nd:
+        reasons.append(f"stride={p.stride}: stride 1 only")
+    if p.dilation != (1,) * nd:
+        reasons.append(f"dilation={p.dilation}: dilation 1 only")
+    if p.groups != 1:
+        reasons.append(f"groups={p.groups}: ungrouped only (per-group GEMMs are too narrow to pay)")
+    if max(*p.pad_before, *p.pad_after) > MAX_PAD:
+        reasons.append(f"padding={p.padding}: at most {MAX_PAD} a side")
+    if nd == 3 and p.post_ops:
+        reasons.append(f"post_ops={p.post_ops}: 3-D problems without a post-op chain")
+    u = 4 * 16 * p.K * p.C * (3 if nd == 3 else 1)          # U of F(2x2), the smaller one
+    if u > MAX_U_BYTES:
+        reasons.append(f"K={p.K}, C={p.C}: the filter transform U needs {u} bytes > {MAX_U_BYTES}")
+    return reasons
+
+
+def _estimate(p: ConvProblem) -> float:
+    t = min(_estimate_m(p, 4), _estimate_m(p, 2))
+    if p.dtype != F32 and cpu_has_native_bf16():
+        # the im2col solver's native bf16 GEMM runs at ~2x the f32 rate this one keeps:
+        # measured 0.54-0.68x torch in bf16 vs 0.70-0.74 for solver 10 (suite, 1 thread)
+        t *= _NATIVE_BF16_PENALTY
+    return t
 
 
 @register
@@ -470,38 +783,94 @@ class CpuWinogradFwd(Solver):
     deterministic = True
 
     def not_supported_reasons(self, p: ConvProblem) -> list[str]:
-        reasons = super().not_supported_reasons(p)
-        if p.ndim != 2:
-            reasons.append(f"{p.ndim}-D problem: 2-D only")
-            return reasons
-        if p.filter != (3, 3):
-            reasons.append(f"filter={p.filter}: 3x3 only")
-        if p.stride != (1, 1):
-            reasons.append(f"stride={p.stride}: stride 1 only")
-        if p.dilation != (1, 1):
-            reasons.append(f"dilation={p.dilation}: dilation 1 only")
-        if p.groups != 1:
-            reasons.append(f"groups={p.groups}: ungrouped only (per-group GEMMs are too narrow to pay)")
-        if max(*p.pad_before, *p.pad_after) > MAX_PAD:
-            reasons.append(f"padding={p.padding}: at most {MAX_PAD} a side")
-        u = 4 * 16 * p.K * p.C          # U of F(2x2), the smaller one
-        if u > MAX_U_BYTES:
-            reasons.append(f"K={p.K}, C={p.C}: the filter transform U needs {u} bytes > {MAX_U_BYTES}")
-        return reasons
+        return super().not_supported_reasons(p) + _shape_reasons(p)
 
     def workspace_size(self, p: ConvProblem) -> int:
-        return make_plan(p, choose_m(p)).workspace_bytes()
+        return plan_any(p).workspace_bytes()
 
     def estimate(self, p: ConvProblem) -> float:
-        t = min(estimate_ms(p, 4), estimate_ms(p, 2))
-        if p.dtype != F32 and cpu_has_native_bf16():
-            # the im2col solver's native bf16 GEMM runs at ~2x the f32 rate this one keeps:
-            # measured 0.54-0.68x torch in bf16 vs 0.70-0.74 for solver 10 (suite, 1 thread)
-            t *= _NATIVE_BF16_PENALTY
-        return t
+        return _estimate(p)
 
     def prepare(self, p: ConvProblem):
         return prepare_with(p)
 
 
-__all__ = ["CpuWinogradFwd", "WinoPlan", "make_plan", "prepare_with", "wino_fwd", "choose_m", "PROGRAMS"]
+def prepare_bwd_data_with(p: ConvProblem, m: int | None = None, block_bytes: int | None = None):
+    """Invoker of the backward-data problem p: dx = wino_fwd(dy, w rotated and transposed)."""
+    plan = plan_any(transposed_fwd(p), m, block_bytes)
+    nbytes = plan.workspace_bytes()
+
+    def invoke(args: ConvArgs) -> torch.Tensor:
+        with workspace(nbytes) as ws:
+            return fwd_any(plan, ConvArgs(x=args.dy, w=args.w), ws, transposed=True)
+    invoke.plan = plan
+    return invoke
+
+
+@register
+class CpuWinogradBwdData(Solver):
+    """Backward data of stride-1 3x3 problems through the Winograd forward (solver 14's
+    structure and numerics): dx = conv(dy, w'), w'[c, k] = w[k, c] rotated 180 degrees,
+    padding 2 - pad a side (so pad <= 2)."""
+
+    id = 15
+    name = "cpu_winograd_bwd_data"
+    family = "winograd"
+    primitive = "conv"
+    directions = frozenset({"bwd_data"})
+    devices = frozenset({"cpu"})
+    dtypes = frozenset({torch.float32, torch.float16, torch.bfloat16})
+    deterministic = True
+
+    def not_supported_reasons(self, p: ConvProblem) -> list[str]:
+        reasons = super().not_supported_reasons(p)
+        pf = transposed_fwd(p)
+        if pf is None:
+            shape = _shape_reasons(p)    # the original's stride / filter / dilation reasons
+            return reasons + (shape or [f"padding={p.padding}: more than the filter span (2) a side"])
+        return reasons + _shape_reasons(pf)
+
+    def workspace_size(self, p: ConvProblem) -> int:
+        return plan_any(transposed_fwd(p)).workspace_bytes()
+
+    def estimate(self, p: ConvProblem) -> float:
+        return _estimate(transposed_fwd(p))
+
+    def prepare(self, p: ConvProblem):
+        return prepare_bwd_data_with(p)
+
+
+@register
+class CpuWinogradBwdWeights(Solver):
+    """Backward weights of stride-1 3x3 problems as the transposed Winograd algorithm
+    F(3x3, m x m) (wino_bwd_weights): the forward's input transform, a dy transform, one
+    batched GEMM per block accumulating in f32, one filter-side mm at the end."""
+
+    id = 16
+    name = "cpu_winograd_bwd_weights"
+    family = "winograd"
+    primitive = "conv"
+    directions = frozenset({"bwd_weights"})
+    devices = frozenset({"cpu"})
+    dtypes = frozenset({torch.float32, torch.float16, torch.bfloat16})
+    deterministic = True
+
+    def not_supported_reasons(self, p: ConvProblem) -> list[str]:
+        return super().not_supported_reasons(p) + _shape_reasons(p)
+
+    def workspace_size(self, p: ConvProblem) -> int:
+        return plan_any(_fwd_of(p)).workspace_bytes()
+
+    def estimate(self, p: ConvProblem) -> float:
+        # the forward's structure: input transform, alpha^2 GEMMs of the same size, a dy
+        # transform (one small mm) in place of the output transform
+        return _estimate(_fwd_of(p))
+
+    def prepare(self, p: ConvProblem):
+        return prepare_bwd_weights_with(p)
+
+
+__all__ = ["Wino3Plan", "make_plan3", "plan_any",
+           "CpuWinogradFwd", "CpuWinogradBwdData", "CpuWinogradBwdWeights", "prepare_bwd_data_with",
+           "prepare_bwd_weights_with", "wino_bwd_weights",
+           "WinoPlan", "make_plan", "prepare_with", "wino_fwd", "choose_m", "PROGRAMS"]

@@ -136,6 +136,7 @@ def test_blocking_boundaries():
             for layout in ("nchw", "nhwc"):
                 p, args = make(direction, xs, ws, layout=layout, **kw)
                 plan = make_plan(p, cfg)
+                plan = plan.via or plan     # relayout twin (_relayout_twin): its blocks
                 blocks = [b for w in plan.work for b in w]
                 for b in blocks:   # column buffer under the cap unless a single position exceeds it
                     assert b.positions * p.C * math.prod(p.filter) * 4 <= max(cap, p.C * math.prod(p.filter) * 4)
@@ -345,7 +346,8 @@ def test_wide_forward(shape, dtype, monkeypatch):
     monkeypatch.setattr(cpu_gemm, "cpu_has_native_bf16", lambda: True)
     xs, ws, kw = shape
     ops = (Eltwise("relu", 0.1),)
-    for cfg in (CpuGemmConfig(wide=1.0), CpuGemmConfig(block_bytes=2000, wide=1.0), CpuGemmConfig(block_bytes=2000)):
+    for cfg in (CpuGemmConfig(wide=1.0, relayout="off"), CpuGemmConfig(block_bytes=2000, wide=1.0, relayout="off"),
+                CpuGemmConfig(block_bytes=2000, relayout="off")):
         p, args = make("fwd", xs, ws, dtype=dtype, **kw)
         wide = make_plan(p, cfg).wide
         grouped = kw.get("groups", 1) > 1            # grouped f32 forward is wide too
@@ -381,3 +383,28 @@ def test_workspace_arena_reused(monkeypatch):
         t.start()
         t.join()
         assert done[0].data_ptr() != a.data_ptr()
+
+
+@pytest.mark.parametrize("layout,shape,dtype", [
+    ("nchw", ((2, 5, 4, 6, 5), (7, 5, 3, 3, 3), dict(padding=(1, (0, 1), 1))), torch.bfloat16),
+    ("nchw", ((2, 6, 9), (4, 6, 3), dict(padding=2, dilation=2)), torch.bfloat16),
+    ("nhwc", ((2, 6, 7, 5), (6, 2, 3, 3), dict(padding=((1, 0), (0, 2)), groups=3, stride=(1, 2))), torch.float32),
+    ("nhwc", ((2, 8, 6, 7), (4, 4, 3, 3), dict(padding=1, groups=2)), torch.bfloat16),
+])
+def test_relayout_twin(layout, shape, dtype, monkeypatch):
+    """Plain forward (and backward data as forward) of narrow-K nchw bf16 and of grouped nhwc
+    problems runs the other layout's plan, converting x in and y out; bias / post-ops and
+    relayout="off" keep the layout."""
+    monkeypatch.setattr(cpu_gemm, "cpu_has_native_bf16", lambda: True)
+    xs, ws, kw = shape
+    for direction in ("fwd", "bwd_data"):
+        p, args = make(direction, xs, ws, layout=layout, dtype=dtype, **kw)
+        plan = make_plan(p)
+        if direction == "fwd" or plan.as_fwd is not None:
+            assert plan.via is not None and plan.via.p.layout != layout
+        check(p, args)
+        assert make_plan(p, CpuGemmConfig(relayout="off")).via is None
+        check(p, args, CpuGemmConfig(relayout="off"))
+    p, args = make("fwd", xs, ws, layout=layout, dtype=dtype, bias=True, **kw)
+    assert make_plan(p).via is None
+    check(p, args)
