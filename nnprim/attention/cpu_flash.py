@@ -68,6 +68,7 @@ LN2 = 0.6931471805599453
 _TILE_ELEMS = 1 << 20      # f32 score tile (rows x keys) per step: 4 MiB (< 8 MiB)
 _KV_BLOCK = 512            # keys per block
 _MIN_GEMM_ROWS = 64        # rows of one GEMM (G * nr) before chunks of heads shrink
+_ONE_HEAD_ROWS = 256       # G * Sq from which chunks hold one (batch, kv head) pair (oneDNN 2D GEMMs)
 
 
 def _empty(shape, dtype, device) -> torch.Tensor:
@@ -88,7 +89,9 @@ class Plan:
 
 def plan(problem: AttentionProblem, tile_elems: int | None = None, kv_block: int | None = None) -> Plan:
     """Largest row blocks whose (nb * nh * G * nr, nc) tile stays under tile_elems; the
-    chunk of (batch, head) pairs shrinks only when G * nr would drop below _MIN_GEMM_ROWS."""
+    chunk of (batch, head) pairs shrinks only when G * nr would drop below _MIN_GEMM_ROWS.
+    With oneDNN's f32 matmul (_onednn) and >= _ONE_HEAD_ROWS rows per head, chunks hold one
+    pair: the f32 GEMMs run as 2D oneDNN GEMMs (10-15 % faster than MKL's batched sgemm)."""
     E = tile_elems or _TILE_ELEMS
     B, Hkv, G, Sq, Sk = problem.B, problem.Hkv, problem.group, problem.Sq, problem.Sk
     if (kv_block is None and problem.direction == "fwd" and problem.dtype == torch.bfloat16
@@ -97,11 +100,14 @@ def plan(problem: AttentionProblem, tile_elems: int | None = None, kv_block: int
         E = tile_elems or 2 * _TILE_ELEMS   # 8 MiB of scores: >= 128 rows per head at Sk 2048
     if (kv_block is None and tile_elems is None and problem.direction == "bwd" and _bwd_whole_ok(problem)):
         # whole (Sq x Sk) tiles per head: dV, dK, dQ each come out of one bf16 GEMM
-        return Plan(1, max(1, min(Hkv, 2 * _TILE_ELEMS // (G * Sq * Sk))), Sq, Sk)
+        nh = 1 if _onednn() else max(1, min(Hkv, 2 * _TILE_ELEMS // (G * Sq * Sk)))
+        return Plan(1, nh, Sq, Sk)
     nc = max(1, min(Sk, kv_block or _KV_BLOCK))
     cap = max(1, E // nc)                                  # tile rows
     nr_min = min(Sq, max(1, -(-_MIN_GEMM_ROWS // G)))
-    if B * Hkv * G * nr_min <= cap:
+    if G * Sq >= _ONE_HEAD_ROWS and _onednn():
+        nb, nh = 1, 1
+    elif B * Hkv * G * nr_min <= cap:
         nb, nh = B, Hkv
     elif Hkv * G * nr_min <= cap:
         nb, nh = max(1, cap // (Hkv * G * nr_min)), Hkv
@@ -259,6 +265,26 @@ def _pv_native(problem: AttentionProblem, args: AttnArgs) -> bool:
 
 
 
+def _onednn() -> bool:
+    from ..conv.cpu_gemm import onednn_linear_available  # lazy: attention need not import conv
+    return onednn_linear_available()
+
+
+def _nt(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
+        acc: torch.Tensor | None = None) -> torch.Tensor:
+    """acc + a @ w^T per batch entry (a (N, M, K), w (N, n, K), f32; acc None: no add).
+    One entry: oneDNN's f32 matmul (strided operands read in place; its binary post-op
+    fuses the add into a fresh output), 10-15 % faster than MKL's sgemm on AMD CPUs.
+    Otherwise the batched MKL GEMM into out, or in place into acc."""
+    if a.shape[0] == 1 and a.dtype == F32 and w.dtype == F32 and _onednn():
+        lin = torch.ops.mkldnn._linear_pointwise
+        r = lin(a[0], w[0], None, "none", [], "") if acc is None else lin.binary(a[0], acc[0], w[0], None, "add")
+        return r.unsqueeze(0)
+    if acc is not None:
+        return acc.baddbmm_(a, w.transpose(1, 2))
+    return torch.bmm(a, w.transpose(1, 2), out=out)
+
+
 def _tile(buf: torch.Tensor, N: int, M: int, n: int) -> torch.Tensor:
     """A (N, M, n) view at the start of a preallocated flat f32 buffer (fresh large
     allocations cost page faults on every block)."""
@@ -280,7 +306,6 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
     drop = problem.dropout_p > 0
     rows_max = pl.nb * pl.nh * G * pl.nr
     sbuf = torch.empty(rows_max * pl.nc, dtype=F32, device=dev)
-    pvbuf = torch.empty(rows_max * Dv, dtype=F32, device=dev)
     pbuf = torch.empty(rows_max * pl.nc if pv_native else 0, dtype=torch.bfloat16, device=dev)
     for bs, hs in _chunks(problem, pl):
         nb, nh = bs.stop - bs.start, hs.stop - hs.start
@@ -294,7 +319,7 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
             whole_row = pv_native and len(blocks) == 1
             for c0, c1, needs_vis in blocks:
                 kb = _keys_f32(args.k, bs, hs, c0, c1)
-                s = torch.bmm(qb, kb.transpose(1, 2), out=_tile(sbuf, N, M, c1 - c0))
+                s = _nt(qb, kb, out=_tile(sbuf, N, M, c1 - c0))
                 ctx.mask_tile(s.view(nb, nh, G, nr, c1 - c0), bs, hs, r0, r1, c0, c1, needs_vis)
                 m_blk = s.amax(dim=-1, keepdim=True)
                 m_new = m_blk if m is None else torch.maximum(m, m_blk)
@@ -312,11 +337,11 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
                     continue
                 vb = _keys_f32(args.v, bs, hs, c0, c1)
                 if acc is None:
-                    l, acc = rs, torch.bmm(s, vb)
+                    l, acc = rs, _nt(s, vb.transpose(1, 2))
                 else:
                     alpha = torch.exp2(m - m_use)
                     l = l.mul_(alpha).add_(rs)
-                    acc.mul_(alpha).add_(torch.bmm(s, vb, out=_tile(pvbuf, N, M, Dv)))
+                    acc = _nt(s, vb.transpose(1, 2), acc=acc.mul_(alpha))
                 m = m_new
             if direct is not None:      # whole row in bf16: already normalised and rounded
                 o5[bs, hs, :, r0:r1] = direct.view(nb, nh, G, nr, Dv)
@@ -393,10 +418,10 @@ def _backward_whole(problem: AttentionProblem, args: AttnArgs, pl: Plan, ctx: _C
         dead = lse_b == _NEG_INF
         di = (dob * ob).sum(dim=-1, keepdim=True).masked_fill_(dead, 0.0)
         lse2 = (lse_b * LOG2E).masked_fill_(dead, float("inf"))
-        s = torch.bmm(qb, _keys_f32(k, bs, hs, c0, c1).transpose(1, 2), out=_tile(sbuf, N, M, nc))
+        s = _nt(qb, _keys_f32(k, bs, hs, c0, c1), out=_tile(sbuf, N, M, nc))
         ctx.mask_tile(s.view(nb, nh, G, Sq, nc), bs, hs, 0, Sq, c0, c1, needs_vis)
         p = s.sub_(lse2).exp2_()
-        dp = torch.bmm(dob, _keys_f32(v, bs, hs, c0, c1).transpose(1, 2), out=_tile(dpbuf, N, M, nc))
+        dp = _nt(dob, _keys_f32(v, bs, hs, c0, c1), out=_tile(dpbuf, N, M, nc))
         h = _tile(hbuf, N, M, nc).copy_(p)                                  # P in bf16
         dv[bs, hs, c0:c1] = _bmm_bf16(h.transpose(1, 2), _rows_all(args.do, Hkv, bs, hs)).view(nb, nh, nc, Dv)
         h.copy_(dp.sub_(di).mul_(p).mul_(ctx.scale))                         # scale dS in bf16
@@ -437,6 +462,8 @@ def cpu_backward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = No
         nb, nh = bs.stop - bs.start, hs.stop - hs.start
         dk_acc = torch.zeros((nb * nh, Sk, D), dtype=F32, device=dev)
         dv_acc = torch.zeros((nb * nh, Sk, Dv), dtype=F32, device=dev)
+        dkb: dict[tuple[int, int], torch.Tensor] = {}
+        dvb: dict[tuple[int, int], torch.Tensor] = {}
         for r0 in range(0, Sq, pl.nr):
             r1 = min(Sq, r0 + pl.nr)
             nr = r1 - r0
@@ -449,26 +476,39 @@ def cpu_backward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = No
             di = (dob * ob).sum(dim=-1, keepdim=True).masked_fill_(dead, 0.0)
             lse2 = (lse_b * LOG2E).masked_fill_(dead, float("inf"))
             dq_acc = torch.zeros((N, M, D), dtype=F32, device=dev)
+            fresh = N == 1 and _onednn()        # _nt returns new tensors
+            if fresh:
+                dobt, qbt = dob.transpose(1, 2).contiguous(), qb.transpose(1, 2).contiguous()
             for c0, c1, needs_vis in _blocks(ctx, pl, bs, r0, r1):
                 nc = c1 - c0
                 kb = _keys_f32(k, bs, hs, c0, c1)
                 vb = _keys_f32(v, bs, hs, c0, c1)
-                s = torch.bmm(qb, kb.transpose(1, 2), out=_tile(sbuf, N, M, nc))
+                s = _nt(qb, kb, out=_tile(sbuf, N, M, nc))
                 ctx.mask_tile(s.view(nb, nh, G, nr, nc), bs, hs, r0, r1, c0, c1, needs_vis)
                 p = s.sub_(lse2).exp2_()
-                dp = torch.bmm(dob, vb.transpose(1, 2), out=_tile(dpbuf, N, M, nc))
+                dp = _nt(dob, vb, out=_tile(dpbuf, N, M, nc))
                 if drop:
                     keep = ctx.keep_tile(bs, hs, r0, r1, c0, c1).view(N, M, -1)
                     pd = torch.mul(p, keep, out=_tile(pdbuf, N, M, nc)).mul_(kscale)
                     dp.mul_(keep).mul_(kscale)
                 else:
                     pd = p
-                dv_acc[:, c0:c1].baddbmm_(pd.transpose(1, 2), dob)
                 ds = dp.sub_(di).mul_(p)
-                dq_acc.baddbmm_(ds, kb)
-                dk_acc[:, c0:c1].baddbmm_(ds.transpose(1, 2), qb)
+                dq_acc = _nt(ds, kb.transpose(1, 2), acc=dq_acc)
+                if fresh:
+                    # oneDNN: per key block accumulators of dV^T = dO^T P and dK^T = Q^T dS,
+                    # the += fused as a post-op; the big tiles are the (transposed) weight
+                    # operand, which oneDNN reads in place (an input operand gets copied)
+                    dvb[c0, c1] = _nt(dobt, pd.transpose(1, 2), acc=dvb.get((c0, c1)))
+                    dkb[c0, c1] = _nt(qbt, ds.transpose(1, 2), acc=dkb.get((c0, c1)))
+                else:
+                    dv_acc[:, c0:c1].baddbmm_(pd.transpose(1, 2), dob)
+                    dk_acc[:, c0:c1].baddbmm_(ds.transpose(1, 2), qb)
             # qb carries scale * log2(e): dK = scale dS^T Q = dS^T qb / log2(e)
             dq5[bs, hs, :, r0:r1] = dq_acc.mul_(ctx.scale).view(nb, nh, G, nr, D)
+        for (c0, c1), blk in dkb.items():     # (causal row blocks end key blocks at other c1)
+            dk_acc[:, c0:c1] += blk.transpose(1, 2)
+            dv_acc[:, c0:c1] += dvb[c0, c1].transpose(1, 2)
         dk[bs, hs] = dk_acc.mul_(LN2).view(nb, nh, Sk, D)
         dv[bs, hs] = dv_acc.view(nb, nh, Sk, Dv)
     return dq, dk, dv
