@@ -68,7 +68,7 @@ LN2 = 0.6931471805599453
 _TILE_ELEMS = 1 << 20      # f32 score tile (rows x keys) per step: 4 MiB (< 8 MiB)
 _KV_BLOCK = 512            # keys per block
 _MIN_GEMM_ROWS = 64        # rows of one GEMM (G * nr) before chunks of heads shrink
-_ONE_HEAD_ROWS = 256       # G * Sq from which chunks hold one (batch, kv head) pair (oneDNN 2D GEMMs)
+_ONE_HEAD_WORK = 1 << 16   # G * Sq * D per thread from which chunks hold one (batch, kv head) pair
 
 
 def _empty(shape, dtype, device) -> torch.Tensor:
@@ -90,13 +90,17 @@ class Plan:
 def plan(problem: AttentionProblem, tile_elems: int | None = None, kv_block: int | None = None) -> Plan:
     """Largest row blocks whose (nb * nh * G * nr, nc) tile stays under tile_elems; the
     chunk of (batch, head) pairs shrinks only when G * nr would drop below _MIN_GEMM_ROWS.
-    With oneDNN's f32 matmul (_onednn) and >= _ONE_HEAD_ROWS rows per head, chunks hold one
-    pair: the f32 GEMMs run as 2D oneDNN GEMMs (10-15 % faster than MKL's batched sgemm)."""
+    With oneDNN's f32 matmul (_onednn), chunks hold one pair once a head's GEMMs are big
+    enough per thread (G * Sq * D >= _ONE_HEAD_WORK * threads; smaller ones split over
+    threads lose to MKL's batched GEMM, measured at 2 threads S=1024 D=64) or for the bf16
+    whole-row forward: the GEMMs run 2D (oneDNN: 10-15 % faster than MKL's sgemm here)."""
     E = tile_elems or _TILE_ELEMS
+    whole_row = False
     B, Hkv, G, Sq, Sk = problem.B, problem.Hkv, problem.group, problem.Sq, problem.Sk
     if (kv_block is None and problem.direction == "fwd" and problem.dtype == torch.bfloat16
             and Sk <= _WHOLE_ROW_MAX and _native_bf16()):
         kv_block = Sk                  # whole rows: the P V GEMM runs in bf16 (_pv_native)
+        whole_row = True
         E = tile_elems or 2 * _TILE_ELEMS   # 8 MiB of scores: >= 128 rows per head at Sk 2048
     if (kv_block is None and tile_elems is None and problem.direction == "bwd" and _bwd_whole_ok(problem)):
         # whole (Sq x Sk) tiles per head: dV, dK, dQ each come out of one bf16 GEMM
@@ -105,7 +109,8 @@ def plan(problem: AttentionProblem, tile_elems: int | None = None, kv_block: int
     nc = max(1, min(Sk, kv_block or _KV_BLOCK))
     cap = max(1, E // nc)                                  # tile rows
     nr_min = min(Sq, max(1, -(-_MIN_GEMM_ROWS // G)))
-    if G * Sq >= _ONE_HEAD_ROWS and _onednn():
+    work = G * Sq * min(problem.D, problem.Dv)
+    if _onednn() and (whole_row or work >= _ONE_HEAD_WORK * torch.get_num_threads()):
         nb, nh = 1, 1
     elif B * Hkv * G * nr_min <= cap:
         nb, nh = B, Hkv
@@ -273,10 +278,12 @@ def _onednn() -> bool:
 def _nt(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
         acc: torch.Tensor | None = None) -> torch.Tensor:
     """acc + a @ w^T per batch entry (a (N, M, K), w (N, n, K), f32; acc None: no add).
-    One entry: oneDNN's f32 matmul (strided operands read in place; its binary post-op
-    fuses the add into a fresh output), 10-15 % faster than MKL's sgemm on AMD CPUs.
-    Otherwise the batched MKL GEMM into out, or in place into acc."""
-    if a.shape[0] == 1 and a.dtype == F32 and w.dtype == F32 and _onednn():
+    Given out (a preallocated score tile): the batched MKL GEMM into it. Else with one
+    entry: oneDNN's f32 matmul, 10-15 % faster than MKL's sgemm on AMD CPUs (a transposed
+    w is read in place, a transposed a is copied; the binary post-op fuses the add), whose
+    output is always fresh: fresh multi-MiB score tiles page-fault on every block (up to
+    30 % of the time at S=1024), so the tiles stay on MKL. Else batched MKL, in place."""
+    if out is None and a.shape[0] == 1 and a.dtype == F32 and w.dtype == F32 and _onednn():
         lin = torch.ops.mkldnn._linear_pointwise
         r = lin(a[0], w[0], None, "none", [], "") if acc is None else lin.binary(a[0], acc[0], w[0], None, "add")
         return r.unsqueeze(0)
