@@ -344,3 +344,34 @@ def test_bf16_whole_backward(case, monkeypatch):
         assert err <= 2 * peer + 1e-4, (name, err, peer)
     if case == "kv_lens_dead":
         assert dk[1].abs().max() == 0 and dv[1].abs().max() == 0 and dq[1].abs().max() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=IDS.get)
+@pytest.mark.parametrize("case", ["gqa_causal_mask", "dropout_kv_lens", "strided_dv"])
+def test_one_head_chunks_onednn(dtype, case, monkeypatch):
+    """Chunks of one (batch, kv head) pair (the f32 GEMMs on oneDNN's matmul, dV / dK
+    accumulated transposed per key block), several row and uneven key blocks."""
+    if not cf._onednn():
+        pytest.skip("no oneDNN matmul in this torch build")
+    monkeypatch.setattr(cf, "_ONE_HEAD_WORK", 1)
+    monkeypatch.setattr(cf, "_TILE_ELEMS", 40 * 48)
+    monkeypatch.setattr(cf, "_KV_BLOCK", 48)
+    B, Hq, Hkv, Sq, Sk, D, Dv = 2, 4, 2, 53, 101, 24, 16
+    q = rnd(B, Hq, Sq, D, seed=40, dtype=dtype)
+    k = rnd(B, Hkv, Sk, D, seed=41, dtype=dtype)
+    v = rnd(B, Hkv, Sk, Dv if case == "strided_dv" else D, seed=42, dtype=dtype)
+    opts = {}
+    if case == "gqa_causal_mask":
+        opts["causal"] = "bottom_right"
+        mask = torch.randn(B, 1, Sq, Sk, generator=torch.Generator().manual_seed(43), dtype=torch.float64)
+        opts["attn_mask"] = mask.masked_fill(mask > 1.2, -math.inf)
+    if case == "dropout_kv_lens":
+        opts.update(dropout_p=0.2, kv_lens=torch.tensor([101, 30], dtype=torch.int32), causal="top_left")
+    if case == "strided_dv":
+        k = k.transpose(1, 2).contiguous().transpose(1, 2)      # (B, Sk, H, D) memory
+        q = q[..., :D]
+    p = AttentionProblem.from_tensors(q, k, v, return_lse=True, **opts)
+    for pr in (p, p.with_direction("bwd")):
+        pl = cf.plan(pr)
+        assert (pl.nb, pl.nh) == (1, 1) and (pl.nr < Sq or dtype == torch.bfloat16)  # bf16: whole rows
+    check(q, k, v, **opts)
