@@ -1,6 +1,8 @@
 """CPU flash attention in vectorised torch (family `flash`, ids 115 `cpu_flash_fwd`,
 116 `cpu_flash_bwd`): blocked over query rows and key blocks, online softmax in f32,
-GEMMs through torch's f32 batched matmul (the CPU BLAS).
+f32 GEMMs through torch's batched matmul (MKL) into preallocated score tiles, and, where
+torch's oneDNN matmul exists and a chunk is one (batch, kv head) pair, the GEMMs with
+fresh or accumulated outputs (P V, dQ, dK^T, dV^T) through oneDNN (`_nt`).
 
 Math (per batch entry b, query head h, K/V head hk = h // G, G = Hq / Hkv):
     s_ij  = scale * q_i . k_j + bias_ij      bias: additive mask where visible, -inf where
