@@ -771,19 +771,23 @@ def _estimate(p: ConvProblem) -> float:
     return t
 
 
-@register
-class CpuWinogradFwd(Solver):
-    id = 14
-    name = "cpu_winograd_fwd"
+class _CpuWinogradBase(Solver):
+    """What solvers 14/15/16 share: CPU, f32/f16/bf16, deterministic, 3x3 stride-1 shapes."""
     family = "winograd"
     primitive = "conv"
-    directions = frozenset({"fwd"})
     devices = frozenset({"cpu"})
     dtypes = frozenset({torch.float32, torch.float16, torch.bfloat16})
     deterministic = True
 
     def not_supported_reasons(self, p: ConvProblem) -> list[str]:
         return super().not_supported_reasons(p) + _shape_reasons(p)
+
+
+@register
+class CpuWinogradFwd(_CpuWinogradBase):
+    id = 14
+    name = "cpu_winograd_fwd"
+    directions = frozenset({"fwd"})
 
     def workspace_size(self, p: ConvProblem) -> int:
         return plan_any(p).workspace_bytes()
@@ -808,22 +812,17 @@ def prepare_bwd_data_with(p: ConvProblem, m: int | None = None, block_bytes: int
 
 
 @register
-class CpuWinogradBwdData(Solver):
+class CpuWinogradBwdData(_CpuWinogradBase):
     """Backward data of stride-1 3x3 problems through the Winograd forward (solver 14's
     structure and numerics): dx = conv(dy, w'), w'[c, k] = w[k, c] rotated 180 degrees,
     padding 2 - pad a side (so pad <= 2)."""
 
     id = 15
     name = "cpu_winograd_bwd_data"
-    family = "winograd"
-    primitive = "conv"
     directions = frozenset({"bwd_data"})
-    devices = frozenset({"cpu"})
-    dtypes = frozenset({torch.float32, torch.float16, torch.bfloat16})
-    deterministic = True
 
     def not_supported_reasons(self, p: ConvProblem) -> list[str]:
-        reasons = super().not_supported_reasons(p)
+        reasons = Solver.not_supported_reasons(self, p)   # the shape reasons are the forward's it runs
         pf = transposed_fwd(p)
         if pf is None:
             shape = _shape_reasons(p)    # the original's stride / filter / dilation reasons
@@ -841,22 +840,14 @@ class CpuWinogradBwdData(Solver):
 
 
 @register
-class CpuWinogradBwdWeights(Solver):
+class CpuWinogradBwdWeights(_CpuWinogradBase):
     """Backward weights of stride-1 3x3 problems as the transposed Winograd algorithm
     F(3x3, m x m) (wino_bwd_weights): the forward's input transform, a dy transform, one
     batched GEMM per block accumulating in f32, one filter-side mm at the end."""
 
     id = 16
     name = "cpu_winograd_bwd_weights"
-    family = "winograd"
-    primitive = "conv"
     directions = frozenset({"bwd_weights"})
-    devices = frozenset({"cpu"})
-    dtypes = frozenset({torch.float32, torch.float16, torch.bfloat16})
-    deterministic = True
-
-    def not_supported_reasons(self, p: ConvProblem) -> list[str]:
-        return super().not_supported_reasons(p) + _shape_reasons(p)
 
     def workspace_size(self, p: ConvProblem) -> int:
         return plan_any(_fwd_of(p)).workspace_bytes()

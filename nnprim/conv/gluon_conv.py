@@ -547,15 +547,12 @@ def shape_reasons(p: ConvProblem) -> list[str]:
     return reasons
 
 
-@register
-class GluonImplicitGemmFwd(_IGemmBase):
-    """Persistent warp-specialised Hopper forward in Gluon: TMA producer warp, wgmma consumers."""
-    id = 27
-    name = "gluon_implicit_gemm_fwd"
-    directions = frozenset({"fwd"})
+class GluonConvSolver(_IGemmBase):
+    """What the Gluon conv solvers 27/28/29 share: Hopper + Gluon, bf16/f16, a fixed
+    reduction order, long compiles, `shape_reasons`, and the price of a Gluon kernel."""
     devices = frozenset({"cuda"})
     dtypes = frozenset({torch.bfloat16, torch.float16})
-    deterministic = True    # one CTA reduces each output element in a fixed order
+    deterministic = True    # one CTA (or one ordered reduce) sums each output element in a fixed order
     long_compile = True
 
     def not_supported_reasons(self, problem) -> list[str]:
@@ -564,41 +561,38 @@ class GluonImplicitGemmFwd(_IGemmBase):
             return reasons
         return reasons + shape_reasons(problem) + gluon_reasons(problem.device)
 
-    def estimate(self, problem) -> float | None:
-        # solver 20's estimate scaled by what the H200 probe of 2026-12-01 measured: 0.57-0.62x
-        # solver 20's time on ResNet-50 1x1/3x3 and UNet 3x3 layers (benchmarks/gluon_conv_probe.py)
-        est = super().estimate(problem)
+    @staticmethod
+    def gluon_price(est: float | None) -> float | None:
+        """An implicit-GEMM estimate as the Gluon kernels run it: 0.57-0.62x solver 20's time
+        on ResNet-50 1x1/3x3 and UNet 3x3 layers in the H200 probe of 2026-12-01
+        (benchmarks/gluon_conv_probe.py), and at least the host time per call."""
         return None if est is None else max(est * GLUON_VS_SOLVER20, HOST_FLOOR_MS)
 
     def prepare(self, problem):
         return GluonConvPlan(problem)
 
 
+@register
+class GluonImplicitGemmFwd(GluonConvSolver):
+    """Persistent warp-specialised Hopper forward in Gluon: TMA producer warp, wgmma consumers."""
+    id = 27
+    name = "gluon_implicit_gemm_fwd"
+    directions = frozenset({"fwd"})
+
+    def estimate(self, problem) -> float | None:
+        return self.gluon_price(super().estimate(problem))
+
 
 @register
-class GluonImplicitGemmBwdData(_IGemmBase):
+class GluonImplicitGemmBwdData(GluonConvSolver):
     """Stride-1 backward data on solver 27's kernel: dy convolved with the flipped filter,
     the filter read in place as an MN-major wgmma operand (`forward_view`, TRANS_W)."""
     id = 28
     name = "gluon_implicit_gemm_bwd_data"
     directions = frozenset({"bwd_data"})
-    devices = frozenset({"cuda"})
-    dtypes = frozenset({torch.bfloat16, torch.float16})
-    deterministic = True    # one CTA reduces each output element in a fixed order
-    long_compile = True
-
-    def not_supported_reasons(self, problem) -> list[str]:
-        reasons = super().not_supported_reasons(problem)
-        if reasons and reasons[0].startswith("serves"):
-            return reasons
-        return reasons + shape_reasons(problem) + gluon_reasons(problem.device)
 
     def estimate(self, problem) -> float | None:
         # the forward it runs, priced as solver 27 prices a forward
         if shape_reasons(problem):
             return None
-        est = super().estimate(forward_view(problem))
-        return None if est is None else max(est * GLUON_VS_SOLVER20, HOST_FLOOR_MS)
-
-    def prepare(self, problem):
-        return GluonConvPlan(problem)
+        return self.gluon_price(super().estimate(forward_view(problem)))

@@ -35,7 +35,6 @@ from ..gluon_support import (
     contiguous_aligned,
     gl,
     gluon,
-    gluon_reasons,
     host_descriptor,
     mbarrier,
     sm_count,
@@ -46,8 +45,8 @@ from ..gluon_support import (
 from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import register
-from .gluon_conv import GLUON_VS_SOLVER20, HOST_FLOOR_MS, SMEM_BYTES, _nvmma, flat_view, rect, shape_reasons
-from .implicit_gemm import _IGemmBase, geom, roofline_ms
+from .gluon_conv import SMEM_BYTES, GluonConvSolver, _nvmma, flat_view, rect
+from .implicit_gemm import geom, roofline_ms
 from .implicit_gemm_bwd import REDUCE_SLICES, _split_reduce_kernel, max_split
 
 MAX_STAGES = 6
@@ -137,6 +136,21 @@ def plan_split(p: ConvProblem, t: WgradTile, sms: int) -> tuple[int, int, int]:
 if gluon is not None:
 
     @gluon.jit
+    def _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+        """(slice, filter-row block, tap, first channel) of work unit u: units of one slice
+        are adjacent; DIAG (grouped): the channels of the groups of rows [pid_k*BM, +BM)."""
+        sp = u // tiles
+        tile = u - sp * tiles
+        pid_k = tile // nj
+        pid_j = tile - pid_k * nj
+        tap = pid_j // ncb
+        if DIAG:
+            c0 = (pid_k * BM // Kg) * Cg
+        else:
+            c0 = (pid_j - tap * ncb) * BN
+        return sp, pid_k, tap, c0
+
+    @gluon.jit
     def _producer(dy_desc, x_desc, a_bufs, b_bufs, ready, empty, n_units, tiles, nj, ncb, S, tps, nt,
                   n_th, n_tw, ph, pw, dh, dw, Kg, Cg, DIAG: gl.constexpr, BH: gl.constexpr, BW: gl.constexpr,
                   BM: gl.constexpr, BN: gl.constexpr):
@@ -146,15 +160,7 @@ if gluon is not None:
         nbytes: gl.constexpr = dy_desc.block_type.nbytes + x_desc.block_type.nbytes
         cnt = 0
         for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
-            sp = u // tiles
-            tile = u - sp * tiles
-            pid_k = tile // nj
-            pid_j = tile - pid_k * nj
-            tap = pid_j // ncb
-            if DIAG:   # the input channels of the groups of rows [pid_k*BM, +BM)
-                c0 = (pid_k * BM // Kg) * Cg
-            else:
-                c0 = (pid_j - tap * ncb) * BN
+            sp, pid_k, tap, c0 = _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG, BM, BN)
             r = tap // S
             q = tap - r * S
             t_end = gl.minimum(sp * tps + tps, nt)
@@ -190,15 +196,7 @@ if gluon is not None:
         ncol = n_taps * Cg
         cnt = 0
         for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
-            sp = u // tiles
-            tile = u - sp * tiles
-            pid_k = tile // nj
-            pid_j = tile - pid_k * nj
-            tap = pid_j // ncb
-            if DIAG:
-                c0 = (pid_k * BM // Kg) * Cg
-            else:
-                c0 = (pid_j - tap * ncb) * BN
+            sp, pid_k, tap, c0 = _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG, BM, BN)
             acc = gl.zeros([BM, BN], gl.float32, acc_layout)
             steps = gl.minimum(sp * tps + tps, nt) - sp * tps
             for st in range(steps):
@@ -325,15 +323,11 @@ class GluonWgradPlan:
 
 # ---- solver ------------------------------------------------------------------------------
 @register
-class GluonImplicitGemmBwdWeights(_IGemmBase):
+class GluonImplicitGemmBwdWeights(GluonConvSolver):
     """Persistent warp-specialised Hopper backward weights in Gluon (stride 1, NHWC)."""
     id = 29
     name = "gluon_implicit_gemm_bwd_weights"
     directions = frozenset({"bwd_weights"})
-    devices = frozenset({"cuda"})
-    dtypes = frozenset({torch.bfloat16, torch.float16})
-    deterministic = True    # fixed slices summed in slice order
-    long_compile = True
 
     def not_supported_reasons(self, problem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
@@ -343,13 +337,12 @@ class GluonImplicitGemmBwdWeights(_IGemmBase):
             reasons.append(f"groups={problem.groups} with {problem.K // problem.groups} filters and "
                            f"{problem.C // problem.groups} channels per group: no tile of whole groups "
                            "(64 or 128 rows, 16-256 channels)")
-        return reasons + shape_reasons(problem) + gluon_reasons(problem.device)
+        return reasons
 
     def workspace_size(self, problem) -> int:
         return GluonWgradPlan(problem).workspace_bytes(0 if torch.cuda.is_available() else None)
 
     def estimate(self, problem) -> float | None:
-        # priced as solver 27 prices the forward of the same GEMM (same kernel structure);
         # grouped: the block-diagonal tiles' dense work (BM x BN per block of BM rows)
         if problem.groups > 1:
             d = diag_tile(problem)
@@ -357,11 +350,8 @@ class GluonImplicitGemmBwdWeights(_IGemmBase):
                 return None
             gm = geom(problem)
             flops = 2.0 * d[0] * d[1] * triton.cdiv(gm.K, d[0]) * gm.taps * gm.N * gm.P
-            est = roofline_ms(flops, problem.bytes(), problem.dtype, 0.7)
-            return max(est * GLUON_VS_SOLVER20, HOST_FLOOR_MS)
-        est = super().estimate(problem)
-        return None if est is None else max(est * GLUON_VS_SOLVER20, HOST_FLOOR_MS)
+            return self.gluon_price(roofline_ms(flops, problem.bytes(), problem.dtype, 0.7))
+        return self.gluon_price(super().estimate(problem))
 
     def prepare(self, problem):
         return GluonWgradPlan(problem)
-

@@ -128,34 +128,45 @@ def _cubin_usage(ck) -> str:
     return " ".join(w for w in out.split() if w.startswith(("REG:", "STACK:", "LOCAL:")))
 
 
-def _gluon_conv_attempts(failures: list[str], report: list[str]) -> None:
-    """Compile solver 27's kernel through its plan (the solver is not applicable without a
-    Hopper GPU) and report tile, registers, spills and shared memory per problem."""
-    from nnprim.conv import gluon_conv
+def _conv_plan_attempts(label: str, module, kernel: str, plan: str, cases, direction: str, describe,
+                        failures: list[str], report: list[str]) -> None:
+    """Compile a Gluon conv kernel through its plan for each (x, w, options) case (the
+    solvers are not applicable without a Hopper GPU) and report, per new compiled variant,
+    `describe(problem, plan)` with warps, shared memory, registers and spills."""
     from nnprim.gluon_support import GLUON_ERROR
     from nnprim.problems.conv import ConvProblem
     from nnprim.search.random_args import random_args
     if GLUON_ERROR is not None:
-        failures.append(f"gluon_implicit_gemm_fwd: Gluon import failed: {GLUON_ERROR}")
+        failures.append(f"{label}: Gluon import failed: {GLUON_ERROR}")
         return
-    kernel = gluon_conv._gluon_conv_kernel
-    for x, w, kw in GLUON_CONV:
+    kernel, make_plan = getattr(module, kernel), getattr(module, plan)
+    for x, w, kw in cases:
         kw = dict(kw)
-        p = ConvProblem.create(kw.pop("direction", "fwd"), x, w, device="cpu", layout="nhwc",
+        p = ConvProblem.create(kw.pop("direction", direction), x, w, device="cpu", layout="nhwc",
                                dtype=kw.pop("dtype", BF16), **kw)
         before = {id(ck) for cache in kernel.device_caches.values() for ck in cache[0].values()}
         try:
-            plan = gluon_conv.GluonConvPlan(p)
+            plan = make_plan(p)
             plan(random_args(p, seed=0))
         except Exception as e:  # noqa: BLE001 - report every variant that does not compile
-            failures.append(f"gluon conv on {p.key()}: {type(e).__name__}: {str(e)[:800]}")
+            failures.append(f"{label} on {p.key()}: {type(e).__name__}: {str(e)[:800]}")
             continue
         new = [ck for cache in kernel.device_caches.values() for ck in cache[0].values() if id(ck) not in before]
         for ck in new:
-            t = plan.tile
-            report.append(f"gluon conv {p.direction} x={x} w={w} BH={t.BH} BW={t.BW} BN={t.BN} BK={t.BK} "
-                          f"KSUB={t.KSUB} STAGES={t.STAGES} warps={ck.metadata.num_warps} "
+            report.append(f"{label} {describe(p, plan)} warps={ck.metadata.num_warps} "
                           f"dynamic_smem={ck.metadata.shared} {_cubin_usage(ck)}")
+
+
+def _gluon_conv_attempts(failures: list[str], report: list[str]) -> None:
+    """Solvers 27/28 (one kernel): tile, registers, spills and shared memory per problem."""
+    from nnprim.conv import gluon_conv
+
+    def describe(p, plan) -> str:
+        t = plan.tile
+        return (f"{p.direction} x={p.x_shape} w={p.w_shape} BH={t.BH} BW={t.BW} BN={t.BN} BK={t.BK} "
+                f"KSUB={t.KSUB} STAGES={t.STAGES}")
+    _conv_plan_attempts("gluon conv", gluon_conv, "_gluon_conv_kernel", "GluonConvPlan", GLUON_CONV, "fwd",
+                        describe, failures, report)
 
 
 GLUON_WGRAD = [  # (x, w, options) of solver 29 (Gluon backward weights, sm_90 only)
@@ -170,27 +181,14 @@ GLUON_WGRAD = [  # (x, w, options) of solver 29 (Gluon backward weights, sm_90 o
 
 
 def _gluon_wgrad_attempts(failures: list[str], report: list[str]) -> None:
-    """Compile solver 29's kernel through its plan and report tile, registers and spills."""
+    """Solver 29: tile, split, registers and spills per problem."""
     from nnprim.conv import gluon_conv_wgrad
-    from nnprim.problems.conv import ConvProblem
-    from nnprim.search.random_args import random_args
-    kernel = gluon_conv_wgrad._gluon_wgrad_kernel
-    for x, w, kw in GLUON_WGRAD:
-        kw = dict(kw)
-        p = ConvProblem.create("bwd_weights", x, w, device="cpu", layout="nhwc", dtype=kw.pop("dtype", BF16), **kw)
-        before = {id(ck) for cache in kernel.device_caches.values() for ck in cache[0].values()}
-        try:
-            plan = gluon_conv_wgrad.GluonWgradPlan(p)
-            plan(random_args(p, seed=0))
-        except Exception as e:  # noqa: BLE001 - report every variant that does not compile
-            failures.append(f"gluon_implicit_gemm_bwd_weights on {p.key()}: {type(e).__name__}: {str(e)[:800]}")
-            continue
-        new = [ck for cache in kernel.device_caches.values() for ck in cache[0].values() if id(ck) not in before]
-        for ck in new:
-            t = plan.tile
-            report.append(f"gluon_implicit_gemm_bwd_weights x={x} w={w} BH={t.BH} BW={t.BW} BM={t.BM} BN={t.BN} "
-                          f"STAGES={t.STAGES} split={plan.split} warps={ck.metadata.num_warps} "
-                          f"dynamic_smem={ck.metadata.shared} {_cubin_usage(ck)}")
+
+    def describe(p, plan) -> str:
+        t = plan.tile
+        return f"x={p.x_shape} w={p.w_shape} BH={t.BH} BW={t.BW} BM={t.BM} BN={t.BN} STAGES={t.STAGES} split={plan.split}"
+    _conv_plan_attempts("gluon_implicit_gemm_bwd_weights", gluon_conv_wgrad, "_gluon_wgrad_kernel", "GluonWgradPlan",
+                        GLUON_WGRAD, "bwd_weights", describe, failures, report)
 
 
 GLUON_ATTENTION = [  # (ping-pong, persistent, fields) of solver 126 (Gluon, sm_90 only): d64/d128/d256,

@@ -226,17 +226,25 @@ BWD_SHAPES = [  # (x, w, padding, dilation) of the forward whose backward data i
 ]
 
 
-def run_bwd_checked(x_shape, w_shape, pad, dil, dtype=torch.bfloat16, seed=0):
+def backward_case(direction, solver, x_shape, w_shape, pad, dil, dtype, seed, groups=1):
+    """(problem, x, w, dy, the solver's result into a NaN-poisoned channels-last output)."""
     x, w, _ = case(x_shape, w_shape, dtype=dtype, seed=seed)
-    p = ConvProblem.create("bwd_data", x.shape, w.shape, dtype=dtype, layout="nhwc", device=DEV, padding=pad,
-                           dilation=dil)
+    p = ConvProblem.create(direction, x.shape, w.shape, dtype=dtype, layout="nhwc", device=DEV, padding=pad,
+                           dilation=dil, groups=groups)
     g = torch.Generator(device=DEV).manual_seed(seed + 1)
     dy = torch.randn(p.y_shape, generator=g, device=DEV).to(dtype).to(memory_format=torch.channels_last)
-    s = REGISTRY.get("gluon_implicit_gemm_bwd_data")
+    s = REGISTRY.get(solver)
     assert s.is_applicable(p), s.not_supported_reasons(p)
-    out = torch.full(p.x_shape, float("nan"), dtype=dtype, device=DEV).to(memory_format=torch.channels_last)
-    dx = s.prepare(p)(ConvArgs(dy=dy, w=w), out)
-    assert dx.data_ptr() == out.data_ptr()
+    shape = p.x_shape if direction == "bwd_data" else p.w_shape
+    out = torch.full(shape, float("nan"), dtype=dtype, device=DEV).to(memory_format=torch.channels_last)
+    res = s.prepare(p)(ConvArgs(dy=dy, w=w) if direction == "bwd_data" else ConvArgs(dy=dy, x=x), out)
+    assert res.data_ptr() == out.data_ptr()
+    return p, x, w, dy, res
+
+
+def run_bwd_checked(x_shape, w_shape, pad, dil, dtype=torch.bfloat16, seed=0):
+    p, x, w, dy, dx = backward_case("bwd_data", "gluon_implicit_gemm_bwd_data", x_shape, w_shape, pad, dil,
+                                    dtype, seed)
     ref = conv_bwd_data_f64(p, dy, w)
     # torch's same-dtype result (on the padded input, cropped: it has no asymmetric padding)
     xp_shape = (x.shape[0], x.shape[1], *(n + a + b for n, (a, b) in zip(x.shape[2:], p.padding)))
@@ -283,16 +291,8 @@ WGRAD_SHAPES = [  # (x, w, padding, dilation)
 
 
 def run_wgrad_checked(x_shape, w_shape, pad, dil, dtype=torch.bfloat16, seed=0, groups=1):
-    x, w, _ = case(x_shape, w_shape, dtype=dtype, seed=seed)
-    p = ConvProblem.create("bwd_weights", x.shape, w.shape, dtype=dtype, layout="nhwc", device=DEV, padding=pad,
-                           dilation=dil, groups=groups)
-    g = torch.Generator(device=DEV).manual_seed(seed + 1)
-    dy = torch.randn(p.y_shape, generator=g, device=DEV).to(dtype).to(memory_format=torch.channels_last)
-    s = REGISTRY.get("gluon_implicit_gemm_bwd_weights")
-    assert s.is_applicable(p), s.not_supported_reasons(p)
-    out = torch.full(p.w_shape, float("nan"), dtype=dtype, device=DEV).to(memory_format=torch.channels_last)
-    dw = s.prepare(p)(ConvArgs(dy=dy, x=x), out)
-    assert dw.data_ptr() == out.data_ptr()
+    p, x, w, dy, dw = backward_case("bwd_weights", "gluon_implicit_gemm_bwd_weights", x_shape, w_shape, pad, dil,
+                                    dtype, seed, groups)
     ref = conv_bwd_weights_f64(p, dy, x)
     xp = F.pad(x, _pad_spec(p))
     theirs = torch.nn.grad.conv2d_weight(xp, w.shape, dy, dilation=dil, groups=groups)
