@@ -27,8 +27,19 @@ def main() -> None:
     x = torch.randn(1, 8, 8, 8, device=dev, dtype=dt).contiguous(memory_format=torch.channels_last)
     w = torch.randn(8, 8, 3, 3, device=dev, dtype=dt).contiguous(memory_format=torch.channels_last)
     q = torch.randn(1, 2, 16, 64, device=dev, dtype=dt)
+    xg, wg = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    qg = q.detach().clone().requires_grad_()
+
+    def conv_train():
+        nnprim.conv_forward(xg, wg, padding=1).sum().backward()
+
+    def sdpa_train():
+        nnprim.sdpa(qg, qg, qg).sum().backward()
+
     for name, fn in (("conv_forward", lambda: nnprim.conv_forward(x, w, padding=1)),
-                     ("sdpa", lambda: nnprim.sdpa(q, q, q))):
+                     ("sdpa", lambda: nnprim.sdpa(q, q, q)),
+                     ("conv_forward+backward (autograd)", conv_train),
+                     ("sdpa forward+backward (autograd)", sdpa_train)):
         for _ in range(100):
             fn()
         prof = cProfile.Profile()
@@ -40,6 +51,7 @@ def main() -> None:
             torch.cuda.synchronize()
         print(f"==== {name}: {a.calls} calls")
         pstats.Stats(prof).sort_stats("tottime").print_stats(a.top)
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(a.top)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,10 @@ PROBLEMS = [
     ("resnet0_conv_bwd_data", "conv", "bwd_data", dict(N=64, C=128, K=128, spatial=[28, 28], filter=[3, 3],
                                                        padding=[1, 1], layout="nhwc")),
     ("resnet45_conv_fwd", "conv", "fwd", dict(N=32, C=256, K=64, spatial=[56, 56], filter=[1, 1], layout="nhwc")),
+    ("unet38_conv_bwd_data", "conv", "bwd_data", dict(N=2, C=512, K=512, spatial=[32, 32], filter=[2, 2],
+                                                      stride=[2, 2], layout="nhwc")),
+    ("unet20_conv_bwd_weights", "conv", "bwd_weights", dict(N=4, C=512, K=256, spatial=[32, 32], filter=[3, 3],
+                                                            padding=[1, 1], layout="nhwc")),
     ("decode35_attn_fwd", "attn", "fwd", dict(B=1, Hq=32, Hkv=8, Sq=4, Sk=1500, D=128, causal="bottom_right")),
 ]
 
@@ -63,6 +67,9 @@ def main() -> int:
             s = interleaved_samples(fns, "cuda", rounds=30, warmup=2)
             med = [statistics.median(x) for x in s]
             row[label] = med if label == "default_first" else med[::-1]   # always (default, forced)
+        f2 = lambda c=case, n=chosen: c.call_with(n)  # noqa: E731
+        s = interleaved_samples([f, f2], "cuda", rounds=30, warmup=2)
+        row["forced_twins"] = [statistics.median(x) for x in s]  # the same call twice: the order's own bias
         for label, fn in (("default", d), ("forced", f)):
             fn()
             row[f"{label}_host_dev_ms"] = [back_to_back_ms(fn) for _ in range(3)]

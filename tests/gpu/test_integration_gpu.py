@@ -101,8 +101,10 @@ def test_many_threads_one_new_problem():
     for t in ts:
         t.join()
     assert not errors, errors
+    # Not bit-equal: outside deterministic mode the backward may be an atomic-dQ solver
+    # (123/127), whose f32 adds land in any order, as with torch's own SDPA backward.
     for o in out[1:]:
-        _same(o, out[0])
+        _same(o, out[0], tol=1e-3)
 
 
 # ---- torch.compile --------------------------------------------------------------------------
