@@ -9,15 +9,20 @@ dq, dk, dv on batch 0 and the query heads of kv head 0 against float32 autograd 
 Then, interleaved (nnprim.search.timing.interleaved_samples: rotating order, CUDA events,
 warm-up), median ms of the backward alone: 127, 123 and 111 through
 `nnprim.sdpa_backward(..., solver=...)`, and torch SDPA's CUDNN_ATTENTION and FLASH_ATTENTION
-backends as `torch.autograd.grad(out, (q, k, v), do, retain_graph=True)` on one forward; at
-d128 also two other variants of 127 through its plan, checked the same way: `g127_wg_dq`
-(each warpgroup adds the dQ of its 64 keys, all columns; the solver's default splits the
-columns) and `g127_s3` (a 3-stage Q/dO ring instead of 2).
+backends as `torch.autograd.grad(out, (q, k, v), do, retain_graph=True)` on one forward; and
+the tile configs of 127 named by --configs (gluon_bwd.CONFIGS) through its plan, checked the
+same way, as `g127_<name>`: `default` (what the solver runs), `hoisted` (2026-12-01's kernel:
+K/V wgmma descriptors hoisted out of the loops and spilled at d128), `wg_dq` (each warpgroup
+adds the dQ of its 64 keys, all columns; the default splits the columns at d128), `s3` (a
+3-stage Q/dO ring instead of 2 at d128), `wg_dq_s3`. A config that is the same kernel as
+an earlier one at that head dim (d64: no split, 3 stages already) is not timed twice.
+benchmarks/diag/gluon_bwd_regs.py prints their registers and spills offline.
 TFLOP/s (2.5 x the forward's 4*B*Hq*Sq*Sk*D, x0.5 causal) and the ratio to cuDNN. Writes
 JSON to --out (a .json path, or a directory: gluon_bwd_<date>.json) and prints a table.
 
     export PYTHONPATH=$PWD TRITON_INTERPRET=0
-    timeout 240 python3 benchmarks/gluon_bwd.py --out $OUT/gluon_bwd.json [--subset a,b] [--rounds 10]
+    timeout 240 python3 benchmarks/gluon_bwd.py --out $OUT/gluon_bwd.json [--subset a,b] [--rounds 10] \
+        [--configs default,hoisted,wg_dq,s3] [--solvers gluon_127,atomic_123,flash_111]
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import os
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -61,12 +67,13 @@ import sys, torch, nnprim
 from nnprim.args import AttnArgs
 from nnprim.attention import gluon_bwd
 from nnprim.problems.attention import AttentionProblem
-for causal in (None, "bottom_right"):
-    q, do = (torch.randn(1, 2, 300, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    k, v = (torch.randn(1, 1, 333, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+for d in map(int, sys.argv[2].split(",")):
+  for causal in (None, "bottom_right"):
+    q, do = (torch.randn(1, 2, 300, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(1, 1, 333, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     o, lse = nnprim.sdpa(q, k, v, causal=causal, return_lse=True)
     p = AttentionProblem.from_tensors(q, k, v, causal=causal, direction="bwd")
-    gluon_bwd.GluonBwdPlan(p, gluon_bwd.tile_config(128, sys.argv[1] == "1"))(AttnArgs(q, k, v, do=do, o=o, lse=lse))
+    gluon_bwd.GluonBwdPlan(p, gluon_bwd.CONFIGS[sys.argv[1]](d))(AttnArgs(q, k, v, do=do, o=o, lse=lse))
 torch.cuda.synchronize()
 print("SMOKE-OK")
 """
@@ -92,7 +99,18 @@ def slice_of(grads, g: int):
     return dq[:1, :g], dk[:1, :1], dv[:1, :1]
 
 
-def run_problem(p: dict, rounds: int, smoke_ok: dict[bool, bool]) -> dict:
+def distinct_configs(names: list[str], d: int) -> list[str]:
+    """The names among `names` whose tile config at head dim d differs from every earlier one's."""
+    seen, out = [], []
+    for n in names:
+        cfg = gluon_bwd.CONFIGS[n](d)
+        if cfg not in seen:
+            seen.append(cfg)
+            out.append(n)
+    return out
+
+
+def run_problem(p: dict, rounds: int, smoke_ok: dict[str, bool], configs: list[str], solvers: list[str]) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     B, Hq, Hkv, Sq, Sk, D, causal = p["B"], p["Hq"], p["Hkv"], p["Sq"], p["Sk"], p["D"], p["causal"]
     nc = "top_left" if causal else None
@@ -117,24 +135,21 @@ def run_problem(p: dict, rounds: int, smoke_ok: dict[bool, bool]) -> dict:
                 return torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)
         return f
 
-    impls = {n: ours(s) for n, s in OURS.items()}
-    if D >= 128:
-        pb = AttentionProblem.from_tensors(q, k, v, causal=nc, direction="bwd")
-        wg = gluon_bwd.GluonBwdPlan(pb, gluon_bwd.tile_config(D, split_dq=False))
-        impls["g127_wg_dq"] = lambda: wg(AttnArgs(q, k, v, do=do, o=o, lse=lse))
-        s3 = gluon_bwd.GluonBwdPlan(pb, gluon_bwd.tile_config(D, stages=3))
-        impls["g127_s3"] = lambda: s3(AttnArgs(q, k, v, do=do, o=o, lse=lse))
+    impls = {n: ours(s) for n, s in OURS.items() if n in solvers}
+    pb = AttentionProblem.from_tensors(q, k, v, causal=nc, direction="bwd")
+    a = AttnArgs(q, k, v, do=do, o=o, lse=lse)
+    for c in distinct_configs(configs, D):
+        impls[f"g127_{c}"] = (lambda plan: lambda: plan(a))(gluon_bwd.GluonBwdPlan(pb, gluon_bwd.CONFIGS[c](D)))
     for n, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
         try:
             impls[n] = peer(be)
         except Exception as e:  # noqa: BLE001 - a backend that does not serve the problem
             row["errors"][n] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-    if not smoke_ok[gluon_bwd.tile_config(D)["SPLIT_DQ"]]:
+    if "gluon_127" in impls and not smoke_ok["default"]:
         row["errors"]["gluon_127"] = "smoke run failed or hung: not run"
-    if "g127_wg_dq" in impls and not smoke_ok[False]:
-        row["errors"]["g127_wg_dq"] = "smoke run failed or hung: not run"
-    if "g127_s3" in impls and not smoke_ok[True]:
-        row["errors"]["g127_s3"] = "smoke run failed or hung: not run"
+    for c in configs:
+        if f"g127_{c}" in impls and not smoke_ok[c]:
+            row["errors"][f"g127_{c}"] = "smoke run failed or hung: not run"
     ref = slice_reference(q, k, v, do, causal)
     e_c = 1e-2
     if "cudnn" in impls:
@@ -173,28 +188,39 @@ def main() -> int:
     ap.add_argument("--subset", default="", help="comma-separated problem names")
     ap.add_argument("--dims", default="64,128", help="head dims to run")
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--configs", default="default,hoisted,wg_dq,s3",
+                    help="127's tile configs timed through its plan (gluon_bwd.CONFIGS names)")
+    ap.add_argument("--solvers", default=",".join(OURS), help="of " + ",".join(OURS))
     a = ap.parse_args()
+    configs = [c for c in a.configs.split(",") if c]
+    solvers = [n for n in a.solvers.split(",") if n]
+    unknown = [c for c in configs if c not in gluon_bwd.CONFIGS] + [n for n in solvers if n not in OURS]
+    if unknown:
+        ap.error(f"unknown configs / solvers {unknown}; configs: {list(gluon_bwd.CONFIGS)}")
     probs = train_problems(a.suite, a.dims, a.subset)
     out = out_path(a.out, "gluon_bwd")
     result = new_result()
-    why = {split: smoke(SMOKE, ["1" if split else "0"]) for split in (True, False)}
-    result["smoke"] = {("split_dq" if split else "wg_dq"): (w or "ok") for split, w in why.items()}
+    with ThreadPoolExecutor(8) as pool:   # each a subprocess compiling its kernels: in parallel
+        names = list(dict.fromkeys(["default"] + configs))
+        why = dict(zip(names, pool.map(lambda c: smoke(SMOKE, [c, a.dims]), names)))
+    result["smoke"] = {c: (w or "ok") for c, w in why.items()}
+    result["configs"] = {c: {d: gluon_bwd.CONFIGS[c](int(d)) for d in a.dims.split(",")} for c in configs}
     print("smoke:", result["smoke"], flush=True)
-    cols = list(OURS) + ["g127_wg_dq", "g127_s3", "cudnn", "flash"]
-    print(f"{'problem':28s} " + " ".join(f"{c:>10s}" for c in cols) + "  TFLOP/s | 127/cudnn 123/cudnn")
+    cols = solvers + [f"g127_{c}" for c in configs] + ["cudnn", "flash"]
+    print(f"{'problem':28s} " + " ".join(f"{c[-10:]:>10s}" for c in cols) + "  TFLOP/s | x/cudnn (same order)")
     for p in probs:
         try:
-            row = run_problem(p, a.rounds, {split: w is None for split, w in why.items()})
+            row = run_problem(p, a.rounds, {c: w is None for c, w in why.items()}, configs, solvers)
         except Exception as e:  # noqa: BLE001 - keep the other problems' numbers
             row = dict(name=p["name"], errors={"problem": f"{type(e).__name__}: {str(e)[:1000]}"})
         torch.cuda.empty_cache()
         result["problems"].append(row)
         tf, vs = row.get("tflops", {}), row.get("vs_cudnn", {})
         line = " ".join(f"{tf.get(c, float('nan')):10.1f}" for c in cols)
-        print(f"{p['name']:28s} {line}  | {vs.get('gluon_127', float('nan')):6.3f} {vs.get('atomic_123', float('nan')):6.3f}"
+        print(f"{p['name']:28s} {line}  | " + " ".join(f"{vs.get(c, float('nan')):6.3f}" for c in cols[:-2])
               + (f"  ERR {row['errors']}" if row.get("errors") else ""), flush=True)
         out.write_text(json.dumps(result, indent=1))   # partial results survive a timeout
-    summarise(result, list(OURS) + ["g127_wg_dq", "g127_s3", "flash"])
+    summarise(result, cols[:-2] + ["flash"])
     out.write_text(json.dumps(result, indent=1))
     print({k: v for k, v in result.items() if k.startswith(("geomean", "min"))})
     print("wrote", out)

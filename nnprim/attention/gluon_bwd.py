@@ -9,8 +9,8 @@ that, per key block, forms the five products
     dV += P^T dO,  dS = P * (dP - delta),  dK += dS^T Q,  dQ_partial = dS K
 
 and adds dQ_partial to the accumulator with f32 atomics (so not deterministic), then its
-cast kernel (with scale 1: the main kernel adds scale * dQ_partial). Only the main kernel is new:
-Gluon, FA3's structure.
+cast kernel (which applies the scale: the main kernel adds dQ_partial unscaled). Only the main
+kernel is new: Gluon, FA3's structure.
 
 One CTA per (key block of BLOCK_N = 128 keys, b, kv head); grid axis 0 is the key block, so
 under causal masking the long blocks (low keys, more query rows) start first. The GQA
@@ -33,9 +33,11 @@ them), as in 123. `gl.warp_specialize` splits the CTA into
     would cut a 128-byte swizzle row): each warpgroup its 64 keys, all columns.
 Element masks (key tail at Sk, the causal diagonal) only on the query blocks [lo, full) that
 cross the diagonal, and on every query block of the last key block (keys past Sk): the
-consumers walk [lo, full) and [full, m_end) as two loops (one with a branch on the mask cost
-registers). Query rows past Sq load as zeros and their lse as +inf (P = 0). Epilogue: dK *
-scale and dV cast to the input dtype, masked stores at Sk. Non-persistent grid (a next step:
+consumers walk [lo, full) of every query head of the group, then [full, m_end) of every head,
+as two flat loops (one with a branch on the mask cost registers; a head loop around them kept
+its values live across the stages: spills), and the producer loads in that order. Query rows
+past Sq load as zeros and their lse as +inf (P = 0). Epilogue: dK * scale and dV cast to the
+input dtype, masked stores at Sk. Non-persistent grid (a next step:
 FA3's persistent scheduler, the dQ adds through shared memory and TMA).
 
 Covers bf16/f16, D == Dv in {64, 128} (d256 would need 2 x 128 registers of dK/dV
@@ -49,8 +51,13 @@ TMA cannot describe are copied contiguous first (gluon_fwd._tma_view).
 Measured on the H200 (2026-12-01, benchmarks/gluon_bwd.py, results/gluon_bwd_2026-12-01.json):
 correct on its GPU module (42 passed), 0.60x cuDNN's backward over the 13 train problems with
 D <= 128 against 0.66x for solver 111 in the same run (d128 328-344 TFLOP/s, d64 215-289);
-faster than 111 only on short causal d64. Known costs: register spills at d128 (240-400 bytes
-of stack), no persistent scheduler, dQ by 2-wide f32 global reductions.
+faster than 111 only on short causal d64. That kernel spilled 360-400 bytes per thread at d128.
+Issue 12 (offline, benchmarks/diag/gluon_bwd_regs.py, sm_90 through the stub driver): the K/V
+wgmma descriptors rebuilt per stage (REMAT, _step), the flat loops, the unscaled dQ and the
+unmasked adds of whole query blocks take d128's default to 0 bytes of stack (8 causal, outside
+the loops; hot loops 565-962 -> 480-640 SASS instructions, no spill loads); d64 stays 0.
+Not yet timed on the H200. Known costs: no persistent scheduler, dQ by 2-wide f32 global
+reductions.
 """
 from __future__ import annotations
 
@@ -86,17 +93,30 @@ EFF_BY_D = {64: 0.37, 128: 0.44}
 HOST_FLOOR_MS = 0.06      # three launches and four descriptors per call (126's floor + 2 launches)
 
 
-def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None) -> dict:
+def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None, remat: bool = True) -> dict:
     """Launch constants for head dim d: STAGES of the (Q, dO) ring (default 3 at d64, 2 at
     d128 as FA3; 3 also fits 227 KB at d128, which benchmarks/gluon_bwd.py times), SPLIT_DQ
     (dQ_partial of all 128 keys split by columns between the warpgroups, FA3's: half the
     atomic adds and dQ registers; d128 only, where a column half of K is whole 128-byte
     swizzle rows; default on there), num_warps of each consumer warpgroup, maxnreg (168 x 384
     threads fills the register file; setmaxnreg moves the producer's registers to the
-    consumers, 240 each)."""
+    consumers, 240 each), REMAT (the K / V wgmma descriptors and mask indices rebuilt per
+    stage instead of hoisted and spilled, _step; False: the kernel of 2026-12-01)."""
     split = d >= 128 if split_dq is None else split_dq and d >= 128
     stages = stages or (3 if d <= 64 else 2)
-    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, SPLIT_DQ=split, num_warps=4, maxnreg=168)
+    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, SPLIT_DQ=split, REMAT=remat, num_warps=4,
+                maxnreg=168)
+
+
+# Named tile configs (benchmarks/gluon_bwd.py --configs and benchmarks/diag/gluon_bwd_regs.py
+# take these names): head dim -> tile_config
+CONFIGS = {
+    "default": lambda d: tile_config(d),
+    "wg_dq": lambda d: tile_config(d, split_dq=False),
+    "s3": lambda d: tile_config(d, stages=3),
+    "wg_dq_s3": lambda d: tile_config(d, split_dq=False, stages=3),
+    "hoisted": lambda d: tile_config(d, remat=False),   # descriptors hoisted as on 2026-12-01 (d128 spills)
+}
 
 
 def smem_bytes(d: int, cfg: dict) -> int:
@@ -128,11 +148,12 @@ if gluon is not None:
 
     @gluon.jit
     def _producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_bufs, v_bufs, bars, b, hk, start_n,
-                  GROUP, lo, m_end, BLOCK_M: gl.constexpr, KEYS: gl.constexpr):
-        """1 warp: K and V (two 64-key halves each) once, then (Q_i, dO_i) of every query block
-        in [lo, m_end) of every query head of the group into ring slot it % STAGES once both
-        consumers have released it. Empty barriers start 'phase 1 complete', so the first pass
-        waits on parity 1. Boxes past Sq / Sk load as zeros."""
+                  GROUP, lo, full, m_end, BLOCK_M: gl.constexpr, KEYS: gl.constexpr):
+        """1 warp: K and V (two 64-key halves each) once, then (Q_i, dO_i) into ring slot
+        it % STAGES once both consumers have released it, in the consumers' order: the query
+        blocks [lo, full) of every query head of the group, then [full, m_end) of every head.
+        Empty barriers start 'phase 1 complete', so the first pass waits on parity 1. Boxes
+        past Sq / Sk load as zeros."""
         kv_ready, q_ready, q_empty, ds_ready = bars
         STAGES: gl.constexpr = q_bufs.type.shape[0]
         mbarrier.expect(kv_ready.index(0), 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
@@ -142,33 +163,58 @@ if gluon is not None:
             tma.async_copy_global_to_shared(v_desc, [b, hk, start_n + c * KEYS, 0], kv_ready.index(0),
                                             v_bufs.index(c))
         it = 0
-        for g in range(GROUP):
-            h = hk * GROUP + g
-            for start_m in range(lo, m_end, BLOCK_M):
-                s = it % STAGES
-                mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
-                mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready.index(s), q_bufs.index(s))
-                tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], q_ready.index(s), do_bufs.index(s))
-                it += 1
+        for part in gl.static_range(2):
+            if part == 0:
+                m0, m1 = lo, full
+            else:
+                m0, m1 = full, m_end
+            for g in range(GROUP):
+                h = hk * GROUP + g
+                for start_m in range(m0, m1, BLOCK_M):
+                    s = it % STAGES
+                    mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
+                    mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready.index(s), q_bufs.index(s))
+                    tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], q_ready.index(s), do_bufs.index(s))
+                    it += 1
 
     @gluon.jit
-    def _step(q_bufs, do_bufs, k_smem, v_smem, kq0, kq1, p_smem, ds_bufs, bars, LSE, DELTA, DQA, bh, start_m, it,
-              offs_n, offs_dq, Sq, Sk, shift, qk_scale, scale, dk, dv, zero_s, zero_dq, WG: gl.constexpr,
+    def _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, bh, start_m, it,
+              key0, offs_dq, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq, WG: gl.constexpr,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, MASKED: gl.constexpr,
-              CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr):
+              CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr, s_layout: gl.constexpr,
+              dq_layout: gl.constexpr):
         """One ring stage (query rows start_m.. of head bh, the it-th stage of this CTA) for
         one consumer: the five products, the stage's release, the atomic dQ adds; (dk, dv).
         S and dP are [query rows, keys] tiles, so lse and delta are two values per thread (per
         row; FA3's orientation); P and dS go through shared memory, read transposed as the A
-        operands of dV += P^T dO and dK += dS^T Q. kq0 / kq1: this warpgroup's dQ columns of
-        the two K halves (SPLIT_DQ)."""
+        operands of dV += P^T dO and dK += dS^T Q.
+
+        REMAT: the views of K and V (and with SPLIT_DQ this warpgroup's dQ columns of the two K
+        halves) are indexed by WG + (it >> 30), zero at run time but not loop-invariant to the
+        compiler, so their wgmma descriptors (8 k-steps of 4 products: ~50 registers) are
+        rebuilt per stage in uniform registers instead of being hoisted out of the loops and
+        spilled (d128: 360-400 bytes of stack -> ~100; the flat loops take it to 0-8). The key
+        indices of the element masks get the same treatment (16 registers otherwise).
+        dQ_partial is added unscaled (the cast kernel applies the scale); its adds skip the
+        row mask when the query block ends within Sq."""
         kv_ready, q_ready, q_empty, ds_ready = bars
         STAGES: gl.constexpr = q_bufs.type.shape[0]
         dtype: gl.constexpr = q_bufs.dtype
         q2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], dtype)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         s = it % STAGES
+        if REMAT:
+            opq = it >> 30       # 0: see the docstring
+        else:
+            opq = 0
+        kv2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HEAD_D], dtype)
+        k_smem = k_bufs.index(WG + opq)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout)
+        v_smem = v_bufs.index(WG + opq)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout)
+        if SPLIT_DQ:
+            DQ_N: gl.constexpr = HEAD_D // 2
+            kq0 = k_bufs.index(opq)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout).slice(WG * DQ_N, DQ_N, dim=1)
+            kq1 = k_bufs.index(1 + opq)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout).slice(WG * DQ_N, DQ_N, dim=1)
         mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
         q_smem = q_bufs.index(s)._reinterpret(dtype, [BLOCK_M, HEAD_D], q2_layout)
         do_smem = do_bufs.index(s)._reinterpret(dtype, [BLOCK_M, HEAD_D], q2_layout)
@@ -182,9 +228,10 @@ if gluon is not None:
         delta = gl.load(DELTA + row0 + rws, mask=rmask, other=0.0)
         st = warpgroup_mma_wait(1, deps=(s_tok,))           # S done; dP may run on
         if MASKED:
-            valid = offs_n[None, :] < Sk
+            cols = gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout)) + opq   # key - key0
+            valid = cols[None, :] < Sk - key0
             if CAUSAL != 0:
-                valid = valid & (offs_n[None, :] - (start_m + shift) <= rws[:, None])
+                valid = valid & (cols[None, :] <= (rws + (start_m + shift - key0))[:, None])
             p = gl.exp2(gl.where(valid, st * qk_scale, float("-inf")) - lse2[:, None])
         else:
             p = gl.exp2(st * qk_scale - lse2[:, None])
@@ -215,14 +262,17 @@ if gluon is not None:
         mbarrier.arrive(q_empty.index(s), count=1)          # Q_i, dO_i, P, dS no longer read
         rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
         ptrs = (DQA + row0 * HEAD_D) + (rows[:, None] * HEAD_D + offs_dq[None, :])
-        gl.atomic_add(ptrs, dq * scale, mask=rows[:, None] < Sq - start_m, sem="relaxed")
+        if start_m + BLOCK_M <= Sq:
+            gl.atomic_add(ptrs, dq, sem="relaxed")
+        else:
+            gl.atomic_add(ptrs, dq, mask=rows[:, None] < Sq - start_m, sem="relaxed")
         return dk, dv
 
     @gluon.jit
     def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
                   Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, WG: gl.constexpr,
                   HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
-                  SPLIT_DQ: gl.constexpr, WARPS: gl.constexpr):
+                  SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr, WARPS: gl.constexpr):
         """Consumer warpgroup WG: keys start_n + WG * KEYS + [0, KEYS). Per ring stage the five
         products (module doc), the stage released once every product reading it has retired,
         then the atomic dQ adds; at the end dK, dV stored. SPLIT_DQ: dQ_partial of all 128 keys,
@@ -230,9 +280,6 @@ if gluon is not None:
         memory, ds_ready: both written), else of this warpgroup's 64 keys, all columns."""
         kv_ready = bars[0]
         dtype: gl.constexpr = q_bufs.dtype
-        kv2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HEAD_D], dtype)
-        k_smem = k_bufs.index(WG)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout)
-        v_smem = v_bufs.index(WG)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout)
         # S / dP tiles [BLOCK_M, KEYS] and the [64, HEAD_D] accumulators (dK, dV: key rows;
         # dQ: query rows, KEYS == BLOCK_M)
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -246,7 +293,6 @@ if gluon is not None:
         else:
             shift = 0
         key0 = start_n + WG * KEYS
-        offs_n = key0 + gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout))   # per key (column of S)
         offs_d = gl.arange(0, HEAD_D, layout=col_a)
         if SPLIT_DQ:
             DQ_N: gl.constexpr = HEAD_D // 2
@@ -263,29 +309,33 @@ if gluon is not None:
         p_smem = p_bufs.index(WG)
         zero_dq = gl.zeros([BLOCK_M, DQ_N], gl.float32, dq_layout)
 
-        if SPLIT_DQ:
-            kq0 = k_bufs.index(0)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout).slice(dq_col0, DQ_N, dim=1)
-            kq1 = k_bufs.index(1)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout).slice(dq_col0, DQ_N, dim=1)
-        else:
-            kq0 = k_smem
-            kq1 = k_smem
         mbarrier.wait(kv_ready.index(0), 0)
-        it = 0
-        for g in range(GROUP):
-            bh = (b * Hq + hk * GROUP + g).to(gl.int64)
-            # query blocks crossing the diagonal (every block of the last key block, whose
-            # keys end past Sk) with element masks, then the rest without: two straight loops
-            # (a branch on the mask in one loop costs registers)
-            for start_m in range(lo, full, BLOCK_M):
-                dk, dv = _step(q_bufs, do_bufs, k_smem, v_smem, kq0, kq1, p_smem, ds_bufs, bars, LSE, DELTA, DQA, bh,
-                               start_m, it, offs_n, offs_dq, Sq, Sk, shift, qk_scale, scale, dk, dv, zero_s, zero_dq,
-                               WG, HEAD_D, BLOCK_M, KEYS, True, CAUSAL, SPLIT_DQ, s_layout, dq_layout)
-                it += 1
-            for start_m in range(full, m_end, BLOCK_M):
-                dk, dv = _step(q_bufs, do_bufs, k_smem, v_smem, kq0, kq1, p_smem, ds_bufs, bars, LSE, DELTA, DQA, bh,
-                               start_m, it, offs_n, offs_dq, Sq, Sk, shift, qk_scale, scale, dk, dv, zero_s, zero_dq,
-                               WG, HEAD_D, BLOCK_M, KEYS, False, CAUSAL, SPLIT_DQ, s_layout, dq_layout)
-                it += 1
+        # query blocks crossing the diagonal (every block of the last key block, whose keys end
+        # past Sk) with element masks, then the rest without, each loop over every query head
+        # of the group (flat: nothing of a head loop stays live across the stages); two
+        # straight loops (a branch on the mask in one loop costs registers)
+        bh0 = (b * Hq + hk * GROUP).to(gl.int64)
+        n_mask = GROUP * ((full - lo) // BLOCK_M)
+        g = 0
+        start_m = lo
+        for it in range(0, n_mask):
+            dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, bh0 + g,
+                           start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq,
+                           WG, HEAD_D, BLOCK_M, KEYS, True, CAUSAL, SPLIT_DQ, REMAT, s_layout, dq_layout)
+            start_m += BLOCK_M
+            if start_m >= full:
+                start_m = lo
+                g += 1
+        g = 0
+        start_m = full
+        for it in range(n_mask, n_mask + GROUP * ((m_end - full) // BLOCK_M)):
+            dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, bh0 + g,
+                           start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq,
+                           WG, HEAD_D, BLOCK_M, KEYS, False, CAUSAL, SPLIT_DQ, REMAT, s_layout, dq_layout)
+            start_m += BLOCK_M
+            if start_m >= m_end:
+                start_m = full
+                g += 1
 
         # epilogue: dK * scale and dV in the input dtype, rows past Sk not stored
         krows = gl.arange(0, KEYS, layout=row_a)
@@ -298,7 +348,7 @@ if gluon is not None:
     @gluon.jit(do_not_specialize=["Hq", "Hkv", "Sq", "Sk"])
     def _gluon_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQA, DK, DV, Hq, Hkv, Sq, Sk, GROUP,
                           qk_scale, scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr,
+                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr,
                           num_warps: gl.constexpr):
         """CTA (key block pid 0, b * Hkv + hk pid 1). Descriptors: 4-D [B, H, S, D] views with
         boxes [1, 1, BLOCK_M, D] (Q, dO) and [1, 1, BLOCK_N / 2, D] (K, V); lse, delta
@@ -349,12 +399,12 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
                          Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 0, HEAD_D, BLOCK_M, KEYS,
-                         CAUSAL, SPLIT_DQ, num_warps)),
+                         CAUSAL, SPLIT_DQ, REMAT, num_warps)),
             (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
                          Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 1, HEAD_D, BLOCK_M, KEYS,
-                         CAUSAL, SPLIT_DQ, num_warps)),
+                         CAUSAL, SPLIT_DQ, REMAT, num_warps)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_bufs, v_bufs, bars, b, hk, start_n,
-                         GROUP, lo, m_end, BLOCK_M, KEYS)),
+                         GROUP, lo, full, m_end, BLOCK_M, KEYS)),
         ], [num_warps, 1], [240, 24])
 
         mbarrier.invalidate(kv_ready.index(0))
@@ -378,12 +428,20 @@ class GluonBwdPlan:
         self.cfg = cfg
         self.main = Launch(_gluon_bwd_kernel, (triton.cdiv(p.Sk, cfg["BLOCK_N"]), p.B * p.Hkv), (),
                            HEAD_D=p.D, CAUSAL=_CAUSAL_CODE[p.causal], **cfg)
-        bd = block_d(p.D)
-        cm = max(16, min(64, 8192 // bd))
-        # the main kernel adds scale * dQ_partial: the cast only converts (scale 1)
-        self.cast = Launch(_cast_kernel, (triton.cdiv(p.Sq, cm), p.B * p.Hq), (p.Sq, p.D, 1.0),
-                           BLOCK_M=cm, BLOCK_D=bd, SCALE_PTR=False, INVERT=False)
         self.pre: dict[tuple, Launch] = {}
+        self.casts: dict[float, Launch] = {}
+
+    def _cast(self, scale: float) -> Launch:
+        """The cast of the dQ accumulator, times scale (the main kernel adds dS K unscaled)."""
+        launch = self.casts.get(scale)
+        if launch is None:
+            p, bd = self.p, block_d(self.p.D)
+            cm = max(16, min(64, 8192 // bd))
+            if len(self.casts) >= 64:
+                self.casts.clear()
+            launch = self.casts[scale] = Launch(_cast_kernel, (triton.cdiv(p.Sq, cm), p.B * p.Hq), (p.Sq, p.D, scale),
+                                                BLOCK_M=cm, BLOCK_D=bd, SCALE_PTR=False, INVERT=False)
+        return launch
 
     def _pre(self, o: torch.Tensor, do: torch.Tensor) -> Launch:
         key = (o.stride(), do.stride())
@@ -422,7 +480,7 @@ class GluonBwdPlan:
         self.main(_descriptor(q, sq, rows), _descriptor(k, sk, keys), _descriptor(v, sv, keys),
                   _descriptor(do, sd, rows), lse, delta, dqa, dk, dv,
                   p.Hq, p.Hkv, p.Sq, p.Sk, p.group, scale * 1.4426950408889634, scale)
-        self.cast(dqa, dq, dqa)
+        self._cast(scale)(dqa, dq, dqa)
         return dq, dk, dv
 
 

@@ -84,6 +84,10 @@ def test_tile_configs_fit_hopper_shared_memory_workspace_and_estimate():
         assert not gluon_bwd.tile_config(64, split_dq=True)["SPLIT_DQ"]
         c3 = gluon_bwd.tile_config(d, stages=3)      # the benchmark's 3-stage variant fits too
         assert c3["STAGES"] == 3 and gluon_bwd.smem_bytes(d, c3) <= gluon_bwd.SMEM_BYTES
+        assert c["REMAT"] and not gluon_bwd.CONFIGS["hoisted"](d)["REMAT"]
+        for name, make in gluon_bwd.CONFIGS.items():  # every config the benchmark can time fits
+            assert gluon_bwd.smem_bytes(d, make(d)) <= gluon_bwd.SMEM_BYTES, (name, d)
+        assert gluon_bwd.CONFIGS["default"](d) == c
     s = REGISTRY.get("gluon_flash_bwd")
     p = problem(device="cuda", B=2, Hq=8, Hkv=2, Sq=1000, Sk=1000)
     assert s.workspace_size(p) == 4 * 2 * 8 * 1000 * 129
@@ -95,8 +99,8 @@ def test_tile_configs_fit_hopper_shared_memory_workspace_and_estimate():
 
 def _emulate(p, q, k, v, do, o, lse, scale):
     """Solver 127's tile algorithm in float64 torch: per CTA (128 keys of one (b, kv head)),
-    each 64-key warpgroup walks the query blocks [lo, full) with element masks and
-    [full, m_end) without, over the query heads of its group, from TMA-like zero-padded
+    each 64-key warpgroup walks the query blocks [lo, full) of every query head of its group
+    with element masks, then [full, m_end) of every head without, from TMA-like zero-padded
     tiles, lse = +inf past Sq and for rows that see no key (the kernel's index arithmetic,
     written again here to check it covers every row and masks what it must)."""
     BM, BN, KEYS = gluon_bwd.BLOCK_M, gluon_bwd.BLOCK_N, gluon_bwd.KEYS_PER_WG
@@ -129,24 +133,30 @@ def _emulate(p, q, k, v, do, o, lse, scale):
                 for wg in range(2):
                     n0 = start_n + wg * KEYS
                     kk, vv = kp[b, hk, n0:n0 + KEYS], vp[b, hk, n0:n0 + KEYS]
-                    offs_n = torch.arange(n0, n0 + KEYS)[:, None]
-                    for g in range(G):
-                        h = hk * G + g
-                        for start_m in range(lo, m_end, BM):
+                    cols = torch.arange(KEYS)[:, None]          # key - n0
+                    rws = torch.arange(BM)[None, :]
+                    # the consumers' two flat loops over (head of the group, query block)
+                    for masked, m0, m1 in ((True, lo, full), (False, full, m_end)):
+                        g, start_m = 0, m0
+                        for _ in range(G * ((m1 - m0) // BM)):
+                            h = hk * G + g
                             rows = slice(start_m, start_m + BM)
                             qq, dd = qp[b, h, rows], dop[b, h, rows]
                             st = (kk @ qq.T) * scale
-                            if start_m < full:
-                                valid = offs_n < Sk
+                            if masked:
+                                valid = cols < Sk - n0
                                 if p.causal:
-                                    valid = valid & (offs_n <= torch.arange(start_m, start_m + BM)[None, :] + shift)
+                                    valid = valid & (cols <= rws + (start_m + shift - n0))
                                 st = torch.where(valid, st, -torch.inf)
                             pt = torch.exp(st - lse2[b, h, rows][None, :])
                             dv[b, hk, n0:n0 + KEYS] += pt @ dd
                             dst = pt * ((vv @ dd.T) - delta[b, h, rows][None, :])
                             dk[b, hk, n0:n0 + KEYS] += dst @ qq * scale
-                            dq[b, h, rows] += dst.T @ kk * scale
-    return dq[:, :, :Sq], dk[:, :, :Sk], dv[:, :, :Sk]
+                            dq[b, h, rows] += dst.T @ kk    # unscaled: the cast applies scale
+                            start_m += BM
+                            if start_m >= m1:
+                                start_m, g = m0, g + 1
+    return dq[:, :, :Sq] * scale, dk[:, :, :Sk], dv[:, :, :Sk]
 
 
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
