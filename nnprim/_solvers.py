@@ -18,6 +18,7 @@ _MODULES = (
     "nnprim.conv.layout_change",
     "nnprim.conv.winograd",
     "nnprim.conv.fft",
+    "nnprim.conv.stem",
     "nnprim.attention.reference",
     "nnprim.attention.flash_fwd",
     "nnprim.attention.flash_fwd_fp8",

@@ -734,6 +734,8 @@ class _IGemmBase(Solver):
         eff = 0.7 * min(1.0, m_side / 64) * min(1.0, n_side / 64) * min(1.0, k_side / 64)
         if d == "fwd" and gm.Cg < 32 and gm.taps > 1:
             eff = min(eff, 0.025)  # flat walk (RGB stems, patchify): gathered K, 14-33 TFLOP/s on the H200
+        if d == "bwd_weights" and gm.Cg < 32 and gm.taps > 1 and not is_tma_conv(problem):
+            eff = min(eff, 0.033)  # the same gathered (tap, c) columns: rn50_conv1 25 TFLOP/s (issue 13)
         if problem.layout == "nchw":
             # NCHW indexed natively: channel-strided gathers, in every direction (H200 system db:
             # 3-5x the NHWC time backward, ~3x forward: a 3x3 layer 4.1x its NHWC estimate vs 1.4x)

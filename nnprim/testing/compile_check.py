@@ -36,6 +36,10 @@ CONV = [  # (direction, x, w, options): the kernel paths of implicit GEMM, gemm 
     ("bwd_weights", (4, 32, 1, 1), (48, 32, 1, 1), dict(layout="nhwc", dtype=BF16)),       # 1x1 images
     ("bwd_data", (2, 32, 9, 9), (32, 1, 3, 3), dict(padding=1, stride=2, groups=32, layout="nhwc", dtype=BF16)),
     ("bwd_weights", (2, 32, 9, 9), (32, 1, 3, 3), dict(padding=1, groups=32, layout="nhwc", dtype=BF16)),
+    ("fwd", (2, 3, 12, 11), (16, 3, 5, 5), dict(padding=2, has_bias=True, dtype=F16,   # stem (70), NCHW
+                                                post_ops=(("eltwise", "relu", 0.0, 0.0),))),
+    ("bwd_data", (2, 1, 9, 9), (40, 1, 3, 3), dict(padding=(0, 1), stride=(1, 2), dtype=F32)),  # stem (71)
+    ("bwd_weights", (2, 4, 12, 11), (16, 4, 7, 7), dict(padding=3, stride=2, layout="nhwc", dtype=F16)),
 ]
 ATTENTION = [  # (solver, problem fields)
     ("flash_fwd", dict(B=1, Hq=4, Hkv=2, Sq=70, Sk=90, D=64, Dv=64, dtype=BF16, causal="bottom_right",
@@ -167,6 +171,31 @@ def _gluon_conv_attempts(failures: list[str], report: list[str]) -> None:
                 f"KSUB={t.KSUB} STAGES={t.STAGES}")
     _conv_plan_attempts("gluon conv", gluon_conv, "_gluon_conv_kernel", "GluonConvPlan", GLUON_CONV, "fwd",
                         describe, failures, report)
+
+
+STEM = ((2, 3, 20, 22), (64, 3, 7, 7), dict(padding=3, stride=2))   # solvers 70-72: rn50_conv1, small
+
+
+def _stem_attempts(failures: list[str], report: list[str]) -> None:
+    """Solvers 70-72: every tile variant the H200 probe times, registers and spills."""
+    from nnprim.conv import stem
+    from nnprim.problems.conv import ConvProblem
+    from nnprim.search.random_args import random_args
+    x, w, kw = STEM
+    kernels = {"fwd": stem._stem_fwd_kernel, "bwd_data": stem._stem_bwd_data_kernel,
+               "bwd_weights": stem._stem_bwd_w_kernel}
+    for d, kernel in kernels.items():
+        p = ConvProblem.create(d, x, w, device="cpu", layout="nhwc", dtype=BF16, **kw)
+        for tile in stem.VARIANTS[d]:
+            before = {id(ck) for cache in kernel.device_caches.values() for ck in cache[0].values()}
+            try:
+                stem.plan(p, tile)(random_args(p, seed=0))
+            except Exception as e:  # noqa: BLE001 - report every variant that does not compile
+                failures.append(f"stem {d} {tile}: {type(e).__name__}: {str(e)[:800]}")
+                continue
+            for ck in [ck for cache in kernel.device_caches.values() for ck in cache[0].values()
+                       if id(ck) not in before]:
+                report.append(f"stem {d} {tile} dynamic_smem={ck.metadata.shared} {_cubin_usage(ck)}")
 
 
 GLUON_WGRAD = [  # (x, w, options) of solver 29 (Gluon backward weights, sm_90 only)
@@ -349,6 +378,7 @@ def main() -> int:
     _gluon_bwd_attempts(failures, gluon_report)
     _gluon_conv_attempts(failures, gluon_report)
     _gluon_wgrad_attempts(failures, gluon_report)
+    _stem_attempts(failures, gluon_report)
     print(f"compiled {len(set(names))} kernels ({len(names)} launches) for sm_90 in {time.time() - t0:.0f} s: "
           + ", ".join(sorted(set(names))))
     for line in gluon_report:
