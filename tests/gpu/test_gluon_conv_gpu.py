@@ -3,7 +3,9 @@ the GPU: random inputs, NaN-poisoned outputs, against the float64 reference with
 bound relative to torch's same-dtype convolution (gpu_helpers.assert_close); odd N/H/W
 tails, 1x1/3x3/5x5/7x7, padding 0/1/asymmetric, dilation 2, C = 16..512 (KSUB > 1 and
 BK < 64 paths), small images (BM 64), more tiles than SMs (the persistent loop and the ring
-across tiles), bias and post-op chains, bit-identical runs, the public API.
+across tiles), bias and post-op chains, bit-identical runs, the public API. The same for
+solvers 28 (backward data) and 29 (backward weights), stride 1 and 2 ((2,1), (1,2) too;
+stride-2 backward data is the phased launch, incl. phases no tap reaches).
 
 A wrong barrier phase shows as a hang, not an error: the smoke test runs small problems in
 a subprocess with a timeout, and every other test is skipped when it hangs or fails (run
