@@ -23,10 +23,10 @@ def test_kernels_compile_for_sm90():
     # solvers 27/28 (Gluon conv forward, backward data) and 29 (backward weights): every
     # problem compiled, without register spills to local memory
     gconv = [line for line in r.stdout.splitlines() if line.startswith("gluon conv")]
-    assert len(gconv) >= 16 and all("LOCAL:0" in line or "?" in line for line in gconv), r.stdout[-4000:]
-    assert sum(" bwd_data " in line for line in gconv) >= 3, r.stdout[-4000:]
+    assert len(gconv) >= 20 and all("LOCAL:0" in line or "?" in line for line in gconv), r.stdout[-4000:]
+    assert sum(" bwd_data " in line for line in gconv) >= 7, r.stdout[-4000:]   # 4 of them stride 2 (phased)
     wgrad = [line for line in r.stdout.splitlines() if line.startswith("gluon_implicit_gemm_bwd_weights")]
-    assert len(wgrad) >= 6 and all("LOCAL:0" in line or "?" in line for line in wgrad), r.stdout[-4000:]
+    assert len(wgrad) >= 11 and all("LOCAL:0" in line or "?" in line for line in wgrad), r.stdout[-4000:]
     # solver 127 (Gluon backward): every variant compiled (its d128 consumers spill some
     # registers to the stack, reported by compile_check: STACK)
     gbwd = [line for line in r.stdout.splitlines() if line.startswith("gluon_flash_bwd")]

@@ -1,7 +1,7 @@
 """Persistent, warp-specialised implicit-GEMM convolution forward for Hopper in Gluon
-(solver 27 `gluon_implicit_gemm_fwd`, family `implicit_gemm`, issue 13), and stride-1
-backward data on the same kernel (solver 28 `gluon_implicit_gemm_bwd_data`: the forward of
-dy with the flipped filter, `forward_view`; the filter is read in place, TRANS_W).
+(solver 27 `gluon_implicit_gemm_fwd`, family `implicit_gemm`, issue 13), and backward data
+on the same kernel (solver 28 `gluon_implicit_gemm_bwd_data`: the forward of dy with the
+flipped filter, `forward_view`; the filter is read in place, TRANS_W; stride 2: PHASED).
 
 Same GEMM as solver 20's TMA convolution (implicit_gemm.py `_conv_tma_kernel`): NHWC,
 groups 1, stride 1; an output tile is a BH x BW rectangle of one image (BM = BH*BW rows)
@@ -52,10 +52,20 @@ Stride 2 (forward): the x box of a tap is read from the stride phase view x[:, a
 (a, b = parities of the tap's input offset; one descriptor per phase, `_load_x`), in which
 the strided window is a unit-stride box again, so no gather and no copy.
 
-Covers 2-D NHWC bf16/f16 forward, groups 1, stride 1 or 2 (backward data: 1), any dilation, any filter and
-padding (asymmetric too), C and K multiples of 16 (TMA row alignment), bias and up to
-MAX_POST_OPS post-ops, y in the input dtype, standard (contiguous channels-last) x, w and
-y; other strides are copied (x, w) or the result copied out (y). Needs a CUDA device of
+Stride 2 (backward data, PHASED): dx splits into its stride phases dx[:, a::2, b::2], each
+a stride-1 correlation of dy with the taps that reach it (gluon_phases.py, solver 21's
+decomposition; a 3x3 pad-1 layer: phases of 4, 2, 2 and 1 taps). One launch covers the
+tiles of all phases (heaviest phase first); per tile both partitions read the phase's row
+of a small int32 table (`_phase_tile`): its tile grid, its dy offsets, filter taps and step
+count; the tile is stored through the phase's own TMA descriptor over the strided view
+(its extent clips exactly the rows of the phase). A phase no tap reaches (1x1 stride 2:
+three of four) has no steps, so its tiles store zeros. KSUB is 1 (phases differ in length).
+
+Covers 2-D NHWC bf16/f16 forward and backward data, groups 1, stride 1 or 2 per dim, any
+dilation, any filter and padding (asymmetric too; stride-1 backward data: at most
+dilation*(filter-1)), C and K multiples of 16 (TMA row alignment), bias and up to
+MAX_POST_OPS post-ops (forward), y in the input dtype, standard (contiguous channels-last)
+x, w and y; other strides are copied (x, w) or the result copied out (y). Needs a CUDA device of
 capability 9.x and Gluon; never applicable under TRITON_INTERPRET=1 (Gluon kernels do not
 run in the interpreter) nor with NNPRIM_GLUON=0 (the off switch, nnprim/gluon_support.py).
 Deterministic: each output element is reduced by one CTA in a fixed order.
@@ -86,6 +96,7 @@ from ..gluon_support import (
 from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import register
+from . import gluon_phases as gp
 from .implicit_gemm import _IGemmBase, geom
 from .triton_epilogue import epilogue, plan_epilogue
 
@@ -156,15 +167,19 @@ def tile_config(p: ConvProblem) -> GluonTile:
     stage for C <= 64 only when that still leaves MIN_STAGES stages (KSUB 3 at C=64 left 2
     stages: no load in flight ahead of the wgmmas, the first device run's 172 TFLOP/s)."""
     gm = geom(p)
-    OH, OW = gm.out[1], gm.out[2]
+    return tile_for(gm.out[1], gm.out[2], gm.C, gm.K, gm.taps)
+
+
+def tile_for(OH: int, OW: int, C: int, K: int, taps: int, max_ksub: int = 3) -> GluonTile:
+    """`tile_config` of an output OH x OW x K reduced over taps x C (KSUB <= max_ksub)."""
     BM = 64 if OH * OW <= 64 else 128
     BH, BW = rect(BM, OH, OW)
-    BN = pick_bn(gm.K, BM)
-    BK = 64 if gm.C >= 64 else (32 if gm.C >= 32 else 16)
-    steps = gm.taps * math.ceil(gm.C / BK)
+    BN = pick_bn(K, BM)
+    BK = 64 if C >= 64 else (32 if C >= 32 else 16)
+    steps = taps * math.ceil(C / BK)
     warps = 8 if BM * BN > 128 * 128 else 4
     for ksub in (3, 2, 1):
-        if ksub > 1 and (gm.C > 64 or steps % ksub):
+        if ksub > 1 and (C > 64 or steps % ksub or ksub > max_ksub):
             continue
         t = GluonTile(BH, BW, BN, BK, ksub, MAX_STAGES, warps)
         stages = min(MAX_STAGES, (SMEM_BYTES - t.smem_bytes() + MAX_STAGES * t.stage_bytes()) // t.stage_bytes())
@@ -198,6 +213,42 @@ if gluon is not None:
         n = tmp // n_th
         return n, th * BH, tw * BW, pid_n * BN
 
+    # phase table layout (gluon_phases.py) as kernel constants
+    _PF = gl.constexpr(gp.PHASE_FIELDS)
+    _PROWS = gl.constexpr(gp.PHASE_ROWS)
+    _F_START = gl.constexpr(gp.F_START)
+    _F_NTH = gl.constexpr(gp.F_NTH)
+    _F_NTW = gl.constexpr(gp.F_NTW)
+    _F_NUM_M = gl.constexpr(gp.F_NUM_M)
+    _F_NTAPS = gl.constexpr(gp.F_NTAPS)
+    _F_NRW = gl.constexpr(gp.F_NRW)
+    _F_OFFH = gl.constexpr(gp.F_OFFH)
+    _F_OFFW = gl.constexpr(gp.F_OFFW)
+    _F_DYH = gl.constexpr(gp.F_DYH)
+    _F_DYW = gl.constexpr(gp.F_DYW)
+    _F_W0 = gl.constexpr(gp.F_W0)
+    _F_WH = gl.constexpr(gp.F_WH)
+    _F_WW = gl.constexpr(gp.F_WW)
+    _F_QH = gl.constexpr(gp.F_QH)
+    _F_QW = gl.constexpr(gp.F_QW)
+
+    @gluon.jit
+    def _phase_starts(tab):
+        """First tiles of phase rows 1..3 (the rows are in tile order)."""
+        return (gl.load(tab + _PF + _F_START), gl.load(tab + 2 * _PF + _F_START),
+                gl.load(tab + 3 * _PF + _F_START))
+
+    @gluon.jit
+    def _phase_tile(t, tab, s1, s2, s3, num_n, BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr,
+                    GROUP_M: gl.constexpr):
+        """(phase row index, row pointer, n, oh0, ow0, off_n) of linear tile t of a phased
+        launch (stride-2 backward data): its phase's row, then `_tile_coords` within it."""
+        i = (t >= s1).to(gl.int32) + (t >= s2).to(gl.int32) + (t >= s3).to(gl.int32)
+        row = tab + i * _PF
+        n, oh0, ow0, off_n = _tile_coords(t - gl.load(row + _F_START), gl.load(row + _F_NTH), gl.load(row + _F_NTW),
+                                          gl.load(row + _F_NUM_M), num_n, BH, BW, BN, GROUP_M)
+        return i, row, n, oh0, ow0, off_n
+
     @gluon.jit
     def _load_x(x_desc, x01_desc, x10_desc, x11_desc, n, oh0, ow0, oy, ox, c0, bar, buf,
                 SH: gl.constexpr, SW: gl.constexpr):
@@ -224,43 +275,84 @@ if gluon is not None:
 
     @gluon.jit
     def _producer(x_desc, x01_desc, x10_desc, x11_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles,
-                  n_th, n_tw, num_m, num_n, n_steps, nk, S, C, K, n_taps, ph, pw, dh, dw,
+                  n_th, n_tw, num_m, num_n, n_steps, nk, S, C, K, n_taps, ph, pw, dh, dw, tab,
                   BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                   KSUB: gl.constexpr, GROUP_M: gl.constexpr, TRANS_W: gl.constexpr,
-                  SH: gl.constexpr, SW: gl.constexpr):
+                  SH: gl.constexpr, SW: gl.constexpr, PHASED: gl.constexpr):
         """1 warp: for every tile of this CTA and every stage of its reduction, wait for the
         slot to be released, then KSUB (x box, w box) loads onto its ready barrier. Empty
         barriers start 'phase 1 complete', so the first pass waits on parity 1.
         TRANS_W (backward data): w is [C, taps*K] (the forward filter [K', R, S, C'] seen
-        with the reduction channels as rows), boxes [BK, BN] at (c0, flipped tap*K + n)."""
+        with the reduction channels as rows), boxes [BK, BN] at (c0, flipped tap*K + n).
+        PHASED: stride-2 backward data, see `_produce_phased`."""
         STAGES: gl.constexpr = ready.type.shape[0]
         nbytes: gl.constexpr = KSUB * (x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        if PHASED:
+            _produce_phased(x_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles, num_n, nk, K, tab,
+                            BH, BW, BN, BK, GROUP_M, nbytes)
+        else:
+            cnt = 0
+            for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+                n, oh0, ow0, off_n = _tile_coords(t, n_th, n_tw, num_m, num_n, BH, BW, BN, GROUP_M)
+                for st in range(n_steps):
+                    s = cnt % STAGES
+                    mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
+                    mbarrier.expect(ready.index(s), nbytes)
+                    for u in gl.static_range(KSUB):
+                        it = st * KSUB + u
+                        tap = it // nk
+                        c0 = (it - tap * nk) * BK
+                        r = tap // S
+                        q = tap - r * S
+                        _load_x(x_desc, x01_desc, x10_desc, x11_desc, n, oh0, ow0, r * dh - ph, q * dw - pw, c0,
+                                ready.index(s), a_bufs.index(s * KSUB + u), SH, SW)
+                        if TRANS_W:
+                            tma.async_copy_global_to_shared(w_desc, [c0, (n_taps - 1 - tap) * K + off_n],
+                                                            ready.index(s), b_bufs.index(s * KSUB + u))
+                        else:
+                            tma.async_copy_global_to_shared(w_desc, [off_n, tap * C + c0], ready.index(s),
+                                                            b_bufs.index(s * KSUB + u))
+                    cnt += 1
+
+    @gluon.jit
+    def _produce_phased(x_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles, num_n, nk, K, tab,
+                        BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                        GROUP_M: gl.constexpr, nbytes: gl.constexpr):
+        """The producer of a phased launch (KSUB 1): x is dy, read at unit stride; sub-tap
+        (jr, jq) of the tile's phase reads dy at the output rectangle + (off + jr*dy) per
+        dim and the filter tap w0 + jr*wh + jq*ww (w as [dy channels, taps * dx channels]).
+        A phase without taps loads nothing."""
+        STAGES: gl.constexpr = ready.type.shape[0]
+        s1, s2, s3 = _phase_starts(tab)
         cnt = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            n, oh0, ow0, off_n = _tile_coords(t, n_th, n_tw, num_m, num_n, BH, BW, BN, GROUP_M)
-            for st in range(n_steps):
+            i, row, n, oh0, ow0, off_n = _phase_tile(t, tab, s1, s2, s3, num_n, BH, BW, BN, GROUP_M)
+            nrw = gl.load(row + _F_NRW)
+            y0 = oh0 + gl.load(row + _F_OFFH)
+            x0 = ow0 + gl.load(row + _F_OFFW)
+            dyh = gl.load(row + _F_DYH)
+            dyw = gl.load(row + _F_DYW)
+            w0 = gl.load(row + _F_W0)
+            wh = gl.load(row + _F_WH)
+            ww = gl.load(row + _F_WW)
+            for st in range(gl.load(row + _F_NTAPS) * nk):
                 s = cnt % STAGES
                 mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
                 mbarrier.expect(ready.index(s), nbytes)
-                for u in gl.static_range(KSUB):
-                    it = st * KSUB + u
-                    tap = it // nk
-                    c0 = (it - tap * nk) * BK
-                    r = tap // S
-                    q = tap - r * S
-                    _load_x(x_desc, x01_desc, x10_desc, x11_desc, n, oh0, ow0, r * dh - ph, q * dw - pw, c0,
-                            ready.index(s), a_bufs.index(s * KSUB + u), SH, SW)
-                    if TRANS_W:
-                        tma.async_copy_global_to_shared(w_desc, [c0, (n_taps - 1 - tap) * K + off_n],
-                                                        ready.index(s), b_bufs.index(s * KSUB + u))
-                    else:
-                        tma.async_copy_global_to_shared(w_desc, [off_n, tap * C + c0], ready.index(s),
-                                                        b_bufs.index(s * KSUB + u))
+                tap = st // nk
+                c0 = (st - tap * nk) * BK
+                jr = tap // nrw
+                jq = tap - jr * nrw
+                tma.async_copy_global_to_shared(x_desc, [n, y0 + jr * dyh, x0 + jq * dyw, c0], ready.index(s),
+                                                a_bufs.index(s))
+                tma.async_copy_global_to_shared(w_desc, [c0, (w0 + jr * wh + jq * ww) * K + off_n], ready.index(s),
+                                                b_bufs.index(s))
                 cnt += 1
 
     @gluon.jit
-    def _consumer(a_bufs, b_bufs, c_smem, ready, empty, y_desc, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
-                  n_tiles, n_th, n_tw, num_m, num_n, n_steps, OH, OW, K, syn, syh, syw,
+    def _consumer(a_bufs, b_bufs, c_smem, ready, empty, y_desc, y1_desc, y2_desc, y3_desc,
+                  bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr, tab,
+                  n_tiles, n_th, n_tw, num_m, num_n, n_steps, nk, OH, OW, K, syn, syh, syw,
                   p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
                   HAS_BIAS: gl.constexpr,
                   P0_KIND: gl.constexpr, P0_SUB: gl.constexpr, P0_BC: gl.constexpr,
@@ -269,10 +361,12 @@ if gluon is not None:
                   P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr,
                   BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                   KSUB: gl.constexpr, GROUP_M: gl.constexpr, WARPS: gl.constexpr, EPILOGUE: gl.constexpr,
-                  TRANS_W: gl.constexpr):
+                  TRANS_W: gl.constexpr, PHASED: gl.constexpr):
         """Default partition: async wgmma over the ring (a stage is released once the
         wgmmas of the stage after it have been issued and the older ones retired), then the
-        fused epilogue and a TMA store of the tile."""
+        fused epilogue and a TMA store of the tile. PHASED: each tile's phase row gives its
+        coordinates, its steps (ntaps * nk; none for a phase no tap reaches: zeros are
+        stored) and its output view (y_desc, y1_desc, .. in row order)."""
         STAGES: gl.constexpr = ready.type.shape[0]
         BM: gl.constexpr = BH * BW
         dtype: gl.constexpr = a_bufs.dtype
@@ -280,12 +374,24 @@ if gluon is not None:
                                                              instr_shape=[16, BN, 16])
         a2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], dtype)
         EPI_BUFS: gl.constexpr = c_smem.type.shape[0]
+        if PHASED:
+            s1, s2, s3 = _phase_starts(tab)
         cnt = 0
         tcount = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            n, oh0, ow0, off_n = _tile_coords(t, n_th, n_tw, num_m, num_n, BH, BW, BN, GROUP_M)
+            if PHASED:
+                yi, row, n, oh0, ow0, off_n = _phase_tile(t, tab, s1, s2, s3, num_n, BH, BW, BN, GROUP_M)
+                steps = gl.load(row + _F_NTAPS) * nk
+                OHt = gl.load(row + _F_QH)
+                OWt = gl.load(row + _F_QW)
+            else:
+                n, oh0, ow0, off_n = _tile_coords(t, n_th, n_tw, num_m, num_n, BH, BW, BN, GROUP_M)
+                steps = n_steps
+                yi = 0
+                OHt = OH
+                OWt = OW
             acc = gl.zeros([BM, BN], gl.float32, acc_layout)
-            for st in range(n_steps):
+            for st in range(steps):
                 s = cnt % STAGES
                 mbarrier.wait(ready.index(s), (cnt // STAGES) & 1)
                 for u in gl.static_range(KSUB):
@@ -301,28 +407,35 @@ if gluon is not None:
                     mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
                 cnt += 1
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
+            if PHASED:
+                if steps > 0:   # a tile without steps acquired no slot
+                    mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
+            else:
+                mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
             if EPILOGUE:
-                _store_tile(acc, c_smem.index(tcount % EPI_BUFS), y_desc, n, oh0, ow0, off_n, OH, OW, K,
+                _store_tile(acc, c_smem.index(tcount % EPI_BUFS), y_desc, y1_desc, y2_desc, y3_desc, yi,
+                            n, oh0, ow0, off_n, OHt, OWt, K,
                             syn, syh, syw, bias_ptr,
                             p0_ptr, p1_ptr, p2_ptr, p3_ptr, p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
                             HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
-                            P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC, BW, EPI_BUFS)
+                            P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC, BW, EPI_BUFS, PHASED)
             tcount += 1
         tma.store_wait(0)
 
     @gluon.jit
-    def _store_tile(acc, c_smem, y_desc, n, oh0, ow0, off_n, OH, OW, K, syn, syh, syw, bias_ptr,
+    def _store_tile(acc, c_smem, y_desc, y1_desc, y2_desc, y3_desc, yi, n, oh0, ow0, off_n, OH, OW, K,
+                    syn, syh, syw, bias_ptr,
                     p0_ptr, p1_ptr, p2_ptr, p3_ptr, p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
                     HAS_BIAS: gl.constexpr,
                     P0_KIND: gl.constexpr, P0_SUB: gl.constexpr, P0_BC: gl.constexpr,
                     P1_KIND: gl.constexpr, P1_SUB: gl.constexpr, P1_BC: gl.constexpr,
                     P2_KIND: gl.constexpr, P2_SUB: gl.constexpr, P2_BC: gl.constexpr,
                     P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr, BW: gl.constexpr,
-                    EPI_BUFS: gl.constexpr):
+                    EPI_BUFS: gl.constexpr, PHASED: gl.constexpr):
         """Epilogue of one tile: bias + post-ops on the f32 accumulator, cast, registers ->
         c_smem (once the store that last read it has: with EPI_BUFS buffers in turn, at most
-        EPI_BUFS - 1 stores may still be in flight) -> TMA store."""
+        EPI_BUFS - 1 stores may still be in flight) -> TMA store (PHASED: into phase row
+        yi's output view)."""
         acc_layout: gl.constexpr = acc.type.layout
         BM: gl.constexpr = acc.type.shape[0]
         BN: gl.constexpr = acc.type.shape[1]
@@ -342,11 +455,22 @@ if gluon is not None:
         tma.store_wait(EPI_BUFS - 1)     # the store that last read this buffer is done
         c_smem._reinterpret(dtype, [BM, BN], c2_layout).store(acc.to(dtype))
         fence_async_shared()
-        tma.async_copy_shared_to_global(y_desc, [n, oh0, ow0, off_n], c_smem)
+        if PHASED:
+            if yi == 0:
+                tma.async_copy_shared_to_global(y_desc, [n, oh0, ow0, off_n], c_smem)
+            elif yi == 1:
+                tma.async_copy_shared_to_global(y1_desc, [n, oh0, ow0, off_n], c_smem)
+            elif yi == 2:
+                tma.async_copy_shared_to_global(y2_desc, [n, oh0, ow0, off_n], c_smem)
+            else:
+                tma.async_copy_shared_to_global(y3_desc, [n, oh0, ow0, off_n], c_smem)
+        else:
+            tma.async_copy_shared_to_global(y_desc, [n, oh0, ow0, off_n], c_smem)
 
     @gluon.jit(do_not_specialize=["N", "OH", "OW", "S", "C", "K", "ph", "pw", "dh", "dw", "syn", "syh", "syw"])
     def _gluon_conv_kernel(
-            x_desc, x01_desc, x10_desc, x11_desc, w_desc, y_desc, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
+            x_desc, x01_desc, x10_desc, x11_desc, w_desc, y_desc, y1_desc, y2_desc, y3_desc,
+            bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr, tab,
             N, OH, OW, R, S, C, K, ph, pw, dh, dw, syn, syh, syw,
             p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
             HAS_BIAS: gl.constexpr,
@@ -357,14 +481,20 @@ if gluon is not None:
             BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
             KSUB: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr,
             TRANS_W: gl.constexpr, EPI_BUFS: gl.constexpr, SH: gl.constexpr, SW: gl.constexpr,
-            num_warps: gl.constexpr):
-        """Persistent: CTA i runs tiles i, i + grid, ... (see the module docstring)."""
+            PHASED: gl.constexpr, num_warps: gl.constexpr):
+        """Persistent: CTA i runs tiles i, i + grid, ... (see the module docstring). PHASED
+        (stride-2 backward data): `tab` is the phase table (gluon_phases.phase_table), the
+        tiles those of all phases; else `tab` is unused."""
         dtype: gl.constexpr = x_desc.dtype
         n_th = gl.cdiv(OH, BH)
         n_tw = gl.cdiv(OW, BW)
         num_m = N * n_th * n_tw
         num_n = gl.cdiv(K, BN)
-        n_tiles = num_m * num_n
+        if PHASED:
+            gl.static_assert(KSUB == 1, "phased launches take one (x box, w box) pair per stage")
+            n_tiles = gl.load(tab + _PROWS * _PF + _F_START)   # the sentinel row's start: all tiles
+        else:
+            n_tiles = num_m * num_n
         nk = gl.cdiv(C, BK)
         n_steps = gl.cdiv(R * S * nk, KSUB)
 
@@ -378,15 +508,16 @@ if gluon is not None:
             mbarrier.init(empty.index(i), count=1)
 
         gl.warp_specialize([
-            (_consumer, (a_bufs, b_bufs, c_smem, ready, empty, y_desc, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
-                         n_tiles, n_th, n_tw, num_m, num_n, n_steps, OH, OW, K, syn, syh, syw,
+            (_consumer, (a_bufs, b_bufs, c_smem, ready, empty, y_desc, y1_desc, y2_desc, y3_desc,
+                         bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr, tab,
+                         n_tiles, n_th, n_tw, num_m, num_n, n_steps, nk, OH, OW, K, syn, syh, syw,
                          p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
                          HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
                          P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC,
-                         BH, BW, BN, BK, KSUB, GROUP_M, num_warps, EPILOGUE, TRANS_W)),
+                         BH, BW, BN, BK, KSUB, GROUP_M, num_warps, EPILOGUE, TRANS_W, PHASED)),
             (_producer, (x_desc, x01_desc, x10_desc, x11_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles,
-                         n_th, n_tw, num_m, num_n, n_steps, nk, S, C, K, R * S, ph, pw, dh, dw,
-                         BH, BW, BN, BK, KSUB, GROUP_M, TRANS_W, SH, SW)),
+                         n_th, n_tw, num_m, num_n, n_steps, nk, S, C, K, R * S, ph, pw, dh, dw, tab,
+                         BH, BW, BN, BK, KSUB, GROUP_M, TRANS_W, SH, SW, PHASED)),
         ], [1], [24])
 
         for i in gl.static_range(STAGES):
@@ -425,8 +556,9 @@ def flat_view(p: ConvProblem) -> ConvProblem | None:
 
 
 class GluonConvPlan:
-    """Launch of `_gluon_conv_kernel` for one problem (forward, or stride-1 backward data run
-    as its `forward_view`); x, w, y as standard channels-last tensors (others are copied).
+    """Launch of `_gluon_conv_kernel` for one problem (forward; stride-1 backward data run
+    as its `forward_view`; stride-2 backward data as one phased launch, `phase_table`);
+    x, w, y as standard channels-last tensors (others are copied).
     Everything but the data pointers is fixed here: the descriptors' shapes, strides, boxes
     and layouts, the grid and the argument tail; calls go through nnprim.launch.Launch
     (compiled-kernel fast path, CUtensorMaps encoded once per address triple).
@@ -436,6 +568,13 @@ class GluonConvPlan:
     def __init__(self, p: ConvProblem, tile: GluonTile | None = None, planned: bool = True):
         self.p = p
         self.bwd = p.direction == "bwd_data"
+        self.phased = self.bwd and any(s != 1 for s in p.stride)
+        self.planned = planned
+        self.table = None      # phased: the phase table (int32, on the device it runs on)
+        self.launch = None     # the grid needs the device's SM count: planned on the first call
+        if self.phased:
+            self._plan_phased(p, tile)
+            return
         fp = forward_view(p)
         self.epi = plan_epilogue(fp if self.bwd else p)   # the epilogue by the real shapes
         flat = flat_view(fp)
@@ -444,7 +583,6 @@ class GluonConvPlan:
             fp = flat
         self.gm = gm = geom(fp)
         self.tile = t = tile or tile_config(fp)
-        self.planned = planned
         H, W = gm.inp[1], gm.inp[2]
         OH, OW = gm.out[1], gm.out[2]
         self.n_tiles = gm.N * triton.cdiv(OH, t.BH) * triton.cdiv(OW, t.BW) * triton.cdiv(gm.K, t.BN)
@@ -453,9 +591,9 @@ class GluonConvPlan:
         self.y_shape = (gm.N, OH, OW, gm.K)
         # x per stride phase (a, b): the view x[:, a::sh, b::sw] (one phase at stride 1)
         self.sh, self.sw = sh, sw = gm.stride[1], gm.stride[2]
-        self.phases = [(a, b) for a in range(sh) for b in range(sw)]
-        self.dx = {(a, b): ([gm.N, -(-(H - a) // sh), -(-(W - b) // sw), gm.C], [H * W * gm.C, sh * W * gm.C, sw * gm.C, 1],
-                            [1, t.BH, t.BW, t.BK], _nvmma([1, t.BH, t.BW, t.BK], p.dtype)) for a, b in self.phases}
+        box = [1, t.BH, t.BW, t.BK]
+        self.dx = {ab: (*gp.view_geometry((gm.N, H, W, gm.C), *ab, sh, sw), box, _nvmma(box, p.dtype))
+                   for ab in gp.phases_of(sh, sw)}
         if self.bwd:   # p's w [K=gm.C, R, S, C=gm.K] as [gm.C, taps * gm.K]: rows are the reduction
             self.dw = ([gm.C, gm.taps * gm.K], [gm.taps * gm.K, 1], [t.BK, t.BN], _nvmma([t.BK, t.BN], p.dtype))
         else:
@@ -463,8 +601,37 @@ class GluonConvPlan:
         self.dy = ([gm.N, OH, OW, gm.K], [OH * OW * gm.K, OW * gm.K, gm.K, 1], [1, t.BH, t.BW, t.BN],
                    _nvmma([1, t.BH, t.BW, t.BN], p.dtype))
         self.tail = (*self.scalars, *self.epi.scalars(), *self.epi.constexprs(),
-                     t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, self.bwd, t.epi_bufs, sh, sw)
-        self.launch = None     # the grid needs the device's SM count: planned on the first call
+                     t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, self.bwd, t.epi_bufs, sh, sw,
+                     False)
+
+    def _plan_phased(self, p: ConvProblem, tile: GluonTile | None) -> None:
+        """Stride-2 backward data: dy (channels p.K) is the unit-stride x, dx (channels p.C)
+        is written per phase view dx[:, a::sh, b::sw] (one y descriptor per phase row), the
+        filter read in place as for stride 1 (TRANS_W), the tiles of all phases in one
+        launch (`gluon_phases.phase_table`). The tile is planned for the largest phase."""
+        self.epi = plan_epilogue(p)
+        assert not self.epi.needs_tensors and not p.has_bias, "backward data has no epilogue"
+        self.flat = False
+        N, (H, W), (OH, OW), (R, S) = p.N, p.in_size, p.out_size, p.filter
+        phases = gp.data_phases(p)
+        QH, QW = max(d.h.Q for d in phases), max(d.w.Q for d in phases)
+        self.tile = t = tile or tile_for(QH, QW, p.K, p.C, max(d.ntaps for d in phases), max_ksub=1)
+        if t.KSUB != 1:
+            raise ValueError(f"phased launches take KSUB 1, not {t.KSUB}")
+        self.phases, self.rows, self.n_tiles = gp.phase_table(p, t.BH, t.BW, t.BN)
+        if p.device == "cuda" and torch.cuda.is_available():   # now, not in a first call under graph capture
+            self.table = torch.tensor(self.rows, dtype=torch.int32, device="cuda")
+        self.sh, self.sw = sh, sw = p.stride
+        self.y_shape = (N, H, W, p.C)
+        self.dx = {(0, 0): ([N, OH, OW, p.K], [OH * OW * p.K, OW * p.K, p.K, 1], [1, t.BH, t.BW, t.BK],
+                            _nvmma([1, t.BH, t.BW, t.BK], p.dtype))}
+        self.dw = ([p.K, R * S * p.C], [R * S * p.C, 1], [t.BK, t.BN], _nvmma([t.BK, t.BN], p.dtype))
+        box = [1, t.BH, t.BW, t.BN]
+        self.dys = [(*gp.view_geometry(self.y_shape, *d.ab, sh, sw), box, _nvmma(box, p.dtype)) for d in phases]
+        # scalars: the kernel's OH, OW, R, S, pads and dilations are the phase rows' in this mode
+        self.tail = (N, QH, QW, R, S, p.K, p.C, 0, 0, 1, 1, H * W * p.C, sh * W * p.C, sw * p.C,
+                     *self.epi.scalars(), *self.epi.constexprs(),
+                     t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, True, t.epi_bufs, 1, 1, True)
 
     def _launch(self, device: torch.device) -> Launch:
         if self.launch is None:
@@ -472,11 +639,25 @@ class GluonConvPlan:
             self.launch = Launch(_gluon_conv_kernel, grid, self.tail, num_warps=self.tile.warps)
         return self.launch
 
+    def _table(self, device: torch.device) -> torch.Tensor:
+        if self.table is None or self.table.device != device:
+            self.table = torch.tensor(self.rows, dtype=torch.int32, device=device)
+        return self.table
+
     def _x_descs(self, x: torch.Tensor, make) -> tuple:
         """The kernel's four x descriptors (phases (0,0), (0,1), (1,0), (1,1)); a phase the
-        strides do not have repeats phase (0,0)'s."""
-        d = {ab: make(x[:, ab[0]::self.sh, ab[1]::self.sw], *self.dx[ab]) for ab in self.phases}
-        return tuple(d.get(ab, d[(0, 0)]) for ab in ((0, 0), (0, 1), (1, 0), (1, 1)))
+        strides do not have repeats phase (0,0)'s. Phased: dy's one, four times."""
+        if self.phased:
+            return (make(x, *self.dx[(0, 0)]),) * 4
+        return gp.four_phase_descs(x, self.dx, self.sh, self.sw, make)
+
+    def _y_descs(self, y: torch.Tensor, make) -> tuple:
+        """The kernel's four y descriptors: y's, four times; phased: the phase rows' views
+        of dx in row order (an absent row repeats row 0's)."""
+        if not self.phased:
+            return (make(y, *self.dy),) * 4
+        d = [make(y[:, ph.h.ph::self.sh, ph.w.ph::self.sw], *spec) for ph, spec in zip(self.phases, self.dys)]
+        return (*d, *d[:1] * (4 - len(d)))
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
         p = self.p
@@ -494,16 +675,16 @@ class GluonConvPlan:
         else:
             y = y_phys if direct else torch.empty(self.y_shape, dtype=p.dtype, device=x.device)
             y_nchw = y.permute(0, 3, 1, 2)
-        ptrs = self.epi.pointers(args.bias, args.post_ops, y_nchw)
+        ptrs = (*self.epi.pointers(args.bias, args.post_ops, y_nchw), self._table(x.device) if self.phased else y)
         if self.planned:   # the descriptors' encoded form is reused per (x, w, y) address
             self._launch(x.device).run_keyed(
                 (x.data_ptr(), w.data_ptr(), y.data_ptr()),
                 lambda: (*self._x_descs(x, host_descriptor), host_descriptor(w, *self.dw),
-                         host_descriptor(y, *self.dy)),
+                         *self._y_descs(y, host_descriptor)),
                 *ptrs)
         else:
             descs = (*self._x_descs(x, TensorDescriptor), TensorDescriptor(w, *self.dw),
-                     TensorDescriptor(y, *self.dy))
+                     *self._y_descs(y, TensorDescriptor))
             grid = (max(1, min(sm_count(x.device.index), self.n_tiles)),)
             _gluon_conv_kernel[grid](*descs, *ptrs, *self.tail, num_warps=self.tile.warps)
         if out is not None and not direct:
@@ -531,15 +712,13 @@ def shape_reasons(p: ConvProblem) -> list[str]:
         reasons.append(f"out_dtype {p.out_dtype}: the output must be in the input dtype {p.dtype}")
     if p.groups != 1 and p.direction != "bwd_weights":
         reasons.append(f"groups={p.groups}: needs groups == 1")
-    if p.direction != "fwd" and any(s != 1 for s in p.stride):
-        reasons.append(f"stride={tuple(p.stride)}: needs stride 1")
-    elif any(s not in (1, 2) for s in p.stride):
+    if any(s not in (1, 2) for s in p.stride):
         reasons.append(f"stride={tuple(p.stride)}: needs stride 1 or 2")
     elif p.ndim == 2 and any(s == 2 and n < 2 for s, n in zip(p.stride, p.in_size)):
         reasons.append(f"stride 2 over an input size {tuple(p.in_size)} < 2: an empty stride phase")
     if p.C % 16 or p.K % 16:
         reasons.append(f"C={p.C}, K={p.K}: both must be multiples of 16 (TMA row alignment)")
-    if p.direction == "bwd_data" and p.ndim == 2:
+    if p.direction == "bwd_data" and p.ndim == 2 and all(s == 1 for s in p.stride):   # stride 2: phased, any padding
         reach = tuple(d * (r - 1) for d, r in zip(p.dilation, p.filter))
         if any(a > m or b > m for a, b, m in zip(p.pad_before, p.pad_after, reach)):
             reasons.append(f"padding {p.padding} exceeds dilation*(filter-1) = {reach}: the flipped "
@@ -585,14 +764,18 @@ class GluonImplicitGemmFwd(GluonConvSolver):
 
 @register
 class GluonImplicitGemmBwdData(GluonConvSolver):
-    """Stride-1 backward data on solver 27's kernel: dy convolved with the flipped filter,
-    the filter read in place as an MN-major wgmma operand (`forward_view`, TRANS_W)."""
+    """Backward data on solver 27's kernel: dy convolved with the flipped filter, the filter
+    read in place as an MN-major wgmma operand (`forward_view`, TRANS_W); stride 2 as the
+    stride-1 convolutions of its dx phases in one phased launch (`gluon_phases`)."""
     id = 28
     name = "gluon_implicit_gemm_bwd_data"
     directions = frozenset({"bwd_data"})
 
     def estimate(self, problem) -> float | None:
-        # the forward it runs, priced as solver 27 prices a forward
+        # the forward it runs, priced as solver 27 prices a forward; stride 2: the phases do
+        # the same FLOPs over the same dx pixels (as 27 prices its stride 2: the problem's own)
         if shape_reasons(problem):
             return None
+        if any(s != 1 for s in problem.stride):
+            return self.gluon_price(super().estimate(problem))
         return self.gluon_price(super().estimate(forward_view(problem)))

@@ -1,14 +1,17 @@
-"""Stride-1 NHWC backward weights for Hopper in Gluon (solver 29
+"""NHWC backward weights for Hopper in Gluon (solver 29
 `gluon_implicit_gemm_bwd_weights`, family `implicit_gemm`, issue 13).
 
 The GEMM of solver 22's TMA kernel (implicit_gemm_bwd.py `_conv_bwd_w_tma_kernel`):
-  dw[k, tap, c] = sum over output pixels o of dy[o, k] * x[o - pad + tap*dil, c]
+  dw[k, tap, c] = sum over output pixels o of dy[o, k] * x[o*stride - pad + tap*dil, c]
 an output tile is BM filter rows k times BN channels c of one tap; the reduction walks the
 output pixels of every image in BH x BW rectangles (BP = BH*BW pixels per step): one
 [1, BH, BW, BM] TMA box of dy and the same rectangle of x shifted by the tap, [1, BH, BW,
 BN] (zero fill past the image is the padding; dy rows past OH/OW read as zeros, so tails
 need no masks). Both boxes have channels contiguous, so both wgmma operands are MN-major
 views of them (A = dy box^T [BM, BP], B = x box [BP, BN]); no transpose through registers.
+Stride 2: the x rectangle of a tap is a unit-stride box of the phase view x[:, a::2, b::2]
+(a, b = the parities of the tap's offset), read as solver 27 reads its x (`_load_x`, one
+descriptor per phase, gluon_phases.py): the same steps and FLOPs as stride 1.
 
 Structure (as solver 27, gluon_conv.py): a persistent grid walks work units (output tile,
 reduction slice); `gl.warp_specialize` with a 1-warp TMA producer feeding a STAGES-deep ring
@@ -20,8 +23,8 @@ Grouped (DIAG): a tile is BM filter rows of whole groups times the BN = BM/Kg*Cg
 channels of those groups (the block-diagonal tiles of the dense GEMM; ResNeXt g32: 16 groups of
 4x4 per 64 x 64 tile, depthwise 64 groups of 1x1), only the entries within a group stored.
 
-Covers 2-D NHWC bf16/f16, any groups with such a tile, stride 1, any dilation/padding/filter, C and K multiples
-of 16, dw in the input dtype. Hopper + Gluon only (see gluon_support.gluon_reasons)."""
+Covers 2-D NHWC bf16/f16, any groups with such a tile, stride 1 or 2 per dim, any
+dilation/padding/filter, C and K multiples of 16, dw in the input dtype. Hopper + Gluon only (see gluon_support.gluon_reasons)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,6 +49,7 @@ from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import register
 from .gluon_conv import SMEM_BYTES, GluonConvSolver, _nvmma, flat_view, rect
+from .gluon_phases import four_phase_descs, phases_of, view_geometry
 from .implicit_gemm import geom, roofline_ms
 from .implicit_gemm_bwd import REDUCE_SLICES, _split_reduce_kernel, max_split
 
@@ -134,6 +138,7 @@ def plan_split(p: ConvProblem, t: WgradTile, sms: int) -> tuple[int, int, int]:
 
 # ---- Gluon kernel ------------------------------------------------------------------------
 if gluon is not None:
+    from .gluon_conv import _load_x
 
     @gluon.jit
     def _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
@@ -151,11 +156,12 @@ if gluon is not None:
         return sp, pid_k, tap, c0
 
     @gluon.jit
-    def _producer(dy_desc, x_desc, a_bufs, b_bufs, ready, empty, n_units, tiles, nj, ncb, S, tps, nt,
-                  n_th, n_tw, ph, pw, dh, dw, Kg, Cg, DIAG: gl.constexpr, BH: gl.constexpr, BW: gl.constexpr,
-                  BM: gl.constexpr, BN: gl.constexpr):
+    def _producer(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, n_units, tiles,
+                  nj, ncb, S, tps, nt, n_th, n_tw, ph, pw, dh, dw, Kg, Cg, DIAG: gl.constexpr, BH: gl.constexpr,
+                  BW: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, SH: gl.constexpr, SW: gl.constexpr):
         """1 warp: for each unit of this CTA and each pixel rectangle of its slice, a dy box
-        and the tap-shifted x box onto the next ring slot."""
+        and the tap-shifted x box onto the next ring slot (stride 2: from x's phase view,
+        as solver 27 reads it, `_load_x`)."""
         STAGES: gl.constexpr = ready.type.shape[0]
         nbytes: gl.constexpr = dy_desc.block_type.nbytes + x_desc.block_type.nbytes
         cnt = 0
@@ -174,8 +180,8 @@ if gluon is not None:
                 mbarrier.expect(ready.index(s), nbytes)
                 tma.async_copy_global_to_shared(dy_desc, [n, th * BH, tw * BW, pid_k * BM], ready.index(s),
                                                 a_bufs.index(s))
-                tma.async_copy_global_to_shared(x_desc, [n, th * BH - ph + r * dh, tw * BW - pw + q * dw, c0],
-                                                ready.index(s), b_bufs.index(s))
+                _load_x(x_desc, x01_desc, x10_desc, x11_desc, n, th * BH, tw * BW, r * dh - ph, q * dw - pw, c0,
+                        ready.index(s), b_bufs.index(s), SH, SW)
                 cnt += 1
 
     @gluon.jit
@@ -222,9 +228,11 @@ if gluon is not None:
                 gl.store(out_ptr + sp.to(gl.int64) * K * ncol + off, acc, mask=mask)
 
     @gluon.jit(do_not_specialize=["N", "OH", "OW", "S", "C", "K", "ph", "pw", "dh", "dw", "tps", "split"])
-    def _gluon_wgrad_kernel(dy_desc, x_desc, out_ptr, N, OH, OW, R, S, C, K, Kg, Cg, ph, pw, dh, dw, tps, split,
+    def _gluon_wgrad_kernel(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, out_ptr, N, OH, OW, R, S, C, K, Kg, Cg,
+                            ph, pw, dh, dw, tps, split,
                             DIRECT: gl.constexpr, DIAG: gl.constexpr, BH: gl.constexpr, BW: gl.constexpr,
-                            BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                            BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, SH: gl.constexpr,
+                            SW: gl.constexpr, num_warps: gl.constexpr):
         """Persistent: CTA i runs units i, i + grid, ... (see the module docstring)."""
         dtype: gl.constexpr = dy_desc.dtype
         n_th = gl.cdiv(OH, BH)
@@ -247,8 +255,9 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, ready, empty, out_ptr, n_units, tiles, nj, ncb, tps, nt, K, C, Kg, Cg,
                          R * S, DIRECT, DIAG, BH, BW, BM, BN, num_warps)),
-            (_producer, (dy_desc, x_desc, a_bufs, b_bufs, ready, empty, n_units, tiles, nj, ncb, S, tps, nt,
-                         n_th, n_tw, ph, pw, dh, dw, Kg, Cg, DIAG, BH, BW, BM, BN)),
+            (_producer, (dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, n_units,
+                         tiles, nj, ncb, S, tps, nt, n_th, n_tw, ph, pw, dh, dw, Kg, Cg, DIAG, BH, BW, BM, BN,
+                         SH, SW)),
         ], [1], [24])
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(i))
@@ -270,8 +279,12 @@ class GluonWgradPlan:
         OH, OW = gm.out[1], gm.out[2]
         self.ddy = ([gm.N, OH, OW, gm.K], [OH * OW * gm.K, OW * gm.K, gm.K, 1], [1, t.BH, t.BW, t.BM],
                     _nvmma([1, t.BH, t.BW, t.BM], p.dtype))
-        self.dx = ([gm.N, H, W, gm.C], [H * W * gm.C, W * gm.C, gm.C, 1], [1, t.BH, t.BW, t.BN],
-                   _nvmma([1, t.BH, t.BW, t.BN], p.dtype))
+        # x per stride phase (a, b): the view x[:, a::sh, b::sw] (one phase at stride 1)
+        self.sh, self.sw = sh, sw = gm.stride[1], gm.stride[2]
+        self.x_shape = (gm.N, H, W, gm.C)
+        box = [1, t.BH, t.BW, t.BN]
+        self.dx = {ab: (*view_geometry(self.x_shape, *ab, sh, sw), box, _nvmma(box, p.dtype))
+                   for ab in phases_of(sh, sw)}
         self.ncol = gm.taps * gm.Cg
         self.launch = self.reduce = None
         self.split = 0
@@ -285,7 +298,7 @@ class GluonWgradPlan:
         self.launch = Launch(_gluon_wgrad_kernel, (max(1, min(sms, units)),),
                              (gm.N, gm.out[1], gm.out[2], gm.filt[1], gm.filt[2], gm.C, gm.K, gm.Kg, gm.Cg,
                               gm.pad[1], gm.pad[2], gm.dil[1], gm.dil[2], tps, self.split, direct, gm.G > 1,
-                              t.BH, t.BW, t.BM, t.BN, t.STAGES),
+                              t.BH, t.BW, t.BM, t.BN, t.STAGES, self.sh, self.sw),
                              num_warps=t.warps)
         if not direct:
             E = gm.K * self.ncol
@@ -301,7 +314,7 @@ class GluonWgradPlan:
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
         p = self.p
         dy = contiguous_aligned(args.dy.permute(0, 2, 3, 1)).reshape(self.ddy[0])
-        x = contiguous_aligned(args.x.permute(0, 2, 3, 1)).reshape(self.dx[0])
+        x = contiguous_aligned(args.x.permute(0, 2, 3, 1)).reshape(self.x_shape)
         if self.launch is None:
             self._plan(dy.device)
         direct_out = (out is not None and out.dtype == p.dtype and out.permute(0, 2, 3, 1).is_contiguous())
@@ -309,7 +322,8 @@ class GluonWgradPlan:
             dw = out
         else:
             dw = torch.empty((p.K, *p.filter, p.C // p.groups), dtype=p.dtype, device=dy.device).permute(0, 3, 1, 2)
-        descs = lambda: (host_descriptor(dy, *self.ddy), host_descriptor(x, *self.dx))  # noqa: E731
+        descs = lambda: (host_descriptor(dy, *self.ddy),  # noqa: E731
+                         *four_phase_descs(x, self.dx, self.sh, self.sw, host_descriptor))
         if self.split == 1:
             self.launch.run_keyed((dy.data_ptr(), x.data_ptr()), descs, dw)
         else:
@@ -324,7 +338,7 @@ class GluonWgradPlan:
 # ---- solver ------------------------------------------------------------------------------
 @register
 class GluonImplicitGemmBwdWeights(GluonConvSolver):
-    """Persistent warp-specialised Hopper backward weights in Gluon (stride 1, NHWC)."""
+    """Persistent warp-specialised Hopper backward weights in Gluon (stride 1 or 2, NHWC)."""
     id = 29
     name = "gluon_implicit_gemm_bwd_weights"
     directions = frozenset({"bwd_weights"})

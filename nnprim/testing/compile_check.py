@@ -115,6 +115,12 @@ GLUON_CONV = [  # (x, w, options) of solver 27 (Gluon, sm_90 only): 3x3 C=K=64..
     ((2, 64, 10, 10), (64, 64, 3, 3), dict(padding=1, direction="bwd_data")),
     ((2, 256, 14, 14), (128, 256, 3, 3), dict(padding=1, direction="bwd_data")),
     ((2, 64, 10, 10), (256, 64, 1, 1), dict(direction="bwd_data", dtype=F16)),
+    # solver 28 at stride 2: one phased launch (phase table, a store view per phase)
+    ((2, 128, 11, 10), (128, 128, 3, 3), dict(padding=1, stride=2, direction="bwd_data")),   # 4/2/2/1 taps
+    ((2, 256, 14, 14), (512, 256, 1, 1), dict(stride=2, direction="bwd_data")),             # 3 zero phases
+    ((2, 64, 13, 12), (64, 64, 3, 3), dict(padding=2, dilation=2, stride=(2, 1), direction="bwd_data")),
+    ((1, 32, 9, 11), (48, 32, 5, 5), dict(padding=((2, 1), (0, 3)), stride=(1, 2), direction="bwd_data",
+                                          dtype=F16)),
 ]
 
 
@@ -162,7 +168,8 @@ def _conv_plan_attempts(label: str, module, kernel: str, plan: str, cases, direc
 
 
 def _gluon_conv_attempts(failures: list[str], report: list[str]) -> None:
-    """Solvers 27/28 (one kernel): tile, registers, spills and shared memory per problem."""
+    """Solvers 27/28 (one kernel): tile, registers, spills and shared memory per problem
+    (stride-2 backward data: the phased launch)."""
     from nnprim.conv import gluon_conv
 
     def describe(p, plan) -> str:
@@ -206,6 +213,11 @@ GLUON_WGRAD = [  # (x, w, options) of solver 29 (Gluon backward weights, sm_90 o
     ((16, 128, 28, 28), (128, 128, 3, 3), dict(padding=1)),             # split slices + ordered reduce
     ((8, 128, 12, 12), (128, 4, 3, 3), dict(padding=1, groups=32)),     # grouped: block-diagonal tiles
     ((8, 144, 10, 10), (144, 1, 3, 3), dict(padding=1, groups=144)),    # depthwise
+    # stride 2: x read per stride phase
+    ((4, 128, 28, 28), (128, 128, 3, 3), dict(padding=1, stride=2)),    # rn50_r3_3x3s2's kind
+    ((2, 256, 14, 14), (512, 256, 1, 1), dict(stride=2)),               # 1x1 downsample
+    ((2, 64, 13, 12), (64, 64, 3, 3), dict(padding=2, dilation=2, stride=(1, 2))),
+    ((8, 144, 11, 10), (144, 1, 3, 3), dict(padding=1, groups=144, stride=2)),   # depthwise stride 2
 ]
 
 

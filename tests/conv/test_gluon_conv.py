@@ -106,9 +106,19 @@ def test_backward_solvers_registered_and_name_what_they_do_not_cover():
     assert s28.deterministic and s29.deterministic
     mk = lambda d, **kw: ConvProblem.create(d, (1, 64, 9, 9), (64, 64, 3, 3),  # noqa: E731
                                             **(dict(dtype=BF16, layout="nhwc", device="cuda") | kw))
-    assert "stride=(2, 2)" in " | ".join(s28.not_supported_reasons(mk("bwd_data", padding=1, stride=2)))
+    assert "stride=(3, 3)" in " | ".join(s28.not_supported_reasons(mk("bwd_data", padding=1, stride=3)))
     assert "negative padding" in " | ".join(s28.not_supported_reasons(mk("bwd_data", padding=3)))
-    assert "stride=(2, 2)" in " | ".join(s29.not_supported_reasons(mk("bwd_weights", padding=1, stride=2)))
+    assert "stride=(3, 3)" in " | ".join(s29.not_supported_reasons(mk("bwd_weights", padding=1, stride=3)))
+    # stride 2 (and (2, 1), (1, 2)): phased backward data, phase-view backward weights
+    for st in (2, (2, 1), (1, 2)):
+        assert not gluon_conv.shape_reasons(mk("bwd_data", padding=1, stride=st))
+        assert not gluon_conv.shape_reasons(mk("bwd_weights", padding=1, stride=st))
+        assert s28.estimate(mk("bwd_data", padding=1, stride=st)) is not None
+        assert s29.estimate(mk("bwd_weights", padding=1, stride=st)) is not None
+    assert not gluon_conv.shape_reasons(mk("bwd_data", padding=3, stride=2))   # phased: any padding
+    tiny = ConvProblem.create("bwd_data", (1, 64, 1, 9), (64, 64, 1, 1), dtype=BF16, layout="nhwc", device="cuda",
+                              stride=2)
+    assert "empty stride phase" in " | ".join(s28.not_supported_reasons(tiny))
     assert "layout=nchw" in " | ".join(s29.not_supported_reasons(mk("bwd_weights", padding=1, layout="nchw")))
 
 

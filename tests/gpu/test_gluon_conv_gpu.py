@@ -3,7 +3,9 @@ the GPU: random inputs, NaN-poisoned outputs, against the float64 reference with
 bound relative to torch's same-dtype convolution (gpu_helpers.assert_close); odd N/H/W
 tails, 1x1/3x3/5x5/7x7, padding 0/1/asymmetric, dilation 2, C = 16..512 (KSUB > 1 and
 BK < 64 paths), small images (BM 64), more tiles than SMs (the persistent loop and the ring
-across tiles), bias and post-op chains, bit-identical runs, the public API.
+across tiles), bias and post-op chains, bit-identical runs, the public API. The same for
+solvers 28 (backward data) and 29 (backward weights), stride 1 and 2 ((2,1), (1,2) too;
+stride-2 backward data is the phased launch, incl. phases no tap reaches).
 
 A wrong barrier phase shows as a hang, not an error: the smoke test runs small problems in
 a subprocess with a timeout, and every other test is skipped when it hangs or fails (run
@@ -50,6 +52,24 @@ for x_shape, w_shape in (((2, 64, 9, 11), (64, 64, 3, 3)), ((2, 128, 20, 20), (2
     ref = torch.nn.functional.conv2d(x.float(), w.float(), padding=pad)
     err = ((y.float() - ref).norm() / ref.norm()).item()
     assert err < 2e-2, f"wrong result: {x_shape} {w_shape} rel err {err}"
+# stride-2 backward data (phased launch, incl. 1x1 with three zero phases) and weights
+for x_shape, w_shape, pad in (((2, 64, 9, 11), (64, 64, 3, 3), 1), ((2, 64, 9, 8), (128, 64, 1, 1), 0)):
+    x = torch.randn(*x_shape, device="cuda").to(torch.bfloat16).to(memory_format=torch.channels_last)
+    w = torch.randn(*w_shape, device="cuda").to(torch.bfloat16).to(memory_format=torch.channels_last)
+    for d in ("bwd_data", "bwd_weights"):
+        p = ConvProblem.create(d, x_shape, w_shape, dtype=torch.bfloat16, layout="nhwc", device="cuda",
+                               padding=pad, stride=2)
+        dy = torch.randn(p.y_shape, device="cuda").to(torch.bfloat16).to(memory_format=torch.channels_last)
+        if d == "bwd_data":
+            got = gluon_conv.GluonConvPlan(p)(ConvArgs(dy=dy, w=w))
+            ref = torch.nn.grad.conv2d_input(x_shape, w.float(), dy.float(), stride=2, padding=pad)
+        else:
+            from nnprim.conv import gluon_conv_wgrad
+            got = gluon_conv_wgrad.GluonWgradPlan(p)(ConvArgs(dy=dy, x=x))
+            ref = torch.nn.grad.conv2d_weight(x.float(), w_shape, dy.float(), stride=2, padding=pad)
+        torch.cuda.synchronize()
+        err = ((got.float() - ref).norm() / ref.norm()).item()
+        assert err < 2e-2, f"wrong result: {d} stride 2 {x_shape} {w_shape} rel err {err}"
 print("SMOKE-OK")
 """
 _smoke: list[str] = []
@@ -226,11 +246,11 @@ BWD_SHAPES = [  # (x, w, padding, dilation) of the forward whose backward data i
 ]
 
 
-def backward_case(direction, solver, x_shape, w_shape, pad, dil, dtype, seed, groups=1):
+def backward_case(direction, solver, x_shape, w_shape, pad, dil, dtype, seed, groups=1, stride=1):
     """(problem, x, w, dy, the solver's result into a NaN-poisoned channels-last output)."""
     x, w, _ = case(x_shape, w_shape, dtype=dtype, seed=seed)
     p = ConvProblem.create(direction, x.shape, w.shape, dtype=dtype, layout="nhwc", device=DEV, padding=pad,
-                           dilation=dil, groups=groups)
+                           dilation=dil, groups=groups, stride=stride)
     g = torch.Generator(device=DEV).manual_seed(seed + 1)
     dy = torch.randn(p.y_shape, generator=g, device=DEV).to(dtype).to(memory_format=torch.channels_last)
     s = REGISTRY.get(solver)
@@ -242,15 +262,15 @@ def backward_case(direction, solver, x_shape, w_shape, pad, dil, dtype, seed, gr
     return p, x, w, dy, res
 
 
-def run_bwd_checked(x_shape, w_shape, pad, dil, dtype=torch.bfloat16, seed=0):
+def run_bwd_checked(x_shape, w_shape, pad, dil, dtype=torch.bfloat16, seed=0, stride=1):
     p, x, w, dy, dx = backward_case("bwd_data", "gluon_implicit_gemm_bwd_data", x_shape, w_shape, pad, dil,
-                                    dtype, seed)
+                                    dtype, seed, stride=stride)
     ref = conv_bwd_data_f64(p, dy, w)
     # torch's same-dtype result (on the padded input, cropped: it has no asymmetric padding)
     xp_shape = (x.shape[0], x.shape[1], *(n + a + b for n, (a, b) in zip(x.shape[2:], p.padding)))
     (top, _), (left, _) = p.padding
-    theirs = torch.nn.grad.conv2d_input(xp_shape, w, dy, dilation=dil)[:, :, top:top + x.shape[2],
-                                                                         left:left + x.shape[3]]
+    theirs = torch.nn.grad.conv2d_input(xp_shape, w, dy, stride=stride, dilation=dil)[
+        :, :, top:top + x.shape[2], left:left + x.shape[3]]
     assert_close(str(p.key()), dx, theirs, ref)
     return p, dy, w, dx
 
@@ -274,7 +294,8 @@ def test_backward_data_not_applicable_reasons():
     s = REGISTRY.get("gluon_implicit_gemm_bwd_data")
     mk = lambda **kw: ConvProblem.create("bwd_data", (2, 64, 12, 12), (64, 64, 3, 3), dtype=torch.bfloat16,  # noqa: E731
                                          layout="nhwc", device=DEV, **kw)
-    assert any("stride" in r for r in s.not_supported_reasons(mk(padding=1, stride=2)))
+    assert any("stride" in r for r in s.not_supported_reasons(mk(padding=1, stride=3)))
+    assert s.is_applicable(mk(padding=1, stride=2)) and s.is_applicable(mk(padding=3, stride=2))
     assert any("negative padding" in r for r in s.not_supported_reasons(mk(padding=3)))
 
 
@@ -290,12 +311,12 @@ WGRAD_SHAPES = [  # (x, w, padding, dilation)
 ]
 
 
-def run_wgrad_checked(x_shape, w_shape, pad, dil, dtype=torch.bfloat16, seed=0, groups=1):
+def run_wgrad_checked(x_shape, w_shape, pad, dil, dtype=torch.bfloat16, seed=0, groups=1, stride=1):
     p, x, w, dy, dw = backward_case("bwd_weights", "gluon_implicit_gemm_bwd_weights", x_shape, w_shape, pad, dil,
-                                    dtype, seed, groups)
+                                    dtype, seed, groups, stride)
     ref = conv_bwd_weights_f64(p, dy, x)
     xp = F.pad(x, _pad_spec(p))
-    theirs = torch.nn.grad.conv2d_weight(xp, w.shape, dy, dilation=dil, groups=groups)
+    theirs = torch.nn.grad.conv2d_weight(xp, w.shape, dy, stride=stride, dilation=dil, groups=groups)
     assert_close(str(p.key()), dw, theirs, ref)
     return p, dy, x, dw
 
@@ -364,3 +385,53 @@ GROUPED_WGRAD = [  # (x, w, padding, groups): the block-diagonal tiles
 @pytest.mark.parametrize("x_shape,w_shape,pad,groups", GROUPED_WGRAD, ids=[f"g{g[3]}-{g[1]}" for g in GROUPED_WGRAD])
 def test_grouped_backward_weights_vs_reference(smoked, x_shape, w_shape, pad, groups):
     run_wgrad_checked(x_shape, w_shape, pad, 1, groups=groups)
+
+
+# ---- stride 2 backward: data as one phased launch, weights through x's phase views ------------
+BWD_STRIDE2 = [  # (x, w, padding, dilation, stride) of the forward whose backward is checked
+    ((8, 128, 56, 56), (128, 128, 3, 3), 1, 1, 2),     # rn50_r3_3x3s2 at N=8: phases of 4/2/2/1 taps
+    ((3, 64, 27, 29), (128, 64, 3, 3), 1, 1, 2),       # odd sizes: phases of different extents
+    ((2, 64, 27, 29), (64, 64, 3, 3), 0, 1, 2),        # no padding
+    ((4, 256, 56, 56), (512, 256, 1, 1), 0, 1, 2),     # rn50 downsample 1x1: three zero phases
+    ((2, 64, 9, 9), (64, 64, 1, 1), 1, 1, 2),          # padding past the filter span
+    ((2, 64, 13, 12), (64, 64, 3, 3), 2, 2, 2),        # dilation 2: taps reach one phase per dim
+    ((2, 64, 15, 16), (96, 64, 3, 3), 1, 1, (2, 1)),
+    ((2, 32, 15, 17), (48, 32, 5, 5), ((2, 1), (1, 2)), 1, (1, 2)),   # asymmetric padding, BK 32
+    ((2, 64, 2, 3), (64, 64, 3, 3), 1, 1, 2),          # a 2x3 image: one row per phase
+    ((16, 64, 56, 56), (64, 64, 3, 3), 1, 1, 2),       # many tiles per SM
+]
+S2_IDS = [f"{s[1]}-{s[0]}-p{s[2]}-d{s[3]}-s{s[4]}" for s in BWD_STRIDE2]
+
+
+@pytest.mark.parametrize("x_shape,w_shape,pad,dil,stride", BWD_STRIDE2, ids=S2_IDS)
+def test_backward_data_stride2_vs_reference(smoked, x_shape, w_shape, pad, dil, stride):
+    p = run_bwd_checked(x_shape, w_shape, pad, dil, stride=stride)[0]
+    assert gluon_conv.GluonConvPlan(p).phased
+
+
+@pytest.mark.parametrize("x_shape,w_shape,pad,dil,stride", BWD_STRIDE2, ids=S2_IDS)
+def test_backward_weights_stride2_vs_reference(smoked, x_shape, w_shape, pad, dil, stride):
+    run_wgrad_checked(x_shape, w_shape, pad, dil, stride=stride)
+
+
+def test_backward_stride2_f16_deterministic_and_api(smoked):
+    p, dy, w, dx = run_bwd_checked((3, 128, 29, 27), (128, 128, 3, 3), 1, 1, dtype=torch.float16, stride=2)
+    inv = REGISTRY.get("gluon_implicit_gemm_bwd_data").prepare(p)
+    for _ in range(3):
+        assert torch.equal(inv(ConvArgs(dy=dy, w=w)), dx)
+    dx_api = nnprim.conv_backward_data(dy, w, p.x_shape, stride=2, padding=1, solver="gluon_implicit_gemm_bwd_data")
+    assert torch.equal(dx_api, dx)
+    # JIT launch (validated descriptors over the phase views) == planned launch
+    assert torch.equal(gluon_conv.GluonConvPlan(p, planned=False)(ConvArgs(dy=dy, w=w)), dx)
+    pw, dy2, x, dw = run_wgrad_checked((4, 128, 29, 27), (128, 128, 3, 3), 1, 1, dtype=torch.float16, stride=2)
+    inv = REGISTRY.get("gluon_implicit_gemm_bwd_weights").prepare(pw)
+    for _ in range(3):
+        assert torch.equal(inv(ConvArgs(dy=dy2, x=x)), dw)
+    dw_api = nnprim.conv_backward_weights(dy2, x, pw.w_shape, stride=2, padding=1,
+                                          solver="gluon_implicit_gemm_bwd_weights")
+    assert torch.equal(dw_api, dw)
+
+
+def test_grouped_backward_weights_stride2(smoked):
+    run_wgrad_checked((4, 144, 17, 19), (144, 1, 3, 3), 1, 1, groups=144, stride=2)   # depthwise, MobileNet's s2
+    run_wgrad_checked((4, 128, 28, 28), (128, 4, 3, 3), 1, 1, groups=32, stride=2)    # ResNeXt g32 s2
