@@ -87,9 +87,10 @@ BLOCK_M = 64              # query rows per ring stage
 BLOCK_N = 128             # keys per CTA (64 per consumer warpgroup)
 KEYS_PER_WG = BLOCK_N // 2
 # Fraction of the bf16 peak by head dim, measured on the H200 (benchmarks/gluon_bwd.py,
-# 2026-12-01, long sequences): d64 280-289 TFLOP/s, d128 (split dQ) 328-344; solver 111
-# reached 332-349 and 348-369 in the same run (FA3: ~0.5 of an H100's peak at d128)
-EFF_BY_D = {64: 0.37, 128: 0.44}
+# long sequences). 2026-12-01 spill-free (REMAT, flat loops; results/gluon_bwd_2026-12-01_s7.json):
+# d64 245-258 TFLOP/s, d128 (split dQ) 363-396; solver 111 in the same run 333-352 and
+# 349-373 (before: d64 280-289, d128 328-344 with 240-400 bytes of spills)
+EFF_BY_D = {64: 0.33, 128: 0.50}
 HOST_FLOOR_MS = 0.06      # three launches and four descriptors per call (126's floor + 2 launches)
 
 

@@ -72,22 +72,29 @@ class StemTile:
 # 8-warp forward holds 128 registers a thread where 4 warps need 226; backward weights
 # spills at BM 64 (the [64, 256] accumulator next to the gathered tile's pointers), not at
 # BM 32. benchmarks/stem_probe.py times the alternatives on the H200.
+# H200, rn50_conv1 (N=128), 2026-12-01 (benchmarks/results/stem_probe_2026-12-01.json): forward
+# 0.472 ms for BM 64 / 4 warps against 0.52 for 128 / 8; backward weights 1.36 ms with the
+# channels padded to 4 (aligned 8-byte pixel loads) against 2.38 without
 DEFAULT_TILES = {
-    "fwd": StemTile(128, 64, 8, 3),
+    "fwd": StemTile(64, 64, 4, 3),
     "bwd_data": StemTile(128, 64, 4, 3),
-    "bwd_weights": StemTile(32, 64, 8, 2),
+    "bwd_weights": StemTile(32, 64, 8, 2, cpad=True),
 }
+
+# of this estimate's padded MACs, measured (rn50_conv1 on the H200, 2026-12-01: 0.47 / 0.57 /
+# 1.36 ms against 0.18 / 0.21 / 0.21 ms at 0.35)
+EFFICIENCY = {"fwd": 0.13, "bwd_data": 0.13, "bwd_weights": 0.055}
 
 # what benchmarks/stem_probe.py times on the H200 (compile_check compiles each for sm_90)
 VARIANTS: dict[str, tuple[StemTile, ...]] = {
-    "fwd": (DEFAULT_TILES["fwd"], StemTile(128, 64, 4, 3), StemTile(64, 64, 4, 3), StemTile(256, 64, 8, 3),
+    "fwd": (DEFAULT_TILES["fwd"], StemTile(128, 64, 4, 3), StemTile(128, 64, 8, 3), StemTile(256, 64, 8, 3),
             StemTile(128, 64, 8, 2), StemTile(128, 64, 8, 4), StemTile(128, 64, 8, 3, cpad=True),
             StemTile(256, 64, 8, 3, cpad=True)),
     "bwd_data": (DEFAULT_TILES["bwd_data"], StemTile(64, 64, 4, 3), StemTile(256, 64, 8, 3),
                  StemTile(256, 64, 4, 3), StemTile(128, 64, 4, 4), StemTile(128, 32, 4, 4)),
     "bwd_weights": (DEFAULT_TILES["bwd_weights"], StemTile(64, 64, 8, 2), StemTile(16, 64, 8, 2),
                     StemTile(32, 64, 8, 1), StemTile(32, 64, 8, 3), StemTile(32, 64, 8, 2, waves=2),
-                    StemTile(32, 64, 8, 2, waves=8), StemTile(32, 64, 8, 2, cpad=True),
+                    StemTile(32, 64, 8, 2, waves=8), StemTile(32, 64, 8, 2),
                     StemTile(32, 64, 4, 2, acc_cols=128), StemTile(64, 64, 8, 2, acc_cols=128)),
 }
 
@@ -560,9 +567,9 @@ class _StemBase(_IGemmBase):
 
     def estimate(self, problem) -> float | None:
         """Roofline of the MACs the kernels really issue (runs padded to SCP, the backward
-        data's zero taps and padded columns) and the minimum bytes; tensor-core efficiency
-        0.35 (A tiles gathered by pointer rows, small N for backward data). NCHW runs are
-        strided gathers (x0.3, as the implicit GEMM)."""
+        data's zero taps and padded columns) and the minimum bytes at the efficiency measured
+        on the H200 (EFFICIENCY: gathered pointer-row tiles, small N for backward data). NCHW
+        runs are strided gathers (x0.3, as the implicit GEMM)."""
         p, gm = problem, geom(problem)
         R, S = gm.filt[1:]
         M = gm.N * gm.P
@@ -577,7 +584,7 @@ class _StemBase(_IGemmBase):
             (_, wh), (_, ww) = dy_window(R, gm.stride[1], gm.pad[1]), dy_window(S, gm.stride[2], gm.pad[2])
             blocks = gm.N * math.prod(triton.cdiv(i, s) for i, s in zip(gm.inp[1:], gm.stride[1:]))
             flops = 2.0 * blocks * wh * ww * kp * max(16, triton.next_power_of_2(math.prod(gm.stride) * p.C))
-        eff = 0.35 * (0.3 if p.layout == "nchw" else 1.0)
+        eff = EFFICIENCY[p.direction] * (0.3 if p.layout == "nchw" else 1.0)
         t = roofline_ms(flops, p.bytes() + post_op_bytes(p), p.dtype, eff)
         return max(t, HOST_FLOOR_MS) if p.device == "cuda" else t
 
