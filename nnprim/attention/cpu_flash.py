@@ -49,6 +49,7 @@ attention contract. Not supported: CUDA tensors (the Triton flash solvers serve 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -339,9 +340,13 @@ def cpu_forward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = Non
                     s.mul_(ctx.keep_tile(bs, hs, r0, r1, c0, c1).view(N, M, -1))
                 if whole_row:   # o = (P / l) V: one bf16 GEMM over all keys, its output is o
                     vn = args.v[bs, hs, c0:c1]
-                    lz = rs.masked_fill(rs == 0, 1.0) if problem.inf_as_zero else rs
-                    pn = _tile(pbuf, N, M, c1 - c0).copy_(s.mul_(lz.reciprocal()))  # (mul out=bf16: 2x slower)
-                    direct = torch.bmm(pn, vn.reshape(-1, *vn.shape[2:]))
+                    # dead rows (no visible key, l = 0) enter the GEMM as zeros, never NaN: on
+                    # AMX CPUs the bf16 GEMM leaks a NaN row of P into its neighbour row
+                    dead = rs == 0
+                    pn = _tile(pbuf, N, M, c1 - c0).copy_(s.mul_(rs.masked_fill(dead, 1.0).reciprocal()))
+                    direct = torch.bmm(pn, vn.reshape(-1, *vn.shape[2:]))   # (mul out=bf16: 2x slower)
+                    if not problem.inf_as_zero and bool(dead.any()):
+                        direct.masked_fill_(dead, math.nan)      # 0/0, as torch's softmax gives
                     l, m = rs, m_new
                     continue
                 vb = _keys_f32(args.v, bs, hs, c0, c1)
