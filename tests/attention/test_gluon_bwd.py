@@ -93,7 +93,7 @@ def test_tile_configs_fit_hopper_shared_memory_workspace_and_estimate():
     assert s.workspace_size(p) == 4 * 2 * 8 * 1000 * 129
     big = problem(device="cuda", B=4, Hq=16, Hkv=16, Sq=4096, Sk=4096)
     tflops = big.flops() / s.estimate(big) / 1e9
-    assert 270 < tflops < 345    # EFF_BY_D (d128: 0.44) of the bf16 peak the models use (750), wave fill 0.97
+    assert 320 < tflops < 390    # EFF_BY_D (d128: 0.50) of the bf16 peak the models use (750), wave fill 0.97
     assert s.estimate(problem(device="cuda", Sq=16, Sk=16)) == gluon_bwd.HOST_FLOOR_MS
 
 
