@@ -559,6 +559,14 @@ def stem_reasons(p: ConvProblem) -> list[str]:
 
 
 class _StemBase(_IGemmBase):
+    plan_type: type  # the direction's plan (its invoker)
+
+    def workspace_size(self, problem) -> int:
+        return self.plan_type(problem).workspace_bytes()
+
+    def prepare(self, problem):
+        return self.plan_type(problem)
+
     def not_supported_reasons(self, problem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
         if reasons and reasons[0].startswith("serves"):
@@ -594,12 +602,7 @@ class StemFwd(_StemBase):
     id = 70
     name = "stem_fwd"
     directions = frozenset({"fwd"})
-
-    def workspace_size(self, problem) -> int:
-        return StemFwdPlan(problem).workspace_bytes()
-
-    def prepare(self, problem):
-        return StemFwdPlan(problem)
+    plan_type = StemFwdPlan
 
 
 @register
@@ -607,12 +610,7 @@ class StemBwdData(_StemBase):
     id = 71
     name = "stem_bwd_data"
     directions = frozenset({"bwd_data"})
-
-    def workspace_size(self, problem) -> int:
-        return StemBwdDataPlan(problem).workspace_bytes()
-
-    def prepare(self, problem):
-        return StemBwdDataPlan(problem)
+    plan_type = StemBwdDataPlan
 
 
 @register
@@ -620,9 +618,4 @@ class StemBwdWeights(_StemBase):
     id = 72
     name = "stem_bwd_weights"
     directions = frozenset({"bwd_weights"})
-
-    def workspace_size(self, problem) -> int:
-        return StemBwdWeightsPlan(problem).workspace_bytes()
-
-    def prepare(self, problem):
-        return StemBwdWeightsPlan(problem)
+    plan_type = StemBwdWeightsPlan
