@@ -42,18 +42,25 @@ def as_if_on_hopper() -> None:
     gluon_fwd.gluon_reasons = gluon_conv.gluon_reasons = reasons
 
 
-def _first_timed(sols, names: set[str]) -> tuple[str | None, str | None]:
-    for s in sols:  # the first one that was timed on the device (the others could not be forced)
+def _first_timed(sols, names: set[str]) -> tuple[str | None, str | None, list[str]]:
+    """The first solution that was timed on the device, its source, and the solvers ranked
+    above it that the run did not time (solvers added or newly applicable since the run, e.g.
+    the stem solvers 70-72 or stride 2 in 28/29): the replay cannot price those, so it prices
+    the next timed one instead and reports the choice as unpriced."""
+    untimed = []
+    for s in sols:
         if s.solver in names:
-            return s.solver, s.source
-    return None, None
+            return s.solver, s.source, untimed
+        untimed.append(s.solver)
+    return None, None, untimed
 
 
-def heuristic_choice(p, fingerprint: str, names: set[str]) -> str | None:
-    return _first_timed(immediate.heuristic_solutions(p, immediate.Constraints(fingerprint)), names)[0]
+def heuristic_choice(p, fingerprint: str, names: set[str]) -> tuple[str | None, list[str]]:
+    got = _first_timed(immediate.heuristic_solutions(p, immediate.Constraints(fingerprint)), names)
+    return got[0], got[2]
 
 
-def fast_choice(p, fingerprint: str, names: set[str]) -> tuple[str | None, str | None]:
+def fast_choice(p, fingerprint: str, names: set[str]) -> tuple[str | None, str | None, list[str]]:
     return _first_timed(immediate.get_solutions(p, constraints=immediate.Constraints(fingerprint)), names)
 
 
@@ -85,10 +92,11 @@ def main(argv=None) -> int:
             skipped.append((r["name"], "key not parsed"))
             continue
         best = min(times.values())
-        fast, src = fast_choice(p, fp, set(times))
-        heur = heuristic_choice(p, fp, set(times))
+        fast, src, fast_untimed = fast_choice(p, fp, set(times))
+        heur, heur_untimed = heuristic_choice(p, fp, set(times))
         row = dict(name=r["name"], key=r["key"], best=min(times, key=times.get), fast=fast, fast_source=src,
-                   heuristic=heur, recorded_fast=r.get("fast"), recorded_heuristic=r.get("heuristic"),
+                   heuristic=heur, unpriced=dict(fast=fast_untimed, heuristic=heur_untimed),
+                   recorded_fast=r.get("fast"), recorded_heuristic=r.get("heuristic"),
                    regret=dict(fast=None if fast is None else times[fast] / best - 1.0,
                                heuristic=None if heur is None else times[heur] / best - 1.0,
                                recorded_fast=(times[r["fast"]] / best - 1.0) if r.get("fast") in times else None,
@@ -100,18 +108,26 @@ def main(argv=None) -> int:
         vals = [(row["regret"][mode], row["name"]) for row in rows if row["regret"][mode] is not None]
         if vals:
             worst = sorted(vals, key=lambda v: -v[0])[:3]
-            summary[mode] = dict(problems=len(vals), geomean=geomean_regret([v for v, _ in vals]),
+            unpriced = sum(1 for row in rows if row["unpriced"].get(mode))
+            summary[mode] = dict(problems=len(vals), unpriced=unpriced, geomean=geomean_regret([v for v, _ in vals]),
                                  max=max(v for v, _ in vals), worst=[dict(name=n, regret=round(v, 4)) for v, n in worst])
     print(f"{'problem':34} {'best':26} {'fast (now)':26} {'regret':>7} {'heuristic (now)':26} {'regret':>7}")
     pct = lambda v: "-" if v is None else f"{100 * v:.1f}%"  # noqa: E731
     for row in rows:
         g = row["regret"]
-        print(f"{row['name']:34} {row['best']:26} {str(row['fast']):26} {pct(g['fast']):>7} "
-              f"{str(row['heuristic']):26} {pct(g['heuristic']):>7}")
+        mf, mh = ("*" if row["unpriced"][m] else " " for m in ("fast", "heuristic"))
+        print(f"{row['name']:34} {row['best']:26} {str(row['fast']):25}{mf} {pct(g['fast']):>7} "
+              f"{str(row['heuristic']):25}{mh} {pct(g['heuristic']):>7}")
     print()
+    for mode in ("fast", "heuristic"):
+        unp = [(row["name"], row["unpriced"][mode]) for row in rows if row["unpriced"][mode]]
+        if unp:  # the regret above is of the next timed solver, not of the choice
+            print(f"* {mode}: {len(unp)} choices not timed in this run, priced as the next timed solver: "
+                  + "; ".join(f"{n} ({', '.join(u)})" for n, u in unp))
     for mode, s in summary.items():
         worst = ", ".join(f"{w['name']} {100 * w['regret']:.0f}%" for w in s["worst"])
-        print(f"{mode:20} {s['problems']:3d} problems  geomean {100 * s['geomean']:6.2f}%  max {100 * s['max']:7.1f}%  "
+        print(f"{mode:20} {s['problems']:3d} problems ({s['unpriced']} unpriced)  geomean {100 * s['geomean']:6.2f}%  "
+              f"max {100 * s['max']:7.1f}%  "
               f"worst: {worst}")
     if skipped:
         print(f"left out: {len(skipped)} ({', '.join(f'{n}: {why}' for n, why in skipped[:5])})")

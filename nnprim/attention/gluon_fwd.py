@@ -126,10 +126,12 @@ def smem_bytes(d: int, cfg: dict) -> int:
 EFF_BY_D = {64: 0.61, 128: 0.94, 256: 0.9}   # H200, long sequences (d256: 684 TFLOP/s at s16k)
 TILE_OVERHEAD_BLOCKS = {False: 3.0, True: 1.0}   # by cfg["PERSISTENT"]
 # host time per call (descriptors, launch) that bounds tiny problems, on find's clock: solver
-# 110's floor (flash_fwd.HOST_FLOOR_MS) plus the 12 us more that the smallest forced calls of
-# 126 took through the API in the H200 regret run of 2026-12-01 (0.055 ms against 0.043;
-# results/regret_2026-12-01_run2.json)
-HOST_FLOOR_MS = 0.052
+# 110's floor (flash_fwd.HOST_FLOOR_MS). It was 12 us more (0.052) from the smallest forced
+# calls of results/regret_2026-12-01_run2.json (0.055 ms against 0.043), measured before the
+# keyed descriptors (Launch.run_keyed, f42a8ae); since then the API's sdpa call through 126
+# costs 41.4 us of host (results/host_overhead_2026-12-01_s7.json) and its smallest forced
+# calls 0.039-0.045 ms, as flash_fwd's (0.043-0.053; results/regret_2026-12-01_s7.json)
+HOST_FLOOR_MS = 0.04
 
 
 def model_ms(problem, cfg: dict) -> float:

@@ -733,6 +733,7 @@ class GluonConvSolver(_IGemmBase):
     dtypes = frozenset({torch.bfloat16, torch.float16})
     deterministic = True    # one CTA (or one ordered reduce) sums each output element in a fixed order
     long_compile = True
+    launch_per_phase = False  # stride 2: the phases in one launch (gluon_phases)
 
     def not_supported_reasons(self, problem) -> list[str]:
         reasons = super().not_supported_reasons(problem)

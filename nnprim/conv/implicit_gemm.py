@@ -137,12 +137,22 @@ def check_strided(p: ConvProblem, shapes, strides) -> None:
 # the host work of one call (plan lookup, output allocation, a Triton launch): the system db's
 # fastest implicit GEMM calls on the H200 took 0.022-0.03 ms in every direction (find's clock)
 HOST_FLOOR_MS = 0.025
+HOST_PER_LAUNCH_MS = 0.013   # each further launch of a call (as Winograd's; stride-2 bwd_data runs one per phase)
 
 
 def roofline_ms(flops: float, nbytes: float, dtype: torch.dtype, efficiency: float = 0.7) -> float:
     t_c = flops / (PEAK_TFLOPS.get(dtype, 50.0) * 1e12)
     t_m = nbytes / (PEAK_TBS * 1e12)
     return max(t_c, t_m) / efficiency * 1e3 + 0.005
+
+
+def bwd_data_launches(p: ConvProblem) -> int:
+    """Launches of solver 21's call: one per stride phase of dx (BwdDataPlan's loop), one
+    when a TMA kernel serves it (stride 1)."""
+    if all(s == 1 for s in p.stride):
+        return 1
+    return math.prod(len(dim_phases(n, f, s, pb, dl)) for n, f, s, pb, dl in
+                     zip(p.in_size, p.filter, p.stride, p.pad_before, p.dilation))
 
 
 def fit(block: int, n: int, lo: int = 16) -> int:
@@ -716,6 +726,7 @@ class _IGemmBase(Solver):
     family = "implicit_gemm"
     primitive = "conv"
     uses_triton = True
+    launch_per_phase = True   # stride-2 backward data: one launch per dx phase (the Gluon solver: one)
 
     def not_supported_reasons(self, problem) -> list[str]:
         reasons = super().not_supported_reasons(problem)
@@ -740,8 +751,9 @@ class _IGemmBase(Solver):
             # NCHW indexed natively: channel-strided gathers, in every direction (H200 system db:
             # 3-5x the NHWC time backward, ~3x forward: a 3x3 layer 4.1x its NHWC estimate vs 1.4x)
             eff *= 0.3
+        launches = bwd_data_launches(problem) if d == "bwd_data" and self.launch_per_phase else 1
         t = roofline_ms(problem.flops(), problem.bytes() + post_op_bytes(problem), problem.dtype, max(eff, 0.02))
-        return max(t, HOST_FLOOR_MS) if problem.device == "cuda" else t
+        return max(t, HOST_FLOOR_MS + HOST_PER_LAUNCH_MS * (launches - 1)) if problem.device == "cuda" else t
 
 
 @register

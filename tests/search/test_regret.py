@@ -76,3 +76,25 @@ def test_regret_replay_reprices_a_stored_run(tmp_path, monkeypatch, capsys):
         best = min(t for n, t in times.items() if n != "<default>")
         assert r["regret"]["fast"] == pytest.approx(times[r["fast"]] / best - 1.0)
     assert "fast" in data["summary"] and "geomean" in capsys.readouterr().out
+
+
+def test_regret_replay_reports_choices_it_cannot_price(tmp_path, monkeypatch, capsys):
+    """A choice the stored run did not time (a solver added since) is not silently replaced:
+    the row lists it and the summary counts it as unpriced."""
+    monkeypatch.setenv("NNPRIM_CACHE_DIR", str(tmp_path / "cache"))
+    spec = importlib.util.spec_from_file_location("regret_replay", os.path.join(ROOT, "benchmarks", "regret_replay.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    p = conv_problem(dict(N=1, C=8, K=8, spatial=[8, 8], filter=[3, 3], padding=[1, 1]), dtype=torch.float32,
+                     device="cpu", direction="fwd")
+    sols = mod.heuristic_choice.__globals__["immediate"].heuristic_solutions(p)
+    assert len(sols) >= 2
+    first, second = sols[0].solver, sols[1].solver
+    run = dict(fingerprint="cpu:test", rows=[dict(name="only_second", key=p.key(), times_ms={second: 1.0})])
+    path, out = tmp_path / "run.json", tmp_path / "out.json"
+    path.write_text(json.dumps(run))
+    assert mod.main([str(path), "--out", str(out)]) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["heuristic"] == second and row["unpriced"]["heuristic"] == [first]
+    assert json.loads(out.read_text())["summary"]["heuristic"]["unpriced"] == 1
+    assert "not timed in this run" in capsys.readouterr().out

@@ -226,3 +226,28 @@ def test_cli_bad_arguments_exit_2(clean, argv, capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip()
+
+
+def test_stride2_bwd_data_pays_a_launch_per_phase():
+    """Solver 21 runs stride-2 backward data as one launch per dx phase (4 for 2x2), each with
+    its host time; solver 28 runs the phases in one launch and pays no more than stride 1."""
+    from nnprim.conv import gluon_conv, implicit_gemm
+    from nnprim.search.solver import REGISTRY
+
+    def prob(stride):
+        return ConvProblem.create(direction="bwd_data", x_shape=(1, 64, 16, 16), w_shape=(64, 64, 3, 3),
+                                  stride=stride, padding=1, layout="nhwc", dtype=torch.bfloat16, device="cuda")
+    s2, s1 = prob(2), prob(1)
+    assert implicit_gemm.bwd_data_launches(s2) == 4 and implicit_gemm.bwd_data_launches(s1) == 1
+    ig, gl = REGISTRY.find_id(21), REGISTRY.find_id(28)
+    floor = implicit_gemm.HOST_FLOOR_MS
+    assert ig.estimate(s1) == pytest.approx(floor)
+    assert ig.estimate(s2) == pytest.approx(floor + 3 * implicit_gemm.HOST_PER_LAUNCH_MS)
+    assert gl.estimate(s2) == pytest.approx(gluon_conv.HOST_FLOOR_MS)   # one phased launch
+
+
+def test_gluon_flash_fwd_host_floor_is_flash_fwds():
+    """Since the keyed descriptors, solver 126's host time per call is solver 110's: a tiny
+    problem's estimates sit at the same floor (the learned model's records decide between them)."""
+    from nnprim.attention import flash_fwd, gluon_fwd
+    assert gluon_fwd.HOST_FLOOR_MS == flash_fwd.HOST_FLOOR_MS
