@@ -8,6 +8,7 @@ _MODULES = (
     "nnprim.conv.cpu_gemm",
     "nnprim.conv.cpu_tap",
     "nnprim.conv.cpu_winograd",
+    "nnprim.conv.cpu_group",
     "nnprim.conv.implicit_gemm",
     "nnprim.conv.implicit_gemm_bwd",
     "nnprim.conv.gluon_conv",
