@@ -14,6 +14,7 @@
 #   regret     benchmarks/regret.py (60 held-out problems) and benchmarks/first_call.py
 #   gluon_bench  benchmarks/gluon_fwd.py, benchmarks/gluon_bwd.py and benchmarks/gluon_conv_probe.py
 #              (solver level, peers interleaved)
+#   conv_probes  benchmarks/stem_probe.py and benchmarks/gluon_conv_bwd_probe.py (solver level)
 #   diag       the default-vs-forced clock check and the graphed conv's choices
 set -uo pipefail
 STEP=${1:?usage: bash benchmarks/gpu_plan.sh STEP OUT}
@@ -33,6 +34,11 @@ case $STEP in
     timeout 200 python3 benchmarks/gluon_fwd.py --rounds 6 --variants pp_pers,pp_single --out "$OUT/gluon_fwd_$D.json" 2>&1 | tail -18
     timeout 180 python3 benchmarks/gluon_bwd.py --rounds 4 --out "$OUT/gluon_bwd_$D.json" 2>&1 | tail -18
     timeout 150 python3 benchmarks/gluon_conv_probe.py --out "$OUT/gluon_conv_probe_$D.json" 2>&1 | tail -40 ;;
+  conv_probes)
+    # the seventh session's conv solvers at the solver level: stem variants (70-72) and the
+    # stride-2 Gluon backward (28/29) against Triton 21/22 and cuDNN (2026-12-01: 104 s in all)
+    timeout 170 python3 benchmarks/stem_probe.py --out "$OUT/stem_probe_$D.json" 2>&1 | tail -8
+    timeout 170 python3 benchmarks/gluon_conv_bwd_probe.py --out "$OUT/gluon_conv_bwd_probe_$D.json" 2>&1 | tail -10 ;;
   diag)
     timeout 60 python3 benchmarks/diag/default_vs_forced.py --out "$OUT/default_vs_forced_$D.json" 2>&1 | tail -4
     timeout 120 python3 benchmarks/diag/graph_bwd_weights.py graph 2>&1 | grep -E "CHOSEN|WARNING" | head -20 ;;
