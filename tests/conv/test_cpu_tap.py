@@ -162,3 +162,19 @@ def test_replicas_rule():
     wide = ConvProblem.create("bwd_weights", (1, 128, 8, 8), (16, 128, 3, 3), dtype=torch.bfloat16, padding=1)
     s2 = ConvProblem.create("bwd_weights", (1, 16, 8, 8), (16, 16, 3, 3), dtype=torch.bfloat16, stride=2)
     assert cpu_tap.replicas(wide) == cpu_tap.replicas(s2) == 1
+
+
+@pytest.mark.parametrize("shape", ["2d_3x3_pad", "2d_no_pad_tail", "s2_3x3_pad1", "s2_d2_asym", "3d_s2_tail"])
+def test_dy_channel_major(shape, monkeypatch):
+    """nhwc with dy staged channel-major (rule threshold lowered to reach small problems)."""
+    monkeypatch.setattr(cpu_tap, "DY_CM_MIN_CF", 1)
+    monkeypatch.setattr(cpu_tap, "REPLICATE_MAX_C", 0)
+    xs, ws, kw = SHAPES[shape]
+    p, args = make(xs, ws, "nhwc", **kw)
+    assert cpu_tap.dy_channel_major(p)
+    out = CpuTapBwdWeights().prepare(p)(args)
+    ref = reference(p, args)
+    assert out.permute(0, *range(2, out.dim()), 1).is_contiguous() and not out.isnan().any()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    one_rounding = ((ref.to(torch.bfloat16).double() - ref).norm() / ref.norm()).item()
+    assert err <= 1.5 * one_rounding + 1e-6, (err, one_rounding)
