@@ -24,12 +24,14 @@ Grouped problems (G > 1) copy the taps' columns of a chunk of groups (whole phas
 long contiguous runs) and run ONE batched GEMM per chunk, dw^T[g] = col[g] . dy[g]^T, a
 reduction of N*prod(U) into a (Cg*F) x Kg output: the per-group per-tap GEMMs (Kg x Cg
 outputs, G x F calls) ran at a third of its speed (grouped_g8: 4.4 -> ~1.7 ms).
-Narrow ungrouped stride-1 problems (C < REPLICATE_MAX_C, nchw: REPLICATE_MAX_C_NCHW) replicate the x rows once per tap of
-the last filter dim (REP[c, j, q] = X[c, q + j*d], one shifted copy each, both layouts), so
-the taps of one filter row are ONE GEMM over a plain view: channel-major the rows (c, j)
-are REP's rows at a uniform stride, position-major the columns (j, c) are REP's. A C-wide
-GEMM output becomes filter[-1]*C wide: on AMX (oneDNN) 64 x 32 outputs run at 110-150
-GFLOP/s and 64 x 96 at 230-400, 64 x 64 at 300-340 and 64 x 192 at 390-520.
+On AMX CPUs (measured there only; avx512_bf16 alone keeps the paths above):
+- narrow ungrouped stride-1 problems (`replicas`) replicate the x rows once per tap of the
+  last filter dim (REP[c, j, q] = X[c, q + j*d], one shifted copy each), so the taps of one
+  filter row are ONE GEMM over a plain view: channel-major the rows (c, j) are REP's rows at
+  a uniform stride, position-major the columns (j, c) are REP's. A C-wide GEMM output
+  becomes filter[-1]*C wide: 64 x 32 outputs run at 110-150 GFLOP/s, 64 x 96 at 230-400;
+  64 x 64 at 300-340, 64 x 192 at 390-520;
+- wide nhwc problems stage dy channel-major (`dy_channel_major`): row-major GEMM operands.
 f32 is not served: the f32 GEMM with a reduction of N*prod(U) and a 64x64 output runs at
 half the speed of the im2col GEMM's (benchmarks/CPU_SPEED.md), and f16 has no native GEMM."""
 from __future__ import annotations
@@ -42,7 +44,7 @@ import torch
 from ..args import ConvArgs
 from ..problems.conv import ConvProblem, empty_in_layout
 from ..search.solver import Solver, register
-from .cpu_gemm import cpu_has_native_bf16, workspace
+from .cpu_gemm import cpu_has_amx, cpu_has_native_bf16, workspace
 from .cpu_im2col import physical
 
 _ALIGN = 64
@@ -87,7 +89,8 @@ def replicas(p: ConvProblem) -> int:
     channel-major), a last filter dim > 1. Measured at 1 thread (AMX): c3d_small (C = 32)
     nchw 11.2 -> 7.6 ms, rn50_r2 nhwc (C = 64) 13.2 -> 11.8, rn50_r2 nchw 7.2 -> 7.7 (kept off)."""
     cap = REPLICATE_MAX_C_NCHW if p.layout == "nchw" else REPLICATE_MAX_C
-    if p.groups != 1 or any(s != 1 for s in p.stride) or p.C >= cap or p.filter[-1] == 1:
+    if (not cpu_has_amx() or p.groups != 1 or any(s != 1 for s in p.stride) or p.C >= cap
+            or p.filter[-1] == 1):
         return 1
     return p.filter[-1]
 
@@ -98,8 +101,9 @@ def dy_channel_major(p: ConvProblem) -> bool:
     X^T . dy (300 vs 400 GFLOP/s at 64 x 64); the transposing dy copy (~1.5 GB/s) pays when
     the taps' GEMMs are large against it, C * F >= DY_CM_MIN_CF (the ratio gain / cost is
     ~C*F/1000 on this machine: rn50_r3 s2 nhwc, C*F = 1152: 13.1 -> 11.7 ms; rn50_r2 nhwc,
-    576: 14.4 -> 20.8 ms). Ungrouped, without replicas."""
-    return p.layout == "nhwc" and p.groups == 1 and replicas(p) == 1 and p.C * math.prod(p.filter) >= DY_CM_MIN_CF
+    576: 14.4 -> 20.8 ms). Ungrouped, without replicas, AMX only."""
+    return (p.layout == "nhwc" and p.groups == 1 and cpu_has_amx() and replicas(p) == 1
+            and p.C * math.prod(p.filter) >= DY_CM_MIN_CF)
 
 
 def _sizes(p: ConvProblem) -> tuple[int, int, int]:
@@ -151,7 +155,8 @@ def _stage(p: ConvProblem, x: torch.Tensor, dy: torch.Tensor, ws: torch.Tensor, 
     """The x phases (one zero-padded, stride-split image grid per phase: (phases, row, C)
     position-major for nhwc inputs, (phases, C, row) channel-major for nchw: the copies
     stay row / plane wise) and dy_wide ((N*prod(U), K) or (K, N*prod(U)); the latter also
-    for nhwc when dy_channel_major) in the workspace. Both are zeroed whole (halo, junk and slack; one memset each), then filled.
+    for nhwc when dy_channel_major) in the workspace. Both are zeroed whole (halo, junk and
+    slack; one memset each), then filled.
     With replicas (one phase): also REP, (row, r, C) or (C, r, row), whose replica 0 is
     the x phase and replica j holds it shifted by j*d (the zeroed tail is the slack)."""
     U, _, ut = _grid(p)
@@ -180,7 +185,7 @@ def _stage(p: ConvProblem, x: torch.Tensor, dy: torch.Tensor, ws: torch.Tensor, 
         dyw.view(p.N, *U, p.K)[(slice(None), *valid)].copy_(physical(dy, "nhwc"))
     else:
         dyw = dbuf.view(p.K, mt)
-        dyw.view(p.K, p.N, *U)[(slice(None), slice(None), *valid)].copy_(dy.transpose(0, 1))   # any layout
+        dyw.view(p.K, p.N, *U)[(slice(None), slice(None), *valid)].copy_(dy.transpose(0, 1))
     for i, ph in enumerate(_phase_list(p)):
         cp = _phase_copy(p, ph)
         if cp is None:
