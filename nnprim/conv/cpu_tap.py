@@ -98,10 +98,10 @@ def replicas(p: ConvProblem) -> int:
 def dy_channel_major(p: ConvProblem) -> bool:
     """Stage dy channel-major (K, mt) also for nhwc (x stays position-major): each tap's GEMM
     is then dy (K, mt) . X (mt, C), both operands row-major, 25-30 % faster on AMX than
-    X^T . dy (300 vs 400 GFLOP/s at 64 x 64); the transposing dy copy (~1.5 GB/s) pays when
-    the taps' GEMMs are large against it, C * F >= DY_CM_MIN_CF (the ratio gain / cost is
-    ~C*F/1000 on this machine: rn50_r3 s2 nhwc, C*F = 1152: 13.1 -> 11.7 ms; rn50_r2 nhwc,
-    576: 14.4 -> 20.8 ms). Ungrouped, without replicas, AMX only."""
+    X^T . dy (300 vs 400 GFLOP/s at 64 x 64); the transposing dy copy (~1.6 GB/s image by
+    image) pays when the taps' GEMMs are large against it, C * F >= DY_CM_MIN_CF (rn50_r3 s2
+    nhwc, C*F = 1152: 13.1 -> 11.7 ms; rn50_r2 nhwc, 576, with the 4x slower whole-tensor
+    copy: 14.4 -> 20.8 ms). Ungrouped, without replicas, AMX only."""
     return (p.layout == "nhwc" and p.groups == 1 and cpu_has_amx() and replicas(p) == 1
             and p.C * math.prod(p.filter) >= DY_CM_MIN_CF)
 
@@ -150,6 +150,17 @@ def _phase_copy(p: ConvProblem, ph: tuple[int, ...]) -> tuple[tuple[slice, ...],
     return tuple(dst), tuple(src)
 
 
+def _copy_channel_major(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.copy_(src) for (C, N, ..) views; a channels-last src (a transposition) is copied
+    image by image: torch's copy of the whole 4-D transposed view ran 4x slower (8.1 vs
+    2.0 ms for an 8x64x56x56 bf16 dy)."""
+    if src.dim() > 2 and src.stride(0) == 1 and src.shape[0] > 1:
+        for n in range(src.shape[1]):
+            dst[:, n].copy_(src[:, n])
+    else:
+        dst.copy_(src)
+
+
 def _stage(p: ConvProblem, x: torch.Tensor, dy: torch.Tensor, ws: torch.Tensor, pm: bool
            ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
     """The x phases (one zero-padded, stride-split image grid per phase: (phases, row, C)
@@ -185,7 +196,7 @@ def _stage(p: ConvProblem, x: torch.Tensor, dy: torch.Tensor, ws: torch.Tensor, 
         dyw.view(p.N, *U, p.K)[(slice(None), *valid)].copy_(physical(dy, "nhwc"))
     else:
         dyw = dbuf.view(p.K, mt)
-        dyw.view(p.K, p.N, *U)[(slice(None), slice(None), *valid)].copy_(dy.transpose(0, 1))
+        _copy_channel_major(dyw.view(p.K, p.N, *U)[(slice(None), slice(None), *valid)], dy.transpose(0, 1))
     for i, ph in enumerate(_phase_list(p)):
         cp = _phase_copy(p, ph)
         if cp is None:
@@ -194,8 +205,8 @@ def _stage(p: ConvProblem, x: torch.Tensor, dy: torch.Tensor, ws: torch.Tensor, 
         if pm:
             xp[i, :mt].view(p.N, *U, p.C)[(slice(None), *dst)].copy_(xs[(slice(None), *src)])
         else:
-            xp[i, :, :mt].view(p.C, p.N, *U)[(slice(None), slice(None), *dst)].copy_(
-                xs[(slice(None), slice(None), *src)])
+            _copy_channel_major(xp[i, :, :mt].view(p.C, p.N, *U)[(slice(None), slice(None), *dst)],
+                                xs[(slice(None), slice(None), *src)])
     d = p.dilation[-1]
     for j in range(1, r):       # replica j = the phase shifted by j*d (long contiguous runs)
         if pm:
