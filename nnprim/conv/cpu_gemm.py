@@ -92,6 +92,17 @@ def cpu_has_native_bf16() -> bool:
 
 
 @lru_cache(maxsize=1)
+def cpu_has_amx() -> bool:
+    """amx_bf16 present (Intel Sapphire Rapids and later): oneDNN's bf16 matmul runs on AMX
+    tiles, ~2x the avx512_bf16 rate of the AMD EPYC the earlier tunings were measured on."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "amx_bf16" in f.read()
+    except OSError:
+        return False
+
+
+@lru_cache(maxsize=1)
 def onednn_linear_available() -> bool:
     """torch's oneDNN matmul with fused bias / binary post-op (`mkldnn::_linear_pointwise`,
     what inductor's CPU backend calls) works in this build. Its f32 GEMM runs 10-30 %
@@ -283,6 +294,7 @@ def transposed_fwd(p: ConvProblem) -> ConvProblem | None:
 
 
 NARROW_K = 32
+AMX_RELAYOUT = True     # on AMX CPUs every plain nchw bf16 forward runs as its nhwc twin
 
 
 def _relayout_twin(p: ConvProblem, cfg: CpuGemmConfig) -> ConvProblem | None:
@@ -291,13 +303,15 @@ def _relayout_twin(p: ConvProblem, cfg: CpuGemmConfig) -> ConvProblem | None:
     - nchw with the native bf16 GEMM and K <= NARROW_K output channels: position-major
       (M, CF) . (CF, K) runs at 190-210 GFLOP/s against 120-150 for the channel-major
       (K, CF) . (CF, M) at K = 32 (c3d's backward data: 13.8 -> 9.7 ms); at K = 64 the gap
-      (160-175 vs 200) no longer pays for the copies (rn50_r2 nchw: 13.0 -> 14.7 ms);
+      (160-175 vs 200) no longer pays for the copies (rn50_r2 nchw: 13.0 -> 14.7 ms) on
+      avx512_bf16 alone; on AMX (AMX_RELAYOUT) at any K (see cpu_has_amx, CPU_SPEED.md);
     - grouped nhwc: the Kg-wide position-major batched GEMMs and their im2col (runs of Cg)
       take 2x the nchw path's time (g8: 6.4 vs 3.5 ms).
     None when p keeps its layout (bias, post-ops, 1x1 direct views, "off")."""
     if (p.direction != "fwd" or p.has_bias or p.post_ops or cfg.relayout == "off" or _is_direct(p)):
         return None
-    if p.layout == "nchw" and p.groups == 1 and p.K <= NARROW_K and cfg.gemm_dtype(p) != F32:
+    narrow = p.K <= NARROW_K or (AMX_RELAYOUT and cpu_has_amx())
+    if p.layout == "nchw" and p.groups == 1 and narrow and cfg.gemm_dtype(p) != F32:
         lay = "nhwc"
     elif p.layout == "nhwc" and p.groups > 1:
         lay = "nchw"
@@ -655,17 +669,18 @@ def _fwd_block_onednn(p: ConvProblem, col: torch.Tensor, w2: torch.Tensor, bias:
         dst.copy_(acc)
 
 
-def conv_fwd(plan: Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
+def conv_fwd(plan: Plan, args: ConvArgs, ws: torch.Tensor, y_layout: str | None = None) -> torch.Tensor:
+    """y_layout: y's memory layout when not p's (a relayout twin's caller's); the block
+    copies out of the accumulator then do the layout change, cache-resident."""
     p = plan.p
-    if plan.via is not None:      # the other layout's plan (_relayout_twin): convert x in, y out
-        sub = plan.via
-        y = conv_fwd(sub, ConvArgs(x=to_layout(args.x, sub.p.layout), w=args.w), plan.carve(ws)[1]["via"])
-        return to_layout(y, p.layout)
-    x = to_layout(args.x, p.layout)
+    if plan.via is not None:      # the other layout's plan (_relayout_twin)
+        return conv_fwd(plan.via, args, plan.carve(ws)[1]["via"], y_layout=p.layout)
+    # padded problems read x only through the staging copy, which changes the layout too
+    x = args.x if has_padding(p) else to_layout(args.x, p.layout)
     threads, shared = plan.carve(ws)
     wg = _weights_gemm(p, args.w, shared["w"])
     bias = args.bias.to(F32) if args.bias is not None else None
-    y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
+    y = empty_in_layout(p.y_shape, y_layout or p.layout, dtype=p.out_dtype)
     direct_view = not plan.has("col")
     G = p.groups
     plain = bias is None and not args.post_ops and p.out_dtype == plan.gemm_dtype

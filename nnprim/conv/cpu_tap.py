@@ -24,6 +24,14 @@ Grouped problems (G > 1) copy the taps' columns of a chunk of groups (whole phas
 long contiguous runs) and run ONE batched GEMM per chunk, dw^T[g] = col[g] . dy[g]^T, a
 reduction of N*prod(U) into a (Cg*F) x Kg output: the per-group per-tap GEMMs (Kg x Cg
 outputs, G x F calls) ran at a third of its speed (grouped_g8: 4.4 -> ~1.7 ms).
+On AMX CPUs (measured there only; avx512_bf16 alone keeps the paths above):
+- narrow ungrouped stride-1 problems (`replicas`) replicate the x rows once per tap of the
+  last filter dim (REP[c, j, q] = X[c, q + j*d], one shifted copy each), so the taps of one
+  filter row are ONE GEMM over a plain view: channel-major the rows (c, j) are REP's rows at
+  a uniform stride, position-major the columns (j, c) are REP's. A C-wide GEMM output
+  becomes filter[-1]*C wide: 64 x 32 outputs run at 110-150 GFLOP/s, 64 x 96 at 230-400;
+  64 x 64 at 300-340, 64 x 192 at 390-520;
+- wide nhwc problems stage dy channel-major (`dy_channel_major`): row-major GEMM operands.
 f32 is not served: the f32 GEMM with a reduction of N*prod(U) and a 64x64 output runs at
 half the speed of the im2col GEMM's (benchmarks/CPU_SPEED.md), and f16 has no native GEMM."""
 from __future__ import annotations
@@ -36,13 +44,16 @@ import torch
 from ..args import ConvArgs
 from ..problems.conv import ConvProblem, empty_in_layout
 from ..search.solver import Solver, register
-from .cpu_gemm import cpu_has_native_bf16, workspace
+from .cpu_gemm import cpu_has_amx, cpu_has_native_bf16, workspace
 from .cpu_im2col import physical
 
 _ALIGN = 64
 MAX_WORKSPACE = 1 << 30     # staged copies of x and dy; above this the blocked im2col solver 12
 GROUP_COL_BYTES = 64 << 20  # grouped problems: tap columns of one batched GEMM
 _CALL_MS = 0.025            # host + oneDNN dispatch per GEMM call (measured 20-30 us)
+REPLICATE_MAX_C = 128       # narrower inputs get x replicated per last-dim tap (see above);
+REPLICATE_MAX_C_NCHW = 64   # channel-major 64 x 64 per-tap GEMMs already run near the wide ones
+DY_CM_MIN_CF = 1024         # nhwc: dy staged channel-major from this C * F on (dy_channel_major)
 
 
 def _grid(p: ConvProblem) -> tuple[tuple[int, ...], tuple[int, ...], int]:
@@ -72,12 +83,35 @@ def tap_offsets(p: ConvProblem) -> list[tuple[int, int]]:
     return out
 
 
+def replicas(p: ConvProblem) -> int:
+    """Copies of x, one per tap of the last filter dim (1: none): ungrouped, stride 1,
+    fewer than REPLICATE_MAX_C input channels (REPLICATE_MAX_C_NCHW for nchw, staged
+    channel-major), a last filter dim > 1. Measured at 1 thread (AMX): c3d_small (C = 32)
+    nchw 11.2 -> 7.6 ms, rn50_r2 nhwc (C = 64) 13.2 -> 11.8, rn50_r2 nchw 7.2 -> 7.7 (kept off)."""
+    cap = REPLICATE_MAX_C_NCHW if p.layout == "nchw" else REPLICATE_MAX_C
+    if (not cpu_has_amx() or p.groups != 1 or any(s != 1 for s in p.stride) or p.C >= cap
+            or p.filter[-1] == 1):
+        return 1
+    return p.filter[-1]
+
+
+def dy_channel_major(p: ConvProblem) -> bool:
+    """Stage dy channel-major (K, mt) also for nhwc (x stays position-major): each tap's GEMM
+    is then dy (K, mt) . X (mt, C), both operands row-major, 25-30 % faster on AMX than
+    X^T . dy (300 vs 400 GFLOP/s at 64 x 64); the transposing dy copy (~1.6 GB/s image by
+    image) pays when the taps' GEMMs are large against it, C * F >= DY_CM_MIN_CF (rn50_r3 s2
+    nhwc, C*F = 1152: 13.1 -> 11.7 ms; rn50_r2 nhwc, 576, with the 4x slower whole-tensor
+    copy: 14.4 -> 20.8 ms). Ungrouped, without replicas, AMX only."""
+    return (p.layout == "nhwc" and p.groups == 1 and cpu_has_amx() and replicas(p) == 1
+            and p.C * math.prod(p.filter) >= DY_CM_MIN_CF)
+
+
 def _sizes(p: ConvProblem) -> tuple[int, int, int]:
-    """(elements of the x phases, of dy_wide, row length of one x phase)."""
+    """(elements of the x phases (with their replicas), of dy_wide, row length of one x phase)."""
     _, _, ut = _grid(p)
     mt = p.N * ut
     row = mt + max(o for _, o in tap_offsets(p))
-    return len(_phase_list(p)) * p.C * row, p.K * mt, row
+    return len(_phase_list(p)) * p.C * row * replicas(p), p.K * mt, row
 
 
 def _bytes(n: int, dt: torch.dtype) -> int:
@@ -116,29 +150,53 @@ def _phase_copy(p: ConvProblem, ph: tuple[int, ...]) -> tuple[tuple[slice, ...],
     return tuple(dst), tuple(src)
 
 
+def _copy_channel_major(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.copy_(src) for (C, N, ..) views; a channels-last src (a transposition) is copied
+    image by image: torch's copy of the whole 4-D transposed view ran 4x slower (8.1 vs
+    2.0 ms for an 8x64x56x56 bf16 dy)."""
+    if src.dim() > 2 and src.stride(0) == 1 and src.shape[0] > 1:
+        for n in range(src.shape[1]):
+            dst[:, n].copy_(src[:, n])
+    else:
+        dst.copy_(src)
+
+
 def _stage(p: ConvProblem, x: torch.Tensor, dy: torch.Tensor, ws: torch.Tensor, pm: bool
-           ) -> tuple[torch.Tensor, torch.Tensor, int]:
+           ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
     """The x phases (one zero-padded, stride-split image grid per phase: (phases, row, C)
     position-major for nhwc inputs, (phases, C, row) channel-major for nchw: the copies
-    stay row / plane wise) and dy_wide ((N*prod(U), K) or (K, N*prod(U))) in the
-    workspace. Both are zeroed whole (halo, junk and slack; one memset), then filled."""
+    stay row / plane wise) and dy_wide ((N*prod(U), K) or (K, N*prod(U)); the latter also
+    for nhwc when dy_channel_major) in the workspace. Both are zeroed whole (halo, junk and
+    slack; one memset each), then filled.
+    With replicas (one phase): also REP, (row, r, C) or (C, r, row), whose replica 0 is
+    the x phase and replica j holds it shifted by j*d (the zeroed tail is the slack)."""
     U, _, ut = _grid(p)
     nx, ndy, row = _sizes(p)
     mt = p.N * ut
     nph = len(_phase_list(p))
+    r = replicas(p)
     xbuf = ws[:nx * p.dtype.itemsize].view(p.dtype)
     off = _bytes(nx, p.dtype)
     dbuf = ws[off:off + ndy * p.dtype.itemsize].view(p.dtype)
-    xbuf.zero_()
     dbuf.zero_()
     valid = tuple(slice(0, o) for o in p.out_size)
     xs = physical(x, "nhwc") if pm else x.transpose(0, 1)       # (N, sp.., C) | (C, N, sp..)
-    if pm:
-        xp, dyw = xbuf.view(nph, row, p.C), dbuf.view(mt, p.K)
+    rep = None
+    if r > 1:   # replicas 1.. are overwritten but for their tails: zero replica 0 and those
+        rep = xbuf.view(row, r, p.C) if pm else xbuf.view(p.C, r, row)
+        xp = rep[:, 0].unsqueeze(0)                 # (1, row, C) | (1, C, row)
+        xp.zero_()
+        for j in range(1, r):
+            (rep[row - j * p.dilation[-1]:, j] if pm else rep[:, j, row - j * p.dilation[-1]:]).zero_()
+    else:
+        xbuf.zero_()
+        xp = xbuf.view(nph, row, p.C) if pm else xbuf.view(nph, p.C, row)
+    if pm and not dy_channel_major(p):
+        dyw = dbuf.view(mt, p.K)
         dyw.view(p.N, *U, p.K)[(slice(None), *valid)].copy_(physical(dy, "nhwc"))
     else:
-        xp, dyw = xbuf.view(nph, p.C, row), dbuf.view(p.K, mt)
-        dyw.view(p.K, p.N, *U)[(slice(None), slice(None), *valid)].copy_(dy.transpose(0, 1))
+        dyw = dbuf.view(p.K, mt)
+        _copy_channel_major(dyw.view(p.K, p.N, *U)[(slice(None), slice(None), *valid)], dy.transpose(0, 1))
     for i, ph in enumerate(_phase_list(p)):
         cp = _phase_copy(p, ph)
         if cp is None:
@@ -147,9 +205,15 @@ def _stage(p: ConvProblem, x: torch.Tensor, dy: torch.Tensor, ws: torch.Tensor, 
         if pm:
             xp[i, :mt].view(p.N, *U, p.C)[(slice(None), *dst)].copy_(xs[(slice(None), *src)])
         else:
-            xp[i, :, :mt].view(p.C, p.N, *U)[(slice(None), slice(None), *dst)].copy_(
-                xs[(slice(None), slice(None), *src)])
-    return xp, dyw, mt
+            _copy_channel_major(xp[i, :, :mt].view(p.C, p.N, *U)[(slice(None), slice(None), *dst)],
+                                xs[(slice(None), slice(None), *src)])
+    d = p.dilation[-1]
+    for j in range(1, r):       # replica j = the phase shifted by j*d (long contiguous runs)
+        if pm:
+            rep[:row - j * d, j].copy_(rep[j * d:, 0])
+        else:
+            rep[:, j, :row - j * d].copy_(rep[:, 0, j * d:])
+    return xp, dyw, mt, rep
 
 
 def _grouped(p: ConvProblem, xp: torch.Tensor, dyw: torch.Tensor, mt: int, ws: torch.Tensor,
@@ -185,14 +249,40 @@ def _grouped(p: ConvProblem, xp: torch.Tensor, dyw: torch.Tensor, mt: int, ws: t
     return out
 
 
+def _replicated(p: ConvProblem, rep: torch.Tensor, dyw: torch.Tensor, mt: int, pm: bool) -> torch.Tensor:
+    """One GEMM per filter row (the taps of the last filter dim at once) on REP (_stage):
+    channel-major dw[k, (c, j)] = dy_wide (K, mt) . REP[(c, j), q + off]^T, position-major
+    dw[k, (j, c)] = dy_wide^T (K, mt) . REP[q + off, (j, c)]; off = the row's first tap."""
+    r = rep.shape[1]
+    offs = [o for _, o in tap_offsets(p)][::r]       # first tap of each filter row
+    if pm:
+        flat = rep.view(rep.shape[0], r * p.C)
+        out = torch.empty(len(offs), p.K, r, p.C, dtype=p.out_dtype)
+        for t, o in enumerate(offs):      # (K, mt) . (mt, r*C): 5-80 % faster than dw^T
+            torch.mm(dyw.t(), flat[o:o + mt], out=out[t].view(p.K, r * p.C))
+        src = out.permute(1, 3, 0, 2)                 # (K, C, rows, r)
+    else:
+        flat = rep.view(p.C * r, rep.shape[2])
+        out = torch.empty(len(offs), p.K, p.C, r, dtype=p.out_dtype)
+        for t, o in enumerate(offs):
+            torch.mm(dyw, flat[:, o:o + mt].t(), out=out[t].view(p.K, p.C * r))
+        src = out.permute(1, 2, 0, 3)                 # (K, C, rows, r)
+    dw = empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype)
+    dw.copy_(src.reshape(p.K, p.C, *p.filter))
+    return dw
+
+
 def tap_bwd_weights(p: ConvProblem, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
     gc = _group_chunk(p)
     pm = p.layout == "nhwc" and not gc     # the grouped path stages channel-major
-    xp, dyw, mt = _stage(p, args.x, args.dy, ws, pm)
+    xp, dyw, mt, rep = _stage(p, args.x, args.dy, ws, pm)
+    dycm = dy_channel_major(p)
     taps = tap_offsets(p)
     F = len(taps)
     nd = p.ndim
+    if rep is not None:
+        return _replicated(p, rep, dyw, mt, pm)
     if gc:
         dwt = _grouped(p, xp, dyw, mt, ws, gc).view(G, Cg, *p.filter, Kg)
         dw = empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype)
@@ -204,11 +294,13 @@ def tap_bwd_weights(p: ConvProblem, args: ConvArgs, ws: torch.Tensor) -> torch.T
     for t, (ph, o) in enumerate(taps):
         for g in range(G):
             ck, kk = slice(g * Cg, (g + 1) * Cg), slice(g * Kg, (g + 1) * Kg)
-            if pm:    # (Cg, mt) . (mt, Kg)
+            if pm and dycm:     # (Kg, mt) . (mt, Cg)
+                torch.mm(dyw[kk], xp[ph, o:o + mt, ck], out=out[t, g])
+            elif pm:    # (Cg, mt) . (mt, Kg)
                 torch.mm(xp[ph, o:o + mt, ck].t(), dyw[:, kk], out=outt[t, g])
             else:     # (Kg, mt) . (mt, Cg)
                 torch.mm(dyw[kk], xp[ph, ck, o:o + mt].t(), out=out[t, g])
-    src = (outt.transpose(2, 3) if pm else out).reshape(*p.filter, p.K, Cg)
+    src = (outt.transpose(2, 3) if pm and not dycm else out).reshape(*p.filter, p.K, Cg)
     dw = empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype)
     if p.layout == "nchw":
         dw.copy_(src.permute(nd, nd + 1, *range(nd)))

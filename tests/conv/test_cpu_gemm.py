@@ -235,6 +235,7 @@ def test_workspace_capped():
     p = ConvProblem.create("fwd", (64, 256, 112, 112), (256, 256, 3, 3), dtype=torch.bfloat16, padding=1)
     for cfg in (CpuGemmConfig(block_bytes=1 << 40), CpuGemmConfig(block_bytes=1 << 40, threads="pool", nthr=4)):
         plan = make_plan(p, cfg)
+        plan = plan.via or plan     # nchw bf16 on AMX: the nhwc twin's blocks
         n, dt = plan.per_thread["col"]
         assert n * dt.itemsize <= cpu_gemm.COL_CAP_BYTES
         assert cpu_gemm.CpuGemmFwd().workspace_size(p) < 4 * cpu_gemm.COL_CAP_BYTES
@@ -407,4 +408,25 @@ def test_relayout_twin(layout, shape, dtype, monkeypatch):
         check(p, args, CpuGemmConfig(relayout="off"))
     p, args = make("fwd", xs, ws, layout=layout, dtype=dtype, bias=True, **kw)
     assert make_plan(p).via is None
+    check(p, args)
+
+
+@pytest.mark.parametrize("shape", [
+    ((2, 5, 7, 9), (40, 5, 3, 3), dict(padding=1)),                 # staged: the copy changes layout
+    ((1, 6, 6, 7), (36, 6, 2, 3), dict(dilation=(2, 1))),           # unpadded: x converted first
+    ((2, 3, 4, 5, 6), (34, 3, 3, 1, 3), dict(padding=(1, 0, (2, 0)))),
+])
+def test_relayout_amx_any_k(shape, monkeypatch):
+    """On AMX CPUs a plain nchw bf16 forward (and backward data as forward) of any K runs as
+    its nhwc twin, y written in nchw by the block copies; without AMX K > 32 keeps nchw."""
+    monkeypatch.setattr(cpu_gemm, "cpu_has_native_bf16", lambda: True)
+    xs, ws, kw = shape
+    for amx in (True, False):
+        monkeypatch.setattr(cpu_gemm, "cpu_has_amx", lambda amx=amx: amx)
+        p, args = make("fwd", xs, ws, layout="nchw", dtype=torch.bfloat16, **kw)
+        assert (make_plan(p).via is not None) == amx
+        check(p, args)
+    monkeypatch.setattr(cpu_gemm, "cpu_has_amx", lambda: True)
+    p, args = make("bwd_data", (2, 36, 6, 7), (5, 36, 3, 3), layout="nchw", dtype=torch.bfloat16, padding=1)
+    assert make_plan(p).via is not None
     check(p, args)

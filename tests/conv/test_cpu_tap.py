@@ -130,3 +130,59 @@ def test_grouped_chunks(layout, chunk, kw, monkeypatch):
     err = ((out.double() - ref).norm() / ref.norm()).item()
     one_rounding = ((ref.to(torch.bfloat16).double() - ref).norm() / ref.norm()).item()
     assert err <= 1.5 * one_rounding + 1e-6, (err, one_rounding)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("kw", [
+    dict(x=(2, 5, 9, 11), w=(4, 5, 3, 3), padding=1),
+    dict(x=(1, 3, 7, 10), w=(6, 3, 2, 4), padding=((0, 1), (2, 1)), dilation=(1, 2)),
+    dict(x=(2, 4, 15), w=(5, 4, 3), padding=((2, 1),), dilation=2),
+    dict(x=(1, 3, 4, 5, 7), w=(4, 3, 2, 3, 3), padding=1),
+])
+def test_replicated_rows(layout, kw, monkeypatch):
+    """Narrow stride-1 problems (AMX): one GEMM per filter row on the x replicas (odd sizes,
+    asymmetric padding, dilation in the last dim, 1-3 D)."""
+    monkeypatch.setattr(cpu_tap, "cpu_has_amx", lambda: True)
+    kw = dict(kw)
+    xs, ws = kw.pop("x"), kw.pop("w")
+    p, args = make(xs, ws, layout, **kw)
+    assert cpu_tap.replicas(p) == ws[-1]
+    out = CpuTapBwdWeights().prepare(p)(args)
+    ref = reference(p, args)
+    assert tuple(out.shape) == p.w_shape and not out.isnan().any()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    one_rounding = ((ref.to(torch.bfloat16).double() - ref).norm() / ref.norm()).item()
+    assert err <= 1.5 * one_rounding + 1e-6, (err, one_rounding)
+    p32, a32 = make(xs, ws, layout, dtype=torch.float32, **kw)
+    ws32 = torch.full((cpu_tap.workspace_bytes(p32),), 255, dtype=torch.uint8)
+    r32 = reference(p32, a32)
+    assert ((tap_bwd_weights(p32, a32, ws32).double() - r32).norm() / r32.norm()).item() < 1e-5
+
+
+def test_replicas_rule(monkeypatch):
+    monkeypatch.setattr(cpu_tap, "cpu_has_amx", lambda: True)
+    narrow = ConvProblem.create("bwd_weights", (1, 16, 8, 8), (16, 16, 3, 3), dtype=torch.bfloat16, padding=1)
+    assert cpu_tap.replicas(narrow) == 3
+    monkeypatch.setattr(cpu_tap, "cpu_has_amx", lambda: False)
+    assert cpu_tap.replicas(narrow) == 1 and not cpu_tap.dy_channel_major(narrow)
+    monkeypatch.setattr(cpu_tap, "cpu_has_amx", lambda: True)
+    wide = ConvProblem.create("bwd_weights", (1, 128, 8, 8), (16, 128, 3, 3), dtype=torch.bfloat16, padding=1)
+    s2 = ConvProblem.create("bwd_weights", (1, 16, 8, 8), (16, 16, 3, 3), dtype=torch.bfloat16, stride=2)
+    assert cpu_tap.replicas(wide) == cpu_tap.replicas(s2) == 1
+
+
+@pytest.mark.parametrize("shape", ["2d_3x3_pad", "2d_no_pad_tail", "s2_3x3_pad1", "s2_d2_asym", "3d_s2_tail"])
+def test_dy_channel_major(shape, monkeypatch):
+    """nhwc with dy staged channel-major (AMX; rule threshold lowered to reach small problems)."""
+    monkeypatch.setattr(cpu_tap, "cpu_has_amx", lambda: True)
+    monkeypatch.setattr(cpu_tap, "DY_CM_MIN_CF", 1)
+    monkeypatch.setattr(cpu_tap, "REPLICATE_MAX_C", 0)
+    xs, ws, kw = SHAPES[shape]
+    p, args = make(xs, ws, "nhwc", **kw)
+    assert cpu_tap.dy_channel_major(p)
+    out = CpuTapBwdWeights().prepare(p)(args)
+    ref = reference(p, args)
+    assert out.permute(0, *range(2, out.dim()), 1).is_contiguous() and not out.isnan().any()
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    one_rounding = ((ref.to(torch.bfloat16).double() - ref).norm() / ref.norm()).item()
+    assert err <= 1.5 * one_rounding + 1e-6, (err, one_rounding)
