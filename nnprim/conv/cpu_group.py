@@ -40,7 +40,7 @@ from ..problems.conv import ConvProblem, empty_in_layout, to_layout
 from ..search.solver import Solver, register
 from .cpu_gemm import apply_post_ops_block, cpu_has_native_bf16, transposed_fwd, workspace
 from .cpu_im2col import F32, Block
-from .cpu_tap import _grid, _phase_copy, _phase_list, tap_offsets
+from .cpu_tap import phase_copy, phase_list, tap_grid, tap_offsets
 
 CHUNK_BYTES = 8 << 20     # f32 staged x (+ dy) and accumulator per chunk, per thread
 _ALIGN = 64
@@ -52,8 +52,8 @@ _NATIVE_BF16_PENALTY = 2.0  # bf16 on avx512_bf16/amx CPUs: the im2col solvers' 
 
 
 def _images_per_chunk(p: ConvProblem) -> int:
-    _, _, ut = _grid(p)
-    nph = len(_phase_list(p))
+    _, _, ut = tap_grid(p)
+    nph = len(phase_list(p))
     per_image = ut * 4 * (nph * p.C + p.K)       # staged x, accumulator
     threads = max(1, torch.get_num_threads())
     return max(1, min(p.N, CHUNK_BYTES * threads // per_image))
@@ -61,10 +61,10 @@ def _images_per_chunk(p: ConvProblem) -> int:
 
 def _layout(p: ConvProblem, nb: int) -> tuple[int, int, int]:
     """(positions m of a chunk of nb images, phase row length, f32 elements of the staged x)."""
-    _, _, ut = _grid(p)
+    _, _, ut = tap_grid(p)
     m = nb * ut
     row = m + max(o for _, o in tap_offsets(p))
-    return m, row, len(_phase_list(p)) * p.C * row
+    return m, row, len(phase_list(p)) * p.C * row
 
 
 def _nbytes(n: int) -> int:
@@ -83,11 +83,11 @@ def workspace_bytes(p: ConvProblem) -> int:
 def _stage_x(p: ConvProblem, x: torch.Tensor, xp: torch.Tensor, n0: int, n1: int) -> None:
     """Images [n0, n1) of x into the (phases, C, row) f32 buffer (halo left as is: zeroed
     once per call, the copies write interiors only)."""
-    U, _, ut = _grid(p)
+    U, _, ut = tap_grid(p)
     xs = x[n0:n1].transpose(0, 1)                     # (C, nb, sp..)
     m = (n1 - n0) * ut
-    for i, ph in enumerate(_phase_list(p)):
-        cp = _phase_copy(p, ph)
+    for i, ph in enumerate(phase_list(p)):
+        cp = phase_copy(p, ph)
         if cp is None:
             continue
         dst, src = cp
@@ -105,7 +105,7 @@ def _tap_weights(p: ConvProblem, w: torch.Tensor) -> torch.Tensor:
 def _valid(p: ConvProblem, t: torch.Tensor, nb: int) -> torch.Tensor:
     """(K, nb*prod(U)) on the phase grid (any row stride) -> logical (nb, K, out..) view of
     its valid positions."""
-    U, _, _ = _grid(p)
+    U, _, _ = tap_grid(p)
     v = t.unflatten(1, (nb, *U))[(slice(None), slice(None), *(slice(0, o) for o in p.out_size))]
     return v.transpose(0, 1)
 
@@ -123,7 +123,7 @@ def group_fwd(p: ConvProblem, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     acc_buf = ws[off:off + p.K * m_full * 4].view(F32)
     xp.zero_()
     y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
-    _, _, ut = _grid(p)
+    _, _, ut = tap_grid(p)
     for n0 in range(0, p.N, nbk):
         n1 = min(p.N, n0 + nbk)
         m = (n1 - n0) * ut
@@ -176,7 +176,7 @@ class _CpuGroupBase(Solver):
     def estimate(self, p: ConvProblem) -> float:
         q = transposed_fwd(p) if p.direction == "bwd_data" else p
         cores = max(1, torch.get_num_threads())
-        _, _, ut = _grid(q)
+        _, _, ut = tap_grid(q)
         junk = ut / max(1, math.prod(q.out_size))
         Cg, Kg = q.C // q.groups, q.K // q.groups
         # the bmm slows down below 16 deep / wide (one zmm of f32); measured forced against
@@ -184,7 +184,7 @@ class _CpuGroupBase(Solver):
         # depthwise 56x56 11.1 vs 14.7, Cg = Kg = 32 (g2) 13.5 vs 19.3
         eff = max(0.125, math.sqrt(min(1.0, Cg / 16) * min(1.0, Kg / 16)))
         gemm = q.flops() * junk / (_GFLOPS_PER_CORE * 1e9 * eff * cores)
-        moved = 4.0 * q.N * ut * (q.C * len(_phase_list(q)) + 2 * q.K)   # stage, acc/dy, output
+        moved = 4.0 * q.N * ut * (q.C * len(phase_list(q)) + 2 * q.K)   # stage, acc/dy, output
         calls = -(-q.N // _images_per_chunk(q)) * (len(tap_offsets(q)) + 4)
         t = (gemm + moved / (_GBS_PER_CORE * 1e9 * cores)) * 1e3 + _CALL_MS * calls
         if p.dtype == torch.bfloat16 and cpu_has_native_bf16():

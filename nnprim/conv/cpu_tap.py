@@ -56,7 +56,7 @@ REPLICATE_MAX_C_NCHW = 64   # channel-major 64 x 64 per-tap GEMMs already run ne
 DY_CM_MIN_CF = 1024         # nhwc: dy staged channel-major from this C * F on (dy_channel_major)
 
 
-def _grid(p: ConvProblem) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+def tap_grid(p: ConvProblem) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """(phase image sizes U = ceil(P / stride), their row-major strides us, prod(U)),
     P = the padded input size. Stride 1: U = P."""
     U = tuple(-(-(i + a + b) // s) for i, a, b, s in zip(p.in_size, p.pad_before, p.pad_after, p.stride))
@@ -66,15 +66,15 @@ def _grid(p: ConvProblem) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     return U, tuple(us), math.prod(U)
 
 
-def _phase_list(p: ConvProblem) -> list[tuple[int, ...]]:
+def phase_list(p: ConvProblem) -> list[tuple[int, ...]]:
     return list(itertools.product(*(range(s) for s in p.stride)))
 
 
 def tap_offsets(p: ConvProblem) -> list[tuple[int, int]]:
     """(phase index, flat offset on the phase grid) of each filter tap, taps in row-major
     filter order: tap f reads x_pad[o*s + f*d] = phase (f*d mod s) at o + (f*d div s)."""
-    _, us, _ = _grid(p)
-    index = {ph: i for i, ph in enumerate(_phase_list(p))}
+    _, us, _ = tap_grid(p)
+    index = {ph: i for i, ph in enumerate(phase_list(p))}
     out = []
     for fi in itertools.product(*(range(f) for f in p.filter)):
         fd = [f * d for f, d in zip(fi, p.dilation)]
@@ -108,10 +108,10 @@ def dy_channel_major(p: ConvProblem) -> bool:
 
 def _sizes(p: ConvProblem) -> tuple[int, int, int]:
     """(elements of the x phases (with their replicas), of dy_wide, row length of one x phase)."""
-    _, _, ut = _grid(p)
+    _, _, ut = tap_grid(p)
     mt = p.N * ut
     row = mt + max(o for _, o in tap_offsets(p))
-    return len(_phase_list(p)) * p.C * row * replicas(p), p.K * mt, row
+    return len(phase_list(p)) * p.C * row * replicas(p), p.K * mt, row
 
 
 def _bytes(n: int, dt: torch.dtype) -> int:
@@ -123,23 +123,23 @@ def _group_chunk(p: ConvProblem) -> int:
     as many as keep the tap columns under GROUP_COL_BYTES."""
     if p.groups == 1:
         return 0
-    _, _, ut = _grid(p)
+    _, _, ut = tap_grid(p)
     per_group = (p.C // p.groups) * len(tap_offsets(p)) * p.N * ut * p.dtype.itemsize
     return min(p.groups, GROUP_COL_BYTES // per_group)
 
 
 def workspace_bytes(p: ConvProblem) -> int:
     nx, ndy, _ = _sizes(p)
-    _, _, ut = _grid(p)
+    _, _, ut = tap_grid(p)
     col = _group_chunk(p) * (p.C // p.groups) * len(tap_offsets(p)) * p.N * ut
     return _bytes(nx, p.dtype) + _bytes(ndy, p.dtype) + _bytes(col, p.dtype)
 
 
-def _phase_copy(p: ConvProblem, ph: tuple[int, ...]) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
+def phase_copy(p: ConvProblem, ph: tuple[int, ...]) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
     """(destination slices on the phase grid, source slices of x) of phase ph:
     phase[u] = x_pad[u*s + rho] = x[u*s + rho - pb] where that is inside x; None if empty."""
     dst, src = [], []
-    for rho, s, pb, n, U in zip(ph, p.stride, p.pad_before, p.in_size, _grid(p)[0]):
+    for rho, s, pb, n, U in zip(ph, p.stride, p.pad_before, p.in_size, tap_grid(p)[0]):
         lo = max(0, -(-(pb - rho) // s))
         hi = min(U - 1, (n - 1 + pb - rho) // s)
         if hi < lo:
@@ -170,10 +170,10 @@ def _stage(p: ConvProblem, x: torch.Tensor, dy: torch.Tensor, ws: torch.Tensor, 
     slack; one memset each), then filled.
     With replicas (one phase): also REP, (row, r, C) or (C, r, row), whose replica 0 is
     the x phase and replica j holds it shifted by j*d (the zeroed tail is the slack)."""
-    U, _, ut = _grid(p)
+    U, _, ut = tap_grid(p)
     nx, ndy, row = _sizes(p)
     mt = p.N * ut
-    nph = len(_phase_list(p))
+    nph = len(phase_list(p))
     r = replicas(p)
     xbuf = ws[:nx * p.dtype.itemsize].view(p.dtype)
     off = _bytes(nx, p.dtype)
@@ -197,8 +197,8 @@ def _stage(p: ConvProblem, x: torch.Tensor, dy: torch.Tensor, ws: torch.Tensor, 
     else:
         dyw = dbuf.view(p.K, mt)
         _copy_channel_major(dyw.view(p.K, p.N, *U)[(slice(None), slice(None), *valid)], dy.transpose(0, 1))
-    for i, ph in enumerate(_phase_list(p)):
-        cp = _phase_copy(p, ph)
+    for i, ph in enumerate(phase_list(p)):
+        cp = phase_copy(p, ph)
         if cp is None:
             continue
         dst, src = cp
@@ -231,8 +231,8 @@ def _grouped(p: ConvProblem, xp: torch.Tensor, dyw: torch.Tensor, mt: int, ws: t
     col = ws[off:off + gc * Cg * F * mt * p.dtype.itemsize].view(p.dtype).view(gc * Cg, F, mt)
     out = torch.empty(G, Cg * F, Kg, dtype=p.out_dtype)
     d3 = dyw.view(G, Kg, mt)
-    one_phase = len(_phase_list(p)) == 1
-    _, us, _ = _grid(p)
+    one_phase = len(phase_list(p)) == 1
+    _, us, _ = tap_grid(p)
     for g0 in range(0, G, gc):
         g1 = min(G, g0 + gc)
         cc = slice(g0 * Cg, g1 * Cg)
@@ -341,12 +341,12 @@ class CpuTapBwdWeights(Solver):
         # 130-210, plus the junk positions), staging (zero + copy) at ~8 GB/s per core, and
         # the per-call cost of G x F small GEMMs (g32 with Cg = 8: slower than solver 12).
         cores = max(1, torch.get_num_threads())
-        _, _, pt = _grid(p)
+        _, _, pt = tap_grid(p)
         junk = pt / max(1, math.prod(p.out_size))
         t = p.flops() * junk / (150e9 * cores) + 2.0 * workspace_bytes(p) / (8e9 * cores)
         gc, F = _group_chunk(p), len(tap_offsets(p))
         # F GEMMs per group, or per chunk of groups one GEMM + the column copies
-        calls = F * p.groups if not gc else -(-p.groups // gc) * (2 if len(_phase_list(p)) == 1 else 1 + F)
+        calls = F * p.groups if not gc else -(-p.groups // gc) * (2 if len(phase_list(p)) == 1 else 1 + F)
         return t * 1e3 + _CALL_MS * calls
 
     def prepare(self, p: ConvProblem):

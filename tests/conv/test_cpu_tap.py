@@ -120,7 +120,7 @@ def test_grouped_chunks(layout, chunk, kw, monkeypatch):
     (per-tap copies), both layouts (nhwc staged channel-major)."""
     xs, ws = (2, 12, 7, 9), (8, 3, 3, 3)
     p, args = make(xs, ws, layout, groups=4, **kw)
-    _, _, ut = cpu_tap._grid(p)
+    _, _, ut = cpu_tap.tap_grid(p)
     per_group = 3 * len(cpu_tap.tap_offsets(p)) * p.N * ut * 2
     monkeypatch.setattr(cpu_tap, "GROUP_COL_BYTES", chunk * per_group)
     assert cpu_tap._group_chunk(p) == chunk
