@@ -146,11 +146,11 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     if _needs_grad(x, w, bias, *post_tensors):
         if ops:  # the chain in torch on the f32 (f64) accumulator, so that its gradient is exact
             acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-            y = (conv_ops.ConvFunction.apply(x, w, bias, st, pad, dl, groups, acc, solver) if direct else
+            y = (conv_ops.ConvFunction.apply(x, w, bias, (st, pad, dl, groups, acc, solver)) if direct else
                  _ops.conv_forward(x, w, bias, st, pad, dl, groups, "", [], acc, solver))
             return apply_post_ops(y, ops).to(out_dtype or x.dtype)
         if direct:
-            return conv_ops.ConvFunction.apply(x, w, bias, st, pad, dl, groups, out_dtype, solver)
+            return conv_ops.ConvFunction.apply(x, w, bias, (st, pad, dl, groups, out_dtype, solver))
     fn = conv_ops._conv_forward if direct else _ops.conv_forward
     return fn(x, w, bias, st, pad, dl, groups, spec, post_tensors, out_dtype, solver)
 
@@ -227,7 +227,7 @@ def _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv
 def _fp8_args(q: torch.Tensor, descales, out_dtype) -> tuple:
     """The FP8 arguments as the op takes them: descales as f32 tensors (floats moved to q's
     device), out_dtype checked to be a dtype; () when none is given."""
-    if all(d is None for d in descales) and out_dtype is None:
+    if descales[0] is None and descales[1] is None and descales[2] is None and out_dtype is None:
         return ()
     if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
         raise BadParameterError(f"out_dtype={out_dtype!r} must be a torch.dtype or None")
@@ -251,9 +251,10 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
     kd, ks, kz, kspec = _kv("k", k)
     vd, vs, vz, vspec = _kv("v", v)
     fp8 = _fp8_args(q, (q_descale, k_descale, v_descale), out_dtype)
-    if not fp8 and _fp8.is_fp8(q.dtype):
+    q_fp8 = _fp8.is_fp8(q.dtype)
+    if not fp8 and q_fp8:
         fp8 = (None, None, None, None)      # FP8 inputs always take the op's FP8 arguments
-    if not _fp8.is_fp8(q.dtype):
+    if not q_fp8:
         q, kd, vd = _autocast(q.device.type, q, kd, vd)
     opts = _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv_lens, softmax_inf_as_zero)
     solver = _solver(solver)
@@ -279,7 +280,7 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
         return (o, lse) if return_lse else o
     direct = eager(q, kd, vd, ks, kz, vs, vz, attn_mask, opts[1], kv_lens)
     if direct and grad and not (kspec or vspec):
-        o, lse = attn_ops.SdpaFunction.apply(q, kd, vd, *opts, solver)
+        o, lse = attn_ops.SdpaFunction.apply(q, kd, vd, opts[0], opts[1], opts[2], opts[3:], solver)
     else:
         fn = attn_ops.sdpa_forward if direct and not grad else _ops.sdpa_forward
         o, lse = fn(q, kd, vd, ks, kz, vs, vz, kspec, vspec, *opts, return_lse or grad, solver)

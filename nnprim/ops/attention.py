@@ -119,8 +119,11 @@ def sdpa_forward(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_qu
     _check_counters(seed, offset)
     _check_lens(kv_lens, k, block_table)
     descales = (q_descale, k_descale, v_descale)
-    key = ("fwd", q.shape, q.stride(), q.dtype, _tkey(k), _tkey(v), _tkey(k_scales), _tkey(k_zero_points),
-           _tkey(v_scales), _tkey(v_zero_points), k_quant, v_quant, _tkey(attn_mask), _tkey(scale_tensor),
+    quant = (None if k_quant == "" and v_quant == "" and k_scales is None and k_zero_points is None
+             and v_scales is None and v_zero_points is None else
+             (_tkey(k_scales), _tkey(k_zero_points), _tkey(v_scales), _tkey(v_zero_points), k_quant, v_quant))
+    key = ("fwd", q.shape, q.stride(), q.dtype, (k.shape, k.stride(), k.dtype, k.device),
+           (v.shape, v.stride(), v.dtype, v.device), quant, _tkey(attn_mask), _tkey(scale_tensor),
            _tkey(kv_lens), causal, scale, invert_scale, dropout_p, softmax_inf_as_zero, return_lse, solver,
            _tkey(block_table))
     if q_descale is not None or k_descale is not None or v_descale is not None or out_dtype is not None:
@@ -186,7 +189,9 @@ def _sdpa_backward(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal
                    seed, offset, softmax_inf_as_zero, solver):
     _check_counters(seed, offset)
     _check_lens(kv_lens, k)
-    key = ("bwd", q.shape, q.stride(), q.dtype, _tkey(k), _tkey(v), _tkey(do), _tkey(o), _tkey(lse),
+    key = ("bwd", q.shape, q.stride(), q.dtype, (k.shape, k.stride(), k.dtype, k.device),
+           (v.shape, v.stride(), v.dtype, v.device), (do.shape, do.stride(), do.dtype, do.device),
+           (o.shape, o.stride(), o.dtype, o.device), (lse.shape, lse.stride(), lse.dtype, lse.device),
            _tkey(attn_mask), _tkey(scale_tensor), _tkey(kv_lens), causal, scale, invert_scale, dropout_p,
            softmax_inf_as_zero, solver)
     args = AttnArgs(q=q, k=k, v=v, attn_mask=attn_mask, scale=_scale_arg(scale, scale_tensor), seed=seed,
@@ -261,9 +266,9 @@ class SdpaFunction(torch.autograd.Function):
     implementations called directly; plain (unquantized) K/V; returns (o, lse)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset,
-                softmax_inf_as_zero, solver):
-        options = (causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero)
+    def forward(ctx, q, k, v, attn_mask, scale_tensor, kv_lens, options, solver):
+        """options: (causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero),
+        one argument so that Function.apply has fewer to walk."""
         o, lse = sdpa_forward(q, k, v, None, None, None, None, "", "", attn_mask, scale_tensor, kv_lens, *options,
                                True, solver)
         _save(ctx, q, k, v, o, lse, False, attn_mask, scale_tensor, kv_lens, options)
@@ -271,4 +276,4 @@ class SdpaFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dlse):
-        return tuple(_grads(ctx, do, _sdpa_backward)) + (None,) * 11
+        return (*_grads(ctx, do, _sdpa_backward), None, None, None, None, None)

@@ -166,8 +166,9 @@ def _tkey(t: torch.Tensor | None):
 @torch.library.impl(LIB, "conv_forward", "CompositeExplicitAutograd")
 def _conv_forward(x, w, bias, stride, padding, dilation, groups, post_ops, post_tensors, out_dtype, solver):
     ops = decode_post_ops(post_ops, post_tensors)
-    key = ("fwd", x.shape, x.stride(), x.dtype, _tkey(w), _tkey(bias), tuple(stride), tuple(padding),
-           tuple(dilation), groups, post_ops, tuple(_tkey(t) for t in post_tensors), out_dtype, solver)
+    key = ("fwd", x.shape, x.stride(), x.dtype, (w.shape, w.stride(), w.dtype, w.device), _tkey(bias),
+           tuple(stride), tuple(padding), tuple(dilation), groups, post_ops,
+           tuple(map(_tkey, post_tensors)) if post_tensors else (), out_dtype, solver)
     return context(x.device).call(
         key, lambda: fwd_problem(x, w, bias, stride, padding, dilation, groups, post_ops, post_tensors, out_dtype),
         ConvArgs(x=x, w=w, bias=bias, post_ops=ops), solver)
@@ -181,8 +182,8 @@ def _conv_forward_fake(x, w, bias, stride, padding, dilation, groups, post_ops, 
 
 @torch.library.impl(LIB, "conv_backward_data", "CompositeExplicitAutograd")
 def _conv_backward_data(dy, w, x_shape, stride, padding, dilation, groups, out_dtype, solver):
-    key = ("bwd_data", dy.shape, dy.stride(), dy.dtype, _tkey(w), tuple(x_shape), tuple(stride), tuple(padding),
-           tuple(dilation), groups, out_dtype, solver)
+    key = ("bwd_data", dy.shape, dy.stride(), dy.dtype, (w.shape, w.stride(), w.dtype, w.device), tuple(x_shape),
+           tuple(stride), tuple(padding), tuple(dilation), groups, out_dtype, solver)
     return context(dy.device).call(
         key, lambda: _bwd_problem("bwd_data", dy, w, x_shape, stride, padding, dilation, groups, out_dtype),
         ConvArgs(dy=dy, w=w), solver)
@@ -196,7 +197,8 @@ def _conv_backward_data_fake(dy, w, x_shape, stride, padding, dilation, groups, 
 
 @torch.library.impl(LIB, "conv_backward_weights", "CompositeExplicitAutograd")
 def _conv_backward_weights(dy, x, w_shape, stride, padding, dilation, groups, out_dtype, solver):
-    key = ("bwd_weights", dy.shape, dy.stride(), dy.dtype, _tkey(x), tuple(w_shape), tuple(stride),
+    key = ("bwd_weights", dy.shape, dy.stride(), dy.dtype, (x.shape, x.stride(), x.dtype, x.device),
+           tuple(w_shape), tuple(stride),
            tuple(padding), tuple(dilation), groups, out_dtype, solver)
     return context(dy.device).call(
         key, lambda: _bwd_problem("bwd_weights", dy, x, w_shape, stride, padding, dilation, groups, out_dtype),
@@ -210,12 +212,13 @@ def _conv_backward_weights_fake(dy, x, w_shape, stride, padding, dilation, group
 
 
 # ---- autograd -----------------------------------------------------------------------------
-def _save(ctx, x, w, stride, padding, dilation, groups) -> None:
+def _save(ctx, x, w, conf) -> None:
+    """conf: (stride, padding, dilation, groups) as lists and an int."""
     need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     ctx.save_for_backward(x if need_w else None, w if need_x else None)
     ctx.x_meta = (tuple(x.shape), x.dtype, layout_of(x))
     ctx.w_shape = tuple(w.shape)
-    ctx.conf = (list(stride), list(padding), list(dilation), groups)
+    ctx.conf = conf
 
 
 def _grads(ctx, dy, bwd_data, bwd_weights):
@@ -239,7 +242,7 @@ def _setup_fwd(ctx, inputs, output) -> None:
     if post_ops and any(ctx.needs_input_grad[:3]):
         raise NotSupportedError("nnprim::conv_forward with fused post_ops has no gradient; call "
                                 "nnprim.conv_forward, which applies the chain in torch when gradients are needed")
-    _save(ctx, x, w, stride, padding, dilation, groups)
+    _save(ctx, x, w, (list(stride), list(padding), list(dilation), groups))
     ctx.n_post = len(post_tensors)
 
 
@@ -253,14 +256,17 @@ class ConvFunction(torch.autograd.Function):
     implementations called directly."""
 
     @staticmethod
-    def forward(ctx, x, w, bias, stride, padding, dilation, groups, out_dtype, solver):
-        _save(ctx, x, w, stride, padding, dilation, groups)
-        return _conv_forward(x, w, bias, stride, padding, dilation, groups, "", [], out_dtype, solver)
+    def forward(ctx, x, w, bias, conf):
+        """conf: (stride, padding, dilation, groups, out_dtype, solver), one argument so
+        that Function.apply has fewer to walk (the lists are the caller's fresh ones)."""
+        stride, padding, dilation, groups, out_dtype, solver = conf
+        _save(ctx, x, w, conf[:4])
+        return _conv_forward(x, w, bias, stride, padding, dilation, groups, "", (), out_dtype, solver)
 
     @staticmethod
     def backward(ctx, dy):
         dx, dw, db = _grads(ctx, dy, _conv_backward_data, _conv_backward_weights)
-        return dx, dw, db, None, None, None, None, None, None
+        return dx, dw, db, None
 
 
 _SUM_DIMS = {3: [0, 2], 4: [0, 2, 3], 5: [0, 2, 3, 4]}

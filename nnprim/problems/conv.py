@@ -22,6 +22,9 @@ def layout_of(t: torch.Tensor) -> str:
     """"nhwc" when the tensor is channels-last in memory and not plainly contiguous."""
     if t.dim() < 3 or t.is_contiguous():
         return "nchw"
+    fmt = _CHANNELS_LAST.get(t.dim())
+    if fmt is not None:  # the same test as the permuted view's, without making the view
+        return "nhwc" if t.is_contiguous(memory_format=fmt) else "nchw"
     perm = (0, *range(2, t.dim()), 1)
     return "nhwc" if t.permute(*perm).is_contiguous() else "nchw"
 

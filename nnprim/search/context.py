@@ -53,7 +53,7 @@ class Bound:
 
 
 def _deterministic() -> bool:
-    return SETTINGS.deterministic or torch.are_deterministic_algorithms_enabled()
+    return SETTINGS.deterministic or torch._C._get_deterministic_algorithms()  # torch.are_deterministic_...
 
 
 def _capturing(device: torch.device) -> bool:

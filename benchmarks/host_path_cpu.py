@@ -1,0 +1,163 @@
+"""Pure host-path time of the public calls, on CPU: test-only no-op solvers (ids >= 1000,
+family "noop") that return preallocated outputs of the right shape / dtype / layout
+(`.detach()` aliases: no compute, no allocation) serve conv fwd / bwd_data / bwd_weights
+and attention fwd / bwd; every other family is disabled and the find mode is "fast", so
+they win selection for the autograd's backward calls too (user find-db in a temp dir).
+What is left is nnprim's Python: argument normalisation, the memo key, the search
+context, the autograd Function. torch's own calls on the same tiny CPU tensors are a
+reference point (they include their small compute).
+
+Per call: the median of `--repeats` loops of `--calls` calls after a warm-up, the rows'
+loops alternating so that the machine's drift falls on all alike.
+
+    PYTHONPATH=$PWD python benchmarks/host_path_cpu.py [--calls 2000 --repeats 7]
+
+2026-12-01 (seventh session, 2-core CPU host, torch 2.13), us per call:
+
+    row                          before   after   torch
+    conv_forward                    see the branch's report
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ["NNPRIM_CACHE_DIR"] = tempfile.mkdtemp(prefix="nnprim_hostpath_")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import nnprim  # noqa: E402
+from nnprim.problems.conv import empty_in_layout  # noqa: E402
+from nnprim.search import modes  # noqa: E402
+from nnprim.search.solver import ATTN_FAMILIES, CONV_FAMILIES, REGISTRY, Solver  # noqa: E402
+
+
+class _NoopConv(Solver):
+    """Returns a preallocated y / dx / dw (an alias of it) for the problem."""
+    id, name, family, primitive = 1900, "noop_conv", "noop", "conv"
+    directions = frozenset({"fwd", "bwd_data", "bwd_weights"})
+    devices = frozenset({"cpu"})
+
+    def estimate(self, problem) -> float:
+        return 0.0
+
+    def prepare(self, problem):
+        shape = {"fwd": problem.y_shape, "bwd_data": problem.x_shape, "bwd_weights": problem.w_shape}
+        out = empty_in_layout(shape[problem.direction], problem.layout, dtype=problem.out_dtype,
+                              device=problem.device).zero_()
+        return lambda args: out.detach()
+
+
+class _NoopAttn(Solver):
+    """Returns preallocated (o, lse) or (dq, dk, dv) (aliases of them)."""
+    id, name, family, primitive = 1901, "noop_attn", "noop", "attention"
+    directions = frozenset({"fwd", "bwd"})
+    devices = frozenset({"cpu"})
+
+    def estimate(self, problem) -> float:
+        return 0.0
+
+    def prepare(self, problem):
+        p = problem
+        if p.direction == "fwd":
+            o = torch.zeros((p.B, p.Hq, p.Sq, p.Dv), dtype=p.result_dtype)
+            lse = torch.zeros((p.B, p.Hq, p.Sq), dtype=torch.float32) if p.return_lse else None
+            return lambda args: (o.detach(), None if lse is None else lse.detach())
+        grads: list[torch.Tensor] = []
+
+        def invoke(args):
+            if not grads:
+                grads.extend(torch.zeros_like(t) for t in (args.q, args.k, args.v))
+            return grads[0].detach(), grads[1].detach(), grads[2].detach()
+        return invoke
+
+
+def per_call_us(fns: dict, calls: int, repeats: int, clock=time.perf_counter) -> dict[str, float]:
+    for f in fns.values():
+        for _ in range(200):
+            f()
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t0 = clock()
+            for _ in range(calls):
+                f()
+            out[k].append((clock() - t0) / calls * 1e6)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: the thread's CPU time (time.thread_time), steadier on a shared machine")
+    ap.add_argument("--profile", default="", help="cProfile this row (conv, sdpa, sdpa_fb, conv_fb)")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    for s in (_NoopConv(), _NoopAttn()):
+        REGISTRY.add(s)
+    modes.set_find_mode("fast")
+    modes.disable_families(*CONV_FAMILIES, *ATTN_FAMILIES)
+
+    cl = torch.channels_last
+    x = torch.randn(1, 8, 8, 8).contiguous(memory_format=cl)
+    w = torch.randn(8, 8, 3, 3).contiguous(memory_format=cl)
+    b = torch.randn(8)
+    xg = x.clone().contiguous(memory_format=cl).requires_grad_()
+    wg, bg = w.clone().requires_grad_(), b.clone().requires_grad_()
+    gy = torch.randn(1, 8, 8, 8).contiguous(memory_format=cl)
+    q, k, v = (torch.randn(1, 2, 16, 64) for _ in range(3))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    do = torch.randn_like(q)
+
+    def conv_fb(fn):
+        def run():
+            fn(xg, wg, bg, padding=1).backward(gy)
+        return run
+
+    def sdpa_fb(fn):
+        def run():
+            fn(qg, kg, vg).backward(do)
+        return run
+
+    rows = {
+        "conv": (lambda: nnprim.conv_forward(x, w, b, padding=1), lambda: F.conv2d(x, w, b, padding=1)),
+        "sdpa": (lambda: nnprim.sdpa(q, k, v), lambda: F.scaled_dot_product_attention(q, k, v)),
+        "conv_fb": (conv_fb(nnprim.conv_forward), conv_fb(F.conv2d)),
+        "sdpa_fb": (sdpa_fb(nnprim.sdpa), sdpa_fb(F.scaled_dot_product_attention)),
+    }
+    # the no-op solvers must be the ones serving every call
+    from nnprim.search.context import context
+    rows["conv_fb"][0]()
+    rows["sdpa_fb"][0]()
+    used = {b.solver.name for b in context("cpu").calls.values()}
+    assert used == {"noop_conv", "noop_attn"}, used
+    if a.profile:
+        import cProfile
+        import pstats
+        fn = rows[a.profile][0]
+        for _ in range(200):
+            fn()
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(a.calls):
+            fn()
+        pr.disable()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(35)
+        return
+    print(f"{'row':10s} {'nnprim us':>10s} {'torch us':>10s}")
+    for name, (mine, ref) in rows.items():
+        clock = time.thread_time if a.clock == "cpu" else time.perf_counter
+        r = per_call_us({"nnprim": mine, "torch": ref}, a.calls, a.repeats, clock)
+        print(f"{name:10s} {r['nnprim']:10.2f} {r['torch']:10.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
