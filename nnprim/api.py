@@ -140,7 +140,7 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     x, w, bias = _autocast(x.device.type, x, w, bias)
     st, pad, dl = _conv_args(x, w.shape[2:], stride, padding, dilation)
     ops = _post_ops(post_ops, x.dim(), w.shape[0]) if post_ops else ()
-    spec, post_tensors = post_op_spec(ops)
+    spec, post_tensors = post_op_spec(ops) if ops else ("", [])
     solver = _solver(solver)
     direct = eager(x, w, bias, *post_tensors)
     if _needs_grad(x, w, bias, *post_tensors):

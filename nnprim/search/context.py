@@ -225,7 +225,8 @@ class Context:
 
     def call(self, key: Hashable, make_problem: Callable[[], object], args, solver=None):
         """The hot path: `key` memoises (problem, solver) for one call signature."""
-        self._check_determinism()
+        if (SETTINGS.deterministic or torch._C._get_deterministic_algorithms()) is not self._deterministic:
+            self._check_determinism()   # (_deterministic() inlined)
         b = self.calls.get(key)
         if b is None:
             b = self.bind(make_problem(), solver, args)
