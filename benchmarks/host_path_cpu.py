@@ -10,12 +10,22 @@ reference point (they include their small compute).
 Per call: the median of `--repeats` loops of `--calls` calls after a warm-up, the rows'
 loops alternating so that the machine's drift falls on all alike.
 
-    PYTHONPATH=$PWD python benchmarks/host_path_cpu.py [--calls 2000 --repeats 7]
+    PYTHONPATH=$PWD python benchmarks/host_path_cpu.py [--calls 2000 --repeats 7] [--clock cpu]
+    PYTHONPATH=$PWD python benchmarks/host_path_cpu.py --profile sdpa_fb     # cProfile one row
 
-2026-12-01 (seventh session, 2-core CPU host, torch 2.13), us per call:
+2026-12-01, seventh session, "host path on CPU" (2-core shared CPU host, torch 2.13 CPU,
+`--repeats 5 --clock cpu`, before = fbc6202 and after = branch hostpath run alternately,
+4 runs each; medians of the runs; the machine's speed drifts ~1.5x between runs, so the
+ratio to torch's call, measured loop by loop beside ours, is the steadier figure):
 
-    row                          before   after   torch
-    conv_forward                    see the branch's report
+    row       before us  after us  torch us  before/torch  after/torch
+    conv          15.94     12.51     17.46          0.91         0.83
+    sdpa          19.82     14.79     15.80          1.25         1.16
+    conv_fb      139.84    105.54     97.58          1.35         1.23
+    sdpa_fb      132.25    117.03     98.88          1.33         1.26
+
+(conv: nnprim.conv_forward vs F.conv2d, 1x8x8x8 NHWC f32, 3x3, bias; sdpa: nnprim.sdpa vs
+F.scaled_dot_product_attention, 1x2x16x64 f32; _fb: forward + backward through autograd.)
 """
 from __future__ import annotations
 
@@ -150,7 +160,10 @@ def main() -> None:
         for _ in range(a.calls):
             fn()
         pr.disable()
-        pstats.Stats(pr).sort_stats("tottime").print_stats(35)
+        st = pstats.Stats(pr).sort_stats("tottime")
+        st.print_stats(35)
+        if os.environ.get("HP_CALLERS"):
+            st.print_callers(os.environ["HP_CALLERS"])
         return
     print(f"{'row':10s} {'nnprim us':>10s} {'torch us':>10s}")
     for name, (mine, ref) in rows.items():
