@@ -95,3 +95,28 @@ def summarise(result: dict, names: list[str]) -> None:
         r = [row["vs_cudnn"][n] for row in result["problems"] if n in row.get("vs_cudnn", {})]
         result[f"geomean_{n}_vs_cudnn"] = geomean(r)
         result[f"min_{n}_vs_cudnn"] = min(r) if r else None
+
+def graph_fn(fn):
+    """fn captured in a CUDA graph (after a warm-up call); None when capture fails."""
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        return g.replay
+    except Exception:  # noqa: BLE001 - no graph time for this one
+        return None
+
+
+def host_us(fn, n: int = 30) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return dt

@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 os.environ["NNPRIM_GLUON"] = "1"  # measured even where the environment switches them off
+from gluon_bench_common import graph_fn, host_us  # noqa: E402
+
 import nnprim  # noqa: E402
 from nnprim.problems.conv import ConvProblem  # noqa: E402
 from nnprim.search.solver import REGISTRY  # noqa: E402
@@ -110,28 +112,9 @@ def guard(names: list[str], timeout_s: float) -> dict[str, str]:
 
 
 def graph_ms(fn, rounds: int) -> float | None:
-    try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        return statistics.median(interleaved_samples([g.replay], "cuda", rounds=rounds, warmup=2)[0])
-    except Exception:  # noqa: BLE001 - no graph time
-        return None
-
-
-def host_us(fn, n: int = 30) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return dt
+    """Median ms of fn replayed from a CUDA graph (no host cost); None when capture fails."""
+    g = graph_fn(fn)
+    return None if g is None else statistics.median(interleaved_samples([g], "cuda", rounds=rounds, warmup=2)[0])
 
 
 def run(name: str, d: str, ok: bool, rounds: int) -> dict:

@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 os.environ["NNPRIM_GLUON"] = "1"  # measured even where the environment switches them off
+from gluon_bench_common import graph_fn, host_us  # noqa: E402
+
 import nnprim  # noqa: E402
 from nnprim.args import ConvArgs  # noqa: E402
 from nnprim.conv import gluon_conv  # noqa: E402
@@ -168,30 +170,6 @@ def guard(names: list[str], budget_s: float) -> dict[str, str]:
     return status
 
 
-def graph_fn(fn):
-    """fn captured in a CUDA graph (after a warm-up call); None when capture fails."""
-    try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        return g.replay
-    except Exception:  # noqa: BLE001 - no graph time for this one
-        return None
-
-
-def host_us(fn, n: int = 30) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return dt
 
 
 def run_problem(spec: dict, status: dict[str, str], rounds: int) -> dict:

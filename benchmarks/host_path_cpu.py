@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -46,6 +45,9 @@ import nnprim  # noqa: E402
 from nnprim.problems.conv import empty_in_layout  # noqa: E402
 from nnprim.search import modes  # noqa: E402
 from nnprim.search.solver import ATTN_FAMILIES, CONV_FAMILIES, REGISTRY, Solver  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from host_overhead import per_call_us  # noqa: E402  (the same alternating loops as on the GPU)
 
 
 class _NoopConv(Solver):
@@ -86,20 +88,6 @@ class _NoopAttn(Solver):
                 grads.extend(torch.zeros_like(t) for t in (args.q, args.k, args.v))
             return grads[0].detach(), grads[1].detach(), grads[2].detach()
         return invoke
-
-
-def per_call_us(fns: dict, calls: int, repeats: int, clock=time.perf_counter) -> dict[str, float]:
-    for f in fns.values():
-        for _ in range(200):
-            f()
-    out: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t0 = clock()
-            for _ in range(calls):
-                f()
-            out[k].append((clock() - t0) / calls * 1e6)
-    return {k: statistics.median(v) for k, v in out.items()}
 
 
 def main() -> None:
@@ -168,8 +156,8 @@ def main() -> None:
     print(f"{'row':10s} {'nnprim us':>10s} {'torch us':>10s}")
     for name, (mine, ref) in rows.items():
         clock = time.thread_time if a.clock == "cpu" else time.perf_counter
-        r = per_call_us({"nnprim": mine, "torch": ref}, a.calls, a.repeats, clock)
-        print(f"{name:10s} {r['nnprim']:10.2f} {r['torch']:10.2f}", flush=True)
+        ours, theirs = per_call_us(mine, a.calls, a.repeats, lambda: None, peer=ref, clock=clock)
+        print(f"{name:10s} {ours:10.2f} {theirs:10.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -358,24 +358,50 @@ def _contig(sx5: tuple, gm, ce: int) -> bool:
     return sx5[1] == 1 and (sx5[4] == ce or gm.inp[2] == 1)
 
 
+class XRuns:
+    """How the forward and backward-weights kernels read x's runs: straight from x, or from
+    a copy with C padded to a power of two (`cpad`: aligned vector loads); the run pitch CE,
+    x's 5-D strides as read, contiguity and alignment (a launch constant each)."""
+
+    def __init__(self, p: ConvProblem, tile: StemTile, x_strides: tuple):
+        gm = geom(p)
+        sx = strides5_of(x_strides)
+        self.cpad = tile.cpad and p.C & (p.C - 1) != 0 and _x_nhwc(p, x_strides)
+        self.ce = ce = run_pitch(p, self.cpad)
+        H, W = gm.inp[1:]
+        self.xp_elems = 0
+        if self.cpad:
+            sx = (H * W * ce, 1, 0, W * ce, ce)
+            self.xp_elems = gm.N * H * W * ce
+            self.pad = Launch(_pad_channels_kernel, (triton.cdiv(gm.N * H * W, 256),), (gm.N * H * W, p.C, ce, 256))
+        self.sx = sx
+        self.contig = _contig(sx, gm, ce)
+        # aligned rows: every pixel starts at a multiple of CE (a power of two) elements
+        self.align = ce if self.contig and ce & (ce - 1) == 0 and sx[0] % ce == 0 and sx[3] % ce == 0 else 1
+
+    def workspace_bytes(self, dtype: torch.dtype) -> int:
+        return self.xp_elems * dtype.itemsize
+
+    def source(self, x: torch.Tensor) -> torch.Tensor:
+        """x itself, or its channel-padded copy (made now, in the workspace)."""
+        if not self.cpad:
+            return x
+        xp = workspace.empty((self.xp_elems,), x.dtype, x.device)
+        self.pad(x, xp)
+        return xp
+
+
 class StemFwdPlan(_Plan):
     """Forward: pack Wf (and pad x when `cpad`), then one launch of `_stem_fwd_kernel`."""
 
     def __init__(self, p: ConvProblem, tile: StemTile | None = None, strides: tuple | None = None):
         super().__init__(p, tile or default_tile(p), strides)
         gm, tile = geom(p), self.tile
-        sx, sw, sy = (strides5_of(s) for s in self.strides)
-        self.cpad = tile.cpad and p.C & (p.C - 1) != 0 and _x_nhwc(p, self.strides[0])
-        ce = run_pitch(p, self.cpad)
+        _, sw, sy = (strides5_of(s) for s in self.strides)
+        self.xr = xr = XRuns(p, tile, self.strides[0])
+        sx, ce, contig, align = xr.sx, xr.ce, xr.contig, xr.align
         H, W = gm.inp[1:]
         R, S = gm.filt[1:]
-        if self.cpad:
-            sx = (H * W * ce, 1, 0, W * ce, ce)
-            self.xp_shape = (gm.N * H * W * ce,)
-            self.pad = Launch(_pad_channels_kernel, (triton.cdiv(gm.N * H * W, 256),), (gm.N * H * W, p.C, ce, 256))
-        contig = _contig(sx, gm, ce)
-        # aligned rows: every pixel starts at a multiple of CE (a power of two) elements
-        align = ce if contig and ce & (ce - 1) == 0 and sx[0] % ce == 0 and sx[3] % ce == 0 else 1
         scp = run_cols(p, ce)
         M = gm.N * gm.P
         BM, BN = fit(tile.BM, M), fit(tile.BN, p.K)
@@ -392,8 +418,7 @@ class StemFwdPlan(_Plan):
             num_warps=tile.warps, num_stages=tile.stages)
 
     def workspace_bytes(self) -> int:
-        e = self.p.dtype.itemsize
-        return (self.wp_shape[0] + (self.xp_shape[0] if self.cpad else 0)) * e
+        return self.wp_shape[0] * self.p.dtype.itemsize + self.xr.workspace_bytes(self.p.dtype)
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
         x, w = args.x, args.w
@@ -404,11 +429,7 @@ class StemFwdPlan(_Plan):
             return self.variant((x.stride(), w.stride(), self.strides[2]))(args, y)
         wp = workspace.empty(self.wp_shape, w.dtype, w.device)
         self.pack(w, wp)
-        if self.cpad:
-            xp = workspace.empty(self.xp_shape, x.dtype, x.device)
-            self.pad(x, xp)
-            x = xp
-        self.launch(x, wp, y, *self.epi.pointers(args.bias, args.post_ops, y))
+        self.launch(self.xr.source(x), wp, y, *self.epi.pointers(args.bias, args.post_ops, y))
         return y
 
 
@@ -429,17 +450,11 @@ class StemBwdWeightsPlan(_Plan):
     def __init__(self, p: ConvProblem, tile: StemTile | None = None, strides: tuple | None = None):
         super().__init__(p, tile or default_tile(p), strides)
         gm, tile = geom(p), self.tile
-        sd, sx, sw = (strides5_of(s) for s in self.strides)
-        self.cpad = tile.cpad and p.C & (p.C - 1) != 0 and _x_nhwc(p, self.strides[1])
-        ce = run_pitch(p, self.cpad)
+        sd, _, sw = (strides5_of(s) for s in self.strides)
+        self.xr = xr = XRuns(p, tile, self.strides[1])
+        sx, ce, contig, align = xr.sx, xr.ce, xr.contig, xr.align
         H, W = gm.inp[1:]
         R, S = gm.filt[1:]
-        if self.cpad:
-            sx = (H * W * ce, 1, 0, W * ce, ce)
-            self.xp_shape = (gm.N * H * W * ce,)
-            self.pad = Launch(_pad_channels_kernel, (triton.cdiv(gm.N * H * W, 256),), (gm.N * H * W, p.C, ce, 256))
-        contig = _contig(sx, gm, ce)
-        align = ce if contig and ce & (ce - 1) == 0 and sx[0] % ce == 0 and sx[3] % ce == 0 else 1
         scp = run_cols(p, ce)
         rb = max(1, min(triton.next_power_of_2(R), tile.acc_cols // scp))
         M = gm.N * gm.P
@@ -460,19 +475,15 @@ class StemBwdWeightsPlan(_Plan):
                              (E, ncol, p.C, R, S, split, *sw, 1024))
 
     def workspace_bytes(self) -> int:
-        return math.prod(self.ws_shape) * 4 + (self.xp_shape[0] * self.p.dtype.itemsize if self.cpad else 0)
+        return math.prod(self.ws_shape) * 4 + self.xr.workspace_bytes(self.p.dtype)
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
         dy, x = args.dy, args.x
         dw = out if out is not None else self.alloc(self.p.out_dtype, dy.device)
         if (dy.stride(), x.stride(), dw.stride()) != self.strides:
             return self.variant((dy.stride(), x.stride(), dw.stride()))(args, dw)
-        if self.cpad:
-            xp = workspace.empty(self.xp_shape, x.dtype, x.device)
-            self.pad(x, xp)
-            x = xp
         ws = workspace.empty(self.ws_shape, torch.float32, dy.device)
-        self.launch(dy, x, ws)
+        self.launch(dy, self.xr.source(x), ws)
         self.reduce(ws, dw)
         return dw
 

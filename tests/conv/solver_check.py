@@ -1,5 +1,8 @@
 """Shared check for the GPU conv solver families' tests: run one direction's launcher on
-random tensors into a NaN-poisoned output and compare with the float64 reference."""
+random tensors into a NaN-poisoned output and compare with the float64 reference; and the
+NaN poisoning of the CPU solver modules' outputs and workspace (`poison_cpu`)."""
+import contextlib
+
 import torch
 
 from nnprim.args import ConvArgs
@@ -29,3 +32,21 @@ def check(run: dict, p: ConvProblem, bias=None, post_ops=(), seed: int = 1) -> N
     assert not torch.isnan(out).any(), "unwritten (poisoned) elements remain"
     err = ((out.double() - exp).norm() / exp.norm()).item()
     assert err < TOL[p.dtype], err
+
+
+def poison_cpu(monkeypatch, module) -> list[int]:
+    """NaN-filled outputs (`module.empty_in_layout`) and workspace (`module.workspace`: 0xFF
+    bytes, NaN in f32, bf16 and f16) for a CPU solver module; the workspace sizes asked."""
+    sizes: list[int] = []
+
+    def empty(shape, layout, **kw):
+        return empty_in_layout(shape, layout, **kw).fill_(float("nan"))
+
+    @contextlib.contextmanager
+    def ws(nbytes):
+        sizes.append(nbytes)
+        yield torch.full((nbytes,), 255, dtype=torch.uint8)
+
+    monkeypatch.setattr(module, "empty_in_layout", empty)
+    monkeypatch.setattr(module, "workspace", ws)
+    return sizes

@@ -3,7 +3,6 @@
 Outputs and the workspace are poisoned with NaN (unwritten or uninitialised
 elements show), inputs are random and never zero. Tolerances (relative norm):
 f32 1e-5, f16/bf16 1e-2."""
-import contextlib
 import dataclasses
 import math
 import threading
@@ -18,7 +17,9 @@ from nnprim.conv.cpu_gemm import CpuGemmConfig, conv_bias_grad, make_plan, prepa
 from nnprim.conv.cpu_im2col import balance211, plan_blocks
 from nnprim.conv.reference import reference
 from nnprim.post_ops import ELTWISE_KINDS, Binary, Eltwise, Sum
-from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
+from nnprim.problems.conv import ConvProblem, to_layout
+
+from . import solver_check
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 TINY = CpuGemmConfig(block_bytes=2000)                 # many blocks, level > 0 blocking
@@ -37,19 +38,7 @@ CONFIGS = {
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
     """NaN-filled outputs and workspace; records workspace sizes."""
-    sizes = []
-
-    def empty(shape, layout, **kw):
-        return empty_in_layout(shape, layout, **kw).fill_(float("nan"))
-
-    @contextlib.contextmanager
-    def ws(nbytes):
-        sizes.append(nbytes)
-        yield torch.full((nbytes,), 255, dtype=torch.uint8)     # NaN in f32, bf16 and f16
-
-    monkeypatch.setattr(cpu_gemm, "empty_in_layout", empty)
-    monkeypatch.setattr(cpu_gemm, "workspace", ws)
-    return sizes
+    return solver_check.poison_cpu(monkeypatch, cpu_gemm)
 
 
 def make(direction, x_shape, w_shape, *, layout="nchw", dtype=torch.float32, out_dtype=None,

@@ -1,7 +1,6 @@
 """Grouped per-tap batched GEMMs (solvers 17, 18) against the float64 reference: NaN-poisoned
 workspace and output, odd sizes, strides, dilation, asymmetric padding, groups 2/3/8/C,
 f32 and bf16, bias and post-ops, image chunks with a short last chunk."""
-import contextlib
 
 import pytest
 import torch
@@ -11,7 +10,9 @@ from nnprim.conv import cpu_group
 from nnprim.conv.cpu_group import CpuGroupTapBwdData, CpuGroupTapFwd
 from nnprim.conv.reference import reference
 from nnprim.post_ops import Binary, Eltwise, Sum
-from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
+from nnprim.problems.conv import ConvProblem, to_layout
+
+from . import solver_check
 
 SOLVERS = {"fwd": CpuGroupTapFwd, "bwd_data": CpuGroupTapBwdData}
 SHAPES = {
@@ -29,15 +30,7 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    def empty(shape, layout, **kw):
-        return empty_in_layout(shape, layout, **kw).fill_(float("nan"))
-
-    @contextlib.contextmanager
-    def ws(nbytes):
-        yield torch.full((nbytes,), 255, dtype=torch.uint8)     # NaN in f32
-
-    monkeypatch.setattr(cpu_group, "empty_in_layout", empty)
-    monkeypatch.setattr(cpu_group, "workspace", ws)
+    solver_check.poison_cpu(monkeypatch, cpu_group)
 
 
 def run(direction, xs, ws, layout, dtype, bias=False, post_ops=(), **kw):

@@ -2,7 +2,6 @@
 solver 11) against the float64 reference: NaN-poisoned outputs and workspace, odd
 sizes, dilation sharing a factor with the stride (phases no tap reaches), padding past
 the filter span (cropped dy), groups, 1D/3D, both layouts; bf16 within ~one rounding."""
-import contextlib
 
 import pytest
 import torch
@@ -11,7 +10,9 @@ from nnprim.args import ConvArgs
 from nnprim.conv import cpu_gemm
 from nnprim.conv.cpu_gemm import CpuGemmConfig, make_plan, prepare_with
 from nnprim.conv.reference import reference
-from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
+from nnprim.problems.conv import ConvProblem, to_layout
+
+from . import solver_check
 
 SHAPES = {
     "s2_3x3_pad1": ((2, 5, 9, 11), (4, 5, 3, 3), dict(stride=2, padding=1)),
@@ -25,15 +26,7 @@ SHAPES = {
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    def empty(shape, layout, **kw):
-        return empty_in_layout(shape, layout, **kw).fill_(float("nan"))
-
-    @contextlib.contextmanager
-    def ws(nbytes):
-        yield torch.full((nbytes,), 255, dtype=torch.uint8)
-
-    monkeypatch.setattr(cpu_gemm, "empty_in_layout", empty)
-    monkeypatch.setattr(cpu_gemm, "workspace", ws)
+    solver_check.poison_cpu(monkeypatch, cpu_gemm)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

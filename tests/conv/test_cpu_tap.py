@@ -1,7 +1,6 @@
 """Per-tap backward weights (solver 13, strided inputs split into phases) against the float64 reference: NaN-poisoned
 workspace and output, random never-zero inputs, bf16 error bounded by the error of
 rounding the exact result to bf16 (one rounding: the contract's f32 accumulation)."""
-import contextlib
 
 import pytest
 import torch
@@ -10,7 +9,9 @@ from nnprim.args import ConvArgs
 from nnprim.conv import cpu_tap
 from nnprim.conv.cpu_tap import CpuTapBwdWeights, tap_bwd_weights
 from nnprim.conv.reference import reference
-from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
+from nnprim.problems.conv import ConvProblem, to_layout
+
+from . import solver_check
 
 SHAPES = {
     "2d_3x3_pad": ((2, 5, 9, 11), (4, 5, 3, 3), dict(padding=1)),
@@ -29,15 +30,7 @@ SHAPES = {
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    def empty(shape, layout, **kw):
-        return empty_in_layout(shape, layout, **kw).fill_(float("nan"))
-
-    @contextlib.contextmanager
-    def ws(nbytes):
-        yield torch.full((nbytes,), 255, dtype=torch.uint8)     # NaN in bf16 / f32
-
-    monkeypatch.setattr(cpu_tap, "empty_in_layout", empty)
-    monkeypatch.setattr(cpu_tap, "workspace", ws)
+    solver_check.poison_cpu(monkeypatch, cpu_tap)
 
 
 def make(x_shape, w_shape, layout, dtype=torch.bfloat16, **kw):

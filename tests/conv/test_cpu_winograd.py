@@ -2,7 +2,6 @@
 and output, random never-zero inputs, odd sizes (partial last tiles), padding 0/1/2 and
 asymmetric, both layouts, F(2x2) and F(4x4), blocks of images and of tile rows, bias +
 post-op chain, out_dtype; the explicit transform programs against winograd_math."""
-import contextlib
 import json
 from pathlib import Path
 
@@ -15,8 +14,10 @@ from nnprim.conv import cpu_winograd as cw
 from nnprim.conv import reference as ref
 from nnprim.conv.winograd_math import VARIANTS
 from nnprim.post_ops import Binary, Eltwise, Sum
-from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
+from nnprim.problems.conv import ConvProblem, to_layout
 from nnprim.search.ranking import heuristic_order
+
+from . import solver_check
 
 SOLVER = cw.CpuWinogradFwd()
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
@@ -24,19 +25,7 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    asked = []
-
-    def empty(shape, layout, **kw):
-        return empty_in_layout(shape, layout, **kw).fill_(float("nan"))
-
-    @contextlib.contextmanager
-    def ws(nbytes):
-        asked.append(nbytes)
-        yield torch.full((nbytes,), 255, dtype=torch.uint8)     # NaN in f32
-
-    monkeypatch.setattr(cw, "empty_in_layout", empty)
-    monkeypatch.setattr(cw, "workspace", ws)
-    return asked
+    return solver_check.poison_cpu(monkeypatch, cw)
 
 
 def rnd(shape, dtype, layout, g):

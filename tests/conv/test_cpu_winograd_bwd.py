@@ -2,7 +2,6 @@
 workspace and output, random never-zero inputs, odd sizes (partial tiles), padding 0/1/2
 and asymmetric, both layouts, F(2x2) and F(4x4), f32/bf16 and out_dtype; applicability,
 the public API and the suite ranking."""
-import contextlib
 import json
 from pathlib import Path
 
@@ -13,8 +12,10 @@ import nnprim
 from nnprim.args import ConvArgs
 from nnprim.conv import cpu_winograd as cw
 from nnprim.conv import reference as ref
-from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
+from nnprim.problems.conv import ConvProblem, to_layout
 from nnprim.search.ranking import heuristic_order
+
+from . import solver_check
 
 SOLVER = cw.CpuWinogradBwdData()
 WSOLVER = cw.CpuWinogradBwdWeights()
@@ -23,15 +24,7 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    def empty(shape, layout, **kw):
-        return empty_in_layout(shape, layout, **kw).fill_(float("nan"))
-
-    @contextlib.contextmanager
-    def ws(nbytes):
-        yield torch.full((nbytes,), 255, dtype=torch.uint8)     # NaN in f32
-
-    monkeypatch.setattr(cw, "empty_in_layout", empty)
-    monkeypatch.setattr(cw, "workspace", ws)
+    solver_check.poison_cpu(monkeypatch, cw)
 
 
 def rnd(shape, dtype, layout, g):
