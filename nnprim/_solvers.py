@@ -14,6 +14,7 @@ _MODULES = (
     "nnprim.conv.gluon_conv",
     "nnprim.conv.gluon_conv_wgrad",
     "nnprim.conv.im2col_gemm",
+    "nnprim.conv.pointwise_blas",
     "nnprim.conv.direct",
     "nnprim.conv.depthwise",
     "nnprim.conv.layout_change",

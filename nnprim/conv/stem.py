@@ -47,7 +47,18 @@ from ..args import ConvArgs
 from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import register
-from .implicit_gemm import HOST_FLOOR_MS, _IGemmBase, _Plan, fit, geom, layout_strides, roofline_ms, same_memory, strides5_of
+from .implicit_gemm import (
+    HOST_FLOOR_MS,
+    HOST_PER_LAUNCH_MS,
+    _IGemmBase,
+    _Plan,
+    fit,
+    geom,
+    layout_strides,
+    roofline_ms,
+    same_memory,
+    strides5_of,
+)
 from .implicit_gemm_bwd import NUM_SMS, _split_reduce_kernel, max_split
 from .triton_epilogue import epilogue, interpreting, plan_epilogue, post_op_bytes, tl_dot_precision
 
@@ -605,7 +616,10 @@ class _StemBase(_IGemmBase):
             flops = 2.0 * blocks * wh * ww * kp * max(16, triton.next_power_of_2(math.prod(gm.stride) * p.C))
         eff = EFFICIENCY[p.direction] * (0.3 if p.layout == "nchw" else 1.0)
         t = roofline_ms(flops, p.bytes() + post_op_bytes(p), p.dtype, eff)
-        return max(t, HOST_FLOOR_MS) if p.device == "cuda" else t
+        # host: w's pack + the kernel (fwd, bwd_data); the slices, their ordered reduction and
+        # x's channel padding (bwd_weights: 0.066-0.071 ms on small held-out 1x1 layers, H200)
+        launches = 3 if p.direction == "bwd_weights" else 2
+        return max(t, HOST_FLOOR_MS + HOST_PER_LAUNCH_MS * (launches - 1)) if p.device == "cuda" else t
 
 
 @register
