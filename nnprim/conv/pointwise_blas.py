@@ -83,10 +83,10 @@ class Plan:
         if t.stride() == self.src_strides[i] or (w_in and t.stride()[:2] == (p.C, 1)):
             return t.as_strided(*geom, t.storage_offset())
         if w_in:                                                       # w: other (K, C) strides
-            w = t.reshape(self.p.K, self.p.C)
-            return w.t() if self.p.direction == "fwd" else w
+            w = t.reshape(p.K, p.C)
+            return w.t() if p.direction == "fwd" else w
         rows = t.movedim(1, -1).reshape(-1, t.shape[1])
-        return rows.t() if geom[1] == (1, self.p.K) else rows
+        return rows.t() if geom[1] == (1, p.K) else rows
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
         p = self.p
