@@ -11,10 +11,13 @@
 #   fp8        benchmarks/attention_fp8.py (d64/128/256, S 4k-16k)
 #   conv       the conv suite through the public API (run_suites.sh conv) and benchmarks/depthwise.py
 #   sysdb      nnprim db build-system for the H200 (suites + 90 model layers, about 5 minutes)
-#   regret     benchmarks/regret.py (60 held-out problems) and benchmarks/first_call.py
+#   regret     benchmarks/regret.py (60 held-out problems) and benchmarks/first_call.py; the seed-1
+#              problems' kernels are compiled by the sysdb step; another seed compiles from scratch
+#              and did not finish in 240 s (2026-12-01): give it a call of its own
 #   gluon_bench  benchmarks/gluon_fwd.py, benchmarks/gluon_bwd.py and benchmarks/gluon_conv_probe.py
 #              (solver level, peers interleaved)
-#   conv_probes  benchmarks/stem_probe.py and benchmarks/gluon_conv_bwd_probe.py (solver level)
+#   conv_probes  benchmarks/stem_probe.py, benchmarks/gluon_conv_bwd_probe.py (solver level) and
+#              benchmarks/pointwise_probe.py (the 1x1 layers through the API)
 #   diag       the default-vs-forced clock check and the graphed conv's choices
 set -uo pipefail
 STEP=${1:?usage: bash benchmarks/gpu_plan.sh STEP OUT}
@@ -38,7 +41,9 @@ case $STEP in
     # the seventh session's conv solvers at the solver level: stem variants (70-72) and the
     # stride-2 Gluon backward (28/29) against Triton 21/22 and cuDNN (2026-12-01: 104 s in all)
     timeout 170 python3 benchmarks/stem_probe.py --out "$OUT/stem_probe_$D.json" 2>&1 | tail -8
-    timeout 170 python3 benchmarks/gluon_conv_bwd_probe.py --out "$OUT/gluon_conv_bwd_probe_$D.json" 2>&1 | tail -10 ;;
+    timeout 170 python3 benchmarks/gluon_conv_bwd_probe.py --out "$OUT/gluon_conv_bwd_probe_$D.json" 2>&1 | tail -10
+    # the rn50 1x1 layers: cuBLAS solvers 33-35 vs implicit GEMM vs cuDNN vs a bare torch.mm (2026-12-01: 70 s)
+    (cd benchmarks && timeout 170 python3 pointwise_probe.py --out "$OUT/pointwise_probe_$D.json" 2>&1 | tail -21) ;;
   diag)
     timeout 60 python3 benchmarks/diag/default_vs_forced.py --out "$OUT/default_vs_forced_$D.json" 2>&1 | tail -4
     timeout 120 python3 benchmarks/diag/graph_bwd_weights.py graph 2>&1 | grep -E "CHOSEN|WARNING" | head -20 ;;

@@ -2,9 +2,9 @@
 forward and backward data through the public API, the default call (find in this process)
 and each applicable GPU solver forced, against cuDNN (cudnn.benchmark=True) and a bare
 torch.mm of the same GEMM, interleaved in the same rounds (CUDA events, median). Backward
-weights: the default call and gemm_bwd_weights / implicit_gemm_bwd_weights /
-gluon_implicit_gemm_bwd_weights forced, timed in three separate rounds to show how stable
-each is. Writes JSON to --out.
+weights: the default call and gemm_1x1_bwd_weights / gemm_bwd_weights /
+implicit_gemm_bwd_weights / gluon_implicit_gemm_bwd_weights forced, timed in three separate
+sets of rounds to show how stable each is. Writes JSON to --out.
 
     python benchmarks/pointwise_probe.py --out benchmarks/results/pointwise_probe.json"""
 from __future__ import annotations
@@ -27,7 +27,8 @@ CL = torch.channels_last
 SOLVERS = {"fwd": ["gemm_1x1_fwd", "gemm_fwd", "implicit_gemm_fwd", "gluon_implicit_gemm_fwd"],
            "bwd_data": ["gemm_1x1_bwd_data", "gemm_bwd_data", "implicit_gemm_bwd_data",
                         "gluon_implicit_gemm_bwd_data"],
-           "bwd_weights": ["gemm_1x1_bwd_weights", "gemm_bwd_weights", "implicit_gemm_bwd_weights", "gluon_implicit_gemm_bwd_weights"]}
+           "bwd_weights": ["gemm_1x1_bwd_weights", "gemm_bwd_weights", "implicit_gemm_bwd_weights",
+                           "gluon_implicit_gemm_bwd_weights"]}
 
 
 def calls(direction: str, x, w, dy):
