@@ -223,8 +223,27 @@ def test_3d_all_directions(case, layout, m):
             assert out.is_contiguous(memory_format=torch.channels_last_3d)
 
 
-def test_3d_post_ops_not_applicable():
-    from nnprim.post_ops import Eltwise
-    p = ConvProblem.create("fwd", (1, 2, 4, 4, 4), (2, 2, 3, 3, 3), padding=1, dtype=torch.float32,
-                           post_ops=(Eltwise("relu").signature(),))
-    assert any("post_ops" in r for r in cw.CpuWinogradFwd().not_supported_reasons(p))
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype,out_dtype", [(torch.float32, None), (torch.bfloat16, None),
+                                             (torch.bfloat16, torch.float32)])
+def test_3d_post_ops(layout, dtype, out_dtype):
+    """The chain on each block of the 3-D forward: a full residual, per-channel, per-depth and
+    per-tensor operands, eltwise ops; bias; tiny blocks (one tile row each)."""
+    from nnprim.post_ops import Binary, Eltwise, Sum
+    xs, K, pad = CASES3["odd_asym"]
+    g = torch.Generator().manual_seed(7)
+    x, w = rnd(xs, dtype, layout, g), rnd((K, xs[1], 3, 3, 3), dtype, layout, g)
+    b = torch.randn(K, generator=g)
+    p0 = ConvProblem.create("fwd", xs, w.shape, dtype=dtype, layout=layout, padding=pad)
+    ops = (Sum(to_layout(torch.randn(p0.y_shape, generator=g), layout).to(dtype), 0.5), Eltwise("relu", 0.1),
+           Binary("mul", torch.rand(1, K, 1, 1, 1, generator=g) + 0.5),
+           Binary("add", torch.randn(1, 1, p0.y_shape[2], 1, 1, generator=g)),
+           Binary("max", torch.full((1, 1, 1, 1, 1), -0.2)), Eltwise("tanh"))
+    p = ConvProblem.create("fwd", xs, w.shape, dtype=dtype, layout=layout, padding=pad, has_bias=True,
+                           out_dtype=out_dtype, post_ops=tuple(o.signature() for o in ops))
+    assert cw.CpuWinogradFwd().is_applicable(p), cw.CpuWinogradFwd().not_supported_reasons(p)
+    for m in (2, 4):
+        y = cw.prepare_with(p, m, 1)(ConvArgs(x=x, w=w, bias=b, post_ops=ops))
+        exp = ref.conv_fwd_f64(p, x, w, b, ops)
+        assert y.dtype == p.out_dtype and not torch.isnan(y).any()
+        assert ((y.double() - exp).norm() / exp.norm()).item() < TOL[p.out_dtype]
