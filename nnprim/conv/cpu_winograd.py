@@ -1,6 +1,8 @@
 """CPU Winograd convolution (family `winograd`): forward (solver 14 `cpu_winograd_fwd`),
 backward data (15 `cpu_winograd_bwd_data`) and backward weights (16
-`cpu_winograd_bwd_weights`). F(4x4,3x3) or F(2x2,3x3) in torch ops, for 3x3 (3x3x3)
+`cpu_winograd_bwd_weights`). F(4x4,3x3) or F(2x2,3x3): the GEMMs in torch ops, the input and
+output transforms native (cpu_wino_native.py: both passes per tile in registers, 4x the torch
+ops' speed) where a C++ compiler built them, else in torch ops; for 3x3 (3x3x3)
 stride-1 undilated ungrouped problems with padding <= 2 a side (asymmetric too), nchw and
 nhwc, f32 (bf16/f16 inputs computed in f32).
 
@@ -62,6 +64,7 @@ from ..args import ConvArgs
 from ..post_ops import Binary, Sum
 from ..problems.conv import ConvProblem, empty_in_layout, to_layout
 from ..search.solver import Solver, register
+from . import cpu_wino_native as native
 from .cpu_gemm import _block_index as block_index
 from .cpu_gemm import apply_post_ops_block, cpu_has_native_bf16, transposed_fwd, workspace
 from .cpu_im2col import F32, Block, balance211
@@ -78,7 +81,11 @@ MAX_U_BYTES = 1 << 30          # U (alpha^2 K C f32) is rebuilt and read by ever
 _GFLOPS_PER_CORE = 72.0        # f32 bmm of alpha^2 (tiles x C) . (C x K) products (measured 70-80)
 _ELEMS_PER_S_PER_CORE = 2.5e9  # strided add/sub/scale ops over the transform planes
 _OP_S = 6e-6                   # per torch op
-_NATIVE_BF16_PENALTY = 2.0
+_NATIVE_BF16_PENALTY = 2.8     # bf16 inputs on avx512_bf16/AMX CPUs: the im2col solvers' native bf16 GEMM
+                               # runs 1.2-1.9x faster than this f32 path with native transforms (rn50 3x3,
+                               # 2026-12-01; 1.2-1.3x at C = 64 where the estimates said 0.87x at 2.0)
+NATIVE_SPEEDUP = 4.0           # cpu_wino_native's transforms against the torch ops' (F(4,3) input
+                               # transform of rn50_r2_3x3's block: 0.99 vs 3.96 ms, 1 thread, AMX Xeon)
 _U_BYTES_PER_S = 7.5e9         # U's traffic (written once, read by every block's bmm): measured
                                # 7.5-8.5 GB/s at 1 and 2 threads; dominant for small images with wide C, K
 
@@ -364,6 +371,11 @@ def _input_transform(plan: WinoPlan, P: torch.Tensor, blk: WinoBlock, buf: dict[
     p, m, a, TW = plan.p, plan.m, plan.alpha, plan.TW
     C, nb, thn = p.C, blk.nb, blk.th1 - blk.th0
     tiles = nb * thn * TW
+    nat = native.ops()
+    if nat is not None:          # both passes per tile in registers (cpu_wino_native.py)
+        V = buf["v"][:a * a * tiles * C].view(a * a, tiles, C)
+        nat.wino_input(P.permute(0, 2, 3, 1), V, m, m * blk.th0, thn, TW)
+        return V
     bt, nt_in = PROGRAMS[m][0], PROGRAMS[m][2]
     # H pass: T[i] (nb, C, thn, Wp) from rows m*th + i
     T = _phys_buffer(buf["t"], (a + nt_in, nb, C, thn, plan.Wp), (0, 1, 3, 4, 2))
@@ -404,6 +416,14 @@ def _output_transform(plan: WinoPlan, Mp: torch.Tensor, blk: WinoBlock, y: torch
     at, nt_out = PROGRAMS[m][1], PROGRAMS[m][3]
     nb, thn = blk.nb, blk.th1 - blk.th0
     r0 = m * blk.th0
+    r1 = min(m * blk.th1, OH)
+    ydst = y[blk.n0:blk.n1, :, r0:r1]
+    nat = native.ops()
+    if nat is not None:          # A^T M A (+ bias) per tile in registers, tails cut (cpu_wino_native.py)
+        Yb = _phys_buffer(buf["y"], (nb, K, thn * m, TW * m), NHWC)[:, :, :r1 - r0, :OW] if "y" in buf else ydst
+        nat.wino_output(Mp, None if bias is None else bias.contiguous(), Yb, m, thn, TW)
+        _finish_block(p, Yb, ydst, Block(blk.n0, blk.n1, (r0, 0), (r1, OW)), ops)
+        return
     M = Mp.view(a, a, nb, thn, TW, K).permute(0, 1, 2, 5, 3, 4)
     if bias is not None:
         M[1, 1].add_(bias.view(1, K, 1, 1))
@@ -411,8 +431,6 @@ def _output_transform(plan: WinoPlan, Mp: torch.Tensor, blk: WinoBlock, y: torch
     Z = _phys_buffer(buf["z"], (m + nt_out, a, nb, K, thn, TW), TILE_ORDER)
     at([M[i] for i in range(a)], list(Z[:m]), list(Z[m:]))
     # output pass 2 (columns) into y's m x m tile views (or an f32 block)
-    r1 = min(m * blk.th1, OH)
-    ydst = y[blk.n0:blk.n1, :, r0:r1]
     if "y" in buf:      # an f32 block of whole tiles: one region, the tails cut by the copy
         Yt = _phys_buffer(buf["y"], (nb, K, thn * m, TW * m), NHWC)
         Yb, rows, cols = Yt[:, :, :r1 - r0, :OW], [(blk.th0, blk.th1, m)], [(0, TW, m)]
@@ -429,9 +447,12 @@ def _output_transform(plan: WinoPlan, Mp: torch.Tensor, blk: WinoBlock, y: torch
             base = Yt.storage_offset() + (m * ta - r0) * sh + m * wa * sw
             dst = [Yt.as_strided(size, stride, base + b * sw) if b < rb else None for b in range(m)]
             at([zs[:, j] for j in range(a)], dst, tmp)
-    # the chain on y's block in y's layout (f32 out: after the copy of an nchw block, so
-    # it runs on contiguous rows like its operands), else on the f32 block before the cast
-    yblk = Block(blk.n0, blk.n1, (r0, 0), (r1, OW))
+    _finish_block(p, Yb, ydst, Block(blk.n0, blk.n1, (r0, 0), (r1, OW)), ops)
+
+
+def _finish_block(p: ConvProblem, Yb: torch.Tensor, ydst: torch.Tensor, yblk: Block, ops: list) -> None:
+    """The chain on y's block in y's layout (f32 out: after the copy of an nchw block, so
+    it runs on contiguous rows like its operands), else on the f32 block Yb before the cast."""
     post, rest = (Yb, ops) if p.out_dtype != F32 else (ydst, _copy_fused(Yb, ydst, ops, yblk))
     if rest:
         apply_post_ops_block(post.unsqueeze(1), yblk, 1, None, rest)
@@ -708,8 +729,9 @@ def estimate_ms(p: ConvProblem, m: int) -> float:
     gemm = 2.0 * a * a * tiles * p.C * p.K / (_GFLOPS_PER_CORE * 1e9)
     ops_in, ops_out = OPS[m]
     # ops per pass / outputs per pass = element-ops per output element
-    elems = (ops_in / a) * (a * p.N * p.C * plan.TH * plan.Wp + a * a * tiles * p.C) \
-        + (ops_out / m) * (m * a * tiles * p.K + m * m * tiles * p.K) \
+    transforms = (ops_in / a) * (a * p.N * p.C * plan.TH * plan.Wp + a * a * tiles * p.C) \
+        + (ops_out / m) * (m * a * tiles * p.K + m * m * tiles * p.K)
+    elems = transforms / (NATIVE_SPEEDUP if native.expected() else 1.0) \
         + p.N * p.C * plan.Hp * plan.Wp + p.N * p.K * OH * OW * (1 + len(p.post_ops))
     calls = len(plan.blocks) * (2 * ops_in + 2 * ops_out + 4 + len(p.post_ops))
     u = 4.0 * a * a * p.K * p.C * (1 + len(plan.blocks)) / _U_BYTES_PER_S

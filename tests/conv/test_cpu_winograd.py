@@ -10,6 +10,7 @@ import torch
 
 import nnprim
 from nnprim.args import ConvArgs
+from nnprim.conv import cpu_wino_native as native
 from nnprim.conv import cpu_winograd as cw
 from nnprim.conv import reference as ref
 from nnprim.conv.winograd_math import VARIANTS
@@ -18,6 +19,16 @@ from nnprim.problems.conv import ConvProblem, to_layout
 from nnprim.search.ranking import heuristic_order
 
 from . import solver_check
+
+
+@pytest.fixture(autouse=True, params=["native", "torch_ops"])
+def transforms(request, monkeypatch):
+    """Every test on both transform paths: the native one (cpu_wino_native) and torch ops."""
+    if request.param == "torch_ops":
+        monkeypatch.setattr(native, "ops", lambda: None)
+    elif native.ops() is None:
+        pytest.skip("no C++ compiler: the native transforms are not built")
+
 
 SOLVER = cw.CpuWinogradFwd()
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}

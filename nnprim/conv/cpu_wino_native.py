@@ -1,0 +1,271 @@
+"""Native Winograd transforms for the CPU Winograd solvers (cpu_winograd.py), issue 16.
+
+The torch-op transforms (cpu_winograd._input_transform / _output_transform) cost 60-70 % of a
+Winograd forward on the suite's 3x3 layers: each 1-D pass is a dozen whole-block add/sub ops,
+every one a trip through memory. Here each tile's alpha x alpha values of a run of channels
+are loaded once, both passes run in registers and the result is stored once: B^T d B into V
+(alpha^2, tiles, C) and A^T M A (+ bias) into y's block, the same buffers and formulas
+(cpu_winograd.PROGRAMS' F(4,3) and F(2,3)) as the torch path, parallel over tiles with ATen's
+OpenMP pool.
+
+The source below is compiled once per machine with the system C++ compiler against the
+installed torch (no ninja, no pip package: `g++` and torch's headers) into the nnprim cache
+directory and loaded as torch ops (`torch.ops.nnprim_cpu.*`). Where that fails (no
+compiler, another platform) or NNPRIM_CPU_NATIVE=0, `ops()` returns None and the torch-op
+transforms run: the results agree to f32 rounding either way."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("nnprim")
+
+SOURCE = r"""
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <algorithm>
+#include <cstring>
+
+namespace {
+// 16 f32 lanes: one AVX-512 register (two AVX2 ones where -march=native has no AVX-512)
+typedef float v16 __attribute__((vector_size(64)));
+constexpr int L = 16;
+
+inline v16 load(const float* p, int n) {
+  v16 v = {};
+  if (n == L) std::memcpy(&v, p, sizeof(v));
+  else std::memcpy(&v, p, sizeof(float) * n);
+  return v;
+}
+inline void store(float* p, v16 v, int n) {
+  if (n == L) std::memcpy(p, &v, sizeof(v));
+  else std::memcpy(p, &v, sizeof(float) * n);
+}
+
+// 1-D B^T (F(4,3): A = 6, F(2,3): A = 4) of d[0], d[s], .. into o[0], o[os], ..
+template <int A> inline void bt(const v16* d, int s, v16* o, int os);
+template <> inline void bt<6>(const v16* d, int s, v16* o, int os) {
+  v16 d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s], d4 = d[4 * s], d5 = d[5 * s];
+  v16 a = d4 - 4.f * d2, b = d3 - 4.f * d1, e = d4 - d2, f = 2.f * (d3 - d1);
+  o[0] = 4.f * d0 - 5.f * d2 + d4;
+  o[os] = a + b;
+  o[2 * os] = a - b;
+  o[3 * os] = e + f;
+  o[4 * os] = e - f;
+  o[5 * os] = 4.f * d1 - 5.f * d3 + d5;
+}
+template <> inline void bt<4>(const v16* d, int s, v16* o, int os) {
+  v16 d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s];
+  o[0] = d0 - d2;
+  o[os] = d1 + d2;
+  o[2 * os] = d2 - d1;
+  o[3 * os] = d1 - d3;
+}
+// 1-D A^T: A inputs, A - 2 outputs
+template <int A> inline void at(const v16* d, int s, v16* o, int os);
+template <> inline void at<6>(const v16* d, int s, v16* o, int os) {
+  v16 d1 = d[s], d2 = d[2 * s], d3 = d[3 * s], d4 = d[4 * s];
+  v16 sm = d1 + d2, Sm = d3 + d4, e = d1 - d2, E = d3 - d4;
+  o[0] = d[0] + sm + Sm;
+  o[os] = e + 2.f * E;
+  o[2 * os] = sm + 4.f * Sm;
+  o[3 * os] = e + 8.f * E + d[5 * s];
+}
+template <> inline void at<4>(const v16* d, int s, v16* o, int os) {
+  o[0] = d[0] + d[s] + d[2 * s];
+  o[os] = d[s] - d[2 * s] - d[3 * s];
+}
+
+// V[(i*A + j), t, c] = (B^T d B)[i][j] of tile t = (n, th, tw) of P (nb, Hp, Wp, C), rows
+// r0 + m*th.., columns m*tw..
+template <int A>
+void input_tiles(const float* P, float* V, int64_t Hp, int64_t Wp, int64_t C, int64_t r0, int64_t thn,
+                 int64_t TW, int64_t tiles) {
+  constexpr int M = A - 2;
+  at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) {
+    v16 d[A * A], h[A * A];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = t / (thn * TW), th = (t / TW) % thn, tw = t % TW;
+      const float* base = P + ((n * Hp + r0 + M * th) * Wp + M * tw) * C;
+      for (int64_t c0 = 0; c0 < C; c0 += L) {
+        const int nc = (int)std::min<int64_t>(L, C - c0);
+        for (int i = 0; i < A; ++i)
+          for (int j = 0; j < A; ++j) d[i * A + j] = load(base + (i * Wp + j) * C + c0, nc);
+        for (int j = 0; j < A; ++j) bt<A>(d + j, A, h + j, A);        // columns: h = B^T d
+        for (int i = 0; i < A; ++i) bt<A>(h + i * A, 1, d + i * A, 1);  // rows: d = h B
+        for (int e = 0; e < A * A; ++e) store(V + ((int64_t)e * tiles + t) * C + c0, d[e], nc);
+      }
+    }
+  });
+}
+
+// y[n, k, row, col] (strided) = (A^T M A)[r][s] (+ bias[k]) of tile t = (n, th, tw) of
+// Mp (A*A, tiles, K); rows >= `rows` and cols >= `cols` (the tails) are not written
+template <int A>
+void output_tiles(const float* Mp, const float* bias, float* y, int64_t sn, int64_t sk, int64_t sh, int64_t sw,
+                  int64_t K, int64_t thn, int64_t TW, int64_t tiles, int64_t rows, int64_t cols) {
+  constexpr int M = A - 2;
+  at::parallel_for(0, tiles, 8, [&](int64_t t0, int64_t t1) {
+    v16 m[A * A], z[M * A], o[M * M];
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = t / (thn * TW), th = (t / TW) % thn, tw = t % TW;
+      const int64_t R = std::min<int64_t>(M, rows - M * th), S = std::min<int64_t>(M, cols - M * tw);
+      if (R <= 0 || S <= 0) continue;
+      for (int64_t k0 = 0; k0 < K; k0 += L) {
+        const int nk = (int)std::min<int64_t>(L, K - k0);
+        for (int e = 0; e < A * A; ++e) m[e] = load(Mp + ((int64_t)e * tiles + t) * K + k0, nk);
+        for (int j = 0; j < A; ++j) at<A>(m + j, A, z + j, A);          // columns: z = A^T m
+        for (int r = 0; r < M; ++r) at<A>(z + r * A, 1, o + r * M, 1);   // rows: o = z A
+        if (bias) {
+          const v16 b = load(bias + k0, nk);
+          for (int e = 0; e < M * M; ++e) o[e] += b;
+        }
+        for (int r = 0; r < R; ++r) {
+          float* row = y + n * sn + (M * th + r) * sh + (M * tw) * sw + k0 * sk;
+          for (int s = 0; s < S; ++s) {
+            if (sk == 1) {
+              store(row + s * sw, o[r * M + s], nk);
+            } else {
+              float tmp[L];
+              std::memcpy(tmp, &o[r * M + s], sizeof(tmp));
+              for (int c = 0; c < nk; ++c) row[s * sw + c * sk] = tmp[c];
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+void wino_input(const at::Tensor& P, const at::Tensor& V, int64_t m, int64_t r0, int64_t thn, int64_t TW) {
+  TORCH_CHECK(P.dim() == 4 && P.is_contiguous() && P.scalar_type() == at::kFloat, "P: contiguous f32 (nb, Hp, Wp, C)");
+  TORCH_CHECK(V.is_contiguous() && V.scalar_type() == at::kFloat, "V: contiguous f32");
+  TORCH_CHECK(m == 4 || m == 2, "m must be 2 or 4");
+  const int64_t nb = P.size(0), Hp = P.size(1), Wp = P.size(2), C = P.size(3), tiles = nb * thn * TW;
+  const int64_t a = m + 2;
+  TORCH_CHECK(V.numel() >= a * a * tiles * C, "V too small");
+  TORCH_CHECK(r0 + m * thn + 2 <= Hp && m * TW + 2 <= Wp, "tiles outside P");
+  auto fn = m == 4 ? input_tiles<6> : input_tiles<4>;
+  fn(P.data_ptr<float>(), V.data_ptr<float>(), Hp, Wp, C, r0, thn, TW, tiles);
+}
+
+void wino_output(const at::Tensor& Mp, const std::optional<at::Tensor>& bias, const at::Tensor& y, int64_t m,
+                 int64_t thn, int64_t TW) {
+  TORCH_CHECK(Mp.dim() == 3 && Mp.is_contiguous() && Mp.scalar_type() == at::kFloat, "Mp: contiguous f32");
+  TORCH_CHECK(y.dim() == 4 && y.scalar_type() == at::kFloat, "y: f32 (nb, K, rows, cols)");
+  TORCH_CHECK(m == 4 || m == 2, "m must be 2 or 4");
+  const int64_t a = m + 2, tiles = Mp.size(1), K = Mp.size(2);
+  TORCH_CHECK(Mp.size(0) == a * a && y.size(1) == K && tiles == y.size(0) * thn * TW, "shapes");
+  TORCH_CHECK(y.size(2) <= m * thn && y.size(3) <= m * TW, "y larger than the tiles");
+  const float* b = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == K, "bias: f32 (K)");
+    b = bias->data_ptr<float>();
+  }
+  auto fn = m == 4 ? output_tiles<6> : output_tiles<4>;
+  fn(Mp.data_ptr<float>(), b, y.data_ptr<float>(), y.stride(0), y.stride(1), y.stride(2), y.stride(3), K, thn, TW,
+     tiles, y.size(2), y.size(3));
+}
+}  // namespace
+
+TORCH_LIBRARY(nnprim_cpu, lib) {
+  lib.def("wino_input(Tensor P, Tensor(a!) V, int m, int r0, int thn, int TW) -> ()");
+  lib.def("wino_output(Tensor Mp, Tensor? bias, Tensor(a!) y, int m, int thn, int TW) -> ()");
+}
+TORCH_LIBRARY_IMPL(nnprim_cpu, CPU, lib) {
+  lib.impl("wino_input", &wino_input);
+  lib.impl("wino_output", &wino_output);
+}
+"""
+
+_LOCK = threading.Lock()
+_STATE: dict[str, object] = {}
+
+
+def _build_dir() -> Path:
+    from ..search.finddb import cache_dir
+    return Path(cache_dir()) / "native"
+
+
+def _compile(so: Path) -> None:
+    """g++ the source into `so` (atomically: a temporary file renamed into place)."""
+    from torch.utils.cpp_extension import include_paths, library_paths
+    so.parent.mkdir(parents=True, exist_ok=True)
+    cxx = os.environ.get("CXX", "g++")
+    with tempfile.TemporaryDirectory(dir=so.parent) as tmp:
+        src = Path(tmp) / "wino.cpp"
+        src.write_text(SOURCE)
+        out = Path(tmp) / so.name
+        cmd = [cxx, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp",
+               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+               *(f"-I{p}" for p in include_paths()), f"-I{sysconfig.get_paths()['include']}",
+               str(src), "-o", str(out),
+               *(f"-L{p}" for p in library_paths()), "-lc10", "-ltorch_cpu",
+               *(f"-Wl,-rpath,{p}" for p in library_paths())]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+        os.replace(out, so)
+
+
+def _so_path() -> Path:
+    key = hashlib.sha256("\n".join((SOURCE, torch.__version__, sys.version, os.uname().machine,
+                                    _cpu_flags())).encode()).hexdigest()[:16]
+    return _build_dir() / f"nnprim_cpu_{key}.so"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def expected() -> bool:
+    """Whether the native transforms should be there (enabled, Linux, a compiler on PATH),
+    without building them: for estimates, which must not compile."""
+    if os.environ.get("NNPRIM_CPU_NATIVE", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    built = _STATE.get("ops", False)
+    if built is not False:
+        return built is not None
+    return shutil.which(os.environ.get("CXX", "g++")) is not None
+
+
+def ops():
+    """torch.ops.nnprim_cpu once the native transforms are built and loaded (first call:
+    compiles, ~20-40 s), or None (disabled, no compiler, not Linux/x86: the torch-op path runs)."""
+    if os.environ.get("NNPRIM_CPU_NATIVE", "1") == "0":
+        return None
+    state = _STATE.get("ops", False)
+    if state is not False:
+        return state
+    with _LOCK:
+        if "ops" in _STATE:
+            return _STATE["ops"]
+        result = None
+        try:
+            if sys.platform.startswith("linux"):
+                so = _so_path()
+                if not so.exists():
+                    _compile(so)
+                torch.ops.load_library(str(so))
+                result = torch.ops.nnprim_cpu
+        except Exception as e:  # noqa: BLE001 - any build or load failure: the torch-op path
+            detail = getattr(e, "stderr", b"") or b""
+            log.warning("nnprim: native CPU Winograd transforms unavailable (%s%s); using torch ops",
+                        type(e).__name__, ": " + detail.decode(errors="replace")[-300:] if detail else f": {e}")
+        _STATE["ops"] = result
+        return result
