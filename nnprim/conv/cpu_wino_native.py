@@ -260,6 +260,7 @@ def ops():
             if sys.platform.startswith("linux"):
                 so = _so_path()
                 if not so.exists():
+                    log.info("nnprim: building the native CPU Winograd transforms into %s (once per machine)", so)
                     _compile(so)
                 torch.ops.load_library(str(so))
                 result = torch.ops.nnprim_cpu
