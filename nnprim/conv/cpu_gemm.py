@@ -29,8 +29,10 @@ f32 accumulation. GEMM engines (CpuGemmConfig.gemm_dtype / use_onednn):
   - otherwise bf16/f16 tiles are converted to f32 on the way into the column buffer and
     the GEMM is torch's f32 matmul -- on CPUs without native bf16 far faster than a
     bf16 GEMM.
-1x1 stride-1 unpadded convolutions use the input as the GEMM operand (no im2col when
-no conversion is needed) and need no col2im. Stride-1 backward data runs as the forward
+1x1 stride-1 unpadded ungrouped convolutions run as one GEMM straight into the output
+(_pointwise_fwd / _pointwise_bwd: forward with bias and post-ops in place, backward data,
+f32 backward weights); other 1x1 problems use the input as the GEMM operand (no im2col
+when no conversion is needed) and need no col2im. Stride-1 backward data runs as the forward
 convolution of dy with the flipped, transposed filter (transposed_fwd): no col2im.
 nchw forward with the bf16 GEMM computes output rows on the padded-width grid where
 the waste is small (_wide_width): each column-tile row is then one contiguous run.
