@@ -83,25 +83,27 @@ ORDER = {"nchw": "gcfno", "nhwc": "gnofc"}   # column tile axes per layout
 
 
 @lru_cache(maxsize=1)
-def cpu_has_native_bf16() -> bool:
-    """avx512_bf16 / amx_bf16 present: torch's bf16 matmul (oneDNN) runs natively."""
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (/proc/cpuinfo's first "flags" line; empty elsewhere)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = f.read()
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        pass
+    return frozenset()
 
 
-@lru_cache(maxsize=1)
+def cpu_has_native_bf16() -> bool:
+    """avx512_bf16 / amx_bf16 present: torch's bf16 matmul (oneDNN) runs natively."""
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
 def cpu_has_amx() -> bool:
     """amx_bf16 present (Intel Sapphire Rapids and later): oneDNN's bf16 matmul runs on AMX
     tiles, ~2x the avx512_bf16 rate of the AMD EPYC the earlier tunings were measured on."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return "amx_bf16" in f.read()
-    except OSError:
-        return False
+    return "amx_bf16" in cpu_flags()
 
 
 @lru_cache(maxsize=1)
@@ -195,6 +197,7 @@ class Plan:
     phases: list | None = None               # strided bwd_data: [(Phase, Plan | None)] (cpu_phase)
     wide: int = 0                            # > 0: forward GEMM over rows this wide (_wide_width)
     via: Plan | None = None                  # forward run as this plan of the other layout's twin
+    pointwise: bool = False                  # one GEMM straight into the output (_pointwise_ok)
 
     @staticmethod
     def _bytes(n: int, dt: torch.dtype) -> int:
@@ -324,7 +327,17 @@ def _relayout_twin(p: ConvProblem, cfg: CpuGemmConfig) -> ConvProblem | None:
                               dilation=p.dilation, groups=p.groups)
 
 
+def _pointwise_ok(p: ConvProblem, gd: torch.dtype) -> bool:
+    """1x1, stride 1, unpadded, ungrouped, the GEMM in the output dtype: one GEMM straight
+    into the output (_pointwise_fwd / _pointwise_bwd), no blocks and no workspace. Backward
+    weights only with the f32 GEMM (its reduction over the images must stay f32)."""
+    return (p.groups == 1 and _is_direct(p) and gd == p.dtype == p.out_dtype
+            and (p.direction != "bwd_weights" or gd == F32))
+
+
 def make_plan(p: ConvProblem, cfg: CpuGemmConfig = CpuGemmConfig()) -> Plan:
+    if _pointwise_ok(p, cfg.gemm_dtype(p)):
+        return Plan(p=p, nthr=1, work=[[]], per_thread={}, direct=True, gemm_dtype=cfg.gemm_dtype(p), pointwise=True)
     if p.direction == "bwd_data" and cfg.bwd_data_as_fwd:
         pf = transposed_fwd(p)
         if pf is not None:
@@ -671,7 +684,7 @@ def _fwd_block_onednn(p: ConvProblem, col: torch.Tensor, w2: torch.Tensor, bias:
         dst.copy_(acc)
 
 
-def _pointwise_fwd(plan: Plan, args: ConvArgs, y_layout: str | None) -> torch.Tensor | None:
+def _pointwise_fwd(plan: Plan, args: ConvArgs) -> torch.Tensor:
     """A 1x1, stride-1, unpadded, ungrouped forward as one GEMM straight into y: nchw the
     batched w (K, C) . x[n] (C, P), nhwc the pixel rows (N*P, C) . w^T (bias through addmm);
     no column block and no copy of the output (the blocked path copies both, and oneDNN's
@@ -679,11 +692,8 @@ def _pointwise_fwd(plan: Plan, args: ConvArgs, y_layout: str | None) -> torch.Te
     y. rn50_r3_1x1 f32 nchw, N 4 / 8: 1.6 / 2.9 ms against 3.0 / 6.0 blocked and 2.1 / 4.7
     for torch's conv (AMX Xeon, 2 threads, 2026-12-01). The GEMM runs in plan.gemm_dtype:
     f32, or bf16 where that is the plain forward's (one rounding, oneDNN's f32 accumulation
-    inside). None where it does not apply."""
+    inside). Planned by make_plan (_pointwise_ok)."""
     p = plan.p
-    if (p.groups != 1 or not _is_direct(p) or (y_layout or p.layout) != p.layout
-            or plan.gemm_dtype != p.dtype or p.out_dtype != p.dtype):
-        return None
     x = to_layout(args.x, p.layout)
     w2 = args.w.reshape(p.K, p.C)
     bias = None if args.bias is None else args.bias.to(p.out_dtype)
@@ -710,9 +720,8 @@ def conv_fwd(plan: Plan, args: ConvArgs, ws: torch.Tensor, y_layout: str | None 
     p = plan.p
     if plan.via is not None:      # the other layout's plan (_relayout_twin)
         return conv_fwd(plan.via, args, plan.carve(ws)[1]["via"], y_layout=p.layout)
-    y = _pointwise_fwd(plan, args, y_layout)
-    if y is not None:
-        return y
+    if plan.pointwise:            # never a relayout twin's plan (direct problems keep their layout)
+        return _pointwise_fwd(plan, args)
     # padded problems read x only through the staging copy, which changes the layout too
     x = args.x if has_padding(p) else to_layout(args.x, p.layout)
     threads, shared = plan.carve(ws)
@@ -778,18 +787,14 @@ def _dy_operand(p: ConvProblem, dy: torch.Tensor, blk: Block, buf: torch.Tensor 
     return out.transpose(0, 1)
 
 
-def _pointwise_bwd(plan: Plan, args: ConvArgs) -> torch.Tensor | None:
+def _pointwise_bwd(plan: Plan, args: ConvArgs) -> torch.Tensor:
     """1x1, stride-1, unpadded, ungrouped backward data or weights as GEMMs straight into
     the output, as _pointwise_fwd: dx = w^T . dy (nchw: batched over images; nhwc: the
     pixel rows . w), dw = dy . x^T summed over the images (nchw: one accumulating f32 GEMM
     per image; nhwc: the pixel rows, one GEMM). Backward weights only with the f32 GEMM
     (its reduction over images must stay f32); backward data in plan.gemm_dtype (one
-    rounding of one GEMM). None where it does not apply."""
+    rounding of one GEMM). Planned by make_plan (_pointwise_ok)."""
     p = plan.p
-    if p.groups != 1 or not _is_direct(p) or plan.gemm_dtype != p.dtype or p.out_dtype != p.dtype:
-        return None
-    if p.direction == "bwd_weights" and p.dtype != F32:
-        return None
     dy = to_layout(args.dy, p.layout)
     P = math.prod(p.out_size)
     if p.direction == "bwd_data":
@@ -815,9 +820,8 @@ def _pointwise_bwd(plan: Plan, args: ConvArgs) -> torch.Tensor | None:
 
 def conv_bwd_data(plan: Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     p = plan.p
-    dx = _pointwise_bwd(plan, args) if plan.as_fwd is None and plan.phases is None else None
-    if dx is not None:
-        return dx
+    if plan.pointwise:
+        return _pointwise_bwd(plan, args)
     if plan.as_fwd is not None:
         G, Kg, nd = p.groups, p.K // p.groups, p.ndim
         wt = args.w.unflatten(0, (G, Kg)).transpose(1, 2).flip(list(range(3, 3 + nd)))
@@ -910,9 +914,8 @@ def _dy_wide(p: ConvProblem, dy: torch.Tensor, blk: Block, buf: torch.Tensor, wi
 
 def conv_bwd_weights(plan: Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     p = plan.p
-    dw = _pointwise_bwd(plan, args)
-    if dw is not None:
-        return dw
+    if plan.pointwise:
+        return _pointwise_bwd(plan, args)
     x = to_layout(args.x, p.layout)
     dy = to_layout(args.dy, p.layout)
     threads, _ = plan.carve(ws)

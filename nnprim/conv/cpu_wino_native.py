@@ -218,19 +218,11 @@ def _compile(so: Path) -> None:
 
 
 def _so_path() -> Path:
+    """The build for this source, torch, Python and CPU (-march=native)."""
+    from .cpu_gemm import cpu_flags
     key = hashlib.sha256("\n".join((SOURCE, torch.__version__, sys.version, os.uname().machine,
-                                    _cpu_flags())).encode()).hexdigest()[:16]
+                                    " ".join(sorted(cpu_flags())))).encode()).hexdigest()[:16]
     return _build_dir() / f"nnprim_cpu_{key}.so"
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
 
 
 def expected() -> bool:

@@ -424,48 +424,36 @@ def test_relayout_amx_any_k(shape, monkeypatch):
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("x_shape,K", [((3, 40, 7, 5), 24), ((2, 17, 9), 33), ((2, 8, 3, 5, 4), 12)])
-def test_pointwise_one_gemm(monkeypatch, layout, bias, x_shape, K):
-    """1x1 stride-1 unpadded ungrouped forward as one GEMM straight into y: taken (counted),
-    NaN-poisoned y fully written; f32 with bias and a post-op chain, native bf16 plain."""
-    taken = []
-    real = cpu_gemm._pointwise_fwd
-
-    def spy(plan, args, y_layout):
-        y = real(plan, args, y_layout)
-        taken.append(y is not None)
-        return y
-    monkeypatch.setattr(cpu_gemm, "_pointwise_fwd", spy)
+def test_pointwise_one_gemm(poison, layout, bias, x_shape, K):
+    """1x1 stride-1 unpadded ungrouped forward as one GEMM straight into y (planned, no
+    workspace): NaN-poisoned y fully written; f32 with bias and a post-op chain, native bf16 plain."""
     w_shape = (K, x_shape[1], *([1] * (len(x_shape) - 2)))
-    check(*make("fwd", x_shape, w_shape, layout=layout, bias=bias))
-    assert taken == [True]
-    if not bias:
-        p, args = make("fwd", x_shape, w_shape, layout=layout, dtype=torch.bfloat16)
-        check(p, args, CpuGemmConfig(bf16_gemm="native"))
     y_shape = (x_shape[0], K, *x_shape[2:])
     res = to_layout(torch.randn(y_shape, generator=torch.Generator().manual_seed(5)), layout)
     chain = (Sum(res, 0.5), Binary("mul", torch.rand(1, K, *([1] * (len(x_shape) - 2))) + 0.5), Eltwise("relu"))
-    check(*make("fwd", x_shape, w_shape, layout=layout, bias=bias, post_ops=chain))
-    assert taken[-1] is True
+    for ops in ((), chain):
+        p, args = make("fwd", x_shape, w_shape, layout=layout, bias=bias, post_ops=ops)
+        assert make_plan(p).pointwise and make_plan(p).workspace_bytes() == 0
+        check(p, args)
+    if not bias:
+        p, args = make("fwd", x_shape, w_shape, layout=layout, dtype=torch.bfloat16)
+        cfg = CpuGemmConfig(bf16_gemm="native")
+        assert make_plan(p, cfg).pointwise == cpu_gemm.cpu_has_native_bf16()
+        check(p, args, cfg)
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("x_shape,K", [((3, 40, 7, 5), 24), ((2, 17, 9), 33), ((2, 8, 3, 5, 4), 12)])
-def test_pointwise_backward_one_gemm(monkeypatch, layout, x_shape, K):
+def test_pointwise_backward_one_gemm(layout, x_shape, K):
     """1x1 backward data (f32, native bf16) and weights (f32) as GEMMs straight into the
-    NaN-poisoned output: taken; bf16 backward weights keeps the blocked path."""
-    taken = []
-    real = cpu_gemm._pointwise_bwd
-
-    def spy(plan, args):
-        out = real(plan, args)
-        taken.append(out is not None)
-        return out
-    monkeypatch.setattr(cpu_gemm, "_pointwise_bwd", spy)
+    NaN-poisoned output; bf16 backward weights keeps the blocked path (f32 reduction)."""
     w_shape = (K, x_shape[1], *([1] * (len(x_shape) - 2)))
-    check(*make("bwd_data", x_shape, w_shape, layout=layout))
-    check(*make("bwd_weights", x_shape, w_shape, layout=layout))
-    assert taken == [True, True]
+    for d in ("bwd_data", "bwd_weights"):
+        p, args = make(d, x_shape, w_shape, layout=layout)
+        assert make_plan(p).pointwise
+        check(p, args)
     check(*make("bwd_data", x_shape, w_shape, layout=layout, dtype=torch.bfloat16))
-    check(*make("bwd_weights", x_shape, w_shape, layout=layout, dtype=torch.bfloat16),
-          CpuGemmConfig(bf16_gemm="native"))
-    assert taken[-1] is False
+    p, args = make("bwd_weights", x_shape, w_shape, layout=layout, dtype=torch.bfloat16)
+    cfg = CpuGemmConfig(bf16_gemm="native")
+    assert not make_plan(p, cfg).pointwise
+    check(p, args, cfg)
