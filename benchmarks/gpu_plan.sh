@@ -16,6 +16,8 @@
 #              and did not finish in 240 s (2026-12-01): give it a call of its own
 #   gluon_bench  benchmarks/gluon_fwd.py, benchmarks/gluon_bwd.py and benchmarks/gluon_conv_probe.py
 #              (solver level, peers interleaved)
+#   attn_bwd   tests/gpu/test_gluon_bwd_gpu.py and benchmarks/gluon_bwd.py (127's dQ variants, 111, peers)
+#   refind     nnprim db build-system --refind-solver $SOLVERS (default 127) into the shipped db
 #   conv_probes  benchmarks/stem_probe.py, benchmarks/gluon_conv_bwd_probe.py (solver level) and
 #              benchmarks/pointwise_probe.py (the 1x1 layers through the API)
 #   diag       the default-vs-forced clock check and the graphed conv's choices
@@ -37,6 +39,20 @@ case $STEP in
     timeout 200 python3 benchmarks/gluon_fwd.py --rounds 6 --variants pp_pers,pp_single --out "$OUT/gluon_fwd_$D.json" 2>&1 | tail -18
     timeout 180 python3 benchmarks/gluon_bwd.py --rounds 4 --out "$OUT/gluon_bwd_$D.json" 2>&1 | tail -18
     timeout 150 python3 benchmarks/gluon_conv_probe.py --out "$OUT/gluon_conv_probe_$D.json" 2>&1 | tail -40 ;;
+  attn_bwd)
+    # solver 127's dQ by f32 atomics against TMA reduce-adds (ninth session): its GPU module, then
+    # the configs at the solver level with 111 and the peers interleaved
+    timeout 250 python3 -m pytest -p no:cacheprovider tests/gpu/test_gluon_bwd_gpu.py -n 4 -q -rf --tb=short \
+      > "$OUT/gpu_tests_gluon_bwd_$D.log" 2>&1
+    tail -5 "$OUT/gpu_tests_gluon_bwd_$D.log"
+    timeout 200 python3 benchmarks/gluon_bwd.py --rounds 4 --configs default,atomic,wg_dq \
+      --solvers flash_111 --out "$OUT/gluon_bwd_$D.json" 2>&1 | tail -18 ;;
+  refind)
+    # find again the system db's problems whose records hold solvers whose kernels changed
+    # (SOLVERS, default 127), into the shipped db; copied to OUT
+    timeout -s INT 330 python3 -m nnprim db build-system --device cuda --refind-solver "${SOLVERS:-gluon_flash_bwd}" \
+      --workers 12 2>&1 | tr '\r' '\n' | tail -4
+    cp nnprim/data/system_finddb.sqlite nnprim/data/system_finddb.tsv "$OUT"/ ;;
   conv_probes)
     # the seventh session's conv solvers at the solver level: stem variants (70-72) and the
     # stride-2 Gluon backward (28/29) against Triton 21/22 and cuDNN (2026-12-01: 104 s in all)

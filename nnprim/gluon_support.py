@@ -20,8 +20,10 @@ from .launch import interpreting
 GLUON_ENV = "NNPRIM_GLUON"
 
 try:  # Gluon ships with triton >= 3.5; without it the Gluon solvers are not applicable
+    from triton._C.libtriton import ir as _ir
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language._core import builtin as _builtin
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
@@ -30,10 +32,20 @@ try:  # Gluon ships with triton >= 3.5; without it the Gluon solvers are not app
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    @_builtin
+    def tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+        """TMA bulk reduce-add (cp.reduce.async.bulk.tensor .add): global[box at coord] +=
+        the shared-memory tile src (the descriptor's block shape and layout). Gluon 3.6 has no
+        wrapper for it; this builds the same op as its TMA store, through the builder's
+        binding of `ttng.async_tma_reduce`. Tracked like a TMA store (`tma.store_wait`)."""
+        coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+        _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord,
+                                                  src.handle)
     GLUON_ERROR: str | None = None
 except Exception as e:  # noqa: BLE001 - any import failure makes the solvers not applicable
     gluon = gl = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
-    TensorDescriptor = None
+    TensorDescriptor = tma_reduce_add = None
     GLUON_ERROR = f"{type(e).__name__}: {e}"
 
 

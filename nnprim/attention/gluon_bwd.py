@@ -8,7 +8,8 @@ that, per key block, forms the five products
     S = Q K^T,  P = exp2(S * scale * log2e - lse * log2e),  dP = dO V^T,
     dV += P^T dO,  dS = P * (dP - delta),  dK += dS^T Q,  dQ_partial = dS K
 
-and adds dQ_partial to the accumulator with f32 atomics (so not deterministic), then its
+and adds dQ_partial to the f32 accumulator (in whatever order the key blocks arrive: not
+deterministic), then its
 cast kernel (which applies the scale: the main kernel adds dQ_partial unscaled). Only the main
 kernel is new: Gluon, FA3's structure.
 
@@ -25,11 +26,15 @@ them), as in 123. `gl.warp_specialize` splits the CTA into
     then two values per thread, FA3's orientation), P from the lse (a fully masked row's
     lse = -inf gives P = 0), P and dS into the warpgroup's shared buffers, dV += P^T dO and
     dK += dS^T Q (P, dS read transposed as the A operands, wgmma's M = the 64 keys),
-    dQ_partial = dS K, the stage released, then dQ_partial added with `gl.atomic_add` in the accumulator's layout (masked at Sq;
-    vectorised to 2 x f32 reductions). dQ_partial, SPLIT_DQ (d128, the default there; FA3's):
+    dQ_partial = dS K, the stage released, then dQ_partial added to the accumulator: TMA_DQ
+    (the default, FA3's way) stores it into the warpgroup's f32 staging tile in shared memory
+    and issues TMA bulk reduce-adds of [64 rows, 32 columns] boxes (`_add_dq`; rows past Sq
+    fall outside the descriptor), else per-thread `gl.atomic_add` in the accumulator's
+    layout (2 x f32 reductions, masked at Sq). The atomics held d128 at 335-389 TFLOP/s; the
+    reduce-adds take it to 538-600 (2026-12-01, ninth session). dQ_partial, SPLIT_DQ (d128, the default there; FA3's):
     of all 128 keys, each warpgroup HEAD_D / 2 columns, from both warpgroups' dS (double-
     buffered in shared memory, a ds_ready barrier per buffer counts both writers) and column
-    halves of K: half the atomic adds and dQ registers. Otherwise (d64, whose K column half
+    halves of K: half the dQ adds and registers. Otherwise (d64, whose K column half
     would cut a 128-byte swizzle row): each warpgroup its 64 keys, all columns.
 Element masks (key tail at Sk, the causal diagonal) only on the query blocks [lo, full) that
 cross the diagonal, and on every query block of the last key block (keys past Sk): the
@@ -37,8 +42,8 @@ consumers walk [lo, full) of every query head of the group, then [full, m_end) o
 as two flat loops (one with a branch on the mask cost registers; a head loop around them kept
 its values live across the stages: spills), and the producer loads in that order. Query rows
 past Sq load as zeros and their lse as +inf (P = 0). Epilogue: dK * scale and dV cast to the
-input dtype, masked stores at Sk. Non-persistent grid (a next step:
-FA3's persistent scheduler, the dQ adds through shared memory and TMA).
+input dtype, masked stores at Sk. Non-persistent grid (a next step: FA3's persistent
+scheduler).
 
 Covers bf16/f16, D == Dv in {64, 128} (d256 would need 2 x 128 registers of dK/dV
 accumulators per thread and ~260 KB of shared memory: not applicable), GQA/MQA, causal
@@ -48,16 +53,13 @@ is solver 123's. Needs a CUDA device of capability 9.x and Gluon; never applicab
 TRITON_INTERPRET=1 nor with NNPRIM_GLUON=0 (nnprim/gluon_support.py). Inputs whose strides
 TMA cannot describe are copied contiguous first (gluon_fwd._tma_view).
 
-Measured on the H200 (2026-12-01, benchmarks/gluon_bwd.py, results/gluon_bwd_2026-12-01.json):
-correct on its GPU module (42 passed), 0.60x cuDNN's backward over the 13 train problems with
-D <= 128 against 0.66x for solver 111 in the same run (d128 328-344 TFLOP/s, d64 215-289);
-faster than 111 only on short causal d64. That kernel spilled 360-400 bytes per thread at d128.
-Issue 12 (offline, benchmarks/diag/gluon_bwd_regs.py, sm_90 through the stub driver): the K/V
-wgmma descriptors rebuilt per stage (REMAT, _step), the flat loops, the unscaled dQ and the
-unmasked adds of whole query blocks take d128's default to 0 bytes of stack (8 causal, outside
-the loops; hot loops 565-962 -> 480-640 SASS instructions, no spill loads); d64 stays 0.
-Not yet timed on the H200. Known costs: no persistent scheduler, dQ by 2-wide f32 global
-reductions.
+History (H200, benchmarks/gluon_bwd.py, solver level, cuDNN in the same run, the 13 train
+problems with D <= 128): the first kernel (2026-12-01) 0.60x cuDNN, spilling 360-400 bytes per
+thread at d128; spill-free (REMAT: the K/V wgmma descriptors rebuilt per stage, the flat loops,
+the unscaled dQ; benchmarks/diag/gluon_bwd_regs.py) 0.62x; dQ by TMA reduce-adds instead of
+f32 atomics (ninth session): d128 0.85-1.02x (0.94x geomean over its 7 problems; the atomics'
+variant 0.59-0.73x, solver 111 0.60-0.69x in the same run). Known cost left: no persistent
+scheduler (a CTA per key block: short sequences pay the prologue per CTA).
 """
 from __future__ import annotations
 
@@ -70,8 +72,10 @@ from ..gluon_support import (
     fence_async_shared,
     gl,
     gluon,
+    host_descriptor,
     mbarrier,
     tma,
+    tma_reduce_add,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -87,14 +91,15 @@ BLOCK_M = 64              # query rows per ring stage
 BLOCK_N = 128             # keys per CTA (64 per consumer warpgroup)
 KEYS_PER_WG = BLOCK_N // 2
 # Fraction of the bf16 peak by head dim, measured on the H200 (benchmarks/gluon_bwd.py,
-# long sequences). 2026-12-01 spill-free (REMAT, flat loops; results/gluon_bwd_2026-12-01_s7.json):
-# d64 245-258 TFLOP/s, d128 (split dQ) 363-396; solver 111 in the same run 333-352 and
-# 349-373 (before: d64 280-289, d128 328-344 with 240-400 bytes of spills)
-EFF_BY_D = {64: 0.33, 128: 0.50}
+# long sequences). 2026-12-01 ninth session, dQ by TMA reduce-adds (results/gluon_bwd_2026-12-01_s9*.json):
+# d128 (split dQ) 538-600 TFLOP/s at s4k-16k (379 at s1024); with f32 atomics 335-389 and
+# solver 111 in the same run 315-365. d64: f32 atomics 228-257 (111: 246-353)
+EFF_BY_D = {64: 0.33, 128: 0.72}
 HOST_FLOOR_MS = 0.06      # three launches and four descriptors per call (126's floor + 2 launches)
 
 
-def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None, remat: bool = True) -> dict:
+def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None, remat: bool = True,
+                tma_dq: bool = True) -> dict:
     """Launch constants for head dim d: STAGES of the (Q, dO) ring (default 3 at d64, 2 at
     d128 as FA3; 3 also fits 227 KB at d128, which benchmarks/gluon_bwd.py times), SPLIT_DQ
     (dQ_partial of all 128 keys split by columns between the warpgroups, FA3's: half the
@@ -102,11 +107,13 @@ def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None,
     swizzle rows; default on there), num_warps of each consumer warpgroup, maxnreg (168 x 384
     threads fills the register file; setmaxnreg moves the producer's registers to the
     consumers, 240 each), REMAT (the K / V wgmma descriptors and mask indices rebuilt per
-    stage instead of hoisted and spilled, _step; False: the kernel of 2026-12-01)."""
+    stage instead of hoisted and spilled, _step; False: the kernel of 2026-12-01), TMA_DQ
+    (dQ_partial added by TMA bulk reduce-adds from a shared-memory staging tile per
+    warpgroup instead of per-thread f32 atomics, `_add_dq`)."""
     split = d >= 128 if split_dq is None else split_dq and d >= 128
     stages = stages or (3 if d <= 64 else 2)
-    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, SPLIT_DQ=split, REMAT=remat, num_warps=4,
-                maxnreg=168)
+    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, SPLIT_DQ=split, REMAT=remat, TMA_DQ=tma_dq,
+                num_warps=4, maxnreg=168)
 
 
 # Named tile configs (benchmarks/gluon_bwd.py --configs and benchmarks/diag/gluon_bwd_regs.py
@@ -114,9 +121,12 @@ def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None,
 CONFIGS = {
     "default": lambda d: tile_config(d),
     "wg_dq": lambda d: tile_config(d, split_dq=False),
-    "s3": lambda d: tile_config(d, stages=3),
-    "wg_dq_s3": lambda d: tile_config(d, split_dq=False, stages=3),
-    "hoisted": lambda d: tile_config(d, remat=False),   # descriptors hoisted as on 2026-12-01 (d128 spills)
+    # dQ by f32 atomics (the kernel before 2026-12-01's ninth session); the 3-stage ring at d128
+    # fits only without the TMA staging tiles
+    "atomic": lambda d: tile_config(d, tma_dq=False),
+    "wg_dq_atomic": lambda d: tile_config(d, split_dq=False, tma_dq=False),
+    "s3": lambda d: tile_config(d, stages=3, tma_dq=False),
+    "hoisted": lambda d: tile_config(d, remat=False, tma_dq=False),   # descriptors hoisted (d128 spills)
 }
 
 
@@ -125,7 +135,9 @@ def smem_bytes(d: int, cfg: dict) -> int:
     tiles, the consumers' P and dS buffers (dS double-buffered with SPLIT_DQ; barriers
     aside)."""
     n_pds = 2 + (4 if cfg["SPLIT_DQ"] else 2)
-    return 2 * (2 * cfg["BLOCK_N"] * d + 2 * cfg["STAGES"] * cfg["BLOCK_M"] * d + n_pds * KEYS_PER_WG * cfg["BLOCK_M"])
+    stage = 2 * 4 * cfg["BLOCK_M"] * (d // 2 if cfg["SPLIT_DQ"] else d) if cfg.get("TMA_DQ") else 0
+    return 2 * (2 * cfg["BLOCK_N"] * d + 2 * cfg["STAGES"] * cfg["BLOCK_M"] * d
+                + n_pds * KEYS_PER_WG * cfg["BLOCK_M"]) + stage
 
 
 def model_ms(problem) -> float:
@@ -180,11 +192,11 @@ if gluon is not None:
                     it += 1
 
     @gluon.jit
-    def _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, bh, start_m, it,
-              key0, offs_dq, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq, WG: gl.constexpr,
+    def _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage, bh, b, h,
+              start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq, WG: gl.constexpr,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, MASKED: gl.constexpr,
-              CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr, s_layout: gl.constexpr,
-              dq_layout: gl.constexpr):
+              CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr, TMA_DQ: gl.constexpr,
+              s_layout: gl.constexpr, dq_layout: gl.constexpr):
         """One ring stage (query rows start_m.. of head bh, the it-th stage of this CTA) for
         one consumer: the five products, the stage's release, the atomic dQ adds; (dk, dv).
         S and dP are [query rows, keys] tiles, so lse and delta are two values per thread (per
@@ -261,19 +273,48 @@ if gluon is not None:
             dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
         dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
         mbarrier.arrive(q_empty.index(s), count=1)          # Q_i, dO_i, P, dS no longer read
-        rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-        ptrs = (DQA + row0 * HEAD_D) + (rows[:, None] * HEAD_D + offs_dq[None, :])
-        if start_m + BLOCK_M <= Sq:
-            gl.atomic_add(ptrs, dq, sem="relaxed")
+        if TMA_DQ:
+            _add_dq(dq_desc, dq_stage, dq, b, h, start_m, WG, SPLIT_DQ)
         else:
-            gl.atomic_add(ptrs, dq, mask=rows[:, None] < Sq - start_m, sem="relaxed")
+            rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+            ptrs = (DQA + row0 * HEAD_D) + (rows[:, None] * HEAD_D + offs_dq[None, :])
+            if start_m + BLOCK_M <= Sq:
+                gl.atomic_add(ptrs, dq, sem="relaxed")
+            else:
+                gl.atomic_add(ptrs, dq, mask=rows[:, None] < Sq - start_m, sem="relaxed")
         return dk, dv
 
     @gluon.jit
-    def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
-                  Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, WG: gl.constexpr,
+    def _add_dq(dq_desc, dq_stage, dq, b, h, start_m, WG: gl.constexpr, SPLIT_DQ: gl.constexpr):
+        """dQ[b, h, start_m + rows, this warpgroup's columns (SPLIT_DQ: its half, else all)] +=
+        dq (f32 [BLOCK_M, DQ_N]) by TMA
+        bulk reduce-adds (FA3's dQ path): dq into the warpgroup's staging tile, then one
+        reduce-add per RED-column box (a 128-byte f32 swizzle row). The staging tile is
+        boxes WG * NRED + [0, NRED) of dq_stage ([1, 1, BLOCK_M, RED] each) one after another,
+        which is the memory order of a 128-byte-swizzled [BLOCK_M, DQ_N] f32 tile (column
+        blocks of RED stacked), so the registers go in with one store. The previous step's
+        reduce-adds must have read the tile first (store_wait). Rows past Sq fall outside the
+        descriptor's (B, Hq, Sq, D) box and are dropped by the TMA unit."""
+        BLOCK_M: gl.constexpr = dq.type.shape[0]
+        DQ_N: gl.constexpr = dq.type.shape[1]
+        RED: gl.constexpr = dq_stage.type.shape[4]
+        NRED: gl.constexpr = DQ_N // RED
+        if SPLIT_DQ:
+            col0: gl.constexpr = WG * DQ_N
+        else:
+            col0: gl.constexpr = 0
+        flat: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_N], gl.float32)
+        tma.store_wait(0)
+        dq_stage._reinterpret(gl.float32, [2, BLOCK_M, DQ_N], flat).index(WG).store(dq)
+        fence_async_shared()
+        for c in gl.static_range(NRED):
+            tma_reduce_add(dq_desc, [b, h, start_m, col0 + c * RED], dq_stage.index(WG * NRED + c))
+
+    @gluon.jit
+    def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage, DK, DV,
+                  b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, WG: gl.constexpr,
                   HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
-                  SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr, WARPS: gl.constexpr):
+                  SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr, TMA_DQ: gl.constexpr, WARPS: gl.constexpr):
         """Consumer warpgroup WG: keys start_n + WG * KEYS + [0, KEYS). Per ring stage the five
         products (module doc), the stage released once every product reading it has retired,
         then the atomic dQ adds; at the end dK, dV stored. SPLIT_DQ: dQ_partial of all 128 keys,
@@ -315,14 +356,16 @@ if gluon is not None:
         # past Sk) with element masks, then the rest without, each loop over every query head
         # of the group (flat: nothing of a head loop stays live across the stages); two
         # straight loops (a branch on the mask in one loop costs registers)
-        bh0 = (b * Hq + hk * GROUP).to(gl.int64)
+        h0 = hk * GROUP
+        bh0 = (b * Hq + h0).to(gl.int64)
         n_mask = GROUP * ((full - lo) // BLOCK_M)
         g = 0
         start_m = lo
         for it in range(0, n_mask):
-            dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, bh0 + g,
-                           start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq,
-                           WG, HEAD_D, BLOCK_M, KEYS, True, CAUSAL, SPLIT_DQ, REMAT, s_layout, dq_layout)
+            dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
+                           dq_stage, bh0 + g, b, h0 + g, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk,
+                           dv, zero_s, zero_dq, WG, HEAD_D, BLOCK_M, KEYS, True, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ,
+                           s_layout, dq_layout)
             start_m += BLOCK_M
             if start_m >= full:
                 start_m = lo
@@ -330,9 +373,10 @@ if gluon is not None:
         g = 0
         start_m = full
         for it in range(n_mask, n_mask + GROUP * ((m_end - full) // BLOCK_M)):
-            dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, bh0 + g,
-                           start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq,
-                           WG, HEAD_D, BLOCK_M, KEYS, False, CAUSAL, SPLIT_DQ, REMAT, s_layout, dq_layout)
+            dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
+                           dq_stage, bh0 + g, b, h0 + g, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk,
+                           dv, zero_s, zero_dq, WG, HEAD_D, BLOCK_M, KEYS, False, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ,
+                           s_layout, dq_layout)
             start_m += BLOCK_M
             if start_m >= m_end:
                 start_m = full
@@ -345,16 +389,19 @@ if gluon is not None:
         out = krows[:, None] * HEAD_D + offs_d[None, :]
         gl.store((DK + base) + out, (dk * scale).to(dtype), mask=kmask)
         gl.store((DV + base) + out, dv.to(dtype), mask=kmask)
+        if TMA_DQ:
+            tma.store_wait(0)     # the last reduce-adds have read the staging tile
 
     @gluon.jit(do_not_specialize=["Hq", "Hkv", "Sq", "Sk"])
-    def _gluon_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQA, DK, DV, Hq, Hkv, Sq, Sk, GROUP,
+    def _gluon_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQA, dq_desc, DK, DV, Hq, Hkv, Sq, Sk, GROUP,
                           qk_scale, scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr,
-                          num_warps: gl.constexpr):
+                          TMA_DQ: gl.constexpr, num_warps: gl.constexpr):
         """CTA (key block pid 0, b * Hkv + hk pid 1). Descriptors: 4-D [B, H, S, D] views with
         boxes [1, 1, BLOCK_M, D] (Q, dO) and [1, 1, BLOCK_N / 2, D] (K, V); lse, delta
         (B, Hq, Sq) f32, the dQ accumulator (B, Hq, Sq, D) f32, dK / dV (B, Hkv, Sk, D), all
-        contiguous. Two consumer partitions of num_warps (4) warps, one producer warp."""
+        contiguous; with TMA_DQ, dq_desc: the accumulator's descriptor, box [1, 1, BLOCK_M, 32]
+        (else DQA again, unused). Two consumer partitions of num_warps (4) warps, one producer warp."""
         KEYS: gl.constexpr = BLOCK_N // 2
         dtype: gl.constexpr = q_desc.dtype
         pid_bh = gl.program_id(1)
@@ -385,6 +432,15 @@ if gluon is not None:
         ps_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KEYS], dtype)
         p_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, KEYS], ps_layout)
         ds_bufs = gl.allocate_shared_memory(dtype, [4 if SPLIT_DQ else 2, BLOCK_M, KEYS], ps_layout)
+        if TMA_DQ:   # per consumer: its [BLOCK_M, DQ_N] dQ tile as DQ_N / RED boxes of the descriptor
+            RED: gl.constexpr = dq_desc.block_type.shape[3]
+            if SPLIT_DQ:
+                NRED: gl.constexpr = HEAD_D // 2 // RED
+            else:
+                NRED: gl.constexpr = HEAD_D // RED
+            dq_stage = gl.allocate_shared_memory(gl.float32, [2 * NRED] + dq_desc.block_type.shape, dq_desc.layout)
+        else:
+            dq_stage = p_bufs     # (unused)
         kv_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -398,12 +454,12 @@ if gluon is not None:
         bars = (kv_ready, q_ready, q_empty, ds_ready)
 
         gl.warp_specialize([
-            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
-                         Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 0, HEAD_D, BLOCK_M, KEYS,
-                         CAUSAL, SPLIT_DQ, REMAT, num_warps)),
-            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, DK, DV, b, hk, start_n,
-                         Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 1, HEAD_D, BLOCK_M, KEYS,
-                         CAUSAL, SPLIT_DQ, REMAT, num_warps)),
+            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
+                         DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 0,
+                         HEAD_D, BLOCK_M, KEYS, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ, num_warps)),
+            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
+                         DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 1,
+                         HEAD_D, BLOCK_M, KEYS, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ, num_warps)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_bufs, v_bufs, bars, b, hk, start_n,
                          GROUP, lo, full, m_end, BLOCK_M, KEYS)),
         ], [num_warps, 1], [240, 24])
@@ -417,6 +473,10 @@ if gluon is not None:
 
 
 # ---- launcher -------------------------------------------------------------------------
+
+DQ_RED = 32   # f32 columns per dQ reduce-add box: one 128-byte swizzle row
+_DQ_LAYOUT = gl.NVMMASharedLayout.get_default_for([1, 1, BLOCK_M, DQ_RED], gl.float32) if gl is not None else None
+
 
 class GluonBwdPlan:
     """The three launches of one problem: preprocess and cast (solver 123's kernels; one
@@ -478,8 +538,10 @@ class GluonBwdPlan:
         scale = float(args.effective_scale(p.invert_scale))
         self._pre(args.o, args.do)(args.o, args.do, lse, delta, dqa, dqa)
         rows, keys = self.cfg["BLOCK_M"], self.cfg["BLOCK_N"] // 2
+        dq_desc = host_descriptor(dqa, [p.B, p.Hq, p.Sq, p.D], [p.Hq * p.Sq * p.D, p.Sq * p.D, p.D, 1],
+                                  [1, 1, rows, DQ_RED], _DQ_LAYOUT) if self.cfg["TMA_DQ"] else dqa
         self.main(_descriptor(q, sq, rows), _descriptor(k, sk, keys), _descriptor(v, sv, keys),
-                  _descriptor(do, sd, rows), lse, delta, dqa, dk, dv,
+                  _descriptor(do, sd, rows), lse, delta, dqa, dq_desc, dk, dv,
                   p.Hq, p.Hkv, p.Sq, p.Sk, p.group, scale * 1.4426950408889634, scale)
         self._cast(scale)(dqa, dq, dqa)
         return dq, dk, dv

@@ -11,7 +11,9 @@
   build-system [--suite S]... [--models F,...]  run find on suite problems and held-out
                              model layers (nnprim.testing.heldout) and merge the records
                              into the system db (nnprim/data/system_finddb.sqlite, or
-                             --out FILE) and its text export (same path, .tsv)
+                             --out FILE) and its text export (same path, .tsv);
+                             --refind-solver S,...: instead, find again the db's problems
+                             whose records hold those solvers (their kernels changed)
   model-check [--system] [--device FP]  leave-one-out (and hash / held-out-class split) validation of the learned model"""
 from __future__ import annotations
 
@@ -123,6 +125,26 @@ def build_problems(suites, models, *, count: int, seed: int, dtype, device: str,
     return probs
 
 
+def refind_problems(db: finddb.FindDb, solvers: str, device: str) -> list:
+    """(key, problem) of every problem of `db` on this machine whose records hold one of the
+    solver names or ids in `solvers` (a comma list): what to find again when those solvers'
+    kernels changed, so that their old times no longer decide."""
+    from ..search.context import context
+    from ..search.keys import problem_from_key
+    from ..search.solver import REGISTRY
+    ids = {REGISTRY.get(int(t) if t.strip().isdigit() else t.strip()).id for t in solvers.split(",") if t.strip()}
+    fp = context(device).fingerprint
+    keys = sorted({r.problem_key for r in db.for_device(fp, finddb.SOLVER_SET_VERSION) if r.solver_id in ids})
+    out = []
+    for key in keys:
+        p = problem_from_key(key)
+        if p is None:
+            print(f"  {key}: not a problem this version can build; skipped", file=sys.stderr)
+            continue
+        out.append((key, p))
+    return out
+
+
 def cmd_build_system(args) -> int:
     import time
 
@@ -136,12 +158,15 @@ def cmd_build_system(args) -> int:
         suites = ["conv_gpu", "attention_gpu"] if dev == "cuda" else ["conv_cpu"]
     models = None if args.models == "none" else (list(FAMILIES) if args.models in (None, "all")
                                                  else args.models.split(","))
-    probs = build_problems(suites, models, count=args.count, seed=args.seed, dtype=args.dtype, device=dev,
-                           direction=args.direction, scale=args.scale)
     out = args.out or str(finddb.SYSTEM_DB_PATH)
     if not os.path.exists(out):
         finddb.create_empty(out)
     target = finddb.FindDb(out)
+    if args.refind_solver:
+        probs = refind_problems(target, args.refind_solver, dev)
+    else:
+        probs = build_problems(suites, models, count=args.count, seed=args.seed, dtype=args.dtype, device=dev,
+                               direction=args.direction, scale=args.scale)
     deadline = None if args.time_budget is None else time.monotonic() + args.time_budget
     old = os.environ.get("NNPRIM_CACHE_DIR")
     ok = written = 0
@@ -238,6 +263,9 @@ def add_parser(sub) -> None:
                                                       "train: fwd,bwd)")
     p.add_argument("--scale", default="full", choices=("full", "tiny"), help="model layers' sizes (tiny: tests)")
     p.add_argument("--exhaustive", action="store_true", help="more repeats per candidate")
+    p.add_argument("--refind-solver", default=None,
+                   help="instead of suites and models: find again every problem of the db whose records hold "
+                        "these solvers (comma list of names or ids; after a kernel change)")
     p.add_argument("--out", default=None, help="output file (default: the package's system db)")
     p.add_argument("--workers", type=int, default=8, help="parallel compile processes on a GPU (1: none)")
     p.add_argument("--time-budget", type=float, default=None,

@@ -284,7 +284,7 @@ def _gluon_attempts(failures: list[str], report: list[str]) -> None:
                           f"dynamic_smem={ck.metadata.shared} {regs} {c}".rstrip())
 
 
-GLUON_BWD = [  # (split dQ, or 3: 3 ring stages, or a gluon_bwd.CONFIGS name; fields) of solver 127
+GLUON_BWD = [  # (split dQ, or a gluon_bwd.CONFIGS name; fields) of solver 127
     # (Gluon, sm_90 only): d64/d128, causal both ways and not, GQA, tails; d128 with dQ split by columns
     # between the warpgroups (the default) and per warpgroup; the descriptors hoisted (REMAT off)
     (False, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=64, Dv=64, dtype=BF16)),
@@ -294,8 +294,12 @@ GLUON_BWD = [  # (split dQ, or 3: 3 ring stages, or a gluon_bwd.CONFIGS name; fi
     (True, dict(B=1, Hq=2, Hkv=2, Sq=333, Sk=300, D=128, Dv=128, dtype=F16, causal="bottom_right")),
     (False, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16)),
     (False, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, causal="top_left")),
-    (3, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, causal="top_left")),  # 3 stages
+    ("s3", dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, causal="top_left")),  # 3 stages
     ("hoisted", dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, causal="top_left")),  # REMAT off
+    # dQ by f32 atomics instead of TMA reduce-adds: split columns (d128), per warpgroup (d64, d128)
+    ("atomic", dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, causal="top_left")),
+    ("atomic", dict(B=1, Hq=4, Hkv=2, Sq=333, Sk=300, D=64, Dv=64, dtype=F16, causal="bottom_right")),
+    ("wg_dq_atomic", dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16)),
 ]
 
 
@@ -315,7 +319,7 @@ def _gluon_bwd_attempts(failures: list[str], report: list[str]) -> None:
             if isinstance(split, str):
                 cfg = gluon_bwd.CONFIGS[split](p.D)
             else:
-                cfg = gluon_bwd.tile_config(p.D, stages=3) if split == 3 else gluon_bwd.tile_config(p.D, split)
+                cfg = gluon_bwd.tile_config(p.D, split)
             gluon_bwd.GluonBwdPlan(p, cfg)(random_args(p, seed=0))
         except Exception as e:  # noqa: BLE001 - report every variant that does not compile
             failures.append(f"gluon_flash_bwd on {p.key()}: {type(e).__name__}: {str(e)[:1500]}")

@@ -3,7 +3,8 @@ inputs, NaN-poisoned outputs, dq/dk/dv against the float64 reference; odd Sq/Sk 
 4:1 and MQA, both causal alignments, d64/d128, Sq != Sk (rows that see no key), more CTAs
 than SMs, f16, negative and inverted scales, strided and unaligned inputs, the public API.
 Both ways of forming dQ_partial at d128: `split_dq` (all 128 keys, each warpgroup half the
-columns; the default) and `wg_dq` (each warpgroup its 64 keys, all columns; d64's only way).
+columns; the default) and `wg_dq` (each warpgroup its 64 keys, all columns; d64's only way),
+each with dQ added by f32 atomics and by TMA reduce-adds (`_tma` variants).
 
 A wrong barrier phase shows as a hang, not an error: the smoke test runs small problems in
 a subprocess with a timeout (per dQ variant) and a variant's tests are skipped when it hangs or fails
@@ -46,7 +47,7 @@ for D, Sq, Sk in ((64, 130, 200), (128, 300, 77), (128, 64, 128)):
     for causal in (None, "bottom_right"):
         o, lse = nnprim.sdpa(q, k, v, causal=causal, return_lse=True, solver="flash_fwd")
         p = AttentionProblem.from_tensors(q, k, v, causal=causal, direction="bwd")
-        cfg = gluon_bwd.tile_config(D, sys.argv[1] == "1")
+        cfg = gluon_bwd.tile_config(D, sys.argv[1] == "1", tma_dq=sys.argv[2] == "1")
         dq, dk, dv = gluon_bwd.GluonBwdPlan(p, cfg)(AttnArgs(q, k, v, do=do, o=o, lse=lse))
         torch.cuda.synchronize()
         ref = nnprim.sdpa_backward(do, q, k, v, o, lse, causal=causal, solver="flash_bwd_atomic")
@@ -55,36 +56,38 @@ for D, Sq, Sk in ((64, 130, 200), (128, 300, 77), (128, 64, 128)):
             assert err < 5e-2, f"wrong result: D={D} Sq={Sq} Sk={Sk} {causal} {name} rel err {err}"
 print("SMOKE-OK")
 """
-_smoke: dict[bool, str] = {}
+_smoke: dict[tuple[bool, bool], str] = {}
+VARIANTS = [(True, False), (False, False), (True, True), (False, True)]   # (SPLIT_DQ, TMA_DQ)
+IDS = ["split_dq", "wg_dq", "split_dq_tma", "wg_dq_tma"]
 
 
-def smoke_failure(split: bool) -> str | None:
+def smoke_failure(variant: tuple[bool, bool]) -> str | None:
     """None when small launches of the dQ variant finish correctly in a subprocess within
     120 s, else why (a hang is killed with its process)."""
-    if split not in _smoke:
+    if variant not in _smoke:
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.pop("TRITON_INTERPRET", None)
         try:
-            r = subprocess.run([sys.executable, "-c", SMOKE, "1" if split else "0"], env=env, capture_output=True,
-                               text=True, timeout=120)
-            _smoke[split] = "" if "SMOKE-OK" in r.stdout else f"smoke run failed: {(r.stdout + r.stderr)[-3000:]}"
+            r = subprocess.run([sys.executable, "-c", SMOKE, *("1" if f else "0" for f in variant)], env=env,
+                               capture_output=True, text=True, timeout=120)
+            _smoke[variant] = "" if "SMOKE-OK" in r.stdout else f"smoke run failed: {(r.stdout + r.stderr)[-3000:]}"
         except subprocess.TimeoutExpired:
-            _smoke[split] = "smoke run hung for 120 s (deadlock: barrier phases?)"
-    return _smoke[split] or None
+            _smoke[variant] = "smoke run hung for 120 s (deadlock: barrier phases?)"
+    return _smoke[variant] or None
 
 
-@pytest.fixture(params=[True, False], ids=["split_dq", "wg_dq"])
-def split(request) -> bool:
-    """SPLIT_DQ of a variant whose smoke run passed."""
+@pytest.fixture(params=VARIANTS, ids=IDS)
+def split(request) -> tuple[bool, bool]:
+    """(SPLIT_DQ, TMA_DQ) of a variant whose smoke run passed."""
     why = smoke_failure(request.param)
     if why:
         pytest.skip(why[:500])
     return request.param
 
 
-@pytest.mark.parametrize("split_dq", [True, False], ids=["split_dq", "wg_dq"])
-def test_smoke_in_subprocess(split_dq):
-    why = smoke_failure(split_dq)
+@pytest.mark.parametrize("variant", VARIANTS, ids=IDS)
+def test_smoke_in_subprocess(variant):
+    why = smoke_failure(variant)
     assert why is None, why
 
 
@@ -121,10 +124,11 @@ def theirs(p, a):
 def check(p, a, split, name=""):
     s = REGISTRY.get("gluon_flash_bwd")
     assert s.is_applicable(p), s.not_supported_reasons(p)
+    split, tma = split
     if split and p.D < 128:
         pytest.skip("d64 has no split dQ (its tests run as wg_dq)")
     out = tuple(torch.full(t.shape, float("nan"), dtype=t.dtype, device=DEV) for t in (a.q, a.k, a.v))
-    got = gluon_bwd.GluonBwdPlan(p, gluon_bwd.tile_config(p.D, split))(a, out=out)
+    got = gluon_bwd.GluonBwdPlan(p, gluon_bwd.tile_config(p.D, split, tma_dq=tma))(a, out=out)
     torch.cuda.synchronize()
     assert all(x is y for x, y in zip(got, out))
     ref = reference_backward(p, a)
@@ -173,11 +177,12 @@ def test_strided_and_unaligned_inputs(split):
                    for s in ((2, 1, 120, 64), (2, 1, 120, 64), (2, 4, 100, 64)))
     o2, lse2 = nnprim.sdpa(q2, k2, v2, return_lse=True, solver="flash_fwd")
     p2 = AttentionProblem.from_tensors(q2, k2, v2, direction="bwd")
-    check(p2, AttnArgs(q2, k2, v2, do=do2, o=o2, lse=lse2), False, "unaligned")
+    check(p2, AttnArgs(q2, k2, v2, do=do2, o=o2, lse=lse2), (False, split[1]), "unaligned")
 
 
 def test_public_api_forced_solver():
-    why = smoke_failure(gluon_bwd.tile_config(128)["SPLIT_DQ"])   # the solver's own variant
+    cfg = gluon_bwd.tile_config(128)
+    why = smoke_failure((cfg["SPLIT_DQ"], cfg["TMA_DQ"]))   # the solver's own variant
     if why:
         pytest.skip(why[:500])
     p, a = setup(2, 8, 2, 513, 700, 128, causal="bottom_right", seed=9)

@@ -45,6 +45,28 @@ def test_build_system_with_model_layers_and_text_export(solvers, clean, capsys):
     assert not (clean / "again.sqlite-wal").exists()  # sealed: one self-contained file
 
 
+def test_build_system_refind_solver_finds_again_the_problems_it_holds(solvers, clean, capsys):
+    solvers.add(1000, "t_a", directions=("fwd",), estimate=1.0)
+    solvers.add(1001, "t_b", directions=("fwd",), estimate=2.0)
+    out = clean / "sys.sqlite"
+    assert cli_main(["db", "build-system", "--suite", "conv_cpu", "--direction", "fwd", "--models", "none",
+                     "--device", "cpu", "--out", str(out)]) == 0
+    capsys.readouterr()
+    db = finddb.FindDb(out)
+    recs = db.all()
+    stale = sorted({r.problem_key for r in recs})[:2]
+    # t_b's kernel "changed" on two problems; the others lose their t_b records (not to be refound)
+    db.delete()
+    db.write([r for r in recs if r.solver_id == 1000 or r.problem_key in stale])
+    db.seal()
+    before = {(r.problem_key, r.solver_id): r.timestamp for r in finddb.FindDb(out, readonly=True).all()}
+    assert cli_main(["db", "build-system", "--refind-solver", "t_b", "--device", "cpu", "--out", str(out)]) == 0
+    assert "find 2/2" in capsys.readouterr().err
+    after = {(r.problem_key, r.solver_id): r.timestamp for r in finddb.FindDb(out, readonly=True).all()}
+    assert after.keys() == before.keys()
+    assert {k for k in after if after[k] > before[k]} == {(k, s) for k in stale for s in (1000, 1001)}
+
+
 def test_build_system_time_budget_keeps_what_it_found(solvers, clean, capsys):
     solvers.add(1000, "t_a", directions=("fwd",))
     out = clean / "budget.sqlite"
