@@ -60,7 +60,8 @@ from nnprim.attention import gluon_bwd  # noqa: E402
 from nnprim.problems.attention import AttentionProblem  # noqa: E402
 
 DEV, BF16 = "cuda", torch.bfloat16
-OURS = {"gluon_127": "gluon_flash_bwd", "atomic_123": "flash_bwd_atomic", "flash_111": "flash_bwd"}
+OURS = {"gluon_127": "gluon_flash_bwd", "atomic_123": "flash_bwd_atomic", "flash_111": "flash_bwd",
+        "gluon_129": "gluon_flash_bwd_ordered", "ordered_124": "flash_bwd_ordered"}
 
 SMOKE = """
 import sys, torch, nnprim

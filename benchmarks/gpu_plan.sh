@@ -16,7 +16,8 @@
 #              and did not finish in 240 s (2026-12-01): give it a call of its own
 #   gluon_bench  benchmarks/gluon_fwd.py, benchmarks/gluon_bwd.py and benchmarks/gluon_conv_probe.py
 #              (solver level, peers interleaved)
-#   attn_bwd   tests/gpu/test_gluon_bwd_gpu.py and benchmarks/gluon_bwd.py (127's dQ variants, 111, peers)
+#   attn_bwd   tests/gpu/test_gluon_bwd_gpu.py and benchmarks/gluon_bwd.py (127 and its ordered variant
+#              129 through their plans, 111 and 124 forced, the peers)
 #   refind     nnprim db build-system --refind-solver $SOLVERS (default 127) into the shipped db
 #   conv_probes  benchmarks/stem_probe.py, benchmarks/gluon_conv_bwd_probe.py (solver level) and
 #              benchmarks/pointwise_probe.py (the 1x1 layers through the API)
@@ -42,11 +43,11 @@ case $STEP in
   attn_bwd)
     # solver 127's dQ by f32 atomics against TMA reduce-adds (ninth session): its GPU module, then
     # the configs at the solver level with 111 and the peers interleaved
-    timeout 250 python3 -m pytest -p no:cacheprovider tests/gpu/test_gluon_bwd_gpu.py -n 4 -q -rf --tb=short \
+    timeout 250 python3 -m pytest -p no:cacheprovider tests/gpu/test_gluon_bwd_gpu.py -n 6 -q -rf --tb=short \
       > "$OUT/gpu_tests_gluon_bwd_$D.log" 2>&1
     tail -5 "$OUT/gpu_tests_gluon_bwd_$D.log"
-    timeout 200 python3 benchmarks/gluon_bwd.py --rounds 4 --configs default,atomic,wg_dq \
-      --solvers flash_111 --out "$OUT/gluon_bwd_$D.json" 2>&1 | tail -18 ;;
+    timeout ${BENCH_S:-200} python3 benchmarks/gluon_bwd.py --rounds 3 --configs ${CONFIGS:-default,ordered} \
+      --solvers ${SOLVERS:-flash_111,ordered_124} --out "$OUT/gluon_bwd_$D.json" 2>&1 | tail -18 ;;
   refind)
     # find again the system db's problems whose records hold solvers whose kernels changed
     # (SOLVERS, default 127), into the shipped db; copied to OUT

@@ -96,10 +96,11 @@ KEYS_PER_WG = BLOCK_N // 2
 # solver 111 in the same run 315-365. d64: f32 atomics 228-257 (111: 246-353)
 EFF_BY_D = {64: 0.33, 128: 0.72}
 HOST_FLOOR_MS = 0.06      # three launches and four descriptors per call (126's floor + 2 launches)
+ORDERED_COST = 1.2        # solver 129 against 127: the waits of the ordered dQ adds (FA3: ~1.2x)
 
 
 def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None, remat: bool = True,
-                tma_dq: bool = True) -> dict:
+                tma_dq: bool = True, ordered: bool = False) -> dict:
     """Launch constants for head dim d: STAGES of the (Q, dO) ring (default 3 at d64, 2 at
     d128 as FA3; 3 also fits 227 KB at d128, which benchmarks/gluon_bwd.py times), SPLIT_DQ
     (dQ_partial of all 128 keys split by columns between the warpgroups, FA3's: half the
@@ -108,11 +109,13 @@ def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None,
     threads fills the register file; setmaxnreg moves the producer's registers to the
     consumers, 240 each), REMAT (the K / V wgmma descriptors and mask indices rebuilt per
     stage instead of hoisted and spilled, _step; False: the kernel of 2026-12-01), TMA_DQ
-    (dQ_partial added by TMA bulk reduce-adds from a shared-memory staging tile per
-    warpgroup instead of per-thread f32 atomics, `_add_dq`)."""
+    (how dQ_partial is added, `_add_dq`: 0 per-thread f32 atomics; 1 TMA bulk reduce-adds
+    from a shared-memory staging tile per warpgroup; 2 (`ordered`) the same reduce-adds in
+    descending key-block order per dQ block, through semaphores: deterministic)."""
     split = d >= 128 if split_dq is None else split_dq and d >= 128
     stages = stages or (3 if d <= 64 else 2)
-    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, SPLIT_DQ=split, REMAT=remat, TMA_DQ=tma_dq,
+    mode = 2 if ordered else int(bool(tma_dq))
+    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, SPLIT_DQ=split, REMAT=remat, TMA_DQ=mode,
                 num_warps=4, maxnreg=168)
 
 
@@ -127,6 +130,7 @@ CONFIGS = {
     "wg_dq_atomic": lambda d: tile_config(d, split_dq=False, tma_dq=False),
     "s3": lambda d: tile_config(d, stages=3, tma_dq=False),
     "hoisted": lambda d: tile_config(d, remat=False, tma_dq=False),   # descriptors hoisted (d128 spills)
+    "ordered": lambda d: tile_config(d, ordered=True),                 # deterministic: solver 129's
 }
 
 
@@ -158,6 +162,30 @@ def model_ms(problem) -> float:
 # ---- Gluon kernel ---------------------------------------------------------------------
 
 if gluon is not None:
+    # the ordered dQ adds (`_add_dq`, TMA_DQ 2), one instance per thread:
+    # wait until the dQ block's counter reaches the turn (acquire loads; labels in a { } block
+    # are local to it), then order this thread's later async-proxy (TMA) operations after it
+    _ASM_WAIT = gl.constexpr(
+        "{ .reg .pred p; .reg .b32 v;\n"
+        "WAIT_TURN:\n"
+        "ld.acquire.gpu.global.b32 v, [$1];\n"
+        "setp.lt.s32 p, v, $2;\n"
+        "@p bra WAIT_TURN;\n"
+        "fence.proxy.async.global;\n"
+        "mov.b32 $0, v; }")
+    # the reduce-adds complete (their global writes, not only their shared-memory reads), then
+    # ordered before the generic-proxy release that follows
+    _ASM_DONE = gl.constexpr(
+        "{ cp.async.bulk.wait_group 0;\n"
+        "fence.proxy.async.global;\n"
+        "mov.b32 $0, $1; }")
+    # thread 0 of the warpgroup: counter += 1 (release)
+    _ASM_RELEASE = gl.constexpr(
+        "{ .reg .pred p;\n"
+        "setp.eq.s32 p, $2, 0;\n"
+        "@p red.release.gpu.global.add.s32 [$1], 1;\n"
+        "mov.b32 $0, 0; }")
+
 
     @gluon.jit
     def _producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_bufs, v_bufs, bars, b, hk, start_n,
@@ -192,8 +220,8 @@ if gluon is not None:
                     it += 1
 
     @gluon.jit
-    def _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage, bh, b, h,
-              start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq, WG: gl.constexpr,
+    def _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage, SEM, bh, b,
+              h, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq, WG: gl.constexpr,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, MASKED: gl.constexpr,
               CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr, TMA_DQ: gl.constexpr,
               s_layout: gl.constexpr, dq_layout: gl.constexpr):
@@ -274,7 +302,8 @@ if gluon is not None:
         dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
         mbarrier.arrive(q_empty.index(s), count=1)          # Q_i, dO_i, P, dS no longer read
         if TMA_DQ:
-            _add_dq(dq_desc, dq_stage, dq, b, h, start_m, WG, SPLIT_DQ)
+            _add_dq(dq_desc, dq_stage, dq, b, h, start_m, SEM, bh, Sq, Sk, shift, key0 // (2 * KEYS), WG, SPLIT_DQ,
+                    CAUSAL, TMA_DQ == 2)
         else:
             rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
             ptrs = (DQA + row0 * HEAD_D) + (rows[:, None] * HEAD_D + offs_dq[None, :])
@@ -285,7 +314,8 @@ if gluon is not None:
         return dk, dv
 
     @gluon.jit
-    def _add_dq(dq_desc, dq_stage, dq, b, h, start_m, WG: gl.constexpr, SPLIT_DQ: gl.constexpr):
+    def _add_dq(dq_desc, dq_stage, dq, b, h, start_m, SEM, bh, Sq, Sk, shift, j, WG: gl.constexpr,
+                SPLIT_DQ: gl.constexpr, CAUSAL: gl.constexpr, ORDERED: gl.constexpr):
         """dQ[b, h, start_m + rows, this warpgroup's columns (SPLIT_DQ: its half, else all)] +=
         dq (f32 [BLOCK_M, DQ_N]) by TMA
         bulk reduce-adds (FA3's dQ path): dq into the warpgroup's staging tile, then one
@@ -294,7 +324,17 @@ if gluon is not None:
         which is the memory order of a 128-byte-swizzled [BLOCK_M, DQ_N] f32 tile (column
         blocks of RED stacked), so the registers go in with one store. The previous step's
         reduce-adds must have read the tile first (store_wait). Rows past Sq fall outside the
-        descriptor's (B, Hq, Sq, D) box and are dropped by the TMA unit."""
+        descriptor's (B, Hq, Sq, D) box and are dropped by the TMA unit.
+
+        ORDERED (deterministic, solver 129; 124's scheme with TMA): the key blocks that reach a
+        dQ block are a prefix 0..J (J from the causal shift and Sk, as 124's
+        `_last_key_block`); they add in descending order, key block j as turn J - j. An int32
+        counter per dQ block (zeroed by the preprocess) counts the adds done, each warpgroup
+        one: a warpgroup waits (acquire loads) until it reaches 2 (J - j) (+ WG without
+        SPLIT_DQ, where both warpgroups add to the same columns, warpgroup 0 first), issues its
+        reduce-adds, waits for them to complete (not only to have read shared memory), and
+        increments it (release). Key block j runs as CTA n_kv - 1 - j, so a CTA waits only on
+        CTAs launched before it. Fixed-order f32 sums from zero: bit-identical run to run."""
         BLOCK_M: gl.constexpr = dq.type.shape[0]
         DQ_N: gl.constexpr = dq.type.shape[1]
         RED: gl.constexpr = dq_stage.type.shape[4]
@@ -307,11 +347,29 @@ if gluon is not None:
         tma.store_wait(0)
         dq_stage._reinterpret(gl.float32, [2, BLOCK_M, DQ_N], flat).index(WG).store(dq)
         fence_async_shared()
+        if ORDERED:
+            hi = Sk
+            if CAUSAL != 0:
+                hi = gl.minimum(hi, start_m + BLOCK_M + shift)
+            last = gl.cdiv(hi, 2 * BLOCK_M) - 1                      # J (BLOCK_N = 2 BLOCK_M keys)
+            if SPLIT_DQ:
+                turn = 2 * (last - j)
+            else:
+                turn = 2 * (last - j) + WG
+            lanes: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+            one = gl.full([32 * gl.num_warps()], 0, gl.int32, lanes)
+            sem = SEM + (bh * gl.cdiv(Sq, BLOCK_M) + start_m // BLOCK_M) + one
+            gl.inline_asm_elementwise(_ASM_WAIT, "=r,l,r", [sem, one + turn], gl.int32, False, 1)
         for c in gl.static_range(NRED):
             tma_reduce_add(dq_desc, [b, h, start_m, col0 + c * RED], dq_stage.index(WG * NRED + c))
+        if ORDERED:
+            gl.inline_asm_elementwise(_ASM_DONE, "=r,r", [one], gl.int32, False, 1)
+            gl.thread_barrier()          # the issuing thread's reduce-adds are complete
+            first = gl.arange(0, 32 * gl.num_warps(), lanes)
+            gl.inline_asm_elementwise(_ASM_RELEASE, "=r,l,r", [sem, first], gl.int32, False, 1)
 
     @gluon.jit
-    def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage, DK, DV,
+    def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage, SEM, DK, DV,
                   b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, WG: gl.constexpr,
                   HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
                   SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr, TMA_DQ: gl.constexpr, WARPS: gl.constexpr):
@@ -363,7 +421,7 @@ if gluon is not None:
         start_m = lo
         for it in range(0, n_mask):
             dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
-                           dq_stage, bh0 + g, b, h0 + g, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk,
+                           dq_stage, SEM, bh0 + g, b, h0 + g, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk,
                            dv, zero_s, zero_dq, WG, HEAD_D, BLOCK_M, KEYS, True, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ,
                            s_layout, dq_layout)
             start_m += BLOCK_M
@@ -374,7 +432,7 @@ if gluon is not None:
         start_m = full
         for it in range(n_mask, n_mask + GROUP * ((m_end - full) // BLOCK_M)):
             dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
-                           dq_stage, bh0 + g, b, h0 + g, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk,
+                           dq_stage, SEM, bh0 + g, b, h0 + g, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk,
                            dv, zero_s, zero_dq, WG, HEAD_D, BLOCK_M, KEYS, False, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ,
                            s_layout, dq_layout)
             start_m += BLOCK_M
@@ -393,7 +451,7 @@ if gluon is not None:
             tma.store_wait(0)     # the last reduce-adds have read the staging tile
 
     @gluon.jit(do_not_specialize=["Hq", "Hkv", "Sq", "Sk"])
-    def _gluon_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQA, dq_desc, DK, DV, Hq, Hkv, Sq, Sk, GROUP,
+    def _gluon_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQA, dq_desc, SEM, DK, DV, Hq, Hkv, Sq, Sk, GROUP,
                           qk_scale, scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr,
                           TMA_DQ: gl.constexpr, num_warps: gl.constexpr):
@@ -401,13 +459,18 @@ if gluon is not None:
         boxes [1, 1, BLOCK_M, D] (Q, dO) and [1, 1, BLOCK_N / 2, D] (K, V); lse, delta
         (B, Hq, Sq) f32, the dQ accumulator (B, Hq, Sq, D) f32, dK / dV (B, Hkv, Sk, D), all
         contiguous; with TMA_DQ, dq_desc: the accumulator's descriptor, box [1, 1, BLOCK_M, 32]
-        (else DQA again, unused). Two consumer partitions of num_warps (4) warps, one producer warp."""
+        (else DQA again, unused); SEM: the int32 counters of the ordered adds (TMA_DQ 2; else
+        unused). Two consumer partitions of num_warps (4) warps, one producer warp; with TMA_DQ 2
+        CTA pid 0 serves key block n_kv - 1 - pid 0 (`_add_dq`)."""
         KEYS: gl.constexpr = BLOCK_N // 2
         dtype: gl.constexpr = q_desc.dtype
         pid_bh = gl.program_id(1)
         b = pid_bh // Hkv
         hk = pid_bh % Hkv
-        start_n = gl.program_id(0) * BLOCK_N
+        if TMA_DQ == 2:
+            start_n = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_N
+        else:
+            start_n = gl.program_id(0) * BLOCK_N
         if CAUSAL == 2:
             shift = Sk - Sq
         else:
@@ -455,10 +518,10 @@ if gluon is not None:
 
         gl.warp_specialize([
             (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
-                         DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 0,
+                         SEM, DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 0,
                          HEAD_D, BLOCK_M, KEYS, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ, num_warps)),
             (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
-                         DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 1,
+                         SEM, DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 1,
                          HEAD_D, BLOCK_M, KEYS, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ, num_warps)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_bufs, v_bufs, bars, b, hk, start_n,
                          GROUP, lo, full, m_end, BLOCK_M, KEYS)),
@@ -475,6 +538,11 @@ if gluon is not None:
 # ---- launcher -------------------------------------------------------------------------
 
 DQ_RED = 32   # f32 columns per dQ reduce-add box: one 128-byte swizzle row
+
+
+def sem_count(problem) -> int:
+    """int32 counters of the ordered dQ adds: one per (b, query head, dQ block of BLOCK_M rows)."""
+    return problem.B * problem.Hq * triton.cdiv(problem.Sq, BLOCK_M)
 _DQ_LAYOUT = gl.NVMMASharedLayout.get_default_for([1, 1, BLOCK_M, DQ_RED], gl.float32) if gl is not None else None
 
 
@@ -505,6 +573,7 @@ class GluonBwdPlan:
         return launch
 
     def _pre(self, o: torch.Tensor, do: torch.Tensor) -> Launch:
+        """delta, the dQ accumulator zeroed and (ordered) the dQ blocks' counters zeroed."""
         key = (o.stride(), do.stride())
         launch = self.pre.get(key)
         if launch is None:
@@ -514,7 +583,7 @@ class GluonBwdPlan:
             launch = self.pre[key] = Launch(
                 _pre_kernel, (triton.cdiv(p.Sq, BLOCK_M), p.B * p.Hq),
                 (*o.stride(), *do.stride(), p.Hq, p.Sq, p.D, p.Dv),
-                BLOCK_M=BLOCK_M, BLOCK_D=bd, BLOCK_DV=bd, ORDERED=False)
+                BLOCK_M=BLOCK_M, BLOCK_D=bd, BLOCK_DV=bd, ORDERED=self.cfg["TMA_DQ"] == 2)
         return launch
 
     def __call__(self, args, out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
@@ -532,16 +601,18 @@ class GluonBwdPlan:
         lse = args.lse
         if lse.dtype != torch.float32 or not lse.is_contiguous():
             lse = lse.float().contiguous()
-        n_acc = p.B * p.Hq * p.Sq * p.D
-        ws = torch.empty(n_acc + p.B * p.Hq * p.Sq, dtype=torch.float32, device=q.device)
-        dqa, delta = ws[:n_acc], ws[n_acc:]
+        n_acc, n_rows = p.B * p.Hq * p.Sq * p.D, p.B * p.Hq * p.Sq
+        ordered = self.cfg["TMA_DQ"] == 2
+        ws = torch.empty(n_acc + n_rows + (sem_count(p) if ordered else 0), dtype=torch.float32, device=q.device)
+        dqa, delta = ws[:n_acc], ws[n_acc:n_acc + n_rows]
+        sem = ws[n_acc + n_rows:].view(torch.int32) if ordered else dqa
         scale = float(args.effective_scale(p.invert_scale))
-        self._pre(args.o, args.do)(args.o, args.do, lse, delta, dqa, dqa)
+        self._pre(args.o, args.do)(args.o, args.do, lse, delta, dqa, sem)
         rows, keys = self.cfg["BLOCK_M"], self.cfg["BLOCK_N"] // 2
         dq_desc = host_descriptor(dqa, [p.B, p.Hq, p.Sq, p.D], [p.Hq * p.Sq * p.D, p.Sq * p.D, p.D, 1],
                                   [1, 1, rows, DQ_RED], _DQ_LAYOUT) if self.cfg["TMA_DQ"] else dqa
         self.main(_descriptor(q, sq, rows), _descriptor(k, sk, keys), _descriptor(v, sv, keys),
-                  _descriptor(do, sd, rows), lse, delta, dqa, dq_desc, dk, dv,
+                  _descriptor(do, sd, rows), lse, delta, dqa, dq_desc, sem, dk, dv,
                   p.Hq, p.Hkv, p.Sq, p.Sk, p.group, scale * 1.4426950408889634, scale)
         self._cast(scale)(dqa, dq, dqa)
         return dq, dk, dv
@@ -552,13 +623,13 @@ class GluonBwdPlan:
 @register
 class GluonFlashBackward(FlashBase):
     """Warp-specialised Hopper backward in Gluon: TMA producer warp, two wgmma consumer
-    warpgroups of 64 keys each, dQ by f32 atomic adds."""
+    warpgroups of 64 keys each, dQ by TMA reduce-adds in any order."""
     id = 127
     name = "gluon_flash_bwd"
     directions = frozenset({"bwd"})
     devices = frozenset({"cuda"})
     dtypes = frozenset({torch.bfloat16, torch.float16})
-    deterministic = False   # dQ: f32 atomic adds in whatever order the key blocks arrive
+    deterministic = False   # dQ: f32 reduce-adds in whatever order the key blocks arrive
     long_compile = True
 
     def not_supported_reasons(self, problem) -> list[str]:
@@ -577,3 +648,22 @@ class GluonFlashBackward(FlashBase):
 
     def prepare(self, problem):
         return GluonBwdPlan(problem)
+
+
+@register
+class GluonFlashBackwardOrdered(GluonFlashBackward):
+    """Solver 127 with its dQ reduce-adds in a fixed order per dQ block (semaphores, FA3's
+    deterministic mode; `_add_dq`): bit-identical run to run, chosen when determinism is on."""
+    id = 129
+    name = "gluon_flash_bwd_ordered"
+    deterministic = True
+
+    def workspace_size(self, problem) -> int:
+        """127's, plus the int32 counters of the dQ blocks."""
+        return super().workspace_size(problem) + 4 * sem_count(problem)
+
+    def estimate(self, problem) -> float | None:
+        return model_ms(problem) * ORDERED_COST
+
+    def prepare(self, problem):
+        return GluonBwdPlan(problem, tile_config(problem.D, ordered=True))

@@ -93,8 +93,42 @@ def test_tile_configs_fit_hopper_shared_memory_workspace_and_estimate():
     assert s.workspace_size(p) == 4 * 2 * 8 * 1000 * 129
     big = problem(device="cuda", B=4, Hq=16, Hkv=16, Sq=4096, Sk=4096)
     tflops = big.flops() / s.estimate(big) / 1e9
-    assert 320 < tflops < 390    # EFF_BY_D (d128: 0.50) of the bf16 peak the models use (750), wave fill 0.97
+    assert 480 < tflops < 560    # EFF_BY_D (d128: 0.72) of the bf16 peak the models use (750), wave fill 0.97
     assert s.estimate(problem(device="cuda", Sq=16, Sk=16)) == gluon_bwd.HOST_FLOOR_MS
+    # solver 129: the same kernel with ordered dQ adds; deterministic, its counters in the workspace
+    o = REGISTRY.get("gluon_flash_bwd_ordered")
+    assert o.deterministic and not s.deterministic
+    assert o.workspace_size(p) == s.workspace_size(p) + 4 * 2 * 8 * 16
+    assert o.estimate(big) == pytest.approx(s.estimate(big) * gluon_bwd.ORDERED_COST)
+    assert gluon_bwd.CONFIGS["ordered"](128)["TMA_DQ"] == 2 and gluon_bwd.tile_config(128)["TMA_DQ"] == 1
+
+
+@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+def test_ordered_turns_cover_every_dq_block_without_gaps(causal):
+    """Solver 129's turns (`_add_dq`): the key blocks that visit a dQ block (the kernel's
+    [lo, m_end) per key block) are exactly 0..J with J from the same formula, so the turns
+    J - j are 0..J once each (a gap would leave a counter short: a hang); and CTA pid 0 =
+    n_kv - 1 - j waits only on lower pids (earlier CTAs of its head)."""
+    BM, BN = gluon_bwd.BLOCK_M, gluon_bwd.BLOCK_N
+    for Sq, Sk in ((1, 1), (64, 64), (300, 333), (333, 300), (1000, 129), (129, 1000), (4096, 4096), (64, 4000)):
+        shift = Sk - Sq if causal == "bottom_right" else 0
+        m_end = -(-Sq // BM) * BM
+        n_kv = -(-Sk // BN)
+        visits: dict[int, list[int]] = {}
+        for j in range(n_kv):
+            start_n = j * BN
+            lo = (max(start_n - shift, 0) // BM) * BM if causal else 0
+            for start_m in range(min(lo, m_end), m_end, BM):
+                visits.setdefault(start_m, []).append(j)
+        for start_m in range(0, m_end, BM):
+            hi = min(Sk, start_m + BM + shift) if causal else Sk
+            J = -(-hi // BN) - 1
+            got = sorted(visits.get(start_m, []))
+            assert got == list(range(J + 1)), (Sq, Sk, causal, start_m, got, J)
+            turns = sorted(J - j for j in got)
+            assert turns == list(range(len(got)))
+            pids = [n_kv - 1 - j for j in sorted(got, reverse=True)]   # in turn order
+            assert pids == sorted(pids)
 
 
 def _emulate(p, q, k, v, do, o, lse, scale):

@@ -4,7 +4,8 @@ inputs, NaN-poisoned outputs, dq/dk/dv against the float64 reference; odd Sq/Sk 
 than SMs, f16, negative and inverted scales, strided and unaligned inputs, the public API.
 Both ways of forming dQ_partial at d128: `split_dq` (all 128 keys, each warpgroup half the
 columns; the default) and `wg_dq` (each warpgroup its 64 keys, all columns; d64's only way),
-each with dQ added by f32 atomics and by TMA reduce-adds (`_tma` variants).
+dQ added by TMA reduce-adds (the default), by f32 atomics (`_atomic`) and by reduce-adds in
+a fixed order (`_ordered`, solver 129: bit-identical run to run).
 
 A wrong barrier phase shows as a hang, not an error: the smoke test runs small problems in
 a subprocess with a timeout (per dQ variant) and a variant's tests are skipped when it hangs or fails
@@ -47,7 +48,7 @@ for D, Sq, Sk in ((64, 130, 200), (128, 300, 77), (128, 64, 128)):
     for causal in (None, "bottom_right"):
         o, lse = nnprim.sdpa(q, k, v, causal=causal, return_lse=True, solver="flash_fwd")
         p = AttentionProblem.from_tensors(q, k, v, causal=causal, direction="bwd")
-        cfg = gluon_bwd.tile_config(D, sys.argv[1] == "1", tma_dq=sys.argv[2] == "1")
+        cfg = gluon_bwd.tile_config(D, sys.argv[1] == "1", tma_dq=sys.argv[2] != "0", ordered=sys.argv[2] == "2")
         dq, dk, dv = gluon_bwd.GluonBwdPlan(p, cfg)(AttnArgs(q, k, v, do=do, o=o, lse=lse))
         torch.cuda.synchronize()
         ref = nnprim.sdpa_backward(do, q, k, v, o, lse, causal=causal, solver="flash_bwd_atomic")
@@ -56,19 +57,24 @@ for D, Sq, Sk in ((64, 130, 200), (128, 300, 77), (128, 64, 128)):
             assert err < 5e-2, f"wrong result: D={D} Sq={Sq} Sk={Sk} {causal} {name} rel err {err}"
 print("SMOKE-OK")
 """
-_smoke: dict[tuple[bool, bool], str] = {}
-VARIANTS = [(True, False), (False, False), (True, True), (False, True)]   # (SPLIT_DQ, TMA_DQ)
-IDS = ["split_dq", "wg_dq", "split_dq_tma", "wg_dq_tma"]
+_smoke: dict[tuple[bool, int], str] = {}
+VARIANTS = [(True, 1), (False, 1), (True, 0), (True, 2), (False, 2)]   # (SPLIT_DQ, TMA_DQ)
+IDS = ["split_dq", "wg_dq", "split_dq_atomic", "split_dq_ordered", "wg_dq_ordered"]
 
 
-def smoke_failure(variant: tuple[bool, bool]) -> str | None:
+def config(D: int, variant: tuple[bool, int]) -> dict:
+    split, mode = variant
+    return gluon_bwd.tile_config(D, split, tma_dq=mode != 0, ordered=mode == 2)
+
+
+def smoke_failure(variant: tuple[bool, int]) -> str | None:
     """None when small launches of the dQ variant finish correctly in a subprocess within
     120 s, else why (a hang is killed with its process)."""
     if variant not in _smoke:
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.pop("TRITON_INTERPRET", None)
         try:
-            r = subprocess.run([sys.executable, "-c", SMOKE, *("1" if f else "0" for f in variant)], env=env,
+            r = subprocess.run([sys.executable, "-c", SMOKE, str(int(variant[0])), str(variant[1])], env=env,
                                capture_output=True, text=True, timeout=120)
             _smoke[variant] = "" if "SMOKE-OK" in r.stdout else f"smoke run failed: {(r.stdout + r.stderr)[-3000:]}"
         except subprocess.TimeoutExpired:
@@ -77,7 +83,7 @@ def smoke_failure(variant: tuple[bool, bool]) -> str | None:
 
 
 @pytest.fixture(params=VARIANTS, ids=IDS)
-def split(request) -> tuple[bool, bool]:
+def split(request) -> tuple[bool, int]:
     """(SPLIT_DQ, TMA_DQ) of a variant whose smoke run passed."""
     why = smoke_failure(request.param)
     if why:
@@ -124,11 +130,10 @@ def theirs(p, a):
 def check(p, a, split, name=""):
     s = REGISTRY.get("gluon_flash_bwd")
     assert s.is_applicable(p), s.not_supported_reasons(p)
-    split, tma = split
-    if split and p.D < 128:
+    if split[0] and p.D < 128:
         pytest.skip("d64 has no split dQ (its tests run as wg_dq)")
     out = tuple(torch.full(t.shape, float("nan"), dtype=t.dtype, device=DEV) for t in (a.q, a.k, a.v))
-    got = gluon_bwd.GluonBwdPlan(p, gluon_bwd.tile_config(p.D, split, tma_dq=tma))(a, out=out)
+    got = gluon_bwd.GluonBwdPlan(p, config(p.D, split))(a, out=out)
     torch.cuda.synchronize()
     assert all(x is y for x, y in zip(got, out))
     ref = reference_backward(p, a)
@@ -195,3 +200,43 @@ def test_public_api_forced_solver():
     assert torch.equal(runs[0][1], runs[1][1]) and torch.equal(runs[0][2], runs[1][2])
     diff = (runs[0][0].float() - runs[1][0].float()).abs().max().item()
     print(f"gluon_flash_bwd dq run-to-run max |diff| {diff:.3g}")
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+def test_ordered_is_bit_identical_run_to_run(D, causal):
+    """Solver 129: many CTAs per head (more than SMs), GQA, tails; three runs bit-equal, and
+    close to the reference."""
+    variant = (D == 128, 2)
+    why = smoke_failure(variant)
+    if why:
+        pytest.skip(why[:500])
+    p, a = setup(2, 16, 4, 3001, 2999, D, causal=causal, seed=5)
+    plan = gluon_bwd.GluonBwdPlan(p, config(D, variant))
+    runs = [plan(a) for _ in range(3)]
+    torch.cuda.synchronize()
+    for r in runs[1:]:
+        for x, y in zip(runs[0], r):
+            assert torch.equal(x, y)
+    ref = reference_backward(p, a)
+    for gname, x, t, r in zip(("dq", "dk", "dv"), runs[0], theirs(p, a), ref):
+        assert_close(f"ordered {gname}", x, t, r)
+
+
+def test_deterministic_mode_chooses_a_deterministic_solver():
+    why = smoke_failure((True, 2))
+    if why:
+        pytest.skip(why[:500])
+    p, a = setup(1, 8, 2, 1024, 1024, 128, causal="top_left", seed=2)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert REGISTRY.get("gluon_flash_bwd_ordered").deterministic
+        runs = [nnprim.sdpa_backward(a.do, a.q, a.k, a.v, a.o, a.lse, causal="top_left") for _ in range(2)]
+        forced = [nnprim.sdpa_backward(a.do, a.q, a.k, a.v, a.o, a.lse, causal="top_left",
+                                       solver="gluon_flash_bwd_ordered") for _ in range(2)]
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for x, y in zip(*runs):
+        assert torch.equal(x, y)
+    for x, y in zip(*forced):
+        assert torch.equal(x, y)
