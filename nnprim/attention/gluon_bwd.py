@@ -59,7 +59,11 @@ thread at d128; spill-free (REMAT: the K/V wgmma descriptors rebuilt per stage, 
 the unscaled dQ; benchmarks/diag/gluon_bwd_regs.py) 0.62x; dQ by TMA reduce-adds instead of
 f32 atomics (ninth session): d128 0.85-1.02x (0.94x geomean over its 7 problems; the atomics'
 variant 0.59-0.73x, solver 111 0.60-0.69x in the same run). Known cost left: no persistent
-scheduler (a CTA per key block: short sequences pay the prologue per CTA).
+scheduler (a CTA per key block: short sequences pay the prologue per CTA). Solver 129 (ordered
+adds, deterministic, bit-identical in tests/gpu): 0.57x geomean (0.43-0.76x; 111, also
+deterministic, 0.66x in the same run): it leads 111 on the causal d128 problems (0.67-0.76x) and
+trails on the others, where each key block waits a step behind the one before it on every dQ
+block; find picks between them when determinism is on.
 """
 from __future__ import annotations
 
@@ -96,7 +100,10 @@ KEYS_PER_WG = BLOCK_N // 2
 # solver 111 in the same run 315-365. d64: f32 atomics 228-257 (111: 246-353)
 EFF_BY_D = {64: 0.33, 128: 0.72}
 HOST_FLOOR_MS = 0.06      # three launches and four descriptors per call (126's floor + 2 launches)
-ORDERED_COST = 1.2        # solver 129 against 127: the waits of the ordered dQ adds (FA3: ~1.2x)
+# solver 129 against 127: the waits of the ordered dQ adds. Measured 2026-12-01 (ninth session,
+# results/gluon_bwd_2026-12-01_s9_ordered.json): 1.3-1.4x on causal d128, 1.7-2.0x on non-causal
+# (key block j + 1 trails j by a step on every dQ block), 1.6x geomean
+ORDERED_COST = 1.6
 
 
 def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None, remat: bool = True,
