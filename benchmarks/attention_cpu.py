@@ -2,10 +2,11 @@
 in one run.
 
 Problems: B=1, H=8, (S=1024, D=64) and (S=2048, D=128), f32 and bf16, no mask.
-Modes:
-  fwd      ours: the forward invoker      peer: F.scaled_dot_product_attention (no grad)
-  fwd_bwd  ours: nnprim.sdpa + .backward through autograd (find mode "fast": the
-           backward dispatches to cpu_flash_bwd), variants call the two invokers
+Modes (`default` is the public call, which the ratios report; the solvers' invokers follow):
+  fwd      ours: nnprim.sdpa under no_grad (its find picks 115 or 117 cpu_flash_fwd_native),
+           115's and 117's invokers
+           peer: F.scaled_dot_product_attention (no grad)
+  fwd_bwd  ours: nnprim.sdpa + .backward through autograd, and 115 + 116's invokers
            peer: F.scaled_dot_product_attention + .backward
 Each problem is first checked against a float64 torch reference (o and dq, dk, dv).
 Every variant of ours and the peer are timed alternately for --rounds rounds (median of
@@ -24,10 +25,13 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("NNPRIM_FIND_MODE", "fast")
+# the default (hybrid) find mode on a fresh find-db, as a new user's first calls: the warm-up
+# call of each problem runs find, the timed calls run its choice
+os.environ.setdefault("NNPRIM_CACHE_DIR", tempfile.mkdtemp(prefix="nnprim_attention_cpu_"))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -37,13 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nnprim  # noqa: E402
 from nnprim.args import AttnArgs  # noqa: E402
 from nnprim.attention import cpu_flash as cf  # noqa: E402
+from nnprim.attention import cpu_flash_native as cfn  # noqa: E402
 from nnprim.problems.attention import AttentionProblem  # noqa: E402
 
 PROBLEMS = [dict(B=1, H=8, S=1024, D=64), dict(B=1, H=8, S=2048, D=128)]
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
-# variant -> (tile elems, keys per block); None = the registered solvers' default plan
-VARIANTS = {"default": None, "t256k_n256": (1 << 18, 256), "t1m_n512": (1 << 20, 512),
-            "t512k_n1024": (1 << 19, 1024)}
 TARGET = 1.0    # issue 16: torch's CPU SDPA speed, f32 and bf16
 
 
@@ -86,8 +88,7 @@ def bench(spec: dict, dname: str, reps: int, rounds: int, log) -> list[dict]:
     p = AttentionProblem.from_tensors(q, k, v, return_lse=True)
     pb = p.with_direction("bwd")
     args = AttnArgs(q, k, v)
-    plans = {n: (cf.plan(p) if c is None else cf.plan(p, *c)) for n, c in VARIANTS.items()}
-    bplans = {n: (cf.plan(pb) if c is None else cf.plan(pb, *c)) for n, c in VARIANTS.items()}
+    plans, bplans = {"default": cf.plan(p)}, {"default": cf.plan(pb)}
     qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
 
     def peer_fwd():
@@ -104,10 +105,16 @@ def bench(spec: dict, dname: str, reps: int, rounds: int, log) -> list[dict]:
         o, lse = cf.cpu_forward(p, args, plans[n])
         cf.cpu_backward(pb, AttnArgs(q, k, v, do=do, o=o, lse=lse), bplans[n])
 
+    ops = cfn.LIBRARY.ops()
+
+    def api_fwd():
+        with torch.no_grad():
+            return nnprim.sdpa(q, k, v)
+
     runs = {
-        "fwd": {"torch": peer_fwd, **{n: (lambda n=n: cf.cpu_forward(p, args, plans[n])) for n in VARIANTS}},
-        "fwd_bwd": {"torch": peer_fb, "default_api": ours_api_fb,
-                    **{n: (lambda n=n: ours_fb(n)) for n in VARIANTS}},
+        "fwd": {"torch": peer_fwd, "default": api_fwd, "torchops_115": lambda: cf.cpu_forward(p, args, plans["default"]),
+                **({"native_117": lambda: cfn.forward(p, args, ops)} if ops is not None else {})},
+        "fwd_bwd": {"torch": peer_fb, "default": ours_api_fb, "invokers_115_116": lambda: ours_fb("default")},
     }
     flops = 4.0 * B * H * S * S * D
     out = []
@@ -128,7 +135,7 @@ def bench(spec: dict, dname: str, reps: int, rounds: int, log) -> list[dict]:
                "gflops": {n: mode_flops / (t * 1e6) for n, t in med.items()},
                "speedup_default": med["torch"] / med["default"],
                "best_variant": best, "speedup_best": med["torch"] / med[best],
-               "plans": {n: vars(plans[n]) for n in VARIANTS}}
+               "plan_115": vars(plans["default"])}
         out.append(rec)
         log(f"  {mode:8s} torch {med['torch']:8.2f} ms | ours default {med['default']:8.2f} ms "
             f"(x{rec['speedup_default']:.2f}) | best {best} {med[best]:8.2f} ms (x{rec['speedup_best']:.2f})")
@@ -152,9 +159,9 @@ def main() -> None:
                 results.extend(bench(spec, dname, a.reps, a.rounds, log))
     meta = {"date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
-            "load_avg": os.getloadavg(), "reps": a.reps, "rounds": a.rounds, "variants": {
-                n: (None if c is None else {"tile_elems": c[0], "kv_block": c[1]}) for n, c in VARIANTS.items()},
-            "default_plan": {"tile_elems": cf._TILE_ELEMS, "kv_block": cf._KV_BLOCK}}
+            "load_avg": os.getloadavg(), "reps": a.reps, "rounds": a.rounds,
+            "plan_115": {"tile_elems": cf._TILE_ELEMS, "kv_block": cf._KV_BLOCK},
+            "blocks_117": {"q_block": cfn.Q_BLOCK, "kv_block": cfn.KV_BLOCK}}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     log(f"\nwrote {a.out}\n")

@@ -28,6 +28,7 @@ _MODULES = (
     "nnprim.attention.flash_bwd",
     "nnprim.attention.flash_bwd_atomic",
     "nnprim.attention.gluon_bwd",
+    "nnprim.attention.cpu_flash_native",
     "nnprim.attention.decode",
     "nnprim.attention.decode_quant",
     "nnprim.attention.decode_swap",

@@ -8,27 +8,13 @@ are loaded once, both passes run in registers and the result is stored once: B^T
 (cpu_winograd.PROGRAMS' F(4,3) and F(2,3)) as the torch path, parallel over tiles with ATen's
 OpenMP pool.
 
-The source below is compiled once per machine with the system C++ compiler against the
-installed torch (no ninja, no pip package: `g++` and torch's headers) into the nnprim cache
-directory and loaded as torch ops (`torch.ops.nnprim_cpu.*`). Where that fails (no
-compiler, another platform) or NNPRIM_CPU_NATIVE=0, `ops()` returns None and the torch-op
-transforms run: the results agree to f32 rounding either way."""
+The source below is built once per machine (nnprim/native.py) and loaded as torch ops
+(`torch.ops.nnprim_cpu.*`). Where that fails (no compiler, another platform) or
+NNPRIM_CPU_NATIVE=0, `ops()` returns None and the torch-op transforms run: the results agree
+to f32 rounding either way."""
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import sys
-import sysconfig
-import tempfile
-import threading
-from pathlib import Path
-
-import torch
-
-log = logging.getLogger("nnprim")
+from ..native import NativeLibrary
 
 SOURCE = r"""
 #include <ATen/ATen.h>
@@ -189,76 +175,15 @@ TORCH_LIBRARY_IMPL(nnprim_cpu, CPU, lib) {
 }
 """
 
-_LOCK = threading.Lock()
-_STATE: dict[str, object] = {}
-
-
-def _build_dir() -> Path:
-    from ..search.finddb import cache_dir
-    return Path(cache_dir()) / "native"
-
-
-def _compile(so: Path) -> None:
-    """g++ the source into `so` (atomically: a temporary file renamed into place)."""
-    from torch.utils.cpp_extension import include_paths, library_paths
-    so.parent.mkdir(parents=True, exist_ok=True)
-    cxx = os.environ.get("CXX", "g++")
-    with tempfile.TemporaryDirectory(dir=so.parent) as tmp:
-        src = Path(tmp) / "wino.cpp"
-        src.write_text(SOURCE)
-        out = Path(tmp) / so.name
-        cmd = [cxx, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fopenmp",
-               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-               *(f"-I{p}" for p in include_paths()), f"-I{sysconfig.get_paths()['include']}",
-               str(src), "-o", str(out),
-               *(f"-L{p}" for p in library_paths()), "-lc10", "-ltorch_cpu",
-               *(f"-Wl,-rpath,{p}" for p in library_paths())]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
-        os.replace(out, so)
-
-
-def _so_path() -> Path:
-    """The build for this source, torch, Python and CPU (-march=native)."""
-    from .cpu_gemm import cpu_flags
-    key = hashlib.sha256("\n".join((SOURCE, torch.__version__, sys.version, os.uname().machine,
-                                    " ".join(sorted(cpu_flags())))).encode()).hexdigest()[:16]
-    return _build_dir() / f"nnprim_cpu_{key}.so"
+LIBRARY = NativeLibrary("nnprim_cpu", SOURCE, "native CPU Winograd transforms")
 
 
 def expected() -> bool:
-    """Whether the native transforms should be there (enabled, Linux, a compiler on PATH),
-    without building them: for estimates, which must not compile."""
-    if os.environ.get("NNPRIM_CPU_NATIVE", "1") == "0" or not sys.platform.startswith("linux"):
-        return False
-    built = _STATE.get("ops", False)
-    if built is not False:
-        return built is not None
-    return shutil.which(os.environ.get("CXX", "g++")) is not None
+    """Whether the native transforms should be there, without building them (estimates)."""
+    return LIBRARY.expected()
 
 
 def ops():
     """torch.ops.nnprim_cpu once the native transforms are built and loaded (first call:
     compiles, ~20-40 s), or None (disabled, no compiler, not Linux/x86: the torch-op path runs)."""
-    if os.environ.get("NNPRIM_CPU_NATIVE", "1") == "0":
-        return None
-    state = _STATE.get("ops", False)
-    if state is not False:
-        return state
-    with _LOCK:
-        if "ops" in _STATE:
-            return _STATE["ops"]
-        result = None
-        try:
-            if sys.platform.startswith("linux"):
-                so = _so_path()
-                if not so.exists():
-                    log.info("nnprim: building the native CPU Winograd transforms into %s (once per machine)", so)
-                    _compile(so)
-                torch.ops.load_library(str(so))
-                result = torch.ops.nnprim_cpu
-        except Exception as e:  # noqa: BLE001 - any build or load failure: the torch-op path
-            detail = getattr(e, "stderr", b"") or b""
-            log.warning("nnprim: native CPU Winograd transforms unavailable (%s%s); using torch ops",
-                        type(e).__name__, ": " + detail.decode(errors="replace")[-300:] if detail else f": {e}")
-        _STATE["ops"] = result
-        return result
+    return LIBRARY.ops()

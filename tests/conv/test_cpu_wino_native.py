@@ -8,6 +8,7 @@ import torch
 
 from nnprim.conv import cpu_wino_native as native
 from nnprim.conv import cpu_winograd as cw
+from nnprim.native import NativeLibrary
 from nnprim.problems.conv import ConvProblem, to_layout
 
 needs_native = pytest.mark.skipif(native.ops() is None, reason="no C++ compiler: the torch-op path only")
@@ -70,8 +71,9 @@ def test_switched_off(monkeypatch):
 
 def test_build_failure_falls_back(monkeypatch, tmp_path, caplog):
     """A failed build (no compiler here) logs once and leaves the torch-op path."""
-    monkeypatch.setattr(native, "_STATE", {})
-    monkeypatch.setattr(native, "_so_path", lambda: tmp_path / "missing.so")
+    lib = NativeLibrary(native.LIBRARY.namespace, native.LIBRARY.source, native.LIBRARY.what)
+    monkeypatch.setattr(native, "LIBRARY", lib)
+    monkeypatch.setattr(lib, "so_path", lambda: tmp_path / "missing.so")
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     with caplog.at_level(logging.WARNING, logger="nnprim"):
         assert native.ops() is None

@@ -1,0 +1,377 @@
+"""Native CPU flash attention forward (solver 117 `cpu_flash_fwd_native`), issue 16.
+
+Solver 115 (cpu_flash.py) runs the forward as a dozen torch ops per score tile: its scores
+are f32 GEMMs (torch's CPU ops have no bf16 GEMM with an f32 result), and every tile goes
+through memory between the ops. This one is a C++ loop (nnprim/native.py builds it once per
+machine) over (b, query head, block of QB query rows), parallel over those with ATen's pool,
+around oneDNN's batch-reduce GEMM micro-kernel as torch exports it
+(`at::native::cpublas::brgemm`, the kernel of torch's own CPU flash attention: AMX or
+AVX512-BF16 for bf16 with f32 accumulation, AVX-512 FMA for f32):
+
+    per key block of KB keys:  S = Q K^T (f32)     P = exp(scale S - m') (masked: 0)
+                               l = l e^(m - m') + rowsum P,   acc = acc e^(m - m') + P V
+    o = acc / l,  lse = m + log l
+
+K^T and V are laid out once per call and (b, kv head) in 64-column blocks (bf16: oneDNN's
+VNNI pairs, `cpublas::pack`, keys padded with zeros to a multiple of 64), so every query
+block and every query head of a GQA group reuses them. The softmax runs on ATen's 16-lane
+vectors (`exp_u20`, torch's kernel's exp) while the tile is in cache; P is rounded to bf16 for
+the P V product in bf16 problems (as torch's kernel does). bf16 takes ATen's faster exp
+(`fexp_u20`, ~5e-5 relative: lse within ~3e-5 of float64 where f32 is within ~1e-6).
+
+Covers: f32 and bf16, GQA/MQA, causal (both alignments), no mask, float scale (inverted or
+not), softmax_inf_as_zero, return_lse, last dims contiguous (any other strides). Rows that
+see no key: lse = -inf, o = NaN (0 with softmax_inf_as_zero), as solver 115. Everything else
+(masks, dropout, kv_lens, f16, quantized / paged / FP8 K/V, the backward) stays with 115/116.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..args import AttnArgs
+from ..native import NativeLibrary
+from ..problems.attention import AttentionProblem
+from ..search.solver import register
+from .cpu_flash import _CpuFlashBase
+
+SOURCE = r"""
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/native/CPUBlas.h>
+#include <torch/library.h>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+namespace fbgemm {   // exported by libtorch_cpu (ATen's cpu/utils.h transposes with it)
+template <typename T>
+void transpose_simd(int64_t M, int64_t N, const T* src, int64_t ld_src, T* dst, int64_t ld_dst);
+}
+
+namespace {
+using fVec = at::vec::Vectorized<float>;
+namespace cb = at::native::cpublas;
+constexpr int64_t NB = 64;          // columns of a packed block (oneDNN's pack: at most 64)
+constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+inline float row_max(const float* s, int64_t n, float scale) {
+  fVec vm(NEG_INF);
+  int64_t j = 0;
+  for (; j + fVec::size() <= n; j += fVec::size()) vm = at::vec::maximum(vm, fVec::loadu(s + j));
+  float m = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return at::vec::maximum(a, b); }, vm);
+  for (; j < n; ++j) m = std::max(m, s[j]);
+  return m * scale;   // scale > 0 here (a negative scale is folded into q by the caller)
+}
+
+// p[j] = exp(scale s[j] - m) for j < n, 0 for n <= j < width; returns the sum
+// exp(scale x - m): f32 with ATen's exp_u20 (o within ~4e-7 of float64); bf16 with its faster
+// fexp_u20 (a degree-3 polynomial of 2^frac: ~5e-5 relative, far below bf16's rounding of P
+// and o; 20 % of the bf16 forward's time on the suite's problems)
+template <bool FAST>
+inline fVec exp_scaled(const float* s, const fVec& vs, const fVec& vm) {
+  fVec x = at::vec::fmsub(fVec::loadu(s), vs, vm);
+  if constexpr (FAST) return x.fexp_u20();
+  else return x.exp_u20();
+}
+
+template <typename T>
+inline float exp_row(const float* s, T* p, int64_t n, int64_t width, float scale, float m) {
+  fVec vs(scale), vm(m), sum(0.f);
+  int64_t j = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    for (; j + fVec::size() <= n; j += fVec::size()) {
+      fVec x = exp_scaled<false>(s + j, vs, vm);
+      sum = sum + x;
+      x.store(p + j);
+    }
+  } else {                      // two f32 vectors -> one bf16 vector (round to nearest even)
+    for (; j + 2 * fVec::size() <= n; j += 2 * fVec::size()) {
+      fVec x0 = exp_scaled<true>(s + j, vs, vm), x1 = exp_scaled<true>(s + j + fVec::size(), vs, vm);
+      sum = sum + x0 + x1;
+#if defined(__AVX512BF16__) && defined(CPU_CAPABILITY_AVX512)
+      _mm512_storeu_si512(reinterpret_cast<void*>(p + j),
+                          (__m512i)_mm512_cvtne2ps_pbh(static_cast<__m512>(x1), static_cast<__m512>(x0)));
+#else
+      at::vec::convert_from_float<T>(x0, x1).store(p + j);
+#endif
+    }
+  }
+  float total = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, sum);
+  for (; j < n; ++j) {
+    float x = std::exp(s[j] * scale - m);
+    total += x;
+    p[j] = static_cast<T>(x);
+  }
+  for (; j < width; ++j) p[j] = static_cast<T>(0.f);
+  return total;
+}
+
+inline void scale_row(float* a, int64_t n, float f) {
+  fVec vf(f);
+  int64_t j = 0;
+  for (; j + fVec::size() <= n; j += fVec::size()) (fVec::loadu(a + j) * vf).store(a + j);
+  for (; j < n; ++j) a[j] *= f;
+}
+
+template <typename T>
+void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
+                    at::Tensor& lse, double scale_d, int64_t causal, bool inf_as_zero, int64_t QB, int64_t KB) {
+  // q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv): last dims contiguous
+  const int64_t B = q.size(0), Hq = q.size(1), Sq = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), Sk = k.size(2), Dv = v.size(3), G = Hq / Hkv;
+  const int64_t shift = causal == 2 ? Sk - Sq : 0;
+  const float scale = static_cast<float>(scale_d);
+  constexpr bool BF = std::is_same_v<T, at::BFloat16>;
+  const bool vnni = BF && cb::could_pack(at::kBFloat16);
+  const int64_t nkb = (Sk + NB - 1) / NB, SkP = nkb * NB;
+  const int64_t ndv = (Dv + NB - 1) / NB, DvP = ndv * NB;
+  const T* qp = q.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  using Bits = std::conditional_t<BF, uint16_t, float>;
+
+  // without VNNI: K^T (B*Hkv, D, Sk), the B operand of S = Q K^T, transposed in 256-key slabs
+  // (fbgemm's SIMD transpose; ATen's strided copy costs ~2.5 ns an element)
+  at::Tensor kt = vnni ? at::Tensor() : at::empty({B * Hkv, D, Sk}, q.options());
+  T* ktw = vnni ? nullptr : kt.data_ptr<T>();
+  const T* ktp = ktw;
+  const T* kp = k.data_ptr<T>();
+  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), ks2 = k.stride(2);
+  if (!vnni) {
+    const int64_t SL = 256, nsl = (Sk + SL - 1) / SL;
+    at::parallel_for(0, B * Hkv * nsl, 1, [&](int64_t s, int64_t e) {
+      for (int64_t w = s; w < e; ++w) {
+        const int64_t bh = w / nsl, k0 = (w % nsl) * SL, b = bh / Hkv, h = bh % Hkv;
+        fbgemm::transpose_simd<Bits>(std::min(SL, Sk - k0), D,
+                                     reinterpret_cast<const Bits*>(kp + b * ks0 + h * ks1 + k0 * ks2), ks2,
+                                     reinterpret_cast<Bits*>(ktw + bh * D * Sk + k0), Sk);
+      }
+    });
+  }
+  const int64_t qs0 = q.stride(0), qs1 = q.stride(1), qs2 = q.stride(2);
+  const int64_t vs0 = v.stride(0), vs1 = v.stride(1), vs2 = v.stride(2);
+
+  // bf16 on AMX / AVX512-BF16: K^T and V in VNNI blocks of 64 columns (the B layout of oneDNN's
+  // bf16 brgemm, what cpublas::pack writes), once per call and (b, kv head):
+  // kp [B*Hkv][nkb][D/2][64][2]: element (d, key n) at ((d/2)*64 + n)*2 + d%2, i.e. the 32-bit
+  //   words (d pairs) of 64 key rows transposed: one SIMD transpose per block, no K^T copy;
+  // vq [B*Hkv][ndv][SkP/2][64][2]: rows 2i and 2i+1 of a 64-column block interleaved.
+  // Zero past Sk and Dv.
+  at::Tensor kpack, vpack;
+  T* kpp = nullptr;
+  T* vqp = nullptr;
+  if (vnni) {
+    kpack = at::empty({B * Hkv, nkb, D, NB}, q.options());
+    vpack = at::empty({B * Hkv, ndv, SkP, NB}, q.options());
+    kpp = kpack.data_ptr<T>();
+    vqp = vpack.data_ptr<T>();
+    at::parallel_for(0, B * Hkv * (nkb + ndv), 1, [&](int64_t s, int64_t e) {
+      for (int64_t w = s; w < e; ++w) {
+        const int64_t bh = w / (nkb + ndv), blk = w % (nkb + ndv);
+        const int64_t b = bh / Hkv, h = bh % Hkv;
+        if (blk < nkb) {          // keys [blk*64, +64): 32-bit words (d pairs) transposed
+          const T* src = kp + b * ks0 + h * ks1 + blk * NB * ks2;
+          T* dst = kpp + (bh * nkb + blk) * D * NB;
+          const int64_t nn = std::min(NB, Sk - blk * NB);
+          if (nn < NB) std::memset(dst, 0, D * NB * sizeof(T));     // keys past Sk: zero columns
+          fbgemm::transpose_simd<float>(nn, D / 2, reinterpret_cast<const float*>(src), ks2 / 2,
+                                        reinterpret_cast<float*>(dst), NB);
+        } else {                  // columns [j*64, +64) of V: key rows interleaved in pairs
+          const int64_t j = blk - nkb, nn = std::min(NB, Dv - j * NB);
+          const uint16_t* src = reinterpret_cast<const uint16_t*>(vp + b * vs0 + h * vs1 + j * NB);
+          uint16_t* dst = reinterpret_cast<uint16_t*>(vqp + (bh * ndv + j) * SkP * NB);
+          for (int64_t r = 0; r < SkP; r += 2) {
+            uint16_t* d = dst + r * NB;
+            const uint16_t* r0 = r < Sk ? src + r * vs2 : nullptr;
+            const uint16_t* r1 = r + 1 < Sk ? src + (r + 1) * vs2 : nullptr;
+            for (int64_t c = 0; c < NB; ++c) {
+              d[2 * c] = r0 && c < nn ? r0[c] : 0;
+              d[2 * c + 1] = r1 && c < nn ? r1[c] : 0;
+            }
+          }
+        }
+      }
+    });
+  }
+
+  const int64_t nqb = (Sq + QB - 1) / QB;
+  float* op = o.data_ptr<float>();     // f32 (B, Hq, Sq, Dv): the caller casts
+  float* lp = lse.data_ptr<float>();
+  at::parallel_for(0, B * Hq * nqb, 1, [&](int64_t s, int64_t e) {
+    std::vector<float> S(QB * KB), acc(QB * DvP), m(QB), l(QB);
+    std::vector<T> P(BF ? QB * KB : 0);
+    for (int64_t w = s; w < e; ++w) {
+      const int64_t bhq = w / nqb, r0 = (w % nqb) * QB;
+      const int64_t b = bhq / Hq, hq = bhq % Hq, bh = b * Hkv + hq / G;
+      const int64_t M = std::min(QB, Sq - r0);
+      const T* qrow = qp + b * qs0 + hq * qs1 + r0 * qs2;
+      const T* vrow = vp + b * vs0 + (hq / G) * vs1;
+      std::fill(acc.begin(), acc.begin() + M * DvP, 0.f);
+      std::fill(m.begin(), m.begin() + M, NEG_INF);
+      std::fill(l.begin(), l.begin() + M, 0.f);
+      int64_t kend = Sk;
+      if (causal) kend = std::min(Sk, std::max<int64_t>(r0 + M - 1 + shift + 1, 0));
+      for (int64_t k0 = 0; k0 < kend; k0 += KB) {
+        const int64_t nk = std::min(KB, kend - k0);
+        const int64_t width = vnni ? round_up(nk, NB) : nk;   // P columns the P V product reads
+        if (vnni) {
+          for (int64_t c = 0; c < width; c += NB)         // S[:, c:c+64] = Q K^T[:, k0+c ...]
+            cb::brgemm(M, NB, D, qs2, NB, KB, false, qrow, kpp + (bh * nkb + (k0 + c) / NB) * D * NB,
+                       S.data() + c, true);
+        } else {
+          cb::brgemm(M, nk, D, qs2, Sk, KB, false, qrow, ktp + bh * D * Sk + k0, S.data(), false);
+        }
+        for (int64_t i = 0; i < M; ++i) {
+          int64_t n = nk;
+          if (causal) n = std::min(nk, std::max<int64_t>(r0 + i + shift + 1 - k0, 0));
+          float* srow = S.data() + i * KB;
+          const float mi = n > 0 ? std::max(m[i], row_max(srow, n, scale)) : m[i];
+          const float alpha = (mi == NEG_INF) ? 1.f : std::exp(m[i] - mi);
+          float sum = 0.f;
+          if constexpr (BF) {
+            T* prow = P.data() + i * KB;
+            if (mi == NEG_INF) std::fill(prow, prow + width, static_cast<T>(0.f));
+            else sum = exp_row(srow, prow, n, width, scale, mi);
+          } else {
+            if (mi == NEG_INF) std::fill(srow, srow + width, 0.f);
+            else sum = exp_row(srow, srow, n, width, scale, mi);
+          }
+          if (alpha != 1.f) scale_row(acc.data() + i * DvP, Dv, alpha);
+          l[i] = l[i] * alpha + sum;
+          m[i] = mi;
+        }
+        if (vnni) {
+          for (int64_t j = 0; j < ndv; ++j)              // acc[:, j*64 ...] += P V[k0 ..., j*64 ...]
+            cb::brgemm(M, NB, width, KB, NB, DvP, true, P.data(), vqp + ((bh * ndv + j) * SkP + k0) * NB,
+                       acc.data() + j * NB, true);
+        } else if constexpr (BF) {
+          cb::brgemm(M, Dv, nk, KB, vs2, DvP, true, P.data(), vrow + k0 * vs2, acc.data(), false);
+        } else {
+          cb::brgemm(M, Dv, nk, KB, vs2, DvP, true, S.data(), vrow + k0 * vs2, acc.data(), false);
+        }
+      }
+      for (int64_t i = 0; i < M; ++i) {
+        float* orow = op + ((bhq * Sq) + r0 + i) * Dv;
+        const float* arow = acc.data() + i * DvP;
+        if (l[i] > 0.f) {
+          const float inv = 1.f / l[i];
+          for (int64_t d = 0; d < Dv; ++d) orow[d] = arow[d] * inv;
+          lp[bhq * Sq + r0 + i] = m[i] + std::log(l[i]);
+        } else {                                      // a row that sees no key
+          const float fill = inf_as_zero ? 0.f : std::numeric_limits<float>::quiet_NaN();
+          for (int64_t d = 0; d < Dv; ++d) orow[d] = fill;
+          lp[bhq * Sq + r0 + i] = NEG_INF;
+        }
+      }
+    }
+    if (vnni) cb::brgemm_release(true);
+  });
+}
+
+void flash_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, at::Tensor& lse,
+               double scale, int64_t causal, bool inf_as_zero, int64_t q_block, int64_t kv_block) {
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "last dims must be contiguous");
+  TORCH_CHECK(o.is_contiguous() && lse.is_contiguous() && o.scalar_type() == at::kFloat, "o: contiguous f32");
+  TORCH_CHECK(kv_block % NB == 0 && q_block > 0, "kv_block must be a multiple of 64");
+  if (q.scalar_type() == at::kBFloat16)
+    flash_fwd_impl<at::BFloat16>(q, k, v, o, lse, scale, causal, inf_as_zero, q_block, kv_block);
+  else if (q.scalar_type() == at::kFloat)
+    flash_fwd_impl<float>(q, k, v, o, lse, scale, causal, inf_as_zero, q_block, kv_block);
+  else
+    TORCH_CHECK(false, "flash_fwd: bf16 or f32");
+}
+}  // namespace
+
+TORCH_LIBRARY(nnprim_cpu_attn, m) {
+  m.def("flash_fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor(b!) lse, float scale, int causal, "
+        "bool inf_as_zero, int q_block, int kv_block) -> ()");
+}
+TORCH_LIBRARY_IMPL(nnprim_cpu_attn, CPU, m) { m.impl("flash_fwd", &flash_fwd); }
+"""
+
+LIBRARY = NativeLibrary("nnprim_cpu_attn", SOURCE, "native CPU flash attention")
+# query rows per work item and keys per softmax step: a 128 x 1024 f32 score tile (512 KB, in L2);
+# of (64, 128, 256) x (512, 1024) on the benchmark's problems this was the best or within its
+# noise (benchmarks/attention_cpu.py, 2026-12-01)
+Q_BLOCK = 128
+KV_BLOCK = 1024
+_CAUSAL = {None: 0, "top_left": 1, "bottom_right": 2}
+
+
+def scope_reasons(problem: AttentionProblem) -> list[str]:
+    """What solver 117 leaves to 115."""
+    reasons = []
+    if problem.dtype not in (torch.float32, torch.bfloat16):
+        reasons.append(f"dtype {problem.dtype}: bf16 or f32 only (cpu_flash_fwd covers f16)")
+    for what, on in (("masks", problem.mask != "none"), ("dropout", problem.dropout_p > 0),
+                     ("kv_lens", problem.has_kv_lens), ("quantized K/V", bool(problem.k_quant or problem.v_quant)),
+                     ("paged K/V", bool(problem.page_size)), ("FP8", problem.fp8),
+                     ("a tensor scale", problem.scale == "tensor")):
+        if on:
+            reasons.append(f"{what} not supported (cpu_flash_fwd covers them)")
+    if problem.dtype == torch.bfloat16 and (problem.D % 2 or problem.Dv % 2):
+        reasons.append(f"odd head dims D={problem.D}, Dv={problem.Dv} in bf16 (VNNI pairs)")
+    if not LIBRARY.expected():
+        reasons.append("not applicable: the native CPU library cannot be built here (no C++ compiler, "
+                       "not Linux, or NNPRIM_CPU_NATIVE=0)")
+    return reasons
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _empty(shape: tuple[int, ...]) -> torch.Tensor:
+    """The kernel's f32 outputs (tests poison them: every element must be written)."""
+    return torch.empty(shape, dtype=torch.float32)
+
+
+def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLOCK, kv_block: int = KV_BLOCK):
+    """(o in q's dtype, lse f32) of one call."""
+    scale = float(args.effective_scale(problem.invert_scale))
+    q, k, v = (_last_dim_contiguous(t) for t in (args.q, args.k, args.v))
+    if k.dtype == torch.bfloat16 and (k.stride(2) % 2 or k.storage_offset() % 2):
+        k = k.contiguous()      # the VNNI packing reads K rows as 32-bit words (pairs of d)
+    if scale < 0:           # the kernel's row max assumes scale > 0: the sign goes into q
+        q, scale = -q, -scale
+    o = _empty((problem.B, problem.Hq, problem.Sq, problem.Dv))
+    lse = _empty((problem.B, problem.Hq, problem.Sq))
+    ops.flash_fwd(q, k, v, o, lse, scale, _CAUSAL[problem.causal], problem.inf_as_zero, q_block, kv_block)
+    return (o if problem.dtype == torch.float32 else o.to(problem.dtype)), lse
+
+
+@register
+class CpuFlashForwardNative(_CpuFlashBase):
+    """Forward in C++ around oneDNN's brgemm: invoker(args) -> (o, lse f32 or None unless return_lse)."""
+    id = 117
+    name = "cpu_flash_fwd_native"
+    directions = frozenset({"fwd"})
+    dtypes = frozenset({torch.float32, torch.bfloat16})
+
+    def not_supported_reasons(self, problem) -> list[str]:
+        return super().not_supported_reasons(problem) or scope_reasons(problem)
+
+    def estimate(self, problem: AttentionProblem) -> float:
+        """115's estimate over the measured speed-up (benchmarks/attention_cpu.py)."""
+        return super().estimate(problem) / NATIVE_SPEEDUP.get(problem.dtype, 1.0)
+
+    def prepare(self, problem: AttentionProblem):
+        ops = LIBRARY.ops()
+        if ops is None:
+            raise RuntimeError("the native CPU flash attention library could not be built (see the log)")
+
+        def invoke(args: AttnArgs):
+            o, lse = forward(problem, args, ops)
+            return o, (lse if problem.return_lse else None)
+        return invoke
+
+
+NATIVE_SPEEDUP = {torch.float32: 1.2, torch.bfloat16: 2.0}

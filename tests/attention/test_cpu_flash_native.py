@@ -1,0 +1,119 @@
+"""Solver 117 `cpu_flash_fwd_native` (C++ around oneDNN's brgemm) against the float64
+reference: f32 and bf16, GQA/MQA, both causal alignments, Sq != Sk (rows that see no key),
+odd sizes and tails of every block, head dims that are not multiples of 64, D != Dv, scales
+(negative, inverted), softmax_inf_as_zero, strided inputs; outputs poisoned; tiny blocks so
+that several query and key blocks run. Its scope (what 115 keeps) and its selection."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import nnprim
+from nnprim.args import AttnArgs
+from nnprim.attention import cpu_flash_native as cfn
+from nnprim.attention.reference import reference_forward
+from nnprim.native import ENV
+from nnprim.problems.attention import AttentionProblem
+from nnprim.search.solver import REGISTRY
+
+pytestmark = pytest.mark.skipif(cfn.LIBRARY.ops() is None, reason="no C++ compiler: solver 117 is not applicable")
+TOL = {torch.float32: 2e-6, torch.bfloat16: 1e-2}
+BLOCKS = [(cfn.Q_BLOCK, cfn.KV_BLOCK), (7, 64)]
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setattr(cfn, "_empty", lambda shape: torch.full(shape, math.nan))
+
+
+def run(q, k, v, *, blocks=BLOCKS[0], **opts):
+    p = AttentionProblem.from_tensors(q, k, v, return_lse=True, **opts)
+    s = REGISTRY.get("cpu_flash_fwd_native")
+    assert s.is_applicable(p), s.not_supported_reasons(p)
+    a = AttnArgs(q, k, v, scale=opts.get("scale"))
+    o, lse = cfn.forward(p, a, cfn.LIBRARY.ops(), *blocks)
+    ro, rl = reference_forward(p, a)
+    return o, lse, ro, rl
+
+
+def check(o, lse, ro, rl, dtype):
+    dead = ~torch.isfinite(rl)
+    assert torch.equal(~torch.isfinite(lse), dead)
+    assert torch.isfinite(o[~dead]).all()
+    if dead.any():
+        assert (lse[dead] == -math.inf).all()
+    err = ((o.double() - ro)[~dead].norm() / ro[~dead].norm().clamp_min(1e-30)).item()
+    assert err < TOL[dtype], err
+    # bf16: the fast exp's ~3e-5 in lse (relative in P), far below bf16's 4e-3 rounding
+    assert (lse.double() - rl)[~dead].abs().max().item() < (1e-5 if dtype == torch.float32 else 1e-4)
+
+
+def rnd(*shape, dtype, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("blocks", BLOCKS, ids=["default", "tiny"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+@pytest.mark.parametrize("shape", [(1, 4, 2, 70, 130, 64, 64), (2, 6, 1, 131, 67, 32, 48),
+                                   (1, 2, 2, 300, 257, 80, 80), (1, 3, 3, 1, 1, 16, 16), (1, 4, 1, 5, 1100, 128, 96)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_against_reference(shape, causal, dtype, blocks):
+    B, Hq, Hkv, Sq, Sk, D, Dv = shape
+    q, k, v = (rnd(B, h, S, d, dtype=dtype, seed=i) for i, (h, S, d) in
+               enumerate(((Hq, Sq, D), (Hkv, Sk, D), (Hkv, Sk, Dv))))
+    check(*run(q, k, v, causal=causal, blocks=blocks), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_scales_strides_and_rows_that_see_no_key(dtype):
+    q = rnd(2, 40, 4, 64, dtype=dtype, seed=1).transpose(1, 2)          # (B, S, H, D) storage
+    k, v = (rnd(2, 90, 2, 64, dtype=dtype, seed=s).transpose(1, 2) for s in (2, 3))
+    for scale, invert in ((0.05, False), (-0.2, False), (8.0, True)):
+        p = AttentionProblem.from_tensors(q, k, v, scale=scale, invert_scale=invert, return_lse=True)
+        a = AttnArgs(q, k, v, scale=scale)
+        o, lse = cfn.forward(p, a, cfn.LIBRARY.ops(), 7, 64)
+        check(o, lse, *reference_forward(p, a), dtype)
+    # K rows at an odd stride / offset (bf16 VNNI packing reads them as 32-bit words: copied)
+    k3 = rnd(2, 4, 90, 67, dtype=dtype, seed=7)[..., 1:65]
+    check(*run(q, k3, k3[:, :, :, :48], blocks=(7, 64)), dtype)
+    # Sq > Sk bottom-right: the first rows see no key (NaN, or 0 with softmax_inf_as_zero)
+    q2 = rnd(1, 2, 50, 32, dtype=dtype, seed=4)
+    k2, v2 = (rnd(1, 2, 20, 32, dtype=dtype, seed=s) for s in (5, 6))
+    check(*run(q2, k2, v2, causal="bottom_right", blocks=(7, 64)), dtype)
+    for inf_as_zero in (False, True):
+        o, lse, _, _ = run(q2, k2, v2, causal="bottom_right", softmax_inf_as_zero=inf_as_zero)
+        dead = o[:, :, :30]
+        assert (dead == 0).all() if inf_as_zero else dead.isnan().all()
+        assert torch.isfinite(o[:, :, 30:]).all()
+
+
+def test_scope_and_selection(monkeypatch):
+    s = REGISTRY.get("cpu_flash_fwd_native")
+    q, k, v = (rnd(1, 2, 64, 32, dtype=torch.bfloat16, seed=i) for i in range(3))
+    assert s.is_applicable(AttentionProblem.from_tensors(q, k, v))
+    for kw, why in ((dict(attn_mask=torch.ones(64, 64, dtype=torch.bool)), "masks"), (dict(dropout_p=0.1), "dropout"),
+                    (dict(kv_lens=torch.tensor([10])), "kv_lens")):
+        assert any(why in r for r in s.not_supported_reasons(AttentionProblem.from_tensors(q, k, v, **kw)))
+    assert not s.is_applicable(AttentionProblem.from_tensors(q.half(), k.half(), v.half()))
+    assert not s.is_applicable(AttentionProblem.from_tensors(q, k, v, direction="bwd"))
+    # immediate mode ranks it before 115 on plain problems; the public call agrees with 115
+    monkeypatch.setenv("NNPRIM_FIND_MODE", "fast")
+    p = AttentionProblem.from_tensors(q, k, v)
+    assert s.estimate(p) < REGISTRY.get("cpu_flash_fwd").estimate(p)
+    o = nnprim.sdpa(q, k, v, solver="cpu_flash_fwd_native")
+    o115 = nnprim.sdpa(q, k, v, solver="cpu_flash_fwd")
+    assert ((o.float() - o115.float()).norm() / o115.float().norm()) < 1e-2
+    # switched off: not applicable, 115 serves
+    monkeypatch.setenv(ENV, "0")
+    assert not s.is_applicable(p)
+
+
+def test_odd_head_dims_in_f32():
+    q, k = rnd(1, 3, 9, 33, dtype=torch.float32, seed=7), rnd(1, 1, 70, 33, dtype=torch.float32, seed=8)
+    v = rnd(1, 1, 70, 17, dtype=torch.float32, seed=9)
+    check(*run(q, k, v, causal="top_left", blocks=(4, 64)), torch.float32)
+    bf = [t.bfloat16() for t in (q, k, v)]
+    assert not REGISTRY.get("cpu_flash_fwd_native").is_applicable(AttentionProblem.from_tensors(*bf))
