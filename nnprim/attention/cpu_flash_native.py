@@ -1,4 +1,5 @@
-"""Native CPU flash attention forward (solver 117 `cpu_flash_fwd_native`), issue 16.
+"""Native CPU flash attention: forward (solver 117 `cpu_flash_fwd_native`) and backward (118
+`cpu_flash_bwd_native`), issue 16.
 
 Solver 115 (cpu_flash.py) runs the forward as a dozen torch ops per score tile: its scores
 are f32 GEMMs (torch's CPU ops have no bf16 GEMM with an f32 result), and every tile goes
@@ -19,12 +20,23 @@ vectors (`exp_u20`, torch's kernel's exp) while the tile is in cache; P is round
 the P V product in bf16 problems (as torch's kernel does). bf16 takes ATen's faster exp
 (`fexp_u20`, ~5e-5 relative: lse within ~3e-5 of float64 where f32 is within ~1e-6).
 
+Backward (118), per (b, kv head) so that dK and dV sum the G query heads' terms without
+atomics and dQ accumulates in place: K^T and V^T once per head (fbgemm's SIMD transpose), then
+per key block of 256 keys and block of 64 query rows S = Q K^T and dP = dO V^T (f32),
+P = exp(scale S - lse), dS = P (dP - D) with D = rowsum(dO O) (0 on rows that see no key),
+and dV += P^T dO, dK += dS^T Q, dQ += dS K with P and dS in the input dtype (transposed by
+the same SIMD transpose): the GEMMs through brgemm's plain (non-VNNI) path, i.e. oneDNN's
+bf16 x bf16 -> f32 / f32 GEMMs.
+
 Covers: f32 and bf16, GQA/MQA, causal (both alignments), no mask, float scale (inverted or
 not), softmax_inf_as_zero, return_lse, last dims contiguous (any other strides). Rows that
-see no key: lse = -inf, o = NaN (0 with softmax_inf_as_zero), as solver 115. Everything else
-(masks, dropout, kv_lens, f16, quantized / paged / FP8 K/V, the backward) stays with 115/116.
+see no key: lse = -inf, o = NaN (0 with softmax_inf_as_zero), zero gradients, as solvers
+115/116. Everything else (masks, dropout, kv_lens, f16, quantized / paged / FP8 K/V) stays
+with 115/116.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -276,6 +288,126 @@ void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   });
 }
 
+// T [rows][cols] of x (f32, row stride ldx) -> dst [cols][rows] (row stride rows) in T
+template <typename T>
+inline void to_t_transposed(const float* x, int64_t rows, int64_t cols, int64_t ldx, T* tmp, T* dst) {
+  using Bits = std::conditional_t<std::is_same_v<T, float>, float, uint16_t>;
+  for (int64_t r = 0; r < rows; ++r)
+    at::vec::convert(x + r * ldx, tmp + r * cols, cols);
+  fbgemm::transpose_simd<Bits>(rows, cols, reinterpret_cast<const Bits*>(tmp), cols, reinterpret_cast<Bits*>(dst),
+                               rows);
+}
+
+template <typename T>
+void flash_bwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+                    const at::Tensor& lse, const at::Tensor& delta, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+                    double scale_d, int64_t causal, int64_t QB, int64_t KB) {
+  // q, dout (B, Hq, Sq, D / Dv), k, v (B, Hkv, Sk, D / Dv): last dims contiguous; lse, delta
+  // (B, Hq, Sq) f32 contiguous (delta 0 on rows that see no key); dq, dk, dv f32 contiguous
+  const int64_t B = q.size(0), Hq = q.size(1), Sq = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), Sk = k.size(2), Dv = v.size(3), G = Hq / Hkv;
+  const int64_t shift = causal == 2 ? Sk - Sq : 0;
+  const float scale = static_cast<float>(scale_d);
+  using Bits = std::conditional_t<std::is_same_v<T, float>, float, uint16_t>;
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k.data_ptr<T>();
+  const T* vp = v.data_ptr<T>();
+  const T* dop = dout.data_ptr<T>();
+  const float* lp = lse.data_ptr<float>();
+  const float* dlp = delta.data_ptr<float>();
+  float* dqp = dq.data_ptr<float>();
+  float* dkp = dk.data_ptr<float>();
+  float* dvp = dv.data_ptr<float>();
+  const int64_t qs0 = q.stride(0), qs1 = q.stride(1), qs2 = q.stride(2);
+  const int64_t ks0 = k.stride(0), ks1 = k.stride(1), ks2 = k.stride(2);
+  const int64_t vs0 = v.stride(0), vs1 = v.stride(1), vs2 = v.stride(2);
+  const int64_t ds0 = dout.stride(0), ds1 = dout.stride(1), ds2 = dout.stride(2);
+  // one (b, kv head) per work item: its dK, dV sum over the G query heads without atomics, and
+  // its G heads' dQ accumulate in dq itself (no other item writes them)
+  at::parallel_for(0, B * Hkv, 1, [&](int64_t s, int64_t e) {
+    std::vector<T> kt(D * Sk), vt(Dv * Sk), tmp(QB * KB), pt(KB * QB), dst(KB * QB), dsb(QB * KB);
+    std::vector<float> S(QB * KB), dP(QB * KB), dka(KB * D), dva(KB * Dv);
+    for (int64_t w = s; w < e; ++w) {
+      const int64_t b = w / Hkv, h = w % Hkv;
+      const T* kh = kp + b * ks0 + h * ks1;
+      const T* vh = vp + b * vs0 + h * vs1;
+      fbgemm::transpose_simd<Bits>(Sk, D, reinterpret_cast<const Bits*>(kh), ks2, reinterpret_cast<Bits*>(kt.data()),
+                                   Sk);
+      fbgemm::transpose_simd<Bits>(Sk, Dv, reinterpret_cast<const Bits*>(vh), vs2,
+                                   reinterpret_cast<Bits*>(vt.data()), Sk);
+      for (int64_t g = 0; g < G; ++g)
+        std::fill(dqp + ((b * Hq + h * G + g) * Sq) * D, dqp + ((b * Hq + h * G + g + 1) * Sq) * D, 0.f);
+      for (int64_t k0 = 0; k0 < Sk; k0 += KB) {
+        const int64_t nk = std::min(KB, Sk - k0);
+        std::fill(dka.begin(), dka.begin() + nk * D, 0.f);
+        std::fill(dva.begin(), dva.begin() + nk * Dv, 0.f);
+        // query rows that see a key of the block: r + shift >= k0
+        const int64_t rlo = causal ? std::max<int64_t>(k0 - shift, 0) / QB * QB : 0;
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t hq = h * G + g, bhq = b * Hq + hq;
+          for (int64_t r0 = rlo; r0 < Sq; r0 += QB) {
+            const int64_t M = std::min(QB, Sq - r0);
+            const T* qi = qp + b * qs0 + hq * qs1 + r0 * qs2;
+            const T* doi = dop + b * ds0 + hq * ds1 + r0 * ds2;
+            cb::brgemm(M, nk, D, qs2, Sk, KB, false, qi, kt.data() + k0, S.data(), false);
+            cb::brgemm(M, nk, Dv, ds2, Sk, KB, false, doi, vt.data() + k0, dP.data(), false);
+            for (int64_t i = 0; i < M; ++i) {
+              float* srow = S.data() + i * KB;
+              float* prow = dP.data() + i * KB;
+              const float l = lp[bhq * Sq + r0 + i], di = dlp[bhq * Sq + r0 + i];
+              int64_t n = nk;
+              if (causal) n = std::min(nk, std::max<int64_t>(r0 + i + shift + 1 - k0, 0));
+              if (l == NEG_INF) n = 0;
+              const fVec vs(scale), vl(l), vd(di);
+              int64_t j = 0;
+              for (; j + fVec::size() <= n; j += fVec::size()) {   // P = exp(scale S - lse), dS = P (dP - D)
+                fVec p = at::vec::fmsub(fVec::loadu(srow + j), vs, vl).exp_u20();
+                p.store(srow + j);
+                (p * (fVec::loadu(prow + j) - vd)).store(prow + j);
+              }
+              for (; j < n; ++j) {
+                const float p = std::exp(srow[j] * scale - l);
+                srow[j] = p;
+                prow[j] = p * (prow[j] - di);
+              }
+              for (; j < nk; ++j) srow[j] = prow[j] = 0.f;
+            }
+            // dV += P^T dO, dK += dS^T Q, dQ += dS K (P and dS in the input dtype)
+            to_t_transposed(S.data(), M, nk, KB, tmp.data(), pt.data());
+            to_t_transposed(dP.data(), M, nk, KB, tmp.data(), dst.data());
+            for (int64_t i = 0; i < M; ++i) at::vec::convert(dP.data() + i * KB, dsb.data() + i * nk, nk);
+            cb::brgemm(nk, Dv, M, M, ds2, Dv, true, pt.data(), doi, dva.data(), false);
+            cb::brgemm(nk, D, M, M, qs2, D, true, dst.data(), qi, dka.data(), false);
+            cb::brgemm(M, D, nk, nk, ks2, D, true, dsb.data(), kh + k0 * ks2, dqp + (bhq * Sq + r0) * D, false);
+          }
+        }
+        float* dkrow = dkp + ((b * Hkv + h) * Sk + k0) * D;
+        for (int64_t x = 0; x < nk * D; ++x) dkrow[x] = dka[x] * scale;
+        std::copy(dva.begin(), dva.begin() + nk * Dv, dvp + ((b * Hkv + h) * Sk + k0) * Dv);
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        float* d = dqp + ((b * Hq + h * G + g) * Sq) * D;
+        for (int64_t x = 0; x < Sq * D; ++x) d[x] *= scale;
+      }
+    }
+  });
+}
+
+void flash_bwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
+               const at::Tensor& lse, const at::Tensor& delta, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+               double scale, int64_t causal, int64_t q_block, int64_t kv_block) {
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1 && dout.stride(3) == 1,
+              "last dims must be contiguous");
+  TORCH_CHECK(lse.is_contiguous() && delta.is_contiguous() && dq.is_contiguous() && dk.is_contiguous() &&
+              dv.is_contiguous(), "lse, delta, dq, dk, dv: contiguous");
+  if (q.scalar_type() == at::kBFloat16)
+    flash_bwd_impl<at::BFloat16>(q, k, v, dout, lse, delta, dq, dk, dv, scale, causal, q_block, kv_block);
+  else if (q.scalar_type() == at::kFloat)
+    flash_bwd_impl<float>(q, k, v, dout, lse, delta, dq, dk, dv, scale, causal, q_block, kv_block);
+  else
+    TORCH_CHECK(false, "flash_bwd: bf16 or f32");
+}
+
 void flash_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, at::Tensor& lse,
                double scale, int64_t causal, bool inf_as_zero, int64_t q_block, int64_t kv_block) {
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "last dims must be contiguous");
@@ -293,8 +425,13 @@ void flash_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at
 TORCH_LIBRARY(nnprim_cpu_attn, m) {
   m.def("flash_fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor(b!) lse, float scale, int causal, "
         "bool inf_as_zero, int q_block, int kv_block) -> ()");
+  m.def("flash_bwd(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor lse, Tensor delta, Tensor(a!) dq, "
+        "Tensor(b!) dk, Tensor(c!) dv, float scale, int causal, int q_block, int kv_block) -> ()");
 }
-TORCH_LIBRARY_IMPL(nnprim_cpu_attn, CPU, m) { m.impl("flash_fwd", &flash_fwd); }
+TORCH_LIBRARY_IMPL(nnprim_cpu_attn, CPU, m) {
+  m.impl("flash_fwd", &flash_fwd);
+  m.impl("flash_bwd", &flash_bwd);
+}
 """
 
 LIBRARY = NativeLibrary("nnprim_cpu_attn", SOURCE, "native CPU flash attention")
@@ -303,11 +440,13 @@ LIBRARY = NativeLibrary("nnprim_cpu_attn", SOURCE, "native CPU flash attention")
 # noise (benchmarks/attention_cpu.py, 2026-12-01)
 Q_BLOCK = 128
 KV_BLOCK = 1024
+BWD_Q_BLOCK = 64    # backward: a 64 x 256 tile of S, dP, P^T, dS^T per step
+BWD_KV_BLOCK = 256
 _CAUSAL = {None: 0, "top_left": 1, "bottom_right": 2}
 
 
 def scope_reasons(problem: AttentionProblem) -> list[str]:
-    """What solver 117 leaves to 115."""
+    """What solvers 117/118 leave to 115/116."""
     reasons = []
     if problem.dtype not in (torch.float32, torch.bfloat16):
         reasons.append(f"dtype {problem.dtype}: bf16 or f32 only (cpu_flash_fwd covers f16)")
@@ -329,6 +468,13 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _even_rows(t: torch.Tensor) -> torch.Tensor:
+    """bf16 rows at even strides and offsets (the kernels read 16-bit pairs as 32-bit words)."""
+    if t.dtype == torch.bfloat16 and (t.stride(2) % 2 or t.storage_offset() % 2 or t.stride(1) % 2 or t.stride(0) % 2):
+        return t.contiguous()
+    return t
+
+
 def _empty(shape: tuple[int, ...]) -> torch.Tensor:
     """The kernel's f32 outputs (tests poison them: every element must be written)."""
     return torch.empty(shape, dtype=torch.float32)
@@ -338,14 +484,27 @@ def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLO
     """(o in q's dtype, lse f32) of one call."""
     scale = float(args.effective_scale(problem.invert_scale))
     q, k, v = (_last_dim_contiguous(t) for t in (args.q, args.k, args.v))
-    if k.dtype == torch.bfloat16 and (k.stride(2) % 2 or k.storage_offset() % 2):
-        k = k.contiguous()      # the VNNI packing reads K rows as 32-bit words (pairs of d)
+    k = _even_rows(k)       # the VNNI packing reads K rows as 32-bit words (pairs of d)
     if scale < 0:           # the kernel's row max assumes scale > 0: the sign goes into q
         q, scale = -q, -scale
     o = _empty((problem.B, problem.Hq, problem.Sq, problem.Dv))
     lse = _empty((problem.B, problem.Hq, problem.Sq))
     ops.flash_fwd(q, k, v, o, lse, scale, _CAUSAL[problem.causal], problem.inf_as_zero, q_block, kv_block)
     return (o if problem.dtype == torch.float32 else o.to(problem.dtype)), lse
+
+
+def backward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = BWD_Q_BLOCK,
+             kv_block: int = BWD_KV_BLOCK) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in q's, k's, v's dtypes from args.do, args.o, args.lse."""
+    scale = float(args.effective_scale(problem.invert_scale))
+    q, k, v, do = (_even_rows(_last_dim_contiguous(t)) for t in (args.q, args.k, args.v, args.do))
+    lse = args.lse.float().contiguous()
+    # D_i = rowsum(dO * O), 0 on rows that see no key (their o is NaN or 0)
+    delta = (do.float() * args.o.float()).sum(-1).masked_fill_(lse == -math.inf, 0.0).contiguous()
+    dq = _empty(tuple(q.shape))
+    dk, dv = _empty(tuple(k.shape)), _empty(tuple(v.shape))
+    ops.flash_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, _CAUSAL[problem.causal], q_block, kv_block)
+    return tuple(t if t.dtype == r.dtype else t.to(r.dtype) for t, r in ((dq, args.q), (dk, args.k), (dv, args.v)))
 
 
 @register
@@ -374,4 +533,29 @@ class CpuFlashForwardNative(_CpuFlashBase):
         return invoke
 
 
+@register
+class CpuFlashBackwardNative(_CpuFlashBase):
+    """Backward in C++ around oneDNN's GEMMs: invoker(args) -> (dq, dk, dv) in q's, k's, v's dtypes."""
+    id = 118
+    name = "cpu_flash_bwd_native"
+    directions = frozenset({"bwd"})
+    dtypes = frozenset({torch.float32, torch.bfloat16})
+
+    def not_supported_reasons(self, problem) -> list[str]:
+        return super().not_supported_reasons(problem) or scope_reasons(problem)
+
+    def estimate(self, problem: AttentionProblem) -> float:
+        """116's estimate over the measured speed-up (benchmarks/attention_cpu.py)."""
+        return super().estimate(problem) / NATIVE_SPEEDUP_BWD.get(problem.dtype, 1.0)
+
+    def prepare(self, problem: AttentionProblem):
+        ops = LIBRARY.ops()
+        if ops is None:
+            raise RuntimeError("the native CPU flash attention library could not be built (see the log)")
+        return lambda args: backward(problem, args, ops)
+
+
+# against 115 / 116 on the benchmark's problems (2026-12-01, this session's AMX machine, 1 thread):
+# forward f32 ~1.3x, bf16 ~2.0x; backward f32 ~1.3x, bf16 ~1.7-2.0x
 NATIVE_SPEEDUP = {torch.float32: 1.2, torch.bfloat16: 2.0}
+NATIVE_SPEEDUP_BWD = {torch.float32: 1.2, torch.bfloat16: 1.7}

@@ -1,5 +1,5 @@
-"""Solver 117 `cpu_flash_fwd_native` (C++ around oneDNN's brgemm) against the float64
-reference: f32 and bf16, GQA/MQA, both causal alignments, Sq != Sk (rows that see no key),
+"""Solvers 117 `cpu_flash_fwd_native` and 118 `cpu_flash_bwd_native` (C++ around oneDNN's
+brgemm) against the float64 reference: f32 and bf16, GQA/MQA, both causal alignments, Sq != Sk (rows that see no key),
 odd sizes and tails of every block, head dims that are not multiples of 64, D != Dv, scales
 (negative, inverted), softmax_inf_as_zero, strided inputs; outputs poisoned; tiny blocks so
 that several query and key blocks run. Its scope (what 115 keeps) and its selection."""
@@ -13,7 +13,7 @@ import torch
 import nnprim
 from nnprim.args import AttnArgs
 from nnprim.attention import cpu_flash_native as cfn
-from nnprim.attention.reference import reference_forward
+from nnprim.attention.reference import reference_backward, reference_forward
 from nnprim.native import ENV
 from nnprim.problems.attention import AttentionProblem
 from nnprim.search.solver import REGISTRY
@@ -117,3 +117,55 @@ def test_odd_head_dims_in_f32():
     check(*run(q, k, v, causal="top_left", blocks=(4, 64)), torch.float32)
     bf = [t.bfloat16() for t in (q, k, v)]
     assert not REGISTRY.get("cpu_flash_fwd_native").is_applicable(AttentionProblem.from_tensors(*bf))
+
+
+@pytest.mark.parametrize("blocks", [(cfn.BWD_Q_BLOCK, cfn.BWD_KV_BLOCK), (7, 5)], ids=["default", "tiny"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+@pytest.mark.parametrize("shape", [(1, 4, 2, 70, 130, 64, 64), (2, 6, 1, 131, 67, 32, 48), (1, 2, 2, 1, 1, 16, 16),
+                                   (1, 2, 1, 40, 300, 80, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_backward_against_reference(shape, causal, dtype, blocks, monkeypatch):
+    """dq, dk, dv against float64 (the reference's own forward's o and lse, so the backward is
+    checked alone); rows that see no key get zero gradients; outputs poisoned."""
+    B, Hq, Hkv, Sq, Sk, D, Dv = shape
+    q, k, v, do = (rnd(B, h, S, d, dtype=dtype, seed=i) for i, (h, S, d) in
+                   enumerate(((Hq, Sq, D), (Hkv, Sk, D), (Hkv, Sk, Dv), (Hq, Sq, Dv))))
+    p = AttentionProblem.from_tensors(q, k, v, causal=causal, direction="bwd", return_lse=True)
+    s = REGISTRY.get("cpu_flash_bwd_native")
+    assert s.is_applicable(p), s.not_supported_reasons(p)
+    o, lse = reference_forward(p, AttnArgs(q, k, v))
+    a = AttnArgs(q, k, v, do=do, o=o.to(dtype), lse=lse.float())
+    got = cfn.backward(p, a, cfn.LIBRARY.ops(), *blocks)
+    theirs = torch_grads(q, k, v, do, causal)
+    for name, x, r, t, th in zip(("dq", "dk", "dv"), got, reference_backward(p, a), (q, k, v), theirs):
+        assert x.dtype == t.dtype and x.shape == t.shape
+        assert torch.isfinite(x).all(), name
+        # bounded by torch's own same-dtype error where that is larger (a gradient that cancels
+        # to ~0 in float64, e.g. dq with one key, has no meaningful relative error)
+        err, bound = (x.double() - r).norm().item(), (th.double() - r).norm().item()
+        assert err <= max((2e-6 if dtype == torch.float32 else 1e-2) * r.norm().item(), 8 * bound), (name, err, bound)
+
+
+def torch_grads(q, k, v, do, causal):
+    """torch's CPU SDPA gradients in the inputs' dtype (GQA by repeat), rows that see no key
+    (NaN in torch) as 0."""
+    G = q.shape[1] // k.shape[1]
+    qa, ka, va = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    mask = None
+    if causal is not None:
+        Sq, Sk = q.shape[2], k.shape[2]
+        mask = torch.ones(Sq, Sk, dtype=torch.bool).tril(Sk - Sq if causal == "bottom_right" else 0)
+    o = torch.nn.functional.scaled_dot_product_attention(qa, ka.repeat_interleave(G, 1), va.repeat_interleave(G, 1),
+                                                         attn_mask=mask)
+    return [g.nan_to_num() for g in torch.autograd.grad(o, (qa, ka, va), do)]
+
+
+def test_autograd_through_the_public_api():
+    q, k, v = (rnd(1, 4, 90, 64, dtype=torch.bfloat16, seed=i).requires_grad_() for i in range(3))
+    do = rnd(1, 4, 90, 64, dtype=torch.bfloat16, seed=9)
+    o = nnprim.sdpa(q, k, v, causal="top_left", solver="cpu_flash_fwd_native")
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    o64 = torch.nn.functional.scaled_dot_product_attention(*ref, is_causal=True)
+    for x, r in zip(grads, torch.autograd.grad(o64, ref, do.double())):
+        assert ((x.double() - r).norm() / r.norm()).item() < 1e-2
