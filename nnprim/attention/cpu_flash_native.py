@@ -136,14 +136,17 @@ inline void scale_row(float* a, int64_t n, float f) {
 
 template <typename T>
 void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
-                    at::Tensor& lse, double scale_d, int64_t causal, bool inf_as_zero, int64_t QB, int64_t KB) {
+                    at::Tensor& lse, double scale_d, int64_t causal, bool inf_as_zero, int64_t QB, int64_t KB,
+                    bool use_vnni) {
   // q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv): last dims contiguous
   const int64_t B = q.size(0), Hq = q.size(1), Sq = q.size(2), D = q.size(3);
   const int64_t Hkv = k.size(1), Sk = k.size(2), Dv = v.size(3), G = Hq / Hkv;
   const int64_t shift = causal == 2 ? Sk - Sq : 0;
   const float scale = static_cast<float>(scale_d);
   constexpr bool BF = std::is_same_v<T, at::BFloat16>;
-  const bool vnni = BF && cb::could_pack(at::kBFloat16);
+  // VNNI blocks where oneDNN's bf16 brgemm takes them (AMX); else (and when the caller asks:
+  // tests) the plain layout through brgemm's fallback, oneDNN's bf16 -> f32 GEMM
+  const bool vnni = BF && use_vnni && cb::could_pack(at::kBFloat16);
   const int64_t nkb = (Sk + NB - 1) / NB, SkP = nkb * NB;
   const int64_t ndv = (Dv + NB - 1) / NB, DvP = ndv * NB;
   const T* qp = q.data_ptr<T>();
@@ -409,14 +412,14 @@ void flash_bwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
 }
 
 void flash_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, at::Tensor& lse,
-               double scale, int64_t causal, bool inf_as_zero, int64_t q_block, int64_t kv_block) {
+               double scale, int64_t causal, bool inf_as_zero, int64_t q_block, int64_t kv_block, bool use_vnni) {
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "last dims must be contiguous");
   TORCH_CHECK(o.is_contiguous() && lse.is_contiguous() && o.scalar_type() == at::kFloat, "o: contiguous f32");
   TORCH_CHECK(kv_block % NB == 0 && q_block > 0, "kv_block must be a multiple of 64");
   if (q.scalar_type() == at::kBFloat16)
-    flash_fwd_impl<at::BFloat16>(q, k, v, o, lse, scale, causal, inf_as_zero, q_block, kv_block);
+    flash_fwd_impl<at::BFloat16>(q, k, v, o, lse, scale, causal, inf_as_zero, q_block, kv_block, use_vnni);
   else if (q.scalar_type() == at::kFloat)
-    flash_fwd_impl<float>(q, k, v, o, lse, scale, causal, inf_as_zero, q_block, kv_block);
+    flash_fwd_impl<float>(q, k, v, o, lse, scale, causal, inf_as_zero, q_block, kv_block, false);
   else
     TORCH_CHECK(false, "flash_fwd: bf16 or f32");
 }
@@ -424,7 +427,7 @@ void flash_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at
 
 TORCH_LIBRARY(nnprim_cpu_attn, m) {
   m.def("flash_fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor(b!) lse, float scale, int causal, "
-        "bool inf_as_zero, int q_block, int kv_block) -> ()");
+        "bool inf_as_zero, int q_block, int kv_block, bool use_vnni) -> ()");
   m.def("flash_bwd(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor lse, Tensor delta, Tensor(a!) dq, "
         "Tensor(b!) dk, Tensor(c!) dv, float scale, int causal, int q_block, int kv_block) -> ()");
 }
@@ -480,8 +483,10 @@ def _empty(shape: tuple[int, ...]) -> torch.Tensor:
     return torch.empty(shape, dtype=torch.float32)
 
 
-def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLOCK, kv_block: int = KV_BLOCK):
-    """(o in q's dtype, lse f32) of one call."""
+def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLOCK, kv_block: int = KV_BLOCK,
+            vnni: bool = True):
+    """(o in q's dtype, lse f32) of one call. vnni=False: the plain-layout bf16 path that CPUs
+    without AMX take (tests run it everywhere)."""
     scale = float(args.effective_scale(problem.invert_scale))
     q, k, v = (_last_dim_contiguous(t) for t in (args.q, args.k, args.v))
     k = _even_rows(k)       # the VNNI packing reads K rows as 32-bit words (pairs of d)
@@ -489,7 +494,7 @@ def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLO
         q, scale = -q, -scale
     o = _empty((problem.B, problem.Hq, problem.Sq, problem.Dv))
     lse = _empty((problem.B, problem.Hq, problem.Sq))
-    ops.flash_fwd(q, k, v, o, lse, scale, _CAUSAL[problem.causal], problem.inf_as_zero, q_block, kv_block)
+    ops.flash_fwd(q, k, v, o, lse, scale, _CAUSAL[problem.causal], problem.inf_as_zero, q_block, kv_block, vnni)
     return (o if problem.dtype == torch.float32 else o.to(problem.dtype)), lse
 
 

@@ -21,6 +21,8 @@ from nnprim.search.solver import REGISTRY
 pytestmark = pytest.mark.skipif(cfn.LIBRARY.ops() is None, reason="no C++ compiler: solver 117 is not applicable")
 TOL = {torch.float32: 2e-6, torch.bfloat16: 1e-2}
 BLOCKS = [(cfn.Q_BLOCK, cfn.KV_BLOCK), (7, 64)]
+# bf16 B operands in VNNI blocks (AMX CPUs) and plain (the path of CPUs without AMX)
+LAYOUTS = [True, False]
 
 
 @pytest.fixture(autouse=True)
@@ -28,12 +30,12 @@ def poison(monkeypatch):
     monkeypatch.setattr(cfn, "_empty", lambda shape: torch.full(shape, math.nan))
 
 
-def run(q, k, v, *, blocks=BLOCKS[0], **opts):
+def run(q, k, v, *, blocks=BLOCKS[0], vnni=True, **opts):
     p = AttentionProblem.from_tensors(q, k, v, return_lse=True, **opts)
     s = REGISTRY.get("cpu_flash_fwd_native")
     assert s.is_applicable(p), s.not_supported_reasons(p)
     a = AttnArgs(q, k, v, scale=opts.get("scale"))
-    o, lse = cfn.forward(p, a, cfn.LIBRARY.ops(), *blocks)
+    o, lse = cfn.forward(p, a, cfn.LIBRARY.ops(), *blocks, vnni=vnni)
     ro, rl = reference_forward(p, a)
     return o, lse, ro, rl
 
@@ -54,17 +56,20 @@ def rnd(*shape, dtype, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
+@pytest.mark.parametrize("vnni", LAYOUTS, ids=["vnni", "plain"])
 @pytest.mark.parametrize("blocks", BLOCKS, ids=["default", "tiny"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
 @pytest.mark.parametrize("shape", [(1, 4, 2, 70, 130, 64, 64), (2, 6, 1, 131, 67, 32, 48),
                                    (1, 2, 2, 300, 257, 80, 80), (1, 3, 3, 1, 1, 16, 16), (1, 4, 1, 5, 1100, 128, 96)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_against_reference(shape, causal, dtype, blocks):
+def test_against_reference(shape, causal, dtype, blocks, vnni):
+    if dtype == torch.float32 and not vnni:
+        pytest.skip("f32 has one layout")
     B, Hq, Hkv, Sq, Sk, D, Dv = shape
     q, k, v = (rnd(B, h, S, d, dtype=dtype, seed=i) for i, (h, S, d) in
                enumerate(((Hq, Sq, D), (Hkv, Sk, D), (Hkv, Sk, Dv))))
-    check(*run(q, k, v, causal=causal, blocks=blocks), dtype)
+    check(*run(q, k, v, causal=causal, blocks=blocks, vnni=vnni), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
