@@ -107,7 +107,7 @@ ORDERED_COST = 1.6
 
 
 def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None, remat: bool = True,
-                tma_dq: bool = True, ordered: bool = False) -> dict:
+                tma_dq: bool | None = None, ordered: bool = False) -> dict:
     """Launch constants for head dim d: STAGES of the (Q, dO) ring (default 3 at d64, 2 at
     d128 as FA3; 3 also fits 227 KB at d128, which benchmarks/gluon_bwd.py times), SPLIT_DQ
     (dQ_partial of all 128 keys split by columns between the warpgroups, FA3's: half the
@@ -121,6 +121,8 @@ def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None,
     descending key-block order per dQ block, through semaphores: deterministic)."""
     split = d >= 128 if split_dq is None else split_dq and d >= 128
     stages = stages or (3 if d <= 64 else 2)
+    if tma_dq is None:      # the default where this Triton can build the TMA reduce-add
+        tma_dq = tma_reduce_add is not None
     mode = 2 if ordered else int(bool(tma_dq))
     return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, SPLIT_DQ=split, REMAT=remat, TMA_DQ=mode,
                 num_warps=4, maxnreg=168)
@@ -664,6 +666,13 @@ class GluonFlashBackwardOrdered(GluonFlashBackward):
     id = 129
     name = "gluon_flash_bwd_ordered"
     deterministic = True
+
+    def not_supported_reasons(self, problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if tma_reduce_add is None and not (reasons and reasons[0].startswith("serves")):
+            reasons.append("not applicable: this Triton's Gluon cannot build the TMA reduce-add that the ordered "
+                           "dQ adds use")
+        return reasons
 
     def workspace_size(self, problem) -> int:
         """127's, plus the int32 counters of the dQ blocks."""

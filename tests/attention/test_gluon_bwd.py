@@ -207,3 +207,12 @@ def test_tile_algorithm_emulation_matches_reference(sq, sk, causal):
     got = _emulate(p, q, k, v, do, torch.nan_to_num(o), lse, 16 ** -0.5)
     for name, x, r in zip(("dq", "dk", "dv"), got, ref):
         assert torch.allclose(x, r, atol=1e-9, rtol=1e-9), (name, (x - r).abs().max().item())
+
+
+def test_without_the_tma_reduce_add(monkeypatch):
+    """A Triton whose Gluon builder lacks the TMA reduce-add: 127 adds dQ with f32 atomics and
+    129 (whose ordering relies on the reduce-add's completion) is not applicable."""
+    monkeypatch.setattr(gluon_bwd, "tma_reduce_add", None)
+    assert gluon_bwd.tile_config(128)["TMA_DQ"] == 0 and gluon_bwd.tile_config(64)["TMA_DQ"] == 0
+    p = problem(device="cuda", B=1, Hq=4, Hkv=1, Sq=256, Sk=256)
+    assert any("TMA reduce-add" in r for r in REGISTRY.get("gluon_flash_bwd_ordered").not_supported_reasons(p))
