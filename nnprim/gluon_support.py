@@ -1,5 +1,6 @@
-"""What the Gluon (Hopper) solvers share: Gluon's import, their applicability gate and the
-unvalidated host TMA descriptor. The solvers: 126 `gluon_flash_fwd` (attention/gluon_fwd.py),
+"""What the Gluon (Hopper) solvers share: Gluon's import, their applicability gate, the
+unvalidated host TMA descriptor and the TMA bulk reduce-add (`tma_reduce_add`, which Gluon
+3.6 does not wrap; None where this Triton's builder lacks it). The solvers: 126 `gluon_flash_fwd` (attention/gluon_fwd.py),
 127 `gluon_flash_bwd` (attention/gluon_bwd.py) and 27 `gluon_implicit_gemm_fwd`
 (conv/gluon_conv.py).
 
