@@ -174,3 +174,26 @@ def test_autograd_through_the_public_api():
     o64 = torch.nn.functional.scaled_dot_product_attention(*ref, is_causal=True)
     for x, r in zip(grads, torch.autograd.grad(o64, ref, do.double())):
         assert ((x.double() - r).norm() / r.norm()).item() < 1e-2
+
+
+def test_a_failed_build_serves_through_the_torch_op_path(monkeypatch, tmp_path):
+    """The library cannot be built (no compiler): a call that had chosen 117/118 still gets the
+    right result (115/116's path), and the solvers are not applicable afterwards."""
+    from nnprim.native import NativeLibrary
+    lib = NativeLibrary("nnprim_cpu_attn_missing", cfn.SOURCE, "native CPU flash attention (test)")
+    monkeypatch.setattr(cfn, "LIBRARY", lib)
+    monkeypatch.setattr(lib, "so_path", lambda: tmp_path / "missing.so")
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    q, k, v, do = (rnd(1, 2, 40, 32, dtype=torch.float32, seed=i) for i in range(4))
+    p = AttentionProblem.from_tensors(q, k, v, return_lse=True)
+    monkeypatch.setattr(lib, "expected", lambda: True)        # as before the first build attempt
+    o, lse = REGISTRY.get("cpu_flash_fwd_native").prepare(p)(AttnArgs(q, k, v))
+    ro, rl = reference_forward(p, AttnArgs(q, k, v))
+    assert ((o.double() - ro).norm() / ro.norm()).item() < 1e-5
+    pb = p.with_direction("bwd")
+    a = AttnArgs(q, k, v, do=do, o=o, lse=lse)
+    for x, r in zip(REGISTRY.get("cpu_flash_bwd_native").prepare(pb)(a), reference_backward(pb, a)):
+        assert ((x.double() - r).norm() / r.norm()).item() < 1e-5
+    monkeypatch.undo()
+    monkeypatch.setattr(cfn, "LIBRARY", lib)
+    assert not lib.expected() and not REGISTRY.get("cpu_flash_fwd_native").is_applicable(p)
