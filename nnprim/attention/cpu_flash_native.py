@@ -6,19 +6,21 @@ are f32 GEMMs (torch's CPU ops have no bf16 GEMM with an f32 result), and every 
 through memory between the ops. This one is a C++ loop (nnprim/native.py builds it once per
 machine) over (b, query head, block of QB query rows), parallel over those with ATen's pool,
 around oneDNN's batch-reduce GEMM micro-kernel as torch exports it
-(`at::native::cpublas::brgemm`, the kernel of torch's own CPU flash attention: AMX or
-AVX512-BF16 for bf16 with f32 accumulation, AVX-512 FMA for f32):
+(`at::native::cpublas::brgemm`, the kernel of torch's own CPU flash attention: AMX for bf16
+with f32 accumulation; elsewhere, and for f32, its plain path, oneDNN's GEMM):
 
     per key block of KB keys:  S = Q K^T (f32)     P = exp(scale S - m') (masked: 0)
                                l = l e^(m - m') + rowsum P,   acc = acc e^(m - m') + P V
     o = acc / l,  lse = m + log l
 
-K^T and V are laid out once per call and (b, kv head) in 64-column blocks (bf16: oneDNN's
-VNNI pairs, `cpublas::pack`, keys padded with zeros to a multiple of 64), so every query
-block and every query head of a GQA group reuses them. The softmax runs on ATen's 16-lane
-vectors (`exp_u20`, torch's kernel's exp) while the tile is in cache; P is rounded to bf16 for
-the P V product in bf16 problems (as torch's kernel does). bf16 takes ATen's faster exp
-(`fexp_u20`, ~5e-5 relative: lse within ~3e-5 of float64 where f32 is within ~1e-6).
+On AMX, K^T and V are laid out once per call and (b, kv head) in 64-column VNNI blocks (the B
+layout of oneDNN's bf16 brgemm: K by one SIMD transpose of 32-bit words per block, V by
+interleaving key rows in pairs; zero past Sk and Dv), so every query block and every query
+head of a GQA group reuses them; f32, and bf16 without AMX, read K^T (one SIMD transpose per
+call) and V in place through brgemm's plain path. The softmax runs on ATen's 16-lane vectors
+while the tile is in cache; P is rounded to bf16 for the P V product in bf16 problems (as
+torch's kernel does). f32 takes ATen's `exp_u20` (o within ~4e-7 of float64); bf16 its faster
+`fexp_u20` (~5e-5 relative: lse within ~3e-5 of float64, far below bf16's rounding).
 
 Backward (118), per (b, kv head) so that dK and dV sum the G query heads' terms without
 atomics and dQ accumulates in place: K^T and V^T once per head (fbgemm's SIMD transpose), then
