@@ -11,18 +11,20 @@ warm-up), median ms of the backward alone: 127, 123 and 111 through
 `nnprim.sdpa_backward(..., solver=...)`, and torch SDPA's CUDNN_ATTENTION and FLASH_ATTENTION
 backends as `torch.autograd.grad(out, (q, k, v), do, retain_graph=True)` on one forward; and
 the tile configs of 127 named by --configs (gluon_bwd.CONFIGS) through its plan, checked the
-same way, as `g127_<name>`: `default` (what the solver runs), `hoisted` (2026-12-01's kernel:
-K/V wgmma descriptors hoisted out of the loops and spilled at d128), `wg_dq` (each warpgroup
-adds the dQ of its 64 keys, all columns; the default splits the columns at d128), `s3` (a
-3-stage Q/dO ring instead of 2 at d128), `wg_dq_s3`. A config that is the same kernel as
-an earlier one at that head dim (d64: no split, 3 stages already) is not timed twice.
+same way, as `g127_<name>`: `default` (what the solver runs: dQ by TMA reduce-adds), `atomic`
+(dQ by f32 atomics, the kernel before 2026-12-01's ninth session), `wg_dq` / `wg_dq_atomic`
+(each warpgroup adds the dQ of its 64 keys, all columns; the default splits the columns at
+d128), `s3` (a 3-stage Q/dO ring, atomics), `hoisted` (K/V wgmma descriptors hoisted out of
+the loops, spilling at d128), `ordered` (solver 129's deterministic adds). Solvers 129 and 124
+can be forced through the API too (--solvers gluon_129,ordered_124). A config that is the same
+kernel as an earlier one at that head dim (d64: no split, 3 stages already) is not timed twice.
 benchmarks/diag/gluon_bwd_regs.py prints their registers and spills offline.
 TFLOP/s (2.5 x the forward's 4*B*Hq*Sq*Sk*D, x0.5 causal) and the ratio to cuDNN. Writes
 JSON to --out (a .json path, or a directory: gluon_bwd_<date>.json) and prints a table.
 
     export PYTHONPATH=$PWD TRITON_INTERPRET=0
     timeout 240 python3 benchmarks/gluon_bwd.py --out $OUT/gluon_bwd.json [--subset a,b] [--rounds 10] \
-        [--configs default,hoisted,wg_dq,s3] [--solvers gluon_127,atomic_123,flash_111]
+        [--configs default,atomic,wg_dq,ordered] [--solvers gluon_127,atomic_123,flash_111,gluon_129,ordered_124]
 """
 from __future__ import annotations
 
@@ -189,7 +191,7 @@ def main() -> int:
     ap.add_argument("--subset", default="", help="comma-separated problem names")
     ap.add_argument("--dims", default="64,128", help="head dims to run")
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--configs", default="default,hoisted,wg_dq,s3",
+    ap.add_argument("--configs", default="default,atomic,wg_dq,ordered",
                     help="127's tile configs timed through its plan (gluon_bwd.CONFIGS names)")
     ap.add_argument("--solvers", default=",".join(OURS), help="of " + ",".join(OURS))
     a = ap.parse_args()
