@@ -220,7 +220,7 @@ void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   }
 
   const int64_t nqb = (Sq + QB - 1) / QB;
-  float* op = o.data_ptr<float>();     // f32 (B, Hq, Sq, Dv): the caller casts
+  T* op = o.data_ptr<T>();             // (B, Hq, Sq, Dv) in the inputs' dtype
   float* lp = lse.data_ptr<float>();
   at::parallel_for(0, B * Hq * nqb, 1, [&](int64_t s, int64_t e) {
     std::vector<float> S(QB * KB), acc(QB * DvP), m(QB), l(QB);
@@ -275,18 +275,17 @@ void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
           cb::brgemm(M, Dv, nk, KB, vs2, DvP, true, S.data(), vrow + k0 * vs2, acc.data(), false);
         }
       }
-      for (int64_t i = 0; i < M; ++i) {
-        float* orow = op + ((bhq * Sq) + r0 + i) * Dv;
-        const float* arow = acc.data() + i * DvP;
+      for (int64_t i = 0; i < M; ++i) {          // o = acc / l in place, then to T
+        T* orow = op + ((bhq * Sq) + r0 + i) * Dv;
+        float* arow = acc.data() + i * DvP;
         if (l[i] > 0.f) {
-          const float inv = 1.f / l[i];
-          for (int64_t d = 0; d < Dv; ++d) orow[d] = arow[d] * inv;
+          scale_row(arow, Dv, 1.f / l[i]);
           lp[bhq * Sq + r0 + i] = m[i] + std::log(l[i]);
         } else {                                      // a row that sees no key
-          const float fill = inf_as_zero ? 0.f : std::numeric_limits<float>::quiet_NaN();
-          for (int64_t d = 0; d < Dv; ++d) orow[d] = fill;
+          std::fill(arow, arow + Dv, inf_as_zero ? 0.f : std::numeric_limits<float>::quiet_NaN());
           lp[bhq * Sq + r0 + i] = NEG_INF;
         }
+        at::vec::convert(arow, orow, Dv);
       }
     }
     if (vnni) cb::brgemm_release(true);
@@ -416,7 +415,8 @@ void flash_bwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
 void flash_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, at::Tensor& lse,
                double scale, int64_t causal, bool inf_as_zero, int64_t q_block, int64_t kv_block, bool use_vnni) {
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "last dims must be contiguous");
-  TORCH_CHECK(o.is_contiguous() && lse.is_contiguous() && o.scalar_type() == at::kFloat, "o: contiguous f32");
+  TORCH_CHECK(o.is_contiguous() && lse.is_contiguous() && o.scalar_type() == q.scalar_type(),
+              "o: contiguous, q's dtype");
   TORCH_CHECK(kv_block % NB == 0 && q_block > 0, "kv_block must be a multiple of 64");
   if (q.scalar_type() == at::kBFloat16)
     flash_fwd_impl<at::BFloat16>(q, k, v, o, lse, scale, causal, inf_as_zero, q_block, kv_block, use_vnni);
@@ -480,9 +480,9 @@ def _even_rows(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _empty(shape: tuple[int, ...]) -> torch.Tensor:
-    """The kernel's f32 outputs (tests poison them: every element must be written)."""
-    return torch.empty(shape, dtype=torch.float32)
+def _empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The kernels' outputs (tests poison them: every element must be written)."""
+    return torch.empty(shape, dtype=dtype)
 
 
 def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLOCK, kv_block: int = KV_BLOCK,
@@ -494,10 +494,10 @@ def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLO
     k = _even_rows(k)       # the VNNI packing reads K rows as 32-bit words (pairs of d)
     if scale < 0:           # the kernel's row max assumes scale > 0: the sign goes into q
         q, scale = -q, -scale
-    o = _empty((problem.B, problem.Hq, problem.Sq, problem.Dv))
+    o = _empty((problem.B, problem.Hq, problem.Sq, problem.Dv), q.dtype)
     lse = _empty((problem.B, problem.Hq, problem.Sq))
     ops.flash_fwd(q, k, v, o, lse, scale, _CAUSAL[problem.causal], problem.inf_as_zero, q_block, kv_block, vnni)
-    return (o if problem.dtype == torch.float32 else o.to(problem.dtype)), lse
+    return o, lse
 
 
 def backward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = BWD_Q_BLOCK,

@@ -27,7 +27,7 @@ LAYOUTS = [True, False]
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    monkeypatch.setattr(cfn, "_empty", lambda shape: torch.full(shape, math.nan))
+    monkeypatch.setattr(cfn, "_empty", lambda shape, dtype=torch.float32: torch.full(shape, math.nan, dtype=dtype))
 
 
 def run(q, k, v, *, blocks=BLOCKS[0], vnni=True, **opts):
