@@ -514,61 +514,56 @@ def backward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = BWD_
     return tuple(t if t.dtype == r.dtype else t.to(r.dtype) for t, r in ((dq, args.q), (dk, args.k), (dv, args.v)))
 
 
-@register
-class CpuFlashForwardNative(_CpuFlashBase):
-    """Forward in C++ around oneDNN's brgemm: invoker(args) -> (o, lse f32 or None unless return_lse)."""
-    id = 117
-    name = "cpu_flash_fwd_native"
-    directions = frozenset({"fwd"})
+# against 115 / 116 on the benchmark's problems (2026-12-01, this session's AMX machine, 1 thread):
+# forward f32 ~1.3x, bf16 ~2.0x; backward f32 ~1.3x, bf16 ~1.7-2.0x
+NATIVE_SPEEDUP = {torch.float32: 1.2, torch.bfloat16: 2.0}
+NATIVE_SPEEDUP_BWD = {torch.float32: 1.2, torch.bfloat16: 1.7}
+
+
+class _NativeBase(_CpuFlashBase):
+    """117 / 118: the scope of the kernels, the torch-op solver's estimate over the measured
+    speed-up, and that solver's path when the library could not be built (warned once; the
+    solvers are not applicable from then on)."""
     dtypes = frozenset({torch.float32, torch.bfloat16})
 
     def not_supported_reasons(self, problem) -> list[str]:
         return super().not_supported_reasons(problem) or scope_reasons(problem)
 
     def estimate(self, problem: AttentionProblem) -> float:
-        """115's estimate over the measured speed-up (benchmarks/attention_cpu.py)."""
-        return super().estimate(problem) / NATIVE_SPEEDUP.get(problem.dtype, 1.0)
+        return super().estimate(problem) / self.speedup.get(problem.dtype, 1.0)
 
     def prepare(self, problem: AttentionProblem):
         ops = LIBRARY.ops()
-        if ops is None:     # the build failed (warned once; not applicable from now on): 115's path
+        if ops is None:
             pl = plan(problem)
+            return self.invoker(problem, lambda args: self.fallback(problem, args, pl))
+        return self.invoker(problem, lambda args: self.native(problem, args, ops))
 
-            def invoke(args: AttnArgs):
-                o, lse = cpu_forward(problem, args, pl)
-                return o, (lse if problem.return_lse else None)
-            return invoke
+    def invoker(self, problem: AttentionProblem, run):
+        return run
 
+
+@register
+class CpuFlashForwardNative(_NativeBase):
+    """Forward in C++ around oneDNN's brgemm: invoker(args) -> (o, lse f32 or None unless return_lse)."""
+    id = 117
+    name = "cpu_flash_fwd_native"
+    directions = frozenset({"fwd"})
+    native, fallback = staticmethod(forward), staticmethod(cpu_forward)
+    speedup = NATIVE_SPEEDUP
+
+    def invoker(self, problem: AttentionProblem, run):
         def invoke(args: AttnArgs):
-            o, lse = forward(problem, args, ops)
+            o, lse = run(args)
             return o, (lse if problem.return_lse else None)
         return invoke
 
 
 @register
-class CpuFlashBackwardNative(_CpuFlashBase):
+class CpuFlashBackwardNative(_NativeBase):
     """Backward in C++ around oneDNN's GEMMs: invoker(args) -> (dq, dk, dv) in q's, k's, v's dtypes."""
     id = 118
     name = "cpu_flash_bwd_native"
     directions = frozenset({"bwd"})
-    dtypes = frozenset({torch.float32, torch.bfloat16})
-
-    def not_supported_reasons(self, problem) -> list[str]:
-        return super().not_supported_reasons(problem) or scope_reasons(problem)
-
-    def estimate(self, problem: AttentionProblem) -> float:
-        """116's estimate over the measured speed-up (benchmarks/attention_cpu.py)."""
-        return super().estimate(problem) / NATIVE_SPEEDUP_BWD.get(problem.dtype, 1.0)
-
-    def prepare(self, problem: AttentionProblem):
-        ops = LIBRARY.ops()
-        if ops is None:     # the build failed (warned once; not applicable from now on): 116's path
-            pl = plan(problem)
-            return lambda args: cpu_backward(problem, args, pl)
-        return lambda args: backward(problem, args, ops)
-
-
-# against 115 / 116 on the benchmark's problems (2026-12-01, this session's AMX machine, 1 thread):
-# forward f32 ~1.3x, bf16 ~2.0x; backward f32 ~1.3x, bf16 ~1.7-2.0x
-NATIVE_SPEEDUP = {torch.float32: 1.2, torch.bfloat16: 2.0}
-NATIVE_SPEEDUP_BWD = {torch.float32: 1.2, torch.bfloat16: 1.7}
+    native, fallback = staticmethod(backward), staticmethod(cpu_backward)
+    speedup = NATIVE_SPEEDUP_BWD

@@ -10,7 +10,6 @@ import torch
 
 import nnprim
 from nnprim.args import ConvArgs
-from nnprim.conv import cpu_wino_native as native
 from nnprim.conv import cpu_winograd as cw
 from nnprim.conv import reference as ref
 from nnprim.conv.winograd_math import VARIANTS
@@ -20,14 +19,8 @@ from nnprim.search.ranking import heuristic_order
 
 from . import solver_check
 
-
-@pytest.fixture(autouse=True, params=["native", "torch_ops"])
-def transforms(request, monkeypatch):
-    """Every test on both transform paths: the native one (cpu_wino_native) and torch ops."""
-    if request.param == "torch_ops":
-        monkeypatch.setattr(native, "ops", lambda: None)
-    elif native.ops() is None:
-        pytest.skip("no C++ compiler: the native transforms are not built")
+# every test on both transform paths (tests/conv/conftest.py)
+pytestmark = pytest.mark.usefixtures("winograd_transforms")
 
 
 SOLVER = cw.CpuWinogradFwd()
