@@ -18,6 +18,12 @@ d128), `s3` (a 3-stage Q/dO ring, atomics), `hoisted` (K/V wgmma descriptors hoi
 the loops, spilling at d128), `ordered` (solver 129's deterministic adds). Solvers 129 and 124
 can be forced through the API too (--solvers gluon_129,ordered_124). A config that is the same
 kernel as an earlier one at that head dim (d64: no split, 3 stages already) is not timed twice.
+Head dim 256 (--dims 256): solver 130 `gluon_flash_bwd_d256` (gluon_bwd_d256.py) through the
+API as `gluon_130` and its tile configs named by --configs256 (gluon_bwd_d256.CONFIGS: `default`
+dQ boxes by TMA reduce-adds, `atomic` f32 atomics, `red16` 16-column boxes, `aligned` no view
+inside a 128-byte swizzle row) through its plan as
+`g130_<name>`, checked and timed the same way; 127's configs and solvers 127 / 129 only at
+d64 / d128, 130 only at d256.
 benchmarks/diag/gluon_bwd_regs.py prints their registers and spills offline.
 TFLOP/s (2.5 x the forward's 4*B*Hq*Sq*Sk*D, x0.5 causal) and the ratio to cuDNN. Writes
 JSON to --out (a .json path, or a directory: gluon_bwd_<date>.json) and prints a table.
@@ -25,6 +31,8 @@ JSON to --out (a .json path, or a directory: gluon_bwd_<date>.json) and prints a
     export PYTHONPATH=$PWD TRITON_INTERPRET=0
     timeout 240 python3 benchmarks/gluon_bwd.py --out $OUT/gluon_bwd.json [--subset a,b] [--rounds 10] \
         [--configs default,atomic,wg_dq,ordered] [--solvers gluon_127,atomic_123,flash_111,gluon_129,ordered_124]
+    timeout 240 python3 benchmarks/gluon_bwd.py --dims 256 --solvers gluon_130,flash_111 \
+        --configs256 default,atomic,red16,aligned --out $OUT/gluon_bwd_d256.json
 """
 from __future__ import annotations
 
@@ -58,17 +66,18 @@ from gluon_bench_common import (  # noqa: E402
 
 import nnprim  # noqa: E402
 from nnprim.args import AttnArgs  # noqa: E402
-from nnprim.attention import gluon_bwd  # noqa: E402
+from nnprim.attention import gluon_bwd, gluon_bwd_d256  # noqa: E402
 from nnprim.problems.attention import AttentionProblem  # noqa: E402
 
 DEV, BF16 = "cuda", torch.bfloat16
 OURS = {"gluon_127": "gluon_flash_bwd", "atomic_123": "flash_bwd_atomic", "flash_111": "flash_bwd",
-        "gluon_129": "gluon_flash_bwd_ordered", "ordered_124": "flash_bwd_ordered"}
+        "gluon_129": "gluon_flash_bwd_ordered", "ordered_124": "flash_bwd_ordered", "gluon_130": "gluon_flash_bwd_d256"}
+GLUON_BY_D = {"gluon_127": (64, 128), "gluon_129": (64, 128), "gluon_130": (256,)}   # the dims they serve
 
 SMOKE = """
 import sys, torch, nnprim
 from nnprim.args import AttnArgs
-from nnprim.attention import gluon_bwd
+from nnprim.attention import gluon_bwd, gluon_bwd_d256
 from nnprim.problems.attention import AttentionProblem
 for d in map(int, sys.argv[2].split(",")):
   for causal in (None, "bottom_right"):
@@ -76,7 +85,11 @@ for d in map(int, sys.argv[2].split(",")):
     k, v = (torch.randn(1, 1, 333, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     o, lse = nnprim.sdpa(q, k, v, causal=causal, return_lse=True)
     p = AttentionProblem.from_tensors(q, k, v, causal=causal, direction="bwd")
-    gluon_bwd.GluonBwdPlan(p, gluon_bwd.CONFIGS[sys.argv[1]](d))(AttnArgs(q, k, v, do=do, o=o, lse=lse))
+    if d == 256:   # sys.argv[1]: d256_<a gluon_bwd_d256.CONFIGS name>
+        plan = gluon_bwd_d256.GluonBwdD256Plan(p, gluon_bwd_d256.CONFIGS[sys.argv[1][5:]]())
+    else:
+        plan = gluon_bwd.GluonBwdPlan(p, gluon_bwd.CONFIGS[sys.argv[1]](d))
+    plan(AttnArgs(q, k, v, do=do, o=o, lse=lse))
 torch.cuda.synchronize()
 print("SMOKE-OK")
 """
@@ -103,7 +116,10 @@ def slice_of(grads, g: int):
 
 
 def distinct_configs(names: list[str], d: int) -> list[str]:
-    """The names among `names` whose tile config at head dim d differs from every earlier one's."""
+    """The names among `names` whose tile config at head dim d differs from every earlier one's
+    (none at d256: 127 does not serve it)."""
+    if d not in gluon_bwd.HEAD_DIMS:
+        return []
     seen, out = [], []
     for n in names:
         cfg = gluon_bwd.CONFIGS[n](d)
@@ -113,7 +129,8 @@ def distinct_configs(names: list[str], d: int) -> list[str]:
     return out
 
 
-def run_problem(p: dict, rounds: int, smoke_ok: dict[str, bool], configs: list[str], solvers: list[str]) -> dict:
+def run_problem(p: dict, rounds: int, smoke_ok: dict[str, bool], configs: list[str], solvers: list[str],
+                configs256: list[str]) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     B, Hq, Hkv, Sq, Sk, D, causal = p["B"], p["Hq"], p["Hkv"], p["Sq"], p["Sk"], p["D"], p["causal"]
     nc = "top_left" if causal else None
@@ -138,21 +155,29 @@ def run_problem(p: dict, rounds: int, smoke_ok: dict[str, bool], configs: list[s
                 return torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)
         return f
 
-    impls = {n: ours(s) for n, s in OURS.items() if n in solvers}
+    impls = {n: ours(s) for n, s in OURS.items() if n in solvers and D in GLUON_BY_D.get(n, (D,))}
     pb = AttentionProblem.from_tensors(q, k, v, causal=nc, direction="bwd")
     a = AttnArgs(q, k, v, do=do, o=o, lse=lse)
     for c in distinct_configs(configs, D):
         impls[f"g127_{c}"] = (lambda plan: lambda: plan(a))(gluon_bwd.GluonBwdPlan(pb, gluon_bwd.CONFIGS[c](D)))
+    for c in configs256 if D == 256 else ():
+        impls[f"g130_{c}"] = (lambda plan: lambda: plan(a))(
+            gluon_bwd_d256.GluonBwdD256Plan(pb, gluon_bwd_d256.CONFIGS[c]()))
     for n, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
         try:
             impls[n] = peer(be)
         except Exception as e:  # noqa: BLE001 - a backend that does not serve the problem
             row["errors"][n] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-    if "gluon_127" in impls and not smoke_ok["default"]:
+    if "gluon_127" in impls and not smoke_ok.get("default", False):
         row["errors"]["gluon_127"] = "smoke run failed or hung: not run"
+    if "gluon_130" in impls and not smoke_ok.get("d256_default", False):
+        row["errors"]["gluon_130"] = "smoke run failed or hung: not run"
     for c in configs:
-        if f"g127_{c}" in impls and not smoke_ok[c]:
+        if f"g127_{c}" in impls and not smoke_ok.get(c, False):
             row["errors"][f"g127_{c}"] = "smoke run failed or hung: not run"
+    for c in configs256:
+        if f"g130_{c}" in impls and not smoke_ok.get(f"d256_{c}", False):
+            row["errors"][f"g130_{c}"] = "smoke run failed or hung: not run"
     ref = slice_reference(q, k, v, do, causal)
     e_c = 1e-2
     if "cudnn" in impls:
@@ -193,27 +218,43 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--configs", default="default,atomic,wg_dq,ordered",
                     help="127's tile configs timed through its plan (gluon_bwd.CONFIGS names)")
+    ap.add_argument("--configs256", default="default,atomic,red16,aligned",
+                    help="130's tile configs (gluon_bwd_d256.CONFIGS names) timed through its plan at d256")
     ap.add_argument("--solvers", default=",".join(OURS), help="of " + ",".join(OURS))
     a = ap.parse_args()
     configs = [c for c in a.configs.split(",") if c]
+    configs256 = [c for c in a.configs256.split(",") if c]
     solvers = [n for n in a.solvers.split(",") if n]
-    unknown = [c for c in configs if c not in gluon_bwd.CONFIGS] + [n for n in solvers if n not in OURS]
+    unknown = ([c for c in configs if c not in gluon_bwd.CONFIGS] + [n for n in solvers if n not in OURS]
+               + [c for c in configs256 if c not in gluon_bwd_d256.CONFIGS])
     if unknown:
-        ap.error(f"unknown configs / solvers {unknown}; configs: {list(gluon_bwd.CONFIGS)}")
+        ap.error(f"unknown configs / solvers {unknown}; configs: {list(gluon_bwd.CONFIGS)}, "
+                 f"configs256: {list(gluon_bwd_d256.CONFIGS)}")
+    dims = [int(d) for d in a.dims.split(",") if d]
+    small = ",".join(str(d) for d in dims if d in gluon_bwd.HEAD_DIMS)
     probs = train_problems(a.suite, a.dims, a.subset)
     out = out_path(a.out, "gluon_bwd")
     result = new_result()
     with ThreadPoolExecutor(8) as pool:   # each a subprocess compiling its kernels: in parallel
-        names = list(dict.fromkeys(["default"] + configs))
-        why = dict(zip(names, pool.map(lambda c: smoke(SMOKE, [c, a.dims]), names)))
+        runs = [(c, [c, small]) for c in dict.fromkeys(["default"] + configs)] if small else []
+        if 256 in dims:
+            runs += [(f"d256_{c}", [f"d256_{c}", "256"]) for c in dict.fromkeys(["default"] + configs256)]
+        why = dict(zip([n for n, _ in runs], pool.map(lambda r: smoke(SMOKE, r[1]), runs)))
     result["smoke"] = {c: (w or "ok") for c, w in why.items()}
-    result["configs"] = {c: {d: gluon_bwd.CONFIGS[c](int(d)) for d in a.dims.split(",")} for c in configs}
+    result["configs"] = {c: {d: gluon_bwd.CONFIGS[c](d) for d in dims if d in gluon_bwd.HEAD_DIMS} for c in configs}
+    if 256 in dims:
+        result["configs256"] = {c: gluon_bwd_d256.CONFIGS[c]() for c in configs256}
+    else:
+        configs256 = []
+    if not small:
+        configs = []
     print("smoke:", result["smoke"], flush=True)
-    cols = solvers + [f"g127_{c}" for c in configs] + ["cudnn", "flash"]
+    solvers = [n for n in solvers if any(d in GLUON_BY_D.get(n, dims) for d in dims)]
+    cols = solvers + [f"g127_{c}" for c in configs] + [f"g130_{c}" for c in configs256] + ["cudnn", "flash"]
     print(f"{'problem':28s} " + " ".join(f"{c[-10:]:>10s}" for c in cols) + "  TFLOP/s | x/cudnn (same order)")
     for p in probs:
         try:
-            row = run_problem(p, a.rounds, {c: w is None for c, w in why.items()}, configs, solvers)
+            row = run_problem(p, a.rounds, {c: w is None for c, w in why.items()}, configs, solvers, configs256)
         except Exception as e:  # noqa: BLE001 - keep the other problems' numbers
             row = dict(name=p["name"], errors={"problem": f"{type(e).__name__}: {str(e)[:1000]}"})
         torch.cuda.empty_cache()

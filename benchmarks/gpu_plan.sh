@@ -18,6 +18,8 @@
 #              (solver level, peers interleaved)
 #   attn_bwd   tests/gpu/test_gluon_bwd_gpu.py and benchmarks/gluon_bwd.py (127 and its ordered variant
 #              129 through their plans, 111 and 124 forced, the peers)
+#   d256       solver 130 (gluon_flash_bwd_d256): its GPU tests and the solver-level d256 benchmark
+#              (benchmarks/diag/d256_device.sh)
 #   refind     nnprim db build-system --refind-solver $SOLVERS (default 127) into the shipped db
 #   conv_probes  benchmarks/stem_probe.py, benchmarks/gluon_conv_bwd_probe.py (solver level) and
 #              benchmarks/pointwise_probe.py (the 1x1 layers through the API)
@@ -48,6 +50,8 @@ case $STEP in
     tail -5 "$OUT/gpu_tests_gluon_bwd_$D.log"
     timeout ${BENCH_S:-200} python3 benchmarks/gluon_bwd.py --rounds 3 --configs ${CONFIGS:-default,ordered} \
       --solvers ${SOLVERS:-flash_111,ordered_124} --out "$OUT/gluon_bwd_$D.json" 2>&1 | tail -18 ;;
+  d256)
+    OUT="$OUT" bash benchmarks/diag/d256_device.sh ;;
   refind)
     # find again the system db's problems whose records hold solvers whose kernels changed
     # (SOLVERS, default 127), into the shipped db; copied to OUT
@@ -87,7 +91,7 @@ case $STEP in
       | tr '\r' '\n' | tail -5
     cp nnprim/data/system_finddb.sqlite nnprim/data/system_finddb.tsv "$OUT"/ ;;
   regret)
-    timeout -s INT 420 python3 benchmarks/regret.py --device cuda --count 60 --seed 1 --workers 14 --time-budget 300 \
+    timeout -s INT 420 python3 benchmarks/regret.py --device cuda --count 60 --seed ${SEED:-1} --workers 14 --time-budget 300 \
       --out "$OUT/regret_$D.json" 2>&1 | tail -20
     NNPRIM_CACHE_DIR=$(mktemp -d) timeout 120 python3 benchmarks/first_call.py --out "$OUT/first_call_$D.json" 2>&1 | tail -10 ;;
   *) echo "unknown step $STEP"; exit 2 ;;

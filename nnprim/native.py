@@ -4,7 +4,8 @@ into the nnprim cache directory and loaded as torch ops (`torch.ops.<namespace>.
 
 Each library (`NativeLibrary`: the Winograd transforms of conv/cpu_wino_native.py, the flash
 attention forward of attention/cpu_flash_native.py) is keyed by its source, torch, Python and
-the CPU's flags (it is built with -march=native), so a changed source or machine builds anew.
+the CPU's flags (it is built with -march=native), so a changed source or machine builds anew;
+builds live in <cache dir>/native, or NNPRIM_NATIVE_DIR (the tests share one across processes).
 Where the build or the load fails (no compiler, another platform) or NNPRIM_CPU_NATIVE=0,
 `ops()` returns None, warns once, and the callers' torch-op paths run."""
 from __future__ import annotations
@@ -53,7 +54,8 @@ class NativeLibrary:
         from .search.finddb import cache_dir
         key = hashlib.sha256("\n".join((self.source, torch.__version__, sys.version, os.uname().machine,
                                         " ".join(sorted(cpu_flags())), " ".join(self._flags()))).encode()).hexdigest()[:16]
-        return Path(cache_dir()) / "native" / f"{self.namespace}_{key}.so"
+        root = os.environ.get("NNPRIM_NATIVE_DIR") or os.path.join(cache_dir(), "native")
+        return Path(root) / f"{self.namespace}_{key}.so"
 
     def compile(self, so: Path) -> None:
         """Compile the source into `so` (atomically: a temporary file renamed into place)."""

@@ -31,3 +31,6 @@ def test_kernels_compile_for_sm90():
     # registers to the stack, reported by compile_check: STACK)
     gbwd = [line for line in r.stdout.splitlines() if line.startswith("gluon_flash_bwd")]
     assert len(gbwd) >= 8, r.stdout[-4000:]
+    # solver 130 (Gluon backward, d256): every variant compiled, without spills (STACK:0)
+    d256 = [line for line in r.stdout.splitlines() if line.startswith("gluon_flash_bwd_d256")]
+    assert len(d256) >= 2 and all("STACK:0 " in line or "?" in line for line in d256), r.stdout[-4000:]

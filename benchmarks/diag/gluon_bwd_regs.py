@@ -1,6 +1,8 @@
 """Registers, spills, shared memory and SASS counts of solver 127's main kernel
-(nnprim/attention/gluon_bwd.py) per tile config, compiled for sm_90 on a machine without a GPU
-(nnprim.testing.compile_check's stub driver; Triton's bundled cuobjdump and nvdisasm).
+(nnprim/attention/gluon_bwd.py) per tile config, and of solver 130's (head dim 256,
+nnprim/attention/gluon_bwd_d256.py: `--dims 256`, its own config names), compiled for sm_90 on
+a machine without a GPU (nnprim.testing.compile_check's stub driver; Triton's bundled cuobjdump
+and nvdisasm).
 
 Per config and causal mode: REG (the kernel's launch register count; setmaxnreg then gives
 the consumers 240), STACK (bytes of stack per thread: the spills), the dynamic shared
@@ -9,7 +11,11 @@ loads), HGMMA, REDG (the dQ atomic reductions); and any ptxas warning (a seriali
 
 Usage: TRITON_INTERPRET=0 python benchmarks/diag/gluon_bwd_regs.py [--dims 64,128]
        [--configs default,wg_dq,s3,...] [--causal none,top_left] [--dump DIR]
-The config names are those of gluon_bwd.CONFIGS (benchmarks/gluon_bwd.py times the same).
+       TRITON_INTERPRET=0 python benchmarks/diag/gluon_bwd_regs.py --dims 256 --configs default,atomic
+       --causal none,top_left,bottom_right
+The config names are those of gluon_bwd.CONFIGS, at d256 gluon_bwd_d256.CONFIGS
+(benchmarks/gluon_bwd.py times the same; d256 ones as d256_<name>); a name that the head
+dim's module lacks is skipped.
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ install_compile_only()
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from nnprim.attention import gluon_bwd  # noqa: E402
+from nnprim.attention import gluon_bwd, gluon_bwd_d256  # noqa: E402
 from nnprim.problems.attention import AttentionProblem  # noqa: E402
 from nnprim.search.random_args import random_args  # noqa: E402
 
@@ -62,12 +68,19 @@ def sass_counts(cubin: bytes) -> dict:
 
 
 def measure(d: int, name: str, causal: str | None, dump: str | None = None) -> str:
-    cfg = gluon_bwd.CONFIGS[name](d)
+    if d == 256:
+        if name not in gluon_bwd_d256.CONFIGS:
+            return f"d{d} {name:10s} (no such d256 config: {list(gluon_bwd_d256.CONFIGS)})"
+        cfg, plan, kern = gluon_bwd_d256.CONFIGS[name](), gluon_bwd_d256.GluonBwdD256Plan, \
+            gluon_bwd_d256._gluon_bwd_d256_kernel
+    else:
+        if name not in gluon_bwd.CONFIGS:
+            return f"d{d} {name:10s} (no such config: {list(gluon_bwd.CONFIGS)})"
+        cfg, plan, kern = gluon_bwd.CONFIGS[name](d), gluon_bwd.GluonBwdPlan, gluon_bwd._gluon_bwd_kernel
     p = AttentionProblem(direction="bwd", device="cpu", return_lse=True, B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=d,
                          Dv=d, dtype=torch.bfloat16, causal=causal)
-    kern = gluon_bwd._gluon_bwd_kernel
     before = {id(ck) for c in kern.device_caches.values() for ck in c[0].values()}
-    gluon_bwd.GluonBwdPlan(p, cfg)(random_args(p, seed=0))
+    plan(p, cfg)(random_args(p, seed=0))
     new = [ck for c in kern.device_caches.values() for ck in c[0].values() if id(ck) not in before]
     if not new:
         return f"d{d} {name:10s} {causal or 'none':9s} (already compiled: same constexprs as an earlier config)"
@@ -77,8 +90,7 @@ def measure(d: int, name: str, causal: str | None, dump: str | None = None) -> s
         with open(os.path.join(dump, f"d{d}_{name}_{causal or 'none'}.cubin"), "wb") as f:
             f.write(ck.asm["cubin"])
     s = sass_counts(ck.asm["cubin"])
-    keys = ("STAGES", "SPLIT_DQ") + tuple(k for k in cfg if k not in ("BLOCK_M", "BLOCK_N", "STAGES", "SPLIT_DQ",
-                                                                      "num_warps", "maxnreg"))
+    keys = ("STAGES",) + tuple(k for k in cfg if k not in ("BLOCK_M", "BLOCK_N", "STAGES", "num_warps", "maxnreg"))
     c = " ".join(f"{k}={cfg[k]}" for k in keys)
     return (f"d{d} {name:10s} {causal or 'none':9s} {_cubin_usage(ck):28s} smem={ck.metadata.shared:6d} "
             f"sass={s['instr']:5d} STL={s['STL']:3d} LDL={s['LDL']:3d} HGMMA={s['HGMMA']:3d} REDG={s['REDG']:3d}  {c}"

@@ -199,15 +199,17 @@ if gluon is not None:
     @gluon.jit
     def _producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_bufs, v_bufs, bars, b, hk, start_n,
                   GROUP, lo, full, m_end, BLOCK_M: gl.constexpr, KEYS: gl.constexpr):
-        """1 warp: K and V (two 64-key halves each) once, then (Q_i, dO_i) into ring slot
-        it % STAGES once both consumers have released it, in the consumers' order: the query
-        blocks [lo, full) of every query head of the group, then [full, m_end) of every head.
-        Empty barriers start 'phase 1 complete', so the first pass waits on parity 1. Boxes
-        past Sq / Sk load as zeros."""
-        kv_ready, q_ready, q_empty, ds_ready = bars
+        """1 warp: K and V (as k_bufs.shape[0] boxes of KEYS keys each: here two 64-key
+        halves; one 64-key box for solver 130, gluon_bwd_d256.py) once, then (Q_i, dO_i) into
+        ring slot it % STAGES once both consumers have released it, in the consumers' order: the
+        query blocks [lo, full) of every query head of the group, then [full, m_end) of every
+        head. Empty barriers start 'phase 1 complete', so the first pass waits on parity 1.
+        Boxes past Sq / Sk load as zeros."""
+        kv_ready, q_ready, q_empty = bars[0], bars[1], bars[2]
         STAGES: gl.constexpr = q_bufs.type.shape[0]
-        mbarrier.expect(kv_ready.index(0), 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
-        for c in gl.static_range(2):
+        NKV: gl.constexpr = k_bufs.type.shape[0]
+        mbarrier.expect(kv_ready.index(0), NKV * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+        for c in gl.static_range(NKV):
             tma.async_copy_global_to_shared(k_desc, [b, hk, start_n + c * KEYS, 0], kv_ready.index(0),
                                             k_bufs.index(c))
             tma.async_copy_global_to_shared(v_desc, [b, hk, start_n + c * KEYS, 0], kv_ready.index(0),
@@ -555,19 +557,35 @@ def sem_count(problem) -> int:
 _DQ_LAYOUT = gl.NVMMASharedLayout.get_default_for([1, 1, BLOCK_M, DQ_RED], gl.float32) if gl is not None else None
 
 
+def dq_box_layout(red: int):
+    """The shared layout of a [1, 1, BLOCK_M, red] f32 dQ reduce-add box (_DQ_LAYOUT at red 32)."""
+    return _DQ_LAYOUT if red == DQ_RED else gl.NVMMASharedLayout.get_default_for([1, 1, BLOCK_M, red], gl.float32)
+
+
 class GluonBwdPlan:
     """The three launches of one problem: preprocess and cast (solver 123's kernels; one
     Launch per set of O / dO strides) and the Gluon main kernel (grid and constexprs fixed
-    here, descriptors built per call). A call returns (dq, dk, dv) in q's dtype."""
+    here, descriptors built per call). A call returns (dq, dk, dv) in q's dtype. Solver 130
+    (gluon_bwd_d256.py) subclasses it with its own kernel (`_kernel`), default config and K/V
+    boxes (KV_BOXES: K and V are loaded as BLOCK_N / KV_BOXES-key boxes)."""
+    KV_BOXES = 2    # 127: a 64-key box per consumer warpgroup
 
     def __init__(self, problem, cfg: dict | None = None):
         self.p = p = problem
-        cfg = dict(cfg or tile_config(p.D))
+        cfg = dict(cfg or self._default_config(p.D))
         self.cfg = cfg
-        self.main = Launch(_gluon_bwd_kernel, (triton.cdiv(p.Sk, cfg["BLOCK_N"]), p.B * p.Hkv), (),
+        self.main = Launch(self._kernel(), (triton.cdiv(p.Sk, cfg["BLOCK_N"]), p.B * p.Hkv), (),
                            HEAD_D=p.D, CAUSAL=_CAUSAL_CODE[p.causal], **cfg)
         self.pre: dict[tuple, Launch] = {}
         self.casts: dict[float, Launch] = {}
+
+    @staticmethod
+    def _kernel():
+        return _gluon_bwd_kernel
+
+    @staticmethod
+    def _default_config(d: int) -> dict:
+        return tile_config(d)
 
     def _cast(self, scale: float) -> Launch:
         """The cast of the dQ accumulator, times scale (the main kernel adds dS K unscaled)."""
@@ -617,9 +635,10 @@ class GluonBwdPlan:
         sem = ws[n_acc + n_rows:].view(torch.int32) if ordered else dqa
         scale = float(args.effective_scale(p.invert_scale))
         self._pre(args.o, args.do)(args.o, args.do, lse, delta, dqa, sem)
-        rows, keys = self.cfg["BLOCK_M"], self.cfg["BLOCK_N"] // 2
+        rows, keys = self.cfg["BLOCK_M"], self.cfg["BLOCK_N"] // self.KV_BOXES
+        red = self.cfg.get("DQ_RED", DQ_RED)
         dq_desc = host_descriptor(dqa, [p.B, p.Hq, p.Sq, p.D], [p.Hq * p.Sq * p.D, p.Sq * p.D, p.D, 1],
-                                  [1, 1, rows, DQ_RED], _DQ_LAYOUT) if self.cfg["TMA_DQ"] else dqa
+                                  [1, 1, rows, red], dq_box_layout(red)) if self.cfg["TMA_DQ"] else dqa
         self.main(_descriptor(q, sq, rows), _descriptor(k, sk, keys), _descriptor(v, sv, keys),
                   _descriptor(do, sd, rows), lse, delta, dqa, dq_desc, sem, dk, dv,
                   p.Hq, p.Hkv, p.Sq, p.Sk, p.group, scale * 1.4426950408889634, scale)

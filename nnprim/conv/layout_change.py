@@ -22,6 +22,9 @@ from ..problems.conv import ConvProblem, to_layout
 from ..search.solver import REGISTRY, Solver, register
 from . import configs
 
+COPY_BYTES_PER_S = 1.2e12   # transposing NCHW <-> NHWC copies on the H200 (see estimate)
+COPY_LAUNCH_S = 1.5e-5     # per copy kernel
+
 _INNER = {"fwd": "implicit_gemm_fwd", "bwd_data": "implicit_gemm_bwd_data",
           "bwd_weights": "implicit_gemm_bwd_weights"}
 # the Gluon kernels where they run the twin (forward: 0.57-0.62x solver 20's time on the
@@ -100,8 +103,11 @@ class _LayoutChangeBase(Solver):
         inner = inner_solver(problem).estimate(nhwc_twin(problem))
         if inner is None:
             return None
-        # one read and one write of every tensor for the two layout changes, at ~3 TB/s
-        return inner + 2 * problem.bytes() / 3e12 * 1e3
+        # one read and one write of every tensor in the layout changes: transposing copies, which
+        # measured ~1.2 TB/s on the H200 (2026-12-01, benchmarks/regret.py --seed 2: a 1x1
+        # stride-2 layer with a 103 MB x, 0.45 ms against 0.065 for the NCHW-native solver; the
+        # 3 TB/s assumed before ranked it first), plus a launch per copy
+        return inner + (2 * problem.bytes() / COPY_BYTES_PER_S + 3 * COPY_LAUNCH_S) * 1e3
 
     def prepare(self, problem):
         return LayoutChangePlan(problem)

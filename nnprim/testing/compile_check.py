@@ -336,6 +336,40 @@ def _gluon_bwd_attempts(failures: list[str], report: list[str]) -> None:
                           f"dynamic_smem={ck.metadata.shared} {_cubin_usage(ck)} {c}".rstrip())
 
 
+GLUON_BWD_D256 = [  # (a gluon_bwd_d256.CONFIGS name; fields) of solver 130 (Gluon, sm_90 only): both
+    # causal alignments, GQA, tails, f16 (each compile ~30 s on CI's CPU: the other variants run in
+    # tests/gpu and benchmarks/diag/gluon_bwd_regs.py --dims 256)
+    ("default", dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=256, Dv=256, dtype=BF16, causal="top_left")),
+    ("default", dict(B=1, Hq=4, Hkv=2, Sq=333, Sk=300, D=256, Dv=256, dtype=F16, causal="bottom_right")),
+]
+
+
+def _gluon_bwd_d256_attempts(failures: list[str], report: list[str]) -> None:
+    """Compile solver 130's main kernel through its plan; registers, spills and shared memory
+    of each compiled variant ('gluon_flash_bwd_d256 ...' lines)."""
+    from nnprim.attention import gluon_bwd_d256
+    from nnprim.gluon_support import GLUON_ERROR
+    from nnprim.problems.attention import AttentionProblem
+    from nnprim.search.random_args import random_args
+    if GLUON_ERROR is not None:
+        failures.append(f"gluon_flash_bwd_d256: Gluon import failed: {GLUON_ERROR}")
+        return
+    for name, fields in GLUON_BWD_D256:
+        p = AttentionProblem(**(dict(direction="bwd", device="cpu", return_lse=True) | fields))
+        try:
+            gluon_bwd_d256.GluonBwdD256Plan(p, gluon_bwd_d256.CONFIGS[name]())(random_args(p, seed=0))
+        except Exception as e:  # noqa: BLE001 - report every variant that does not compile
+            failures.append(f"gluon_flash_bwd_d256 on {p.key()}: {type(e).__name__}: {str(e)[:1500]}")
+    kernel = gluon_bwd_d256._gluon_bwd_d256_kernel
+    for cache in kernel.device_caches.values():
+        for ck in cache[0].values():
+            names = kernel.arg_names
+            c = " ".join(f"{names[k[0]]}={v}" for k, v in ck.src.constants.items()
+                         if isinstance(k, tuple) and len(k) == 1 and names[k[0]].isupper())
+            report.append(f"gluon_flash_bwd_d256 {ck.name} warps={ck.metadata.num_warps} "
+                          f"dynamic_smem={ck.metadata.shared} {_cubin_usage(ck)} {c}".rstrip())
+
+
 def install_compile_only(arch: int = 90) -> list[str]:
     """Make every Triton launch in this process a compile-only warm-up for `arch`; returns
     the list the names of compiled kernels are appended to."""
@@ -395,6 +429,7 @@ def main() -> int:
     gluon_report: list[str] = []
     _gluon_attempts(failures, gluon_report)
     _gluon_bwd_attempts(failures, gluon_report)
+    _gluon_bwd_d256_attempts(failures, gluon_report)
     _gluon_conv_attempts(failures, gluon_report)
     _gluon_wgrad_attempts(failures, gluon_report)
     _stem_attempts(failures, gluon_report)

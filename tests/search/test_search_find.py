@@ -116,9 +116,9 @@ def test_disabled_family_never_runs(solvers):
 def test_disabled_by_environment(solvers, monkeypatch):
     off = solvers.add(1000, "t_off", family="t_off")
     solvers.add(1001, "t_on", sleep_ms=1)
-    monkeypatch.setenv("NNPRIM_DISABLE", "gemm,winograd,t_off")
+    monkeypatch.setenv("NNPRIM_DISABLE", "gemm,winograd,implicit_gemm,t_off")
     nnprim.search.modes.SETTINGS.reload()
-    assert nnprim.get_disabled() == frozenset({"gemm", "winograd", "t_off"})
+    assert nnprim.get_disabled() == frozenset({"gemm", "winograd", "implicit_gemm", "t_off"})
     assert [r.solver for r in nnprim.find(PROBLEM)] == ["t_on"] and off.calls == 0
 
 

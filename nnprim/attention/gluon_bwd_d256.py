@@ -1,0 +1,449 @@
+"""Warp-specialised flash attention backward for head dim 256 on Hopper in Gluon (solver 130
+`gluon_flash_bwd_d256`, family `flash`).
+
+Solver 127 (gluon_bwd.py, read its docstring) with FA3's hdim-256 tiling: the same launches
+(solver 123's preprocess and cast kernels around a Gluon main kernel), the same mathematics
+
+    S = Q K^T,  P = exp2(S * scale * log2e - lse * log2e),  dP = dO V^T,
+    dV += P^T dO,  dS = P * (dP - delta),  dK += dS^T Q,  dQ_partial = dS K
+
+and the same 1-warp TMA producer (127's `_producer`: K and V once, then the (Q_i, dO_i) ring
+in the consumers' order) and flat loops (the query blocks [lo, full) of every query head of
+the group with element masks, then [full, m_end) without). 127's split (each warpgroup 64
+keys, dK and dV of all head-dim columns in its registers) needs 2 x 64 x 256 f32 accumulators
+per warpgroup at d256: 256 registers a thread. Here the two consumer warpgroups split the HEAD
+DIMENSION of the accumulators instead:
+
+  - a CTA per (key block of BLOCK_N = 64 keys, b, kv head); BLOCK_M = 64 query rows per stage;
+  - S and dP as [64 rows, 64 keys] tiles, split by keys: warpgroup w computes S[:, 32w:32w+32]
+    = Q K_w^T and dP[:, 32w:32w+32] = dO V_w^T (wgmma N = 32, K = 256; FA3's SdP split,
+    balanced, P and dS formed in f32 registers from the lse / delta of the 64 rows), and
+    writes its column half of P and of dS (bf16/f16) into the CTA's single P and dS buffers
+    in shared memory;
+  - barriers among the two consumers (mbarriers of count 2: p_ready, ds_ready: both halves
+    written; pds_free: both warpgroups' products of the stage that read P and dS retired,
+    before the next stage overwrites them: the buffers are single, 2 x 8 KB);
+  - warpgroup w owns head-dim columns [128w, 128w + 128) of dK and dV (64 keys x 128 f32
+    each: 64 + 64 registers a thread): dV_w += P^T dO[:, w half], dK_w += dS^T Q[:, w half]
+    (A from shared memory read transposed, B a column half of the ring tile: two whole
+    128-byte swizzle column blocks), and dQ_partial[:, w half] = dS K[:, w half], computed
+    and added as DQ_RED-column boxes (a wgmma of N = DQ_RED each, issued as dV, box 0, dK,
+    box 1, box 2, ... so that the add of box 0 overlaps dK and that of box n the product of
+    box n + 1):
+      TMA_DQ (the default; 127's and FA3's way at d <= 128): the box into one of DQ_SLOTS f32 staging
+      tiles of the warpgroup and a TMA bulk reduce-add of it (`tma_reduce_add`; the slot is
+      rewritten once the reduce-add DQ_SLOTS boxes back has read it: `tma.store_wait`), rows
+      past Sq outside the descriptor;
+      else per-thread f32 atomics in the accumulator's layout, masked at Sq.
+Shared memory (bf16/f16; 227 KB per CTA): K and V 2 x 32 KB, the (Q, dO) ring STAGES x 64 KB
+(2 stages: 128 KB), P and dS 2 x 8 KB: 208 KB, plus the dQ staging 2 x DQ_SLOTS x 64 x DQ_RED
+x 4 bytes (default 2 x 1 x 8 KB = 16 KB: 224 KB). A full [64, 256] f32 staging tile (64 KB)
+does not fit next to a 2-stage ring, which is why dQ is streamed through small boxes.
+Registers: 240 per consumer thread by setmaxnreg (127's 168 x 384 launch bound); dK and dV
+take 128, S and dP 2 x 16, the dQ boxes DQ_RED / 2 each (two in flight). Offline (sm_90,
+benchmarks/diag/gluon_bwd_regs.py --dims 256): no spills for `default`, `atomic`, `red16`
+in every causal mode; 24 bytes a thread with 64- or 128-column boxes (`aligned`).
+Two views start inside a 128-byte swizzle row: each warpgroup's 32-key half of P / dS (64
+bytes) and, with DQ_RED < 64, the dQ boxes' column slices of K (wgmma B operands); the
+`aligned` config has neither (64-byte-swizzled P / dS, 64-column boxes) should one of them
+misbehave on the GPU.
+
+Covers bf16/f16, D == Dv == 256, GQA/MQA, causal top-left and bottom-right, any Sq/Sk
+(tails), float scale (inverted or not, any sign), softmax_inf_as_zero (a fully masked row's
+backward is 0 either way); other head dims are 127's / solver 123's, masks, dropout, kv_lens
+and tensor scales solver 123's (gluon_fwd.scope_reasons). Needs Hopper and Gluon as 127.
+Not deterministic (dQ adds in arrival order). Non-persistent grid.
+
+Measured on the H200 (2026-12-01, tenth session; benchmarks/diag/d256_device.sh): 0 spills in
+every causal mode (benchmarks/diag/gluon_bwd_regs.py --dims 256), tests/gpu/test_gluon_bwd_d256_gpu.py
+32 passed; on the suite's six d256 train problems 270-347 TFLOP/s, 0.80-0.90x cuDNN (0.86x geomean;
+solver 111, which served d256 before, 0.45-0.53x). dQ variants in the same run: the default (TMA
+reduce-adds of 32-column boxes) 0.86x, `red16` 0.80x, `aligned` 0.73x, `atomic` 0.71x.
+"""
+from __future__ import annotations
+
+import math
+
+from ..gluon_support import (
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+    tma,
+    tma_reduce_add,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from ..search.solver import register
+from .flash_fwd import PEAK_TBS, PEAK_TFLOPS
+from .gluon_bwd import GluonBwdPlan, GluonFlashBackward, _producer
+from .gluon_fwd import scope_reasons
+
+HEAD_DIMS = (256,)
+SMEM_BYTES = 227 * 1024   # an H100/H200 CTA's shared memory
+BLOCK_M = 64              # query rows per ring stage
+BLOCK_N = 64              # keys per CTA; S / dP: 32 per consumer warpgroup
+# Fraction of the bf16 peak at d256, measured on the H200 (2026-12-01, tenth session,
+# results/gluon_bwd_d256_2026-12-01_s10.json): 270-347 TFLOP/s on the suite's six d256 problems
+# (cuDNN 300-413 in the same run: 0.80-0.90x)
+EFF = 0.42
+HOST_FLOOR_MS = 0.06      # as 127: three launches and four descriptors per call
+
+
+def tile_config(stages: int = 2, tma_dq: bool | None = None, red: int | None = None, slots: int = 1,
+                ps_swizzle: int = 128) -> dict:
+    """Launch constants: STAGES of the (Q, dO) ring, TMA_DQ (1: dQ boxes by TMA reduce-adds
+    from DQ_SLOTS staging tiles per warpgroup, the default where this Triton has the reduce-add;
+    0: f32 atomics), DQ_RED (columns of a dQ box, a wgmma of N = DQ_RED: 32, a 128-byte f32
+    swizzle row; 64 or 128 spill 24 bytes a thread where 32 spills none:
+    benchmarks/diag/gluon_bwd_regs.py), num_warps of each consumer
+    warpgroup and maxnreg (as 127: setmaxnreg gives the consumers 240), PS_SWIZZLE (the P / dS
+    tiles' swizzle in bytes: 128, each warpgroup's 32-key half a half swizzle row; 64, whole
+    column blocks)."""
+    if tma_dq is None:
+        tma_dq = tma_reduce_add is not None
+    red = red or 32
+    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, TMA_DQ=int(bool(tma_dq)), DQ_RED=red,
+                DQ_SLOTS=slots if tma_dq else 1, PS_SWIZZLE=ps_swizzle, num_warps=4, maxnreg=168)
+
+
+# Named tile configs (benchmarks/gluon_bwd.py --configs256 <name>, timed as g130_<name>;
+# benchmarks/diag/gluon_bwd_regs.py --dims 256 --configs <name>)
+CONFIGS = {
+    "default": lambda: tile_config(),
+    "atomic": lambda: tile_config(tma_dq=False),                  # f32 atomics, 32-column boxes
+    "red16": lambda: tile_config(tma_dq=True, red=16, slots=2),   # 64-byte boxes, two slots each
+    # no shared-memory view that starts inside a 128-byte swizzle row (dQ boxes of whole column
+    # blocks of K, P / dS with a 64-byte swizzle): the fallback should a sliced view misbehave
+    "aligned": lambda: tile_config(tma_dq=False, red=64, ps_swizzle=64),
+}
+
+
+def smem_bytes(cfg: dict, d: int = 256) -> int:
+    """Shared memory of a 16-bit launch (barriers aside): K and V, the (Q, dO) ring, P and dS,
+    the dQ staging tiles."""
+    stage = 2 * cfg["DQ_SLOTS"] * cfg["BLOCK_M"] * cfg["DQ_RED"] * 4 if cfg["TMA_DQ"] else 0
+    return 2 * (2 * cfg["BLOCK_N"] * d + 2 * cfg["STAGES"] * cfg["BLOCK_M"] * d + 2 * cfg["BLOCK_M"] * cfg["BLOCK_N"]) \
+        + stage
+
+
+def model_ms(problem) -> float:
+    """127's model (gluon_bwd.model_ms) with this kernel's 64-key CTAs and EFF."""
+    if problem.device != "cuda":
+        return problem.flops() / 2e7 + 1.0
+    t_c = problem.flops() / (PEAK_TFLOPS.get(problem.dtype, 750.0) * 1e12 * EFF)
+    n_kv = math.ceil(problem.Sk / BLOCK_N)
+    ctas = problem.B * problem.Hkv * n_kv
+    fill = ctas / (math.ceil(ctas / 132) * 132)
+    acc_bytes = 4.0 * problem.B * problem.Hq * problem.Sq * problem.D * n_kv * problem.causal_fraction()
+    t_m = (problem.bytes() + acc_bytes) / (PEAK_TBS * 1e12 * 0.8)
+    return max(max(t_c / max(fill, 0.05), t_m) * 1e3 + 0.01, HOST_FLOOR_MS)
+
+
+# ---- Gluon kernel ---------------------------------------------------------------------
+
+if gluon is not None:
+    @gluon.jit
+    def _add_box(dq_desc, dq_stage, DQA, dq, b, h, row0, start_m, col, Sq, n: gl.constexpr, WG: gl.constexpr,
+                 HEAD_D: gl.constexpr, TMA_DQ: gl.constexpr, dq_layout: gl.constexpr):
+        """dQ[b, h, start_m + rows, col + [0, RED)] += dq (f32 [BLOCK_M, RED]), the warpgroup's
+        n-th box of the stage. TMA_DQ: into staging slot n % SLOTS of the warpgroup (once the
+        reduce-add SLOTS boxes back has read it; every box count per stage is a multiple of
+        SLOTS, so slots follow on across stages), then a TMA reduce-add (127's `_add_dq`, one
+        box); else f32 atomics, masked at Sq on the last query block."""
+        BLOCK_M: gl.constexpr = dq.type.shape[0]
+        RED: gl.constexpr = dq.type.shape[1]
+        if TMA_DQ:
+            SLOTS: gl.constexpr = dq_stage.type.shape[0] // 2
+            flat: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, RED], gl.float32)
+            slot = dq_stage.index(WG * SLOTS + n % SLOTS)
+            tma.store_wait(SLOTS - 1)
+            slot._reinterpret(gl.float32, [BLOCK_M, RED], flat).store(dq)
+            fence_async_shared()
+            tma_reduce_add(dq_desc, [b, h, start_m, col], slot)
+        else:
+            rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+            cols = col + gl.arange(0, RED, layout=gl.SliceLayout(0, dq_layout))
+            ptrs = (DQA + row0 * HEAD_D) + (rows[:, None] * HEAD_D + cols[None, :])
+            if start_m + BLOCK_M <= Sq:
+                gl.atomic_add(ptrs, dq, sem="relaxed")
+            else:
+                gl.atomic_add(ptrs, dq, mask=rows[:, None] < Sq - start_m, sem="relaxed")
+
+    @gluon.jit
+    def _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage, b, h, bh,
+              start_m, it, key0, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq, WG: gl.constexpr,
+              HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MASKED: gl.constexpr,
+              CAUSAL: gl.constexpr, TMA_DQ: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr):
+        """One ring stage (query rows start_m.. of head bh, the it-th stage of this CTA) for
+        consumer WG: S and dP of its 32 keys (key0 = the first), P and dS of them into the
+        shared buffers, then (both halves in) dV and dK of its 128 columns and the dQ boxes of
+        its columns; (dk, dv). K / V views indexed by it >> 30 (0, not loop-invariant to the
+        compiler: 127's REMAT, the wgmma descriptors rebuilt per stage, not hoisted and
+        spilled)."""
+        kv_ready, q_ready, q_empty, p_ready, ds_ready, pds_free = bars
+        STAGES: gl.constexpr = q_bufs.type.shape[0]
+        dtype: gl.constexpr = q_bufs.dtype
+        KEYS: gl.constexpr = BLOCK_N // 2
+        COLS: gl.constexpr = HEAD_D // 2
+        RED: gl.constexpr = zero_dq.type.shape[1]
+        NRED: gl.constexpr = COLS // RED
+        q2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], dtype)
+        kv2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], dtype)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        s = it % STAGES
+        opq = it >> 30
+        k_smem = k_bufs.index(opq)._reinterpret(dtype, [BLOCK_N, HEAD_D], kv2_layout)
+        v_smem = v_bufs.index(opq)._reinterpret(dtype, [BLOCK_N, HEAD_D], kv2_layout)
+        mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
+        q_smem = q_bufs.index(s)._reinterpret(dtype, [BLOCK_M, HEAD_D], q2_layout)
+        do_smem = do_bufs.index(s)._reinterpret(dtype, [BLOCK_M, HEAD_D], q2_layout)
+        s_tok = warpgroup_mma(q_smem, k_smem.slice(WG * KEYS, KEYS, dim=0).permute((1, 0)), zero_s, use_acc=False,
+                              is_async=True)
+        dp_tok = warpgroup_mma(do_smem, v_smem.slice(WG * KEYS, KEYS, dim=0).permute((1, 0)), zero_s,
+                               use_acc=False, is_async=True)
+        rws = gl.arange(0, BLOCK_M, layout=row_s)
+        rmask = rws < Sq - start_m
+        row0 = bh * Sq + start_m   # scalar bases, int32 offsets
+        lse = gl.load(LSE + row0 + rws, mask=rmask, other=float("inf"))
+        lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+        delta = gl.load(DELTA + row0 + rws, mask=rmask, other=0.0)
+        st = warpgroup_mma_wait(1, deps=(s_tok,))           # S done; dP may run on
+        if MASKED:
+            cols = gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout)) + opq   # key - key0
+            valid = cols[None, :] < Sk - key0
+            if CAUSAL != 0:
+                valid = valid & (cols[None, :] <= (rws + (start_m + shift - key0))[:, None])
+            p = gl.exp2(gl.where(valid, st * qk_scale, float("-inf")) - lse2[:, None])
+        else:
+            p = gl.exp2(st * qk_scale - lse2[:, None])
+        # both warpgroups' products of the previous stage that read P and dS have retired
+        mbarrier.wait(pds_free.index(0), (it & 1) ^ 1)
+        p_smem.slice(WG * KEYS, KEYS, dim=1).store(p.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()                                  # every warp's part is written
+        mbarrier.arrive(p_ready.index(0), count=1)
+        dpt = warpgroup_mma_wait(0, deps=(dp_tok,))
+        ds = p * (dpt - delta[:, None])
+        ds_smem.slice(WG * KEYS, KEYS, dim=1).store(ds.to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(ds_ready.index(0), count=1)
+        mbarrier.wait(p_ready.index(0), it & 1)              # both halves of P
+        dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_smem.slice(WG * COLS, COLS, dim=1), dv, is_async=True)
+        mbarrier.wait(ds_ready.index(0), it & 1)             # both halves of dS
+        # dQ boxes (wgmma in issue order: dV, box 0, dK, box 1, ...): box 0 is added while dK
+        # runs, box n (n > 0) while box n + 1 runs
+        kq = k_smem.slice(WG * COLS, COLS, dim=1)
+        tok = warpgroup_mma(ds_smem, kq.slice(0, RED, dim=1), zero_dq, use_acc=False, is_async=True)
+        dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_smem.slice(WG * COLS, COLS, dim=1), dk, is_async=True)
+        if NRED > 1:
+            nxt = warpgroup_mma(ds_smem, kq.slice(RED, RED, dim=1), zero_dq, use_acc=False, is_async=True)
+            dv, dq = warpgroup_mma_wait(2, deps=(dv_tok, tok))
+        else:
+            dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, tok))
+        _add_box(dq_desc, dq_stage, DQA, dq, b, h, row0, start_m, WG * COLS, Sq, 0, WG, HEAD_D, TMA_DQ,
+                 dq_layout)
+        if NRED > 1:
+            dk = warpgroup_mma_wait(1, deps=(dk_tok,))
+        else:
+            dk = warpgroup_mma_wait(0, deps=(dk_tok,))
+            mbarrier.arrive(pds_free.index(0), count=1)
+        mbarrier.arrive(q_empty.index(s), count=1)           # Q_i, dO_i no longer read
+        for n in gl.static_range(1, NRED):
+            tok = nxt
+            if n + 1 < NRED:
+                nxt = warpgroup_mma(ds_smem, kq.slice((n + 1) * RED, RED, dim=1), zero_dq, use_acc=False,
+                                    is_async=True)
+                dq = warpgroup_mma_wait(1, deps=(tok,))
+            else:
+                dq = warpgroup_mma_wait(0, deps=(tok,))
+                mbarrier.arrive(pds_free.index(0), count=1)  # this warpgroup's reads of P, dS done
+            _add_box(dq_desc, dq_stage, DQA, dq, b, h, row0, start_m, WG * COLS + n * RED, Sq, n, WG, HEAD_D,
+                     TMA_DQ, dq_layout)
+        return dk, dv
+
+    @gluon.jit
+    def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage, DK, DV,
+                  b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, WG: gl.constexpr,
+                  HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                  TMA_DQ: gl.constexpr, RED: gl.constexpr, WARPS: gl.constexpr):
+        """Consumer warpgroup WG: S / dP of keys start_n + 32 WG + [0, 32), dK / dV / dQ of
+        head-dim columns 128 WG + [0, 128); 127's two flat loops (`_step` per stage), then dK,
+        dV of its columns stored."""
+        kv_ready = bars[0]
+        dtype: gl.constexpr = q_bufs.dtype
+        KEYS: gl.constexpr = BLOCK_N // 2
+        COLS: gl.constexpr = HEAD_D // 2
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                           instr_shape=[16, KEYS, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                             instr_shape=[16, COLS, 16])
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                            instr_shape=[16, RED, 16])
+        row_a: gl.constexpr = gl.SliceLayout(1, acc_layout)
+        col_a: gl.constexpr = gl.SliceLayout(0, acc_layout)
+        if CAUSAL == 2:
+            shift = Sk - Sq
+        else:
+            shift = 0
+        key0 = start_n + WG * KEYS
+        dk = gl.zeros([BLOCK_N, COLS], gl.float32, acc_layout)
+        dv = gl.zeros([BLOCK_N, COLS], gl.float32, acc_layout)
+        zero_s = gl.zeros([BLOCK_M, KEYS], gl.float32, s_layout)
+        zero_dq = gl.zeros([BLOCK_M, RED], gl.float32, dq_layout)
+
+        mbarrier.wait(kv_ready.index(0), 0)
+        h0 = hk * GROUP
+        bh0 = (b * Hq + h0).to(gl.int64)
+        n_mask = GROUP * ((full - lo) // BLOCK_M)
+        g = 0
+        start_m = lo
+        for it in range(0, n_mask):
+            dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
+                           b, h0 + g, bh0 + g, start_m, it, key0, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq,
+                           WG, HEAD_D, BLOCK_M, BLOCK_N, True, CAUSAL, TMA_DQ, s_layout, dq_layout)
+            start_m += BLOCK_M
+            if start_m >= full:
+                start_m = lo
+                g += 1
+        g = 0
+        start_m = full
+        for it in range(n_mask, n_mask + GROUP * ((m_end - full) // BLOCK_M)):
+            dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
+                           b, h0 + g, bh0 + g, start_m, it, key0, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq,
+                           WG, HEAD_D, BLOCK_M, BLOCK_N, False, CAUSAL, TMA_DQ, s_layout, dq_layout)
+            start_m += BLOCK_M
+            if start_m >= m_end:
+                start_m = full
+                g += 1
+
+        # epilogue: dK * scale and dV in the input dtype, this warpgroup's columns, rows past Sk not stored
+        krows = gl.arange(0, BLOCK_N, layout=row_a)
+        kmask = krows[:, None] < Sk - start_n
+        base = ((b * Hkv + hk).to(gl.int64) * Sk + start_n) * HEAD_D   # scalar base, int32 offsets
+        out = krows[:, None] * HEAD_D + (WG * COLS + gl.arange(0, COLS, layout=col_a))[None, :]
+        gl.store((DK + base) + out, (dk * scale).to(dtype), mask=kmask)
+        gl.store((DV + base) + out, dv.to(dtype), mask=kmask)
+        if TMA_DQ:
+            tma.store_wait(0)     # the last reduce-adds have read the staging tiles
+
+    @gluon.jit(do_not_specialize=["Hq", "Hkv", "Sq", "Sk"])
+    def _gluon_bwd_d256_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQA, dq_desc, SEM, DK, DV, Hq, Hkv, Sq, Sk,
+                               GROUP, qk_scale, scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
+                               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                               TMA_DQ: gl.constexpr, DQ_RED: gl.constexpr, DQ_SLOTS: gl.constexpr,
+                               PS_SWIZZLE: gl.constexpr, num_warps: gl.constexpr):
+        """CTA (key block pid 0, b * Hkv + hk pid 1); 127's kernel arguments (SEM unused).
+        Descriptors: 4-D [B, H, S, D] views with boxes [1, 1, BLOCK_M, D] (Q, dO) and
+        [1, 1, BLOCK_N, D] (K, V); with TMA_DQ, dq_desc: the f32 accumulator's, box
+        [1, 1, BLOCK_M, DQ_RED]."""
+        dtype: gl.constexpr = q_desc.dtype
+        pid_bh = gl.program_id(1)
+        b = pid_bh // Hkv
+        hk = pid_bh % Hkv
+        start_n = gl.program_id(0) * BLOCK_N
+        if CAUSAL == 2:
+            shift = Sk - Sq
+        else:
+            shift = 0
+        # query blocks [lo, m_end) see a key of the block; [lo, full) need element masks
+        m_end = gl.cdiv(Sq, BLOCK_M) * BLOCK_M
+        if CAUSAL != 0:
+            lo = (gl.maximum(start_n - shift, 0) // BLOCK_M) * BLOCK_M
+            full = gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M
+        else:
+            lo = 0
+            full = 0
+        lo = gl.minimum(lo, m_end)
+        full = gl.maximum(gl.minimum(full, m_end), lo)
+        if start_n + BLOCK_N > Sk:
+            full = m_end      # the key block ends past Sk: every query block masks the key tail
+
+        q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+        do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+        k_bufs = gl.allocate_shared_memory(dtype, [1] + k_desc.block_type.shape, k_desc.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [1] + v_desc.block_type.shape, v_desc.layout)
+        ps_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=PS_SWIZZLE, element_bitwidth=16, rank=2)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], ps_layout)
+        ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], ps_layout)
+        if TMA_DQ:   # per consumer: DQ_SLOTS boxes of the descriptor
+            dq_stage = gl.allocate_shared_memory(gl.float32, [2 * DQ_SLOTS] + dq_desc.block_type.shape, dq_desc.layout)
+        else:
+            dq_stage = p_smem     # (unused)
+        kv_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        p_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        ds_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        pds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_ready.index(0), count=1)
+        mbarrier.init(p_ready.index(0), count=2)     # both consumers' halves written
+        mbarrier.init(ds_ready.index(0), count=2)
+        mbarrier.init(pds_free.index(0), count=2)    # both consumers' reads retired
+        for i in gl.static_range(STAGES):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_empty.index(i), count=2)   # released by both consumers
+        bars = (kv_ready, q_ready, q_empty, p_ready, ds_ready, pds_free)
+
+        gl.warp_specialize([
+            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
+                         DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 0,
+                         HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, num_warps)),
+            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
+                         DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 1,
+                         HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, num_warps)),
+            (_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_bufs, v_bufs, bars, b, hk, start_n,
+                         GROUP, lo, full, m_end, BLOCK_M, BLOCK_N)),
+        ], [num_warps, 1], [240, 24])
+
+        mbarrier.invalidate(kv_ready.index(0))
+        mbarrier.invalidate(p_ready.index(0))
+        mbarrier.invalidate(ds_ready.index(0))
+        mbarrier.invalidate(pds_free.index(0))
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(q_ready.index(i))
+            mbarrier.invalidate(q_empty.index(i))
+else:
+    _gluon_bwd_d256_kernel = None
+
+
+# ---- launcher -------------------------------------------------------------------------
+
+class GluonBwdD256Plan(GluonBwdPlan):
+    """127's plan (preprocess, main kernel, cast) with this module's kernel: K and V as one
+    BLOCK_N-key box each."""
+    KV_BOXES = 1
+
+    @staticmethod
+    def _kernel():
+        return _gluon_bwd_d256_kernel
+
+    @staticmethod
+    def _default_config(d: int) -> dict:
+        return tile_config()
+
+
+# ---- solver -----------------------------------------------------------------------------
+
+@register
+class GluonFlashBackwardD256(GluonFlashBackward):
+    """Solver 127's structure at head dim 256: 64-key CTAs, S / dP split by keys and dK / dV /
+    dQ by head-dim columns between the two consumer warpgroups."""
+    id = 130
+    name = "gluon_flash_bwd_d256"
+    deterministic = False   # dQ: f32 adds in whatever order the key blocks arrive
+
+    def not_supported_reasons(self, problem) -> list[str]:
+        reasons = super(GluonFlashBackward, self).not_supported_reasons(problem)
+        if reasons and reasons[0].startswith("serves"):
+            return reasons
+        return reasons + scope_reasons(problem, HEAD_DIMS, "solvers 127 / 123",
+                                       "; d256 only (127 covers d64 / d128)")
+
+    def estimate(self, problem) -> float | None:
+        return model_ms(problem)
+
+    def prepare(self, problem):
+        return GluonBwdD256Plan(problem)
+

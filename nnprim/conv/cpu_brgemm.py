@@ -1,0 +1,486 @@
+"""CPU convolution as per-tap accumulating GEMMs in native code around oneDNN's batch-reduce
+GEMM micro-kernel (family `implicit_gemm`, ids 36 `cpu_brgemm_fwd`, 37 `cpu_brgemm_bwd_data`,
+38 `cpu_brgemm_bwd_weights`), issue 16: no im2col, bf16 on AMX tiles with f32 accumulation.
+
+The C++ (cpu_brgemm_src.cpp, built once per machine by nnprim/native.py) calls
+`at::native::cpublas::brgemm`, the micro-kernel torch's own CPU flash attention uses: on CPUs
+with AMX its bf16 path takes B in VNNI blocks (pairs of K rows interleaved, 64 columns) and
+runs on the tile unit; elsewhere, and for f32, it is oneDNN's GEMM.
+
+Positions live on cpu_tap's phase grid: x is staged once, zero-padded and split into its
+stride phases (`X_rho[n*prod(U) + u] = x_pad[n, u*s + rho]`, position-major: a row of C
+channels per position), so tap f reads phase rho_f at a flat offset off_f (cpu_tap.tap_offsets).
+
+fwd          For a block of MB grid positions and a group, the f32 accumulator (MB x Kg, in
+             cache) takes one brgemm per RUN of taps: taps of one phase at consecutive flat
+             offsets (a filter row at stride 1 and dilation 1, or d == s) read overlapping
+             A rows (row stride C, L*Cg columns), so the run is ONE GEMM of depth L*Cg against
+             the taps' weight rows stacked (a 3x3 at C = 64: three GEMMs of depth 192, not nine
+             of depth 64: 25-35 % faster on AMX). Junk rows at a block's ends are trimmed;
+             bias is added to the accumulator and each valid row converted once into y.
+bwd_data     A transposed convolution, phase by phase of dx: dx_pad[u*s + rho] = sum over the taps
+             f with f*d = rho (mod s) of dy[u - a_f] . W_f^T, a_f = (f*d - rho) / s; dy staged with
+             A = max a_f leading zeros, so each phase is the forward kernel with offsets A - a_f,
+             writing the phase's strided view of dx (stride 1: one phase, the 180-degree rotated
+             filter). Phases without taps are zero.
+bwd_weights  dW_f[g] (Cg x Kg) = X_{rho_f}[g]^T (Cg x positions) . dy_grid[g] (positions x Kg):
+             x transposed once (fbgemm's SIMD transpose), dy on the grid packed once in VNNI
+             blocks; work items are (chunk of positions, tap, group), their f32 partials summed.
+
+Numerics: f32 accumulation over all taps and channels, one rounding to the output dtype (the
+contract's); post-ops run on an f32 copy of the result before that rounding.
+Covers bf16 (AMX: VNNI; avx512_bf16 without AMX, or odd GEMM depths: oneDNN's bf16 GEMM per
+call) and f32, 1-3D, any stride, dilation, padding, groups, nchw
+and nhwc (nchw is staged/written through one transposing copy each way), bias and post-ops.
+Needs the native library (nnprim/native.py); without it not applicable.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from ..args import ConvArgs
+from ..native import NativeLibrary
+from ..problems.conv import ConvProblem, empty_in_layout, to_layout
+from ..search.solver import Solver, register
+from .cpu_gemm import apply_post_ops_block, cpu_has_amx, cpu_has_native_bf16, workspace
+from .cpu_im2col import F32, Block, logical, physical
+from .cpu_tap import phase_list, tap_grid, tap_offsets
+
+LIBRARY = NativeLibrary("nnprim_cpu_conv", Path(__file__).with_name("cpu_brgemm_src.cpp").read_text(),
+                        "native CPU convolution")
+BF16 = torch.bfloat16
+NB = 64                   # columns of a VNNI block
+MAX_STAGE_BYTES = 1 << 31
+WGRAD_CHUNK = 512         # positions per backward-weights work item
+USE_AMX_KERNEL = True     # the forward kernels' own AMX micro-kernel where it applies (tests turn it off)
+_SLACK = 32               # positions past the last tap's reach (the AMX kernel's 32-row blocks)
+
+
+def vnni(p: ConvProblem) -> bool:
+    """bf16 on AMX: B operands in VNNI blocks, the tile path of oneDNN's brgemm. Its GEMM depth
+    comes in pairs: forward's runs are multiples of C/G deep, backward data's of K/G (backward
+    weights' are positions, padded to even); odd ones take the plain path."""
+    depth = {"fwd": p.C // p.groups, "bwd_data": p.K // p.groups}.get(p.direction, 2)
+    return p.dtype == BF16 and cpu_has_amx() and depth % 2 == 0
+
+
+# ---------------------------------------------------------------------------- geometry
+def runs_of(taps: list[tuple[int, int, int]], merge: bool = True) -> list[list[tuple[int, int, int]]]:
+    """Group (phase, offset, weight index) taps into runs: one phase, consecutive offsets. Only
+    ungrouped problems merge (merge=True): a position's channels of one group are not
+    contiguous with the next position's."""
+    out: list[list[tuple[int, int, int]]] = []
+    for t in sorted(taps):
+        if merge and out and out[-1][-1][0] == t[0] and out[-1][-1][1] + 1 == t[1]:
+            out[-1].append(t)
+        else:
+            out.append([t])
+    return out
+
+
+def run_table(runs: list[list[tuple[int, int, int]]], depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(runs (nr, 4) int64: phase, first offset, GEMM depth L*depth, first weight row; the
+    gather index of the stacked weight rows (each tap's `depth` rows, in run order))."""
+    table, rows, r0 = [], [], 0
+    for run in runs:
+        table.append((run[0][0], run[0][1], len(run) * depth, r0))
+        for _, _, f in run:
+            rows.extend(range(f * depth, (f + 1) * depth))
+        r0 += len(run) * depth
+    return torch.tensor(table, dtype=torch.int64), torch.tensor(rows, dtype=torch.int64)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // 64) * 64
+
+
+def _stage_rows(p: ConvProblem, grid_positions: int) -> int:
+    return grid_positions + max(o for _, o in tap_offsets(p)) + _SLACK
+
+
+def _pad3(t: tuple[int, ...], fill: int) -> list[int]:
+    return [fill] * (3 - len(t)) + list(t)
+
+
+def _five(t: torch.Tensor) -> torch.Tensor:
+    """(N, sp.., K) -> (N, 1.., sp.., K), 5-D."""
+    while t.dim() < 5:
+        t = t.unsqueeze(1)
+    return t
+
+
+def _logical5(t: torch.Tensor) -> torch.Tensor:
+    """Logical (N, C, sp..) -> (N, C, 1.., sp..), 5-D."""
+    while t.dim() < 5:
+        t = t.unsqueeze(2)
+    return t
+
+
+def _grid9(U: tuple[int, ...], lo: tuple[int, ...], hi: tuple[int, ...]) -> list[int]:
+    return _pad3(U, 1) + _pad3(lo, 0) + _pad3(hi, 1)
+
+
+def _block_m(cols: int) -> int:
+    """Grid positions per block. Measured at 1 thread (AMX kernel, rn50 layers, 2026-12-01): 64
+    columns 2.5 ms at 64-128, 2.1 at 256; 256 columns 1.43 ms at 128, 1.5-1.57 at 64 and 256+."""
+    return 256 if cols <= 64 else 128
+
+
+def _positions(t: torch.Tensor, layout: str) -> torch.Tensor:
+    return physical(t, "nhwc") if layout == "nhwc" else t.permute(0, *range(2, t.dim()), 1)
+
+
+class _Stage:
+    """Geometry of one staged operand: grid U, stride, leading pad, phases, rows."""
+
+    def __init__(self, U: tuple[int, ...], stride: tuple[int, ...], pad: tuple[int, ...],
+                 phases: list[tuple[int, ...]], rows: int) -> None:
+        self.U, self.stride, self.pad, self.rows = U, stride, pad, rows
+        self.phases = torch.tensor([_pad3(ph, 0) for ph in phases], dtype=torch.int64).view(-1, 3)
+
+    def nbytes(self, channels: int, dtype: torch.dtype) -> int:
+        return _aligned(len(self.phases) * self.rows * channels * dtype.itemsize)
+
+    def __call__(self, ops, t: torch.Tensor, channels: int, dtype: torch.dtype, ws: torch.Tensor) -> torch.Tensor:
+        """Stage t into the workspace ws (at least nbytes), returning the (phases, rows, C) view."""
+        shape = (len(self.phases), self.rows, channels)
+        out = ws[:math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+        ops.stage(_logical5(t.to(dtype)), out, _pad3(self.U, 1), _pad3(self.stride, 1), _pad3(self.pad, 0),
+                  self.phases)
+        return out
+
+
+def _weight_source(p: ConvProblem, w: torch.Tensor, rows_fc: bool) -> tuple[torch.Tensor, bool]:
+    """(src3, transpose) for pack_b from the weights' physical layout (_row_id numbers its rows).
+    rows_fc: forward's rows (f, c) of W_f^T (Cg x Kg), else backward data's (f, k) of W_f."""
+    G, Kg, Cg, F = p.groups, p.K // p.groups, p.C // p.groups, math.prod(p.filter)
+    phys = physical(w.to(p.dtype), p.layout)       # (K, Cg, filt..) | (K, filt.., Cg)
+    if not phys.is_contiguous():
+        phys = phys.contiguous()
+    if rows_fc:                                    # transposed: rows (f, c) | (c, f)
+        return phys.view(G, Kg, Cg * F), True
+    if p.layout == "nhwc":                         # rows (k, f) of (K*F, Cg)
+        return phys.view(G, Kg * F, Cg), False
+    return phys.view(p.K, Cg, F), True             # per k: (F, Cg)
+
+
+def _row_id(p: ConvProblem, rows_fc: bool):
+    """(g, f, j) -> the flattened row of _weight_source's logical rows holding tap f and channel j
+    (c for rows_fc, else k) of group g."""
+    Kg, Cg, F = p.K // p.groups, p.C // p.groups, math.prod(p.filter)
+    if rows_fc:
+        if p.layout == "nhwc":
+            return lambda g, f, j: (g * F + f) * Cg + j
+        return lambda g, f, j: (g * Cg + j) * F + f
+    return lambda g, f, j: (g * Kg + j) * F + f
+
+
+class _Plan:
+    """Everything of a problem that does not depend on the tensors: staging geometry, run
+    tables and weight gathers (built once in prepare)."""
+
+    def __init__(self, p: ConvProblem) -> None:
+        self.p = p
+        self.vnni = vnni(p)
+        self.amx = self.vnni and USE_AMX_KERNEL
+        Kg, Cg = p.K // p.groups, p.C // p.groups
+        U, _, ut = tap_grid(p)
+        self.U = U
+        self.x_stage = _Stage(U, p.stride, p.pad_before, phase_list(p), _stage_rows(p, p.N * ut))
+        if p.direction == "fwd":
+            taps = [(ph, off, f) for f, (ph, off) in enumerate(tap_offsets(p))]
+            self.calls = [self._call(taps, Cg, True, (0,) * p.ndim, p.out_size, None)]
+            order = [f for run in runs_of(taps, p.groups == 1) for _, _, f in run]
+            self.natural_rows = order == sorted(order)
+        elif p.direction == "bwd_data":
+            A, V, phases = _bwd_data_geometry(p)
+            reach = max((off for taps, *_ in phases for off, _ in taps), default=0)
+            self.V = V
+            self.dy_stage = _Stage(V, (1,) * p.ndim, A, [(0,) * p.ndim], p.N * math.prod(V) + reach + _SLACK)
+            self.calls = [self._call([(0, off, f) for off, f in taps], Kg, False, lo, hi, i0) if taps else
+                          (None, None, lo, hi, i0) for taps, lo, hi, i0 in phases]
+        else:
+            self.dy_stage = _Stage(U, (1,) * p.ndim, (0,) * p.ndim, [(0,) * p.ndim], p.N * ut + 32)
+            self.taps = torch.tensor(tap_offsets(p), dtype=torch.int64)
+            self.chunks = wgrad_chunks(p)
+        # workspace: the staged operands, then (fwd / bwd_data) a position-major output where the
+        # result is not written in place (nchw, post-ops, another output dtype)
+        staged = self.x_stage.nbytes(p.C, p.dtype) if p.direction != "bwd_data" else 0
+        if p.direction != "fwd":
+            staged += self.dy_stage.nbytes(p.K, p.dtype)
+        self.staged_bytes = staged
+        n_out = {"fwd": p.N * math.prod(p.out_size) * p.K, "bwd_data": p.N * math.prod(p.in_size) * p.C}
+        self.out_bytes = _aligned(n_out.get(p.direction, 0) * 4)
+        self.workspace_bytes = self.staged_bytes + self.out_bytes
+
+    def out_buffer(self, ws: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        n = math.prod(shape) * dtype.itemsize
+        return ws[self.staged_bytes:self.staged_bytes + n].view(dtype).view(shape)
+
+    def _call(self, taps, depth: int, rows_fc: bool, lo, hi, i0):
+        """(run table, pack_b's row gather (G, rows), lo, hi, first output index) of one kernel call."""
+        p = self.p
+        runs = runs_of(taps, p.groups == 1)
+        table, _ = run_table(runs, depth)
+        rid = _row_id(p, rows_fc)
+        gather = torch.tensor([[rid(g, f, j) for run in runs for _, _, f in run for j in range(depth)]
+                               for g in range(p.groups)], dtype=torch.int64)
+        return table, gather, tuple(lo), tuple(hi), i0
+
+
+def _bwd_data_geometry(p: ConvProblem):
+    """(A per dim, grid V, per phase of dx: (taps [(offset, weight index)], lo, hi, first dx index))."""
+    A = tuple(((f - 1) * d) // s for f, d, s in zip(p.filter, p.dilation, p.stride))
+    per_dim = []      # per dim, per rho: (taps [(tap index, a)], lo, hi, i0)
+    for f_, d, s, pb, n in zip(p.filter, p.dilation, p.stride, p.pad_before, p.in_size):
+        phases = []
+        for rho in range(s):
+            tl = [(t, (t * d - rho) // s) for t in range(f_) if (t * d - rho) % s == 0]
+            lo = max(0, -(-(pb - rho) // s))
+            hi = (n - 1 + pb - rho) // s + 1
+            phases.append((tl, lo, max(lo, hi), lo * s + rho - pb))
+        per_dim.append(phases)
+    V = tuple(a + max(o, max(ph[2] for ph in phs)) for a, o, phs in zip(A, p.out_size, per_dim))
+    vs = [1] * len(V)
+    for i in range(len(V) - 2, -1, -1):
+        vs[i] = vs[i + 1] * V[i + 1]
+    out = []
+    for combo in itertools.product(*per_dim):
+        taps = []
+        for tap in itertools.product(*(c[0] for c in combo)):
+            f = 0
+            for (t, _), fsz in zip(tap, p.filter):
+                f = f * fsz + t
+            taps.append((sum((a - at) * u for (_, at), a, u in zip(tap, A, vs)), f))
+        out.append((taps, tuple(c[1] for c in combo), tuple(c[2] for c in combo), tuple(c[3] for c in combo)))
+    return A, V, out
+
+
+# ---------------------------------------------------------------------------- narrow groups
+def merge_factor(p: ConvProblem) -> int:
+    """Groups merged into one (block-diagonal weights) so that AMX tiles are filled: the smallest
+    m dividing G with m * C/G a multiple of 32 (the tile's depth), at most 4 (m-fold flops). A
+    16-channel group fills half a tile's depth and a quarter of its 64 columns; merged in pairs
+    it runs on the AMX kernel at twice the flops."""
+    G, Cg = p.groups, p.C // p.groups
+    if G == 1 or not vnni(p) or Cg % 32 == 0:
+        return 1
+    for m in (2, 4):
+        if G % m == 0 and (m * Cg) % 32 == 0:
+            return m
+    return 1
+
+
+def merged(p: ConvProblem) -> tuple[ConvProblem, int]:
+    m = merge_factor(p)
+    return (replace(p, groups=p.groups // m), m) if m > 1 else (p, 1)
+
+
+def block_diagonal(p: ConvProblem, w: torch.Tensor, m: int) -> torch.Tensor:
+    """Weights of G groups -> G/m groups of m-times the channels, zero off the diagonal blocks."""
+    G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
+    F = math.prod(p.filter)
+    src = w.reshape(G // m, m, Kg, Cg, F)
+    out = torch.zeros(G // m, m, Kg, m, Cg, F, dtype=w.dtype)
+    for i in range(m):
+        out[:, i, :, i].copy_(src[:, i])
+    return to_layout(out.view(p.K, m * Cg, *p.filter), p.layout)
+
+
+def diagonal_blocks(p: ConvProblem, dw: torch.Tensor, m: int) -> torch.Tensor:
+    """The merged problem's weight gradient (K, m*Cg, filt..) -> the problem's (K, Cg, filt..)."""
+    G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
+    src = dw.reshape(G // m, m, Kg, m, Cg, *p.filter)
+    blocks = torch.stack([src[:, i, :, i] for i in range(m)], dim=1)         # (G/m, m, Kg, Cg, filt..)
+    out = empty_in_layout(p.w_shape, p.layout, dtype=dw.dtype)
+    out.copy_(blocks.reshape(p.K, Cg, *p.filter))
+    return out
+
+
+# ---------------------------------------------------------------------------- directions
+def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
+    p, ops = plan.p, LIBRARY.ops()
+    G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
+    table, gather, lo, hi, _ = plan.calls[0]
+    if plan.vnni and plan.natural_rows:     # rows (f, c) in order: channel pairs are 32-bit words
+        wp = ops.pack_b_pairs(physical(args.w.to(p.dtype), "nhwc").contiguous().view(p.K, -1), G)
+    else:
+        src, tr = _weight_source(p, args.w, True)
+        wp = ops.pack_b(src, tr, gather, plan.vnni)
+    xs = plan.x_stage(ops, args.x, p.C, p.dtype, ws)
+    bias = args.bias.to(F32).contiguous() if args.bias is not None else None
+    y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
+    direct = p.layout == "nhwc" and not args.post_ops and p.out_dtype in (p.dtype, F32)
+    if direct:
+        out = physical(y, "nhwc")
+    else:
+        odt = F32 if args.post_ops or p.out_dtype not in (p.dtype, F32) else p.out_dtype
+        out = plan.out_buffer(ws, (p.N, *p.out_size, p.K), odt)
+    ops.conv_fwd(xs, wp, table, _five(out), bias, _grid9(plan.U, lo, hi), G, Cg, Kg, _block_m(Kg), plan.vnni, plan.amx)
+    if direct:
+        return y
+    if args.post_ops:
+        acc = logical(out, "nhwc").unsqueeze(1)           # (N, 1, K, out..)
+        apply_post_ops_block(acc, Block(0, p.N, (0,) * p.ndim, tuple(p.out_size)), 1, None, args.post_ops)
+    y.copy_(logical(out, "nhwc"))
+    return y
+
+
+def brgemm_bwd_data(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
+    p, ops = plan.p, LIBRARY.ops()
+    G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
+    dys = plan.dy_stage(ops, args.dy, p.K, p.dtype, ws)
+    src, tr = _weight_source(p, args.w, False)
+    dx = empty_in_layout(p.x_shape, p.layout, dtype=p.out_dtype)
+    odt = p.out_dtype if p.out_dtype in (p.dtype, F32) else F32
+    nhwc = p.layout == "nhwc" and odt == p.out_dtype
+    out = physical(dx, "nhwc") if nhwc else plan.out_buffer(ws, (p.N, *p.in_size, p.C), odt)
+    for table, gather, lo, hi, i0 in plan.calls:
+        view = out[(slice(None), *(slice(a, None, s) for a, s in zip(i0, p.stride)))]
+        view = view[(slice(None), *(slice(0, h - l) for l, h in zip(lo, hi)))]
+        if view.numel() == 0:
+            continue
+        if table is None:          # no tap reaches this phase of dx
+            view.zero_()
+            continue
+        wp = ops.pack_b(src, tr, gather, plan.vnni)
+        ops.conv_fwd(dys, wp, table, _five(view), None, _grid9(plan.V, lo, hi), G, Kg, Cg, _block_m(Cg), plan.vnni, plan.amx)
+    if not nhwc:
+        dx.copy_(logical(out, "nhwc"))
+    return dx
+
+
+def wgrad_chunks(p: ConvProblem) -> torch.Tensor:
+    """(nch, 2) int64 (start, length) ranges of grid positions for backward weights' work items:
+    the valid lines of each (n, outer dims) plane only (junk lines: dy = 0, skipped), widened to
+    whole blocks of 32 positions (a GEMM depth off AMX's 32 takes oneDNN's K-tail path: 1.5-3x
+    slower); ranges meeting in a block merge, so no position is counted twice, and a widened
+    position is junk (dy = 0) or past the grid (zero rows of the staged dy). Then cut to
+    WGRAD_CHUNK positions: a work item's transposed x block stays in L2."""
+    U, _, ut = tap_grid(p)
+    U3, O3 = _pad3(U, 1), _pad3(p.out_size, 1)
+    ranges: list[list[int]] = []
+    for n in range(p.N):
+        for u0 in range(O3[0]):
+            a = ((n * U3[0] + u0) * U3[1]) * U3[2]
+            b = a + (O3[1] - 1) * U3[2] + O3[2]
+            a, b = a // 32 * 32, -(-b // 32) * 32
+            if ranges and a <= ranges[-1][1]:
+                ranges[-1][1] = max(ranges[-1][1], b)
+            else:
+                ranges.append([a, b])
+    kc = WGRAD_CHUNK
+    out = [(s, min(kc, b - s)) for a, b in ranges for s in range(a, b, kc)]
+    return torch.tensor(out, dtype=torch.int64).view(-1, 2)
+
+
+def brgemm_bwd_weights(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
+    p, ops = plan.p, LIBRARY.ops()
+    G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
+    xs = plan.x_stage(ops, args.x, p.C, p.dtype, ws)
+    dyg = plan.dy_stage(ops, args.dy, p.K, p.dtype, ws[plan.x_stage.nbytes(p.C, p.dtype):])[0]
+    odt = p.out_dtype if p.out_dtype in (p.dtype, F32) else F32
+    F = len(plan.taps)
+    out = torch.empty(F, G, Cg, Kg, dtype=odt)
+    ops.conv_wgrad(xs, dyg, plan.taps, plan.chunks, out, G, Cg, Kg, plan.vnni)
+    dw = empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype)
+    nd = p.ndim
+    src = out.view(*p.filter, G, Cg, Kg).permute(nd, nd + 2, nd + 1, *range(nd))    # (G, Kg, Cg, filt)
+    dw.copy_(src.reshape(p.K, Cg, *p.filter))
+    return dw
+
+
+# ---------------------------------------------------------------------------- solvers
+_RUN = {"fwd": brgemm_fwd, "bwd_data": brgemm_bwd_data, "bwd_weights": brgemm_bwd_weights}
+# rates (GFLOP/s per core) measured through the solvers on an AMX Xeon (2 cores, 2026-12-01,
+# benchmarks/diag/cpu_brgemm_ab.py; the machine's speed varied 2-3x over the session, the ratios
+# to torch less): bf16 AMX 450-700 forward / backward data (the AMX kernel), ~350 backward weights;
+# bf16 without AMX the avx512_bf16 GEMM ~200; f32 through oneDNN's GEMM per call ~60
+_BF16_AMX_GFLOPS = {"fwd": 550.0, "bwd_data": 550.0, "bwd_weights": 350.0}
+_BF16_GFLOPS = 200.0
+_F32_GFLOPS = 60.0
+_GBS_PER_CORE = 8.0       # staging copies
+_CALL_US = 0.6            # per brgemm call
+
+
+class _CpuBrgemmBase(Solver):
+    family = "implicit_gemm"
+    primitive = "conv"
+    devices = frozenset({"cpu"})
+    dtypes = frozenset({torch.bfloat16, torch.float32})
+
+    def not_supported_reasons(self, p: ConvProblem) -> list[str]:
+        reasons = super().not_supported_reasons(p)
+        if p.dtype == BF16 and not cpu_has_native_bf16():
+            reasons.append("bf16 on a CPU without avx512_bf16/amx_bf16: no native bf16 GEMM")
+        if p.direction == "bwd_weights" and p.post_ops:
+            reasons.append("post_ops apply to forward only")
+        if self._stage_bytes(p) > MAX_STAGE_BYTES:
+            reasons.append(f"staged operands {self._stage_bytes(p)} bytes > {MAX_STAGE_BYTES}")
+        if not LIBRARY.expected():
+            reasons.append("the native CPU library cannot be built here (no C++ compiler, not Linux, "
+                           "or NNPRIM_CPU_NATIVE=0)")
+        return reasons
+
+    @staticmethod
+    def _stage_bytes(p: ConvProblem) -> int:
+        _, _, ut = tap_grid(p)
+        return (len(phase_list(p)) * _stage_rows(p, p.N * ut) * p.C + p.N * ut * p.K) * p.dtype.itemsize
+
+    def estimate(self, p: ConvProblem) -> float:
+        cores = max(1, torch.get_num_threads())
+        _, _, ut = tap_grid(p)
+        junk = p.N * ut / max(1, p.N * math.prod(p.out_size))
+        gf = _F32_GFLOPS if p.dtype == F32 else (_BF16_AMX_GFLOPS[p.direction] if vnni(p) else _BF16_GFLOPS)
+        m = merge_factor(p)            # merged narrow groups: m-fold flops on fuller tiles
+        Kg, Cg = m * p.K // p.groups, m * p.C // p.groups
+        if vnni(p):     # AMX tiles are 16 x 16 x 32: narrow groups waste the tile
+            gf *= min(1.0, min(Kg if p.direction != "bwd_data" else Cg, 64) / 64) * min(1.0, Cg / 32)
+        t = m * p.flops() * junk / (gf * 1e9 * cores) + self._stage_bytes(p) / (_GBS_PER_CORE * 1e9 * cores)
+        calls = p.groups * math.prod(p.filter) * max(1, p.N * ut // 128)
+        return t * 1e3 + calls * _CALL_US * 1e-3 / cores
+
+    def workspace_size(self, p: ConvProblem) -> int:
+        return _Plan(merged(p)[0]).workspace_bytes
+
+    def prepare(self, p: ConvProblem):
+        pm, m = merged(p)
+        fn, plan = _RUN[p.direction], _Plan(pm)
+
+        def invoke(args: ConvArgs) -> torch.Tensor:
+            if m > 1 and p.direction != "bwd_weights":
+                args = replace(args, w=block_diagonal(p, args.w, m))
+            with workspace(plan.workspace_bytes) as ws:
+                out = fn(plan, args, ws)
+            return diagonal_blocks(p, out, m) if m > 1 and p.direction == "bwd_weights" else out
+        return invoke
+
+
+@register
+class CpuBrgemmFwd(_CpuBrgemmBase):
+    id = 36
+    name = "cpu_brgemm_fwd"
+    directions = frozenset({"fwd"})
+
+
+@register
+class CpuBrgemmBwdData(_CpuBrgemmBase):
+    id = 37
+    name = "cpu_brgemm_bwd_data"
+    directions = frozenset({"bwd_data"})
+
+
+@register
+class CpuBrgemmBwdWeights(_CpuBrgemmBase):
+    id = 38
+    name = "cpu_brgemm_bwd_weights"
+    directions = frozenset({"bwd_weights"})
+
+
+__all__ = ["CpuBrgemmFwd", "CpuBrgemmBwdData", "CpuBrgemmBwdWeights", "brgemm_fwd", "brgemm_bwd_data",
+           "brgemm_bwd_weights", "runs_of", "run_table"]

@@ -1,0 +1,507 @@
+// Native CPU convolution around oneDNN's batch-reduce GEMM micro-kernel as torch exports it
+// (at::native::cpublas::brgemm: AMX for bf16 with VNNI-packed B, oneDNN's GEMM otherwise).
+// Built by nnprim/native.py; the Python side (nnprim/conv/cpu_brgemm.py) stages the operands.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/native/CPUBlas.h>
+#include <torch/library.h>
+#include <algorithm>
+#include <cstring>
+#if defined(__AVX512BW__) || (defined(__AMX_TILE__) && defined(__AMX_BF16__))
+#include <immintrin.h>
+#endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define NNPRIM_AMX 1
+#endif
+#include <type_traits>
+#include <vector>
+
+namespace fbgemm {   // exported by libtorch_cpu (ATen's cpu/utils.h transposes with it)
+template <typename T>
+void transpose_simd(int64_t M, int64_t N, const T* src, int64_t ld_src, T* dst, int64_t ld_dst);
+}
+
+namespace {
+using fVec = at::vec::Vectorized<float>;
+namespace cb = at::native::cpublas;
+constexpr int64_t NB = 64;      // columns of a VNNI-packed B block
+
+#ifdef NNPRIM_AMX
+// Our own AMX micro-kernel for the forward's common case (bf16, channels per group a multiple of
+// 32): a 32-position x 32-channel f32 block stays in four tile registers across EVERY tap and
+// channel step (oneDNN's batch-reduce: torch's brgemm takes one A/B pair per call, so its C
+// goes to memory between the runs). Tiles: 0-3 C (2 x 2 of 16 x 16 f32), 4-5 A (16 positions x
+// 32 channels), 6-7 B (16 channel pairs x 16 output channels x 2, read from the VNNI blocks at
+// a 256-byte row stride).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+bool amx_permitted() {     // Linux: a process asks once for the AMX tile state
+  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /*ARCH_REQ_XCOMP_PERM*/, 18 /*XTILEDATA*/) == 0;
+  return ok;
+}
+
+void amx_config() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }
+  _tile_loadconfig(&cfg);
+}
+
+// acc[0 .. 32 ceil(M/32)) x [0, KP) = sum over runs r of A (positions g0 + m + off_r, channels
+// cg0 + k) . B (rows row0_r + k of group g's VNNI blocks wg, Rw rows each), k < Kd_r step 32
+inline void amx_block(const at::BFloat16* xp, const at::BFloat16* wg, const int64_t* rp, int64_t NR, int64_t R,
+                      int64_t C, int64_t Rw, int64_t g0, int64_t cg0, int64_t M, int64_t KP, float* acc) {
+  const int64_t sa = C * 2;
+  for (int64_t m0 = 0; m0 < M; m0 += 32) {
+    for (int64_t n0 = 0; n0 < KP; n0 += 32) {
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      const at::BFloat16* wk = wg + (n0 / NB) * Rw * NB + (n0 % NB) * 2;    // block kb, column n0 % 64
+      for (int64_t r = 0; r < NR; ++r) {
+        const int64_t* t = rp + 4 * r;
+        const at::BFloat16* a = xp + (t[0] * R + g0 + m0 + t[1]) * C + cg0;
+        const at::BFloat16* b = wk + t[3] * NB;          // row pair (row0 / 2) at 128 elements each
+        for (int64_t c0 = 0; c0 < t[2]; c0 += 32) {
+          _tile_loadd(4, a + c0, sa);
+          _tile_loadd(5, a + c0 + 16 * C, sa);
+          _tile_loadd(6, b + c0 * NB, 256);
+          _tile_loadd(7, b + c0 * NB + 32, 256);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      float* c = acc + m0 * KP + n0;
+      _tile_stored(0, c, KP * 4);
+      _tile_stored(1, c + 16, KP * 4);
+      _tile_stored(2, c + 16 * KP, KP * 4);
+      _tile_stored(3, c + 16 * KP + 16, KP * 4);
+    }
+  }
+}
+#endif
+
+// d[2c] = r0[c], d[2c + 1] = r1[c] for c < n (r0 / r1 null: zeros); n <= 64. The VNNI interleave
+// of two rows, 32 columns per AVX-512 step.
+inline void interleave_rows(const uint16_t* r0, const uint16_t* r1, uint16_t* d, int64_t n) {
+  int64_t c = 0;
+#if defined(__AVX512BW__)
+  if (r0 && r1) {
+    static const __m512i lo = [] { alignas(64) uint16_t ix[32]; for (int i = 0; i < 32; ++i) ix[i] = (i % 2 ? 32 : 0) + i / 2;
+                                   return _mm512_load_si512(ix); }();
+    static const __m512i hi = [] { alignas(64) uint16_t ix[32]; for (int i = 0; i < 32; ++i) ix[i] = (i % 2 ? 32 : 0) + 16 + i / 2;
+                                   return _mm512_load_si512(ix); }();
+    for (; c + 32 <= n; c += 32) {
+      const __m512i a = _mm512_loadu_si512(r0 + c), b = _mm512_loadu_si512(r1 + c);
+      _mm512_storeu_si512(d + 2 * c, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_storeu_si512(d + 2 * c + 32, _mm512_permutex2var_epi16(a, hi, b));
+    }
+  }
+#endif
+  for (; c < n; ++c) {
+    d[2 * c] = r0 ? r0[c] : 0;
+    d[2 * c + 1] = r1 ? r1[c] : 0;
+  }
+}
+
+struct Grid {                   // flat position g = ((n U0 + u0) U1 + u1) U2 + u2
+  int64_t U0, U1, U2, lo0, lo1, lo2, hi0, hi1, hi2;
+  bool valid(int64_t q, int64_t* n, int64_t* u) const {
+    u[2] = q % U2; q /= U2; u[1] = q % U1; q /= U1; u[0] = q % U0; *n = q / U0;
+    return u[0] >= lo0 && u[0] < hi0 && u[1] >= lo1 && u[1] < hi1 && u[2] >= lo2 && u[2] < hi2;
+  }
+};
+
+// y[n, u - lo, :] (valid grid positions) = sum over runs r: xs[ph_r][g + off_r, group g's Kd_r
+// columns read across L consecutive positions] . W rows [row0_r, row0_r + Kd_r)   (+ bias)
+//   xs  (P, R, C) staged positions, zero halo and slack;  runs (nr, 4): phase, offset, Kd, row0
+//   wp  VNNI (G, nkb, Rw, 64): row pairs interleaved;  plain (G, Rw, Kg)
+//   y   (N, Y0, Y1, Y2, Ktot) any strides but the last (1), in TO
+template <typename T, typename TO>
+void fwd_impl(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs, at::Tensor& y,
+              const float* bias, const Grid& gr, int64_t G, int64_t Cg, int64_t Kg, int64_t MB, bool vnni,
+              bool use_amx) {
+  const int64_t N = y.size(0), C = xs.size(2), R = xs.size(1), NR = runs.size(0);
+  const int64_t nkb = (Kg + NB - 1) / NB, KP = vnni ? nkb * NB : Kg, Rw = vnni ? wp.size(2) : wp.size(1);
+  // Blocks of whole grid lines (u2 = 0 .. U2-1) of one (n, u0), only lines with valid u0 and
+  // u1: the junk lines (bottom halo rows, other phases' rows) cost nothing; a block's first
+  // line starts at lo2 and its last ends at hi2 (junk columns inside remain)
+  // line: long lines (1-D signals) are cut into segments of 4 MB positions
+  const int64_t L0 = gr.hi0 - gr.lo0, L1 = gr.hi1 - gr.lo1, W = gr.hi2 - gr.lo2;
+  const int64_t SW = std::min(W, 4 * MB), nseg = (W + SW - 1) / SW;      // segment width
+  const int64_t lpb = nseg > 1 ? 1 : std::max<int64_t>(1, std::min(L1, MB / gr.U2));   // lines per block
+  const int64_t nlb = (L1 + lpb - 1) / lpb, nblk = N * L0 * nlb * nseg;
+  const T* xp = xs.data_ptr<T>();
+  const T* wpp = wp.data_ptr<T>();
+  const int64_t* rp = runs.data_ptr<int64_t>();
+  TO* yp = y.data_ptr<TO>();
+  const int64_t ys0 = y.stride(0), ys1 = y.stride(1), ys2 = y.stride(2), ys3 = y.stride(3);
+  if (L0 <= 0 || L1 <= 0 || W <= 0) return;
+  bool amx = false;
+#ifdef NNPRIM_AMX
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    amx = vnni && use_amx && Cg % 32 == 0 && amx_permitted();
+    if (amx) for (int64_t r = 0; r < NR; ++r) amx = amx && rp[4 * r + 2] % 32 == 0 && rp[4 * r + 3] % 32 == 0;
+  }
+#endif
+  at::parallel_for(0, nblk * G, 1, [&](int64_t s, int64_t e) {
+    std::vector<float> acc(((lpb - 1) * gr.U2 + SW + 32) * KP);
+    int64_t n, u[3];
+#ifdef NNPRIM_AMX
+    if (amx) { cb::brgemm_release(true); amx_config(); }   // torch's brgemm reconfigures after us
+#endif
+    for (int64_t w = s; w < e; ++w) {
+      const int64_t blk = w / G, g = w % G, seg = blk % nseg, b2 = blk / nseg;
+      const int64_t lb = b2 % nlb, u0 = gr.lo0 + (b2 / nlb) % L0, nn = b2 / (nlb * L0);
+      const int64_t u1 = gr.lo1 + lb * lpb, nl = std::min(lpb, gr.hi1 - u1);
+      const int64_t g0 = ((nn * gr.U0 + u0) * gr.U1 + u1) * gr.U2 + gr.lo2 + seg * SW;
+      const int64_t M = (nl - 1) * gr.U2 + std::min(SW, W - seg * SW);
+#ifdef NNPRIM_AMX
+      if constexpr (std::is_same_v<T, at::BFloat16>) {
+        if (amx) amx_block(xp, wpp + g * nkb * Rw * NB, rp, NR, R, C, Rw, g0, g * Cg, M, KP, acc.data());
+      }
+#endif
+      for (int64_t r = 0; r < NR && !amx; ++r) {
+        const int64_t* t = rp + 4 * r;
+        const T* a = xp + (t[0] * R + g0 + t[1]) * C + g * Cg;
+        if (vnni) {
+          for (int64_t kb = 0; kb < nkb; ++kb)
+            cb::brgemm(M, NB, t[2], C, NB, KP, r > 0, a, wpp + ((g * nkb + kb) * Rw + t[3]) * NB,
+                       acc.data() + kb * NB, true);
+        } else {
+          cb::brgemm(M, Kg, t[2], C, Kg, KP, r > 0, a, wpp + (g * Rw + t[3]) * Kg, acc.data(), false);
+        }
+      }
+      for (int64_t i = 0; i < M; ++i) {
+        if (!gr.valid(g0 + i, &n, u)) continue;
+        float* arow = acc.data() + i * KP;
+        if (bias) {
+          const float* b = bias + g * Kg;
+          int64_t k = 0;
+          for (; k + fVec::size() <= Kg; k += fVec::size()) (fVec::loadu(arow + k) + fVec::loadu(b + k)).store(arow + k);
+          for (; k < Kg; ++k) arow[k] += b[k];
+        }
+        TO* dst = yp + n * ys0 + (u[0] - gr.lo0) * ys1 + (u[1] - gr.lo1) * ys2 + (u[2] - gr.lo2) * ys3 + g * Kg;
+        if constexpr (std::is_same_v<TO, float>) std::memcpy(dst, arow, Kg * sizeof(float));
+        else at::vec::convert(arow, dst, Kg);
+      }
+    }
+#ifdef NNPRIM_AMX
+    if (amx) _tile_release();
+#endif
+    if (vnni && !amx) cb::brgemm_release(true);
+  });
+}
+
+void conv_fwd(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs, at::Tensor y,
+              const c10::optional<at::Tensor>& bias, at::IntArrayRef grid, int64_t G, int64_t Cg, int64_t Kg,
+              int64_t MB, bool vnni, bool use_amx) {
+  TORCH_CHECK(xs.is_contiguous() && wp.is_contiguous() && runs.is_contiguous(), "conv_fwd: contiguous operands");
+  TORCH_CHECK(y.dim() == 5 && y.stride(4) == 1, "conv_fwd: y (N, Y0, Y1, Y2, K), last dim contiguous");
+  TORCH_CHECK(grid.size() == 9, "conv_fwd: grid (U0, U1, U2, lo0, lo1, lo2, hi0, hi1, hi2)");
+  const Grid gr{grid[0], grid[1], grid[2], grid[3], grid[4], grid[5], grid[6], grid[7], grid[8]};
+  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  if (xs.scalar_type() == at::kBFloat16) {
+    if (y.scalar_type() == at::kFloat) fwd_impl<at::BFloat16, float>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, vnni, use_amx);
+    else fwd_impl<at::BFloat16, at::BFloat16>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, vnni, use_amx);
+  } else {
+    TORCH_CHECK(xs.scalar_type() == at::kFloat && y.scalar_type() == at::kFloat && !vnni, "conv_fwd: bf16 or f32");
+    fwd_impl<float, float>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, false, false);
+  }
+}
+
+// dw[f, g] (Cg, Kg) = sum over grid positions q: X_ph(f)[q + off_f, g*Cg + c] dy[q, g*Kg + k]
+//   xs (P, R, C) staged positions (the forward's), dyg (M, K) dy on the grid (zero at junk and
+//   past the grid), taps (F, 2): phase, offset; chunks (nch, 2): disjoint position ranges (start,
+//   length; multiples of 32 with VNNI) covering every valid position; dw (F, G, Cg, Kg) in TO.
+// A work item is one (chunk, group): the chunk's x rows [q0, q0 + len + reach) of each phase are
+// transposed into a thread-local (Cg, len + reach) block (in L2), whose column offsets are every
+// tap's A operand (channel rows: a transposed view of the whole grid would stream Cg rows of the
+// full grid length, ~4x slower); B is dy packed once in VNNI blocks (G, nkb, M2, 64) with position
+// pairs interleaved (AMX) or read in place (plain). Each thread accumulates its own f32 partial of
+// dw; the partials are summed at the end.
+template <typename T, typename TO>
+void wgrad_impl(const at::Tensor& xs, const at::Tensor& dyg, const at::Tensor& taps, const at::Tensor& chunks,
+                at::Tensor& dw, int64_t G, int64_t Cg, int64_t Kg, bool vnni) {
+  using Bits = std::conditional_t<std::is_same_v<T, float>, float, uint16_t>;
+  const int64_t P = xs.size(0), R = xs.size(1), C = xs.size(2), M = dyg.size(0), K = dyg.size(1);
+  const int64_t F = taps.size(0), M2 = (M + 1) / 2 * 2, nch = chunks.size(0);
+  const int64_t nkb = (Kg + NB - 1) / NB, KP = vnni ? nkb * NB : Kg;
+  const int64_t* tp = taps.data_ptr<int64_t>();
+  const int64_t* chp = chunks.data_ptr<int64_t>();
+  int64_t reach = 0, maxlen = 0;
+  for (int64_t f = 0; f < F; ++f) reach = std::max(reach, tp[2 * f + 1]);
+  for (int64_t i = 0; i < nch; ++i) {
+    TORCH_CHECK(chp[2 * i] >= 0 && chp[2 * i] + chp[2 * i + 1] <= M2 && chp[2 * i] + chp[2 * i + 1] + reach <= R &&
+                (!vnni || (chp[2 * i] % 2 == 0 && chp[2 * i + 1] % 2 == 0)), "conv_wgrad: bad chunk");
+    maxlen = std::max(maxlen, chp[2 * i + 1]);
+  }
+  const T* xp = xs.data_ptr<T>();
+  const T* dp = dyg.data_ptr<T>();
+  at::Tensor dpk;
+  const T* bp = dp;
+  if (vnni) {   // (G, nkb, M2/2, 64, 2): rows 2i, 2i+1 interleaved; zero past M and Kg
+    dpk = at::empty({G, nkb, M2, NB}, dyg.options());
+    uint16_t* dst0 = reinterpret_cast<uint16_t*>(dpk.data_ptr<T>());
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(dp);
+    const int64_t RB = 256, nrb = (M2 + RB - 1) / RB;
+    at::parallel_for(0, G * nkb * nrb, 1, [&](int64_t s, int64_t e) {
+      for (int64_t w = s; w < e; ++w) {
+        const int64_t gk = w / nrb, rb = w % nrb, g = gk / nkb, kb = gk % nkb;
+        const int64_t c0 = g * Kg + kb * NB, nn = std::min(NB, Kg - kb * NB);
+        uint16_t* dst = dst0 + gk * M2 * NB;
+        for (int64_t r = rb * RB; r < std::min(M2, (rb + 1) * RB); r += 2) {
+          uint16_t* d = dst + r * NB;
+          interleave_rows(r < M ? src + r * K + c0 : nullptr, r + 1 < M ? src + (r + 1) * K + c0 : nullptr, d, nn);
+          if (nn < NB) std::memset(d + 2 * nn, 0, (NB - nn) * 4);
+        }
+      }
+    });
+    bp = dpk.data_ptr<T>();
+  }
+  const int64_t nthr = at::get_num_threads(), per = F * G * Cg * KP;
+  std::vector<float> part(nthr * per);
+  std::vector<char> used(nthr * F * G, 0);
+  at::parallel_for(0, nch * G, 1, [&](int64_t s, int64_t e) {
+    const int64_t th = at::get_thread_num();
+    float* mine = part.data() + th * per;
+    char* fresh = used.data() + th * F * G;
+    const int64_t LW = maxlen + reach;                  // local block row length
+    std::vector<T> local(P * Cg * LW);
+    for (int64_t w = s; w < e; ++w) {
+      const int64_t ch = w / G, g = w % G, q0 = chp[2 * ch], len = chp[2 * ch + 1];
+      const int64_t lw = len + reach, kd = vnni ? len : std::min(len, M - q0);
+      for (int64_t ph = 0; ph < P; ++ph)
+        fbgemm::transpose_simd<Bits>(lw, Cg, reinterpret_cast<const Bits*>(xp + (ph * R + q0) * C + g * Cg), C,
+                                     reinterpret_cast<Bits*>(local.data() + ph * Cg * LW), LW);
+      for (int64_t f = 0; f < F; ++f) {
+        const T* a = local.data() + tp[2 * f] * Cg * LW + tp[2 * f + 1];
+        float* c = mine + (f * G + g) * Cg * KP;
+        const bool add = fresh[f * G + g];
+        fresh[f * G + g] = 1;
+        if (vnni) {
+          for (int64_t kb = 0; kb < nkb; ++kb)
+            cb::brgemm(Cg, NB, kd, LW, NB, KP, add, a, bp + ((g * nkb + kb) * M2 + q0) * NB, c + kb * NB, true);
+        } else {
+          cb::brgemm(Cg, Kg, kd, LW, K, KP, add, a, bp + q0 * K + g * Kg, c, false);
+        }
+      }
+    }
+    if (vnni) cb::brgemm_release(true);
+  });
+  TO* op = dw.data_ptr<TO>();
+  at::parallel_for(0, F * G * Cg, 16, [&](int64_t s, int64_t e) {
+    std::vector<float> row(KP);
+    for (int64_t w = s; w < e; ++w) {     // w = (f, g, c): dw row
+      const int64_t fg = w / Cg, c = w % Cg;
+      std::fill(row.begin(), row.end(), 0.f);
+      for (int64_t th = 0; th < nthr; ++th) {
+        if (!used[th * F * G + fg]) continue;
+        const float* src = part.data() + th * per + (fg * Cg + c) * KP;
+        int64_t k = 0;
+        for (; k + fVec::size() <= Kg; k += fVec::size())
+          (fVec::loadu(row.data() + k) + fVec::loadu(src + k)).store(row.data() + k);
+        for (; k < Kg; ++k) row[k] += src[k];
+      }
+      if constexpr (std::is_same_v<TO, float>) std::memcpy(op + w * Kg, row.data(), Kg * sizeof(float));
+      else at::vec::convert(row.data(), op + w * Kg, Kg);
+    }
+  });
+}
+
+void conv_wgrad(const at::Tensor& xt, const at::Tensor& dyg, const at::Tensor& taps, const at::Tensor& chunks,
+                at::Tensor dw, int64_t G, int64_t Cg, int64_t Kg, bool vnni) {
+  TORCH_CHECK(xt.dim() == 3 && xt.size(2) == G * Cg, "conv_wgrad: x staged position-major (P, rows, C)");
+  TORCH_CHECK(xt.is_contiguous() && dyg.is_contiguous() && taps.is_contiguous() && chunks.is_contiguous() &&
+              dw.is_contiguous(), "conv_wgrad: contiguous operands");
+  if (xt.scalar_type() == at::kBFloat16) {
+    if (dw.scalar_type() == at::kFloat) wgrad_impl<at::BFloat16, float>(xt, dyg, taps, chunks, dw, G, Cg, Kg, vnni);
+    else wgrad_impl<at::BFloat16, at::BFloat16>(xt, dyg, taps, chunks, dw, G, Cg, Kg, vnni);
+  } else {
+    TORCH_CHECK(xt.scalar_type() == at::kFloat && dw.scalar_type() == at::kFloat && !vnni, "conv_wgrad: bf16 or f32");
+    wgrad_impl<float, float>(xt, dyg, taps, chunks, dw, G, Cg, Kg, false);
+  }
+}
+// B operand of the kernels from weight rows: logical rows are src3[g'] (A x B) rows, or its
+// columns when `transpose` (fbgemm's SIMD transpose first), flattened over g'; out group g takes
+// rows index[g, :] (columns zero-padded to 64 in VNNI blocks (G, nkb, Rw, 64), pairs of rows
+// interleaved; plain (G, Rw, cols))
+// VNNI blocks straight from rows whose pairs are adjacent in memory: src (G*cols, rows) bf16,
+// i.e. logical row pairs (2p, 2p+1) of group g's (rows x cols) matrix are the 32-bit word p of
+// each source line; one SIMD transpose of 32-bit words per (g, 64-column block)
+at::Tensor pack_b_pairs(const at::Tensor& src, int64_t G) {
+  TORCH_CHECK(src.dim() == 2 && src.is_contiguous() && src.element_size() == 2 && src.size(1) % 2 == 0,
+              "pack_b_pairs: (G*cols, rows) bf16 with an even row count");
+  const int64_t cols = src.size(0) / G, rows = src.size(1), nkb = (cols + NB - 1) / NB;
+  at::Tensor out = at::empty({G, nkb, rows, NB}, src.options());
+  const float* sp = reinterpret_cast<const float*>(src.data_ptr());
+  float* op = reinterpret_cast<float*>(out.data_ptr());
+  at::parallel_for(0, G * nkb, 1, [&](int64_t s, int64_t e) {
+    for (int64_t w = s; w < e; ++w) {
+      const int64_t g = w / nkb, kb = w % nkb, nn = std::min(NB, cols - kb * NB);
+      float* dst = op + w * (rows / 2) * NB;
+      if (nn < NB) std::memset(dst, 0, (rows / 2) * NB * sizeof(float));
+      fbgemm::transpose_simd<float>(nn, rows / 2, sp + (g * cols + kb * NB) * (rows / 2), rows / 2, dst, NB);
+    }
+  });
+  return out;
+}
+
+at::Tensor pack_b(const at::Tensor& src3, bool transpose, const at::Tensor& index, bool vnni) {
+  TORCH_CHECK(src3.dim() == 3 && src3.is_contiguous() && index.dim() == 2 && index.is_contiguous(), "pack_b: operands");
+  const int64_t Gs = src3.size(0), A = src3.size(1), B = src3.size(2);
+  const int64_t rows = transpose ? B : A, cols = transpose ? A : B;
+  const int64_t G = index.size(0), Rw = index.size(1), es = src3.element_size();
+  TORCH_CHECK(!vnni || (Rw % 2 == 0 && es == 2), "pack_b: VNNI needs bf16 and an even row count");
+  at::Tensor lg = src3;
+  if (transpose) {
+    lg = at::empty({Gs, B, A}, src3.options());
+    at::parallel_for(0, Gs, 1, [&](int64_t s, int64_t e) {
+      for (int64_t g = s; g < e; ++g) {
+        if (es == 2)
+          fbgemm::transpose_simd<uint16_t>(A, B, reinterpret_cast<const uint16_t*>(src3.data_ptr()) + g * A * B, B,
+                                           reinterpret_cast<uint16_t*>(lg.data_ptr()) + g * A * B, A);
+        else
+          fbgemm::transpose_simd<float>(A, B, reinterpret_cast<const float*>(src3.data_ptr()) + g * A * B, B,
+                                        reinterpret_cast<float*>(lg.data_ptr()) + g * A * B, A);
+      }
+    });
+  }
+  const char* lp = static_cast<const char*>(lg.data_ptr());
+  const int64_t* ip = index.data_ptr<int64_t>();
+  TORCH_CHECK(index.numel() == 0 || (index.min().item<int64_t>() >= 0 && index.max().item<int64_t>() < Gs * rows),
+              "pack_b: row index out of range");
+  (void)rows;
+  if (!vnni) {
+    at::Tensor out = at::empty({G, Rw, cols}, src3.options());
+    char* op = static_cast<char*>(out.data_ptr());
+    at::parallel_for(0, G * Rw, 64, [&](int64_t s, int64_t e) {
+      for (int64_t r = s; r < e; ++r) std::memcpy(op + r * cols * es, lp + ip[r] * cols * es, cols * es);
+    });
+    return out;
+  }
+  const int64_t nkb = (cols + NB - 1) / NB;
+  at::Tensor out = at::empty({G, nkb, Rw, NB}, src3.options());
+  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const uint16_t* lw = reinterpret_cast<const uint16_t*>(lp);
+  at::parallel_for(0, G * (Rw / 2), 16, [&](int64_t s, int64_t e) {
+    for (int64_t w = s; w < e; ++w) {
+      const int64_t g = w / (Rw / 2), r = (w % (Rw / 2)) * 2;
+      const uint16_t* r0 = lw + ip[g * Rw + r] * cols;
+      const uint16_t* r1 = lw + ip[g * Rw + r + 1] * cols;
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        uint16_t* d = op + ((g * nkb + kb) * Rw + r) * NB;
+        const int64_t c0 = kb * NB, nn = std::min(NB, cols - c0);
+        interleave_rows(r0 + c0, r1 + c0, d, nn);
+        if (nn < NB) std::memset(d + 2 * nn, 0, (NB - nn) * 4);
+      }
+    }
+  });
+  return out;
+}
+
+// Stage a logical (N, C, S0, S1, S2) tensor (any strides; the channel stride 1 or not) onto
+// position-major phase grids: out[ph, ((n U0 + u0) U1 + u1) U2 + u2, c] = x[n, c, i] with
+// i_d = u_d s_d + rho_d - pb_d where 0 <= i_d < S_d, else 0; rows past N prod(U) zero.
+// phases (P, 3): rho per dim. Channel-strided sources (nchw) go through one SIMD transpose
+// of each source row.
+void stage(const at::Tensor& x, at::Tensor out, at::IntArrayRef U, at::IntArrayRef st, at::IntArrayRef pb,
+           const at::Tensor& phases) {
+  TORCH_CHECK(x.dim() == 5 && out.dim() == 3 && out.is_contiguous() && out.scalar_type() == x.scalar_type(),
+              "stage: x (N, C, S0, S1, S2), out (P, rows, C)");
+  const int64_t N = x.size(0), C = x.size(1), S0 = x.size(2), S1 = x.size(3), S2 = x.size(4);
+  const int64_t P = out.size(0), R = out.size(1), es = x.element_size();
+  const int64_t U0 = U[0], U1 = U[1], U2 = U[2], M = N * U0 * U1;     // rows of U2 positions
+  TORCH_CHECK(R >= M * U2 && out.size(2) == C && phases.size(0) == P, "stage: out too small");
+  const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2), xs3 = x.stride(3), xs4 = x.stride(4);
+  const char* xp = static_cast<const char*>(x.data_ptr());
+  char* op = static_cast<char*>(out.data_ptr());
+  const int64_t* php = phases.data_ptr<int64_t>();
+  const bool cl = xs1 == 1;                 // channels contiguous (nhwc)
+  at::parallel_for(0, P * M, 8, [&](int64_t s, int64_t e) {
+    std::vector<char> tmp(cl ? 0 : S2 * C * es);
+    int64_t last = -1;                      // the source row held in tmp
+    for (int64_t w = s; w < e; ++w) {
+      const int64_t ph = w / M, m = w % M, u1 = m % U1, u0 = (m / U1) % U0, n = m / (U0 * U1);
+      const int64_t* rho = php + 3 * ph;
+      char* dst = op + (ph * R + m * U2) * C * es;
+      const int64_t i0 = u0 * st[0] + rho[0] - pb[0], i1 = u1 * st[1] + rho[1] - pb[1];
+      if (i0 < 0 || i0 >= S0 || i1 < 0 || i1 >= S1) { std::memset(dst, 0, U2 * C * es); continue; }
+      const char* row = xp + (n * xs0 + i0 * xs2 + i1 * xs3) * es;
+      const char* src = row;
+      int64_t pitch = xs4 * es;
+      if (st[2] == 1) {                     // one contiguous span of the source row, zero around
+        const int64_t a = std::clamp<int64_t>(pb[2] - rho[2], 0, U2), b = std::clamp<int64_t>(S2 + pb[2] - rho[2], a, U2);
+        std::memset(dst, 0, a * C * es);
+        std::memset(dst + b * C * es, 0, (U2 - b) * C * es);
+        const int64_t i2 = a + rho[2] - pb[2];
+        if (cl && xs4 == C) {
+          std::memcpy(dst + a * C * es, row + i2 * xs4 * es, (b - a) * C * es);
+          continue;
+        }
+        if (!cl && xs4 == 1 && b > a) {     // (C, b - a) at stride xs1 -> (b - a, C)
+          if (es == 2)
+            fbgemm::transpose_simd<uint16_t>(C, b - a, reinterpret_cast<const uint16_t*>(row) + i2, xs1,
+                                             reinterpret_cast<uint16_t*>(dst) + a * C, C);
+          else
+            fbgemm::transpose_simd<float>(C, b - a, reinterpret_cast<const float*>(row) + i2, xs1,
+                                          reinterpret_cast<float*>(dst) + a * C, C);
+          continue;
+        }
+      }
+      if (!cl) {                            // (C, S2) at strides (xs1, xs4) -> (S2, C)
+        const int64_t key = (n * S0 + i0) * S1 + i1;
+        if (key != last) {
+          if (xs4 == 1) {
+            if (es == 2)
+              fbgemm::transpose_simd<uint16_t>(C, S2, reinterpret_cast<const uint16_t*>(row), xs1,
+                                               reinterpret_cast<uint16_t*>(tmp.data()), C);
+            else
+              fbgemm::transpose_simd<float>(C, S2, reinterpret_cast<const float*>(row), xs1,
+                                            reinterpret_cast<float*>(tmp.data()), C);
+          } else {
+            for (int64_t c = 0; c < C; ++c)
+              for (int64_t j = 0; j < S2; ++j)
+                std::memcpy(tmp.data() + (j * C + c) * es, row + (c * xs1 + j * xs4) * es, es);
+          }
+          last = key;
+        }
+        src = tmp.data();
+        pitch = C * es;
+      }
+      for (int64_t u2 = 0; u2 < U2; ++u2) {
+        const int64_t i2 = u2 * st[2] + rho[2] - pb[2];
+        char* d = dst + u2 * C * es;
+        if (i2 < 0 || i2 >= S2) std::memset(d, 0, C * es);
+        else std::memcpy(d, src + i2 * pitch, C * es);
+      }
+    }
+  });
+  if (R > M * U2)
+    for (int64_t ph = 0; ph < P; ++ph) std::memset(op + (ph * R + M * U2) * C * es, 0, (R - M * U2) * C * es);
+}
+}  // namespace
+
+TORCH_LIBRARY(nnprim_cpu_conv, m) {
+  m.def("conv_fwd(Tensor xs, Tensor wp, Tensor runs, Tensor(a!) y, Tensor? bias, int[] grid, int G, int Cg, "
+        "int Kg, int MB, bool vnni, bool use_amx) -> ()");
+  m.def("conv_wgrad(Tensor xt, Tensor dyg, Tensor taps, Tensor chunks, Tensor(a!) dw, int G, int Cg, int Kg, "
+        "bool vnni) -> ()");
+  m.def("pack_b(Tensor src3, bool transpose, Tensor index, bool vnni) -> Tensor");
+  m.def("pack_b_pairs(Tensor src, int G) -> Tensor");
+  m.def("stage(Tensor x, Tensor(a!) out, int[] U, int[] stride, int[] pad_before, Tensor phases) -> ()");
+}
+TORCH_LIBRARY_IMPL(nnprim_cpu_conv, CPU, m) {
+  m.impl("conv_fwd", &conv_fwd);
+  m.impl("conv_wgrad", &conv_wgrad);
+  m.impl("pack_b", &pack_b);
+  m.impl("pack_b_pairs", &pack_b_pairs);
+  m.impl("stage", &stage);
+}

@@ -1,0 +1,134 @@
+"""Native per-tap brgemm convolution (solvers 36-38) against the float64 reference: every
+direction, strides (phases), dilation, asymmetric padding, groups, 1-3D, both layouts, bias
+and post-ops; NaN-poisoned outputs, random never-zero inputs. bf16 errors are bounded by the
+error of rounding the exact result to bf16 (one rounding: f32 accumulation); f32 to f32
+rounding. Both B layouts run: VNNI blocks (AMX) and plain (oneDNN's GEMM)."""
+
+import pytest
+import torch
+
+from nnprim.args import ConvArgs
+from nnprim.conv import cpu_brgemm
+from nnprim.conv.cpu_brgemm import CpuBrgemmBwdData, CpuBrgemmBwdWeights, CpuBrgemmFwd, runs_of
+from nnprim.conv.reference import reference
+from nnprim.post_ops import Eltwise, Sum
+from nnprim.problems.conv import ConvProblem, to_layout
+
+from . import solver_check
+
+pytestmark = pytest.mark.skipif(cpu_brgemm.LIBRARY.ops() is None, reason="native CPU library unavailable")
+
+SHAPES = {
+    "2d_3x3_pad": ((2, 6, 9, 11), (4, 6, 3, 3), dict(padding=1)),
+    "2d_asym_dil_g2": ((3, 8, 7, 9), (4, 4, 3, 2), dict(padding=((1, 0), (2, 1)), dilation=(1, 2), groups=2)),
+    "2d_no_pad_tail": ((1, 4, 6, 5), (6, 4, 2, 4), {}),
+    "2d_1x1": ((2, 8, 5, 3), (6, 8, 1, 1), {}),
+    "2d_pad_over_span": ((2, 4, 5, 6), (2, 4, 1, 1), dict(padding=(1, (0, 2)))),
+    "1d": ((2, 4, 15), (6, 4, 3), dict(padding=((2, 1),), dilation=2)),
+    "3d_g2": ((2, 4, 5, 6, 7), (6, 2, 3, 1, 2), dict(groups=2, padding=1)),
+    "s2_3x3_pad1": ((2, 6, 9, 11), (4, 6, 3, 3), dict(stride=2, padding=1)),
+    "s2_d2_asym": ((1, 4, 9, 8), (4, 4, 3, 2), dict(stride=(2, 3), dilation=2, padding=((2, 0), (1, 2)))),
+    "s3_1x1_g2": ((2, 4, 10, 7), (6, 2, 1, 1), dict(stride=3, groups=2)),
+    "3d_s2_tail": ((1, 4, 5, 6, 7), (4, 4, 3, 2, 3), dict(stride=(2, 1, 3), padding=(1, 0, 2))),
+    "1d_long": ((1, 4, 1500), (6, 4, 5), dict(padding=2, stride=2)),    # lines cut into segments
+    "g4_c16_merged": ((2, 64, 7, 6), (32, 16, 3, 3), dict(padding=1, groups=4)),   # AMX: pairs of groups
+    "g2_c48": ((2, 96, 5, 6), (64, 48, 3, 1), dict(padding=(1, 0), groups=2, stride=(2, 1))),
+    "wide_k70": ((2, 66, 6, 7), (70, 66, 3, 3), dict(padding=1)),       # K and C past one 64-column block
+}
+SOLVERS = {"fwd": CpuBrgemmFwd, "bwd_data": CpuBrgemmBwdData, "bwd_weights": CpuBrgemmBwdWeights}
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    solver_check.poison_cpu(monkeypatch, cpu_brgemm)
+
+
+@pytest.fixture(params=["vnni", "plain"])
+def b_layout(request, monkeypatch):
+    if request.param == "vnni" and not cpu_brgemm.cpu_has_amx():
+        pytest.skip("no AMX: the VNNI path does not run here")
+    if request.param == "plain":
+        monkeypatch.setattr(cpu_brgemm, "vnni", lambda p: False)
+    return request.param
+
+
+def make(direction, x_shape, w_shape, layout, dtype, **kw):
+    p = ConvProblem.create(direction, x_shape, w_shape, dtype=dtype, layout=layout, **kw)
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(shape):
+        t = torch.randn(shape, generator=g)
+        t = torch.where(t.abs() < 0.05, torch.full_like(t, 0.3), t)
+        return to_layout(t.to(dtype), layout)
+
+    return p, ConvArgs(x=rnd(p.x_shape), w=rnd(p.w_shape), dy=rnd(p.y_shape))
+
+
+def check(p, args, out, ref):
+    shape = {"fwd": p.y_shape, "bwd_data": p.x_shape, "bwd_weights": p.w_shape}[p.direction]
+    assert tuple(out.shape) == shape and out.dtype == p.out_dtype
+    assert not out.isnan().any(), "unwritten (NaN) elements"
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    if p.out_dtype == torch.float32:
+        assert err < 2e-6, err
+    else:
+        one_rounding = ((ref.to(p.out_dtype).double() - ref).norm() / ref.norm()).item()
+        assert err <= 1.5 * one_rounding + 1e-6, (err, one_rounding)
+
+
+@pytest.mark.parametrize("direction", list(SOLVERS))
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_bf16(shape, layout, direction, b_layout):
+    xs, ws, kw = SHAPES[shape]
+    p, args = make(direction, xs, ws, layout, torch.bfloat16, **kw)
+    assert SOLVERS[direction]().is_applicable(p), SOLVERS[direction]().not_supported_reasons(p)
+    check(p, args, SOLVERS[direction]().prepare(p)(args), reference(p, args))
+
+
+@pytest.mark.parametrize("direction", list(SOLVERS))
+@pytest.mark.parametrize("shape", ["2d_asym_dil_g2", "s2_d2_asym", "3d_s2_tail"])
+def test_f32(shape, direction):
+    xs, ws, kw = SHAPES[shape]
+    p, args = make(direction, xs, ws, "nhwc", torch.float32, **kw)
+    check(p, args, SOLVERS[direction]().prepare(p)(args), reference(p, args))
+
+
+@pytest.mark.parametrize("direction", ["bwd_data", "bwd_weights"])
+def test_f32_output_of_bf16(direction):
+    xs, ws, kw = SHAPES["s2_3x3_pad1"]
+    p, args = make(direction, xs, ws, "nchw", torch.bfloat16, out_dtype=torch.float32, **kw)
+    out = SOLVERS[direction]().prepare(p)(args)
+    ref = reference(p, args)
+    assert out.dtype == torch.float32 and not out.isnan().any()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_bias_and_post_ops(layout, b_layout):
+    xs, ws, kw = SHAPES["s2_3x3_pad1"]
+    res = to_layout(torch.randn(2, 4, 5, 6).bfloat16(), layout)
+    post = (Sum(res), Eltwise("relu"))
+    p = ConvProblem.create("fwd", xs, ws, dtype=torch.bfloat16, layout=layout, has_bias=True, post_ops=post, **kw)
+    _, args = make("fwd", xs, ws, layout, torch.bfloat16, **kw)
+    args = ConvArgs(x=args.x, w=args.w, bias=torch.randn(4).bfloat16(), post_ops=post)
+    check(p, args, CpuBrgemmFwd().prepare(p)(args), reference(p, args))
+
+
+def test_runs():
+    """Taps of one phase at consecutive offsets form one run, whatever their order."""
+    taps = [(0, 5, 0), (0, 0, 1), (1, 0, 2), (0, 1, 3), (0, 6, 4), (0, 2, 5)]
+    assert runs_of(taps) == [[(0, 0, 1), (0, 1, 3), (0, 2, 5)], [(0, 5, 0), (0, 6, 4)], [(1, 0, 2)]]
+
+
+def test_merge_factor():
+    """Narrow groups on AMX merge into tile-deep block-diagonal groups."""
+    p = ConvProblem.create("fwd", (8, 128, 28, 28), (128, 16, 3, 3), padding=1, groups=8, dtype=torch.bfloat16)
+    assert cpu_brgemm.merge_factor(p) == (2 if cpu_brgemm.vnni(p) else 1)
+    q = ConvProblem.create("fwd", (8, 128, 28, 28), (128, 64, 3, 3), padding=1, groups=2, dtype=torch.bfloat16)
+    assert cpu_brgemm.merge_factor(q) == 1
+
+
+def test_not_applicable():
+    f16 = ConvProblem.create("fwd", (1, 6, 8, 8), (4, 6, 3, 3), dtype=torch.float16)
+    assert not CpuBrgemmFwd().is_applicable(f16)
