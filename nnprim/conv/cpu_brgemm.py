@@ -1,6 +1,6 @@
 """CPU convolution as per-tap accumulating GEMMs in native code around oneDNN's batch-reduce
-GEMM micro-kernel (family `implicit_gemm`, ids 36 `cpu_brgemm_fwd`, 37 `cpu_brgemm_bwd_data`,
-38 `cpu_brgemm_bwd_weights`), issue 16: no im2col, bf16 on AMX tiles with f32 accumulation.
+GEMM micro-kernel (family `implicit_gemm`, ids 80 `cpu_brgemm_fwd`, 81 `cpu_brgemm_bwd_data`,
+82 `cpu_brgemm_bwd_weights`), issue 16: no im2col, bf16 on AMX tiles with f32 accumulation.
 
 The C++ (cpu_brgemm_src.cpp, built once per machine by nnprim/native.py) calls
 `at::native::cpublas::brgemm`, the micro-kernel torch's own CPU flash attention uses: on CPUs
@@ -468,21 +468,21 @@ class _CpuBrgemmBase(Solver):
 
 @register
 class CpuBrgemmFwd(_CpuBrgemmBase):
-    id = 36
+    id = 80
     name = "cpu_brgemm_fwd"
     directions = frozenset({"fwd"})
 
 
 @register
 class CpuBrgemmBwdData(_CpuBrgemmBase):
-    id = 37
+    id = 81
     name = "cpu_brgemm_bwd_data"
     directions = frozenset({"bwd_data"})
 
 
 @register
 class CpuBrgemmBwdWeights(_CpuBrgemmBase):
-    id = 38
+    id = 82
     name = "cpu_brgemm_bwd_weights"
     directions = frozenset({"bwd_weights"})
 

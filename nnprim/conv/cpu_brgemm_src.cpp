@@ -57,10 +57,10 @@ void amx_config() {
 // acc[0 .. 32 ceil(M/32)) x [0, KP) = sum over runs r of A (positions g0 + m + off_r, channels
 // cg0 + k) . B (rows row0_r + k of group g's VNNI blocks wg, Rw rows each), k < Kd_r step 32
 inline void amx_block(const at::BFloat16* xp, const at::BFloat16* wg, const int64_t* rp, int64_t NR, int64_t R,
-                      int64_t C, int64_t Rw, int64_t g0, int64_t cg0, int64_t M, int64_t KP, float* acc) {
+                      int64_t C, int64_t Rw, int64_t g0, int64_t cg0, int64_t M, int64_t KP, int64_t Kg, float* acc) {
   const int64_t sa = C * 2;
   for (int64_t m0 = 0; m0 < M; m0 += 32) {
-    for (int64_t n0 = 0; n0 < KP; n0 += 32) {
+    for (int64_t n0 = 0; n0 < Kg; n0 += 32) {      // 32-column blocks holding outputs (KP pads to 64)
       _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
       const at::BFloat16* wk = wg + (n0 / NB) * Rw * NB + (n0 % NB) * 2;    // block kb, column n0 % 64
       for (int64_t r = 0; r < NR; ++r) {
@@ -165,7 +165,7 @@ void fwd_impl(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs
       const int64_t M = (nl - 1) * gr.U2 + std::min(SW, W - seg * SW);
 #ifdef NNPRIM_AMX
       if constexpr (std::is_same_v<T, at::BFloat16>) {
-        if (amx) amx_block(xp, wpp + g * nkb * Rw * NB, rp, NR, R, C, Rw, g0, g * Cg, M, KP, acc.data());
+        if (amx) amx_block(xp, wpp + g * nkb * Rw * NB, rp, NR, R, C, Rw, g0, g * Cg, M, KP, Kg, acc.data());
       }
 #endif
       for (int64_t r = 0; r < NR && !amx; ++r) {
@@ -173,8 +173,8 @@ void fwd_impl(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs
         const T* a = xp + (t[0] * R + g0 + t[1]) * C + g * Cg;
         if (vnni) {
           for (int64_t kb = 0; kb < nkb; ++kb)
-            cb::brgemm(M, NB, t[2], C, NB, KP, r > 0, a, wpp + ((g * nkb + kb) * Rw + t[3]) * NB,
-                       acc.data() + kb * NB, true);
+            cb::brgemm(M, std::min(NB, Kg - kb * NB), t[2], C, NB, KP, r > 0, a,
+                       wpp + ((g * nkb + kb) * Rw + t[3]) * NB, acc.data() + kb * NB, true);
         } else {
           cb::brgemm(M, Kg, t[2], C, Kg, KP, r > 0, a, wpp + (g * Rw + t[3]) * Kg, acc.data(), false);
         }
@@ -288,7 +288,8 @@ void wgrad_impl(const at::Tensor& xs, const at::Tensor& dyg, const at::Tensor& t
         fresh[f * G + g] = 1;
         if (vnni) {
           for (int64_t kb = 0; kb < nkb; ++kb)
-            cb::brgemm(Cg, NB, kd, LW, NB, KP, add, a, bp + ((g * nkb + kb) * M2 + q0) * NB, c + kb * NB, true);
+            cb::brgemm(Cg, std::min(NB, Kg - kb * NB), kd, LW, NB, KP, add, a, bp + ((g * nkb + kb) * M2 + q0) * NB,
+                       c + kb * NB, true);
         } else {
           cb::brgemm(Cg, Kg, kd, LW, K, KP, add, a, bp + q0 * K + g * Kg, c, false);
         }

@@ -973,7 +973,7 @@ _RUN = {"fwd": conv_fwd, "bwd_data": conv_bwd_data, "bwd_weights": conv_bwd_weig
 _GFLOPS_PER_CORE = 80.0     # f32 GEMM per core (oneDNN ~100, MKL ~80 on this class of CPU);
 _BF16_GEMM_SPEEDUP = 2.0    # the native bf16 GEMM (avx512_bf16) runs ~200 per core
 # on AMX oneDNN's bf16 GEMM runs ~5x the f32 one: the 1x1 direct GEMMs measured 1.6-2.3x torch's
-# conv (2026-12-01), where the 2x figure ranked them behind the brgemm solvers (36-38)
+# conv (2026-12-01), where the 2x figure ranked them behind the brgemm solvers (80-82)
 _BF16_AMX_GEMM_SPEEDUP = 5.0
 _GBS_PER_CORE = 8.0         # strided copies (im2col, col2im, casts) per core
 

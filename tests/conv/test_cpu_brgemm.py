@@ -1,8 +1,9 @@
-"""Native per-tap brgemm convolution (solvers 36-38) against the float64 reference: every
+"""Native per-tap brgemm convolution (solvers 80-82) against the float64 reference: every
 direction, strides (phases), dilation, asymmetric padding, groups, 1-3D, both layouts, bias
 and post-ops; NaN-poisoned outputs, random never-zero inputs. bf16 errors are bounded by the
 error of rounding the exact result to bf16 (one rounding: f32 accumulation); f32 to f32
-rounding. Both B layouts run: VNNI blocks (AMX) and plain (oneDNN's GEMM)."""
+rounding. Every kernel path runs: the own AMX kernel, torch's brgemm on VNNI blocks, and the
+plain layout (oneDNN's GEMM)."""
 
 import pytest
 import torch
@@ -33,6 +34,8 @@ SHAPES = {
     "1d_long": ((1, 4, 1500), (6, 4, 5), dict(padding=2, stride=2)),    # lines cut into segments
     "g4_c16_merged": ((2, 64, 7, 6), (32, 16, 3, 3), dict(padding=1, groups=4)),   # AMX: pairs of groups
     "g2_c48": ((2, 96, 5, 6), (64, 48, 3, 1), dict(padding=(1, 0), groups=2, stride=(2, 1))),
+    "amx_c64_k40": ((2, 64, 9, 11), (40, 64, 3, 3), dict(padding=1)),     # AMX forward, a 32-column tail
+    "amx_c32_k96_s2": ((2, 32, 9, 8), (96, 32, 3, 3), dict(padding=1, stride=2)),   # AMX both ways, phases
     "wide_k70": ((2, 66, 6, 7), (70, 66, 3, 3), dict(padding=1)),       # K and C past one 64-column block
 }
 SOLVERS = {"fwd": CpuBrgemmFwd, "bwd_data": CpuBrgemmBwdData, "bwd_weights": CpuBrgemmBwdWeights}
@@ -43,10 +46,14 @@ def poison(monkeypatch):
     solver_check.poison_cpu(monkeypatch, cpu_brgemm)
 
 
-@pytest.fixture(params=["vnni", "plain"])
+@pytest.fixture(params=["amx", "vnni", "plain"])
 def b_layout(request, monkeypatch):
-    if request.param == "vnni" and not cpu_brgemm.cpu_has_amx():
-        pytest.skip("no AMX: the VNNI path does not run here")
+    """amx: the own AMX forward kernel where it applies; vnni: torch's brgemm on VNNI blocks
+    only; plain: oneDNN's GEMM per call (what CPUs without AMX run)."""
+    if request.param != "plain" and not cpu_brgemm.cpu_has_amx():
+        pytest.skip("no AMX: the VNNI paths do not run here")
+    if request.param == "vnni":
+        monkeypatch.setattr(cpu_brgemm, "USE_AMX_KERNEL", False)
     if request.param == "plain":
         monkeypatch.setattr(cpu_brgemm, "vnni", lambda p: False)
     return request.param
