@@ -83,16 +83,14 @@ def runs_of(taps: list[tuple[int, int, int]], merge: bool = True) -> list[list[t
     return out
 
 
-def run_table(runs: list[list[tuple[int, int, int]]], depth: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(runs (nr, 4) int64: phase, first offset, GEMM depth L*depth, first weight row; the
-    gather index of the stacked weight rows (each tap's `depth` rows, in run order))."""
-    table, rows, r0 = [], [], 0
+def run_table(runs: list[list[tuple[int, int, int]]], depth: int) -> torch.Tensor:
+    """(nr, 4) int64 per run: phase, first offset, GEMM depth L*depth, first weight row (the
+    runs' taps stacked in order, `depth` rows each)."""
+    table, r0 = [], 0
     for run in runs:
         table.append((run[0][0], run[0][1], len(run) * depth, r0))
-        for _, _, f in run:
-            rows.extend(range(f * depth, (f + 1) * depth))
         r0 += len(run) * depth
-    return torch.tensor(table, dtype=torch.int64), torch.tensor(rows, dtype=torch.int64)
+    return torch.tensor(table, dtype=torch.int64).view(-1, 4)
 
 
 def _aligned(n: int) -> int:
@@ -129,10 +127,6 @@ def _block_m(cols: int) -> int:
     """Grid positions per block. Measured at 1 thread (AMX kernel, rn50 layers, 2026-12-01): 64
     columns 2.5 ms at 64-128, 2.1 at 256; 256 columns 1.43 ms at 128, 1.5-1.57 at 64 and 256+."""
     return 256 if cols <= 64 else 128
-
-
-def _positions(t: torch.Tensor, layout: str) -> torch.Tensor:
-    return physical(t, "nhwc") if layout == "nhwc" else t.permute(0, *range(2, t.dim()), 1)
 
 
 class _Stage:
@@ -205,7 +199,7 @@ class _Plan:
             self.calls = [self._call([(0, off, f) for off, f in taps], Kg, False, lo, hi, i0) if taps else
                           (None, None, lo, hi, i0) for taps, lo, hi, i0 in phases]
         else:
-            self.dy_stage = _Stage(U, (1,) * p.ndim, (0,) * p.ndim, [(0,) * p.ndim], p.N * ut + 32)
+            self.dy_stage = _Stage(U, (1,) * p.ndim, (0,) * p.ndim, [(0,) * p.ndim], p.N * ut + _SLACK)
             self.taps = torch.tensor(tap_offsets(p), dtype=torch.int64)
             self.chunks = wgrad_chunks(p)
         # workspace: the staged operands, then (fwd / bwd_data) a position-major output where the
@@ -226,7 +220,7 @@ class _Plan:
         """(run table, pack_b's row gather (G, rows), lo, hi, first output index) of one kernel call."""
         p = self.p
         runs = runs_of(taps, p.groups == 1)
-        table, _ = run_table(runs, depth)
+        table = run_table(runs, depth)
         rid = _row_id(p, rows_fc)
         gather = torch.tensor([[rid(g, f, j) for run in runs for _, _, f in run for j in range(depth)]
                                for g in range(p.groups)], dtype=torch.int64)
