@@ -39,6 +39,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -175,33 +176,24 @@ def _row_id(p: ConvProblem, rows_fc: bool):
 
 
 class _Plan:
-    """Everything of a problem that does not depend on the tensors: staging geometry, run
-    tables and weight gathers (built once in prepare)."""
+    """Everything of a problem that does not depend on the tensors, built in prepare: staging
+    geometry and workspace layout at once (solvers' workspace_size asks for those), run tables,
+    weight gathers and work items on the first call (cached)."""
 
     def __init__(self, p: ConvProblem) -> None:
         self.p = p
         self.vnni = vnni(p)
         self.amx = self.vnni and USE_AMX_KERNEL
-        Kg, Cg = p.K // p.groups, p.C // p.groups
         U, _, ut = tap_grid(p)
         self.U = U
         self.x_stage = _Stage(U, p.stride, p.pad_before, phase_list(p), _stage_rows(p, p.N * ut))
-        if p.direction == "fwd":
-            taps = [(ph, off, f) for f, (ph, off) in enumerate(tap_offsets(p))]
-            self.calls = [self._call(taps, Cg, True, (0,) * p.ndim, p.out_size, None)]
-            order = [f for run in runs_of(taps, p.groups == 1) for _, _, f in run]
-            self.natural_rows = order == sorted(order)
-        elif p.direction == "bwd_data":
-            A, V, phases = _bwd_data_geometry(p)
-            reach = max((off for taps, *_ in phases for off, _ in taps), default=0)
-            self.V = V
-            self.dy_stage = _Stage(V, (1,) * p.ndim, A, [(0,) * p.ndim], p.N * math.prod(V) + reach + _SLACK)
-            self.calls = [self._call([(0, off, f) for off, f in taps], Kg, False, lo, hi, i0) if taps else
-                          (None, None, lo, hi, i0) for taps, lo, hi, i0 in phases]
-        else:
+        if p.direction == "bwd_data":
+            A, self.V, self.phases = _bwd_data_geometry(p)
+            reach = max((off for taps, *_ in self.phases for off, _ in taps), default=0)
+            self.dy_stage = _Stage(self.V, (1,) * p.ndim, A, [(0,) * p.ndim],
+                                   p.N * math.prod(self.V) + reach + _SLACK)
+        elif p.direction == "bwd_weights":
             self.dy_stage = _Stage(U, (1,) * p.ndim, (0,) * p.ndim, [(0,) * p.ndim], p.N * ut + _SLACK)
-            self.taps = torch.tensor(tap_offsets(p), dtype=torch.int64)
-            self.chunks = wgrad_chunks(p)
         # workspace: the staged operands, then (fwd / bwd_data) a position-major output where the
         # result is not written in place (nchw, post-ops, another output dtype)
         staged = self.x_stage.nbytes(p.C, p.dtype) if p.direction != "bwd_data" else 0
@@ -216,15 +208,46 @@ class _Plan:
         n = math.prod(shape) * dtype.itemsize
         return ws[self.staged_bytes:self.staged_bytes + n].view(dtype).view(shape)
 
+    @cached_property
+    def calls(self) -> list[tuple]:
+        """Per kernel call (run table, pack_b's row gather (G, rows), lo, hi, first output
+        index); a phase of dx that no tap reaches has (None, None, ...)."""
+        p = self.p
+        if p.direction == "fwd":
+            return [self._call(self._fwd_taps, p.C // p.groups, True, (0,) * p.ndim, p.out_size, None)]
+        return [self._call([(0, off, f) for off, f in taps], p.K // p.groups, False, lo, hi, i0) if taps else
+                (None, None, lo, hi, i0) for taps, lo, hi, i0 in self.phases]
+
+    @cached_property
+    def _fwd_taps(self) -> list[tuple[int, int, int]]:
+        return [(ph, off, f) for f, (ph, off) in enumerate(tap_offsets(self.p))]
+
+    @cached_property
+    def natural_rows(self) -> bool:
+        """The forward's runs stack the taps in filter order (stride 1, or one run per tap):
+        then pack_b_pairs packs the weights without a gather."""
+        order = [f for run in runs_of(self._fwd_taps, self.p.groups == 1) for _, _, f in run]
+        return order == sorted(order)
+
+    @cached_property
+    def taps(self) -> torch.Tensor:
+        return torch.tensor(tap_offsets(self.p), dtype=torch.int64)
+
+    @cached_property
+    def chunks(self) -> torch.Tensor:
+        return wgrad_chunks(self.p)
+
     def _call(self, taps, depth: int, rows_fc: bool, lo, hi, i0):
-        """(run table, pack_b's row gather (G, rows), lo, hi, first output index) of one kernel call."""
         p = self.p
         runs = runs_of(taps, p.groups == 1)
-        table = run_table(runs, depth)
         rid = _row_id(p, rows_fc)
         gather = torch.tensor([[rid(g, f, j) for run in runs for _, _, f in run for j in range(depth)]
                                for g in range(p.groups)], dtype=torch.int64)
-        return table, gather, tuple(lo), tuple(hi), i0
+        # pack_b reads these rows unchecked: the source holds (C or K) * F of them
+        bound = (p.C if rows_fc else p.K) * math.prod(p.filter)
+        if gather.numel() and not (gather.min() >= 0 and gather.max() < bound):
+            raise AssertionError(f"weight gather outside 0..{bound}")
+        return run_table(runs, depth), gather, tuple(lo), tuple(hi), i0
 
 
 def _bwd_data_geometry(p: ConvProblem):

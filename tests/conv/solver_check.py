@@ -34,6 +34,24 @@ def check(run: dict, p: ConvProblem, bias=None, post_ops=(), seed: int = 1) -> N
     assert err < TOL[p.dtype], err
 
 
+def random_case(direction, x_shape, w_shape, *, layout="nchw", dtype=torch.float32, out_dtype=None,
+                bias=False, post_ops=(), seed=0, **kw) -> tuple[ConvProblem, ConvArgs]:
+    """A problem and random never-zero operands for it (|t| < 0.05 replaced by 0.3), in layout."""
+    p = ConvProblem.create(direction, x_shape, w_shape, dtype=dtype, layout=layout,
+                           out_dtype=out_dtype, has_bias=bias,
+                           post_ops=tuple(o.signature() for o in post_ops), **kw)
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(shape):
+        t = torch.randn(shape, generator=g)
+        t = torch.where(t.abs() < 0.05, torch.full_like(t, 0.3), t)
+        return to_layout(t.to(dtype), layout)
+
+    args = ConvArgs(x=rnd(p.x_shape), w=rnd(p.w_shape), dy=rnd(p.y_shape),
+                    bias=torch.randn(p.K, generator=g) if bias else None, post_ops=tuple(post_ops))
+    return p, args
+
+
 def poison_cpu(monkeypatch, module) -> list[int]:
     """NaN-filled outputs (`module.empty_in_layout`) and workspace (`module.workspace`: 0xFF
     bytes, NaN in f32, bf16 and f16) for a CPU solver module; the workspace sizes asked."""

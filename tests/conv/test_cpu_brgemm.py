@@ -60,15 +60,7 @@ def b_layout(request, monkeypatch):
 
 
 def make(direction, x_shape, w_shape, layout, dtype, **kw):
-    p = ConvProblem.create(direction, x_shape, w_shape, dtype=dtype, layout=layout, **kw)
-    g = torch.Generator().manual_seed(0)
-
-    def rnd(shape):
-        t = torch.randn(shape, generator=g)
-        t = torch.where(t.abs() < 0.05, torch.full_like(t, 0.3), t)
-        return to_layout(t.to(dtype), layout)
-
-    return p, ConvArgs(x=rnd(p.x_shape), w=rnd(p.w_shape), dy=rnd(p.y_shape))
+    return solver_check.random_case(direction, x_shape, w_shape, layout=layout, dtype=dtype, **kw)
 
 
 def check(p, args, out, ref):

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import nnprim
-from nnprim.args import ConvArgs
 from nnprim.conv import cpu_gemm
 from nnprim.conv.cpu_gemm import CpuGemmConfig, conv_bias_grad, make_plan, prepare_with
 from nnprim.conv.cpu_im2col import balance211, plan_blocks
@@ -41,21 +40,7 @@ def poison(monkeypatch):
     return solver_check.poison_cpu(monkeypatch, cpu_gemm)
 
 
-def make(direction, x_shape, w_shape, *, layout="nchw", dtype=torch.float32, out_dtype=None,
-         bias=False, post_ops=(), seed=0, **kw):
-    p = ConvProblem.create(direction, x_shape, w_shape, dtype=dtype, layout=layout,
-                           out_dtype=out_dtype, has_bias=bias,
-                           post_ops=tuple(o.signature() for o in post_ops), **kw)
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(shape):
-        t = torch.randn(shape, generator=g)
-        t = torch.where(t.abs() < 0.05, torch.full_like(t, 0.3), t)   # never zero
-        return to_layout(t.to(dtype), layout)
-
-    args = ConvArgs(x=rnd(p.x_shape), w=rnd(p.w_shape), dy=rnd(p.y_shape),
-                    bias=torch.randn(p.K, generator=g) if bias else None, post_ops=tuple(post_ops))
-    return p, args
+make = solver_check.random_case
 
 
 def check(p, args, cfg=CpuGemmConfig()):

@@ -5,11 +5,10 @@ rounding the exact result to bf16 (one rounding: the contract's f32 accumulation
 import pytest
 import torch
 
-from nnprim.args import ConvArgs
 from nnprim.conv import cpu_tap
 from nnprim.conv.cpu_tap import CpuTapBwdWeights, tap_bwd_weights
 from nnprim.conv.reference import reference
-from nnprim.problems.conv import ConvProblem, to_layout
+from nnprim.problems.conv import ConvProblem
 
 from . import solver_check
 
@@ -34,15 +33,7 @@ def poison(monkeypatch):
 
 
 def make(x_shape, w_shape, layout, dtype=torch.bfloat16, **kw):
-    p = ConvProblem.create("bwd_weights", x_shape, w_shape, dtype=dtype, layout=layout, **kw)
-    g = torch.Generator().manual_seed(0)
-
-    def rnd(shape):
-        t = torch.randn(shape, generator=g)
-        t = torch.where(t.abs() < 0.05, torch.full_like(t, 0.3), t)
-        return to_layout(t.to(dtype), layout)
-
-    return p, ConvArgs(x=rnd(p.x_shape), w=rnd(p.w_shape), dy=rnd(p.y_shape))
+    return solver_check.random_case("bwd_weights", x_shape, w_shape, layout=layout, dtype=dtype, **kw)
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
