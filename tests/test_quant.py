@@ -157,3 +157,22 @@ def test_fp8_and_layout_errors():
         quantize_kv(x, "s8", role="q")
     with pytest.raises(BadParameterError, match="float8"):
         KVQuant(torch.zeros(1, 1, 2, 8, dtype=torch.int8), torch.tensor(1.0), dtype="fp8_e4m3")
+
+
+@pytest.mark.parametrize("dtype", ["s4", "s8", "fp8_e4m3"])
+def test_signature_keeps_the_storage_order(dtype):
+    """Keys-contiguous codes (role="v") sign as such: the problem key (and so the find-db
+    record) differs from the rows one, and find's random arguments rebuild the same order."""
+    from nnprim.problems.attention import AttentionProblem
+    from nnprim.search.random_args import _kv_quant
+    x = torch.randn(2, 2, 40, 32)
+    kw = {} if dtype == "fp8_e4m3" else dict(group_size=16)
+    rows, keys = quantize_kv(x, dtype, **kw), quantize_kv(x, dtype, role="v", **kw)
+    assert keys.keys_contiguous and not rows.keys_contiguous
+    assert keys.signature() == rows.signature() + ("keys",)
+    for t in (rows, keys):
+        again = _kv_quant(t.signature(), (2, 2, 40, 32), "cpu", torch.Generator().manual_seed(0))
+        assert again.signature() == t.signature()
+    q = torch.randn(2, 4, 1, 32)
+    pr, pk = (AttentionProblem.from_tensors(q, rows, v) for v in (rows, keys))
+    assert pr.key() != pk.key() and pk.key().endswith("keys")

@@ -71,6 +71,8 @@ def _param_tile(ptr, roff, n_ok, s_g, GROUPED: tl.constexpr, NG: tl.constexpr, B
     if GROUPED:
         offs_g = tl.arange(0, BNG)
         p = ptr + offs_g[:, None] * s_g + roff[None, :]
+        if NG == BNG:   # no group mask: a key's groups load as one vector (see the kernel's PV)
+            return tl.load(p, mask=n_ok[None, :], other=OTHER).to(tl.float32)
         return tl.load(p, mask=(offs_g[:, None] < NG) & n_ok[None, :], other=OTHER).to(tl.float32)
     else:
         return tl.load(ptr).to(tl.float32)
@@ -257,6 +259,7 @@ def _decode_quant_kernel(
         VBITS: tl.constexpr, V_SIGNED: tl.constexpr, V_GROUP: tl.constexpr, V_NG: tl.constexpr,
         V_BNG: tl.constexpr, V_SC_G: tl.constexpr, V_ZP: tl.constexpr, V_ZP_G: tl.constexpr,
         V_SPLIT: tl.constexpr, V_JOIN: tl.constexpr, K_L1: tl.constexpr, V_L1: tl.constexpr,
+        K_PV: tl.constexpr, V_PV: tl.constexpr,
         DOT_DTYPE: tl.constexpr, F32_DOT: tl.constexpr, ASM4: tl.constexpr, ASM8: tl.constexpr,
         PAGE: tl.constexpr = 0):
     """One program: KV head (b, hk), key chunk `split`, row block `mblk` (rows r = hl * Sq + i
@@ -315,6 +318,12 @@ def _decode_quant_kernel(
         kvb = b64
     else:
         kvb = b64 * 0  # paged K/V (paging.py): the page of each key block is added in the loop
+    if K_PV > 1:   # key strides of the grouped scales / zero points: multiples of PV (see 128)
+        s_ksn = (s_ksn // K_PV) * K_PV
+        s_kzn = (s_kzn // K_PV) * K_PV
+    if V_PV > 1:
+        s_vsn = (s_vsn // V_PV) * V_PV
+        s_vzn = (s_vzn // V_PV) * V_PV
     bt_row = BT + b64 * s_bt
     k_base = K + kvb * s_kb + hk64 * s_kh
     v_base = V + kvb * s_vb + hk64 * s_vh
@@ -564,6 +573,15 @@ def _groups(t, D: int) -> tuple[int, int]:
     return ng, triton.next_power_of_2(ng)
 
 
+def param_vector(t, ng: int) -> int:
+    """Groups per key that load as one vector (the kernel's PV): NG when it is a power of two
+    and the key strides of the grouped scales and zero points are its multiples, else 1."""
+    if ng < 2 or ng & (ng - 1):
+        return 1
+    grouped = [x for x, kind in ((t.scales, t.scale_kind), (t.zero_points, t.zp_kind)) if kind == "g"]
+    return ng if grouped and all(x.stride(-2) % ng == 0 for x in grouped) else 1
+
+
 def _sig_groups(qs, D: int) -> int:
     """Groups per row needing the expansion, from a KVQuant.signature() (problem side)."""
     if qs is None or qs[1] == D or (qs[2] != "g" and qs[4] != "g"):
@@ -588,26 +606,30 @@ def _has_4bit(problem) -> bool:
 
 
 def default_config(problem) -> DecodeConfig:
-    """Tiles for 122 from the H200 sweep in benchmarks/DECODE_QUANT.md (D = 128): block_n 64
-    with 4 warps was best or within 3% for 8-bit codes and symmetric 4-bit codes; 4-bit with
-    zero points preferred block_n 128. block_m caps the real rows per program (the expanded
-    tiles have BLOCK_M * groups rows)."""
+    """Tiles for 122 from the H200 sweeps (D = 128; `benchmarks/diag/decode_swap_sweep.py`,
+    2026-12-01, eleventh session, `results/decode_sweep*_s11.json`): one warp per program and
+    32 keys per step for 4-bit codes, two warps and 64 keys for 8-bit ones. A one-warp
+    program reduces its softmax with shuffles and no CTA barrier, and many of them keep more
+    code bytes in flight per SM: s4 g64 0.278 ms against 0.337 ms with four warps (b64 x 8k
+    keys), 0.149 against 0.229 ms (b8 x 32k); 8-bit codes 0.405 against 0.474 ms with two
+    warps (one warp: 0.61). block_m caps the real rows per program (the expanded tiles have
+    BLOCK_M * groups rows)."""
     if problem.device != "cuda":
         return QuantDecodeConfig(block_n=16, block_m=16, num_warps=4, num_stages=1)
     d = max(problem.D, problem.Dv)
     if d > 128:
         return QuantDecodeConfig(block_n=64, block_m=16, num_warps=8, num_stages=3)
-    zp = any(qs is not None and qs[4] is not None for qs in (problem.k_quant, problem.v_quant))
-    if _has_4bit(problem) and zp:
-        return QuantDecodeConfig(block_n=128, block_m=16, num_warps=4, num_stages=3)
-    return QuantDecodeConfig(block_n=64, block_m=16, num_warps=4, num_stages=3)
+    if _has_4bit(problem):
+        return QuantDecodeConfig(block_n=32, block_m=16, num_warps=1, num_stages=3)
+    return QuantDecodeConfig(block_n=64, block_m=16, num_warps=2, num_stages=3)
 
 
 def choose_splits(problem, cfg: DecodeConfig, num_sms: int | None = None) -> int:
-    """Key chunks per (b, hk, row block), each >= 4 key blocks long. Measured on the H200
-    (DECODE_QUANT.md): 8-bit codes gain from many CTAs in flight (b8 x 32k keys: 0.292 ms at
-    9 splits, 0.232 ms at 36), 4-bit codes prefer ~2-4 per SM (b8: 0.203 ms at 4 splits,
-    0.246 ms at 9), so 16 CTAs per SM for 8-bit and 2 for 4-bit codes."""
+    """Key chunks per (b, hk, row block), each >= 4 key blocks long: about 16 warps per SM
+    for 4-bit codes and 64 for 8-bit ones (programs of 1 / 2 warps: 16 / 32 per SM; the
+    eleventh session's sweep, as `default_config`: b64 x 8k s4 g64 with one-warp programs
+    0.330 ms at 8 warps per SM, 0.278 at 16; with four warps the tenth session's had 2 / 16
+    programs per SM, b8 x 32k s8: 0.292 ms at 9 splits, 0.232 ms at 36)."""
     if cfg.splits:
         return cfg.splits
     sms = num_sms or _num_sms(problem.device)
@@ -615,7 +637,8 @@ def choose_splits(problem, cfg: DecodeConfig, num_sms: int | None = None) -> int
     base = problem.B * problem.Hkv * nm
     keys = problem.Sk if problem.causal != "top_left" else min(problem.Sk, problem.Sq)
     max_splits = max(1, triton.cdiv(keys, 4 * cfg.block_n))
-    want = triton.cdiv((2 if _has_4bit(problem) else 16) * sms, base)
+    warps = (16 if _has_4bit(problem) else 64) * sms
+    want = triton.cdiv(warps, base * cfg.num_warps)
     return max(1, min(want, max_splits, 4096))
 
 
@@ -629,14 +652,14 @@ def _meta(t, D: int) -> tuple[dict, int]:
     """(constexpr dict, BLOCK_D) of K or V."""
     if not isinstance(t, KVQuant):
         return dict(BITS=0, SIGNED=False, GROUP=D, NG=1, BNG=1, SC_G=False, ZP=False, ZP_G=False, L1=False,
-                    FP8=False), \
+                    FP8=False, PV=1), \
             max(16, triton.next_power_of_2(D))
     ng, bng = _groups(t, D)
     zp = t.zero_points
     bits = 4 if t.is_4bit else 8
     meta = dict(BITS=bits, SIGNED=t.dtype in ("s8", "s4"), GROUP=t.group if ng > 1 else D, NG=ng, BNG=bng,
                 SC_G=t.scale_kind == "g", ZP=zp is not None, ZP_G=t.zp_kind == "g",
-                L1=t.is_4bit and t.layout == 1, FP8=t.is_fp8)
+                L1=t.is_4bit and t.layout == 1, FP8=t.is_fp8, PV=param_vector(t, ng))
     cols = D // 2 if bits == 4 else D
     return meta, max(16, triton.next_power_of_2(cols))
 
@@ -671,7 +694,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         VBITS=vm["BITS"], V_SIGNED=vm["SIGNED"], V_GROUP=vm["GROUP"], V_NG=vm["NG"], V_BNG=vm["BNG"],
         V_SC_G=vm["SC_G"], V_ZP=vm["ZP"], V_ZP_G=vm["ZP_G"],
         V_SPLIT=vm["BITS"] == 4 and not (vjoin and not vm["L1"]), V_JOIN=vm["BITS"] == 4 and vjoin and not vm["L1"],
-        K_L1=km["L1"], V_L1=vm["L1"],
+        K_L1=km["L1"], V_L1=vm["L1"], K_PV=km["PV"], V_PV=vm["PV"],
         DOT_DTYPE=dot_dtype, F32_DOT=f32 or interp, ASM4=can_asm and asm_cfg is not False,
         ASM8=can_asm and asm_cfg is True and not (km["FP8"] or vm["FP8"]), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return main, _dec.combine_launch(problem, splits), splits
@@ -714,7 +737,9 @@ class DecodeSplitKQuantGrouped(_DecodeBase):
         """Roofline of bytes read and main-loop instructions counted in the SASS
         (decode_swap.roofline_ms, shared with 128 and 121)."""
         from .decode_swap import ISSUE_122, roofline_ms
-        return roofline_ms(problem, ISSUE_122, self.row_blocks(problem)) + _dec._LAUNCH_MS
+        # V stored keys-contiguous: its tiles are gathered byte by byte (2-3x the whole
+        # kernel's time on the H200, DECODE_QUANT.md), so that half counts 4x
+        return roofline_ms(problem, ISSUE_122, self.row_blocks(problem), keys_factor=4.0) + _dec._LAUNCH_MS
 
     def prepare(self, problem):
         return _dec.DecodePlan(problem, default_config(problem), plan)

@@ -39,7 +39,7 @@ from ..launch import Launch, interpreting
 from ..search.solver import register
 from . import decode as _dec
 from .decode import DecodeConfig, _DecodeBase, _num_sms, l1_pairs
-from .decode_quant import MAX_GROUPS, _groups, _sig_groups
+from .decode_quant import MAX_GROUPS, _groups, _sig_groups, param_vector
 from .paging import page_rows
 
 _MAX_MX = 128    # columns of an expanded tile (BLOCK_M * BNG): the MMA's N
@@ -117,13 +117,28 @@ def _nibbles(c, SIGNED: tl.constexpr, FLIP: tl.constexpr, ASM: tl.constexpr, DOT
 
 @triton.jit
 def _params(ptr, roff, n_ok, s_g, GROUPED: tl.constexpr, NG: tl.constexpr, BNG: tl.constexpr,
-            OTHER: tl.constexpr):
-    """Scales / zero points of the keys at int64 offsets roff as an f32 (BLOCK_N, BNG) tile
-    (groups >= NG and keys with n_ok False give OTHER), or the per-tensor / per-head scalar."""
+            OTHER: tl.constexpr, MASKED: tl.constexpr):
+    """Scales / zero points of the keys at int64 offsets roff as an f32 (BLOCK_N, BNG) tile,
+    or the per-tensor / per-head scalar. MASKED (the partial last block): groups >= NG and
+    keys with n_ok False give OTHER. A full block loads without a mask, the padded groups
+    repeating group g % NG (their columns of the expanded tiles are never picked; finite is
+    all they need): a mask per group would keep the load scalar, and Triton's pipeliner takes
+    only loads of >= 4 bytes per thread into its cp.async ring (with the kernel's PV), so the
+    scales would be waited for in every step (s4 g64 0.30 ms against 0.24 ms with per-head
+    scales, H200 2026-12-01)."""
     if GROUPED:
         offs_g = tl.arange(0, BNG)
-        p = ptr + roff[:, None] + offs_g[None, :] * s_g
-        return tl.load(p, mask=n_ok[:, None] & (offs_g[None, :] < NG), other=OTHER).to(tl.float32)
+        if MASKED:
+            p = ptr + roff[:, None] + offs_g[None, :] * s_g
+            return tl.load(p, mask=n_ok[:, None] & (offs_g[None, :] < NG), other=OTHER).to(tl.float32)
+        elif NG == BNG:
+            return tl.load(ptr + roff[:, None] + offs_g[None, :] * s_g).to(tl.float32)
+        elif BNG % NG != 0:
+            return tl.load(ptr + roff[:, None] + (offs_g % NG)[None, :] * s_g).to(tl.float32)
+        else:   # load the NG groups, then repeat them (one vector load per key)
+            x = tl.load(ptr + roff[:, None] + tl.arange(0, NG)[None, :] * s_g).to(tl.float32)
+            BN: tl.constexpr = x.shape[0]
+            return tl.reshape(tl.broadcast_to(x[:, None, :], (BN, BNG // NG, NG)), (BN, BNG))
     else:
         return tl.load(ptr).to(tl.float32)
 
@@ -232,7 +247,7 @@ def _step(n0, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row
             sx = tl.dot(kc.to(DOT_DTYPE), qx_lo)
     if K_ZP:
         zro = _roff(pg, pi, n0, s_kzb, s_kzn, PAGE, BLOCK_N)
-        zb = _params(kz_base, zro, n_ok, s_kzg, K_ZP_G, K_NG, K_BNG, 0.0) + K_OFF
+        zb = _params(kz_base, zro, n_ok, s_kzg, K_ZP_G, K_NG, K_BNG, 0.0, MASKED) + K_OFF
     else:
         zb = K_OFF
     if K_BNG > 1:
@@ -244,7 +259,7 @@ def _step(n0, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row
             else:
                 sx3 = sx3 - zb * qs3
         if K_SC_G:
-            ks = _params(ks_base, _roff(pg, pi, n0, s_ksb, s_ksn, PAGE, BLOCK_N), n_ok, s_ksg, True, K_NG, K_BNG, 1.0)
+            ks = _params(ks_base, _roff(pg, pi, n0, s_ksb, s_ksn, PAGE, BLOCK_N), n_ok, s_ksg, True, K_NG, K_BNG, 1.0, MASKED)
             sx3 = sx3 * ks[:, None, :]
         s = tl.sum(sx3, 2)
     else:
@@ -256,7 +271,7 @@ def _step(n0, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row
                 s = s - zb * qsum[None, :]
         if K_SC_G:
             sro = _roff(pg, pi, n0, s_ksb, s_ksn, PAGE, BLOCK_N)
-            s = s * _params(ks_base, sro, n_ok, s_ksg, True, 1, 1, 1.0)  # (BLOCK_N, 1)
+            s = s * _params(ks_base, sro, n_ok, s_ksg, True, 1, 1, 1.0, MASKED)  # (BLOCK_N, 1)
     # ---- online softmax over the key axis (0) ----
     s = s * qk_scale
     valid = n_ok[:, None] & row_ok[None, :]
@@ -278,7 +293,7 @@ def _step(n0, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row
     # ---- O^T += codes^T @ Px^T, the V scale folded into the probabilities ----
     px = _spread(p, BLOCK_N, BLOCK_M, V_BNG)
     if V_SC_G:
-        vs = _params(vs_base, _roff(pg, pi, n0, s_vsb, s_vsn, PAGE, BLOCK_N), n_ok, s_vsg, True, V_NG, V_BNG, 1.0)
+        vs = _params(vs_base, _roff(pg, pi, n0, s_vsb, s_vsn, PAGE, BLOCK_N), n_ok, s_vsg, True, V_NG, V_BNG, 1.0, MASKED)
         if V_BNG > 1:
             px = tl.reshape(p[:, :, None] * vs[:, None, :], (BLOCK_N, VMX))
         else:
@@ -292,7 +307,7 @@ def _step(n0, end, m_i, l_i, acc_a, acc_b, zcor, qx_lo, qx_hi, qsum, row_ok, row
         pxf = px.to(tl.float32)
         if V_ZP_G:
             zro = _roff(pg, pi, n0, s_vzb, s_vzn, PAGE, BLOCK_N)
-            zv = _params(vz_base, zro, n_ok, s_vzg, True, V_NG, V_BNG, 0.0) + V_OFF
+            zv = _params(vz_base, zro, n_ok, s_vzg, True, V_NG, V_BNG, 0.0, MASKED) + V_OFF
             if V_BNG > 1:
                 pxf = tl.reshape(tl.reshape(pxf, (BLOCK_N, BLOCK_M, V_BNG)) * zv[:, None, :], (BLOCK_N, VMX))
             else:
@@ -338,10 +353,10 @@ def _decode_swap_kernel(
         WRITE_LSE: tl.constexpr,
         KBITS: tl.constexpr, K_SIGNED: tl.constexpr, K_GROUP: tl.constexpr, K_NG: tl.constexpr,
         K_BNG: tl.constexpr, K_SC_G: tl.constexpr, K_ZP: tl.constexpr, K_ZP_G: tl.constexpr,
-        K_OFF: tl.constexpr, K_L1: tl.constexpr,
+        K_OFF: tl.constexpr, K_L1: tl.constexpr, K_PV: tl.constexpr,
         VBITS: tl.constexpr, V_SIGNED: tl.constexpr, V_GROUP: tl.constexpr, V_NG: tl.constexpr,
         V_BNG: tl.constexpr, V_SC_G: tl.constexpr, V_ZP: tl.constexpr, V_ZP_G: tl.constexpr,
-        V_OFF: tl.constexpr, V_L1: tl.constexpr,
+        V_OFF: tl.constexpr, V_L1: tl.constexpr, V_PV: tl.constexpr,
         DOT_DTYPE: tl.constexpr, F32_DOT: tl.constexpr, ASM4: tl.constexpr, PAGE: tl.constexpr,
         K_FLIP: tl.constexpr, K_SPLIT: tl.constexpr, V_FLIP: tl.constexpr, V_SPLIT: tl.constexpr):
     """One program: KV head (b, hk), key chunk `split`, row block `mblk`. KBITS / VBITS: 8 =
@@ -394,6 +409,16 @@ def _decode_swap_kernel(
         sc = scale
     qk_scale = sc * LOG2E
 
+    # the plan checked that the key strides of the grouped scales / zero points are multiples
+    # of PV: rebuilding them from a division lets the compiler see it (an argument's own
+    # divisibility hint is 16 or nothing), so a key's groups load as one vector and the
+    # pipeliner takes them into its cp.async ring with the codes
+    if K_PV > 1:
+        s_ksn = (s_ksn // K_PV) * K_PV
+        s_kzn = (s_kzn // K_PV) * K_PV
+    if V_PV > 1:
+        s_vsn = (s_vsn // V_PV) * V_PV
+        s_vzn = (s_vzn // V_PV) * V_PV
     if PAGE == 0:
         kvb = b64
     else:
@@ -619,6 +644,7 @@ def _meta(t, D: int, asm: bool, dot: torch.dtype) -> tuple[dict, int]:
                 SC_G=t.scale_kind == "g", ZP=t.zero_points is not None, ZP_G=t.zp_kind == "g",
                 OFF=code_offset(bits, signed, asm, dot, t.is_fp8), L1=t.is_4bit and t.layout == 1,
                 FLIP=(1 if bits == 4 else 2) if signed else 0, SPLIT=split)
+    meta["PV"] = param_vector(t, ng)
     return meta, max(16, triton.next_power_of_2(D // 2 if bits == 4 else D))
 
 
@@ -662,16 +688,14 @@ def swap_forward(problem, args: AttnArgs, cfg: DecodeConfig | None = None,
 
 # ---- solver -----------------------------------------------------------------------
 
-# Warp-instructions per K+V element of the main loop in the sm_90 SASS (Hq 32, Hkv 8, D 128,
-# Sq 1, bf16 q, default tiles; benchmarks/DECODE_QUANT.md "Solver 128"), by the format of K
-# (or V): (without zero points, with grouped zero points).
-# Per K/V element: the issue-rate equivalent of the H200 times (2026-12-01, b64 k8k, Hq 32, Hkv 8,
-# D 128; (no zero points, zero points)), not the SASS counts (128: 0.10 / 0.175 for 4 / 8 bits):
-# 128 ran 0.32-0.33 ms (s4), 0.41 (s4 zp), 0.73-0.75 (s8), 0.78 (u8 zp), so it is bound by more
-# than issue; 122 with V rows 0.31 ms (s4) and 0.39 (s8) on 2026-11-30 (keys-contiguous V, which
-# its estimate cannot see, ran 0.57-0.98 ms). fp8: 128 not timed, scaled as its 4-bit.
-ISSUE_128 = {"4": (0.25, 0.32), "8": (0.56, 0.61), "fp8": (0.35, 0.35)}
-ISSUE_122 = {"4": (0.26, 0.33), "8": (0.30, 0.36), "fp8": (0.30, 0.30)}  # rows V
+# Per K/V element: the issue-rate equivalent of the H200 times (b64 k8k, Hq 32, Hkv 8, D 128;
+# (no zero points, zero points)), not the SASS counts (128: 0.10 / 0.12 for 4-bit codes), so the
+# estimate follows what the kernels measured: 128 (keys-contiguous V) 0.24 ms (s4 g32-g64),
+# 0.31 (u4 with zero points), 0.61 (s8); 122 (V rows, one-warp programs) 0.28 (s4), 0.35
+# (u4 zp), two-warp 0.40 (s8), 0.42 (fp8 per head) (2026-12-01, eleventh session, with the
+# scales in the cp.async ring: `results/decode_sweep3_s11.json`). fp8: 128 scaled as its 4-bit.
+ISSUE_128 = {"4": (0.19, 0.24), "8": (0.46, 0.51), "fp8": (0.35, 0.35)}
+ISSUE_122 = {"4": (0.23, 0.28), "8": (0.30, 0.36), "fp8": (0.30, 0.30)}  # rows V
 # 121 (f32 dequantisation per element) was not counted; 122 measured 1.2-2.1x faster (DECODE_QUANT.md)
 ISSUE_121 = {"4": (0.4, 0.45), "8": (0.45, 0.5), "fp8": (0.45, 0.45)}   # 1.5x 122's
 ISSUE_RATE = 132 * 4 * 1.98e9 * 0.8   # H200 warp-instructions / s at 80% issue efficiency
@@ -681,17 +705,18 @@ def _fmt(qs) -> str:
     return "fp8" if qs[0] == "fp8_e4m3" else ("4" if qs[0] in ("s4", "u4") else "8")
 
 
-def roofline_ms(problem, table: dict, passes: int = 1) -> float:
+def roofline_ms(problem, table: dict, passes: int = 1, keys_factor: float = 1.0) -> float:
     """max(bytes / bandwidth, instructions / issue rate) + a quarter of the smaller (memory
     and issue overlap imperfectly, so fewer instructions still help at the memory roof);
-    the instructions per element from `table` (K and V half each); `passes`: row blocks,
-    each reading K and V again."""
+    the instructions per element from `table` (K and V half each), times `keys_factor` for
+    codes stored keys-contiguous (the signature's "keys"); `passes`: row blocks, each
+    reading K and V again."""
     per = 0.0
     for qs, d in ((problem.k_quant, problem.D), (problem.v_quant, problem.Dv)):
         if qs is None:
             per += 0.07 * d    # float K or V: about the bf16 kernel's count (120)
         else:
-            per += table[_fmt(qs)][qs[4] is not None] * d
+            per += table[_fmt(qs)][qs[4] is not None] * d * (keys_factor if "keys" in qs[5:] else 1.0)
     elems = problem.B * problem.Hkv * problem.Sk * passes
     issue = elems * per / ISSUE_RATE
     mem = problem.bytes() / _dec._BW

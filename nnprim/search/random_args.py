@@ -58,9 +58,9 @@ def conv_args(p, seed: int = 0) -> ConvArgs:
 
 
 def _kv_quant(sig: tuple, shape, device, gen) -> KVQuant:
-    """A KVQuant whose signature() equals `sig` = (dtype, group, scales t|h|g, scale dtype, zp[, layout])."""
+    """A KVQuant whose signature() equals `sig` = (dtype, group, scales t|h|g, scale dtype, zp[, layout][, "keys"])."""
     qdt, group, sc, sdt, zp = sig[:5]
-    layout = sig[5] if len(sig) > 5 else 0
+    layout = next((x for x in sig[5:] if isinstance(x, int)), 0)
     B, H, S, D = shape
     group = int(group)
     if qdt == "fp8_e4m3":
@@ -80,6 +80,8 @@ def _kv_quant(sig: tuple, shape, device, gen) -> KVQuant:
     if zp is not None:
         mid = {"s8": 0.0, "u8": 128.0, "s4": 0.0, "u4": 8.0}[qdt]
         zps = (mid + torch.randint(-2, 3, kshape[zp], generator=gen)).to(torch.float32)
+    if "keys" in sig[5:]:   # keys-contiguous codes, as quantize_kv(..., role="v") stores them
+        data = data.transpose(-1, -2).contiguous().transpose(-1, -2)
     return KVQuant(data.to(device), scales.to(device), None if zps is None else zps.to(device), qdt,
                    None if group == D else group, layout)
 

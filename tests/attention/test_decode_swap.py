@@ -155,6 +155,13 @@ def test_estimates_rank_by_measured_rates():
         assert min(e, key=e.get) == first and e[121] > e[122], (sig, e)
         assert e[128] >= p.bytes() / decode._BW * 1e3
     assert set(ISSUE_128) == {"4", "8", "fp8"}
+    # keys-contiguous V (the signature's "keys"): 122 gathers it byte by byte, so 128 ranks
+    # first even for 8-bit codes
+    sig = ("s8", 64, "g", "bfloat16", None)
+    p = AttentionProblem(direction="fwd", device="cuda", B=64, Hq=32, Hkv=8, Sq=1, Sk=8192, D=128, Dv=128,
+                         dtype=torch.bfloat16, k_quant=sig, v_quant=sig + ("keys",))
+    e = {i: REGISTRY.get(i).estimate(p) for i in (122, 128)}
+    assert e[128] < e[122], e
 
 
 def test_tiles_and_offsets():
@@ -171,3 +178,28 @@ def test_tiles_and_offsets():
     assert bm * 4 <= 128 and bm * nm >= 32 * 16
     assert code_offset(4, True, True, torch.bfloat16) == 0 and code_offset(8, False, True, torch.float16) == 0
     assert code_offset(8, True, False, torch.bfloat16) == 0 and code_offset(8, True, True, torch.bfloat16, True) == 0
+
+
+@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
+def test_grouped_scales_key_stride(strided):
+    """The kernels' PV: the groups of a key load as one vector when the key strides of the
+    grouped scales / zero points are multiples of the group count, else one by one. A scale
+    view whose key stride is odd (NG + 1) takes the scalar path and gives the same result;
+    both solvers, a ragged tail included."""
+    from nnprim.attention.decode_quant import decode_quant_forward, param_vector
+    q, k, v = rand(2, 4, 2, 1, 53, 32, torch.float16)
+    kq = quantize_kv(k, "u4", group_size=16, symmetric=False)
+    vq = quantize_kv(v, "s8", group_size=8)
+    if strided:
+        def widen(t):   # the same values in a view of a (..., NG + 1) buffer
+            buf = torch.full((*t.shape[:-1], t.shape[-1] + 1), 7.0, dtype=t.dtype)
+            buf[..., :-1] = t
+            return buf[..., :-1]
+        kq = KVQuant(kq.data, widen(kq.scales), widen(kq.zero_points), kq.dtype, kq.group, kq.layout)
+        vq = KVQuant(vq.data, widen(vq.scales), None, vq.dtype, vq.group, vq.layout)
+    assert param_vector(kq, 2) == (1 if strided else 2) and param_vector(vq, 4) == (1 if strided else 4)
+    check(q, kq, vq)
+    p = AttentionProblem.from_tensors(q, kq, vq, return_lse=True)
+    o, _ = decode_quant_forward(p, AttnArgs(q=q, k=kq, v=vq), SMALL)
+    ro, _ = reference_forward(p, AttnArgs(q=q, k=kq, v=vq))
+    assert (o.double() - ro).norm() / ro.norm() < TOL[q.dtype]
