@@ -37,6 +37,9 @@ SHAPES = {
     "amx_c64_k40": ((2, 64, 9, 11), (40, 64, 3, 3), dict(padding=1)),     # AMX forward, a 32-column tail
     "amx_c32_k96_s2": ((2, 32, 9, 8), (96, 32, 3, 3), dict(padding=1, stride=2)),   # AMX both ways, phases
     "wide_k70": ((2, 66, 6, 7), (70, 66, 3, 3), dict(padding=1)),       # K and C past one 64-column block
+    # wider channel blocks per group: 48 = 32 + 16 columns (fwd Kg), 32 (bwd_data Cg), 16 only
+    "f32_k48_g2": ((2, 64, 9, 11), (96, 32, 3, 3), dict(padding=1, groups=2)),
+    "f32_k16_s2": ((2, 16, 13, 8), (16, 16, 3, 3), dict(stride=2, padding=(1, 2), dilation=(1, 2))),
 }
 SOLVERS = {"fwd": CpuBrgemmFwd, "bwd_data": CpuBrgemmBwdData, "bwd_weights": CpuBrgemmBwdWeights}
 
@@ -86,7 +89,7 @@ def test_bf16(shape, layout, direction, b_layout):
 
 
 @pytest.mark.parametrize("direction", list(SOLVERS))
-@pytest.mark.parametrize("shape", ["2d_asym_dil_g2", "s2_d2_asym", "3d_s2_tail"])
+@pytest.mark.parametrize("shape", ["2d_asym_dil_g2", "s2_d2_asym", "3d_s2_tail", "f32_k48_g2", "f32_k16_s2"])
 def test_f32(shape, direction):
     xs, ws, kw = SHAPES[shape]
     p, args = make(direction, xs, ws, "nhwc", torch.float32, **kw)
