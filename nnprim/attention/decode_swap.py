@@ -594,7 +594,10 @@ def default_config(problem) -> DecodeConfig:
     element in the sm_90 SASS (benchmarks/DECODE_QUANT.md, "Solver 128"): 128 when K and V
     are 4-bit and the expanded tile is the minimum 16 columns (two m64 wgmma tiles of keys),
     else 64 (8-bit codes are two 16-bit A-operand values each, wider tiles hold more
-    registers: 128 spills). Not timed on a GPU yet."""
+    registers: 128 spills). H200 sweep (2026-12-01, `results/decode_sweep*_s11.json`): 128 keys
+    x 4 warps was best for s4 g32-g64 and u4 at b64 x 8k (0.241 ms against 0.364 with 64 keys);
+    64 keys with twice the splits won at b8 x 32k for g32 (0.139 against 0.152) and for g128
+    (0.189 / 0.296 against 0.215 / 0.336); 8 warps doubled every time."""
     if problem.device != "cuda":
         return DecodeConfig(block_n=16, block_m=16, num_warps=4, num_stages=1)
     if max(problem.D, problem.Dv) > 128:
