@@ -420,7 +420,11 @@ _RUN = {"fwd": brgemm_fwd, "bwd_data": brgemm_bwd_data, "bwd_weights": brgemm_bw
 # bf16 without AMX the avx512_bf16 GEMM ~200; f32 through oneDNN's GEMM per call ~60
 _BF16_AMX_GFLOPS = {"fwd": 550.0, "bwd_data": 550.0, "bwd_weights": 350.0}
 _BF16_GFLOPS = 200.0
-_F32_GFLOPS = 60.0
+# f32 per core by direction: the forward kernel (fwd, bwd_data) measured 77-85 GFLOP/s per core
+# on the rn50 layers with 64-256 channels per group (2 threads, AMX Xeon, 2026-12-01,
+# `benchmarks/diag/cpu_brgemm_ab.py --dtype f32`), scaled down for narrow groups in
+# `estimate`; backward weights not measured in f32
+_F32_GFLOPS = {"fwd": 80.0, "bwd_data": 80.0, "bwd_weights": 60.0}
 _GBS_PER_CORE = 8.0       # staging copies
 _CALL_US = 0.6            # per brgemm call
 
@@ -453,9 +457,11 @@ class _CpuBrgemmBase(Solver):
         cores = max(1, torch.get_num_threads())
         _, _, ut = tap_grid(p)
         junk = p.N * ut / max(1, p.N * math.prod(p.out_size))
-        gf = _F32_GFLOPS if p.dtype == F32 else (_BF16_AMX_GFLOPS[p.direction] if vnni(p) else _BF16_GFLOPS)
+        gf = _F32_GFLOPS[p.direction] if p.dtype == F32 else (_BF16_AMX_GFLOPS[p.direction] if vnni(p) else _BF16_GFLOPS)
         m = merge_factor(p)            # merged narrow groups: m-fold flops on fuller tiles
         Kg, Cg = m * p.K // p.groups, m * p.C // p.groups
+        if p.dtype == F32:   # narrow groups: short GEMM rows (grouped_g8, 16 per group: ~35 per core)
+            gf *= min(1.0, min(Kg, Cg) / 64) ** 0.5
         if vnni(p):     # AMX tiles are 16 x 16 x 32: narrow groups waste the tile
             gf *= min(1.0, min(Kg if p.direction != "bwd_data" else Cg, 64) / 64) * min(1.0, Cg / 32)
         t = m * p.flops() * junk / (gf * 1e9 * cores) + self._stage_bytes(p) / (_GBS_PER_CORE * 1e9 * cores)
