@@ -111,12 +111,8 @@ inline void interleave_rows(const uint16_t* r0, const uint16_t* r1, uint16_t* d,
   }
 }
 
-struct Grid {                   // flat position g = ((n U0 + u0) U1 + u1) U2 + u2
+struct Grid {                   // flat position g = ((n U0 + u0) U1 + u1) U2 + u2, valid in [lo, hi)
   int64_t U0, U1, U2, lo0, lo1, lo2, hi0, hi1, hi2;
-  bool valid(int64_t q, int64_t* n, int64_t* u) const {
-    u[2] = q % U2; q /= U2; u[1] = q % U1; q /= U1; u[0] = q % U0; *n = q / U0;
-    return u[0] >= lo0 && u[0] < hi0 && u[1] >= lo1 && u[1] < hi1 && u[2] >= lo2 && u[2] < hi2;
-  }
 };
 
 // y[n, u - lo, :] (valid grid positions) = sum over runs r: xs[ph_r][g + off_r, group g's Kd_r
@@ -153,7 +149,6 @@ void fwd_impl(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs
 #endif
   at::parallel_for(0, nblk * G, 1, [&](int64_t s, int64_t e) {
     std::vector<float> acc(((lpb - 1) * gr.U2 + SW + 32) * KP);
-    int64_t n, u[3];
 #ifdef NNPRIM_AMX
     if (amx) { cb::brgemm_release(true); amx_config(); }   // torch's brgemm reconfigures after us
 #endif
@@ -179,18 +174,24 @@ void fwd_impl(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs
           cb::brgemm(M, Kg, t[2], C, Kg, KP, r > 0, a, wpp + (g * Rw + t[3]) * Kg, acc.data(), false);
         }
       }
-      for (int64_t i = 0; i < M; ++i) {
-        if (!gr.valid(g0 + i, &n, u)) continue;
-        float* arow = acc.data() + i * KP;
-        if (bias) {
-          const float* b = bias + g * Kg;
-          int64_t k = 0;
-          for (; k + fVec::size() <= Kg; k += fVec::size()) (fVec::loadu(arow + k) + fVec::loadu(b + k)).store(arow + k);
-          for (; k < Kg; ++k) arow[k] += b[k];
+      // row i of acc is column c0 + i - l U2 of line u1 + l; the valid columns are [lo2, hi2)
+      // (walked line by line: a division per row cost as much as the GEMMs on narrow groups)
+      const int64_t c0 = gr.lo2 + seg * SW;
+      for (int64_t l = 0; l < nl; ++l) {
+        TO* yrow = yp + nn * ys0 + (u0 - gr.lo0) * ys1 + (u1 + l - gr.lo1) * ys2 + g * Kg;
+        const int64_t cend = std::min(gr.hi2, c0 + M - l * gr.U2);
+        for (int64_t col = std::max(gr.lo2, c0 - l * gr.U2); col < cend; ++col) {
+          float* arow = acc.data() + (l * gr.U2 + col - c0) * KP;
+          if (bias) {
+            const float* b = bias + g * Kg;
+            int64_t k = 0;
+            for (; k + fVec::size() <= Kg; k += fVec::size()) (fVec::loadu(arow + k) + fVec::loadu(b + k)).store(arow + k);
+            for (; k < Kg; ++k) arow[k] += b[k];
+          }
+          TO* dst = yrow + (col - gr.lo2) * ys3;
+          if constexpr (std::is_same_v<TO, float>) std::memcpy(dst, arow, Kg * sizeof(float));
+          else at::vec::convert(arow, dst, Kg);
         }
-        TO* dst = yp + n * ys0 + (u[0] - gr.lo0) * ys1 + (u[1] - gr.lo1) * ys2 + (u[2] - gr.lo2) * ys3 + g * Kg;
-        if constexpr (std::is_same_v<TO, float>) std::memcpy(dst, arow, Kg * sizeof(float));
-        else at::vec::convert(arow, dst, Kg);
       }
     }
 #ifdef NNPRIM_AMX
