@@ -84,11 +84,16 @@ def _conv(parts: list[str]) -> ConvProblem | None:
 
 
 def _quant(s: str) -> tuple:
+    """KVQuant.signature() from its key part: five fields, then the layout (an int) and
+    "keys" (keys-contiguous codes) where present."""
     v = s.split(":")
-    if len(v) not in (5, 6):
+    tail = v[5:]
+    keys = bool(tail) and tail[-1] == "keys"
+    tail = tail[:-1] if keys else tail
+    if len(v) < 5 or len(tail) > 1 or (tail and not tail[0].isdigit()):
         raise ValueError(s)
     sig = (v[0], int(v[1]), v[2], v[3], None if v[4] == "None" else v[4])
-    return sig + (int(v[5]),) if len(v) == 6 else sig
+    return sig + tuple(int(x) for x in tail) + (("keys",) if keys else ())
 
 
 def _attn(parts: list[str]) -> AttentionProblem | None:

@@ -43,6 +43,8 @@ _ATTN = [
          page_size=16),
     dict(direction="fwd", B=1, Hq=2, Hkv=1, Sq=64, Sk=64, D=64, Dv=64, dtype=torch.float8_e4m3fn,
          device="cuda", out_dtype=torch.bfloat16, descale="tth"),
+    dict(direction="fwd", B=4, Hq=8, Hkv=2, Sq=1, Sk=300, D=64, Dv=64, dtype=torch.bfloat16, device="cuda",
+         k_quant=("s8", 32, "g", "bfloat16", None, "keys"), v_quant=("u4", 64, "g", "bfloat16", "g", 1, "keys")),
 ]
 
 
@@ -64,6 +66,7 @@ def test_attention_keys_round_trip(kw):
     "attn-fwd-b2hq8hkv2-sq1sk8-d64dv64-i8-cuda-cnone-scdefault",
     "attn-bwd-b2hq8hkv2-sq1sk8-d64dv64-f16-cuda-cnone-scdefault-lse-kqs8:64:g:float16:None",  # bwd + quant
     "attn-fwd-b2hq8hkv2-sq1sk8-d64dv64-f16-cuda-cnone",                             # scale part missing
+    "attn-fwd-b2hq8hkv2-sq1sk8-d64dv64-f16-cuda-cnone-scdefault-kqs8:64:g:float16:None:rows",  # not "keys"
 ])
 def test_unparseable_keys_give_none(key):
     assert problem_from_key(key) is None
