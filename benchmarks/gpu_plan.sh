@@ -8,6 +8,8 @@
 #   attention  benchmarks/attention.py --api on every train problem (fwd, bwd, deterministic bwd)
 #   tune5      tile candidates of the five-GEMM backward solvers 123/124
 #   decode     benchmarks/decode_formats.py (K/V formats, 122 vs 128, both V orders) and benchmarks/paged.py
+#   decode_sweep  tile / warp / split sweep of the quantized decode solvers 122 and 128 through their
+#              plans (benchmarks/diag/decode_swap_sweep.py), cuDNN interleaved; CONFIGS overrides the list
 #   fp8        benchmarks/attention_fp8.py (d64/128/256, S 4k-16k)
 #   conv       the conv suite through the public API (run_suites.sh conv) and benchmarks/depthwise.py
 #   sysdb      nnprim db build-system for the H200 (suites + 90 model layers, about 5 minutes)
@@ -81,6 +83,10 @@ case $STEP in
     timeout 330 python3 benchmarks/decode_formats.py --quick --solvers 122,128 --v-order both \
       --problems decode_b64_k8k,decode_b8_k32k --out "$OUT/decode_formats_$D.json" 2>&1 | tail -40
     timeout 220 python3 benchmarks/paged.py --out "$OUT/paged_$D.json" 2>&1 | tail -20 ;;
+  decode_sweep)
+    timeout 500 python3 benchmarks/diag/decode_swap_sweep.py --out "$OUT/decode_sweep_$D.json" \
+      --formats s4:64,s8:64,u4:64,fp8:head,s4:head \
+      --configs "${CONFIGS:-128x4x3,64x4x3:2,122/32x1x3,122/32x1x3:2,122/64x2x3,122/64x2x3:2}" 2>&1 | grep -v Warn | tail -14 ;;
   fp8)
     timeout 560 python3 benchmarks/attention_fp8.py --out "$OUT/attention_fp8_$D.json" 2>&1 | tail -20 ;;
   conv)
