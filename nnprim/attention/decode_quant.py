@@ -42,7 +42,7 @@ Reading order: Triton kernel -> launcher (`decode_quant_forward`) -> solver (id 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -613,15 +613,23 @@ def default_config(problem) -> DecodeConfig:
     code bytes in flight per SM: s4 g64 0.278 ms against 0.337 ms with four warps (b64 x 8k
     keys), 0.149 against 0.229 ms (b8 x 32k); 8-bit codes 0.405 against 0.474 ms with two
     warps (one warp: 0.61). block_m caps the real rows per program (the expanded tiles have
-    BLOCK_M * groups rows)."""
+    BLOCK_M * groups rows). That was measured with expanded tiles of the minimum 16 rows
+    (Sq 1, 4 query heads per KV head); wider tiles (more query rows or groups) keep the four
+    warps of the tenth session's sweep, whose registers they need (block_n 64, 128 for 4-bit
+    codes with zero points)."""
     if problem.device != "cuda":
         return QuantDecodeConfig(block_n=16, block_m=16, num_warps=4, num_stages=1)
     d = max(problem.D, problem.Dv)
     if d > 128:
         return QuantDecodeConfig(block_n=64, block_m=16, num_warps=8, num_stages=3)
-    if _has_4bit(problem):
-        return QuantDecodeConfig(block_n=32, block_m=16, num_warps=1, num_stages=3)
-    return QuantDecodeConfig(block_n=64, block_m=16, num_warps=2, num_stages=3)
+    four = _has_4bit(problem)
+    base = QuantDecodeConfig(block_n=64, block_m=16, num_warps=4, num_stages=3)
+    bng = max(triton.next_power_of_2(_sig_groups(qs, dd))
+              for qs, dd in ((problem.k_quant, problem.D), (problem.v_quant, problem.Dv)))
+    if row_block(problem, base)[0] * bng <= 16:
+        return replace(base, block_n=32, num_warps=1) if four else replace(base, num_warps=2)
+    zp = any(qs is not None and qs[4] is not None for qs in (problem.k_quant, problem.v_quant))
+    return replace(base, block_n=128) if four and zp else base
 
 
 def choose_splits(problem, cfg: DecodeConfig, num_sms: int | None = None) -> int:
