@@ -153,19 +153,22 @@ def smem_bytes(d: int, cfg: dict) -> int:
                 + n_pds * KEYS_PER_WG * cfg["BLOCK_M"]) + stage
 
 
-def model_ms(problem) -> float:
-    """flops / (peak * EFF_BY_D) over the SM fill of the last wave of (key block, b, kv
-    head) CTAs, at least the memory time (inputs twice, plus the dQ accumulator's f32 adds
-    once per key block), plus 10 us of launches; at least HOST_FLOOR_MS."""
+def model_ms(problem, block_n: int = BLOCK_N, eff: float | None = None,
+             host_floor_ms: float = HOST_FLOOR_MS) -> float:
+    """flops / (peak * eff: EFF_BY_D by default) over the SM fill of the last wave of (key
+    block of block_n, b, kv head) CTAs, at least the memory time (inputs twice, plus the dQ
+    accumulator's f32 adds once per key block), plus 10 us of launches; at least
+    host_floor_ms. 130 (gluon_bwd_d256) passes its own key block and efficiency."""
     if problem.device != "cuda":
         return problem.flops() / 2e7 + 1.0
-    t_c = problem.flops() / (PEAK_TFLOPS.get(problem.dtype, 750.0) * 1e12 * EFF_BY_D.get(problem.D, 0.37))
-    ctas = problem.B * problem.Hkv * math.ceil(problem.Sk / BLOCK_N)
+    eff = EFF_BY_D.get(problem.D, 0.37) if eff is None else eff
+    t_c = problem.flops() / (PEAK_TFLOPS.get(problem.dtype, 750.0) * 1e12 * eff)
+    n_kv = math.ceil(problem.Sk / block_n)
+    ctas = problem.B * problem.Hkv * n_kv
     fill = ctas / (math.ceil(ctas / 132) * 132)
-    n_kv = math.ceil(problem.Sk / BLOCK_N)
     acc_bytes = 4.0 * problem.B * problem.Hq * problem.Sq * problem.D * n_kv * problem.causal_fraction()
     t_m = (problem.bytes() + acc_bytes) / (PEAK_TBS * 1e12 * 0.8)
-    return max(max(t_c / max(fill, 0.05), t_m) * 1e3 + 0.01, HOST_FLOOR_MS)
+    return max(max(t_c / max(fill, 0.05), t_m) * 1e3 + 0.01, host_floor_ms)
 
 
 # ---- Gluon kernel ---------------------------------------------------------------------
@@ -231,6 +234,51 @@ if gluon is not None:
                     it += 1
 
     @gluon.jit
+    def _query_range(start_n, Sq, Sk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+        """(lo, full, m_end) of the key block [start_n, start_n + BLOCK_N): the query blocks
+        [lo, m_end) see a key of it, [lo, full) need element masks (the causal diagonal; every
+        block when the key block ends past Sk). Shared with 130 (gluon_bwd_d256)."""
+        if CAUSAL == 2:
+            shift = Sk - Sq
+        else:
+            shift = 0
+        m_end = gl.cdiv(Sq, BLOCK_M) * BLOCK_M
+        if CAUSAL != 0:
+            lo = (gl.maximum(start_n - shift, 0) // BLOCK_M) * BLOCK_M
+            full = gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M
+        else:
+            lo = 0
+            full = 0
+        lo = gl.minimum(lo, m_end)
+        full = gl.maximum(gl.minimum(full, m_end), lo)
+        if start_n + BLOCK_N > Sk:
+            full = m_end      # the key block ends past Sk: every query block masks the key tail
+        return lo, full, m_end
+
+    @gluon.jit
+    def _row_stats(LSE, DELTA, row0, rws, rmask):
+        """The stage's rows' lse in the log2 domain (+inf where a row sees no key, so P = 0)
+        and delta = rowsum(dO O); row0 a scalar base (int32 offsets: fewer registers)."""
+        lse = gl.load(LSE + row0 + rws, mask=rmask, other=float("inf"))
+        lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+        delta = gl.load(DELTA + row0 + rws, mask=rmask, other=0.0)
+        return lse2, delta
+
+    @gluon.jit
+    def _probs(st, lse2, rws, start_m, key0, opq, Sk, shift, qk_scale, KEYS: gl.constexpr,
+               s_layout: gl.constexpr, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+        """P = exp2(S scale - lse) of the S tile st (rows start_m + rws, keys key0 + opq + cols),
+        with the key tail and the causal diagonal masked where MASKED."""
+        if MASKED:
+            cols = gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout)) + opq   # key - key0
+            valid = cols[None, :] < Sk - key0
+            if CAUSAL != 0:
+                valid = valid & (cols[None, :] <= (rws + (start_m + shift - key0))[:, None])
+            return gl.exp2(gl.where(valid, st * qk_scale, float("-inf")) - lse2[:, None])
+        else:
+            return gl.exp2(st * qk_scale - lse2[:, None])
+
+    @gluon.jit
     def _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage, SEM, bh, b,
               h, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq, WG: gl.constexpr,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, MASKED: gl.constexpr,
@@ -273,20 +321,10 @@ if gluon is not None:
         s_tok = warpgroup_mma(q_smem, k_smem.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         dp_tok = warpgroup_mma(do_smem, v_smem.permute((1, 0)), zero_s, use_acc=False, is_async=True)
         rws = gl.arange(0, BLOCK_M, layout=row_s)
-        rmask = rws < Sq - start_m
-        row0 = bh * Sq + start_m   # scalar bases, int32 offsets: fewer registers per element
-        lse = gl.load(LSE + row0 + rws, mask=rmask, other=float("inf"))
-        lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
-        delta = gl.load(DELTA + row0 + rws, mask=rmask, other=0.0)
+        row0 = bh * Sq + start_m   # scalar base, int32 offsets: fewer registers per element
+        lse2, delta = _row_stats(LSE, DELTA, row0, rws, rws < Sq - start_m)
         st = warpgroup_mma_wait(1, deps=(s_tok,))           # S done; dP may run on
-        if MASKED:
-            cols = gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout)) + opq   # key - key0
-            valid = cols[None, :] < Sk - key0
-            if CAUSAL != 0:
-                valid = valid & (cols[None, :] <= (rws + (start_m + shift - key0))[:, None])
-            p = gl.exp2(gl.where(valid, st * qk_scale, float("-inf")) - lse2[:, None])
-        else:
-            p = gl.exp2(st * qk_scale - lse2[:, None])
+        p = _probs(st, lse2, rws, start_m, key0, opq, Sk, shift, qk_scale, KEYS, s_layout, MASKED, CAUSAL)
         p_smem.store(p.to(dtype))
         fence_async_shared()
         dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_smem, dv, is_async=True)
@@ -482,22 +520,7 @@ if gluon is not None:
             start_n = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_N
         else:
             start_n = gl.program_id(0) * BLOCK_N
-        if CAUSAL == 2:
-            shift = Sk - Sq
-        else:
-            shift = 0
-        # query blocks [lo, m_end) see a key of the block; [lo, full) need element masks
-        m_end = gl.cdiv(Sq, BLOCK_M) * BLOCK_M
-        if CAUSAL != 0:
-            lo = (gl.maximum(start_n - shift, 0) // BLOCK_M) * BLOCK_M
-            full = gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M
-        else:
-            lo = 0
-            full = 0
-        lo = gl.minimum(lo, m_end)
-        full = gl.maximum(gl.minimum(full, m_end), lo)
-        if start_n + BLOCK_N > Sk:
-            full = m_end      # the key block ends past Sk: every query block masks the key tail
+        lo, full, m_end = _query_range(start_n, Sq, Sk, BLOCK_M, BLOCK_N, CAUSAL)
 
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)

@@ -62,8 +62,6 @@ reduce-adds of 32-column boxes) 0.86x, `red16` 0.80x, `aligned` 0.73x, `atomic` 
 """
 from __future__ import annotations
 
-import math
-
 from ..gluon_support import (
     fence_async_shared,
     gl,
@@ -75,8 +73,7 @@ from ..gluon_support import (
     warpgroup_mma_wait,
 )
 from ..search.solver import register
-from .flash_fwd import PEAK_TBS, PEAK_TFLOPS
-from .gluon_bwd import GluonBwdPlan, GluonFlashBackward, _producer
+from .gluon_bwd import GluonBwdPlan, GluonFlashBackward, _probs, _producer, _query_range, _row_stats, model_ms
 from .gluon_fwd import scope_reasons
 
 HEAD_DIMS = (256,)
@@ -125,19 +122,6 @@ def smem_bytes(cfg: dict, d: int = 256) -> int:
     stage = 2 * cfg["DQ_SLOTS"] * cfg["BLOCK_M"] * cfg["DQ_RED"] * 4 if cfg["TMA_DQ"] else 0
     return 2 * (2 * cfg["BLOCK_N"] * d + 2 * cfg["STAGES"] * cfg["BLOCK_M"] * d + 2 * cfg["BLOCK_M"] * cfg["BLOCK_N"]) \
         + stage
-
-
-def model_ms(problem) -> float:
-    """127's model (gluon_bwd.model_ms) with this kernel's 64-key CTAs and EFF."""
-    if problem.device != "cuda":
-        return problem.flops() / 2e7 + 1.0
-    t_c = problem.flops() / (PEAK_TFLOPS.get(problem.dtype, 750.0) * 1e12 * EFF)
-    n_kv = math.ceil(problem.Sk / BLOCK_N)
-    ctas = problem.B * problem.Hkv * n_kv
-    fill = ctas / (math.ceil(ctas / 132) * 132)
-    acc_bytes = 4.0 * problem.B * problem.Hq * problem.Sq * problem.D * n_kv * problem.causal_fraction()
-    t_m = (problem.bytes() + acc_bytes) / (PEAK_TBS * 1e12 * 0.8)
-    return max(max(t_c / max(fill, 0.05), t_m) * 1e3 + 0.01, HOST_FLOOR_MS)
 
 
 # ---- Gluon kernel ---------------------------------------------------------------------
@@ -203,20 +187,10 @@ if gluon is not None:
         dp_tok = warpgroup_mma(do_smem, v_smem.slice(WG * KEYS, KEYS, dim=0).permute((1, 0)), zero_s,
                                use_acc=False, is_async=True)
         rws = gl.arange(0, BLOCK_M, layout=row_s)
-        rmask = rws < Sq - start_m
-        row0 = bh * Sq + start_m   # scalar bases, int32 offsets
-        lse = gl.load(LSE + row0 + rws, mask=rmask, other=float("inf"))
-        lse2 = gl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
-        delta = gl.load(DELTA + row0 + rws, mask=rmask, other=0.0)
+        row0 = bh * Sq + start_m   # scalar base, int32 offsets: fewer registers per element
+        lse2, delta = _row_stats(LSE, DELTA, row0, rws, rws < Sq - start_m)
         st = warpgroup_mma_wait(1, deps=(s_tok,))           # S done; dP may run on
-        if MASKED:
-            cols = gl.arange(0, KEYS, layout=gl.SliceLayout(0, s_layout)) + opq   # key - key0
-            valid = cols[None, :] < Sk - key0
-            if CAUSAL != 0:
-                valid = valid & (cols[None, :] <= (rws + (start_m + shift - key0))[:, None])
-            p = gl.exp2(gl.where(valid, st * qk_scale, float("-inf")) - lse2[:, None])
-        else:
-            p = gl.exp2(st * qk_scale - lse2[:, None])
+        p = _probs(st, lse2, rws, start_m, key0, opq, Sk, shift, qk_scale, KEYS, s_layout, MASKED, CAUSAL)
         # both warpgroups' products of the previous stage that read P and dS have retired
         mbarrier.wait(pds_free.index(0), (it & 1) ^ 1)
         p_smem.slice(WG * KEYS, KEYS, dim=1).store(p.to(dtype))
@@ -343,22 +317,7 @@ if gluon is not None:
         b = pid_bh // Hkv
         hk = pid_bh % Hkv
         start_n = gl.program_id(0) * BLOCK_N
-        if CAUSAL == 2:
-            shift = Sk - Sq
-        else:
-            shift = 0
-        # query blocks [lo, m_end) see a key of the block; [lo, full) need element masks
-        m_end = gl.cdiv(Sq, BLOCK_M) * BLOCK_M
-        if CAUSAL != 0:
-            lo = (gl.maximum(start_n - shift, 0) // BLOCK_M) * BLOCK_M
-            full = gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M
-        else:
-            lo = 0
-            full = 0
-        lo = gl.minimum(lo, m_end)
-        full = gl.maximum(gl.minimum(full, m_end), lo)
-        if start_n + BLOCK_N > Sk:
-            full = m_end      # the key block ends past Sk: every query block masks the key tail
+        lo, full, m_end = _query_range(start_n, Sq, Sk, BLOCK_M, BLOCK_N, CAUSAL)
 
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
@@ -442,7 +401,7 @@ class GluonFlashBackwardD256(GluonFlashBackward):
                                        "; d256 only (127 covers d64 / d128)")
 
     def estimate(self, problem) -> float | None:
-        return model_ms(problem)
+        return model_ms(problem, BLOCK_N, EFF, HOST_FLOOR_MS)   # 127's model, 64-key CTAs
 
     def prepare(self, problem):
         return GluonBwdD256Plan(problem)

@@ -138,6 +138,18 @@ def _cubin_usage(ck) -> str:
     return " ".join(w for w in out.split() if w.startswith(("REG:", "STACK:", "LOCAL:")))
 
 
+def _report_variants(label: str, kernel, report: list[str]) -> None:
+    """One '<label> <kernel> warps=.. dynamic_smem=.. REG:.. STACK:.. <CONSTEXPRS>' line per
+    compiled variant of a Gluon kernel (its upper-case constexprs name the variant)."""
+    names = kernel.arg_names
+    for cache in kernel.device_caches.values():
+        for ck in cache[0].values():
+            c = " ".join(f"{names[k[0]]}={v}" for k, v in ck.src.constants.items()
+                         if isinstance(k, tuple) and len(k) == 1 and names[k[0]].isupper())
+            report.append(f"{label} {ck.name} warps={ck.metadata.num_warps} "
+                          f"dynamic_smem={ck.metadata.shared} {_cubin_usage(ck)} {c}".rstrip())
+
+
 def _conv_plan_attempts(label: str, module, kernel: str, plan: str, cases, direction: str, describe,
                         failures: list[str], report: list[str]) -> None:
     """Compile a Gluon conv kernel through its plan for each (x, w, options) case (the
@@ -274,14 +286,7 @@ def _gluon_attempts(failures: list[str], report: list[str]) -> None:
             gluon_fwd.gluon_forward(p, random_args(p, seed=0), cfg=gluon_fwd.tile_config(p.D, pingpong, persistent))
         except Exception as e:  # noqa: BLE001 - report every variant that does not compile
             failures.append(f"gluon_flash_fwd on {p.key()}: {type(e).__name__}: {str(e)[:800]}")
-    for cache in gluon_fwd._gluon_fwd_kernel.device_caches.values():
-        for ck in cache[0].values():
-            names = gluon_fwd._gluon_fwd_kernel.arg_names
-            c = " ".join(f"{names[k[0]]}={v}" for k, v in ck.src.constants.items()
-                         if isinstance(k, tuple) and len(k) == 1 and names[k[0]].isupper())
-            regs = _cubin_usage(ck)
-            report.append(f"gluon_flash_fwd {ck.name} warps={ck.metadata.num_warps} "
-                          f"dynamic_smem={ck.metadata.shared} {regs} {c}".rstrip())
+    _report_variants("gluon_flash_fwd", gluon_fwd._gluon_fwd_kernel, report)
 
 
 GLUON_BWD = [  # (split dQ, or a gluon_bwd.CONFIGS name; fields) of solver 127
@@ -326,14 +331,7 @@ def _gluon_bwd_attempts(failures: list[str], report: list[str]) -> None:
             gluon_bwd.GluonBwdPlan(p, cfg)(random_args(p, seed=0))
         except Exception as e:  # noqa: BLE001 - report every variant that does not compile
             failures.append(f"gluon_flash_bwd on {p.key()}: {type(e).__name__}: {str(e)[:1500]}")
-    kernel = gluon_bwd._gluon_bwd_kernel
-    for cache in kernel.device_caches.values():
-        for ck in cache[0].values():
-            names = kernel.arg_names
-            c = " ".join(f"{names[k[0]]}={v}" for k, v in ck.src.constants.items()
-                         if isinstance(k, tuple) and len(k) == 1 and names[k[0]].isupper())
-            report.append(f"gluon_flash_bwd {ck.name} warps={ck.metadata.num_warps} "
-                          f"dynamic_smem={ck.metadata.shared} {_cubin_usage(ck)} {c}".rstrip())
+    _report_variants("gluon_flash_bwd", gluon_bwd._gluon_bwd_kernel, report)
 
 
 GLUON_BWD_D256 = [  # (a gluon_bwd_d256.CONFIGS name; fields) of solver 130 (Gluon, sm_90 only): both
@@ -360,14 +358,7 @@ def _gluon_bwd_d256_attempts(failures: list[str], report: list[str]) -> None:
             gluon_bwd_d256.GluonBwdD256Plan(p, gluon_bwd_d256.CONFIGS[name]())(random_args(p, seed=0))
         except Exception as e:  # noqa: BLE001 - report every variant that does not compile
             failures.append(f"gluon_flash_bwd_d256 on {p.key()}: {type(e).__name__}: {str(e)[:1500]}")
-    kernel = gluon_bwd_d256._gluon_bwd_d256_kernel
-    for cache in kernel.device_caches.values():
-        for ck in cache[0].values():
-            names = kernel.arg_names
-            c = " ".join(f"{names[k[0]]}={v}" for k, v in ck.src.constants.items()
-                         if isinstance(k, tuple) and len(k) == 1 and names[k[0]].isupper())
-            report.append(f"gluon_flash_bwd_d256 {ck.name} warps={ck.metadata.num_warps} "
-                          f"dynamic_smem={ck.metadata.shared} {_cubin_usage(ck)} {c}".rstrip())
+    _report_variants("gluon_flash_bwd_d256", gluon_bwd_d256._gluon_bwd_d256_kernel, report)
 
 
 def install_compile_only(arch: int = 90) -> list[str]:

@@ -13,6 +13,8 @@ from nnprim.problems.attention import AttentionProblem
 from nnprim.search.context import get_solutions
 from nnprim.search.solver import REGISTRY
 
+from .gluon_bwd_tiles import flat_steps, padded, query_range
+
 BF16 = torch.bfloat16
 
 
@@ -133,64 +135,36 @@ def test_ordered_turns_cover_every_dq_block_without_gaps(causal):
 
 def _emulate(p, q, k, v, do, o, lse, scale):
     """Solver 127's tile algorithm in float64 torch: per CTA (128 keys of one (b, kv head)),
-    each 64-key warpgroup walks the query blocks [lo, full) of every query head of its group
-    with element masks, then [full, m_end) of every head without, from TMA-like zero-padded
-    tiles, lse = +inf past Sq and for rows that see no key (the kernel's index arithmetic,
-    written again here to check it covers every row and masks what it must)."""
+    each 64-key warpgroup walks the query blocks of every query head of its group as the
+    kernel does (`gluon_bwd_tiles`: with element masks on [lo, full), without on the rest)."""
     BM, BN, KEYS = gluon_bwd.BLOCK_M, gluon_bwd.BLOCK_N, gluon_bwd.KEYS_PER_WG
-    B, Hq, Hkv, Sq, Sk, D, G = p.B, p.Hq, p.Hkv, p.Sq, p.Sk, p.D, p.group
-    m_end = -(-Sq // BM) * BM
-    n_pad = -(-Sk // BN) * BN
-
-    def pad(t, n):
-        return torch.cat([t, t.new_zeros(*t.shape[:-2], n - t.shape[-2], t.shape[-1])], -2)
-    qp, dop, kp, vp = pad(q, m_end), pad(do, m_end), pad(k, n_pad), pad(v, n_pad)
-    lse2 = torch.where(torch.isneginf(lse), torch.inf, lse)
-    lse2 = torch.cat([lse2, lse2.new_full((B, Hq, m_end - Sq), torch.inf)], -1)
-    delta = torch.where(torch.isneginf(lse), 0.0, (o * do).sum(-1))
-    delta = torch.cat([delta, delta.new_zeros(B, Hq, m_end - Sq)], -1)
-    shift = Sk - Sq if p.causal == "bottom_right" else 0
-    dq = torch.zeros(B, Hq, m_end, D, dtype=torch.float64)
-    dk, dv = torch.zeros(B, Hkv, n_pad, D, dtype=torch.float64), torch.zeros(B, Hkv, n_pad, D, dtype=torch.float64)
-    for b in range(B):
-        for hk in range(Hkv):
-            for start_n in range(0, Sk, BN):
-                if p.causal:
-                    lo = max(start_n - shift, 0) // BM * BM
-                    full = -(-max(start_n + BN - 1 - shift, 0) // BM) * BM
-                else:
-                    lo = full = 0
-                lo = min(lo, m_end)
-                full = max(min(full, m_end), lo)
-                if start_n + BN > Sk:
-                    full = m_end
+    t = padded(p, q, k, v, do, o, lse, BM, BN)
+    dq = torch.zeros(p.B, p.Hq, t.m_end, p.D, dtype=torch.float64)
+    dk, dv = (torch.zeros(p.B, p.Hkv, t.n_pad, p.D, dtype=torch.float64) for _ in range(2))
+    cols = torch.arange(KEYS)[:, None]          # key - n0
+    rws = torch.arange(BM)[None, :]
+    for b in range(p.B):
+        for hk in range(p.Hkv):
+            for start_n in range(0, p.Sk, BN):
+                lo, full = query_range(p, t, start_n, BM, BN)
                 for wg in range(2):
                     n0 = start_n + wg * KEYS
-                    kk, vv = kp[b, hk, n0:n0 + KEYS], vp[b, hk, n0:n0 + KEYS]
-                    cols = torch.arange(KEYS)[:, None]          # key - n0
-                    rws = torch.arange(BM)[None, :]
-                    # the consumers' two flat loops over (head of the group, query block)
-                    for masked, m0, m1 in ((True, lo, full), (False, full, m_end)):
-                        g, start_m = 0, m0
-                        for _ in range(G * ((m1 - m0) // BM)):
-                            h = hk * G + g
-                            rows = slice(start_m, start_m + BM)
-                            qq, dd = qp[b, h, rows], dop[b, h, rows]
-                            st = (kk @ qq.T) * scale
-                            if masked:
-                                valid = cols < Sk - n0
-                                if p.causal:
-                                    valid = valid & (cols <= rws + (start_m + shift - n0))
-                                st = torch.where(valid, st, -torch.inf)
-                            pt = torch.exp(st - lse2[b, h, rows][None, :])
-                            dv[b, hk, n0:n0 + KEYS] += pt @ dd
-                            dst = pt * ((vv @ dd.T) - delta[b, h, rows][None, :])
-                            dk[b, hk, n0:n0 + KEYS] += dst @ qq * scale
-                            dq[b, h, rows] += dst.T @ kk    # unscaled: the cast applies scale
-                            start_m += BM
-                            if start_m >= m1:
-                                start_m, g = m0, g + 1
-    return dq[:, :, :Sq] * scale, dk[:, :, :Sk], dv[:, :, :Sk]
+                    kk, vv = t.k[b, hk, n0:n0 + KEYS], t.v[b, hk, n0:n0 + KEYS]
+                    for masked, h, start_m in flat_steps(p, t, lo, full, hk, BM):
+                        rows = slice(start_m, start_m + BM)
+                        qq, dd = t.q[b, h, rows], t.do[b, h, rows]
+                        st = (kk @ qq.T) * scale
+                        if masked:
+                            valid = cols < p.Sk - n0
+                            if p.causal:
+                                valid = valid & (cols <= rws + (start_m + t.shift - n0))
+                            st = torch.where(valid, st, -torch.inf)
+                        pt = torch.exp(st - t.lse2[b, h, rows][None, :])
+                        dv[b, hk, n0:n0 + KEYS] += pt @ dd
+                        dst = pt * ((vv @ dd.T) - t.delta[b, h, rows][None, :])
+                        dk[b, hk, n0:n0 + KEYS] += dst @ qq * scale
+                        dq[b, h, rows] += dst.T @ kk    # unscaled: the cast applies scale
+    return dq[:, :, :p.Sq] * scale, dk[:, :, :p.Sk], dv[:, :, :p.Sk]
 
 
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])

@@ -15,6 +15,8 @@ from nnprim.problems.attention import AttentionProblem
 from nnprim.search.context import get_solutions
 from nnprim.search.solver import REGISTRY
 
+from .gluon_bwd_tiles import flat_steps, padded, query_range
+
 BF16 = torch.bfloat16
 
 
@@ -119,73 +121,46 @@ def test_plan_uses_its_kernel_and_one_kv_box():
 
 def _emulate(p, q, k, v, do, o, lse, scale, red: int):
     """Solver 130's tile algorithm in float64 torch: per CTA (BLOCK_N keys of one (b, kv
-    head)) the consumers' two flat loops over (query head of the group, query block) as in
-    127 (`_step`): warpgroup w forms S, dP, P and dS of its BLOCK_N / 2 keys (key0 = start_n +
-    w BLOCK_N / 2, with the kernel's masks), the P and dS tiles assembled from both halves,
-    then w's head-dim columns of dV, dK and (in `red`-column boxes) dQ; TMA-like zero-padded
-    tiles, lse = +inf past Sq and for rows that see no key."""
+    head)) the consumers' two flat loops as in 127 (`gluon_bwd_tiles`): warpgroup w forms S,
+    dP, P and dS of its BLOCK_N / 2 keys (key0 = start_n + w BLOCK_N / 2, with the kernel's
+    masks), the P and dS tiles assembled from both halves, then w's head-dim columns of dV,
+    dK and (in `red`-column boxes) dQ."""
     BM, BN = gluon_bwd_d256.BLOCK_M, gluon_bwd_d256.BLOCK_N
-    KEYS = BN // 2
-    B, Hq, Hkv, Sq, Sk, D, G = p.B, p.Hq, p.Hkv, p.Sq, p.Sk, p.D, p.group
-    COLS = D // 2
-    m_end = -(-Sq // BM) * BM
-    n_pad = -(-Sk // BN) * BN
-
-    def pad(t, n):
-        return torch.cat([t, t.new_zeros(*t.shape[:-2], n - t.shape[-2], t.shape[-1])], -2)
-    qp, dop, kp, vp = pad(q, m_end), pad(do, m_end), pad(k, n_pad), pad(v, n_pad)
-    lse2 = torch.where(torch.isneginf(lse), torch.inf, lse)
-    lse2 = torch.cat([lse2, lse2.new_full((B, Hq, m_end - Sq), torch.inf)], -1)
-    delta = torch.where(torch.isneginf(lse), 0.0, (o * do).sum(-1))
-    delta = torch.cat([delta, delta.new_zeros(B, Hq, m_end - Sq)], -1)
-    shift = Sk - Sq if p.causal == "bottom_right" else 0
-    dq = torch.zeros(B, Hq, m_end, D, dtype=torch.float64)
-    dk, dv = torch.zeros(B, Hkv, n_pad, D, dtype=torch.float64), torch.zeros(B, Hkv, n_pad, D, dtype=torch.float64)
-    for b in range(B):
-        for hk in range(Hkv):
-            for start_n in range(0, Sk, BN):
-                if p.causal:
-                    lo = max(start_n - shift, 0) // BM * BM
-                    full = -(-max(start_n + BN - 1 - shift, 0) // BM) * BM
-                else:
-                    lo = full = 0
-                lo = min(lo, m_end)
-                full = max(min(full, m_end), lo)
-                if start_n + BN > Sk:
-                    full = m_end
-                kk, vv = kp[b, hk, start_n:start_n + BN], vp[b, hk, start_n:start_n + BN]
-                cols = torch.arange(KEYS)[None, :]          # key - key0
-                rws = torch.arange(BM)[:, None]
-                for masked, m0, m1 in ((True, lo, full), (False, full, m_end)):
-                    g, start_m = 0, m0
-                    for _ in range(G * ((m1 - m0) // BM)):
-                        h = hk * G + g
-                        rows = slice(start_m, start_m + BM)
-                        qq, dd = qp[b, h, rows], dop[b, h, rows]
-                        ps, dss = [], []
-                        for w in range(2):                   # S / dP split by keys
-                            key0 = start_n + w * KEYS
-                            kw_, vw = kk[w * KEYS:(w + 1) * KEYS], vv[w * KEYS:(w + 1) * KEYS]
-                            st = (qq @ kw_.T) * scale
-                            if masked:
-                                valid = cols < Sk - key0
-                                if p.causal:
-                                    valid = valid & (cols <= rws + (start_m + shift - key0))
-                                st = torch.where(valid, st, -torch.inf)
-                            pw = torch.exp(st - lse2[b, h, rows][:, None])
-                            ps.append(pw)
-                            dss.append(pw * ((dd @ vw.T) - delta[b, h, rows][:, None]))
-                        pm, dsm = torch.cat(ps, 1), torch.cat(dss, 1)   # the shared P, dS tiles
-                        for w in range(2):                   # dK / dV / dQ split by columns
-                            c = slice(w * COLS, (w + 1) * COLS)
-                            dv[b, hk, start_n:start_n + BN, c] += pm.T @ dd[:, c]
-                            dk[b, hk, start_n:start_n + BN, c] += dsm.T @ qq[:, c] * scale
-                            for c0 in range(w * COLS, (w + 1) * COLS, red):
-                                dq[b, h, rows, c0:c0 + red] += dsm @ kk[:, c0:c0 + red]   # unscaled
-                        start_m += BM
-                        if start_m >= m1:
-                            start_m, g = m0, g + 1
-    return dq[:, :, :Sq] * scale, dk[:, :, :Sk], dv[:, :, :Sk]
+    KEYS, COLS = BN // 2, p.D // 2
+    t = padded(p, q, k, v, do, o, lse, BM, BN)
+    dq = torch.zeros(p.B, p.Hq, t.m_end, p.D, dtype=torch.float64)
+    dk, dv = (torch.zeros(p.B, p.Hkv, t.n_pad, p.D, dtype=torch.float64) for _ in range(2))
+    cols = torch.arange(KEYS)[None, :]          # key - key0
+    rws = torch.arange(BM)[:, None]
+    for b in range(p.B):
+        for hk in range(p.Hkv):
+            for start_n in range(0, p.Sk, BN):
+                lo, full = query_range(p, t, start_n, BM, BN)
+                kk, vv = t.k[b, hk, start_n:start_n + BN], t.v[b, hk, start_n:start_n + BN]
+                for masked, h, start_m in flat_steps(p, t, lo, full, hk, BM):
+                    rows = slice(start_m, start_m + BM)
+                    qq, dd = t.q[b, h, rows], t.do[b, h, rows]
+                    ps, dss = [], []
+                    for w in range(2):                   # S / dP split by keys
+                        key0 = start_n + w * KEYS
+                        kw_, vw = kk[w * KEYS:(w + 1) * KEYS], vv[w * KEYS:(w + 1) * KEYS]
+                        st = (qq @ kw_.T) * scale
+                        if masked:
+                            valid = cols < p.Sk - key0
+                            if p.causal:
+                                valid = valid & (cols <= rws + (start_m + t.shift - key0))
+                            st = torch.where(valid, st, -torch.inf)
+                        pw = torch.exp(st - t.lse2[b, h, rows][:, None])
+                        ps.append(pw)
+                        dss.append(pw * ((dd @ vw.T) - t.delta[b, h, rows][:, None]))
+                    pm, dsm = torch.cat(ps, 1), torch.cat(dss, 1)   # the shared P, dS tiles
+                    for w in range(2):                   # dK / dV / dQ split by columns
+                        c = slice(w * COLS, (w + 1) * COLS)
+                        dv[b, hk, start_n:start_n + BN, c] += pm.T @ dd[:, c]
+                        dk[b, hk, start_n:start_n + BN, c] += dsm.T @ qq[:, c] * scale
+                        for c0 in range(w * COLS, (w + 1) * COLS, red):
+                            dq[b, h, rows, c0:c0 + red] += dsm @ kk[:, c0:c0 + red]   # unscaled
+    return dq[:, :, :p.Sq] * scale, dk[:, :, :p.Sk], dv[:, :, :p.Sk]
 
 
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
