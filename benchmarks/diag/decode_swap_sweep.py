@@ -7,8 +7,10 @@ the suite's, plus per-head scales (no scale loads in the key loop) to price thos
 
 Usage: python benchmarks/diag/decode_swap_sweep.py --out /tmp/sweep.json
        [--formats s4:64,s8:64,s4:head,fp8:head] [--configs 128x4x3,64x4x3:2] [--rounds 100]
-A config is [solver/]BLOCK_N x num_warps x num_stages[:split factor] (solver 128 unless
-122/ leads; the split factor multiplies the solver's own split count)."""
+A config is [solver/]BLOCK_N x num_warps x num_stages[:split factor | :=splits] (solver 128
+unless 122/ leads; the split factor multiplies the solver's own split count, =N sets it).
+Format bf16 times solver 120 (`decode.py`, the bf16 cache itself) with the configs that
+120/ leads (the others are skipped for it)."""
 from __future__ import annotations
 
 import argparse
@@ -35,7 +37,9 @@ PROBLEMS = {"decode_b64_k8k": (64, 8192), "decode_b8_k32k": (8, 32768)}
 
 
 def quant(x: torch.Tensor, spec: str, role: str | None) -> KVQuant:
-    fmt, g = spec.split(":")
+    fmt, _, g = spec.partition(":")
+    if fmt == "bf16":
+        return x
     if fmt == "fp8":
         return quantize_kv(x, "fp8_e4m3", scale_per="head", role=role)
     if g == "head":
@@ -43,13 +47,19 @@ def quant(x: torch.Tensor, spec: str, role: str | None) -> KVQuant:
     return quantize_kv(x, fmt, group_size=int(g), scale_dtype=torch.bfloat16, role=role)
 
 
-def nbytes(t: KVQuant) -> int:
+def nbytes(t) -> int:
+    if isinstance(t, torch.Tensor):
+        return t.numel() * t.element_size()
     n = t.data.numel() * t.data.element_size() + t.scales.numel() * t.scales.element_size()
     return n + (0 if t.zero_points is None else t.zero_points.numel() * t.zero_points.element_size())
 
 
-def reference(q, k: KVQuant, v: KVQuant, nb: int = 2) -> torch.Tensor:
-    kd, vd = k.dequantize(torch.float32)[:nb], v.dequantize(torch.float32)[:nb]
+def dequant(t) -> torch.Tensor:
+    return t.float() if isinstance(t, torch.Tensor) else t.dequantize(torch.float32)
+
+
+def reference(q, k, v, nb: int = 2) -> torch.Tensor:
+    kd, vd = dequant(k)[:nb], dequant(v)[:nb]
     G = q.shape[1] // kd.shape[1]
     kd, vd = kd.repeat_interleave(G, 1), vd.repeat_interleave(G, 1)
     return torch.softmax(q[:nb].float() @ kd.transpose(-1, -2) / q.shape[-1] ** 0.5, -1) @ vd
@@ -85,19 +95,25 @@ def main() -> None:
             kq, vq = quant(k, spec, None), quant(v, spec, "v")
             vr = quant(v, spec, None)
             ref = reference(q, kq, vq)
+            plain = spec.startswith("bf16")
+            sig = (lambda t: None) if plain else (lambda t: t.signature())
             p = AttentionProblem(direction="fwd", device=dev, B=B, Hq=32, Hkv=8, Sq=1, Sk=Sk, D=128, Dv=128,
-                                 dtype=torch.bfloat16, k_quant=kq.signature(), v_quant=vq.signature())
+                                 dtype=torch.bfloat16, k_quant=sig(kq), v_quant=sig(vq))
             args = AttnArgs(q=q, k=kq, v=vq)
-            base_splits = decode_swap.choose_splits(p, decode_swap.default_config(p))
+            base_mod = dec if plain else decode_swap
+            base_splits = base_mod.choose_splits(p, base_mod.default_config(p))
             fns, labels, errs = [cudnn], ["cudnn_bf16"], {}
             for c in a.configs.split(","):
                 sid, _, rest = c.rpartition("/")
-                mod = decode_quant if sid == "122" else decode_swap
+                if plain != (sid == "120"):
+                    continue
+                mod = {"122": decode_quant, "120": dec}.get(sid, decode_swap)
                 tiles, _, fac = rest.partition(":")
                 bn, w, st = (int(x) for x in tiles.split("x"))
                 a_ = AttnArgs(q=q, k=kq, v=vr) if sid == "122" else args   # 122 reads V rows
                 cfg = replace(mod.default_config(p), block_n=bn, num_warps=w, num_stages=st)
-                cfg = replace(cfg, splits=max(1, round(mod.choose_splits(p, cfg) * float(fac or 1))))
+                n_split = int(fac[1:]) if fac.startswith("=") else round(mod.choose_splits(p, cfg) * float(fac or 1))
+                cfg = replace(cfg, splits=max(1, n_split))
                 try:
                     planned = mod.plan(p, a_, cfg)
                     out = torch.full((B, 32, 1, 128), float("nan"), device=dev, dtype=torch.bfloat16)
@@ -107,7 +123,7 @@ def main() -> None:
                     labels.append(f"{sid or 128}:{rest}:s{cfg.splits}")
                 except Exception as e:  # noqa: BLE001 - a config that does not compile is recorded
                     errs[c] = f"{type(e).__name__}: {str(e)[:160]}"
-            for sv, vv in ((122, vr), (None, vq), (None, vr)):
+            for sv, vv in ((None, vq),) if plain else ((122, vr), (None, vq), (None, vr)):
                 f = (lambda vv=vv, sv=sv, q=q, kq=kq: nnprim.sdpa(q, kq, vv, solver=sv or None))
                 try:
                     o = f()

@@ -186,6 +186,13 @@ def table_key(problem, arch: str) -> tuple:
     return (arch, dbucket, sbucket, problem.causal is not None, dclass)
 
 
+# Forward tiles where pages are shorter than the key block, so K/V rows are gathered by
+# pointer (no TMA box spans pages): H200, B 2 x Sq 2k over 16k keys in 16-key pages, D 128
+# bf16, 3.53 ms against 4.30 for the table's 64 x 64 (benchmarks/diag/paged_prefill_probe.py,
+# results/paged_prefill_probe_2026-12-01_s12.json); 128 x 32 and 64 x 32 ran 5.4-6.3 ms.
+PAGED_ROWS_FWD = TileConfig(128, 128, 8, 3)
+
+
 def choose(problem, arch: str | None = None) -> tuple[TileConfig, TileConfig]:
     """(forward, backward) tiles for `problem`; NNPRIM_SDPA_CONFIG wins."""
     arch = arch or device_arch(problem.device)
@@ -195,6 +202,8 @@ def choose(problem, arch: str | None = None) -> tuple[TileConfig, TileConfig]:
         key = table_key(problem, arch)
         hit = TABLE.get(key)
         fwd, bwd = hit if hit is not None else _GPU_DEFAULT[(key[4], key[1])]
+        if problem.page_size % fwd.block_n and max(problem.D, problem.Dv) <= 128:
+            fwd = PAGED_ROWS_FWD
     ofwd, obwd = parse_override(os.environ.get(ENV))
     return ofwd or fwd, obwd or bwd
 

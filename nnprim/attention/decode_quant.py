@@ -55,7 +55,7 @@ from ..quant import KVQuant
 from ..search.solver import register
 from . import decode as _dec
 from .decode import DecodeConfig, _DecodeBase, _num_sms, l1_pairs
-from .paging import page_rows
+from .paging import page_rows, pipeline_stages
 
 MAX_GROUPS = 8   # groups per row (D / group_size) served by 122
 _MAX_MX = 128    # rows of an expanded tile (BLOCK_M * NG)
@@ -704,7 +704,8 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         V_SPLIT=vm["BITS"] == 4 and not (vjoin and not vm["L1"]), V_JOIN=vm["BITS"] == 4 and vjoin and not vm["L1"],
         K_L1=km["L1"], V_L1=vm["L1"], K_PV=km["PV"], V_PV=vm["PV"],
         DOT_DTYPE=dot_dtype, F32_DOT=f32 or interp, ASM4=can_asm and asm_cfg is not False,
-        ASM8=can_asm and asm_cfg is True and not (km["FP8"] or vm["FP8"]), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        ASM8=can_asm and asm_cfg is True and not (km["FP8"] or vm["FP8"]), num_warps=cfg.num_warps,
+        num_stages=pipeline_stages(cfg.num_stages, problem.page_size))
     return main, _dec.combine_launch(problem, splits), splits
 
 

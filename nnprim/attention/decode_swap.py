@@ -40,7 +40,7 @@ from ..search.solver import register
 from . import decode as _dec
 from .decode import DecodeConfig, _DecodeBase, _num_sms, l1_pairs
 from .decode_quant import MAX_GROUPS, _groups, _sig_groups, param_vector
-from .paging import page_rows
+from .paging import page_rows, pipeline_stages
 
 _MAX_MX = 128    # columns of an expanded tile (BLOCK_M * BNG): the MMA's N
 
@@ -678,7 +678,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         **{f"K_{k}" if k != "BITS" else "KBITS": v for k, v in km.items()},
         **{f"V_{k}" if k != "BITS" else "VBITS": v for k, v in vm.items()},
         DOT_DTYPE=dot_dtype, F32_DOT=f32 or interp, ASM4=asm, PAGE=problem.page_size,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        num_warps=cfg.num_warps, num_stages=pipeline_stages(cfg.num_stages, problem.page_size))
     return main, _dec.combine_launch(problem, splits), splits
 
 

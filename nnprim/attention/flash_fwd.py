@@ -37,7 +37,7 @@ from ..launch import Launch, aligned16, ensure_allocator, interpreting
 from ..limits import grid_reasons
 from ..search.solver import Solver, register
 from . import configs
-from .paging import page_rows
+from .paging import page_rows, pipeline_stages
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -457,7 +457,8 @@ def forward_launch(problem, args, *, use_tma: bool | None = None,
 
     def launch(cfg: configs.TileConfig):
         return _flash_fwd_kernel[_grid(problem, cfg)](*ptrs, *tail, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                                                      num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                                                      num_warps=cfg.num_warps,
+                                                      num_stages=pipeline_stages(cfg.num_stages, problem.page_size),
                                                       WS=cfg.warp_specialize and use_tma, **flags)
     return (o, lse if want_lse else None), launch
 
@@ -501,7 +502,7 @@ class ForwardPlan:
         use_tma = use_tma_for(p, args, cfg.block_n)
         tail, flags = _fwd_plan(p, args, use_tma=use_tma, with_lse=p.return_lse)
         return Launch(_flash_fwd_kernel, _grid(p, cfg), tail, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                      num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                      num_warps=cfg.num_warps, num_stages=pipeline_stages(cfg.num_stages, p.page_size),
                       WS=cfg.warp_specialize and use_tma and not p.page_size, **flags)
 
     def __call__(self, args):

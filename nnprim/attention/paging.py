@@ -32,6 +32,16 @@ def page_rows(BT, offs_n, n_ok, n0, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
         return pg, (offs_n % PAGE).to(tl.int64)
 
 
+def pipeline_stages(num_stages: int, page: int) -> int:
+    """The num_stages to compile a paged key loop with so that K/V get the prefetch depth the
+    contiguous loop gets from `num_stages`. Triton's pipeliner (3.6, AssignLatencies) gives each
+    load (num_stages - 1) // (indirection levels + 1) iterations of latency; a K/V tile whose
+    address needs its block-table entry is one level deep, so num_stages 3 left K/V a single
+    buffer (offline sm_90 compile: 73 KB of shared memory against 139 KB contiguous, bf16
+    128-key tiles; benchmarks/diag/paged_ir.py). 2 * num_stages - 1 restores (num_stages - 1)."""
+    return 2 * num_stages - 1 if page and num_stages > 1 else num_stages
+
+
 @triton.jit
 def _scatter_rows_kernel(DST0, SRC0, DST1, SRC1, BT, LENS,
                          s_db0, s_dh0, s_dn0, s_dx0, s_sb0, s_sh0, s_sn0, s_sx0,
@@ -91,4 +101,4 @@ def scatter_rows(dst: list[torch.Tensor], src: list[torch.Tensor], block_table: 
                                    TWO=len(pairs) == 2, num_warps=4)
 
 
-__all__ = ["page_rows", "scatter_rows"]
+__all__ = ["page_rows", "pipeline_stages", "scatter_rows"]

@@ -251,6 +251,24 @@ def test_split_heuristic_fills_gpu():
     assert choose_splits(big, cfg, num_sms=132) in (1, 2)
 
 
+def test_split_model_whole_waves():
+    """The H200's bf16 tiles (one 128-key program per SM): the measured best split counts
+    (b64 x 8k: 1, b8 x 32k: 2), never a partial last wave of many short programs."""
+    cfg = DecodeConfig(block_n=128, num_warps=4, num_stages=3)
+
+    def prob(B, Sk):
+        return AttentionProblem.from_tensors(torch.empty(B, 32, 1, 128, dtype=torch.bfloat16, device="meta"),
+                                             torch.empty(B, 8, Sk, 128, dtype=torch.bfloat16, device="meta"),
+                                             torch.empty(B, 8, Sk, 128, dtype=torch.bfloat16, device="meta"))
+    assert choose_splits(prob(64, 8192), cfg, num_sms=132) == 1
+    assert choose_splits(prob(8, 32768), cfg, num_sms=132) == 2
+    for B, Sk in ((1, 131072), (3, 50000), (2, 4096)):
+        s = choose_splits(prob(B, Sk), cfg, num_sms=132)
+        programs = B * 8 * s
+        assert math.ceil(Sk / s) >= 4 * 128 or s == 1
+        assert programs >= 120 or s == math.ceil(Sk / 512), (B, Sk, s)   # fills the SMs unless chunks hit 4 blocks
+
+
 def test_public_api_forced_solver():
     import nnprim
     q, k, v = make_case(B=2, Hq=8, Hkv=2, Sq=3, Sk=29, D=32, dtype=torch.bfloat16)

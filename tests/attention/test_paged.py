@@ -370,3 +370,25 @@ def test_flash_tma_paged(page):
     oc, _ = flash_fwd.flash_forward(pc, AttnArgs(q=q, k=k, v=v, kv_lens=lens), cfg, use_tma=True)
     assert same(o, oc)
     assert flash_fwd.paged_tma_ok(p, AttnArgs(q=q, k=kp, v=vp), 16) is False  # interpreter: no TMA by default
+
+
+def test_pipeline_stages_for_paged_loops():
+    """A paged key loop compiles with 2 * num_stages - 1 stages (the block-table load is one
+    level of indirection ahead of K/V); the contiguous loop and single-stage loops as asked."""
+    from nnprim.attention.paging import pipeline_stages
+    assert [pipeline_stages(s, 16) for s in (1, 2, 3, 4)] == [1, 3, 5, 7]
+    assert [pipeline_stages(s, 0) for s in (1, 2, 3, 4)] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("page", [16, 32, 64, 128, 256])
+def test_prefill_tiles_for_pages_below_the_key_block(page):
+    """On the H200, pages shorter than the table's key block take the gather tiles; pages the
+    block divides keep the table's (TMA boxes within a page)."""
+    from nnprim.attention import configs
+    q = torch.empty(2, 32, 2048, 128, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(2, 8, 16384, 128, dtype=torch.bfloat16, device="meta")
+    base = configs.choose(AttentionProblem.from_tensors(q, kv, kv, causal="bottom_right"), "sm90")[0]
+    p = AttentionProblem(**{**AttentionProblem.from_tensors(q, kv, kv, causal="bottom_right").__dict__,
+                            "device": "cuda", "page_size": page})
+    fwd = configs.choose(p, "sm90")[0]
+    assert fwd == (configs.PAGED_ROWS_FWD if page % base.block_n else base)
