@@ -10,6 +10,7 @@ _MODULES = (
     "nnprim.conv.cpu_brgemm",
     "nnprim.conv.cpu_winograd",
     "nnprim.conv.cpu_group",
+    "nnprim.conv.cpu_group_direct",
     "nnprim.conv.implicit_gemm",
     "nnprim.conv.implicit_gemm_bwd",
     "nnprim.conv.gluon_conv",

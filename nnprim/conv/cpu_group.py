@@ -46,6 +46,7 @@ CHUNK_BYTES = 8 << 20     # f32 staged x (+ dy) and accumulator per chunk, per t
 _ALIGN = 64
 _GFLOPS_PER_CORE = 75.0   # f32 bmm of (Kg x Cg) . (Cg x positions), Cg = Kg = 16 (measured 70-110)
 _GBS_PER_CORE = 8.0       # staging / output copies
+_CACHED_GBS_PER_CORE = 16.0   # a post-op pass over the accumulator block in cache (read + write)
 _CALL_MS = 0.01           # per torch op
 _NATIVE_BF16_PENALTY = 2.0  # bf16 on avx512_bf16/amx CPUs: the im2col solvers' native bf16 GEMM
                             # wins there (grouped_g8 fwd bf16: 0.54x torch vs 0.48-0.51x here)
@@ -186,7 +187,8 @@ class _CpuGroupBase(Solver):
         gemm = q.flops() * junk / (_GFLOPS_PER_CORE * 1e9 * eff * cores)
         moved = 4.0 * q.N * ut * (q.C * len(phase_list(q)) + 2 * q.K)   # stage, acc/dy, output
         calls = -(-q.N // _images_per_chunk(q)) * (len(tap_offsets(q)) + 4)
-        t = (gemm + moved / (_GBS_PER_CORE * 1e9 * cores)) * 1e3 + _CALL_MS * calls
+        post = 2 * len(p.post_ops) * 4.0 * q.N * q.K * ut / (_CACHED_GBS_PER_CORE * 1e9 * cores)  # chain passes
+        t = (gemm + post + moved / (_GBS_PER_CORE * 1e9 * cores)) * 1e3 + _CALL_MS * calls
         if p.dtype == torch.bfloat16 and cpu_has_native_bf16():
             t *= _NATIVE_BF16_PENALTY
         return t

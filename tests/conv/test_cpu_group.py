@@ -99,10 +99,11 @@ def test_not_applicable():
 
 
 def test_estimate_ranks_first_for_grouped_g8():
-    """grouped_g8 (conv_cpu.json) f32 picks the per-tap grouped solvers by heuristic (bf16 on
+    """grouped_g8 (conv_cpu.json) f32 picks a grouped solver by heuristic (bf16 on
     native-bf16 CPUs keeps the im2col solvers' bf16 GEMM)."""
     from nnprim.search.ranking import heuristic_order
     for d in ("fwd", "bwd_data"):
         for dt in (torch.float32,):
             p = ConvProblem.create(d, (8, 128, 28, 28), (128, 16, 3, 3), dtype=dt, padding=1, groups=8)
-            assert heuristic_order(p)[0].id in (17, 18), (d, dt, [s.name for s in heuristic_order(p)[:3]])
+            # the native direct kernel (83, 84) where it builds; else these
+            assert heuristic_order(p)[0].id in (17, 18, 83, 84), (d, dt, [s.name for s in heuristic_order(p)[:3]])

@@ -1,0 +1,102 @@
+"""Direct grouped convolution for narrow groups (solvers 83, 84, native AVX-512 f32) against the
+float64 reference: NaN-poisoned outputs, odd sizes and widths past one or two 16-lane vectors,
+output channels per group not a multiple of the 8-channel block (1, 3, 4, 12), dilation,
+asymmetric padding, 1D and 2D, nchw and nhwc, bias and post-ops."""
+
+import pytest
+import torch
+
+from nnprim.args import ConvArgs
+from nnprim.conv import cpu_group_direct
+from nnprim.conv.cpu_gemm import cpu_flags
+from nnprim.conv.cpu_group_direct import CpuGroupDirectBwdData, CpuGroupDirectFwd, pack_weights
+from nnprim.conv.reference import reference
+from nnprim.post_ops import Binary, Eltwise, Sum
+from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
+
+pytestmark = pytest.mark.skipif(not cpu_group_direct.LIBRARY.expected() or "avx512f" not in cpu_flags(),
+                                reason="needs AVX-512 and the native library")
+SOLVERS = {"fwd": CpuGroupDirectFwd, "bwd_data": CpuGroupDirectBwdData}
+SHAPES = {
+    "g8_16": ((2, 32, 9, 28), (32, 4, 3, 3), dict(padding=1, groups=8)),
+    "g4_k12_wide": ((2, 16, 5, 37), (48, 4, 3, 3), dict(padding=1, groups=4)),
+    "g3_odd": ((2, 9, 7, 5), (6, 3, 3, 2), dict(padding=((1, 0), (2, 1)), groups=3)),
+    "g8_dil": ((2, 16, 9, 8), (16, 2, 3, 3), dict(padding=2, dilation=2, groups=8)),
+    "depthwise": ((2, 5, 7, 19), (10, 1, 3, 3), dict(padding=1, groups=5)),
+    "g2_nopad_5x4": ((1, 4, 8, 33), (6, 2, 5, 4), dict(groups=2)),
+    "1d_g4": ((2, 8, 50), (8, 2, 7), dict(padding=((4, 2),), dilation=2, groups=4)),
+}
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    monkeypatch.setattr(cpu_group_direct, "empty_in_layout",
+                        lambda shape, layout, **kw: empty_in_layout(shape, layout, **kw).fill_(float("nan")))
+
+
+def run(direction, xs, ws, layout, bias=False, post_ops=(), **kw):
+    p = ConvProblem.create(direction, xs, ws, dtype=torch.float32, layout=layout, has_bias=bias,
+                           post_ops=tuple(o.signature() for o in post_ops), **kw)
+    g = torch.Generator().manual_seed(0)
+    rnd = lambda s: to_layout(torch.randn(s, generator=g), layout)  # noqa: E731
+    args = ConvArgs(x=rnd(p.x_shape), w=rnd(p.w_shape), dy=rnd(p.y_shape),
+                    bias=torch.randn(p.K, generator=g) if bias else None, post_ops=post_ops)
+    reasons = SOLVERS[direction]().not_supported_reasons(p)
+    if reasons:
+        return p, None, None, reasons
+    return p, SOLVERS[direction]().prepare(p)(args), reference(p, args), []
+
+
+def check(p, out, ref):
+    shape = {"fwd": p.y_shape, "bwd_data": p.x_shape}[p.direction]
+    assert tuple(out.shape) == tuple(shape) and out.dtype == p.out_dtype
+    assert not out.isnan().any(), "unwritten (NaN) elements"
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < 1e-6, err
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("direction", list(SOLVERS))
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_directions(shape, direction, layout):
+    xs, ws, kw = SHAPES[shape]
+    p, out, ref, reasons = run(direction, xs, ws, layout, **kw)
+    if reasons:
+        assert direction == "bwd_data", reasons     # padding past the span: no transposed forward
+        pytest.skip("; ".join(reasons))
+    check(p, out, ref)
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 1], ids=["whole", "per_image"])
+def test_fwd_bias_post_ops(chunk, monkeypatch):
+    """The chain per chunk of images (its Sum / Binary operands indexed by the chunk)."""
+    monkeypatch.setattr(cpu_group_direct, "POST_OP_CHUNK_BYTES", chunk)
+    xs, ws, kw = (3, 6, 9, 21), (9, 2, 3, 3), dict(padding=1, groups=3)
+    g = torch.Generator().manual_seed(3)
+    y_shape = (3, 9, 9, 21)
+    ops = (Sum(torch.randn(y_shape, generator=g), scale=0.5), Eltwise("gelu_tanh"),
+           Binary("mul", torch.randn(1, 9, 1, 1, generator=g)), Eltwise("relu", alpha=0.1))
+    p, out, ref, _ = run("fwd", xs, ws, "nchw", bias=True, post_ops=ops, **kw)
+    check(p, out, ref)
+
+
+def test_packed_weights():
+    """(G, ceil(Kg/8), Cg, KH, KW, 8): channel k of block b at [.., b, .., k % 8], zeros past Kg."""
+    p = ConvProblem.create("fwd", (1, 6, 5, 5), (30, 3, 3, 2), dtype=torch.float32, groups=2)
+    w = torch.randn(p.w_shape)
+    wp = pack_weights(p, w)
+    assert wp.shape == (2, 2, 3, 3, 2, 8)
+    assert torch.equal(wp[1, 1, 2, 0, 1, 3], w[15 + 11, 2, 0, 1])
+    assert not wp[:, 1, ..., 7].any()
+
+
+def test_not_applicable():
+    for d, xs, ws, kw in (("fwd", (1, 8, 8, 8), (8, 8, 3, 3), {}),                       # groups 1
+                          ("fwd", (1, 256, 8, 8), (256, 128, 3, 3), dict(groups=2)),     # wide groups
+                          ("fwd", (1, 8, 8, 8), (8, 4, 3, 3), dict(stride=2, groups=2)),
+                          ("fwd", (1, 4, 5, 6, 7), (4, 2, 3, 3, 3), dict(groups=2)),      # 3D
+                          ("bwd_data", (1, 8, 8, 8), (8, 4, 3, 3), dict(padding=3, groups=2))):
+        p = ConvProblem.create(d, xs, ws, dtype=torch.float32, **kw)
+        assert SOLVERS[d]().not_supported_reasons(p), (d, xs, ws, kw)
+    bf16 = ConvProblem.create("fwd", (1, 8, 8, 8), (8, 4, 3, 3), dtype=torch.bfloat16, groups=2)
+    assert CpuGroupDirectFwd().not_supported_reasons(bf16)
