@@ -10,6 +10,9 @@
 #   decode     benchmarks/decode_formats.py (K/V formats, 122 vs 128, both V orders) and benchmarks/paged.py
 #   decode_sweep  tile / warp / split sweep of the quantized decode solvers 122 and 128 through their
 #              plans (benchmarks/diag/decode_swap_sweep.py), cuDNN interleaved; CONFIGS overrides the list
+#   paged_probe  the flash forward over 16- and 64-key pages per tile config, TMA and pointer loads on the
+#              contiguous cache, and solver 120's split counts on the Sq 4 decode
+#              (benchmarks/diag/paged_prefill_probe.py)
 #   fp8        benchmarks/attention_fp8.py (d64/128/256, S 4k-16k)
 #   conv       the conv suite through the public API (run_suites.sh conv) and benchmarks/depthwise.py
 #   sysdb      nnprim db build-system for the H200 (suites + 90 model layers, about 5 minutes)
@@ -87,6 +90,8 @@ case $STEP in
     timeout 500 python3 benchmarks/diag/decode_swap_sweep.py --out "$OUT/decode_sweep_$D.json" \
       --formats s4:64,s8:64,u4:64,fp8:head,s4:head \
       --configs "${CONFIGS:-128x4x3,64x4x3:2,122/32x1x3,122/32x1x3:2,122/64x2x3,122/64x2x3:2}" 2>&1 | grep -v Warn | tail -14 ;;
+  paged_probe)
+    timeout 400 python3 benchmarks/diag/paged_prefill_probe.py --out "$OUT/paged_prefill_probe_$D.json" 2>&1 | tail -4 ;;
   fp8)
     timeout 560 python3 benchmarks/attention_fp8.py --out "$OUT/attention_fp8_$D.json" 2>&1 | tail -20 ;;
   conv)

@@ -1,5 +1,5 @@
-"""CPU grouped convolution for narrow groups, direct in native f32 AVX-512 code (family
-`direct`, ids 83 `cpu_group_direct_fwd`, 84 `cpu_group_direct_bwd_data`), issue 16.
+"""CPU grouped convolution for narrow groups, direct in native AVX-512 code (family `direct`,
+ids 83 `cpu_group_direct_fwd`, 84 `cpu_group_direct_bwd_data`), issue 16.
 
 With 16 channels per group (grouped_g8) every GEMM formulation is thin: 16-wide rows of a
 batched GEMM (solver 17: 40 GFLOP/s per core) or 16-column brgemm calls (80). oneDNN's own
@@ -8,15 +8,19 @@ grouped kernel is direct, and so is this one (cpu_group_direct_src.cpp): a block
 input channel and tap of its group streams through, one masked load of x per 16 positions
 (the zero padding is the mask: no staged copy of x) and one broadcast weight per output
 channel, 2 FMAs per broadcast. Weights are packed once per call as (G, Kg/8, Cg, KH, KW, 8).
+bf16 (on AVX512-BF16) takes a channel pair per step: rows c and c + 1 are interleaved in
+registers (each 32-bit lane a position's pair) and `vdpbf16ps` against the broadcast weight
+pair does 32 multiply-adds into f32 where an FMA does 16; bf16 y is rounded once from f32.
 Bias seeds the accumulators; post-ops run on the f32 output, per chunk of images while it is
 in L2.
 
 Math: y[n, g*Kg + k, oh, ow] = b + sum_{c, kh, kw} w[g*Kg + k, c, kh, kw] *
 x[n, g*Cg + c, oh + kh*dh - ph, ow + kw*dw - pw] (zero outside x). Backward data at stride 1
 is the forward of dy with the transposed, rotated filter (cpu_gemm.transposed_fwd).
-Covers f32, 1D and 2D, stride 1, any dilation and padding, nchw (nhwc through one copy each
-way), filter width <= 16, groups >= 2 with at most 64 channels per group (wider groups are
-GEMM-shaped: solvers 10-17, 80). Needs AVX-512 and the native library (nnprim/native.py)."""
+Covers f32 and bf16, 1D and 2D, stride 1, any dilation and padding, nchw (nhwc through one
+copy each way), filters up to 64 x 16 (widths 1, 3, 5, 7 compiled as constants), groups >= 2
+with at most 64 channels per group (wider groups are GEMM-shaped: solvers 10-17, 80). Needs
+AVX-512 (bf16: AVX512-BF16) and the native library (nnprim/native.py)."""
 from __future__ import annotations
 
 import math
@@ -31,15 +35,18 @@ from ..search.solver import Solver, register
 from .cpu_gemm import apply_post_ops_block, cpu_flags, transposed_fwd
 from .cpu_im2col import F32, Block
 
+BF16 = torch.bfloat16
 LIBRARY = NativeLibrary("nnprim_cpu_group", Path(__file__).with_name("cpu_group_direct_src.cpp").read_text(),
                         "native CPU grouped convolution")
 KB = 8                    # output channels per register block
 NV = 32                   # output positions per register block (two zmm)
 MAX_GROUP = 64
-# f32 per core at full blocks: grouped_g8 forward (8 x 16 channels, 28 x 28, 3 x 3), 2 threads: 49-72
-# (1.02-1.18x torch in the same runs; the batched GEMMs of solver 17: 0.5-0.6x),
-# AMX Xeon, 2026-12-01 (benchmarks/cpu_speed.py); scaled by the blocks' lane use in `estimate`
-_GFLOPS_PER_CORE = 55.0
+# per core at full blocks through the solver: grouped_g8 forward (8 x 16 channels, 28 x 28, 3 x 3),
+# 2 threads, AMX Xeon, 2026-12-01: f32 49-72 (the kernel alone 88-102: torch's speed; solver 17's
+# batched GEMMs 0.5-0.6x of torch); bf16 by AVX512-BF16 pairs ran at half that (the kernel alone
+# 2.0-2.7 ms against f32's 1.2-1.3; not profiled: the pair interleave adds 6 instructions per 16
+# positions; the AMX path of solver 80 is faster on this CPU). Scaled by the blocks' lane use.
+_GFLOPS_PER_CORE = {torch.float32: 55.0, torch.bfloat16: 27.0}
 _GBS_PER_CORE = 8.0       # nhwc copies, post-op passes
 _CALL_MS = 0.02
 _CACHED_GBS_PER_CORE = 16.0   # a post-op pass over an L2-resident chunk of y (read + write)
@@ -52,23 +59,36 @@ def _four(t: torch.Tensor) -> torch.Tensor:
 
 
 def pack_weights(p: ConvProblem, w: torch.Tensor) -> torch.Tensor:
-    """(K, Cg, [KH,] KW) -> (G, ceil(Kg/8), Cg, KH, KW, 8) f32, zero past Kg."""
+    """The packing of the native `group_direct_pack` in torch ops (its specification, for tests).
+    f32: (G, ceil(Kg/8), Cg, KH, KW, 8) f32; bf16: (G, ceil(Kg/8), ceil(Cg/2), KH, KW, 8)
+    int32, each the bf16 pair of channels (2p, 2p + 1) with 2p in the low half (the
+    AVX512-BF16 dot product's order); zero past Kg and Cg."""
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
-    nkb = -(-Kg // KB)
-    w4 = _four(w.to(F32)).reshape(G, Kg, Cg, *_four(w).shape[2:])
-    if nkb * KB != Kg:
-        w4 = torch.cat([w4, w4.new_zeros(G, nkb * KB - Kg, *w4.shape[2:])], 1)
-    return w4.view(G, nkb, KB, *w4.shape[2:]).permute(0, 1, 3, 4, 5, 2).contiguous()
+    step = 2 if p.dtype == BF16 else 1
+    nkb, ncs = -(-Kg // KB), -(-Cg // step)
+    w4 = _four(w.to(p.dtype if step == 2 else F32)).reshape(G, Kg, Cg, *_four(w).shape[2:])
+    w4 = torch.nn.functional.pad(w4, (0, 0, 0, 0, 0, ncs * step - Cg, 0, nkb * KB - Kg))
+    w4 = w4.view(G, nkb, KB, ncs, step, *w4.shape[3:])          # (G, nkb, 8, ncs, step, KH, KW)
+    w4 = w4.permute(0, 1, 3, 5, 6, 2, 4).contiguous()          # (G, nkb, ncs, KH, KW, 8, step)
+    return w4.view(torch.int32).squeeze(-1) if step == 2 else w4.squeeze(-1)
+
+
+def _y_dtype(p: ConvProblem) -> torch.dtype:
+    """What the kernel writes: bf16 straight into y unless post-ops need the f32 result (one
+    rounding either way)."""
+    return BF16 if p.dtype == BF16 and p.out_dtype == BF16 and not p.post_ops else F32
 
 
 def direct_fwd(p: ConvProblem, args: ConvArgs) -> torch.Tensor:
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
-    x = _four(args.x.to(F32).contiguous())
-    y4 = empty_in_layout((p.N, p.K, *([1] if p.ndim == 1 else []), *p.out_size), "nchw", dtype=F32)
+    x = _four(args.x.to(p.dtype).contiguous())
+    ydt = _y_dtype(p)
+    y4 = empty_in_layout((p.N, p.K, *([1] if p.ndim == 1 else []), *p.out_size), "nchw", dtype=ydt)
     pad = [0, *p.pad_before][-2:]
     dil = [1, *p.dilation][-2:]
     bias = args.bias.to(F32).contiguous() if args.bias is not None else None
-    wp, ops = pack_weights(p, args.w), LIBRARY.ops()
+    ops = LIBRARY.ops()
+    wp = ops.group_direct_pack(_four(args.w.to(p.dtype)).contiguous(), G)
     y = y4.view(p.N, p.K, *p.out_size)
     # with post-ops, chunks of images whose output stays in L2 until the chain has run over it
     nb = max(1, POST_OP_CHUNK_BYTES // max(1, y[0].numel() * 4)) if args.post_ops else p.N
@@ -78,7 +98,7 @@ def direct_fwd(p: ConvProblem, args: ConvArgs) -> torch.Tensor:
         if args.post_ops:
             blk = Block(n0, n1, (0,) * p.ndim, tuple(p.out_size))
             apply_post_ops_block(y[n0:n1].unflatten(1, (G, Kg)), blk, G, None, args.post_ops)
-    if p.layout == "nchw" and p.out_dtype == F32:
+    if p.layout == "nchw" and p.out_dtype == ydt:
         return y
     out = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
     out.copy_(y)
@@ -99,7 +119,7 @@ class _CpuGroupDirectBase(Solver):
     family = "direct"
     primitive = "conv"
     devices = frozenset({"cpu"})
-    dtypes = frozenset({torch.float32})
+    dtypes = frozenset({torch.float32, torch.bfloat16})
 
     def not_supported_reasons(self, p: ConvProblem) -> list[str]:
         reasons = super().not_supported_reasons(p)
@@ -111,12 +131,14 @@ class _CpuGroupDirectBase(Solver):
             reasons.append(f"{p.ndim}D: 1D and 2D only")
         if any(s != 1 for s in p.stride):
             reasons.append(f"stride={p.stride}: stride 1 only")
-        if p.filter[-1] > 16:
-            reasons.append(f"filter width {p.filter[-1]} > 16")
+        if p.filter[-1] > 16 or (p.ndim == 2 and p.filter[0] > 64):
+            reasons.append(f"filter {p.filter}: at most 64 rows x 16 columns")
         if p.direction == "bwd_data" and q is None:
             reasons.append("bwd_data: padding <= dilation*(filter-1) only (the transposed forward)")
         if "avx512f" not in cpu_flags():
             reasons.append("no AVX-512 on this CPU")
+        if p.dtype == BF16 and "avx512_bf16" not in cpu_flags():
+            reasons.append("bf16 needs AVX512-BF16 (its pairwise dot product, f32 accumulation)")
         if not LIBRARY.expected():
             reasons.append("the native CPU library cannot be built here (no C++ compiler, not Linux, "
                            "or NNPRIM_CPU_NATIVE=0)")
@@ -129,10 +151,12 @@ class _CpuGroupDirectBase(Solver):
         # lanes the blocks compute / lanes kept: 8-channel blocks, 32 (or a last 16) positions
         blocks = ow // NV * NV + (NV if ow % NV > 16 else 16 if ow % NV else 0)
         waste = (-(-Kg // KB) * KB / Kg) * (blocks / ow)
-        compute = q.flops() * waste / (_GFLOPS_PER_CORE * 1e9 * cores)
+        if q.dtype == BF16:     # channel pairs: an odd group width wastes its last pair's half
+            waste *= -(-q.C // q.groups // 2) * 2 / (q.C // q.groups)
+        compute = q.flops() * waste / (_GFLOPS_PER_CORE[q.dtype] * 1e9 * cores)
         y_bytes = 4.0 * q.N * q.K * math.prod(q.out_size)
         moved = 4.0 * q.N * q.C * math.prod(q.in_size) + y_bytes
-        copies = (p.layout != "nchw") + (p.out_dtype != F32)
+        copies = (p.layout != "nchw") + (p.out_dtype != _y_dtype(q))
         post = 2 * len(p.post_ops) * y_bytes / (_CACHED_GBS_PER_CORE * 1e9 * cores)
         return (compute + post + copies * moved / (_GBS_PER_CORE * 1e9 * cores)) * 1e3 + _CALL_MS
 

@@ -1,6 +1,8 @@
-// Direct grouped convolution for narrow groups in f32 on AVX-512 (nnprim/conv/cpu_group_direct.py):
-// an output row block of 8 channels x 32 positions (16 zmm accumulators) takes every channel and
-// tap of its group from the NCHW planes, with the padding as masked loads. Built by nnprim/native.py.
+// Direct grouped convolution for narrow groups on AVX-512 (nnprim/conv/cpu_group_direct.py): an
+// output row block of 8 channels x 32 positions (16 zmm accumulators, f32) takes every channel and
+// tap of its group from the NCHW planes, with the padding as masked loads. f32 by FMA; bf16 by
+// AVX512-BF16 dot products over channel pairs (x rows c and c+1 interleaved in registers, weights
+// packed in pairs), f32 accumulation either way. Built by nnprim/native.py.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -18,105 +20,216 @@ inline __mmask16 lanes(int64_t lo, int64_t hi) {   // lanes i with lo <= i < hi 
   return (__mmask16)((((uint32_t)1 << hi) - 1) & ~(((uint32_t)1 << lo) - 1));
 }
 
+struct F32 {              // one channel per step, w as f32
+  using T = float;
+  using WT = float;
+  static constexpr int STEP = 1;
+  static inline __m512 load(const T* r, int64_t, bool, __mmask16 m) { return _mm512_maskz_loadu_ps(m, r); }
+  static inline __m512 bcast(const WT* w) { return _mm512_set1_ps(*w); }
+  static inline __m512 madd(__m512 acc, __m512 b, __m512 x) { return _mm512_fmadd_ps(b, x, acc); }
+};
+
+#if defined(__AVX512BF16__)
+#define NNPRIM_DIRECT_BF16 1
+struct BF16 {             // a channel pair per step: lanes hold (x[c], x[c+1]) of a position, w (w[c], w[c+1])
+  using T = at::BFloat16;
+  using WT = int32_t;
+  static constexpr int STEP = 2;
+  static inline __m512 load(const T* r, int64_t plane, bool second, __mmask16 m) {
+    const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r));
+    const __m512i hi = second ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r + plane)) : _mm512_setzero_si512();
+    return _mm512_castsi512_ps(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+  }
+  static inline __m512 bcast(const WT* w) { return _mm512_castsi512_ps(_mm512_set1_epi32(*w)); }
+  static inline __m512 madd(__m512 acc, __m512 b, __m512 x) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)b);
+  }
+};
+#endif
+
+template <class Y>
+inline void store_row(Y* y, __mmask16 m, __m512 v);
+template <>
+inline void store_row<float>(float* y, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(y, m, v); }
+#ifdef NNPRIM_DIRECT_BF16
+template <>
+inline void store_row<at::BFloat16>(at::BFloat16* y, __mmask16 m, __m512 v) {
+  _mm256_mask_storeu_epi16(y, m, (__m256i)_mm512_cvtneps_pbh(v));
+}
+#endif
+
 // acc[j][v] = bias + sum over c < Cg, taps (kh, kw) of w[kb*8 + j, c, kh, kw] * x[c, ih, ow0 + v*16 + lane + kw*dw - pw].
-// The taps whose input row exists are listed first (x offset, weight offset, lane masks), so the
-// channel loop runs one flat tap loop; every loop touching acc has constant bounds, so GCC keeps
-// the 8 x NV accumulators in registers (otherwise: a stack store per accumulator per tap).
-template <int NV>
-inline void block(const float* x, const float* wb, const float* bias, float* y, int64_t Cg, int64_t H, int64_t W,
-                  int64_t KH, int64_t KW, int64_t oh, int64_t ow0, int64_t OH, int64_t OW, int64_t ph, int64_t pw,
-                  int64_t dh, int64_t dw, int64_t nk) {
-  constexpr int MAXT = 64;
-  int64_t xo[MAXT], wo[MAXT];
-  __mmask16 mk[MAXT][NV];
-  int nt = 0;
+// The filter rows whose input row exists are listed first, so the channel loop runs a flat loop
+// over them; KWT > 0 fixes the filter width at compile time (the kw loop unrolled: lane masks in
+// mask registers, offsets immediate), 0 takes it at run time. Every loop touching acc has
+// constant bounds, so GCC keeps the 8 x NV accumulators in registers (a runtime bound put them
+// on the stack: a store per accumulator per tap).
+template <class E, class Y, int NV, int KWT>
+inline void block(const typename E::T* x, const typename E::WT* wb, const float* bias, Y* y, int64_t Cg, int64_t H,
+                  int64_t W, int64_t KH, int64_t KW_, int64_t oh, int64_t ow0, int64_t OH, int64_t OW, int64_t ph,
+                  int64_t pw, int64_t dh, int64_t dw, int64_t nk) {
+  constexpr int MAXR = 64;
+  const int64_t KW = KWT > 0 ? KWT : KW_;
+  int64_t xo[MAXR], wo[MAXR];
+  int nr = 0;
   for (int64_t kh = 0; kh < KH; ++kh) {
     const int64_t ih = oh + kh * dh - ph;
     if (ih < 0 || ih >= H) continue;
-    for (int64_t kw = 0; kw < KW; ++kw) {
-      xo[nt] = ih * W + ow0 + kw * dw - pw;
-      wo[nt] = (kh * KW + kw) * KB;
-      for (int v = 0; v < NV; ++v) {
-        const int64_t base = ow0 + v * 16 + kw * dw - pw;
-        mk[nt][v] = lanes(-base, W - base);
-      }
-      ++nt;
-    }
+    xo[nr] = ih * W + ow0 - pw;
+    wo[nr] = kh * KW * KB;
+    ++nr;
   }
+  __mmask16 mk[16][NV];       // x lanes inside the row, per kw
+  for (int64_t kw = 0; kw < KW; ++kw)
+    for (int v = 0; v < NV; ++v) {
+      const int64_t base = ow0 + v * 16 + kw * dw - pw;
+      mk[kw][v] = lanes(-base, W - base);
+    }
   __m512 acc[KB][NV];
 #pragma GCC unroll 8
   for (int j = 0; j < KB; ++j)
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) acc[j][v] = _mm512_set1_ps(bias != nullptr && j < nk ? bias[j] : 0.f);
   const int64_t plane = H * W, wstride = KH * KW * KB;
-  for (int64_t c = 0; c < Cg; ++c) {
-    const float* xp = x + c * plane;
-    const float* wc = wb + c * wstride;
-    for (int t = 0; t < nt; ++t) {
-      __m512 xv[NV];
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) xv[v] = _mm512_maskz_loadu_ps(mk[t][v], xp + xo[t] + v * 16);
-      const float* wt = wc + wo[t];
+  for (int64_t c = 0; c < Cg; c += E::STEP) {
+    const typename E::T* xp = x + c * plane;
+    const typename E::WT* wc = wb + (c / E::STEP) * wstride;
+    const bool second = c + 1 < Cg;
+    for (int r = 0; r < nr; ++r) {
+      const typename E::T* xr = xp + xo[r];
+      const typename E::WT* wr = wc + wo[r];
 #pragma GCC unroll 8
-      for (int j = 0; j < KB; ++j) {
-        const __m512 b = _mm512_set1_ps(wt[j]);
+      for (int64_t kw = 0; kw < KW; ++kw) {
+        __m512 xv[NV];
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) acc[j][v] = _mm512_fmadd_ps(b, xv[v], acc[j][v]);
+        for (int v = 0; v < NV; ++v) xv[v] = E::load(xr + kw * dw + v * 16, plane, second, mk[kw][v]);
+        const typename E::WT* wt = wr + kw * KB;
+#pragma GCC unroll 8
+        for (int j = 0; j < KB; ++j) {
+          const __m512 b = E::bcast(wt + j);
+#pragma GCC unroll 4
+          for (int v = 0; v < NV; ++v) acc[j][v] = E::madd(acc[j][v], b, xv[v]);
+        }
       }
     }
   }
   const int64_t n_out = OW - ow0;
 #pragma GCC unroll 8
-  for (int j = 0; j < KB; ++j) {      // constant bounds: a runtime j < nk bound put acc on the stack
+  for (int j = 0; j < KB; ++j) {
     if (j >= nk) break;
-    float* yr = y + j * OH * OW + oh * OW + ow0;
+    Y* yr = y + j * OH * OW + oh * OW + ow0;
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) _mm512_mask_storeu_ps(yr + v * 16, lanes(0, n_out - v * 16), acc[j][v]);
+    for (int v = 0; v < NV; ++v) store_row<Y>(yr + v * 16, lanes(0, n_out - v * 16), acc[j][v]);
   }
 }
 
-// x (N, C, H, W) f32 contiguous; wp (G, ceil(Kg/8), Cg, KH, KW, 8) f32 (zero rows past Kg);
-// y (N, K, OH, OW) f32 contiguous, every element written; stride 1.
-void group_direct_fwd(const at::Tensor& x, const at::Tensor& wp, const c10::optional<at::Tensor>& bias,
-                      at::Tensor& y, int64_t G, int64_t Cg, int64_t Kg, at::IntArrayRef pad, at::IntArrayRef dil) {
-  TORCH_CHECK(x.is_contiguous() && wp.is_contiguous() && y.is_contiguous(), "group_direct_fwd: contiguous operands");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && wp.scalar_type() == at::kFloat && y.scalar_type() == at::kFloat,
-              "group_direct_fwd: f32 operands");
-  TORCH_CHECK(wp.size(3) * wp.size(4) <= 64, "group_direct_fwd: at most 64 taps");
+template <class E, class Y, int NV>
+inline void block_kw(const typename E::T* x, const typename E::WT* wb, const float* bias, Y* y, int64_t Cg, int64_t H,
+                     int64_t W, int64_t KH, int64_t KW, int64_t oh, int64_t ow0, int64_t OH, int64_t OW, int64_t ph,
+                     int64_t pw, int64_t dh, int64_t dw, int64_t nk) {
+  switch (KW) {
+    case 3: return block<E, Y, NV, 3>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
+    case 1: return block<E, Y, NV, 1>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
+    case 5: return block<E, Y, NV, 5>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
+    case 7: return block<E, Y, NV, 7>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
+    default: return block<E, Y, NV, 0>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
+  }
+}
+
+template <class E, class Y>
+void run(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tensor& y, int64_t G, int64_t Cg, int64_t Kg,
+         at::IntArrayRef pad, at::IntArrayRef dil) {
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
   const int64_t K = y.size(1), OH = y.size(2), OW = y.size(3);
-  const int64_t KH = wp.size(3), KW = wp.size(4), nkb = wp.size(1);
-  const float* xd = x.data_ptr<float>();
-  const float* wd = wp.data_ptr<float>();
-  const float* bd = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  float* yd = y.data_ptr<float>();
+  const int64_t KH = wp.size(3), KW = wp.size(4), nkb = wp.size(1), cs = wp.size(2);
+  const auto* xd = reinterpret_cast<const typename E::T*>(x.data_ptr());
+  const auto* wd = reinterpret_cast<const typename E::WT*>(wp.data_ptr());
+  auto* yd = reinterpret_cast<Y*>(y.data_ptr());
   const int64_t ph = pad[0], pw = pad[1], dh = dil[0], dw = dil[1];
   at::parallel_for(0, N * G * OH, 1, [&](int64_t begin, int64_t end) {
     for (int64_t it = begin; it < end; ++it) {
       const int64_t oh = it % OH, g = (it / OH) % G, n = it / (OH * G);
-      const float* xg = xd + (n * C + g * Cg) * H * W;
+      const auto* xg = xd + (n * C + g * Cg) * H * W;
       for (int64_t kb = 0; kb < nkb; ++kb) {
         const int64_t k0 = g * Kg + kb * KB, nk = std::min<int64_t>(KB, Kg - kb * KB);
-        const float* wb = wd + (g * nkb + kb) * Cg * KH * KW * KB;
+        const auto* wb = wd + (g * nkb + kb) * cs * KH * KW * KB;
         const float* bb = bd != nullptr ? bd + k0 : nullptr;
-        float* yb = yd + (n * K + k0) * OH * OW;
+        Y* yb = yd + (n * K + k0) * OH * OW;
         for (int64_t ow0 = 0; ow0 < OW; ow0 += 32) {
           if (OW - ow0 > 16)
-            block<2>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
+            block_kw<E, Y, 2>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
           else
-            block<1>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
+            block_kw<E, Y, 1>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
         }
       }
     }
   });
+}
+
+// x (N, C, H, W) contiguous, f32 or bf16; wp (G, ceil(Kg/8), Cg, KH, KW, 8) f32 for f32 x, or
+// (G, ceil(Kg/8), ceil(Cg/2), KH, KW, 8) int32 bf16 pairs (channel 2p in the low half) for bf16 x,
+// zero past Kg / Cg; bias f32; y (N, K, OH, OW) contiguous f32 (or bf16 for bf16 x), every element
+// written; stride 1.
+void group_direct_fwd(const at::Tensor& x, const at::Tensor& wp, const c10::optional<at::Tensor>& bias,
+                      at::Tensor& y, int64_t G, int64_t Cg, int64_t Kg, at::IntArrayRef pad, at::IntArrayRef dil) {
+  TORCH_CHECK(x.is_contiguous() && wp.is_contiguous() && y.is_contiguous(), "group_direct_fwd: contiguous operands");
+  TORCH_CHECK(wp.size(3) <= 64 && wp.size(4) <= 16, "group_direct_fwd: filter at most 64 x 16");
+  TORCH_CHECK(!bias.has_value() || bias->scalar_type() == at::kFloat, "group_direct_fwd: f32 bias");
+  const float* bd = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  if (x.scalar_type() == at::kFloat) {
+    TORCH_CHECK(wp.scalar_type() == at::kFloat && y.scalar_type() == at::kFloat, "group_direct_fwd: f32 w and y");
+    return run<F32, float>(x, wp, bd, y, G, Cg, Kg, pad, dil);
+  }
+#ifdef NNPRIM_DIRECT_BF16
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && wp.scalar_type() == at::kInt, "group_direct_fwd: bf16 x, int32 w");
+  if (y.scalar_type() == at::kBFloat16) return run<BF16, at::BFloat16>(x, wp, bd, y, G, Cg, Kg, pad, dil);
+  TORCH_CHECK(y.scalar_type() == at::kFloat, "group_direct_fwd: y f32 or bf16");
+  return run<BF16, float>(x, wp, bd, y, G, Cg, Kg, pad, dil);
+#else
+  TORCH_CHECK(false, "group_direct_fwd: bf16 needs AVX512-BF16 (built without it)");
+#endif
+}
+// w (K, Cg, KH, KW) contiguous -> the kernel's packed weights (see group_direct_fwd), in one pass
+// (the same permutation in torch ops cost ~0.1 ms a call: a tenth of grouped_g8's forward).
+at::Tensor group_direct_pack(const at::Tensor& w, int64_t G) {
+  TORCH_CHECK(w.dim() == 4 && w.is_contiguous(), "group_direct_pack: contiguous (K, Cg, KH, KW)");
+  const int64_t K = w.size(0), Cg = w.size(1), KH = w.size(2), KW = w.size(3), Kg = K / G;
+  const int64_t nkb = (Kg + KB - 1) / KB;
+  if (w.scalar_type() == at::kFloat) {
+    auto out = at::zeros({G, nkb, Cg, KH, KW, KB}, w.options());
+    const float* src = w.data_ptr<float>();
+    float* dst = out.data_ptr<float>();
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t g = k / Kg, kk = k % Kg, kb = kk / KB, j = kk % KB;
+      for (int64_t c = 0; c < Cg; ++c)
+        for (int64_t t = 0; t < KH * KW; ++t)
+          dst[(((g * nkb + kb) * Cg + c) * KH * KW + t) * KB + j] = src[(k * Cg + c) * KH * KW + t];
+    }
+    return out;
+  }
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16, "group_direct_pack: f32 or bf16 weights");
+  const int64_t ncs = (Cg + 1) / 2;
+  auto out = at::zeros({G, nkb, ncs, KH, KW, KB}, w.options().dtype(at::kInt));
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  uint32_t* dst = reinterpret_cast<uint32_t*>(out.data_ptr());
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t g = k / Kg, kk = k % Kg, kb = kk / KB, j = kk % KB;
+    for (int64_t c = 0; c < Cg; ++c)
+      for (int64_t t = 0; t < KH * KW; ++t)
+        dst[(((g * nkb + kb) * ncs + c / 2) * KH * KW + t) * KB + j] |=
+            (uint32_t)src[(k * Cg + c) * KH * KW + t] << (16 * (c % 2));
+  }
+  return out;
 }
 }  // namespace
 
 TORCH_LIBRARY(nnprim_cpu_group, m) {
   m.def("group_direct_fwd(Tensor x, Tensor wp, Tensor? bias, Tensor(a!) y, int G, int Cg, int Kg, int[] pad, "
         "int[] dil) -> ()");
+  m.def("group_direct_pack(Tensor w, int G) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(nnprim_cpu_group, CPU, m) {
   m.impl("group_direct_fwd", group_direct_fwd);
+  m.impl("group_direct_pack", group_direct_pack);
 }

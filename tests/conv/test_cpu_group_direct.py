@@ -1,7 +1,8 @@
 """Direct grouped convolution for narrow groups (solvers 83, 84, native AVX-512 f32) against the
 float64 reference: NaN-poisoned outputs, odd sizes and widths past one or two 16-lane vectors,
 output channels per group not a multiple of the 8-channel block (1, 3, 4, 12), dilation,
-asymmetric padding, 1D and 2D, nchw and nhwc, bias and post-ops."""
+asymmetric padding, 1D and 2D, nchw and nhwc, f32 and bf16 (odd group widths: a last channel
+pair with one channel), bias and post-ops."""
 
 import pytest
 import torch
@@ -34,11 +35,17 @@ def poison(monkeypatch):
                         lambda shape, layout, **kw: empty_in_layout(shape, layout, **kw).fill_(float("nan")))
 
 
-def run(direction, xs, ws, layout, bias=False, post_ops=(), **kw):
-    p = ConvProblem.create(direction, xs, ws, dtype=torch.float32, layout=layout, has_bias=bias,
+BF16_OK = "avx512_bf16" in cpu_flags()
+DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not BF16_OK, reason="no AVX512-BF16"))]
+# bf16: one rounding of an f32 result (relative rms ~2^-9 / sqrt(3)); f32 against float64
+TOL = {torch.float32: 1e-6, torch.bfloat16: 4e-3}
+
+
+def run(direction, xs, ws, layout, bias=False, post_ops=(), dtype=torch.float32, **kw):
+    p = ConvProblem.create(direction, xs, ws, dtype=dtype, layout=layout, has_bias=bias,
                            post_ops=tuple(o.signature() for o in post_ops), **kw)
     g = torch.Generator().manual_seed(0)
-    rnd = lambda s: to_layout(torch.randn(s, generator=g), layout)  # noqa: E731
+    rnd = lambda s: to_layout(torch.randn(s, generator=g).to(dtype), layout)  # noqa: E731
     args = ConvArgs(x=rnd(p.x_shape), w=rnd(p.w_shape), dy=rnd(p.y_shape),
                     bias=torch.randn(p.K, generator=g) if bias else None, post_ops=post_ops)
     reasons = SOLVERS[direction]().not_supported_reasons(p)
@@ -52,23 +59,25 @@ def check(p, out, ref):
     assert tuple(out.shape) == tuple(shape) and out.dtype == p.out_dtype
     assert not out.isnan().any(), "unwritten (NaN) elements"
     err = ((out.double() - ref).norm() / ref.norm()).item()
-    assert err < 1e-6, err
+    assert err < TOL[p.dtype], err
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("direction", list(SOLVERS))
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_directions(shape, direction, layout):
+def test_directions(shape, direction, layout, dtype):
     xs, ws, kw = SHAPES[shape]
-    p, out, ref, reasons = run(direction, xs, ws, layout, **kw)
+    p, out, ref, reasons = run(direction, xs, ws, layout, dtype=dtype, **kw)
     if reasons:
         assert direction == "bwd_data", reasons     # padding past the span: no transposed forward
         pytest.skip("; ".join(reasons))
     check(p, out, ref)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
 @pytest.mark.parametrize("chunk", [1 << 20, 1], ids=["whole", "per_image"])
-def test_fwd_bias_post_ops(chunk, monkeypatch):
+def test_fwd_bias_post_ops(chunk, dtype, monkeypatch):
     """The chain per chunk of images (its Sum / Binary operands indexed by the chunk)."""
     monkeypatch.setattr(cpu_group_direct, "POST_OP_CHUNK_BYTES", chunk)
     xs, ws, kw = (3, 6, 9, 21), (9, 2, 3, 3), dict(padding=1, groups=3)
@@ -76,8 +85,29 @@ def test_fwd_bias_post_ops(chunk, monkeypatch):
     y_shape = (3, 9, 9, 21)
     ops = (Sum(torch.randn(y_shape, generator=g), scale=0.5), Eltwise("gelu_tanh"),
            Binary("mul", torch.randn(1, 9, 1, 1, generator=g)), Eltwise("relu", alpha=0.1))
-    p, out, ref, _ = run("fwd", xs, ws, "nchw", bias=True, post_ops=ops, **kw)
+    p, out, ref, _ = run("fwd", xs, ws, "nchw", bias=True, post_ops=ops, dtype=dtype, **kw)
     check(p, out, ref)
+
+
+@pytest.mark.skipif(not BF16_OK, reason="no AVX512-BF16")
+def test_packed_weights_bf16_pairs():
+    """(G, ceil(Kg/8), ceil(Cg/2), KH, KW, 8) int32: channel 2p in the low half, 2p + 1 high,
+    a zero high half for an odd group width."""
+    p = ConvProblem.create("fwd", (1, 6, 5, 5), (10, 3, 3, 2), dtype=torch.bfloat16, groups=2)
+    w = torch.randn(p.w_shape).bfloat16()
+    wp = pack_weights(p, w)
+    assert wp.shape == (2, 1, 2, 3, 2, 8) and wp.dtype == torch.int32
+    pair = wp[1, 0, 0, 2, 1, 4:5].view(torch.bfloat16)
+    assert torch.equal(pair, torch.stack([w[5 + 4, 0, 2, 1], w[5 + 4, 1, 2, 1]]))
+    assert not wp[1, 0, 1, 2, 1, 4:5].view(torch.int16)[1:].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+@pytest.mark.parametrize("G, K, Cg", [(2, 30, 3), (8, 128, 16), (5, 10, 1)])
+def test_native_packing_matches(G, K, Cg, dtype):
+    p = ConvProblem.create("fwd", (1, G * Cg, 5, 5), (K, Cg, 3, 2), dtype=dtype, groups=G)
+    w = torch.randn(p.w_shape).to(dtype)
+    assert torch.equal(cpu_group_direct.LIBRARY.ops().group_direct_pack(w, G), pack_weights(p, w))
 
 
 def test_packed_weights():
@@ -98,5 +128,5 @@ def test_not_applicable():
                           ("bwd_data", (1, 8, 8, 8), (8, 4, 3, 3), dict(padding=3, groups=2))):
         p = ConvProblem.create(d, xs, ws, dtype=torch.float32, **kw)
         assert SOLVERS[d]().not_supported_reasons(p), (d, xs, ws, kw)
-    bf16 = ConvProblem.create("fwd", (1, 8, 8, 8), (8, 4, 3, 3), dtype=torch.bfloat16, groups=2)
-    assert CpuGroupDirectFwd().not_supported_reasons(bf16)
+    f16 = ConvProblem.create("fwd", (1, 8, 8, 8), (8, 4, 3, 3), dtype=torch.float16, groups=2)
+    assert CpuGroupDirectFwd().not_supported_reasons(f16)
