@@ -4,10 +4,11 @@ ids 83 `cpu_group_direct_fwd`, 84 `cpu_group_direct_bwd_data`), issue 16.
 With 16 channels per group (grouped_g8) every GEMM formulation is thin: 16-wide rows of a
 batched GEMM (solver 17: 40 GFLOP/s per core) or 16-column brgemm calls (80). oneDNN's own
 grouped kernel is direct, and so is this one (cpu_group_direct_src.cpp): a block of
-8 output channels x 32 output positions of one row lives in 16 zmm accumulators while every
+8 output channels x 32 output positions of one row (4 x 48 for groups of 4 output channels,
+1 x 64 for depthwise: `channel_block`) lives in zmm accumulators while every
 input channel and tap of its group streams through, one masked load of x per 16 positions
 (the zero padding is the mask: no staged copy of x) and one broadcast weight per output
-channel, 2 FMAs per broadcast. Weights are packed once per call as (G, Kg/8, Cg, KH, KW, 8).
+channel feeding an FMA per vector. Weights are packed per call as (G, Kg/KB, Cg, KH, KW, KB).
 bf16 (on AVX512-BF16) takes a channel pair per step: rows c and c + 1 are interleaved in
 registers (each 32-bit lane a position's pair) and `vdpbf16ps` against the broadcast weight
 pair does 32 multiply-adds into f32 where an FMA does 16; bf16 y is rounded once from f32.
@@ -38,8 +39,16 @@ from .cpu_im2col import F32, Block
 BF16 = torch.bfloat16
 LIBRARY = NativeLibrary("nnprim_cpu_group", Path(__file__).with_name("cpu_group_direct_src.cpp").read_text(),
                         "native CPU grouped convolution")
-KB = 8                    # output channels per register block
-NV = 32                   # output positions per register block (two zmm)
+NV_MAX = {8: 2, 4: 3, 1: 4}   # zmm of 16 positions per register block, by channels per block
+_LOAD_BOUND = {8: 1.0, 4: 1.0, 1: 1.25}   # 1-channel blocks: a load of x per NV FMAs
+
+
+def channel_block(Kg: int) -> int:
+    """Output channels per register block: the fewest computed lanes (padded to whole blocks),
+    with one-channel blocks (depthwise) bound by their x loads."""
+    return min((8, 4, 1), key=lambda kb: (-(-Kg // kb) * kb * _LOAD_BOUND[kb], -kb))
+
+
 MAX_GROUP = 64
 # per core at full blocks through the solver: grouped_g8 forward (8 x 16 channels, 28 x 28, 3 x 3),
 # 2 threads, AMX Xeon, 2026-12-01: f32 49-72 (the kernel alone 88-102: torch's speed; solver 17's
@@ -59,17 +68,18 @@ def _four(t: torch.Tensor) -> torch.Tensor:
 
 
 def pack_weights(p: ConvProblem, w: torch.Tensor) -> torch.Tensor:
-    """The packing of the native `group_direct_pack` in torch ops (its specification, for tests).
-    f32: (G, ceil(Kg/8), Cg, KH, KW, 8) f32; bf16: (G, ceil(Kg/8), ceil(Cg/2), KH, KW, 8)
-    int32, each the bf16 pair of channels (2p, 2p + 1) with 2p in the low half (the
-    AVX512-BF16 dot product's order); zero past Kg and Cg."""
+    """The packing of the native `group_direct_pack` in torch ops (its specification, for tests),
+    KB = channel_block(Kg). f32: (G, ceil(Kg/KB), Cg, KH, KW, KB) f32; bf16: (G, ceil(Kg/KB),
+    ceil(Cg/2), KH, KW, KB) int32, each the bf16 pair of channels (2p, 2p + 1) with 2p in the low
+    half (the AVX512-BF16 dot product's order); zero past Kg and Cg."""
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
+    kb = channel_block(Kg)
     step = 2 if p.dtype == BF16 else 1
-    nkb, ncs = -(-Kg // KB), -(-Cg // step)
+    nkb, ncs = -(-Kg // kb), -(-Cg // step)
     w4 = _four(w.to(p.dtype if step == 2 else F32)).reshape(G, Kg, Cg, *_four(w).shape[2:])
-    w4 = torch.nn.functional.pad(w4, (0, 0, 0, 0, 0, ncs * step - Cg, 0, nkb * KB - Kg))
-    w4 = w4.view(G, nkb, KB, ncs, step, *w4.shape[3:])          # (G, nkb, 8, ncs, step, KH, KW)
-    w4 = w4.permute(0, 1, 3, 5, 6, 2, 4).contiguous()          # (G, nkb, ncs, KH, KW, 8, step)
+    w4 = torch.nn.functional.pad(w4, (0, 0, 0, 0, 0, ncs * step - Cg, 0, nkb * kb - Kg))
+    w4 = w4.view(G, nkb, kb, ncs, step, *w4.shape[3:])          # (G, nkb, kb, ncs, step, KH, KW)
+    w4 = w4.permute(0, 1, 3, 5, 6, 2, 4).contiguous()          # (G, nkb, ncs, KH, KW, kb, step)
     return w4.view(torch.int32).squeeze(-1) if step == 2 else w4.squeeze(-1)
 
 
@@ -88,7 +98,7 @@ def direct_fwd(p: ConvProblem, args: ConvArgs) -> torch.Tensor:
     dil = [1, *p.dilation][-2:]
     bias = args.bias.to(F32).contiguous() if args.bias is not None else None
     ops = LIBRARY.ops()
-    wp = ops.group_direct_pack(_four(args.w.to(p.dtype)).contiguous(), G)
+    wp = ops.group_direct_pack(_four(args.w.to(p.dtype)).contiguous(), G, channel_block(Kg))
     y = y4.view(p.N, p.K, *p.out_size)
     # with post-ops, chunks of images whose output stays in L2 until the chain has run over it
     nb = max(1, POST_OP_CHUNK_BYTES // max(1, y[0].numel() * 4)) if args.post_ops else p.N
@@ -148,17 +158,20 @@ class _CpuGroupDirectBase(Solver):
         q = transposed_fwd(p) if p.direction == "bwd_data" else p
         cores = max(1, torch.get_num_threads())
         Kg, ow = q.K // q.groups, q.out_size[-1]
-        # lanes the blocks compute / lanes kept: 8-channel blocks, 32 (or a last 16) positions
-        blocks = ow // NV * NV + (NV if ow % NV > 16 else 16 if ow % NV else 0)
-        waste = (-(-Kg // KB) * KB / Kg) * (blocks / ow)
+        kb = channel_block(Kg)
+        # lanes the blocks compute / lanes kept: whole channel blocks, whole 16-position vectors
+        waste = (-(-Kg // kb) * kb / Kg) * (-(-ow // 16) * 16 / ow) * _LOAD_BOUND[kb]
         if q.dtype == BF16:     # channel pairs: an odd group width wastes its last pair's half
             waste *= -(-q.C // q.groups // 2) * 2 / (q.C // q.groups)
         compute = q.flops() * waste / (_GFLOPS_PER_CORE[q.dtype] * 1e9 * cores)
         y_bytes = 4.0 * q.N * q.K * math.prod(q.out_size)
-        moved = 4.0 * q.N * q.C * math.prod(q.in_size) + y_bytes
+        moved = q.dtype.itemsize * q.N * q.C * math.prod(q.in_size) + y_bytes
+        # depthwise and other thin groups stream x and y at memory speed (8 x 128 x 56 x 56
+        # depthwise f32: 1.9 ms measured, 1.6 ms of traffic at 8 GB/s per core)
+        stream = moved / (_GBS_PER_CORE * 1e9 * cores)
         copies = (p.layout != "nchw") + (p.out_dtype != _y_dtype(q))
         post = 2 * len(p.post_ops) * y_bytes / (_CACHED_GBS_PER_CORE * 1e9 * cores)
-        return (compute + post + copies * moved / (_GBS_PER_CORE * 1e9 * cores)) * 1e3 + _CALL_MS
+        return (max(compute, stream) + post + copies * stream) * 1e3 + _CALL_MS
 
     def prepare(self, p: ConvProblem):
         fn = _RUN[p.direction]

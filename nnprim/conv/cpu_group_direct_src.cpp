@@ -1,6 +1,6 @@
 // Direct grouped convolution for narrow groups on AVX-512 (nnprim/conv/cpu_group_direct.py): an
-// output row block of 8 channels x 32 positions (16 zmm accumulators, f32) takes every channel and
-// tap of its group from the NCHW planes, with the padding as masked loads. f32 by FMA; bf16 by
+// output row block of 8 channels x 32 positions (or 4 x 48, 1 x 64; <= 16 zmm accumulators, f32)
+// takes every channel and tap of its group from the NCHW planes, with the padding as masked loads. f32 by FMA; bf16 by
 // AVX512-BF16 dot products over channel pairs (x rows c and c+1 interleaved in registers, weights
 // packed in pairs), f32 accumulation either way. Built by nnprim/native.py.
 #include <ATen/ATen.h>
@@ -11,7 +11,10 @@
 #include <cstdint>
 
 namespace {
-constexpr int KB = 8;     // output channels per register block (the packed weights' last dim)
+// Output channels per register block (the packed weights' last dim): 8 for groups of >= 8 output
+// channels (x 32 positions), 4 (x 48) and 1 (x 64, depthwise) for narrower ones; each keeps <= 16
+// accumulators.
+constexpr int nv_max(int kb) { return kb == 8 ? 2 : kb == 4 ? 3 : 4; }
 
 inline __mmask16 lanes(int64_t lo, int64_t hi) {   // lanes i with lo <= i < hi (clamped to 0..16)
   lo = std::max<int64_t>(lo, 0);
@@ -62,9 +65,9 @@ inline void store_row<at::BFloat16>(at::BFloat16* y, __mmask16 m, __m512 v) {
 // The filter rows whose input row exists are listed first, so the channel loop runs a flat loop
 // over them; KWT > 0 fixes the filter width at compile time (the kw loop unrolled: lane masks in
 // mask registers, offsets immediate), 0 takes it at run time. Every loop touching acc has
-// constant bounds, so GCC keeps the 8 x NV accumulators in registers (a runtime bound put them
+// constant bounds, so GCC keeps the KB x NV accumulators in registers (a runtime bound put them
 // on the stack: a store per accumulator per tap).
-template <class E, class Y, int NV, int KWT>
+template <class E, class Y, int KB, int NV, int KWT>
 inline void block(const typename E::T* x, const typename E::WT* wb, const float* bias, Y* y, int64_t Cg, int64_t H,
                   int64_t W, int64_t KH, int64_t KW_, int64_t oh, int64_t ow0, int64_t OH, int64_t OW, int64_t ph,
                   int64_t pw, int64_t dh, int64_t dw, int64_t nk) {
@@ -123,20 +126,37 @@ inline void block(const typename E::T* x, const typename E::WT* wb, const float*
   }
 }
 
-template <class E, class Y, int NV>
+template <class E, class Y, int KB, int NV>
 inline void block_kw(const typename E::T* x, const typename E::WT* wb, const float* bias, Y* y, int64_t Cg, int64_t H,
                      int64_t W, int64_t KH, int64_t KW, int64_t oh, int64_t ow0, int64_t OH, int64_t OW, int64_t ph,
                      int64_t pw, int64_t dh, int64_t dw, int64_t nk) {
   switch (KW) {
-    case 3: return block<E, Y, NV, 3>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
-    case 1: return block<E, Y, NV, 1>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
-    case 5: return block<E, Y, NV, 5>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
-    case 7: return block<E, Y, NV, 7>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
-    default: return block<E, Y, NV, 0>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
+    case 3: return block<E, Y, KB, NV, 3>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
+    case 1: return block<E, Y, KB, NV, 1>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
+    case 5: return block<E, Y, KB, NV, 5>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
+    case 7: return block<E, Y, KB, NV, 7>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
+    default: return block<E, Y, KB, NV, 0>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
   }
 }
 
-template <class E, class Y>
+template <class E, class Y, int KB>
+inline void row_blocks(const typename E::T* xg, const typename E::WT* wb, const float* bb, Y* yb, int64_t Cg,
+                       int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t oh, int64_t OH, int64_t OW, int64_t ph,
+                       int64_t pw, int64_t dh, int64_t dw, int64_t nk) {
+  constexpr int NVM = nv_max(KB);
+  for (int64_t ow0 = 0; ow0 < OW;) {
+    const int64_t nv = std::min<int64_t>(NVM, (OW - ow0 + 15) / 16);
+    switch (nv) {
+      case 1: block_kw<E, Y, KB, 1>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk); break;
+      case 2: block_kw<E, Y, KB, (NVM >= 2 ? 2 : 1)>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk); break;
+      case 3: block_kw<E, Y, KB, (NVM >= 3 ? 3 : 1)>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk); break;
+      default: block_kw<E, Y, KB, NVM>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk); break;
+    }
+    ow0 += 16 * nv;
+  }
+}
+
+template <class E, class Y, int KB>
 void run(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tensor& y, int64_t G, int64_t Cg, int64_t Kg,
          at::IntArrayRef pad, at::IntArrayRef dil) {
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
@@ -152,22 +172,26 @@ void run(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tensor&
       const auto* xg = xd + (n * C + g * Cg) * H * W;
       for (int64_t kb = 0; kb < nkb; ++kb) {
         const int64_t k0 = g * Kg + kb * KB, nk = std::min<int64_t>(KB, Kg - kb * KB);
-        const auto* wb = wd + (g * nkb + kb) * cs * KH * KW * KB;
-        const float* bb = bd != nullptr ? bd + k0 : nullptr;
-        Y* yb = yd + (n * K + k0) * OH * OW;
-        for (int64_t ow0 = 0; ow0 < OW; ow0 += 32) {
-          if (OW - ow0 > 16)
-            block_kw<E, Y, 2>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
-          else
-            block_kw<E, Y, 1>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
-        }
+        row_blocks<E, Y, KB>(xg, wd + (g * nkb + kb) * cs * KH * KW * KB, bd != nullptr ? bd + k0 : nullptr,
+                             yd + (n * K + k0) * OH * OW, Cg, H, W, KH, KW, oh, OH, OW, ph, pw, dh, dw, nk);
       }
     }
   });
 }
 
-// x (N, C, H, W) contiguous, f32 or bf16; wp (G, ceil(Kg/8), Cg, KH, KW, 8) f32 for f32 x, or
-// (G, ceil(Kg/8), ceil(Cg/2), KH, KW, 8) int32 bf16 pairs (channel 2p in the low half) for bf16 x,
+template <class E, class Y>
+void run_kb(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tensor& y, int64_t G, int64_t Cg,
+            int64_t Kg, at::IntArrayRef pad, at::IntArrayRef dil) {
+  switch (wp.size(5)) {
+    case 8: return run<E, Y, 8>(x, wp, bd, y, G, Cg, Kg, pad, dil);
+    case 4: return run<E, Y, 4>(x, wp, bd, y, G, Cg, Kg, pad, dil);
+    case 1: return run<E, Y, 1>(x, wp, bd, y, G, Cg, Kg, pad, dil);
+    default: TORCH_CHECK(false, "group_direct_fwd: channel blocks of 8, 4 or 1");
+  }
+}
+
+// x (N, C, H, W) contiguous, f32 or bf16; wp (G, ceil(Kg/KB), Cg, KH, KW, KB) f32 for f32 x, or
+// (G, ceil(Kg/KB), ceil(Cg/2), KH, KW, KB) int32 bf16 pairs, KB 8, 4 or 1, (channel 2p in the low half) for bf16 x,
 // zero past Kg / Cg; bias f32; y (N, K, OH, OW) contiguous f32 (or bf16 for bf16 x), every element
 // written; stride 1.
 void group_direct_fwd(const at::Tensor& x, const at::Tensor& wp, const c10::optional<at::Tensor>& bias,
@@ -178,21 +202,23 @@ void group_direct_fwd(const at::Tensor& x, const at::Tensor& wp, const c10::opti
   const float* bd = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   if (x.scalar_type() == at::kFloat) {
     TORCH_CHECK(wp.scalar_type() == at::kFloat && y.scalar_type() == at::kFloat, "group_direct_fwd: f32 w and y");
-    return run<F32, float>(x, wp, bd, y, G, Cg, Kg, pad, dil);
+    return run_kb<F32, float>(x, wp, bd, y, G, Cg, Kg, pad, dil);
   }
 #ifdef NNPRIM_DIRECT_BF16
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && wp.scalar_type() == at::kInt, "group_direct_fwd: bf16 x, int32 w");
-  if (y.scalar_type() == at::kBFloat16) return run<BF16, at::BFloat16>(x, wp, bd, y, G, Cg, Kg, pad, dil);
+  if (y.scalar_type() == at::kBFloat16) return run_kb<BF16, at::BFloat16>(x, wp, bd, y, G, Cg, Kg, pad, dil);
   TORCH_CHECK(y.scalar_type() == at::kFloat, "group_direct_fwd: y f32 or bf16");
-  return run<BF16, float>(x, wp, bd, y, G, Cg, Kg, pad, dil);
+  return run_kb<BF16, float>(x, wp, bd, y, G, Cg, Kg, pad, dil);
 #else
   TORCH_CHECK(false, "group_direct_fwd: bf16 needs AVX512-BF16 (built without it)");
 #endif
 }
-// w (K, Cg, KH, KW) contiguous -> the kernel's packed weights (see group_direct_fwd), in one pass
-// (the same permutation in torch ops cost ~0.1 ms a call: a tenth of grouped_g8's forward).
-at::Tensor group_direct_pack(const at::Tensor& w, int64_t G) {
+// w (K, Cg, KH, KW) contiguous -> the kernel's packed weights (see group_direct_fwd) in blocks of KB
+// output channels, in one pass (the same permutation in torch ops cost ~0.1 ms a call: a tenth of
+// grouped_g8's forward).
+at::Tensor group_direct_pack(const at::Tensor& w, int64_t G, int64_t KB) {
   TORCH_CHECK(w.dim() == 4 && w.is_contiguous(), "group_direct_pack: contiguous (K, Cg, KH, KW)");
+  TORCH_CHECK(KB == 8 || KB == 4 || KB == 1, "group_direct_pack: blocks of 8, 4 or 1 channels");
   const int64_t K = w.size(0), Cg = w.size(1), KH = w.size(2), KW = w.size(3), Kg = K / G;
   const int64_t nkb = (Kg + KB - 1) / KB;
   if (w.scalar_type() == at::kFloat) {
@@ -226,7 +252,7 @@ at::Tensor group_direct_pack(const at::Tensor& w, int64_t G) {
 TORCH_LIBRARY(nnprim_cpu_group, m) {
   m.def("group_direct_fwd(Tensor x, Tensor wp, Tensor? bias, Tensor(a!) y, int G, int Cg, int Kg, int[] pad, "
         "int[] dil) -> ()");
-  m.def("group_direct_pack(Tensor w, int G) -> Tensor");
+  m.def("group_direct_pack(Tensor w, int G, int KB) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(nnprim_cpu_group, CPU, m) {

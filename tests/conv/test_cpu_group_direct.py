@@ -24,6 +24,8 @@ SHAPES = {
     "g3_odd": ((2, 9, 7, 5), (6, 3, 3, 2), dict(padding=((1, 0), (2, 1)), groups=3)),
     "g8_dil": ((2, 16, 9, 8), (16, 2, 3, 3), dict(padding=2, dilation=2, groups=8)),
     "depthwise": ((2, 5, 7, 19), (10, 1, 3, 3), dict(padding=1, groups=5)),
+    "depthwise_wide": ((2, 6, 9, 83), (6, 1, 3, 3), dict(padding=1, groups=6)),
+    "g2_k4_w50": ((1, 6, 7, 50), (8, 3, 3, 3), dict(padding=(1, 2), groups=2)),
     "g2_nopad_5x4": ((1, 4, 8, 33), (6, 2, 5, 4), dict(groups=2)),
     "1d_g4": ((2, 8, 50), (8, 2, 7), dict(padding=((4, 2),), dilation=2, groups=4)),
 }
@@ -93,21 +95,27 @@ def test_fwd_bias_post_ops(chunk, dtype, monkeypatch):
 def test_packed_weights_bf16_pairs():
     """(G, ceil(Kg/8), ceil(Cg/2), KH, KW, 8) int32: channel 2p in the low half, 2p + 1 high,
     a zero high half for an odd group width."""
-    p = ConvProblem.create("fwd", (1, 6, 5, 5), (10, 3, 3, 2), dtype=torch.bfloat16, groups=2)
+    p = ConvProblem.create("fwd", (1, 6, 5, 5), (16, 3, 3, 2), dtype=torch.bfloat16, groups=2)
     w = torch.randn(p.w_shape).bfloat16()
     wp = pack_weights(p, w)
     assert wp.shape == (2, 1, 2, 3, 2, 8) and wp.dtype == torch.int32
     pair = wp[1, 0, 0, 2, 1, 4:5].view(torch.bfloat16)
-    assert torch.equal(pair, torch.stack([w[5 + 4, 0, 2, 1], w[5 + 4, 1, 2, 1]]))
+    assert torch.equal(pair, torch.stack([w[8 + 4, 0, 2, 1], w[8 + 4, 1, 2, 1]]))
     assert not wp[1, 0, 1, 2, 1, 4:5].view(torch.int16)[1:].any()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
-@pytest.mark.parametrize("G, K, Cg", [(2, 30, 3), (8, 128, 16), (5, 10, 1)])
+@pytest.mark.parametrize("G, K, Cg", [(2, 30, 3), (8, 128, 16), (5, 10, 1), (3, 12, 2), (4, 4, 5)])
 def test_native_packing_matches(G, K, Cg, dtype):
     p = ConvProblem.create("fwd", (1, G * Cg, 5, 5), (K, Cg, 3, 2), dtype=dtype, groups=G)
     w = torch.randn(p.w_shape).to(dtype)
-    assert torch.equal(cpu_group_direct.LIBRARY.ops().group_direct_pack(w, G), pack_weights(p, w))
+    kb = cpu_group_direct.channel_block(K // G)
+    assert torch.equal(cpu_group_direct.LIBRARY.ops().group_direct_pack(w, G, kb), pack_weights(p, w))
+
+
+def test_channel_blocks():
+    assert [cpu_group_direct.channel_block(k) for k in (1, 2, 3, 4, 5, 6, 8, 12, 16, 20)] == \
+        [1, 1, 1, 4, 1, 1, 8, 4, 8, 4]
 
 
 def test_packed_weights():
