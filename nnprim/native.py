@@ -84,6 +84,12 @@ class NativeLibrary:
             return self._ops is not None
         return shutil.which(os.environ.get("CXX", "g++")) is not None
 
+    def missing_reasons(self) -> list[str]:
+        """[] where the library should be there (see `expected`), else the solvers' reason."""
+        if self.expected():
+            return []
+        return [f"the {self.what} cannot be built here (no C++ compiler, not Linux, or {ENV}=0)"]
+
     def ops(self):
         """torch.ops.<namespace> once built and loaded (first call: compiles, ~15-40 s), or
         None (disabled, no compiler, not Linux: the callers' torch-op paths run)."""

@@ -463,9 +463,7 @@ def scope_reasons(problem: AttentionProblem) -> list[str]:
             reasons.append(f"{what} not supported (cpu_flash_fwd covers them)")
     if problem.dtype == torch.bfloat16 and (problem.D % 2 or problem.Dv % 2):
         reasons.append(f"odd head dims D={problem.D}, Dv={problem.Dv} in bf16 (VNNI pairs)")
-    if not LIBRARY.expected():
-        reasons.append("not applicable: the native CPU library cannot be built here (no C++ compiler, "
-                       "not Linux, or NNPRIM_CPU_NATIVE=0)")
+    reasons += LIBRARY.missing_reasons()
     return reasons
 
 

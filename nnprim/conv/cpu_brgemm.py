@@ -443,9 +443,7 @@ class _CpuBrgemmBase(Solver):
             reasons.append("post_ops apply to forward only")
         if self._stage_bytes(p) > MAX_STAGE_BYTES:
             reasons.append(f"staged operands {self._stage_bytes(p)} bytes > {MAX_STAGE_BYTES}")
-        if not LIBRARY.expected():
-            reasons.append("the native CPU library cannot be built here (no C++ compiler, not Linux, "
-                           "or NNPRIM_CPU_NATIVE=0)")
+        reasons += LIBRARY.missing_reasons()
         return reasons
 
     @staticmethod

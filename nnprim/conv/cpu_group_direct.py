@@ -149,9 +149,7 @@ class _CpuGroupDirectBase(Solver):
             reasons.append("no AVX-512 on this CPU")
         if p.dtype == BF16 and "avx512_bf16" not in cpu_flags():
             reasons.append("bf16 needs AVX512-BF16 (its pairwise dot product, f32 accumulation)")
-        if not LIBRARY.expected():
-            reasons.append("the native CPU library cannot be built here (no C++ compiler, not Linux, "
-                           "or NNPRIM_CPU_NATIVE=0)")
+        reasons += LIBRARY.missing_reasons()
         return reasons
 
     def estimate(self, p: ConvProblem) -> float:
