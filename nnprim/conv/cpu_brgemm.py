@@ -423,8 +423,11 @@ _BF16_GFLOPS = 200.0
 # f32 per core by direction: the forward kernel (fwd, bwd_data) measured 77-85 GFLOP/s per core
 # on the rn50 layers with 64-256 channels per group (2 threads, AMX Xeon, 2026-12-01,
 # `benchmarks/diag/cpu_brgemm_ab.py --dtype f32`), scaled down for narrow groups in
-# `estimate`; backward weights not measured in f32
-_F32_GFLOPS = {"fwd": 80.0, "bwd_data": 80.0, "bwd_weights": 60.0}
+# `estimate`; backward weights (per chunk of 512 positions: a deep reduction, so narrow groups
+# cost it less) 112 per core on rn50_r2 (64 channels) and 66 on grouped_g8 (16 per group),
+# 2 threads, 2026-12-01 (BENCHMARKS.md, twelfth session)
+_F32_GFLOPS = {"fwd": 80.0, "bwd_data": 80.0, "bwd_weights": 110.0}
+_F32_NARROW_EXP = {"fwd": 0.5, "bwd_data": 0.5, "bwd_weights": 0.4}
 _GBS_PER_CORE = 8.0       # staging copies
 _CALL_US = 0.6            # per brgemm call
 
@@ -459,11 +462,12 @@ class _CpuBrgemmBase(Solver):
         m = merge_factor(p)            # merged narrow groups: m-fold flops on fuller tiles
         Kg, Cg = m * p.K // p.groups, m * p.C // p.groups
         if p.dtype == F32:   # narrow groups: short GEMM rows (grouped_g8, 16 per group: ~35 per core)
-            gf *= min(1.0, min(Kg, Cg) / 64) ** 0.5
+            gf *= min(1.0, min(Kg, Cg) / 64) ** _F32_NARROW_EXP[p.direction]
         if vnni(p):     # AMX tiles are 16 x 16 x 32: narrow groups waste the tile
             gf *= min(1.0, min(Kg if p.direction != "bwd_data" else Cg, 64) / 64) * min(1.0, Cg / 32)
         t = m * p.flops() * junk / (gf * 1e9 * cores) + self._stage_bytes(p) / (_GBS_PER_CORE * 1e9 * cores)
-        calls = p.groups * math.prod(p.filter) * max(1, p.N * ut // 128)
+        # brgemm calls: per 128 positions, group and tap; backward weights per WGRAD_CHUNK positions
+        calls = p.groups * math.prod(p.filter) * max(1, p.N * ut // (WGRAD_CHUNK if p.direction == "bwd_weights" else 128))
         if math.prod(p.filter) == 1 and math.prod(p.stride) == 1 and not any(p.pad_before + p.pad_after):
             # pointwise: solvers 10-12 run it as one GEMM straight into the output (no staging):
             # rn50_r3_1x1 bf16 1.6-1.9x torch there against 0.84-0.98x here; backward weights

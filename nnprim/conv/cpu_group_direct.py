@@ -58,6 +58,8 @@ MAX_GROUP = 64
 _GFLOPS_PER_CORE = {torch.float32: 55.0, torch.bfloat16: 27.0}
 _GBS_PER_CORE = 8.0       # nhwc copies, post-op passes
 _CALL_MS = 0.02
+_WGRAD_GFLOPS_PER_CORE = 60.0   # grouped_g8, 2 threads: 2.04-2.13 ms (torch 1.16-1.18; im2col + GEMM 3.9)
+MAX_WGRAD_WIDTH = 1024
 _CACHED_GBS_PER_CORE = 16.0   # a post-op pass over an L2-resident chunk of y (read + write)
 POST_OP_CHUNK_BYTES = 2 << 20
 
@@ -122,7 +124,20 @@ def direct_bwd_data(p: ConvProblem, args: ConvArgs) -> torch.Tensor:
     return direct_fwd(pf, ConvArgs(x=args.dy, w=wt.reshape(p.C, Kg, *p.filter)))
 
 
-_RUN = {"fwd": direct_fwd, "bwd_data": direct_bwd_data}
+def direct_bwd_weights(p: ConvProblem, args: ConvArgs) -> torch.Tensor:
+    x = _four(args.x.to(F32).contiguous())
+    dy = _four(args.dy.to(F32).contiguous())
+    dw4 = empty_in_layout((p.K, p.C // p.groups, *([1] if p.ndim == 1 else []), *p.filter), "nchw", dtype=F32)
+    LIBRARY.ops().group_direct_wgrad(x, dy, dw4, p.groups, [0, *p.pad_before][-2:], [1, *p.dilation][-2:])
+    dw = dw4.view(p.w_shape)
+    if p.layout == "nchw" and p.out_dtype == F32:
+        return dw
+    out = empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype)
+    out.copy_(dw)
+    return out
+
+
+_RUN = {"fwd": direct_fwd, "bwd_data": direct_bwd_data, "bwd_weights": direct_bwd_weights}
 
 
 class _CpuGroupDirectBase(Solver):
@@ -147,12 +162,21 @@ class _CpuGroupDirectBase(Solver):
             reasons.append("bwd_data: padding <= dilation*(filter-1) only (the transposed forward)")
         if "avx512f" not in cpu_flags():
             reasons.append("no AVX-512 on this CPU")
+        if p.direction == "bwd_weights":
+            if p.dtype != F32:
+                reasons.append(f"bwd_weights: f32 only, got {p.dtype}")
+            if p.post_ops:
+                reasons.append("post_ops apply to forward only")
+            if p.out_size[-1] > MAX_WGRAD_WIDTH:
+                reasons.append(f"bwd_weights: output width {p.out_size[-1]} > {MAX_WGRAD_WIDTH}")
         if p.dtype == BF16 and "avx512_bf16" not in cpu_flags():
             reasons.append("bf16 needs AVX512-BF16 (its pairwise dot product, f32 accumulation)")
         reasons += LIBRARY.missing_reasons()
         return reasons
 
     def estimate(self, p: ConvProblem) -> float:
+        if p.direction == "bwd_weights":
+            return self._estimate_wgrad(p)
         q = transposed_fwd(p) if p.direction == "bwd_data" else p
         cores = max(1, torch.get_num_threads())
         Kg, ow = q.K // q.groups, q.out_size[-1]
@@ -170,6 +194,16 @@ class _CpuGroupDirectBase(Solver):
         copies = (p.layout != "nchw") + (p.out_dtype != _y_dtype(q))
         post = 2 * len(p.post_ops) * y_bytes / (_CACHED_GBS_PER_CORE * 1e9 * cores)
         return (max(compute, stream) + post + copies * stream) * 1e3 + _CALL_MS
+
+    @staticmethod
+    def _estimate_wgrad(p: ConvProblem) -> float:
+        """Blocks of 4 output channels x 3 filter columns over whole 16-position vectors."""
+        cores = max(1, torch.get_num_threads())
+        Kg, ow, kw = p.K // p.groups, p.out_size[-1], p.filter[-1]
+        waste = (-(-Kg // 4) * 4 / Kg) * (-(-ow // 16) * 16 / ow) * (-(-kw // 3) * 3 / kw)
+        compute = p.flops() * waste / (_WGRAD_GFLOPS_PER_CORE * 1e9 * cores)
+        copies = (p.layout != "nchw") * 4.0 * p.N * (p.C * math.prod(p.in_size) + p.K * math.prod(p.out_size))
+        return (compute + copies / (_GBS_PER_CORE * 1e9 * cores)) * 1e3 + _CALL_MS
 
     def prepare(self, p: ConvProblem):
         fn = _RUN[p.direction]
@@ -190,4 +224,12 @@ class CpuGroupDirectBwdData(_CpuGroupDirectBase):
     directions = frozenset({"bwd_data"})
 
 
-__all__ = ["CpuGroupDirectFwd", "CpuGroupDirectBwdData", "direct_fwd", "direct_bwd_data", "pack_weights"]
+@register
+class CpuGroupDirectBwdWeights(_CpuGroupDirectBase):
+    id = 85
+    name = "cpu_group_direct_bwd_weights"
+    directions = frozenset({"bwd_weights"})
+
+
+__all__ = ["CpuGroupDirectFwd", "CpuGroupDirectBwdData", "CpuGroupDirectBwdWeights", "channel_block", "direct_bwd_data",
+           "direct_bwd_weights", "direct_fwd", "pack_weights"]

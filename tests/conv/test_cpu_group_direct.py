@@ -1,4 +1,4 @@
-"""Direct grouped convolution for narrow groups (solvers 83, 84, native AVX-512 f32) against the
+"""Direct grouped convolution for narrow groups (solvers 83, 84, 85, native AVX-512) against the
 float64 reference: NaN-poisoned outputs, odd sizes and widths past one or two 16-lane vectors,
 output channels per group not a multiple of the 8-channel block (1, 3, 4, 12), dilation,
 asymmetric padding, 1D and 2D, nchw and nhwc, f32 and bf16 (odd group widths: a last channel
@@ -10,14 +10,14 @@ import torch
 from nnprim.args import ConvArgs
 from nnprim.conv import cpu_group_direct
 from nnprim.conv.cpu_gemm import cpu_flags
-from nnprim.conv.cpu_group_direct import CpuGroupDirectBwdData, CpuGroupDirectFwd, pack_weights
+from nnprim.conv.cpu_group_direct import CpuGroupDirectBwdData, CpuGroupDirectBwdWeights, CpuGroupDirectFwd, pack_weights
 from nnprim.conv.reference import reference
 from nnprim.post_ops import Binary, Eltwise, Sum
 from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
 
 pytestmark = pytest.mark.skipif(not cpu_group_direct.LIBRARY.expected() or "avx512f" not in cpu_flags(),
                                 reason="needs AVX-512 and the native library")
-SOLVERS = {"fwd": CpuGroupDirectFwd, "bwd_data": CpuGroupDirectBwdData}
+SOLVERS = {"fwd": CpuGroupDirectFwd, "bwd_data": CpuGroupDirectBwdData, "bwd_weights": CpuGroupDirectBwdWeights}
 SHAPES = {
     "g8_16": ((2, 32, 9, 28), (32, 4, 3, 3), dict(padding=1, groups=8)),
     "g4_k12_wide": ((2, 16, 5, 37), (48, 4, 3, 3), dict(padding=1, groups=4)),
@@ -28,6 +28,7 @@ SHAPES = {
     "g2_k4_w50": ((1, 6, 7, 50), (8, 3, 3, 3), dict(padding=(1, 2), groups=2)),
     "g2_nopad_5x4": ((1, 4, 8, 33), (6, 2, 5, 4), dict(groups=2)),
     "1d_g4": ((2, 8, 50), (8, 2, 7), dict(padding=((4, 2),), dilation=2, groups=4)),
+    "g2_k5_7x5": ((2, 6, 12, 21), (10, 3, 7, 5), dict(padding=(3, 1), dilation=(1, 2), groups=2)),
 }
 
 
@@ -57,7 +58,7 @@ def run(direction, xs, ws, layout, bias=False, post_ops=(), dtype=torch.float32,
 
 
 def check(p, out, ref):
-    shape = {"fwd": p.y_shape, "bwd_data": p.x_shape}[p.direction]
+    shape = {"fwd": p.y_shape, "bwd_data": p.x_shape, "bwd_weights": p.w_shape}[p.direction]
     assert tuple(out.shape) == tuple(shape) and out.dtype == p.out_dtype
     assert not out.isnan().any(), "unwritten (NaN) elements"
     err = ((out.double() - ref).norm() / ref.norm()).item()
@@ -72,7 +73,8 @@ def test_directions(shape, direction, layout, dtype):
     xs, ws, kw = SHAPES[shape]
     p, out, ref, reasons = run(direction, xs, ws, layout, dtype=dtype, **kw)
     if reasons:
-        assert direction == "bwd_data", reasons     # padding past the span: no transposed forward
+        # bwd_data: padding past the span (no transposed forward); bwd_weights: f32 only
+        assert direction == "bwd_data" or (direction == "bwd_weights" and dtype != torch.float32), reasons
         pytest.skip("; ".join(reasons))
     check(p, out, ref)
 
