@@ -1,5 +1,6 @@
 """CPU grouped convolution for narrow groups, direct in native AVX-512 code (family `direct`,
-ids 83 `cpu_group_direct_fwd`, 84 `cpu_group_direct_bwd_data`), issue 16.
+ids 83 `cpu_group_direct_fwd`, 84 `cpu_group_direct_bwd_data`, 85 `cpu_group_direct_bwd_weights`),
+issue 16.
 
 With 16 channels per group (grouped_g8) every GEMM formulation is thin: 16-wide rows of a
 batched GEMM (solver 17: 40 GFLOP/s per core) or 16-column brgemm calls (80). oneDNN's own
@@ -17,7 +18,9 @@ in L2.
 
 Math: y[n, g*Kg + k, oh, ow] = b + sum_{c, kh, kw} w[g*Kg + k, c, kh, kw] *
 x[n, g*Cg + c, oh + kh*dh - ph, ow + kw*dw - pw] (zero outside x). Backward data at stride 1
-is the forward of dy with the transposed, rotated filter (cpu_gemm.transposed_fwd).
+is the forward of dy with the transposed, rotated filter (cpu_gemm.transposed_fwd). Backward
+weights (f32) sums dy[k] * x[c] shifted per tap over every output row: a work item (2 output
+channels, an input channel, up to 3 x 3 taps) keeps 18 vectors of lane partials, reduced at the end.
 Covers f32 and bf16, 1D and 2D, stride 1, any dilation and padding, nchw (nhwc through one
 copy each way), filters up to 64 x 16 (widths 1, 3, 5, 7 compiled as constants), groups >= 2
 with at most 64 channels per group (wider groups are GEMM-shaped: solvers 10-17, 80). Needs
@@ -39,7 +42,6 @@ from .cpu_im2col import F32, Block
 BF16 = torch.bfloat16
 LIBRARY = NativeLibrary("nnprim_cpu_group", Path(__file__).with_name("cpu_group_direct_src.cpp").read_text(),
                         "native CPU grouped convolution")
-NV_MAX = {8: 2, 4: 3, 1: 4}   # zmm of 16 positions per register block, by channels per block
 _LOAD_BOUND = {8: 1.0, 4: 1.0, 1: 1.25}   # 1-channel blocks: a load of x per NV FMAs
 
 
