@@ -9,7 +9,8 @@ grouped kernel is direct, and so is this one (cpu_group_direct_src.cpp): a block
 1 x 64 for depthwise: `channel_block`) lives in zmm accumulators while every
 input channel and tap of its group streams through, one masked load of x per 16 positions
 (the zero padding is the mask: no staged copy of x) and one broadcast weight per output
-channel feeding an FMA per vector. Weights are packed per call as (G, Kg/KB, Cg, KH, KW, KB).
+channel feeding an FMA per vector. Weights are packed per call as (G, Kg/KB, Cg, KH, KW, KB),
+in C++ into the calling thread's buffer.
 bf16 (on AVX512-BF16) takes a channel pair per step: rows c and c + 1 are interleaved in
 registers (each 32-bit lane a position's pair) and `vdpbf16ps` against the broadcast weight
 pair does 32 multiply-adds into f32 where an FMA does 16; bf16 y is rounded once from f32.
@@ -101,14 +102,13 @@ def direct_fwd(p: ConvProblem, args: ConvArgs) -> torch.Tensor:
     pad = [0, *p.pad_before][-2:]
     dil = [1, *p.dilation][-2:]
     bias = args.bias.to(F32).contiguous() if args.bias is not None else None
-    ops = LIBRARY.ops()
-    wp = ops.group_direct_pack(_four(args.w.to(p.dtype)).contiguous(), G, channel_block(Kg))
+    ops, w, kb = LIBRARY.ops(), _four(args.w.to(p.dtype)).contiguous(), channel_block(Kg)
     y = y4.view(p.N, p.K, *p.out_size)
     # with post-ops, chunks of images whose output stays in L2 until the chain has run over it
     nb = max(1, POST_OP_CHUNK_BYTES // max(1, y[0].numel() * 4)) if args.post_ops else p.N
     for n0 in range(0, p.N, nb):
         n1 = min(p.N, n0 + nb)
-        ops.group_direct_fwd(x[n0:n1], wp, bias, y4[n0:n1], G, Cg, Kg, pad, dil)
+        ops.group_direct_fwd_w(x[n0:n1], w, bias, y4[n0:n1], G, Cg, Kg, kb, pad, dil)
         if args.post_ops:
             blk = Block(n0, n1, (0,) * p.ndim, tuple(p.out_size))
             apply_post_ops_block(y[n0:n1].unflatten(1, (G, Kg)), blk, G, None, args.post_ops)
