@@ -423,11 +423,18 @@ _BF16_GFLOPS = 200.0
 # f32 per core by direction: the forward kernel (fwd, bwd_data) measured 77-85 GFLOP/s per core
 # on the rn50 layers with 64-256 channels per group (2 threads, AMX Xeon, 2026-12-01,
 # `benchmarks/diag/cpu_brgemm_ab.py --dtype f32`), scaled down for narrow groups in
-# `estimate`; backward weights (per chunk of 512 positions: a deep reduction, so narrow groups
-# cost it less) 112 per core on rn50_r2 (64 channels) and 66 on grouped_g8 (16 per group),
-# 2 threads, 2026-12-01 (BENCHMARKS.md, twelfth session)
+# `estimate`; backward weights (per chunk of 512 positions: a deep reduction) ran 1.75 ms on
+# grouped_g8 (16 per group), 1.35 at 32 per group, 8.25 on rn50_r2 (~110 per core with staging),
+# but 18.2 ms at 8 per group and 12.3 at 4 (2 threads, 2026-12-01, BENCHMARKS.md twelfth session)
 _F32_GFLOPS = {"fwd": 80.0, "bwd_data": 80.0, "bwd_weights": 110.0}
-_F32_NARROW_EXP = {"fwd": 0.5, "bwd_data": 0.5, "bwd_weights": 0.4}
+
+
+def _f32_narrow(direction: str, Kg: int, Cg: int) -> float:
+    """f32 rate factor of narrow groups: short GEMM rows for the forward kernel (grouped_g8:
+    ~35 per core); backward weights keeps its rate down to 16 channels and falls steeply below."""
+    if direction == "bwd_weights":
+        return min(1.0, min(Kg, Cg) / 16) ** 1.6
+    return min(1.0, min(Kg, Cg) / 64) ** 0.5
 _GBS_PER_CORE = 8.0       # staging copies
 _CALL_US = 0.6            # per brgemm call
 
@@ -461,8 +468,8 @@ class _CpuBrgemmBase(Solver):
         gf = _F32_GFLOPS[p.direction] if p.dtype == F32 else (_BF16_AMX_GFLOPS[p.direction] if vnni(p) else _BF16_GFLOPS)
         m = merge_factor(p)            # merged narrow groups: m-fold flops on fuller tiles
         Kg, Cg = m * p.K // p.groups, m * p.C // p.groups
-        if p.dtype == F32:   # narrow groups: short GEMM rows (grouped_g8, 16 per group: ~35 per core)
-            gf *= min(1.0, min(Kg, Cg) / 64) ** _F32_NARROW_EXP[p.direction]
+        if p.dtype == F32:
+            gf *= _f32_narrow(p.direction, Kg, Cg)
         if vnni(p):     # AMX tiles are 16 x 16 x 32: narrow groups waste the tile
             gf *= min(1.0, min(Kg if p.direction != "bwd_data" else Cg, 64) / 64) * min(1.0, Cg / 32)
         t = m * p.flops() * junk / (gf * 1e9 * cores) + self._stage_bytes(p) / (_GBS_PER_CORE * 1e9 * cores)
