@@ -7,13 +7,14 @@ pair with one channel), bias and post-ops."""
 import pytest
 import torch
 
-from nnprim.args import ConvArgs
 from nnprim.conv import cpu_group_direct
 from nnprim.conv.cpu_gemm import cpu_flags
 from nnprim.conv.cpu_group_direct import CpuGroupDirectBwdData, CpuGroupDirectBwdWeights, CpuGroupDirectFwd, pack_weights
 from nnprim.conv.reference import reference
 from nnprim.post_ops import Binary, Eltwise, Sum
-from nnprim.problems.conv import ConvProblem, empty_in_layout, to_layout
+from nnprim.problems.conv import ConvProblem, empty_in_layout
+
+from . import solver_check
 
 pytestmark = pytest.mark.skipif(not cpu_group_direct.LIBRARY.expected() or "avx512f" not in cpu_flags(),
                                 reason="needs AVX-512 and the native library")
@@ -45,12 +46,8 @@ TOL = {torch.float32: 1e-6, torch.bfloat16: 4e-3}
 
 
 def run(direction, xs, ws, layout, bias=False, post_ops=(), dtype=torch.float32, **kw):
-    p = ConvProblem.create(direction, xs, ws, dtype=dtype, layout=layout, has_bias=bias,
-                           post_ops=tuple(o.signature() for o in post_ops), **kw)
-    g = torch.Generator().manual_seed(0)
-    rnd = lambda s: to_layout(torch.randn(s, generator=g).to(dtype), layout)  # noqa: E731
-    args = ConvArgs(x=rnd(p.x_shape), w=rnd(p.w_shape), dy=rnd(p.y_shape),
-                    bias=torch.randn(p.K, generator=g) if bias else None, post_ops=post_ops)
+    p, args = solver_check.random_case(direction, xs, ws, layout=layout, dtype=dtype, bias=bias,
+                                       post_ops=post_ops, **kw)
     reasons = SOLVERS[direction]().not_supported_reasons(p)
     if reasons:
         return p, None, None, reasons
