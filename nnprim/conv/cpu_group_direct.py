@@ -22,7 +22,8 @@ x[n, g*Cg + c, oh + kh*dh - ph, ow + kw*dw - pw] (zero outside x). Backward data
 is the forward of dy with the transposed, rotated filter (cpu_gemm.transposed_fwd). Backward
 weights (f32) sums dy[k] * x[c] shifted per tap over every output row: a work item (2 output
 channels, an input channel, up to 3 x 3 taps) keeps 18 vectors of lane partials, reduced at the end.
-Covers f32 and bf16, 1D and 2D, stride 1, any dilation and padding, nchw (nhwc through one
+Covers f32 and bf16, 1D and 2D, stride 1 (forward: any stride across rows, 2 along a row in f32:
+32 inputs loaded and the even ones kept by one permute), any dilation and padding, nchw (nhwc through one
 copy each way), filters up to 64 x 16 (widths 1, 3, 5, 7 compiled as constants), groups >= 2
 with at most 64 channels per group (wider groups are GEMM-shaped: solvers 10-17, 80). Needs
 AVX-512 (bf16: AVX512-BF16) and the native library (nnprim/native.py)."""
@@ -101,6 +102,7 @@ def direct_fwd(p: ConvProblem, args: ConvArgs) -> torch.Tensor:
     y4 = empty_in_layout((p.N, p.K, *([1] if p.ndim == 1 else []), *p.out_size), "nchw", dtype=ydt)
     pad = [0, *p.pad_before][-2:]
     dil = [1, *p.dilation][-2:]
+    stride = [1, *p.stride][-2:]
     bias = args.bias.to(F32).contiguous() if args.bias is not None else None
     ops, w, kb = LIBRARY.ops(), _four(args.w.to(p.dtype)).contiguous(), channel_block(Kg)
     y = y4.view(p.N, p.K, *p.out_size)
@@ -108,7 +110,7 @@ def direct_fwd(p: ConvProblem, args: ConvArgs) -> torch.Tensor:
     nb = max(1, POST_OP_CHUNK_BYTES // max(1, y[0].numel() * 4)) if args.post_ops else p.N
     for n0 in range(0, p.N, nb):
         n1 = min(p.N, n0 + nb)
-        ops.group_direct_fwd_w(x[n0:n1], w, bias, y4[n0:n1], G, Cg, Kg, kb, pad, dil)
+        ops.group_direct_fwd_w(x[n0:n1], w, bias, y4[n0:n1], G, Cg, Kg, kb, pad, dil, stride)
         if args.post_ops:
             blk = Block(n0, n1, (0,) * p.ndim, tuple(p.out_size))
             apply_post_ops_block(y[n0:n1].unflatten(1, (G, Kg)), blk, G, None, args.post_ops)
@@ -156,8 +158,10 @@ class _CpuGroupDirectBase(Solver):
                            f"narrow groups (2+ groups of <= {MAX_GROUP} channels) only")
         if p.ndim > 2:
             reasons.append(f"{p.ndim}D: 1D and 2D only")
-        if any(s != 1 for s in p.stride):
-            reasons.append(f"stride={p.stride}: stride 1 only")
+        if p.direction != "fwd" and any(s != 1 for s in p.stride):
+            reasons.append(f"stride={p.stride}: backward directions at stride 1 only")
+        elif p.stride[-1] > (2 if p.dtype == F32 else 1):
+            reasons.append(f"stride={p.stride}: along a row 1 (or 2 in f32) only")
         if p.filter[-1] > 16 or (p.ndim == 2 and p.filter[0] > 64):
             reasons.append(f"filter {p.filter}: at most 64 rows x 16 columns")
         if p.direction == "bwd_data" and q is None:

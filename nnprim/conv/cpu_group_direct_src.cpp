@@ -25,13 +25,35 @@ inline __mmask16 lanes(int64_t lo, int64_t hi) {   // lanes i with lo <= i < hi 
   return (__mmask16)((((uint32_t)1 << hi) - 1) & ~(((uint32_t)1 << lo) - 1));
 }
 
+inline __mmask32 lanes32(int64_t lo, int64_t hi) {   // lanes i with lo <= i < hi (clamped to 0..32)
+  lo = std::max<int64_t>(lo, 0);
+  hi = std::min<int64_t>(hi, 32);
+  if (hi <= lo) return 0;
+  return (__mmask32)((((uint64_t)1 << hi) - 1) & ~(((uint64_t)1 << lo) - 1));
+}
+
+// Element policies: what a step of the channel loop loads (x type T, weight type WT, channels STEP,
+// input positions per output position SW) and how it multiplies.
 struct F32 {              // one channel per step, w as f32
   using T = float;
   using WT = float;
-  static constexpr int STEP = 1;
-  static inline __m512 load(const T* r, int64_t, bool, __mmask16 m) { return _mm512_maskz_loadu_ps(m, r); }
+  using M = __mmask16;
+  static constexpr int STEP = 1, SW = 1;
+  static inline M mask(int64_t lo, int64_t hi) { return lanes(lo, hi); }
+  static inline __m512 load(const T* r, int64_t, bool, M m) { return _mm512_maskz_loadu_ps(m, r); }
   static inline __m512 bcast(const WT* w) { return _mm512_set1_ps(*w); }
   static inline __m512 madd(__m512 acc, __m512 b, __m512 x) { return _mm512_fmadd_ps(b, x, acc); }
+};
+
+struct F32S2 : F32 {      // stride 2 along the row: 32 inputs loaded, the even ones kept
+  using M = __mmask32;
+  static constexpr int SW = 2;
+  static inline M mask(int64_t lo, int64_t hi) { return lanes32(lo, hi); }
+  static inline __m512 load(const T* r, int64_t, bool, M m) {
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    return _mm512_permutex2var_ps(_mm512_maskz_loadu_ps((__mmask16)m, r), even,
+                                  _mm512_maskz_loadu_ps((__mmask16)(m >> 16), r + 16));
+  }
 };
 
 #if defined(__AVX512BF16__)
@@ -39,8 +61,10 @@ struct F32 {              // one channel per step, w as f32
 struct BF16 {             // a channel pair per step: lanes hold (x[c], x[c+1]) of a position, w (w[c], w[c+1])
   using T = at::BFloat16;
   using WT = int32_t;
-  static constexpr int STEP = 2;
-  static inline __m512 load(const T* r, int64_t plane, bool second, __mmask16 m) {
+  using M = __mmask16;
+  static constexpr int STEP = 2, SW = 1;
+  static inline M mask(int64_t lo, int64_t hi) { return lanes(lo, hi); }
+  static inline __m512 load(const T* r, int64_t plane, bool second, M m) {
     const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r));
     const __m512i hi = second ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r + plane)) : _mm512_setzero_si512();
     return _mm512_castsi512_ps(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
@@ -72,23 +96,23 @@ inline void store_row<at::BFloat16>(at::BFloat16* y, __mmask16 m, __m512 v) {
 template <class E, class Y, int KB, int NV, int KWT>
 inline void block(const typename E::T* x, const typename E::WT* wb, const float* bias, Y* y, int64_t Cg, int64_t H,
                   int64_t W, int64_t KH, int64_t KW_, int64_t oh, int64_t ow0, int64_t OH, int64_t OW, int64_t ph,
-                  int64_t pw, int64_t dh, int64_t dw, int64_t nk) {
+                  int64_t pw, int64_t dh, int64_t dw, int64_t nk, int64_t sh) {
   constexpr int MAXR = 64;
   const int64_t KW = KWT > 0 ? KWT : KW_;
   int64_t xo[MAXR], wo[MAXR];
   int nr = 0;
   for (int64_t kh = 0; kh < KH; ++kh) {
-    const int64_t ih = oh + kh * dh - ph;
+    const int64_t ih = oh * sh + kh * dh - ph;
     if (ih < 0 || ih >= H) continue;
-    xo[nr] = ih * W + ow0 - pw;
+    xo[nr] = ih * W + ow0 * E::SW - pw;
     wo[nr] = kh * KW * KB;
     ++nr;
   }
-  __mmask16 mk[16][NV];       // x lanes inside the row, per kw
+  typename E::M mk[16][NV];   // x lanes inside the row, per kw
   for (int64_t kw = 0; kw < KW; ++kw)
     for (int v = 0; v < NV; ++v) {
-      const int64_t base = ow0 + v * 16 + kw * dw - pw;
-      mk[kw][v] = lanes(-base, W - base);
+      const int64_t base = (ow0 + v * 16) * E::SW + kw * dw - pw;
+      mk[kw][v] = E::mask(-base, W - base);
     }
   __m512 acc[KB][NV];
 #pragma GCC unroll 8
@@ -107,7 +131,7 @@ inline void block(const typename E::T* x, const typename E::WT* wb, const float*
       for (int64_t kw = 0; kw < KW; ++kw) {
         __m512 xv[NV];
 #pragma GCC unroll 4
-        for (int v = 0; v < NV; ++v) xv[v] = E::load(xr + kw * dw + v * 16, plane, second, mk[kw][v]);
+        for (int v = 0; v < NV; ++v) xv[v] = E::load(xr + kw * dw + v * 16 * E::SW, plane, second, mk[kw][v]);
         const typename E::WT* wt = wr + kw * KB;
 #pragma GCC unroll 8
         for (int j = 0; j < KB; ++j) {
@@ -131,28 +155,28 @@ inline void block(const typename E::T* x, const typename E::WT* wb, const float*
 template <class E, class Y, int KB, int NV>
 inline void block_kw(const typename E::T* x, const typename E::WT* wb, const float* bias, Y* y, int64_t Cg, int64_t H,
                      int64_t W, int64_t KH, int64_t KW, int64_t oh, int64_t ow0, int64_t OH, int64_t OW, int64_t ph,
-                     int64_t pw, int64_t dh, int64_t dw, int64_t nk) {
+                     int64_t pw, int64_t dh, int64_t dw, int64_t nk, int64_t sh) {
   switch (KW) {
-    case 3: return block<E, Y, KB, NV, 3>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
-    case 1: return block<E, Y, KB, NV, 1>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
-    case 5: return block<E, Y, KB, NV, 5>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
-    case 7: return block<E, Y, KB, NV, 7>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
-    default: return block<E, Y, KB, NV, 0>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk);
+    case 3: return block<E, Y, KB, NV, 3>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh);
+    case 1: return block<E, Y, KB, NV, 1>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh);
+    case 5: return block<E, Y, KB, NV, 5>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh);
+    case 7: return block<E, Y, KB, NV, 7>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh);
+    default: return block<E, Y, KB, NV, 0>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh);
   }
 }
 
 template <class E, class Y, int KB>
 inline void row_blocks(const typename E::T* xg, const typename E::WT* wb, const float* bb, Y* yb, int64_t Cg,
                        int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t oh, int64_t OH, int64_t OW, int64_t ph,
-                       int64_t pw, int64_t dh, int64_t dw, int64_t nk) {
+                       int64_t pw, int64_t dh, int64_t dw, int64_t nk, int64_t sh) {
   constexpr int NVM = nv_max(KB);
   for (int64_t ow0 = 0; ow0 < OW;) {
     const int64_t nv = std::min<int64_t>(NVM, (OW - ow0 + 15) / 16);
     switch (nv) {
-      case 1: block_kw<E, Y, KB, 1>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk); break;
-      case 2: block_kw<E, Y, KB, (NVM >= 2 ? 2 : 1)>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk); break;
-      case 3: block_kw<E, Y, KB, (NVM >= 3 ? 3 : 1)>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk); break;
-      default: block_kw<E, Y, KB, NVM>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk); break;
+      case 1: block_kw<E, Y, KB, 1>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh); break;
+      case 2: block_kw<E, Y, KB, (NVM >= 2 ? 2 : 1)>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh); break;
+      case 3: block_kw<E, Y, KB, (NVM >= 3 ? 3 : 1)>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh); break;
+      default: block_kw<E, Y, KB, NVM>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh); break;
     }
     ow0 += 16 * nv;
   }
@@ -160,7 +184,7 @@ inline void row_blocks(const typename E::T* xg, const typename E::WT* wb, const 
 
 template <class E, class Y, int KB>
 void run(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tensor& y, int64_t G, int64_t Cg, int64_t Kg,
-         at::IntArrayRef pad, at::IntArrayRef dil) {
+         at::IntArrayRef pad, at::IntArrayRef dil, int64_t sh) {
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
   const int64_t K = y.size(1), OH = y.size(2), OW = y.size(3);
   const int64_t KH = wp.size(3), KW = wp.size(4), nkb = wp.size(1), cs = wp.size(2);
@@ -175,7 +199,7 @@ void run(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tensor&
       for (int64_t kb = 0; kb < nkb; ++kb) {
         const int64_t k0 = g * Kg + kb * KB, nk = std::min<int64_t>(KB, Kg - kb * KB);
         row_blocks<E, Y, KB>(xg, wd + (g * nkb + kb) * cs * KH * KW * KB, bd != nullptr ? bd + k0 : nullptr,
-                             yd + (n * K + k0) * OH * OW, Cg, H, W, KH, KW, oh, OH, OW, ph, pw, dh, dw, nk);
+                             yd + (n * K + k0) * OH * OW, Cg, H, W, KH, KW, oh, OH, OW, ph, pw, dh, dw, nk, sh);
       }
     }
   });
@@ -183,11 +207,11 @@ void run(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tensor&
 
 template <class E, class Y>
 void run_kb(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tensor& y, int64_t G, int64_t Cg,
-            int64_t Kg, at::IntArrayRef pad, at::IntArrayRef dil) {
+            int64_t Kg, at::IntArrayRef pad, at::IntArrayRef dil, int64_t sh) {
   switch (wp.size(5)) {
-    case 8: return run<E, Y, 8>(x, wp, bd, y, G, Cg, Kg, pad, dil);
-    case 4: return run<E, Y, 4>(x, wp, bd, y, G, Cg, Kg, pad, dil);
-    case 1: return run<E, Y, 1>(x, wp, bd, y, G, Cg, Kg, pad, dil);
+    case 8: return run<E, Y, 8>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh);
+    case 4: return run<E, Y, 4>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh);
+    case 1: return run<E, Y, 1>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh);
     default: TORCH_CHECK(false, "group_direct_fwd: channel blocks of 8, 4 or 1");
   }
 }
@@ -195,26 +219,32 @@ void run_kb(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tens
 // x (N, C, H, W) contiguous, f32 or bf16; wp (G, ceil(Kg/KB), Cg, KH, KW, KB) f32 for f32 x, or
 // (G, ceil(Kg/KB), ceil(Cg/2), KH, KW, KB) int32 bf16 pairs, KB 8, 4 or 1, (channel 2p in the low half) for bf16 x,
 // zero past Kg / Cg; bias f32; y (N, K, OH, OW) contiguous f32 (or bf16 for bf16 x), every element
-// written; stride 1.
+// written; stride (any along columns of rows, 1 or 2 along a row; 2 in f32 only).
 void group_direct_fwd(const at::Tensor& x, const at::Tensor& wp, const c10::optional<at::Tensor>& bias,
-                      at::Tensor& y, int64_t G, int64_t Cg, int64_t Kg, at::IntArrayRef pad, at::IntArrayRef dil) {
+                      at::Tensor& y, int64_t G, int64_t Cg, int64_t Kg, at::IntArrayRef pad, at::IntArrayRef dil,
+                      at::IntArrayRef stride) {
   TORCH_CHECK(x.is_contiguous() && wp.is_contiguous() && y.is_contiguous(), "group_direct_fwd: contiguous operands");
   TORCH_CHECK(wp.size(3) <= 64 && wp.size(4) <= 16, "group_direct_fwd: filter at most 64 x 16");
   TORCH_CHECK(!bias.has_value() || bias->scalar_type() == at::kFloat, "group_direct_fwd: f32 bias");
+  TORCH_CHECK(stride[0] >= 1 && (stride[1] == 1 || (stride[1] == 2 && x.scalar_type() == at::kFloat)),
+              "group_direct_fwd: row stride 1 (or 2 in f32)");
   const float* bd = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  const int64_t sh = stride[0];
   if (x.scalar_type() == at::kFloat) {
     TORCH_CHECK(wp.scalar_type() == at::kFloat && y.scalar_type() == at::kFloat, "group_direct_fwd: f32 w and y");
-    return run_kb<F32, float>(x, wp, bd, y, G, Cg, Kg, pad, dil);
+    if (stride[1] == 2) return run_kb<F32S2, float>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh);
+    return run_kb<F32, float>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh);
   }
 #ifdef NNPRIM_DIRECT_BF16
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && wp.scalar_type() == at::kInt, "group_direct_fwd: bf16 x, int32 w");
-  if (y.scalar_type() == at::kBFloat16) return run_kb<BF16, at::BFloat16>(x, wp, bd, y, G, Cg, Kg, pad, dil);
+  if (y.scalar_type() == at::kBFloat16) return run_kb<BF16, at::BFloat16>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh);
   TORCH_CHECK(y.scalar_type() == at::kFloat, "group_direct_fwd: y f32 or bf16");
-  return run_kb<BF16, float>(x, wp, bd, y, G, Cg, Kg, pad, dil);
+  return run_kb<BF16, float>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh);
 #else
   TORCH_CHECK(false, "group_direct_fwd: bf16 needs AVX512-BF16 (built without it)");
 #endif
 }
+
 // Backward weights, f32: dw[g*Kg + k, c, kh, kw] = sum over n, oh, ow of dy[n, g*Kg + k, oh, ow] *
 // x[n, g*Cg + c, oh + kh*dh - ph, ow + kw*dw - pw]. A work item (group, pair of output channels,
 // input channel, chunk of up to 3 filter rows, chunk of up to 3 filter columns) streams every
@@ -380,7 +410,7 @@ at::Tensor group_direct_pack(const at::Tensor& w, int64_t G, int64_t KB) {
 // second op call: the separate pack op cost ~0.05 ms a call, 8 % of grouped_g8 at half batch).
 void group_direct_fwd_w(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
                         at::Tensor& y, int64_t G, int64_t Cg, int64_t Kg, int64_t KB, at::IntArrayRef pad,
-                        at::IntArrayRef dil) {
+                        at::IntArrayRef dil, at::IntArrayRef stride) {
   thread_local std::vector<float> buf;
   const auto sz = packed_sizes(w, G, KB);
   int64_t n = 1;
@@ -388,16 +418,16 @@ void group_direct_fwd_w(const at::Tensor& x, const at::Tensor& w, const c10::opt
   if ((int64_t)buf.size() < n) buf.resize(n);
   pack_into(w, G, KB, buf.data());
   const auto wp = at::from_blob(buf.data(), sz, w.options().dtype(w.scalar_type() == at::kFloat ? at::kFloat : at::kInt));
-  group_direct_fwd(x, wp, bias, y, G, Cg, Kg, pad, dil);
+  group_direct_fwd(x, wp, bias, y, G, Cg, Kg, pad, dil, stride);
 }
 }  // namespace
 
 TORCH_LIBRARY(nnprim_cpu_group, m) {
   m.def("group_direct_fwd(Tensor x, Tensor wp, Tensor? bias, Tensor(a!) y, int G, int Cg, int Kg, int[] pad, "
-        "int[] dil) -> ()");
+        "int[] dil, int[] stride) -> ()");
   m.def("group_direct_pack(Tensor w, int G, int KB) -> Tensor");
   m.def("group_direct_fwd_w(Tensor x, Tensor w, Tensor? bias, Tensor(a!) y, int G, int Cg, int Kg, int KB, int[] pad, "
-        "int[] dil) -> ()");
+        "int[] dil, int[] stride) -> ()");
   m.def("group_direct_wgrad(Tensor x, Tensor dy, Tensor(a!) dw, int G, int[] pad, int[] dil) -> ()");
 }
 

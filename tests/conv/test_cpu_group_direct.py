@@ -30,6 +30,9 @@ SHAPES = {
     "g2_nopad_5x4": ((1, 4, 8, 33), (6, 2, 5, 4), dict(groups=2)),
     "1d_g4": ((2, 8, 50), (8, 2, 7), dict(padding=((4, 2),), dilation=2, groups=4)),
     "g2_k5_7x5": ((2, 6, 12, 21), (10, 3, 7, 5), dict(padding=(3, 1), dilation=(1, 2), groups=2)),
+    "g8_s2": ((2, 32, 11, 45), (32, 4, 3, 3), dict(stride=2, padding=1, groups=8)),
+    "dw_s2_dil": ((2, 6, 13, 70), (6, 1, 3, 5), dict(stride=(3, 2), padding=(1, 4), dilation=(1, 2), groups=6)),
+    "1d_s2": ((2, 8, 67), (12, 2, 5), dict(stride=2, padding=2, groups=4)),
 }
 
 
@@ -70,8 +73,10 @@ def test_directions(shape, direction, layout, dtype):
     xs, ws, kw = SHAPES[shape]
     p, out, ref, reasons = run(direction, xs, ws, layout, dtype=dtype, **kw)
     if reasons:
-        # bwd_data: padding past the span (no transposed forward); bwd_weights: f32 only
-        assert direction == "bwd_data" or (direction == "bwd_weights" and dtype != torch.float32), reasons
+        # bwd_data: padding past the span (no transposed forward); backward directions: stride 1;
+        # bwd_weights: f32 only; bf16: row stride 1
+        strided = any(st != 1 for st in p.stride)
+        assert direction == "bwd_data" or strided or (direction == "bwd_weights" and dtype != torch.float32), reasons
         pytest.skip("; ".join(reasons))
     check(p, out, ref)
 
@@ -130,7 +135,8 @@ def test_packed_weights():
 def test_not_applicable():
     for d, xs, ws, kw in (("fwd", (1, 8, 8, 8), (8, 8, 3, 3), {}),                       # groups 1
                           ("fwd", (1, 256, 8, 8), (256, 128, 3, 3), dict(groups=2)),     # wide groups
-                          ("fwd", (1, 8, 8, 8), (8, 4, 3, 3), dict(stride=2, groups=2)),
+                          ("fwd", (1, 8, 8, 8), (8, 4, 3, 3), dict(stride=(1, 3), groups=2)),
+                          ("bwd_data", (1, 8, 8, 8), (8, 4, 3, 3), dict(stride=2, padding=1, groups=2)),
                           ("fwd", (1, 4, 5, 6, 7), (4, 2, 3, 3, 3), dict(groups=2)),      # 3D
                           ("bwd_data", (1, 8, 8, 8), (8, 4, 3, 3), dict(padding=3, groups=2))):
         p = ConvProblem.create(d, xs, ws, dtype=torch.float32, **kw)
