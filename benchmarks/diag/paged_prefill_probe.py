@@ -23,9 +23,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import nnprim  # noqa: E402
 from nnprim.args import AttnArgs  # noqa: E402
 from nnprim.attention import configs, decode, flash_fwd  # noqa: E402
-from nnprim.paged import to_pages  # noqa: E402
 from nnprim.problems.attention import AttentionProblem  # noqa: E402
 from nnprim.search.timing import interleaved_samples  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from paged import paginate  # noqa: E402  (benchmarks/paged.py: pages shuffled in a pool with spares)
 
 DEV = "cuda"
 
@@ -35,26 +37,23 @@ def med(fns, labels, rounds=20):
     return {lab: round(statistics.median(x), 4) for lab, x in zip(labels, s)}
 
 
+def qkv(B: int, Sq: int, Sk: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random bf16 q (B, 32, Sq, 128), k and v (B, 8, Sk, 128)."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    return tuple(torch.randn(B, h, s, 128, device=DEV, dtype=torch.bfloat16, generator=g)
+                 for h, s in ((32, Sq), (8, Sk), (8, Sk)))
+
+
 def prefill(res: dict) -> None:
-    B, Hq, Hkv, Sq, Sk, D = 2, 32, 8, 2048, 16384, 128
-    g = torch.Generator(device=DEV).manual_seed(0)
-    q = torch.randn(B, Hq, Sq, D, device=DEV, dtype=torch.bfloat16, generator=g)
-    k = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=torch.bfloat16, generator=g)
-    v = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    B, Sk = 2, 16384
+    q, k, v = qkv(B, 2048, Sk, 0)
     lens = torch.full((B,), Sk, dtype=torch.int32, device=DEV)
     ref = nnprim.sdpa(q, k, v, causal="bottom_right", kv_lens=lens, solver="flash_fwd")
     fns, labels, cfgs, errs = [], [], {}, {}
     tiles = [configs.TileConfig(*t) for t in ((128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 3), (64, 32, 4, 3),
                                                (128, 32, 8, 3), (64, 16, 4, 3), (128, 64, 8, 2), (64, 64, 4, 4))]
     for page in (0, 16, 64):
-        if page:
-            M = Sk // page
-            n = B * M + 16
-            bt = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:B * M].reshape(B, M)
-            bt = bt.to(torch.int32).to(DEV)
-            kp, vp = to_pages(k, bt, n), to_pages(v, bt, n)
-        else:
-            kp, vp, bt = k, v, None
+        kp, vp, bt = paginate(k, v, page) if page else (k, v, None)
         p = AttentionProblem.from_tensors(q, kp, vp, causal="bottom_right", kv_lens=lens, block_table=bt)
         args = AttnArgs(q=q, k=kp, v=vp, kv_lens=lens, block_table=bt)
         res.setdefault("default_cfg", {})[str(page)] = str(configs.choose(p)[0])
@@ -62,7 +61,7 @@ def prefill(res: dict) -> None:
             plan = flash_fwd.ForwardPlan(p, t)
             lab = f"p{page}:{t.block_m}x{t.block_n}w{t.num_warps}s{t.num_stages}"
             try:
-                o = plan(AttnArgs(q=q, k=kp, v=vp, kv_lens=lens, block_table=bt))
+                o = plan(args)
                 o = o[0] if isinstance(o, tuple) else o
                 errs[lab] = float((o.float() - ref.float()).abs().max())
                 cfgs[lab] = str(plan.cfg)
@@ -83,11 +82,8 @@ def prefill(res: dict) -> None:
 
 
 def decode_q4(res: dict) -> None:
-    B, Hq, Hkv, Sq, Sk, D = 16, 32, 8, 4, 16384, 128
-    g = torch.Generator(device=DEV).manual_seed(1)
-    q = torch.randn(B, Hq, Sq, D, device=DEV, dtype=torch.bfloat16, generator=g)
-    k = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=torch.bfloat16, generator=g)
-    v = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    Sq, Sk = 4, 16384
+    q, k, v = qkv(16, Sq, Sk, 1)
     p = AttentionProblem.from_tensors(q, k, v, causal="bottom_right")
     args = AttnArgs(q=q, k=k, v=v)
     base = decode.default_config(p)

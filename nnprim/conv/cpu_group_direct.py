@@ -73,22 +73,6 @@ def _four(t: torch.Tensor) -> torch.Tensor:
     return t.unsqueeze(2) if t.dim() == 3 else t
 
 
-def pack_weights(p: ConvProblem, w: torch.Tensor) -> torch.Tensor:
-    """The packing of the native `group_direct_pack` in torch ops (its specification, for tests),
-    KB = channel_block(Kg). f32: (G, ceil(Kg/KB), Cg, KH, KW, KB) f32; bf16: (G, ceil(Kg/KB),
-    ceil(Cg/2), KH, KW, KB) int32, each the bf16 pair of channels (2p, 2p + 1) with 2p in the low
-    half (the AVX512-BF16 dot product's order); zero past Kg and Cg."""
-    G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
-    kb = channel_block(Kg)
-    step = 2 if p.dtype == BF16 else 1
-    nkb, ncs = -(-Kg // kb), -(-Cg // step)
-    w4 = _four(w.to(p.dtype if step == 2 else F32)).reshape(G, Kg, Cg, *_four(w).shape[2:])
-    w4 = torch.nn.functional.pad(w4, (0, 0, 0, 0, 0, ncs * step - Cg, 0, nkb * kb - Kg))
-    w4 = w4.view(G, nkb, kb, ncs, step, *w4.shape[3:])          # (G, nkb, kb, ncs, step, KH, KW)
-    w4 = w4.permute(0, 1, 3, 5, 6, 2, 4).contiguous()          # (G, nkb, ncs, KH, KW, kb, step)
-    return w4.view(torch.int32).squeeze(-1) if step == 2 else w4.squeeze(-1)
-
-
 def _y_dtype(p: ConvProblem) -> torch.dtype:
     """What the kernel writes: bf16 straight into y unless post-ops need the f32 result (one
     rounding either way)."""
@@ -238,4 +222,4 @@ class CpuGroupDirectBwdWeights(_CpuGroupDirectBase):
 
 
 __all__ = ["CpuGroupDirectFwd", "CpuGroupDirectBwdData", "CpuGroupDirectBwdWeights", "channel_block", "direct_bwd_data",
-           "direct_bwd_weights", "direct_fwd", "pack_weights"]
+           "direct_bwd_weights", "direct_fwd"]

@@ -34,6 +34,16 @@ def check(run: dict, p: ConvProblem, bias=None, post_ops=(), seed: int = 1) -> N
     assert err < TOL[p.dtype], err
 
 
+def check_result(p: ConvProblem, out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
+    """A solver's output for p against its float64 reference: shape, dtype, no unwritten (NaN
+    poisoned) element, relative norm error below tol."""
+    shape = {"fwd": p.y_shape, "bwd_data": p.x_shape, "bwd_weights": p.w_shape}[p.direction]
+    assert tuple(out.shape) == tuple(shape) and out.dtype == p.out_dtype
+    assert not out.isnan().any(), "unwritten (NaN) elements"
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    assert err < tol, err
+
+
 def random_case(direction, x_shape, w_shape, *, layout="nchw", dtype=torch.float32, out_dtype=None,
                 bias=False, post_ops=(), seed=0, **kw) -> tuple[ConvProblem, ConvArgs]:
     """A problem and random never-zero operands for it (|t| < 0.05 replaced by 0.3), in layout."""

@@ -48,11 +48,7 @@ def run(direction, xs, ws, layout, dtype, bias=False, post_ops=(), **kw):
 
 
 def check(p, out, ref):
-    shape = {"fwd": p.y_shape, "bwd_data": p.x_shape, "bwd_weights": p.w_shape}[p.direction]
-    assert tuple(out.shape) == tuple(shape) and out.dtype == p.out_dtype
-    assert not out.isnan().any(), "unwritten (NaN) elements"
-    err = ((out.double() - ref).norm() / ref.norm()).item()
-    assert err < TOL[p.dtype], err
+    solver_check.check_result(p, out, ref, TOL[p.dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])

@@ -9,7 +9,8 @@ import torch
 
 from nnprim.conv import cpu_group_direct
 from nnprim.conv.cpu_gemm import cpu_flags
-from nnprim.conv.cpu_group_direct import CpuGroupDirectBwdData, CpuGroupDirectBwdWeights, CpuGroupDirectFwd, pack_weights
+from nnprim.conv.cpu_group_direct import BF16, CpuGroupDirectBwdData, CpuGroupDirectBwdWeights, CpuGroupDirectFwd, _four
+from nnprim.conv.cpu_im2col import F32
 from nnprim.conv.reference import reference
 from nnprim.post_ops import Binary, Eltwise, Sum
 from nnprim.problems.conv import ConvProblem, empty_in_layout
@@ -36,6 +37,23 @@ SHAPES = {
 }
 
 
+def pack_weights(p: ConvProblem, w: torch.Tensor) -> torch.Tensor:
+    """The native `group_direct_pack`'s layout in torch ops (its specification),
+    KB = channel_block(Kg). f32: (G, ceil(Kg/KB), Cg, KH, KW, KB) f32; bf16: (G, ceil(Kg/KB),
+    ceil(Cg/2), KH, KW, KB) int32, each the bf16 pair of channels (2p, 2p + 1) with 2p in the low
+    half (the AVX512-BF16 dot product's order); zero past Kg and Cg."""
+    G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
+    kb = cpu_group_direct.channel_block(Kg)
+    step = 2 if p.dtype == BF16 else 1
+    nkb, ncs = -(-Kg // kb), -(-Cg // step)
+    w4 = _four(w.to(p.dtype if step == 2 else F32)).reshape(G, Kg, Cg, *_four(w).shape[2:])
+    w4 = torch.nn.functional.pad(w4, (0, 0, 0, 0, 0, ncs * step - Cg, 0, nkb * kb - Kg))
+    w4 = w4.view(G, nkb, kb, ncs, step, *w4.shape[3:])          # (G, nkb, kb, ncs, step, KH, KW)
+    w4 = w4.permute(0, 1, 3, 5, 6, 2, 4).contiguous()          # (G, nkb, ncs, KH, KW, kb, step)
+    return w4.view(torch.int32).squeeze(-1) if step == 2 else w4.squeeze(-1)
+
+
+
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
     monkeypatch.setattr(cpu_group_direct, "empty_in_layout",
@@ -58,11 +76,7 @@ def run(direction, xs, ws, layout, bias=False, post_ops=(), dtype=torch.float32,
 
 
 def check(p, out, ref):
-    shape = {"fwd": p.y_shape, "bwd_data": p.x_shape, "bwd_weights": p.w_shape}[p.direction]
-    assert tuple(out.shape) == tuple(shape) and out.dtype == p.out_dtype
-    assert not out.isnan().any(), "unwritten (NaN) elements"
-    err = ((out.double() - ref).norm() / ref.norm()).item()
-    assert err < TOL[p.dtype], err
+    solver_check.check_result(p, out, ref, TOL[p.dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
