@@ -374,7 +374,7 @@ def ctas_per_sm(problem, cfg: DecodeConfig) -> int:
     V) against Hopper's 227 KB of shared memory, and ~128 registers per thread."""
     def tile_bytes(quant, d: int) -> float:
         if quant is None:
-            return d * torch.tensor([], dtype=problem.dtype).element_size()
+            return d * problem.dtype.itemsize
         return d * (0.5 if quant[0] in ("s4", "u4") else 1.0)
     ring = max(1, cfg.num_stages - 1) * cfg.block_n * (tile_bytes(problem.k_quant, problem.D)
                                                         + tile_bytes(problem.v_quant, problem.Dv))
@@ -388,8 +388,8 @@ def choose_splits(problem, cfg: DecodeConfig, num_sms: int | None = None) -> int
     (SMs x programs per SM), each as long as its chunk's key blocks plus ~2 blocks of
     pipeline fill; the split count with the shortest total (fewest splits on a tie: no
     combine for one) wins, chunks at least 4 key blocks long. Fewer, longer programs in
-    whole waves beat ~4 programs per SM in a partial last wave (H200, bf16 b8 x 32k: 4 splits
-    0.251 ms against 9 splits 0.265; b64 x 8k: 1 split 0.480 against 2 splits 0.490)."""
+    whole waves beat ~4 programs per SM in a partial last wave (H200, bf16 b8 x 32k: 2 splits
+    0.249 ms against 9 splits 0.265; b64 x 8k: 1 split 0.480 against 2 splits 0.489)."""
     if cfg.splits:
         return cfg.splits
     slots = (num_sms or _num_sms(problem.device)) * ctas_per_sm(problem, cfg)
