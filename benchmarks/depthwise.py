@@ -1,6 +1,7 @@
-"""Depthwise convolution on the H200 (issue 13): the depthwise solvers (43/44/45) with
-tile candidates, the general direct solvers (40/41/42) and cuDNN (cudnn.benchmark=True)
-in the same run, bf16 NHWC, all three directions; checked against cuDNN in f32.
+"""Depthwise convolution on the H200 (issue 13): the row-walking solvers (46/47/48) and the
+tile solvers (43/44/45) with tile candidates, the general direct solvers (40/41/42) and cuDNN
+(cudnn.benchmark=True) in the same run, bf16 NHWC, all three directions; checked against
+cuDNN in f32.
 Reports ms, effective TB/s (x + w + y bytes once) and the ratio to cuDNN.
 
     PYTHONUNBUFFERED=1 python benchmarks/depthwise.py --out $OUT
@@ -18,18 +19,22 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 from nnprim.args import ConvArgs
-from nnprim.conv import depthwise, direct
+from nnprim.conv import depthwise, depthwise_walk, direct
 from nnprim.problems.conv import ConvProblem
 
 PROBLEMS = [  # name, N, C, H, W, R, stride, pad
     ("mbv2_dw3x3", 128, 144, 56, 56, 3, 1, 1),          # the suite's problem
     ("mbv2_dw3x3_s2", 128, 96, 112, 112, 3, 2, 1),
     ("mbv2_dw3x3_7x7", 128, 960, 7, 7, 3, 1, 1),
+    ("effnet_dw3x3_28", 128, 240, 28, 28, 3, 1, 1),
     ("convnext_dw7x7", 64, 128, 56, 56, 7, 1, 3),       # direct only (depthwise: <= 9 taps)
 ]
 # None: the solver's own tile; 2026-11-30 also timed (4,16,64,4), (16,16,32,8), (8,16,128,8),
 # (2,32,128,4), (16,8,64,8): all slower, the last three by 2-30x (spills)
-TILES = [None, (8, 16, 64, 4), (8, 8, 64, 4), (8, 16, 32, 4)]
+TILES = [None, (8, 16, 64, 4)]
+# (BH, BC, WALK, warps[, LOOK]) of the walking solvers; None: the solver's own
+WALK_TILES = [None, (8, 64, 28, 2, 3), (8, 64, 28, 2, 1), (16, 64, 28, 4, 3), (8, 64, 56, 2, 3),
+              (8, 32, 28, 1, 3), (4, 64, 28, 1, 3), (32, 16, 28, 2), (16, 32, 28, 2)]
 
 
 def bench(fn):
@@ -65,6 +70,9 @@ def run_problem(name, N, C, H, W, R, st, pad) -> list[dict]:
         plan_cls = depthwise.DwBwdWeightsPlan if d == "bwd_weights" else depthwise.DwPlan
         if R * R <= depthwise.MAX_TAPS:
             cands += [(f"dw:{t}", plan_cls(p, t)) for t in TILES]
+        if not depthwise_walk.shape_reasons(p):
+            walk_cls = depthwise_walk.WalkWgradPlan if d == "bwd_weights" else depthwise_walk.WalkPlan
+            cands += [(f"walk:{t}", walk_cls(p, t)) for t in WALK_TILES]
         for label, plan in cands:
             try:
                 out = plan(args)
@@ -87,11 +95,13 @@ def run_problem(name, N, C, H, W, R, st, pad) -> list[dict]:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--only", default="", help="comma-separated problem names (default: all)")
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     rows = []
     for spec in PROBLEMS:
-        rows += run_problem(*spec)
+        if not a.only or spec[0] in a.only.split(","):
+            rows += run_problem(*spec)
     (Path(a.out) / f"depthwise_{time.strftime('%Y-%m-%d')}.json").write_text(json.dumps(rows, indent=1))
 
 

@@ -19,6 +19,7 @@ _MODULES = (
     "nnprim.conv.pointwise_blas",
     "nnprim.conv.direct",
     "nnprim.conv.depthwise",
+    "nnprim.conv.depthwise_walk",
     "nnprim.conv.layout_change",
     "nnprim.conv.winograd",
     "nnprim.conv.fft",

@@ -18,11 +18,12 @@ import torch
 
 from ..args import ConvArgs
 from ..post_ops import Binary, Sum
-from ..problems.conv import ConvProblem, to_layout
+from ..problems.conv import ConvProblem
 from ..search.solver import REGISTRY, Solver, register
 from . import configs
+from .layout_copy import Transpose
 
-COPY_BYTES_PER_S = 1.2e12   # transposing NCHW <-> NHWC copies on the H200 (see estimate)
+COPY_BYTES_PER_S = 2.8e12   # transposing NCHW <-> NHWC copies on the H200 (layout_copy.py; see estimate)
 COPY_LAUNCH_S = 1.5e-5     # per copy kernel
 
 _INNER = {"fwd": "implicit_gemm_fwd", "bwd_data": "implicit_gemm_bwd_data",
@@ -59,17 +60,27 @@ class LayoutChangePlan:
     def __init__(self, p: ConvProblem):
         self.p = p
         self.inner = inner_solver(p).prepare(nhwc_twin(p))
+        self.copies: dict[tuple, Transpose] = {}     # planned copies per (shape, target layout)
+
+    def _copy(self, t: torch.Tensor | None, to: str, out: torch.Tensor | None = None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        key = (tuple(t.shape), to)
+        tr = self.copies.get(key)
+        if tr is None:
+            tr = self.copies[key] = Transpose(*key)
+        return tr(t, out)
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
-        nhwc = lambda t: None if t is None else to_layout(t, "nhwc")  # noqa: E731
+        nhwc = lambda t: self._copy(t, "nhwc")  # noqa: E731
         post = tuple(Sum(nhwc(o.tensor), o.scale) if isinstance(o, Sum) else
                      Binary(o.op, nhwc(o.tensor)) if isinstance(o, Binary) and o.tensor.dim() == args.x.dim()
                      else o for o in args.post_ops)
         inner_args = ConvArgs(x=nhwc(args.x), w=nhwc(args.w), dy=nhwc(args.dy), bias=args.bias, post_ops=post)
         res = self.inner(inner_args)
         if out is not None:
-            return out.copy_(res)
-        return to_layout(res, "nchw")
+            return self._copy(res, "nchw", out) if out.is_contiguous() else out.copy_(res)
+        return self._copy(res, "nchw")
 
 
 class _LayoutChangeBase(Solver):
@@ -103,10 +114,9 @@ class _LayoutChangeBase(Solver):
         inner = inner_solver(problem).estimate(nhwc_twin(problem))
         if inner is None:
             return None
-        # one read and one write of every tensor in the layout changes: transposing copies, which
-        # measured ~1.2 TB/s on the H200 (2026-12-01, benchmarks/regret.py --seed 2: a 1x1
-        # stride-2 layer with a 103 MB x, 0.45 ms against 0.065 for the NCHW-native solver; the
-        # 3 TB/s assumed before ranked it first), plus a launch per copy
+        # one read and one write of every tensor in the layout changes: the Triton transposes
+        # ran 2.7-2.9 TB/s on the H200 (2026-12-02, benchmarks/nchw_probe.py; torch's copies
+        # 0.6-0.8 TB/s), plus a launch per copy
         return inner + (2 * problem.bytes() / COPY_BYTES_PER_S + 3 * COPY_LAUNCH_S) * 1e3
 
     def prepare(self, problem):

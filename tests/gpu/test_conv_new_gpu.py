@@ -1,4 +1,5 @@
-"""Depthwise (43/44/45) and NCHW-through-NHWC (23/24/25) solvers at real sizes on the GPU,
+"""Depthwise (43/44/45, and the row-walking 46/47/48 where they apply: stride 1) and
+NCHW-through-NHWC (23/24/25, with the Triton layout copies) solvers at real sizes on the GPU,
 forced through the public API, against float64, bounded by torch's same-dtype error."""
 import pytest
 import torch
@@ -7,7 +8,10 @@ from gpu_helpers import assert_close
 
 import nnprim
 
-DW = [((32, 144, 56, 56), 1, 1), ((16, 96, 112, 111), 2, 1), ((64, 960, 7, 7), 1, 1), ((8, 40, 33, 17), 1, 2)]
+DW = [((32, 144, 56, 56), 1, 1), ((16, 96, 112, 111), 2, 1), ((64, 960, 7, 7), 1, 1), ((8, 40, 33, 17), 1, 2),
+      ((8, 24, 113, 57), 1, 1)]
+FAMILIES = {"tile": ("depthwise_fwd", "depthwise_bwd_data", "depthwise_bwd_weights"),
+            "walk": ("depthwise_walk_fwd", "depthwise_walk_bwd_data", "depthwise_walk_bwd_weights")}
 
 
 def _bwd(dy, x, w, stride, pad, groups, mask):
@@ -16,8 +20,12 @@ def _bwd(dy, x, w, stride, pad, groups, mask):
                                                [0] * nd, groups, mask)
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("shape,stride,pad", DW)
-def test_depthwise(shape, stride, pad):
+def test_depthwise(shape, stride, pad, family):
+    if family == "walk" and stride != 1:
+        pytest.skip("the walking solvers take stride 1")
+    fwd, bwd_data, bwd_weights = FAMILIES[family]
     torch.manual_seed(0)
     C = shape[1]
     cl = torch.channels_last
@@ -27,13 +35,13 @@ def test_depthwise(shape, stride, pad):
     y_t = F.conv2d(x, w, **kw)
     dy = torch.randn_like(y_t)
     x64, w64, dy64 = x.double(), w.double(), dy.double()
-    y = nnprim.conv_forward(x, w, solver="depthwise_fwd", **kw)
+    y = nnprim.conv_forward(x, w, solver=fwd, **kw)
     assert_close("fwd", y, y_t, F.conv2d(x64, w64, **kw))
     dx_ref, dw_ref, _ = _bwd(dy64, x64, w64, stride, pad, C, [True, True, False])
     dx_t, dw_t, _ = _bwd(dy, x, w, stride, pad, C, [True, True, False])
-    dx = nnprim.conv_backward_data(dy, w, tuple(x.shape), solver="depthwise_bwd_data", **kw)
+    dx = nnprim.conv_backward_data(dy, w, tuple(x.shape), solver=bwd_data, **kw)
     assert_close("bwd_data", dx, dx_t, dx_ref)
-    dw = nnprim.conv_backward_weights(dy, x, tuple(w.shape), solver="depthwise_bwd_weights", **kw)
+    dw = nnprim.conv_backward_weights(dy, x, tuple(w.shape), solver=bwd_weights, **kw)
     assert_close("bwd_weights", dw, dw_t, dw_ref)
 
 

@@ -1,0 +1,87 @@
+"""The NCHW <-> NHWC copies of the layout-changing solvers (layout_change.py) as one Triton
+transpose per tensor.
+
+torch's `contiguous(memory_format=channels_last)` ran these copies at ~1.2 TB/s on the
+H200 (2026-12-01), which made an NCHW layer through the NHWC kernels cost 2x cuDNN's NCHW
+time on rn50_r3_3x3 even though the NHWC kernel alone ran at 1.1x. A copy is the transpose
+of each image's [C, P] matrix (P = the pixels): a program loads a [BC, BP] tile along P
+(coalesced in NCHW) and stores it along C (coalesced in NHWC); Triton moves the tile
+between the two thread layouts through shared memory.
+
+`Transpose(shape, to)`: the planned copy of one shape (what the solvers hold);
+`to_nhwc(t)`: a logical (N, C, *sp) tensor -> the same values in channels-last memory;
+`to_nchw(t)`: the reverse. Other strides and CPU tensors (outside the interpreter) take
+torch's copy."""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..launch import Launch, interpreting
+from ..problems.conv import layout_of, to_layout
+
+BA = 64   # tile rows: channels (to NHWC) or pixels (to NCHW)
+BB = 64
+
+
+@triton.jit
+def _transpose_kernel(src_ptr, dst_ptr, A, B, BA: tl.constexpr, BB: tl.constexpr):
+    """dst[n, b, a] = src[n, a, b] for each image n (program_id(2)); src, dst contiguous."""
+    ra = tl.program_id(0) * BA + tl.arange(0, BA)
+    rb = tl.program_id(1) * BB + tl.arange(0, BB)
+    base = tl.program_id(2).to(tl.int64) * A * B
+    m = (ra < A)[:, None] & (rb < B)[None, :]
+    v = tl.load(src_ptr + base + ra[:, None] * B + rb[None, :], mask=m)
+    tl.store(dst_ptr + base + rb[None, :] * A + ra[:, None], v, mask=m)
+
+
+def _fast(t: torch.Tensor) -> bool:
+    """Whether the Triton copy runs t: a CUDA tensor (or any under the interpreter) whose
+    image fits int32 indexing."""
+    return (t.is_cuda or interpreting()) and t.dim() >= 3 and math.prod(t.shape[1:]) < 2 ** 31
+
+
+class Transpose:
+    """The copy of tensors of one logical shape (N, C, *sp) into layout `to` ("nhwc" or
+    "nchw"), planned once: a call costs one planned launch (~5 us of host time where
+    Triton's JIT launch took 20-40, which left the GPU idle between the copies and the
+    convolution of a 0.1 ms NCHW layer)."""
+
+    def __init__(self, shape: tuple[int, ...], to: str):
+        n, c, *sp = shape
+        p = math.prod(sp)
+        self.shape, self.to = tuple(shape), to
+        a, b = (c, p) if to == "nhwc" else (p, c)      # each image's [a, b] matrix -> [b, a]
+        self.launch = Launch(_transpose_kernel, (triton.cdiv(a, BA), triton.cdiv(b, BB), n), (a, b, BA, BB),
+                             num_warps=4)
+
+    def __call__(self, t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """t in layout `to`: t itself when it already is (copied into `out` when given, a
+        contiguous tensor of t's shape for "nchw"), else one transposing copy."""
+        if self.to == "nhwc":
+            if layout_of(t) == "nhwc" or not (_fast(t) and t.is_contiguous()):
+                return to_layout(t, "nhwc")
+            phys = torch.empty((t.shape[0], *t.shape[2:], t.shape[1]), dtype=t.dtype, device=t.device)
+            self.launch(t, phys)
+            return phys.permute(0, t.dim() - 1, *range(1, t.dim() - 1))
+        if out is None and t.is_contiguous():
+            return t
+        if not (_fast(t) and layout_of(t) == "nhwc" and (out is None or out.is_contiguous())):
+            return to_layout(t, "nchw") if out is None else out.copy_(t)
+        dst = torch.empty(t.shape, dtype=t.dtype, device=t.device) if out is None else out
+        self.launch(t, dst)
+        return dst
+
+
+def to_nhwc(t: torch.Tensor) -> torch.Tensor:
+    """t (logical N, C, *sp) in channels-last memory: t itself when it is, else one copy."""
+    return Transpose(tuple(t.shape), "nhwc")(t)
+
+
+def to_nchw(t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """t (logical N, C, *sp, channels-last memory) as a contiguous NCHW tensor (into `out`
+    when given: a contiguous tensor of t's shape and dtype)."""
+    return Transpose(tuple(t.shape), "nchw")(t, out)

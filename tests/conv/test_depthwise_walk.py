@@ -1,0 +1,83 @@
+"""Depthwise solvers that walk the rows (46/47/48) against the float64 reference, through
+TRITON_INTERPRET=1, with NaN-poisoned outputs: odd sizes, walks that end mid-row,
+asymmetric padding, row dilation, 1-D, filters narrower than 3 x 3, tiles (forced) that
+split rows and channels."""
+import math
+
+import pytest
+import torch
+
+from nnprim.conv import depthwise_walk as dw
+from nnprim.post_ops import Eltwise, Sum
+from nnprim.problems.conv import ConvProblem, to_layout
+from nnprim.search.solver import REGISTRY
+
+from . import solver_check
+
+
+def _runner(tile=None):
+    def run(p, a, out):
+        plan = dw.WalkWgradPlan(p, tile) if p.direction == "bwd_weights" else dw.WalkPlan(p, tile)
+        return plan(a, out)
+    return run
+
+
+RUN = {"fwd": _runner(), "bwd_data": _runner(), "bwd_weights": _runner()}
+SMALL = (4, 8, 5, 1, 3)    # BH 4, BC 8, walks of 5 columns, 3 in flight: several row, channel blocks and walks
+RUN_SMALL = {d: _runner(SMALL) for d in RUN}
+RUN_LOOK1 = {d: _runner((4, 16, 3, 2, 1)) for d in RUN}   # one column in flight, walks of 3
+CASES = [
+    ((2, 6, 6, 7), (6, 1, 3, 3), dict(padding=1, groups=6)),
+    ((2, 17, 13, 12), (17, 1, 3, 3), dict(padding=((2, 1), (0, 2)), groups=17)),
+    ((1, 24, 9, 11), (24, 1, 3, 2), dict(padding=(2, 1), dilation=(2, 1), groups=24)),
+    ((2, 12, 5, 9), (12, 1, 2, 3), dict(padding=((1, 0), (1, 1)), groups=12)),
+    ((2, 10, 7, 8), (10, 1, 1, 3), dict(padding=(0, 1), groups=10)),
+    ((2, 10, 7, 8), (10, 1, 3, 1), dict(padding=(1, 0), groups=10)),
+    ((2, 6, 15), (6, 1, 3), dict(padding=1, groups=6)),
+    ((3, 9, 4, 4), (9, 1, 3, 3), dict(groups=9)),
+]
+
+
+@pytest.mark.parametrize("direction", list(RUN))
+@pytest.mark.parametrize("case", CASES, ids=solver_check.case_id)
+def test_f32_vs_reference(direction, case):
+    xs, ws, kw = case
+    p = ConvProblem.create(direction, xs, ws, dtype=torch.float32, layout="nhwc", **kw)
+    if dw.shape_reasons(p):
+        pytest.skip("; ".join(dw.shape_reasons(p)))
+    solver_check.check(RUN, p)
+    solver_check.check(RUN_SMALL, p)
+    solver_check.check(RUN_LOOK1, p)
+
+
+@pytest.mark.parametrize("direction", list(RUN))
+def test_bf16(direction):
+    solver_check.check(RUN, ConvProblem.create(direction, (2, 40, 6, 9), (40, 1, 3, 3), dtype=torch.bfloat16,
+                                               layout="nhwc", padding=1, groups=40))
+
+
+def test_fused_epilogue():
+    p = ConvProblem.create("fwd", (2, 20, 7, 6), (20, 1, 3, 3), dtype=torch.float32, layout="nhwc", padding=1,
+                           groups=20, has_bias=True, post_ops=(("sum", 0.5), ("eltwise", "relu", 0.0, 0.0)))
+    resid = to_layout(torch.randn(p.y_shape), "nhwc")
+    solver_check.check(RUN_SMALL, p, bias=torch.randn(20), post_ops=(Sum(resid, 0.5), Eltwise("relu")))
+
+
+def test_applicability():
+    s = REGISTRY.get("depthwise_walk_fwd")
+    cuda = dict(dtype=torch.bfloat16, layout="nhwc", device="cuda")
+    assert s.is_applicable(ConvProblem.create("fwd", (2, 8, 5, 5), (8, 1, 3, 3), groups=8, padding=1, **cuda))
+    bad = {"stride": ConvProblem.create("fwd", (2, 8, 5, 5), (8, 1, 3, 3), groups=8, stride=2, **cuda),
+           "filter": ConvProblem.create("fwd", (2, 8, 9, 9), (8, 1, 5, 5), groups=8, padding=2, **cuda),
+           "dilation": ConvProblem.create("fwd", (2, 8, 9, 9), (8, 1, 3, 3), groups=8, dilation=(1, 2), **cuda),
+           "groups": ConvProblem.create("fwd", (2, 8, 5, 5), (16, 1, 3, 3), groups=8, **cuda)}
+    for name, p in bad.items():
+        reasons = s.not_supported_reasons(p)
+        assert any(name in r for r in reasons), (name, reasons)
+
+
+def test_bwd_weights_workspace_matches_plan():
+    p = ConvProblem.create("bwd_weights", (4, 40, 30, 31), (40, 1, 3, 3), dtype=torch.bfloat16, layout="nhwc",
+                           padding=1, groups=40, device="cuda")
+    plan = dw.WalkWgradPlan(p)
+    assert REGISTRY.get("depthwise_walk_bwd_weights").workspace_size(p) == math.prod(plan.ws_shape) * 4

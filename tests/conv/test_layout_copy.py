@@ -1,0 +1,29 @@
+"""The NCHW <-> NHWC transposing copies (layout_copy.py) through TRITON_INTERPRET=1: the same
+values as torch's copy, in the right memory format, for odd channel and pixel counts, 1-D,
+2-D and 3-D images, and into a given output."""
+import pytest
+import torch
+
+from nnprim.conv.layout_copy import to_nchw, to_nhwc
+from nnprim.problems.conv import layout_of, to_layout
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 70, 9, 9), (3, 65, 130), (2, 17, 3, 4, 5), (1, 128, 1, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_round_trip(shape, dtype):
+    t = torch.randn(shape).to(dtype)
+    h = to_nhwc(t)
+    assert h.shape == t.shape and torch.equal(h, t)
+    assert layout_of(h) == "nhwc" or h.is_contiguous()
+    assert h.permute(0, *range(2, t.dim()), 1).is_contiguous()
+    back = to_nchw(h)
+    assert back.is_contiguous() and torch.equal(back, t)
+    out = torch.full(shape, float("nan"), dtype=dtype)
+    assert to_nchw(h, out) is out and torch.equal(out, t)
+
+
+def test_already_in_layout_is_not_copied():
+    t = to_layout(torch.randn(2, 8, 4, 4), "nhwc")
+    assert to_nhwc(t) is t
+    c = torch.randn(2, 8, 4, 4)
+    assert to_nchw(c) is c
