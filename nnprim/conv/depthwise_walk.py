@@ -44,7 +44,10 @@ MAX_R = 3
 MAX_S = 3
 # (BH, BC, WALK, warps, LOOK: columns in flight; forward and backward data), measured on the
 # H200 (benchmarks/depthwise.py, results/depthwise_2026-12-02*.json)
-TILE = dict(fwd=(8, 64, 28, 2, 2), bwd_data=(8, 64, 28, 2, 2), bwd_weights=(16, 32, 28, 2, 1))
+TILE = dict(fwd=(4, 64, 28, 1, 3), bwd_data=(4, 64, 28, 1, 3), bwd_weights=(16, 32, 28, 2, 1))
+# images of at most SMALL_IMAGE pixels (7x7): more rows and warps per program
+SMALL_IMAGE = 64
+TILE_SMALL = dict(fwd=(16, 64, 28, 4, 3), bwd_data=(16, 64, 28, 4, 3), bwd_weights=(8, 64, 28, 2, 1))
 
 
 # ---- Triton kernels ------------------------------------------------------------------------------
@@ -118,8 +121,12 @@ def _walk_kernel(src_ptr, w_ptr, dst_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_p
                  FLIP: tl.constexpr, R: tl.constexpr, S: tl.constexpr,
                  BH: tl.constexpr, BC: tl.constexpr, WALK: tl.constexpr, LOOK: tl.constexpr):
     """dst rows [th*BH, +BH) x columns [tw*WALK, +WALK) x channels [cb*BC, +BC) of one image:
-    dst[h, w] = sum_{r,u} src[h - pdh + r*dlh, w - pdw + u] * wt[r, u] (FLIP: wt flipped)."""
-    pid = tl.program_id(0)
+    dst[h, w] = sum_{r,u} src[h - pdh + r*dlh, w - pdw + u] * wt[r, u] (FLIP: wt flipped).
+    Channel blocks are the fastest grid index: the programs that share pixels run together,
+    so DRAM reads whole pixels (all C channels) at a time, not one block's slice of each."""
+    n_cb = tl.cdiv(C, BC)
+    cb = tl.program_id(0) % n_cb
+    pid = tl.program_id(0) // n_cb
     n_tw = tl.cdiv(DW, WALK)
     n_th = tl.cdiv(DH, BH)
     tw = pid % n_tw
@@ -127,7 +134,7 @@ def _walk_kernel(src_ptr, w_ptr, dst_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_p
     th = tmp % n_th
     n64 = (tmp // n_th).to(tl.int64)
     oh = th * BH + tl.arange(0, BH)
-    rc = tl.program_id(1) * BC + tl.arange(0, BC)
+    rc = cb * BC + tl.arange(0, BC)
     mc = rc < C
     mrow = oh < DH
     # per filter row: the input row's pointers at column 0 and its mask (fixed along the walk)
@@ -317,7 +324,7 @@ def _walk_wgrad_kernel(dy_ptr, x_ptr, ws_ptr, C, H, W, OH, OW, n_tiles, tiles_pe
 def _tile(p: ConvProblem, dst_h: int, dst_w: int, tile: tuple | None = None) -> tuple[int, int, int, int, int]:
     """(BH, BC, WALK, warps, LOOK): `tile` or the direction's, narrowed to small images and
     channel counts; the walk covers the row in equal runs (no run of a few columns)."""
-    BH, BC, WALK, warps, *look = tile or TILE[p.direction]
+    BH, BC, WALK, warps, *look = tile or (TILE_SMALL if dst_h * dst_w <= SMALL_IMAGE else TILE)[p.direction]
     BH = min(BH, triton.next_power_of_2(dst_h))
     BC = max(8, min(BC, triton.next_power_of_2(p.C)))
     WALK = triton.cdiv(dst_w, triton.cdiv(dst_w, WALK))
@@ -349,7 +356,7 @@ class WalkPlan:
         ss, sd = _strides2(self.strides[0]), _strides2(self.strides[1])
         self.tiles = gm.N * triton.cdiv(dst_sp[1], BH) * triton.cdiv(dst_sp[2], WALK)
         self.launch = Launch(
-            _walk_kernel, (self.tiles, triton.cdiv(p.C, BC)),
+            _walk_kernel, (self.tiles * triton.cdiv(p.C, BC),),
             (p.C, src_sp[1], src_sp[2], dst_sp[1], dst_sp[2], ss[0], ss[2], ss[3], sd[0], sd[2], sd[3],
              *_padding(p), *self.epi.scalars(), *self.epi.constexprs(),
              transposed, gm.filt[1], gm.filt[2], BH, BC, WALK, LOOK),
@@ -451,7 +458,8 @@ class _WalkBase(Solver):
             gm = geom(p)
             dst = gm.inp if p.direction == "bwd_data" else gm.out
             BH, BC, WALK, _, _ = _tile(p, dst[1], dst[2])
-            reasons += grid_reasons(((1, f"blocks of {BC} channels", triton.cdiv(p.C, BC)),))
+            programs = gm.N * triton.cdiv(dst[1], BH) * triton.cdiv(dst[2], WALK) * triton.cdiv(p.C, BC)
+            reasons += grid_reasons(((0, "row runs x channel blocks", programs),))
         return reasons + conv_index_reasons(p) + post_op_reasons(p)
 
     def estimate(self, problem) -> float | None:

@@ -60,15 +60,15 @@ class LayoutChangePlan:
     def __init__(self, p: ConvProblem):
         self.p = p
         self.inner = inner_solver(p).prepare(nhwc_twin(p))
-        self.copies: dict[tuple, Transpose] = {}     # planned copies per (shape, target layout)
+        self.copies: dict[tuple, Transpose] = {}     # planned copies per (shape, target layout, dtype)
 
     def _copy(self, t: torch.Tensor | None, to: str, out: torch.Tensor | None = None) -> torch.Tensor | None:
         if t is None:
             return None
-        key = (tuple(t.shape), to)
+        key = (tuple(t.shape), to, t.dtype)    # a planned launch is compiled for one dtype
         tr = self.copies.get(key)
         if tr is None:
-            tr = self.copies[key] = Transpose(*key)
+            tr = self.copies[key] = Transpose(key[0], to)
         return tr(t, out)
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ..launch import Launch, interpreting
-from ..problems.conv import layout_of, to_layout
+from ..problems.conv import to_layout
 
 BA = 64   # tile rows: channels (to NHWC) or pixels (to NCHW)
 BB = 64
@@ -38,12 +38,6 @@ def _transpose_kernel(src_ptr, dst_ptr, A, B, BA: tl.constexpr, BB: tl.constexpr
     tl.store(dst_ptr + base + rb[None, :] * A + ra[:, None], v, mask=m)
 
 
-def _fast(t: torch.Tensor) -> bool:
-    """Whether the Triton copy runs t: a CUDA tensor (or any under the interpreter) whose
-    image fits int32 indexing."""
-    return (t.is_cuda or interpreting()) and t.dim() >= 3 and math.prod(t.shape[1:]) < 2 ** 31
-
-
 class Transpose:
     """The copy of tensors of one logical shape (N, C, *sp) into layout `to` ("nhwc" or
     "nchw"), planned once: a call costs one planned launch (~5 us of host time where
@@ -51,29 +45,42 @@ class Transpose:
     convolution of a 0.1 ms NCHW layer)."""
 
     def __init__(self, shape: tuple[int, ...], to: str):
+        self.shape, self.to = tuple(shape), to
+        nd = len(shape)
+        # the kernel indexes within an image in int32
+        self.runs = nd >= 3 and math.prod(shape[1:]) < 2 ** 31
+        if not self.runs:
+            return
         n, c, *sp = shape
         p = math.prod(sp)
-        self.shape, self.to = tuple(shape), to
         a, b = (c, p) if to == "nhwc" else (p, c)      # each image's [a, b] matrix -> [b, a]
         self.launch = Launch(_transpose_kernel, (triton.cdiv(a, BA), triton.cdiv(b, BB), n), (a, b, BA, BB),
                              num_warps=4)
+        self.phys_shape = (n, *sp, c)                  # NHWC memory order
+        self.to_logical = (0, nd - 1, *range(1, nd - 1))
+        self.nchw_strides = tuple(math.prod(shape[i + 1:]) for i in range(nd))
+        self.nhwc_strides = tuple(torch.empty(self.phys_shape, device="meta").permute(*self.to_logical).stride())
+        # C == 1 or one pixel: both layouts are the same memory (nothing to copy)
+        self.runs = self.nchw_strides != self.nhwc_strides
 
     def __call__(self, t: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """t in layout `to`: t itself when it already is (copied into `out` when given, a
-        contiguous tensor of t's shape for "nchw"), else one transposing copy."""
+        contiguous tensor of t's shape for "nchw"), else one transposing copy. The planned
+        strides are checked first: the common case costs two stride comparisons."""
+        fast = self.runs and (t.is_cuda or interpreting())
         if self.to == "nhwc":
-            if layout_of(t) == "nhwc" or not (_fast(t) and t.is_contiguous()):
-                return to_layout(t, "nhwc")
-            phys = torch.empty((t.shape[0], *t.shape[2:], t.shape[1]), dtype=t.dtype, device=t.device)
-            self.launch(t, phys)
-            return phys.permute(0, t.dim() - 1, *range(1, t.dim() - 1))
+            if fast and t.stride() == self.nchw_strides:
+                phys = torch.empty(self.phys_shape, dtype=t.dtype, device=t.device)
+                self.launch(t, phys)
+                return phys.permute(*self.to_logical)
+            return to_layout(t, "nhwc")
         if out is None and t.is_contiguous():
             return t
-        if not (_fast(t) and layout_of(t) == "nhwc" and (out is None or out.is_contiguous())):
-            return to_layout(t, "nchw") if out is None else out.copy_(t)
-        dst = torch.empty(t.shape, dtype=t.dtype, device=t.device) if out is None else out
-        self.launch(t, dst)
-        return dst
+        if fast and t.stride() == self.nhwc_strides and (out is None or out.stride() == self.nchw_strides):
+            dst = torch.empty(self.shape, dtype=t.dtype, device=t.device) if out is None else out
+            self.launch(t, dst)
+            return dst
+        return to_layout(t, "nchw") if out is None else out.copy_(t)
 
 
 def to_nhwc(t: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ values as torch's copy, in the right memory format, for odd channel and pixel co
 import pytest
 import torch
 
-from nnprim.conv.layout_copy import to_nchw, to_nhwc
+from nnprim.conv.layout_copy import Transpose, to_nchw, to_nhwc
 from nnprim.problems.conv import layout_of, to_layout
 
 
@@ -27,3 +27,17 @@ def test_already_in_layout_is_not_copied():
     assert to_nhwc(t) is t
     c = torch.randn(2, 8, 4, 4)
     assert to_nchw(c) is c
+
+
+def test_planned_copy_reused_and_fallbacks():
+    tr = Transpose((2, 5, 3, 4), "nhwc")
+    for seed in range(2):    # the planned launch runs again with new tensors
+        t = torch.randn(2, 5, 3, 4, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(tr(t), t)
+    odd = torch.randn(2, 4, 5, 3).permute(0, 1, 3, 2)    # other strides: torch's copy
+    assert torch.equal(tr(odd), odd) and tr(odd).permute(0, 2, 3, 1).is_contiguous()
+    one = Transpose((2, 1, 3, 4), "nhwc")                # C == 1: one layout, nothing to copy
+    c1 = torch.randn(2, 1, 3, 4)
+    assert torch.equal(one(c1), c1)
+    m = torch.randn(3, 4)                                 # below 3 dims: returned as it is
+    assert Transpose((3, 4), "nchw")(m) is m
