@@ -33,8 +33,8 @@ PROBLEMS = [  # name, N, C, H, W, R, stride, pad
 # (2,32,128,4), (16,8,64,8): all slower, the last three by 2-30x (spills)
 TILES = [None, (8, 16, 64, 4)]
 # (BH, BC, WALK, warps[, LOOK]) of the walking solvers; None: the solver's own
-WALK_TILES = [None, (8, 64, 28, 2, 3), (8, 64, 28, 2, 1), (16, 64, 28, 4, 3), (8, 64, 56, 2, 3),
-              (8, 32, 28, 1, 3), (4, 64, 28, 1, 3), (32, 16, 28, 2), (16, 32, 28, 2)]
+WALK_TILES = [None, (16, 16, 28, 1, 3), (8, 16, 28, 1, 2), (4, 16, 28, 1, 3), (8, 8, 28, 1, 3),
+              (16, 16, 28, 2, 3), (8, 16, 56, 1, 3), (8, 32, 28, 1, 3)]
 
 
 def bench(fn):

@@ -46,6 +46,29 @@ MAX_TAPS = 9
 TILE = dict(fwd=(4, 32, 64, 4), bwd_data=(4, 32, 64, 4), bwd_weights=(4, 32, 64, 4))
 
 
+# Fraction of ~4.2 TB/s that each kernel family serving depthwise layers reached on the bytes of
+# x + w + y (bf16, H200, 2026-12-02; benchmarks/depthwise.py, results/depthwise_2026-12-02_s13_*.json
+# and 2026-11-30's log for stride 2): (forward and backward data, backward weights) per
+# (family, stride 1). walk: depthwise_walk.py; tile: this module; direct: direct.py;
+# gluon_wgrad: gluon_conv_wgrad.py (backward weights only).
+DW_EFFICIENCY = {
+    ("walk", True): (0.5, 0.35),      # mbv2 3x3 56x56: 2.38 / 1.69 TB/s; 7x7 C 960: 1.45 / 0.74
+    ("tile", True): (0.28, 0.13),     # mbv2: 1.16 / 0.54 TB/s
+    ("tile", False): (0.5, 0.22),     # mbv2 stride 2, 112x112 C 96: 2.28 / 0.94 TB/s
+    ("direct", True): (0.2, 0.06),    # mbv2: 0.85 / 0.25 TB/s
+    ("direct", False): (0.2, 0.17),
+    ("gluon_wgrad", True): (None, 0.15),   # solver 29 on mbv2: 0.65 TB/s
+    ("gluon_wgrad", False): (None, 0.15),
+}
+
+
+def dw_estimate(p: ConvProblem, family: str) -> float:
+    """A depthwise layer's time (ms) by the measured efficiency of `family`'s kernels."""
+    fwd, wgrad = DW_EFFICIENCY[(family, all(s == 1 for s in p.stride) or family == "walk")]
+    eff = wgrad if p.direction == "bwd_weights" else fwd
+    return roofline_ms(0, p.bytes() + post_op_bytes(p), p.dtype) / eff
+
+
 # ---- Triton kernels ------------------------------------------------------------------------------
 @triton.jit
 def _dw_kernel(src_ptr, w_ptr, dst_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
@@ -288,8 +311,7 @@ class _DepthwiseBase(Solver):
         return reasons + conv_index_reasons(p) + post_op_reasons(p)
 
     def estimate(self, problem) -> float | None:
-        nbytes = problem.bytes() + post_op_bytes(problem)
-        return roofline_ms(0, nbytes, problem.dtype) * 0.6
+        return dw_estimate(problem, "tile")
 
 
 @register

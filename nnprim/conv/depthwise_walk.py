@@ -35,16 +35,16 @@ from ..launch import Launch
 from ..limits import grid_reasons
 from ..problems.conv import ConvProblem
 from ..search.solver import Solver, register
-from .depthwise import _dense_w, _in_layout, _strides2
-from .implicit_gemm import conv_index_reasons, geom, layout_strides, roofline_ms
+from .depthwise import _dense_w, _in_layout, _strides2, dw_estimate
+from .implicit_gemm import conv_index_reasons, geom, layout_strides
 from .implicit_gemm_bwd import NUM_SMS
-from .triton_epilogue import NO_EPILOGUE, epilogue, plan_epilogue, post_op_bytes, post_op_reasons
+from .triton_epilogue import NO_EPILOGUE, epilogue, plan_epilogue, post_op_reasons
 
 MAX_R = 3
 MAX_S = 3
 # (BH, BC, WALK, warps, LOOK: columns in flight; forward and backward data), measured on the
 # H200 (benchmarks/depthwise.py, results/depthwise_2026-12-02*.json)
-TILE = dict(fwd=(4, 64, 28, 1, 3), bwd_data=(4, 64, 28, 1, 3), bwd_weights=(16, 32, 28, 2, 1))
+TILE = dict(fwd=(8, 16, 28, 1, 3), bwd_data=(8, 16, 28, 1, 3), bwd_weights=(16, 32, 28, 2, 1))
 # images of at most SMALL_IMAGE pixels (7x7): more rows and warps per program
 SMALL_IMAGE = 64
 TILE_SMALL = dict(fwd=(16, 64, 28, 4, 3), bwd_data=(16, 64, 28, 4, 3), bwd_weights=(8, 64, 28, 2, 1))
@@ -463,9 +463,7 @@ class _WalkBase(Solver):
         return reasons + conv_index_reasons(p) + post_op_reasons(p)
 
     def estimate(self, problem) -> float | None:
-        """The bytes at 0.7 of the roofline (below solvers 43-45's 0.6: measured faster)."""
-        nbytes = problem.bytes() + post_op_bytes(problem)
-        return roofline_ms(0, nbytes, problem.dtype) / 0.7
+        return dw_estimate(problem, "walk")
 
 
 @register

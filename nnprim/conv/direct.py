@@ -43,6 +43,7 @@ from ..limits import grid_reasons
 from ..problems.conv import ConvProblem
 from ..search.solver import Solver, register
 from . import configs
+from .depthwise import dw_estimate
 from .implicit_gemm import check_strided, conv_index_reasons, geom, layout_strides, roofline_ms, strides5_of
 from .implicit_gemm_bwd import NUM_SMS, _split_reduce_kernel
 from .triton_epilogue import NO_EPILOGUE, epilogue, interpreting, plan_epilogue, post_op_bytes, post_op_reasons, tl_dot_precision
@@ -527,6 +528,8 @@ class _DirectBase(Solver):
         return reasons + conv_index_reasons(problem) + post_op_reasons(problem)
 
     def estimate(self, problem) -> float | None:
+        if problem.groups == problem.C == problem.K:     # depthwise: measured (depthwise.DW_EFFICIENCY)
+            return dw_estimate(problem, "direct")
         gm = geom(problem)
         # FMA path: ~40 TFLOP/s of f32 FMA; dot path and bwd weights are cache/bandwidth bound
         dot = _use_dot(gm.Cg, gm.Kg, 64) and problem.direction != "bwd_weights"

@@ -48,6 +48,7 @@ from ..gluon_support import (
 from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import register
+from .depthwise import dw_estimate
 from .gluon_conv import SMEM_BYTES, GluonConvSolver, _nvmma, flat_view, rect
 from .gluon_phases import four_phase_descs, phases_of, view_geometry
 from .implicit_gemm import geom, roofline_ms
@@ -357,6 +358,8 @@ class GluonImplicitGemmBwdWeights(GluonConvSolver):
         return GluonWgradPlan(problem).workspace_bytes(0 if torch.cuda.is_available() else None)
 
     def estimate(self, problem) -> float | None:
+        if problem.groups == problem.C == problem.K:     # depthwise: measured (depthwise.DW_EFFICIENCY)
+            return dw_estimate(problem, "gluon_wgrad")
         # grouped: the block-diagonal tiles' dense work (BM x BN per block of BM rows)
         if problem.groups > 1:
             d = diag_tile(problem)
