@@ -4,7 +4,7 @@ registers, spills and the instruction mix of the main loop (the largest backward
 per solver family and tile, on the suite's mbv2_dw3x3 shape (N 2 for the compile).
 
 Usage: TRITON_INTERPRET=0 python benchmarks/diag/dw_sass.py [--family walk|tile]
-       [--direction fwd] [--tile 8,16,28,1,3]
+       [--direction fwd] [--tile 8,16,28,1,3] [--stride 2]
 """
 from __future__ import annotations
 
@@ -56,10 +56,11 @@ def main() -> None:
     ap.add_argument("--family", default="walk", choices=("walk", "tile"))
     ap.add_argument("--direction", default="fwd", choices=("fwd", "bwd_data", "bwd_weights"))
     ap.add_argument("--tile", default=None, help="comma-separated tile tuple of the family's plans")
+    ap.add_argument("--stride", type=int, default=1)
     a = ap.parse_args()
     tile = tuple(int(v) for v in a.tile.split(",")) if a.tile else None
     p = ConvProblem.create(a.direction, (2, 144, 56, 56), (144, 1, 3, 3), device="cpu", layout="nhwc",
-                           dtype=torch.bfloat16, padding=1, groups=144)
+                           dtype=torch.bfloat16, padding=1, groups=144, stride=a.stride)
     wgrad = a.direction == "bwd_weights"
     if a.family == "walk":
         plan = (depthwise_walk.WalkWgradPlan if wgrad else depthwise_walk.WalkPlan)(p, tile)
@@ -72,7 +73,7 @@ def main() -> None:
         for ck in cache[0].values():
             loop = main_loop(ck.asm["cubin"])
             ops = collections.Counter(s.split()[1] if s.startswith("@") else s.split()[0] for s in loop)
-            print(f"{a.family} {a.direction} tile={tile or 'default'}: {_cubin_usage(ck)}; main loop "
+            print(f"{a.family} {a.direction} stride {a.stride} tile={tile or 'default'}: {_cubin_usage(ck)}; main loop "
                   f"{len(loop)} instructions: {ops.most_common(12)}")
 
 

@@ -53,6 +53,7 @@ TILE = dict(fwd=(4, 32, 64, 4), bwd_data=(4, 32, 64, 4), bwd_weights=(4, 32, 64,
 # gluon_wgrad: gluon_conv_wgrad.py (backward weights only).
 DW_EFFICIENCY = {
     ("walk", True): (0.5, 0.35),      # mbv2 3x3 56x56: 2.38 / 1.69 TB/s; 7x7 C 960: 1.45 / 0.74
+    ("walk", False): (0.45, 0.2),     # not measured yet: ranked behind tile until find times both
     ("tile", True): (0.28, 0.13),     # mbv2: 1.16 / 0.54 TB/s
     ("tile", False): (0.5, 0.22),     # mbv2 stride 2, 112x112 C 96: 2.28 / 0.94 TB/s
     ("direct", True): (0.2, 0.06),    # mbv2: 0.85 / 0.25 TB/s
@@ -64,7 +65,7 @@ DW_EFFICIENCY = {
 
 def dw_estimate(p: ConvProblem, family: str) -> float:
     """A depthwise layer's time (ms) by the measured efficiency of `family`'s kernels."""
-    fwd, wgrad = DW_EFFICIENCY[(family, all(s == 1 for s in p.stride) or family == "walk")]
+    fwd, wgrad = DW_EFFICIENCY[(family, all(s == 1 for s in p.stride))]
     eff = wgrad if p.direction == "bwd_weights" else fwd
     return roofline_ms(0, p.bytes() + post_op_bytes(p), p.dtype) / eff
 

@@ -10,7 +10,12 @@ rows x BC channels of one image and walks a run of WALK output columns left to r
 per column it loads the new input column once per filter row (R loads of [BH, BC]) and
 keeps the last S columns in registers, so an input value is loaded and converted R times
 instead of R*S (3 instead of 9), the row masks and pointers are computed once per
-program, and each output costs its R*S FMAs plus ~5 instructions.
+program, and each output costs its R*S FMAs plus ~5 instructions (21.7 SASS instructions per
+output, 110 registers). The walk is latency-bound (a column's loads cannot pass the previous
+column's store): LOOK columns are in flight as raw loads, programs are one warp, and channel
+blocks are the fastest grid index so that a pixel's channels are read from DRAM together.
+H200, 2026-12-02 (BENCHMARKS.md): mbv2 3x3 forward 1.09x, backward data 1.92x, backward
+weights 0.97x cuDNN (2.38 TB/s effective forward, 57% of the roof).
 
   forward:        y[n, c, h, w]  = sum_{r,u} x[n, c, h - ph + r*dh, w - pw + u] * wt[c, r, u]
   backward data:  the forward of dy with the flipped filter, padding dh*(R-1) - ph, (S-1) - pw
@@ -19,10 +24,15 @@ program, and each output costs its R*S FMAs plus ~5 instructions.
     column), summed over the rows once per program into ws[split, tap, c]; the splits are
     summed in a fixed order afterwards (deterministic).
 
-Covers 1-D and 2-D, channels-last (unit channel stride), stride 1, filters up to 3 x 3 with
-unit column dilation (any row dilation), any padding (backward data: at most the filter
-reach), f32/f16/bf16; the bias and post-op chain fused into the forward. Other problems
-stay with solvers 43-45."""
+Stride 2 (forward and backward weights; `_walk_s2`, `_wgrad_s2`): output column w reads input
+columns 2w - pw + u, so a 3-wide filter's last column is the next step's first and a step
+loads 2 new columns (6 loads per output of a 3x3 instead of the tile kernel's 9); rows take
+any stride. Backward data at stride 2 is a transposed convolution: it stays with 44.
+
+Covers 1-D and 2-D, channels-last (unit channel stride), column stride 1 or 2 (backward
+data: stride 1), filters up to 3 x 3 with unit column dilation (any row dilation), any
+padding (backward data: at most the filter reach), f32/f16/bf16; the bias and post-op chain
+fused into the forward. Other problems stay with solvers 43-45."""
 from __future__ import annotations
 
 import torch
@@ -111,7 +121,7 @@ def _fma_col(acc, c0, c1, c2, w0, w1, w2, R: tl.constexpr):
 
 @triton.jit
 def _walk_kernel(src_ptr, w_ptr, dst_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr,
-                 C, SH, SW, DH, DW, ssn, ssh, ssw, sdn, sdh, sdw, pdh, pdw, dlh,
+                 C, SH, SW, DH, DW, ssn, ssh, ssw, sdn, sdh, sdw, pdh, pdw, dlh, sth,
                  p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
                  HAS_BIAS: tl.constexpr,
                  P0_KIND: tl.constexpr, P0_SUB: tl.constexpr, P0_BC: tl.constexpr,
@@ -119,9 +129,10 @@ def _walk_kernel(src_ptr, w_ptr, dst_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_p
                  P2_KIND: tl.constexpr, P2_SUB: tl.constexpr, P2_BC: tl.constexpr,
                  P3_KIND: tl.constexpr, P3_SUB: tl.constexpr, P3_BC: tl.constexpr,
                  FLIP: tl.constexpr, R: tl.constexpr, S: tl.constexpr,
-                 BH: tl.constexpr, BC: tl.constexpr, WALK: tl.constexpr, LOOK: tl.constexpr):
+                 BH: tl.constexpr, BC: tl.constexpr, WALK: tl.constexpr, LOOK: tl.constexpr,
+                 CST: tl.constexpr):
     """dst rows [th*BH, +BH) x columns [tw*WALK, +WALK) x channels [cb*BC, +BC) of one image:
-    dst[h, w] = sum_{r,u} src[h - pdh + r*dlh, w - pdw + u] * wt[r, u] (FLIP: wt flipped).
+    dst[h, w] = sum_{r,u} src[h*sth - pdh + r*dlh, w*CST - pdw + u] * wt[r, u] (FLIP: wt flipped).
     Channel blocks are the fastest grid index: the programs that share pixels run together,
     so DRAM reads whole pixels (all C channels) at a time, not one block's slice of each."""
     n_cb = tl.cdiv(C, BC)
@@ -139,7 +150,7 @@ def _walk_kernel(src_ptr, w_ptr, dst_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_p
     mrow = oh < DH
     # per filter row: the input row's pointers at column 0 and its mask (fixed along the walk)
     src = src_ptr + n64 * ssn
-    ih0 = oh - pdh
+    ih0 = oh * sth - pdh
     ih1 = ih0 + dlh
     ih2 = ih1 + dlh
     p0 = src + (ih0 * ssh)[:, None] + rc[None, :]
@@ -159,54 +170,115 @@ def _walk_kernel(src_ptr, w_ptr, dst_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_p
     w22 = _tap_w(w_ptr, rc, mc, 2, 2, R, S, FLIP)
     z = tl.zeros((BH, BC), dtype=tl.float32)
     ow0 = tw * WALK
-    # the window: input columns iw, iw+1 (a0*, a1*) before the first output column
-    iw = ow0 - pdw
-    a00, a01, a02 = _column(p0 + iw * ssw, p1 + iw * ssw, p2 + iw * ssw, m0, m1, m2,
-                            (iw >= 0) & (iw < SW), z, R)
-    a10, a11, a12 = z, z, z
-    if S > 2:
-        a10, a11, a12 = _column(p0 + (iw + 1) * ssw, p1 + (iw + 1) * ssw, p2 + (iw + 1) * ssw, m0, m1, m2,
-                                (iw + 1 >= 0) & (iw + 1 < SW), z, R)
     mask_st = mrow[:, None] & mc[None, :]
     y_row = n64 * sdn + (oh * sdh)[:, None] + rc[None, :]
-    jn = ow0 - pdw + S - 1           # the column that enters the window at the first output column
-    b0, b1, b2 = _column(p0 + jn * ssw, p1 + jn * ssw, p2 + jn * ssw, m0, m1, m2, (jn >= 0) & (jn < SW), z, R)
-    # LOOK - 1 more columns in flight (raw, 2 bytes a value): q* the next, r* the one after
-    q0, q1, q2 = b0, b1, b2
-    r0, r1, r2 = b0, b1, b2
-    if LOOK > 1:
-        q0, q1, q2 = _raw_column(p0 + (jn + 1) * ssw, p1 + (jn + 1) * ssw, p2 + (jn + 1) * ssw, m0, m1, m2,
-                                 (jn >= -1) & (jn + 1 < SW), R)
-    if LOOK > 2:
-        r0, r1, r2 = _raw_column(p0 + (jn + 2) * ssw, p1 + (jn + 2) * ssw, p2 + (jn + 2) * ssw, m0, m1, m2,
-                                 (jn >= -2) & (jn + 2 < SW), R)
-    for j in tl.range(0, WALK, loop_unroll_factor=S):
-        ow = ow0 + j
-        # the column LOOK ahead goes out before this column's store, which the compiler cannot
-        # move loads across (y may alias x as far as it knows): the walk is latency-bound
-        jn = ow - pdw + S - 1 + LOOK
-        e0, e1, e2 = _raw_column(p0 + jn * ssw, p1 + jn * ssw, p2 + jn * ssw, m0, m1, m2, (jn >= 0) & (jn < SW), R)
-        if S == 1:
-            acc = _fma_col(z, b0, b1, b2, w00, w10, w20, R)
-        elif S == 2:
-            acc = _fma_col(z, a00, a01, a02, w00, w10, w20, R)
-            acc = _fma_col(acc, b0, b1, b2, w01, w11, w21, R)
-            a00, a01, a02 = b0, b1, b2
-        else:
-            acc = _fma_col(z, a00, a01, a02, w00, w10, w20, R)
-            acc = _fma_col(acc, a10, a11, a12, w01, w11, w21, R)
-            acc = _fma_col(acc, b0, b1, b2, w02, w12, w22, R)
-            a00, a01, a02 = a10, a11, a12
-            a10, a11, a12 = b0, b1, b2
-        if LOOK == 1:
-            b0, b1, b2 = e0.to(tl.float32), e1.to(tl.float32), e2.to(tl.float32)
-        else:
-            b0, b1, b2 = q0.to(tl.float32), q1.to(tl.float32), q2.to(tl.float32)
-            if LOOK == 2:
-                q0, q1, q2 = e0, e1, e2
+    if CST == 1:
+        # the window: input columns iw, iw+1 (a0*, a1*) before the first output column
+        iw = ow0 - pdw
+        a00, a01, a02 = _column(p0 + iw * ssw, p1 + iw * ssw, p2 + iw * ssw, m0, m1, m2,
+                                (iw >= 0) & (iw < SW), z, R)
+        a10, a11, a12 = z, z, z
+        if S > 2:
+            a10, a11, a12 = _column(p0 + (iw + 1) * ssw, p1 + (iw + 1) * ssw, p2 + (iw + 1) * ssw, m0, m1, m2,
+                                    (iw + 1 >= 0) & (iw + 1 < SW), z, R)
+        jn = ow0 - pdw + S - 1           # the column that enters the window at the first output column
+        b0, b1, b2 = _column(p0 + jn * ssw, p1 + jn * ssw, p2 + jn * ssw, m0, m1, m2, (jn >= 0) & (jn < SW), z, R)
+        # LOOK - 1 more columns in flight (raw, 2 bytes a value): q* the next, r* the one after
+        q0, q1, q2 = b0, b1, b2
+        r0, r1, r2 = b0, b1, b2
+        if LOOK > 1:
+            q0, q1, q2 = _raw_column(p0 + (jn + 1) * ssw, p1 + (jn + 1) * ssw, p2 + (jn + 1) * ssw, m0, m1, m2,
+                                     (jn >= -1) & (jn + 1 < SW), R)
+        if LOOK > 2:
+            r0, r1, r2 = _raw_column(p0 + (jn + 2) * ssw, p1 + (jn + 2) * ssw, p2 + (jn + 2) * ssw, m0, m1, m2,
+                                     (jn >= -2) & (jn + 2 < SW), R)
+        for j in tl.range(0, WALK, loop_unroll_factor=S):
+            ow = ow0 + j
+            # the column LOOK ahead goes out before this column's store, which the compiler cannot
+            # move loads across (y may alias x as far as it knows): the walk is latency-bound
+            jn = ow - pdw + S - 1 + LOOK
+            e0, e1, e2 = _raw_column(p0 + jn * ssw, p1 + jn * ssw, p2 + jn * ssw, m0, m1, m2, (jn >= 0) & (jn < SW), R)
+            if S == 1:
+                acc = _fma_col(z, b0, b1, b2, w00, w10, w20, R)
+            elif S == 2:
+                acc = _fma_col(z, a00, a01, a02, w00, w10, w20, R)
+                acc = _fma_col(acc, b0, b1, b2, w01, w11, w21, R)
+                a00, a01, a02 = b0, b1, b2
             else:
-                q0, q1, q2 = r0, r1, r2
-                r0, r1, r2 = e0, e1, e2
+                acc = _fma_col(z, a00, a01, a02, w00, w10, w20, R)
+                acc = _fma_col(acc, a10, a11, a12, w01, w11, w21, R)
+                acc = _fma_col(acc, b0, b1, b2, w02, w12, w22, R)
+                a00, a01, a02 = a10, a11, a12
+                a10, a11, a12 = b0, b1, b2
+            if LOOK == 1:
+                b0, b1, b2 = e0.to(tl.float32), e1.to(tl.float32), e2.to(tl.float32)
+            else:
+                b0, b1, b2 = q0.to(tl.float32), q1.to(tl.float32), q2.to(tl.float32)
+                if LOOK == 2:
+                    q0, q1, q2 = e0, e1, e2
+                else:
+                    q0, q1, q2 = r0, r1, r2
+                    r0, r1, r2 = e0, e1, e2
+            mask = mask_st & (ow < DW)
+            y_off = y_row + ow * sdw
+            acc = epilogue(acc, y_off, rc, mc, mask, bias_ptr,
+                           p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
+                           HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
+                           P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC)
+            tl.store(dst_ptr + y_off, acc.to(dst_ptr.dtype.element_ty), mask=mask)
+    else:
+        _walk_s2(p0, p1, p2, m0, m1, m2, w00, w10, w20, w01, w11, w21, w02, w12, w22, z, ow0, pdw, SW, ssw, DW,
+                 sdw, mask_st, y_row, rc, mc, dst_ptr, bias_ptr,
+                 p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
+                 HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
+                 P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC, R, S, WALK)
+
+
+@triton.jit
+def _walk_s2(p0, p1, p2, m0, m1, m2, w00, w10, w20, w01, w11, w21, w02, w12, w22, z, ow0, pdw, SW, ssw, DW,
+             sdw, mask_st, y_row, rc, mc, dst_ptr, bias_ptr,
+             p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
+             HAS_BIAS: tl.constexpr,
+             P0_KIND: tl.constexpr, P0_SUB: tl.constexpr, P0_BC: tl.constexpr,
+             P1_KIND: tl.constexpr, P1_SUB: tl.constexpr, P1_BC: tl.constexpr,
+             P2_KIND: tl.constexpr, P2_SUB: tl.constexpr, P2_BC: tl.constexpr,
+             P3_KIND: tl.constexpr, P3_SUB: tl.constexpr, P3_BC: tl.constexpr,
+             R: tl.constexpr, S: tl.constexpr, WALK: tl.constexpr):
+    """The walk at column stride 2: output column ow reads input columns 2*ow - pdw + u. A
+    3-wide filter's last column is the next step's first (kept, `a`), so a step loads 2 new
+    columns (S == 3: u = 1, 2; S <= 2: u < S); the next step's are in flight (raw) before
+    this step's store."""
+    FIRST: tl.constexpr = 1 if S == 3 else 0
+    c = 2 * ow0 - pdw + FIRST                        # this step's first new column
+    a0, a1, a2 = z, z, z
+    if S == 3:
+        a0, a1, a2 = _column(p0 + (c - 1) * ssw, p1 + (c - 1) * ssw, p2 + (c - 1) * ssw, m0, m1, m2,
+                             (c >= 1) & (c - 1 < SW), z, R)
+    q0, q1, q2 = _raw_column(p0 + c * ssw, p1 + c * ssw, p2 + c * ssw, m0, m1, m2, (c >= 0) & (c < SW), R)
+    r0, r1, r2 = q0, q1, q2
+    if S - FIRST > 1:
+        r0, r1, r2 = _raw_column(p0 + (c + 1) * ssw, p1 + (c + 1) * ssw, p2 + (c + 1) * ssw, m0, m1, m2,
+                                 (c >= -1) & (c + 1 < SW), R)
+    for j in range(0, WALK):
+        ow = ow0 + j
+        b0, b1, b2 = q0.to(tl.float32), q1.to(tl.float32), q2.to(tl.float32)
+        e0, e1, e2 = r0.to(tl.float32), r1.to(tl.float32), r2.to(tl.float32)
+        cn = c + 2 * (j + 1)                         # the next step's first new column
+        q0, q1, q2 = _raw_column(p0 + cn * ssw, p1 + cn * ssw, p2 + cn * ssw, m0, m1, m2,
+                                 (cn >= 0) & (cn < SW), R)
+        if S - FIRST > 1:
+            r0, r1, r2 = _raw_column(p0 + (cn + 1) * ssw, p1 + (cn + 1) * ssw, p2 + (cn + 1) * ssw, m0, m1, m2,
+                                     (cn >= -1) & (cn + 1 < SW), R)
+        if S == 3:
+            acc = _fma_col(z, a0, a1, a2, w00, w10, w20, R)
+            acc = _fma_col(acc, b0, b1, b2, w01, w11, w21, R)
+            acc = _fma_col(acc, e0, e1, e2, w02, w12, w22, R)
+            a0, a1, a2 = e0, e1, e2
+        elif S == 2:
+            acc = _fma_col(z, b0, b1, b2, w00, w10, w20, R)
+            acc = _fma_col(acc, e0, e1, e2, w01, w11, w21, R)
+        else:
+            acc = _fma_col(z, b0, b1, b2, w00, w10, w20, R)
         mask = mask_st & (ow < DW)
         y_off = y_row + ow * sdw
         acc = epilogue(acc, y_off, rc, mc, mask, bias_ptr,
@@ -225,12 +297,73 @@ def _row_sum(ws_ptr, row, acc, rc, mc, C, r: tl.constexpr, u: tl.constexpr, R: t
 
 
 @triton.jit
+def _wgrad_s2(p0, p1, p2, m0, m1, m2, pdy, mdy, syw, sxw, ow0, pdw, W, OW, z,
+              g00, g10, g20, g01, g11, g21, g02, g12, g22, R: tl.constexpr, S: tl.constexpr, WALK: tl.constexpr):
+    """One tile's walk of backward weights at column stride 2 (see `_walk_s2`: a 3-wide
+    filter's last column is the next step's first); the next step's dy and x columns are
+    loaded a step ahead."""
+    FIRST: tl.constexpr = 1 if S == 3 else 0
+    c = 2 * ow0 - pdw + FIRST
+    a0, a1, a2 = z, z, z
+    if S == 3:
+        a0, a1, a2 = _column(p0 + (c - 1) * sxw, p1 + (c - 1) * sxw, p2 + (c - 1) * sxw, m0, m1, m2,
+                             (c >= 1) & (c - 1 < W), z, R)
+    q0, q1, q2 = _raw_column(p0 + c * sxw, p1 + c * sxw, p2 + c * sxw, m0, m1, m2, (c >= 0) & (c < W), R)
+    r0, r1, r2 = q0, q1, q2
+    if S - FIRST > 1:
+        r0, r1, r2 = _raw_column(p0 + (c + 1) * sxw, p1 + (c + 1) * sxw, p2 + (c + 1) * sxw, m0, m1, m2,
+                                 (c >= -1) & (c + 1 < W), R)
+    dr = tl.load(pdy + ow0 * syw, mask=mdy & (ow0 < OW), other=0.0)
+    for j in range(0, WALK):
+        ow = ow0 + j
+        d = dr.to(tl.float32)
+        b0, b1, b2 = q0.to(tl.float32), q1.to(tl.float32), q2.to(tl.float32)
+        e0, e1, e2 = r0.to(tl.float32), r1.to(tl.float32), r2.to(tl.float32)
+        dr = tl.load(pdy + (ow + 1) * syw, mask=mdy & (ow + 1 < OW) & (j + 1 < WALK), other=0.0)
+        cn = c + 2 * (j + 1)
+        q0, q1, q2 = _raw_column(p0 + cn * sxw, p1 + cn * sxw, p2 + cn * sxw, m0, m1, m2, (cn >= 0) & (cn < W), R)
+        if S - FIRST > 1:
+            r0, r1, r2 = _raw_column(p0 + (cn + 1) * sxw, p1 + (cn + 1) * sxw, p2 + (cn + 1) * sxw, m0, m1, m2,
+                                     (cn >= -1) & (cn + 1 < W), R)
+        if S == 3:
+            g00 += d * a0
+            g01 += d * b0
+            g02 += d * e0
+            if R > 1:
+                g10 += d * a1
+                g11 += d * b1
+                g12 += d * e1
+            if R > 2:
+                g20 += d * a2
+                g21 += d * b2
+                g22 += d * e2
+            a0, a1, a2 = e0, e1, e2
+        elif S == 2:
+            g00 += d * b0
+            g01 += d * e0
+            if R > 1:
+                g10 += d * b1
+                g11 += d * e1
+            if R > 2:
+                g20 += d * b2
+                g21 += d * e2
+        else:
+            g00 += d * b0
+            if R > 1:
+                g10 += d * b1
+            if R > 2:
+                g20 += d * b2
+    return g00, g10, g20, g01, g11, g21, g02, g12, g22
+
+
+@triton.jit
 def _walk_wgrad_kernel(dy_ptr, x_ptr, ws_ptr, C, H, W, OH, OW, n_tiles, tiles_per_prog,
-                       sxn, sxh, sxw, syn, syh, syw, pdh, pdw, dlh,
+                       sxn, sxh, sxw, syn, syh, syw, pdh, pdw, dlh, sth,
                        R: tl.constexpr, S: tl.constexpr, BH: tl.constexpr, BC: tl.constexpr,
-                       WALK: tl.constexpr):
+                       WALK: tl.constexpr, CST: tl.constexpr):
     """Partial dw of the (image, row block, column run) tiles [sl * tiles_per_prog, +tiles_per_prog)
-    for channels [cb*BC, +BC) into ws[sl, tap, c] (sl = program_id(1), cb = program_id(0))."""
+    for channels [cb*BC, +BC) into ws[sl, tap, c] (sl = program_id(1), cb = program_id(0));
+    output (h, w) reads x[h*sth - pdh + r*dlh, w*CST - pdw + u]."""
     rc = tl.program_id(0) * BC + tl.arange(0, BC)
     mc = rc < C
     sl = tl.program_id(1)
@@ -247,7 +380,7 @@ def _walk_wgrad_kernel(dy_ptr, x_ptr, ws_ptr, C, H, W, OH, OW, n_tiles, tiles_pe
         oh = th * BH + tl.arange(0, BH)
         mrow = oh < OH
         xb = x_ptr + n64 * sxn
-        ih0 = oh - pdh
+        ih0 = oh * sth - pdh
         ih1 = ih0 + dlh
         ih2 = ih1 + dlh
         p0 = xb + (ih0 * sxh)[:, None] + rc[None, :]
@@ -259,55 +392,60 @@ def _walk_wgrad_kernel(dy_ptr, x_ptr, ws_ptr, C, H, W, OH, OW, n_tiles, tiles_pe
         pdy = dy_ptr + n64 * syn + (oh * syh)[:, None] + rc[None, :]
         mdy = mrow[:, None] & mc[None, :]
         ow0 = tw * WALK
-        iw = ow0 - pdw
-        a00, a01, a02 = _column(p0 + iw * sxw, p1 + iw * sxw, p2 + iw * sxw, m0, m1, m2,
-                                (iw >= 0) & (iw < W), z, R)
-        a10, a11, a12 = z, z, z
-        if S > 2:
-            a10, a11, a12 = _column(p0 + (iw + 1) * sxw, p1 + (iw + 1) * sxw, p2 + (iw + 1) * sxw, m0, m1, m2,
-                                    (iw + 1 >= 0) & (iw + 1 < W), z, R)
-        d = tl.load(pdy + ow0 * syw, mask=mdy & (ow0 < OW), other=0.0).to(tl.float32)
-        jn = ow0 - pdw + S - 1
-        b0, b1, b2 = _column(p0 + jn * sxw, p1 + jn * sxw, p2 + jn * sxw, m0, m1, m2, (jn >= 0) & (jn < W), z, R)
-        for j in tl.range(0, WALK, loop_unroll_factor=S):
-            ow = ow0 + j
-            # the next column's dy and x, loaded one step ahead (the walk is latency-bound)
-            dn = tl.load(pdy + (ow + 1) * syw, mask=mdy & (ow + 1 < OW) & (j + 1 < WALK), other=0.0).to(tl.float32)
-            jn = ow - pdw + S
-            n0, n1, n2 = _column(p0 + jn * sxw, p1 + jn * sxw, p2 + jn * sxw, m0, m1, m2, (jn >= 0) & (jn < W),
-                                 z, R)
-            if S == 1:
-                g00 += d * b0
-                if R > 1:
-                    g10 += d * b1
-                if R > 2:
-                    g20 += d * b2
-            elif S == 2:
-                g00 += d * a00
-                g01 += d * b0
-                if R > 1:
-                    g10 += d * a01
-                    g11 += d * b1
-                if R > 2:
-                    g20 += d * a02
-                    g21 += d * b2
-                a00, a01, a02 = b0, b1, b2
-            else:
-                g00 += d * a00
-                g01 += d * a10
-                g02 += d * b0
-                if R > 1:
-                    g10 += d * a01
-                    g11 += d * a11
-                    g12 += d * b1
-                if R > 2:
-                    g20 += d * a02
-                    g21 += d * a12
-                    g22 += d * b2
-                a00, a01, a02 = a10, a11, a12
-                a10, a11, a12 = b0, b1, b2
-            b0, b1, b2 = n0, n1, n2
-            d = dn
+        if CST == 1:
+            iw = ow0 - pdw
+            a00, a01, a02 = _column(p0 + iw * sxw, p1 + iw * sxw, p2 + iw * sxw, m0, m1, m2,
+                                    (iw >= 0) & (iw < W), z, R)
+            a10, a11, a12 = z, z, z
+            if S > 2:
+                a10, a11, a12 = _column(p0 + (iw + 1) * sxw, p1 + (iw + 1) * sxw, p2 + (iw + 1) * sxw, m0, m1, m2,
+                                        (iw + 1 >= 0) & (iw + 1 < W), z, R)
+            d = tl.load(pdy + ow0 * syw, mask=mdy & (ow0 < OW), other=0.0).to(tl.float32)
+            jn = ow0 - pdw + S - 1
+            b0, b1, b2 = _column(p0 + jn * sxw, p1 + jn * sxw, p2 + jn * sxw, m0, m1, m2, (jn >= 0) & (jn < W), z, R)
+            for j in tl.range(0, WALK, loop_unroll_factor=S):
+                ow = ow0 + j
+                # the next column's dy and x, loaded one step ahead (the walk is latency-bound)
+                dn = tl.load(pdy + (ow + 1) * syw, mask=mdy & (ow + 1 < OW) & (j + 1 < WALK), other=0.0).to(tl.float32)
+                jn = ow - pdw + S
+                n0, n1, n2 = _column(p0 + jn * sxw, p1 + jn * sxw, p2 + jn * sxw, m0, m1, m2, (jn >= 0) & (jn < W),
+                                     z, R)
+                if S == 1:
+                    g00 += d * b0
+                    if R > 1:
+                        g10 += d * b1
+                    if R > 2:
+                        g20 += d * b2
+                elif S == 2:
+                    g00 += d * a00
+                    g01 += d * b0
+                    if R > 1:
+                        g10 += d * a01
+                        g11 += d * b1
+                    if R > 2:
+                        g20 += d * a02
+                        g21 += d * b2
+                    a00, a01, a02 = b0, b1, b2
+                else:
+                    g00 += d * a00
+                    g01 += d * a10
+                    g02 += d * b0
+                    if R > 1:
+                        g10 += d * a01
+                        g11 += d * a11
+                        g12 += d * b1
+                    if R > 2:
+                        g20 += d * a02
+                        g21 += d * a12
+                        g22 += d * b2
+                    a00, a01, a02 = a10, a11, a12
+                    a10, a11, a12 = b0, b1, b2
+                b0, b1, b2 = n0, n1, n2
+                d = dn
+        else:
+            g00, g10, g20, g01, g11, g21, g02, g12, g22 = _wgrad_s2(
+                p0, p1, p2, m0, m1, m2, pdy, mdy, syw, sxw, ow0, pdw, W, OW, z,
+                g00, g10, g20, g01, g11, g21, g02, g12, g22, R, S, WALK)
     row = sl * (R * S)
     _row_sum(ws_ptr, row, g00, rc, mc, C, 0, 0, R, S)
     _row_sum(ws_ptr, row, g01, rc, mc, C, 0, 1, R, S)
@@ -358,8 +496,8 @@ class WalkPlan:
         self.launch = Launch(
             _walk_kernel, (self.tiles * triton.cdiv(p.C, BC),),
             (p.C, src_sp[1], src_sp[2], dst_sp[1], dst_sp[2], ss[0], ss[2], ss[3], sd[0], sd[2], sd[3],
-             *_padding(p), *self.epi.scalars(), *self.epi.constexprs(),
-             transposed, gm.filt[1], gm.filt[2], BH, BC, WALK, LOOK),
+             *_padding(p), 1 if transposed else gm.stride[1], *self.epi.scalars(), *self.epi.constexprs(),
+             transposed, gm.filt[1], gm.filt[2], BH, BC, WALK, LOOK, 1 if transposed else gm.stride[2]),
             num_warps=warps)
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -397,7 +535,7 @@ class WalkWgradPlan:
         self.launch = Launch(
             _walk_wgrad_kernel, (triton.cdiv(p.C, BC), self.split),
             (p.C, gm.inp[1], gm.inp[2], gm.out[1], gm.out[2], nt, tpp, sx[0], sx[2], sx[3], sy[0], sy[2], sy[3],
-             gm.pad[1], gm.pad[2], gm.dil[1], gm.filt[1], gm.filt[2], BH, BC, WALK),
+             gm.pad[1], gm.pad[2], gm.dil[1], gm.stride[1], gm.filt[1], gm.filt[2], BH, BC, WALK, gm.stride[2]),
             num_warps=warps)
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -427,9 +565,12 @@ def shape_reasons(p: ConvProblem) -> list[str]:
         reasons.append(f"layout={p.layout}: needs channels-last (nhwc)")
     if p.ndim == 3:
         reasons.append("ndim=3: 1-D and 2-D only")
-    if any(s != 1 for s in p.stride):
-        reasons.append(f"stride={tuple(p.stride)}: needs stride 1")
     gm = geom(p)
+    if p.direction == "bwd_data":
+        if any(s != 1 for s in p.stride):
+            reasons.append(f"stride={tuple(p.stride)}: backward data needs stride 1 (a transposed convolution)")
+    elif gm.stride[2] > 2:
+        reasons.append(f"stride={tuple(p.stride)}: the columns need stride 1 or 2 (the sliding window)")
     if gm.filt[1] > MAX_R or gm.filt[2] > MAX_S:
         reasons.append(f"filter {p.filter}: at most {MAX_R} x {MAX_S}")
     if gm.dil[2] != 1:

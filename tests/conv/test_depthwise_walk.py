@@ -35,6 +35,11 @@ CASES = [
     ((2, 10, 7, 8), (10, 1, 3, 1), dict(padding=(1, 0), groups=10)),
     ((2, 6, 15), (6, 1, 3), dict(padding=1, groups=6)),
     ((3, 9, 4, 4), (9, 1, 3, 3), dict(groups=9)),
+    ((2, 20, 9, 11), (20, 1, 3, 3), dict(padding=((1, 0), (2, 1)), stride=2, groups=20)),
+    ((1, 12, 10, 13), (12, 1, 3, 2), dict(padding=1, stride=(3, 2), dilation=(2, 1), groups=12)),
+    ((2, 8, 7, 12), (8, 1, 1, 3), dict(padding=(0, 1), stride=(1, 2), groups=8)),
+    ((2, 8, 8, 9), (8, 1, 2, 1), dict(stride=2, groups=8)),
+    ((2, 6, 17), (6, 1, 3), dict(padding=1, stride=2, groups=6)),
 ]
 
 
@@ -67,13 +72,18 @@ def test_applicability():
     s = REGISTRY.get("depthwise_walk_fwd")
     cuda = dict(dtype=torch.bfloat16, layout="nhwc", device="cuda")
     assert s.is_applicable(ConvProblem.create("fwd", (2, 8, 5, 5), (8, 1, 3, 3), groups=8, padding=1, **cuda))
-    bad = {"stride": ConvProblem.create("fwd", (2, 8, 5, 5), (8, 1, 3, 3), groups=8, stride=2, **cuda),
+    bad = {"stride": ConvProblem.create("fwd", (2, 8, 9, 9), (8, 1, 3, 3), groups=8, stride=3, **cuda),
            "filter": ConvProblem.create("fwd", (2, 8, 9, 9), (8, 1, 5, 5), groups=8, padding=2, **cuda),
            "dilation": ConvProblem.create("fwd", (2, 8, 9, 9), (8, 1, 3, 3), groups=8, dilation=(1, 2), **cuda),
            "groups": ConvProblem.create("fwd", (2, 8, 5, 5), (16, 1, 3, 3), groups=8, **cuda)}
     for name, p in bad.items():
         reasons = s.not_supported_reasons(p)
         assert any(name in r for r in reasons), (name, reasons)
+    # stride 2 in the forward and backward weights (backward data at stride 2 is a transposed convolution)
+    s2 = dict(groups=8, stride=2, padding=1, **cuda)
+    assert s.is_applicable(ConvProblem.create("fwd", (2, 8, 9, 9), (8, 1, 3, 3), **s2))
+    assert not REGISTRY.get("depthwise_walk_bwd_data").is_applicable(
+        ConvProblem.create("bwd_data", (2, 8, 9, 9), (8, 1, 3, 3), **s2))
 
 
 def test_bwd_weights_workspace_matches_plan():
