@@ -11,44 +11,18 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from nnprim.testing.compile_check import _cubin_usage, install_compile_only  # noqa: E402
-
-install_compile_only()
+sys.path.insert(0, os.path.dirname(__file__))
 import torch  # noqa: E402
-import triton  # noqa: E402
+from sass_count import loop_body  # noqa: E402  (installs the compile-only stub)
 
 from nnprim.conv import depthwise, depthwise_walk  # noqa: E402
 from nnprim.problems.conv import ConvProblem  # noqa: E402
 from nnprim.search.random_args import random_args  # noqa: E402
-
-NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-
-
-def main_loop(cubin: bytes) -> list[str]:
-    """Instructions of the largest loop (backward branch) of the kernel."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([NVDISASM, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    labels, ins = {}, []
-    for ln in sass.splitlines():
-        if m := re.match(r"\s*\.(L_x_\d+):", ln):
-            labels[m.group(1)] = len(ins)
-        elif m := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", ln):
-            ins.append(m.group(1))
-    best: list[str] = []
-    for i, s in enumerate(ins):
-        m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", s)
-        if m and labels.get(m.group(1), i + 1) <= i and i + 1 - labels[m.group(1)] > len(best):
-            best = ins[labels[m.group(1)]:i + 1]
-    return best
+from nnprim.testing.compile_check import _cubin_usage  # noqa: E402
 
 
 def main() -> None:
@@ -71,7 +45,7 @@ def main() -> None:
     plan(random_args(p, seed=0))
     for cache in kernel.device_caches.values():
         for ck in cache[0].values():
-            loop = main_loop(ck.asm["cubin"])
+            loop = loop_body(ck.asm["cubin"], needs=None)
             ops = collections.Counter(s.split()[1] if s.startswith("@") else s.split()[0] for s in loop)
             print(f"{a.family} {a.direction} stride {a.stride} tile={tile or 'default'}: {_cubin_usage(ck)}; main loop "
                   f"{len(loop)} instructions: {ops.most_common(12)}")

@@ -34,8 +34,9 @@ from nnprim.quant import quantize_kv  # noqa: E402
 NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
 
 
-def loop_body(cubin: bytes) -> list[str]:
-    """Instructions of the largest loop (backward branch) that holds an (H)MMA."""
+def loop_body(cubin: bytes, needs: str | None = "MMA") -> list[str]:
+    """Instructions of the largest loop (backward branch) holding an instruction that
+    contains `needs` ((H)MMA by default; None: any loop)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
@@ -51,7 +52,7 @@ def loop_body(cubin: bytes) -> list[str]:
         m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", ins)
         if m and labels.get(m.group(1), i + 1) <= i:
             body = instrs[labels[m.group(1)]:i + 1]
-            if any("MMA" in x for x in body) and len(body) > len(best):
+            if (needs is None or any(needs in x for x in body)) and len(body) > len(best):
                 best = body
     return best
 

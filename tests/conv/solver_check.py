@@ -34,6 +34,21 @@ def check(run: dict, p: ConvProblem, bias=None, post_ops=(), seed: int = 1) -> N
     assert err < TOL[p.dtype], err
 
 
+def check_depthwise_bf16(run: dict, direction: str) -> None:
+    """A depthwise runner on a bf16 problem (40 channels, padding 1) against float64."""
+    check(run, ConvProblem.create(direction, (2, 40, 6, 9), (40, 1, 3, 3), dtype=torch.bfloat16, layout="nhwc",
+                                  padding=1, groups=40))
+
+
+def check_depthwise_fused(run: dict) -> None:
+    """A depthwise forward runner with bias, a residual sum and ReLU fused, against float64."""
+    from nnprim.post_ops import Eltwise, Sum
+    p = ConvProblem.create("fwd", (2, 20, 7, 6), (20, 1, 3, 3), dtype=torch.float32, layout="nhwc", padding=1,
+                           groups=20, has_bias=True, post_ops=(("sum", 0.5), ("eltwise", "relu", 0.0, 0.0)))
+    resid = to_layout(torch.randn(p.y_shape), "nhwc")
+    check(run, p, bias=torch.randn(20), post_ops=(Sum(resid, 0.5), Eltwise("relu")))
+
+
 def check_result(p: ConvProblem, out: torch.Tensor, ref: torch.Tensor, tol: float) -> None:
     """A solver's output for p against its float64 reference: shape, dtype, no unwritten (NaN
     poisoned) element, relative norm error below tol."""

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from nnprim.conv import depthwise_walk as dw
-from nnprim.post_ops import Eltwise, Sum
-from nnprim.problems.conv import ConvProblem, to_layout
+from nnprim.problems.conv import ConvProblem
 from nnprim.search.solver import REGISTRY
 
 from . import solver_check
@@ -57,15 +56,11 @@ def test_f32_vs_reference(direction, case):
 
 @pytest.mark.parametrize("direction", list(RUN))
 def test_bf16(direction):
-    solver_check.check(RUN, ConvProblem.create(direction, (2, 40, 6, 9), (40, 1, 3, 3), dtype=torch.bfloat16,
-                                               layout="nhwc", padding=1, groups=40))
+    solver_check.check_depthwise_bf16(RUN, direction)
 
 
 def test_fused_epilogue():
-    p = ConvProblem.create("fwd", (2, 20, 7, 6), (20, 1, 3, 3), dtype=torch.float32, layout="nhwc", padding=1,
-                           groups=20, has_bias=True, post_ops=(("sum", 0.5), ("eltwise", "relu", 0.0, 0.0)))
-    resid = to_layout(torch.randn(p.y_shape), "nhwc")
-    solver_check.check(RUN_SMALL, p, bias=torch.randn(20), post_ops=(Sum(resid, 0.5), Eltwise("relu")))
+    solver_check.check_depthwise_fused(RUN_SMALL)
 
 
 def test_applicability():
