@@ -46,7 +46,7 @@ from ..limits import grid_reasons
 from ..problems.conv import ConvProblem
 from ..search.solver import Solver, register
 from .depthwise import _dense_w, _in_layout, _strides2, dw_estimate
-from .implicit_gemm import conv_index_reasons, geom, layout_strides
+from .implicit_gemm import conv_index_reasons, flipped_padding_reasons, geom, layout_strides
 from .implicit_gemm_bwd import NUM_SMS
 from .triton_epilogue import NO_EPILOGUE, epilogue, plan_epilogue, post_op_reasons
 
@@ -576,10 +576,7 @@ def shape_reasons(p: ConvProblem) -> list[str]:
     if gm.dil[2] != 1:
         reasons.append(f"dilation {p.dilation}: the columns need dilation 1 (the sliding window)")
     if p.direction == "bwd_data":
-        reach = tuple(d * (r - 1) for d, r in zip(p.dilation, p.filter))
-        if any(a > m or b > m for a, b, m in zip(p.pad_before, p.pad_after, reach)):
-            reasons.append(f"padding {p.padding} exceeds dilation*(filter-1) = {reach}: the flipped "
-                           "convolution would need negative padding")
+        reasons += flipped_padding_reasons(p)
     return reasons
 
 

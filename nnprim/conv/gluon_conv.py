@@ -97,7 +97,7 @@ from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import register
 from . import gluon_phases as gp
-from .implicit_gemm import _IGemmBase, geom
+from .implicit_gemm import _IGemmBase, flipped_padding_reasons, geom
 from .triton_epilogue import epilogue, plan_epilogue
 
 SMEM_BYTES = 227 * 1024
@@ -719,10 +719,7 @@ def shape_reasons(p: ConvProblem) -> list[str]:
     if p.C % 16 or p.K % 16:
         reasons.append(f"C={p.C}, K={p.K}: both must be multiples of 16 (TMA row alignment)")
     if p.direction == "bwd_data" and p.ndim == 2 and all(s == 1 for s in p.stride):   # stride 2: phased, any padding
-        reach = tuple(d * (r - 1) for d, r in zip(p.dilation, p.filter))
-        if any(a > m or b > m for a, b, m in zip(p.pad_before, p.pad_after, reach)):
-            reasons.append(f"padding {p.padding} exceeds dilation*(filter-1) = {reach}: the flipped "
-                           "convolution would need negative padding")
+        reasons += flipped_padding_reasons(p)
     return reasons
 
 

@@ -119,6 +119,16 @@ def conv_index_reasons(p: ConvProblem) -> list[str]:
         ("w (K*C/groups*taps)", gm.K * gm.Cg * gm.taps)))
 
 
+def flipped_padding_reasons(p: ConvProblem) -> list[str]:
+    """Why stride-1 backward data cannot run as the forward of dy with the flipped filter:
+    that forward's padding, dilation*(filter-1) - pad per side, would be negative."""
+    reach = tuple(d * (r - 1) for d, r in zip(p.dilation, p.filter))
+    if any(a > m or b > m for a, b, m in zip(p.pad_before, p.pad_after, reach)):
+        return [f"padding {p.padding} exceeds dilation*(filter-1) = {reach}: the flipped "
+                "convolution would need negative padding"]
+    return []
+
+
 TENSOR_NAMES = {"fwd": ("x", "w", "y"), "bwd_data": ("dy", "w", "dx"), "bwd_weights": ("dy", "x", "dw")}
 
 
