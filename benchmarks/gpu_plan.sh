@@ -14,7 +14,8 @@
 #              contiguous cache, and solver 120's split counts on the Sq 4 decode
 #              (benchmarks/diag/paged_prefill_probe.py)
 #   fp8        benchmarks/attention_fp8.py (d64/128/256, S 4k-16k)
-#   conv       the conv suite through the public API (run_suites.sh conv) and benchmarks/depthwise.py
+#   conv       the conv suite through the public API (run_suites.sh conv), benchmarks/depthwise.py (tile
+#              and walk variants, cuDNN) and benchmarks/nchw_probe.py (layout copies, NCHW solvers)
 #   sysdb      nnprim db build-system for the H200 (suites + 90 model layers, about 5 minutes)
 #   regret     benchmarks/regret.py (60 held-out problems) and benchmarks/first_call.py; the seed-1
 #              problems' kernels are compiled by the sysdb step; another seed compiles from scratch
@@ -96,7 +97,8 @@ case $STEP in
     timeout 560 python3 benchmarks/attention_fp8.py --out "$OUT/attention_fp8_$D.json" 2>&1 | tail -20 ;;
   conv)
     CONV_S=300 bash benchmarks/run_suites.sh "$OUT" conv
-    timeout 200 python3 benchmarks/depthwise.py --out "$OUT" 2>&1 | tail -3 ;;
+    timeout 200 python3 benchmarks/depthwise.py --out "$OUT" 2>&1 | tail -3
+    timeout 100 python3 benchmarks/nchw_probe.py --out "$OUT/nchw_probe_$D.json" 2>&1 | tail -4 ;;
   sysdb)
     timeout -s INT 585 python3 -m nnprim db build-system --device cuda --count 90 --workers 14 --time-budget 470 2>&1 \
       | tr '\r' '\n' | tail -5
