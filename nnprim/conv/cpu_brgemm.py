@@ -10,6 +10,9 @@ runs on the tile unit; elsewhere, and for f32, it is oneDNN's GEMM.
 Positions live on cpu_tap's phase grid: x is staged once, zero-padded and split into its
 stride phases (`X_rho[n*prod(U) + u] = x_pad[n, u*s + rho]`, position-major: a row of C
 channels per position), so tap f reads phase rho_f at a flat offset off_f (cpu_tap.tap_offsets).
+The forward with a stride-2 last dim splits only the leading dims into phases and stages whole
+rows (`FwdGeometry`, ps = 2): grid position w reads staged column 2w + tap, A rows 2C apart,
+so a filter row's taps stay one GEMM.
 
 fwd          For a block of MB grid positions and a group, the f32 accumulator (MB x Kg, in
              cache) takes one brgemm per RUN of taps: taps of one phase at consecutive flat
@@ -102,6 +105,48 @@ def _stage_rows(p: ConvProblem, grid_positions: int) -> int:
     return grid_positions + max(o for _, o in tap_offsets(p)) + _SLACK
 
 
+def column_stride(p: ConvProblem) -> int:
+    """Staged positions per grid position of the forward (`FwdGeometry`): 2 for a stride-2
+    last dim, else 1."""
+    return 2 if p.direction == "fwd" and p.stride[-1] == 2 else 1
+
+
+class FwdGeometry:
+    """Where the forward's staged x and grid live. ps == 1: cpu_tap's phase grid (x split into
+    all its stride phases). ps == 2 (a stride-2 last dim): x is split by the stride phases of
+    the leading dims only and its rows are staged whole (an even number of columns), so grid
+    position (.., w) reads staged column 2w + tap: the taps of a filter row stay consecutive
+    offsets, one GEMM of depth S*C with A rows 2C apart, where the phase split made two
+    (the even taps and the odd one; rn50_r3_3x3s2: 6 GEMMs of depth 128-256 -> 3 of 384)."""
+
+    def __init__(self, p: ConvProblem) -> None:
+        self.ps = ps = column_stride(p)
+        if ps == 1:
+            self.U_stage, _, ut = tap_grid(p)
+            self.U_grid, self.stride, self.phases = self.U_stage, p.stride, phase_list(p)
+            self.taps = tap_offsets(p)
+            self.rows = _stage_rows(p, p.N * ut)
+            return
+        lead = p.ndim - 1
+        wp = p.in_size[-1] + p.pad_before[-1] + p.pad_after[-1]
+        self.U_stage = tuple(-(-(i + a + b) // s) for i, a, b, s in
+                             zip(p.in_size[:lead], p.pad_before[:lead], p.pad_after[:lead], p.stride[:lead])) \
+            + (wp + wp % 2,)
+        self.U_grid = self.U_stage[:-1] + (self.U_stage[-1] // 2,)
+        self.stride = tuple(p.stride[:lead]) + (1,)
+        self.phases = [ph + (0,) for ph in itertools.product(*(range(s) for s in p.stride[:lead]))]
+        us = [math.prod(self.U_stage[i + 1:]) for i in range(p.ndim)]
+        index = {ph: i for i, ph in enumerate(self.phases)}
+        self.taps = []
+        for fi in itertools.product(*(range(f) for f in p.filter)):
+            fd = [f * d for f, d in zip(fi, p.dilation)]
+            ph = tuple(v % s for v, s in zip(fd[:lead], p.stride[:lead])) + (0,)
+            off = sum((v // s) * u for v, s, u in zip(fd[:lead], p.stride[:lead], us[:lead])) + fd[-1]
+            self.taps.append((index[ph], off))
+        # the AMX kernel reads 32-position blocks past a block's end: ps staged rows each
+        self.rows = p.N * math.prod(self.U_stage) + max(o for _, o in self.taps) + _SLACK * ps
+
+
 def _pad3(t: tuple[int, ...], fill: int) -> list[int]:
     return [fill] * (3 - len(t)) + list(t)
 
@@ -186,7 +231,13 @@ class _Plan:
         self.amx = self.vnni and USE_AMX_KERNEL
         U, _, ut = tap_grid(p)
         self.U = U
-        self.x_stage = _Stage(U, p.stride, p.pad_before, phase_list(p), _stage_rows(p, p.N * ut))
+        self.ps = 1
+        if p.direction == "fwd":
+            geo = self.fwd_geometry = FwdGeometry(p)
+            self.U, self.ps = geo.U_grid, geo.ps
+            self.x_stage = _Stage(geo.U_stage, geo.stride, p.pad_before, geo.phases, geo.rows)
+        else:
+            self.x_stage = _Stage(U, p.stride, p.pad_before, phase_list(p), _stage_rows(p, p.N * ut))
         if p.direction == "bwd_data":
             A, self.V, self.phases = _bwd_data_geometry(p)
             reach = max((off for taps, *_ in self.phases for off, _ in taps), default=0)
@@ -220,7 +271,7 @@ class _Plan:
 
     @cached_property
     def _fwd_taps(self) -> list[tuple[int, int, int]]:
-        return [(ph, off, f) for f, (ph, off) in enumerate(tap_offsets(self.p))]
+        return [(ph, off, f) for f, (ph, off) in enumerate(self.fwd_geometry.taps)]
 
     @cached_property
     def natural_rows(self) -> bool:
@@ -338,7 +389,8 @@ def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     else:
         odt = F32 if args.post_ops or p.out_dtype not in (p.dtype, F32) else p.out_dtype
         out = plan.out_buffer(ws, (p.N, *p.out_size, p.K), odt)
-    ops.conv_fwd(xs, wp, table, _five(out), bias, _grid9(plan.U, lo, hi), G, Cg, Kg, _block_m(Kg), plan.vnni, plan.amx)
+    ops.conv_fwd(xs, wp, table, _five(out), bias, _grid9(plan.U, lo, hi), G, Cg, Kg, _block_m(Kg), plan.vnni, plan.amx,
+                 plan.ps)
     if direct:
         return y
     if args.post_ops:
@@ -366,7 +418,8 @@ def brgemm_bwd_data(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tens
             view.zero_()
             continue
         wp = ops.pack_b(src, tr, gather, plan.vnni)
-        ops.conv_fwd(dys, wp, table, _five(view), None, _grid9(plan.V, lo, hi), G, Kg, Cg, _block_m(Cg), plan.vnni, plan.amx)
+        ops.conv_fwd(dys, wp, table, _five(view), None, _grid9(plan.V, lo, hi), G, Kg, Cg, _block_m(Cg), plan.vnni,
+                     plan.amx, 1)
     if not nhwc:
         dx.copy_(logical(out, "nhwc"))
     return dx

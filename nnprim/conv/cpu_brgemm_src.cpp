@@ -57,19 +57,20 @@ void amx_config() {
 // acc[0 .. 32 ceil(M/32)) x [0, KP) = sum over runs r of A (positions g0 + m + off_r, channels
 // cg0 + k) . B (rows row0_r + k of group g's VNNI blocks wg, Rw rows each), k < Kd_r step 32
 inline void amx_block(const at::BFloat16* xp, const at::BFloat16* wg, const int64_t* rp, int64_t NR, int64_t R,
-                      int64_t C, int64_t Rw, int64_t g0, int64_t cg0, int64_t M, int64_t KP, int64_t Kg, float* acc) {
-  const int64_t sa = C * 2;
+                      int64_t C, int64_t Rw, int64_t g0, int64_t cg0, int64_t M, int64_t KP, int64_t Kg, int64_t ps,
+                      float* acc) {
+  const int64_t sa = C * 2 * ps;     // bytes between the A rows of consecutive grid positions
   for (int64_t m0 = 0; m0 < M; m0 += 32) {
     for (int64_t n0 = 0; n0 < Kg; n0 += 32) {      // 32-column blocks holding outputs (KP pads to 64)
       _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
       const at::BFloat16* wk = wg + (n0 / NB) * Rw * NB + (n0 % NB) * 2;    // block kb, column n0 % 64
       for (int64_t r = 0; r < NR; ++r) {
         const int64_t* t = rp + 4 * r;
-        const at::BFloat16* a = xp + (t[0] * R + g0 + m0 + t[1]) * C + cg0;
+        const at::BFloat16* a = xp + (t[0] * R + (g0 + m0) * ps + t[1]) * C + cg0;
         const at::BFloat16* b = wk + t[3] * NB;          // row pair (row0 / 2) at 128 elements each
         for (int64_t c0 = 0; c0 < t[2]; c0 += 32) {
           _tile_loadd(4, a + c0, sa);
-          _tile_loadd(5, a + c0 + 16 * C, sa);
+          _tile_loadd(5, a + c0 + 16 * C * ps, sa);
           _tile_loadd(6, b + c0 * NB, 256);
           _tile_loadd(7, b + c0 * NB + 32, 256);
           _tile_dpbf16ps(0, 4, 6);
@@ -115,15 +116,16 @@ struct Grid {                   // flat position g = ((n U0 + u0) U1 + u1) U2 + 
   int64_t U0, U1, U2, lo0, lo1, lo2, hi0, hi1, hi2;
 };
 
-// y[n, u - lo, :] (valid grid positions) = sum over runs r: xs[ph_r][g + off_r, group g's Kd_r
+// y[n, u - lo, :] (valid grid positions) = sum over runs r: xs[ph_r][g*ps + off_r, group g's Kd_r
 // columns read across L consecutive positions] . W rows [row0_r, row0_r + Kd_r)   (+ bias)
+//   ps  staged positions per grid position (2: a stride-2 last dim staged whole, not split in phases)
 //   xs  (P, R, C) staged positions, zero halo and slack;  runs (nr, 4): phase, offset, Kd, row0
 //   wp  VNNI (G, nkb, Rw, 64): row pairs interleaved;  plain (G, Rw, Kg)
 //   y   (N, Y0, Y1, Y2, Ktot) any strides but the last (1), in TO
 template <typename T, typename TO>
 void fwd_impl(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs, at::Tensor& y,
               const float* bias, const Grid& gr, int64_t G, int64_t Cg, int64_t Kg, int64_t MB, bool vnni,
-              bool use_amx) {
+              bool use_amx, int64_t ps) {
   const int64_t N = y.size(0), C = xs.size(2), R = xs.size(1), NR = runs.size(0);
   const int64_t nkb = (Kg + NB - 1) / NB, KP = vnni ? nkb * NB : Kg, Rw = vnni ? wp.size(2) : wp.size(1);
   // Blocks of whole grid lines (u2 = 0 .. U2-1) of one (n, u0), only lines with valid u0 and
@@ -160,18 +162,18 @@ void fwd_impl(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs
       const int64_t M = (nl - 1) * gr.U2 + std::min(SW, W - seg * SW);
 #ifdef NNPRIM_AMX
       if constexpr (std::is_same_v<T, at::BFloat16>) {
-        if (amx) amx_block(xp, wpp + g * nkb * Rw * NB, rp, NR, R, C, Rw, g0, g * Cg, M, KP, Kg, acc.data());
+        if (amx) amx_block(xp, wpp + g * nkb * Rw * NB, rp, NR, R, C, Rw, g0, g * Cg, M, KP, Kg, ps, acc.data());
       }
 #endif
       for (int64_t r = 0; r < NR && !amx; ++r) {
         const int64_t* t = rp + 4 * r;
-        const T* a = xp + (t[0] * R + g0 + t[1]) * C + g * Cg;
+        const T* a = xp + (t[0] * R + g0 * ps + t[1]) * C + g * Cg;
         if (vnni) {
           for (int64_t kb = 0; kb < nkb; ++kb)
-            cb::brgemm(M, std::min(NB, Kg - kb * NB), t[2], C, NB, KP, r > 0, a,
+            cb::brgemm(M, std::min(NB, Kg - kb * NB), t[2], C * ps, NB, KP, r > 0, a,
                        wpp + ((g * nkb + kb) * Rw + t[3]) * NB, acc.data() + kb * NB, true);
         } else {
-          cb::brgemm(M, Kg, t[2], C, Kg, KP, r > 0, a, wpp + (g * Rw + t[3]) * Kg, acc.data(), false);
+          cb::brgemm(M, Kg, t[2], C * ps, Kg, KP, r > 0, a, wpp + (g * Rw + t[3]) * Kg, acc.data(), false);
         }
       }
       // row i of acc is column c0 + i - l U2 of line u1 + l; the valid columns are [lo2, hi2)
@@ -203,18 +205,18 @@ void fwd_impl(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs
 
 void conv_fwd(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs, at::Tensor y,
               const c10::optional<at::Tensor>& bias, at::IntArrayRef grid, int64_t G, int64_t Cg, int64_t Kg,
-              int64_t MB, bool vnni, bool use_amx) {
+              int64_t MB, bool vnni, bool use_amx, int64_t ps) {
   TORCH_CHECK(xs.is_contiguous() && wp.is_contiguous() && runs.is_contiguous(), "conv_fwd: contiguous operands");
   TORCH_CHECK(y.dim() == 5 && y.stride(4) == 1, "conv_fwd: y (N, Y0, Y1, Y2, K), last dim contiguous");
   TORCH_CHECK(grid.size() == 9, "conv_fwd: grid (U0, U1, U2, lo0, lo1, lo2, hi0, hi1, hi2)");
   const Grid gr{grid[0], grid[1], grid[2], grid[3], grid[4], grid[5], grid[6], grid[7], grid[8]};
   const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   if (xs.scalar_type() == at::kBFloat16) {
-    if (y.scalar_type() == at::kFloat) fwd_impl<at::BFloat16, float>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, vnni, use_amx);
-    else fwd_impl<at::BFloat16, at::BFloat16>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, vnni, use_amx);
+    if (y.scalar_type() == at::kFloat) fwd_impl<at::BFloat16, float>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, vnni, use_amx, ps);
+    else fwd_impl<at::BFloat16, at::BFloat16>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, vnni, use_amx, ps);
   } else {
     TORCH_CHECK(xs.scalar_type() == at::kFloat && y.scalar_type() == at::kFloat && !vnni, "conv_fwd: bf16 or f32");
-    fwd_impl<float, float>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, false, false);
+    fwd_impl<float, float>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, false, false, ps);
   }
 }
 
@@ -491,7 +493,7 @@ void stage(const at::Tensor& x, at::Tensor out, at::IntArrayRef U, at::IntArrayR
 
 TORCH_LIBRARY(nnprim_cpu_conv, m) {
   m.def("conv_fwd(Tensor xs, Tensor wp, Tensor runs, Tensor(a!) y, Tensor? bias, int[] grid, int G, int Cg, "
-        "int Kg, int MB, bool vnni, bool use_amx) -> ()");
+        "int Kg, int MB, bool vnni, bool use_amx, int ps) -> ()");
   m.def("conv_wgrad(Tensor xt, Tensor dyg, Tensor taps, Tensor chunks, Tensor(a!) dw, int G, int Cg, int Kg, "
         "bool vnni) -> ()");
   m.def("pack_b(Tensor src3, bool transpose, Tensor index, bool vnni) -> Tensor");
