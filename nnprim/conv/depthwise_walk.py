@@ -62,12 +62,6 @@ TILE_SMALL = dict(fwd=(16, 64, 28, 4, 3), bwd_data=(16, 64, 28, 4, 3), bwd_weigh
 
 # ---- Triton kernels ------------------------------------------------------------------------------
 @triton.jit
-def _ld(ptr, mask, ok):
-    """One input column of one filter row: [BH, BC] as f32 (0 outside the image)."""
-    return tl.load(ptr, mask=mask & ok, other=0.0).to(tl.float32)
-
-
-@triton.jit
 def _raw_column(p0, p1, p2, m0, m1, m2, ok, R: tl.constexpr):
     """The input column at p* for filter rows 0..R-1 in the input dtype (a load in flight:
     converted when it enters the window); rows past R repeat row 0 (never used)."""
@@ -82,16 +76,10 @@ def _raw_column(p0, p1, p2, m0, m1, m2, ok, R: tl.constexpr):
 
 
 @triton.jit
-def _column(p0, p1, p2, m0, m1, m2, ok, z, R: tl.constexpr):
-    """The input column at p* for filter rows 0..R-1 (z for rows past R: never used)."""
-    c0 = _ld(p0, m0, ok)
-    c1 = z
-    c2 = z
-    if R > 1:
-        c1 = _ld(p1, m1, ok)
-    if R > 2:
-        c2 = _ld(p2, m2, ok)
-    return c0, c1, c2
+def _column(p0, p1, p2, m0, m1, m2, ok, R: tl.constexpr):
+    """`_raw_column` as f32 (0 outside the image)."""
+    c0, c1, c2 = _raw_column(p0, p1, p2, m0, m1, m2, ok, R)
+    return c0.to(tl.float32), c1.to(tl.float32), c2.to(tl.float32)
 
 
 @triton.jit
@@ -176,13 +164,13 @@ def _walk_kernel(src_ptr, w_ptr, dst_ptr, bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_p
         # the window: input columns iw, iw+1 (a0*, a1*) before the first output column
         iw = ow0 - pdw
         a00, a01, a02 = _column(p0 + iw * ssw, p1 + iw * ssw, p2 + iw * ssw, m0, m1, m2,
-                                (iw >= 0) & (iw < SW), z, R)
+                                (iw >= 0) & (iw < SW), R)
         a10, a11, a12 = z, z, z
         if S > 2:
             a10, a11, a12 = _column(p0 + (iw + 1) * ssw, p1 + (iw + 1) * ssw, p2 + (iw + 1) * ssw, m0, m1, m2,
-                                    (iw + 1 >= 0) & (iw + 1 < SW), z, R)
+                                    (iw + 1 >= 0) & (iw + 1 < SW), R)
         jn = ow0 - pdw + S - 1           # the column that enters the window at the first output column
-        b0, b1, b2 = _column(p0 + jn * ssw, p1 + jn * ssw, p2 + jn * ssw, m0, m1, m2, (jn >= 0) & (jn < SW), z, R)
+        b0, b1, b2 = _column(p0 + jn * ssw, p1 + jn * ssw, p2 + jn * ssw, m0, m1, m2, (jn >= 0) & (jn < SW), R)
         # LOOK - 1 more columns in flight (raw, 2 bytes a value): q* the next, r* the one after
         q0, q1, q2 = b0, b1, b2
         r0, r1, r2 = b0, b1, b2
@@ -253,7 +241,7 @@ def _walk_s2(p0, p1, p2, m0, m1, m2, w00, w10, w20, w01, w11, w21, w02, w12, w22
     a0, a1, a2 = z, z, z
     if S == 3:
         a0, a1, a2 = _column(p0 + (c - 1) * ssw, p1 + (c - 1) * ssw, p2 + (c - 1) * ssw, m0, m1, m2,
-                             (c >= 1) & (c - 1 < SW), z, R)
+                             (c >= 1) & (c - 1 < SW), R)
     q0, q1, q2 = _raw_column(p0 + c * ssw, p1 + c * ssw, p2 + c * ssw, m0, m1, m2, (c >= 0) & (c < SW), R)
     r0, r1, r2 = q0, q1, q2
     if S - FIRST > 1:
@@ -307,7 +295,7 @@ def _wgrad_s2(p0, p1, p2, m0, m1, m2, pdy, mdy, syw, sxw, ow0, pdw, W, OW, z,
     a0, a1, a2 = z, z, z
     if S == 3:
         a0, a1, a2 = _column(p0 + (c - 1) * sxw, p1 + (c - 1) * sxw, p2 + (c - 1) * sxw, m0, m1, m2,
-                             (c >= 1) & (c - 1 < W), z, R)
+                             (c >= 1) & (c - 1 < W), R)
     q0, q1, q2 = _raw_column(p0 + c * sxw, p1 + c * sxw, p2 + c * sxw, m0, m1, m2, (c >= 0) & (c < W), R)
     r0, r1, r2 = q0, q1, q2
     if S - FIRST > 1:
@@ -395,21 +383,21 @@ def _walk_wgrad_kernel(dy_ptr, x_ptr, ws_ptr, C, H, W, OH, OW, n_tiles, tiles_pe
         if CST == 1:
             iw = ow0 - pdw
             a00, a01, a02 = _column(p0 + iw * sxw, p1 + iw * sxw, p2 + iw * sxw, m0, m1, m2,
-                                    (iw >= 0) & (iw < W), z, R)
+                                    (iw >= 0) & (iw < W), R)
             a10, a11, a12 = z, z, z
             if S > 2:
                 a10, a11, a12 = _column(p0 + (iw + 1) * sxw, p1 + (iw + 1) * sxw, p2 + (iw + 1) * sxw, m0, m1, m2,
-                                        (iw + 1 >= 0) & (iw + 1 < W), z, R)
+                                        (iw + 1 >= 0) & (iw + 1 < W), R)
             d = tl.load(pdy + ow0 * syw, mask=mdy & (ow0 < OW), other=0.0).to(tl.float32)
             jn = ow0 - pdw + S - 1
-            b0, b1, b2 = _column(p0 + jn * sxw, p1 + jn * sxw, p2 + jn * sxw, m0, m1, m2, (jn >= 0) & (jn < W), z, R)
+            b0, b1, b2 = _column(p0 + jn * sxw, p1 + jn * sxw, p2 + jn * sxw, m0, m1, m2, (jn >= 0) & (jn < W), R)
             for j in tl.range(0, WALK, loop_unroll_factor=S):
                 ow = ow0 + j
                 # the next column's dy and x, loaded one step ahead (the walk is latency-bound)
                 dn = tl.load(pdy + (ow + 1) * syw, mask=mdy & (ow + 1 < OW) & (j + 1 < WALK), other=0.0).to(tl.float32)
                 jn = ow - pdw + S
                 n0, n1, n2 = _column(p0 + jn * sxw, p1 + jn * sxw, p2 + jn * sxw, m0, m1, m2, (jn >= 0) & (jn < W),
-                                     z, R)
+                                     R)
                 if S == 1:
                     g00 += d * b0
                     if R > 1:

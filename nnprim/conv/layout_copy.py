@@ -59,7 +59,7 @@ class Transpose:
         self.phys_shape = (n, *sp, c)                  # NHWC memory order
         self.to_logical = (0, nd - 1, *range(1, nd - 1))
         self.nchw_strides = tuple(math.prod(shape[i + 1:]) for i in range(nd))
-        self.nhwc_strides = tuple(torch.empty(self.phys_shape, device="meta").permute(*self.to_logical).stride())
+        self.nhwc_strides = (p * c, 1, *(c * math.prod(sp[i + 1:]) for i in range(len(sp))))
         # C == 1 or one pixel: both layouts are the same memory (nothing to copy)
         self.runs = self.nchw_strides != self.nhwc_strides
 
