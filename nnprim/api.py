@@ -16,10 +16,11 @@ from collections.abc import Sequence
 import torch
 
 from . import fp8 as _fp8
+from .args import ConvArgs
 from .errors import BadParameterError
+from .ops import _PLAIN, eager
 from .ops import attention as attn_ops
 from .ops import conv as conv_ops
-from .ops import eager
 from .ops.attention import quant_parts
 from .ops.conv import bias_grad, post_op_spec
 from .post_ops import Binary, Eltwise, PostOp, Sum, apply_post_ops
@@ -27,6 +28,7 @@ from .problems.attention import normalize_causal
 from .problems.common import check_tensor
 from .problems.conv import _named_padding, _padding
 from .quant import KVQuant
+from .search.context import context
 from .search.solver import Solver
 
 _ops = torch.ops.nnprim
@@ -129,10 +131,44 @@ def _needs_grad(*ts) -> bool:
 
 
 # ---- convolution ------------------------------------------------------------------------------
+def _plain(t) -> bool:
+    return type(t) in _PLAIN or t is None
+
+
+def _fast_path_open() -> bool:
+    """Whether a call may take its memoised signature straight to the bound solver: eager
+    (no compiler tracing, no dispatch mode) and no autocast (which casts the inputs)."""
+    return not (torch._C._is_any_autocast_enabled() or torch.compiler.is_compiling()
+                or torch._C._len_torch_dispatch_stack())
+
+
 def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
                  stride=1, padding=0, dilation=1, groups: int = 1, post_ops=(),
                  out_dtype: torch.dtype | None = None, solver=None) -> torch.Tensor:
     """y = post_ops(conv(x, w) + bias), cast to out_dtype, in x's layout."""
+    if not post_ops and type(x) in _PLAIN and type(w) in _PLAIN and _plain(bias) and _fast_path_open():
+        # the hot path: the raw call signature is the context's memo key (the arguments are
+        # normalised and validated once, when the signature is new)
+        try:
+            sig = ("conv_forward", x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
+                   None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+                   stride, padding, dilation, groups, out_dtype, solver)
+            hash(sig)
+        except TypeError:   # unhashable arguments (lists): the general path
+            sig = None
+        if sig is not None:
+            if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
+                                            or (bias is not None and bias.requires_grad)):
+                conf = _GRAD_CONFS.get(sig)
+                if conf is None:
+                    st, pad, dl = _conv_args(x, w.shape[2:], stride, padding, dilation)
+                    conf = (st, pad, dl, groups, out_dtype, _solver(solver), sig)
+                    if len(_GRAD_CONFS) < 4096:
+                        _GRAD_CONFS[sig] = conf
+                return conv_ops.ConvFunction.apply(x, w, bias, conf)
+            return context(x.device).call(sig, lambda: _fwd_problem(x, w, bias, stride, padding, dilation, groups,
+                                                                    out_dtype),
+                                          ConvArgs(x=x, w=w, bias=bias), _solver(solver))
     check_tensor("x", x)
     check_tensor("w", w)
     if bias is not None:
@@ -155,6 +191,17 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     return fn(x, w, bias, st, pad, dl, groups, spec, post_tensors, out_dtype, solver)
 
 
+# a conv_forward signature's normalised (stride, padding, dilation, groups, out_dtype, solver,
+# signature) for its autograd Function (bounded: a memo, not state)
+_GRAD_CONFS: dict[tuple, tuple] = {}
+
+
+def _fwd_problem(x, w, bias, stride, padding, dilation, groups, out_dtype):
+    """The validated problem of a post-op-free conv_forward call from its raw arguments."""
+    st, pad, dl = _conv_args(x, w.shape[2:], stride, padding, dilation)
+    return conv_ops.fwd_problem(x, w, bias, st, pad, dl, groups, "", [], out_dtype)
+
+
 def _shape(name: str, s) -> list[int]:
     try:
         return [operator.index(v) for v in s]
@@ -162,10 +209,36 @@ def _shape(name: str, s) -> list[int]:
         raise BadParameterError(f"{name}={s!r} must be a sequence of ints") from None
 
 
+def _bwd_sig(name: str, dy, t, shape, stride, padding, dilation, groups, out_dtype, solver) -> tuple | None:
+    """The raw signature of a backward call (the context's memo key), None when an
+    argument is unhashable (a list: the general path)."""
+    try:
+        sig = (name, dy.shape, dy.stride(), dy.dtype, dy.device, t.shape, t.stride(), t.dtype, t.device,
+               shape, stride, padding, dilation, groups, out_dtype, solver)
+        hash(sig)
+    except TypeError:
+        return None
+    return sig
+
+
+def _bwd_problem(direction: str, dy, t, shape, stride, padding, dilation, groups, out_dtype):
+    """The validated problem of a backward call from its raw arguments."""
+    filt = t.shape[2:] if direction == "bwd_data" else _shape("w_shape", shape)[2:]
+    nd_like = dy if direction == "bwd_data" else t
+    st, pad, dl = _conv_args(nd_like, filt, stride, padding, dilation)
+    return conv_ops._bwd_problem(direction, dy, t, shape, st, pad, dl, groups, out_dtype)
+
+
 def conv_backward_data(dy: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], *, stride=1,
                        padding=0, dilation=1, groups: int = 1, solver=None,
                        out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """dx = the gradient of conv(x, w) with respect to x, given dy (x's layout = dy's)."""
+    if type(dy) in _PLAIN and type(w) in _PLAIN and _fast_path_open():
+        sig = _bwd_sig("conv_backward_data", dy, w, x_shape, stride, padding, dilation, groups, out_dtype, solver)
+        if sig is not None:
+            return context(dy.device).call(
+                sig, lambda: _bwd_problem("bwd_data", dy, w, x_shape, stride, padding, dilation, groups, out_dtype),
+                ConvArgs(dy=dy, w=w), _solver(solver))
     check_tensor("dy", dy)
     check_tensor("w", w)
     st, pad, dl = _conv_args(dy, w.shape[2:], stride, padding, dilation)
@@ -177,6 +250,13 @@ def conv_backward_weights(dy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[i
                           padding=0, dilation=1, groups: int = 1, solver=None,
                           out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """dw = the gradient of conv(x, w) with respect to w, given dy."""
+    if type(dy) in _PLAIN and type(x) in _PLAIN and _fast_path_open():
+        sig = _bwd_sig("conv_backward_weights", dy, x, w_shape, stride, padding, dilation, groups, out_dtype, solver)
+        if sig is not None:
+            return context(dy.device).call(
+                sig, lambda: _bwd_problem("bwd_weights", dy, x, w_shape, stride, padding, dilation, groups,
+                                          out_dtype),
+                ConvArgs(dy=dy, x=x), _solver(solver))
     check_tensor("dy", dy)
     check_tensor("x", x)
     ws = _shape("w_shape", w_shape)

@@ -158,7 +158,7 @@ class Launch:
     """kernel[grid](*ptrs, *tail, **options), planned once. `options` holds the launch
     options (num_warps, num_stages) and any constexprs not in the tail."""
 
-    __slots__ = ("kernel", "grid", "tail", "options", "compiled", "align", "fast", "full_tail", "tma")
+    __slots__ = ("kernel", "grid", "tail", "options", "compiled", "align", "fast", "full_tail", "tma", "all_aligned")
 
     def __init__(self, kernel, grid: tuple[int, ...], tail: tuple, **options):
         self.kernel = kernel
@@ -170,6 +170,30 @@ class Launch:
         self.full_tail = None
         self.tma: _HostTMA | None = None
         self.fast = not interpreting()
+        self.all_aligned = False
+
+    def ready(self) -> bool:
+        """Launches by address (`run_addresses`, `run_keyed_addresses`) may run: compiled
+        with every tensor argument 16-byte aligned, and no launch hook installed."""
+        return self.all_aligned and not _hooked()
+
+    def run_addresses(self, *args) -> None:
+        """Launch with every pointer argument given as its int address, each 16-byte aligned
+        (the caller checked): the C launcher takes an int as the address itself, where for a
+        tensor it calls data_ptr() and the driver's cuPointerGetAttribute (one each per
+        tensor argument, ~1 us on the H200's host). Only after `ready()`."""
+        self._fast(self.compiled, args)
+
+    def run_keyed_addresses(self, key, descriptors: Callable[[], tuple], *rest) -> None:
+        """`run_keyed` with `rest`'s pointers given as int addresses, 16-byte aligned (the
+        caller checked). Only after `ready()`."""
+        tma = self.tma
+        enc = tma.keyed.get(key)
+        if enc is None:
+            if len(tma.keyed) >= 256:
+                tma.keyed.clear()
+            enc = tma.keyed[key] = tma.encode(descriptors())
+        tma.run_encoded(self.grid, enc, rest, self.full_tail)
 
     def _fast(self, c, ptrs: tuple):
         g = self.grid
@@ -219,4 +243,5 @@ class Launch:
             self.tma = _HostTMA.make(c, len(ptrs)) if has_desc else None
             self.compiled = c
             self.align = _aligned(ptrs)
+            self.all_aligned = all(self.align) and (self.tma is not None or not has_desc)
         return c

@@ -97,7 +97,7 @@ from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import register
 from . import gluon_phases as gp
-from .implicit_gemm import _IGemmBase, flipped_padding_reasons, geom
+from .implicit_gemm import _IGemmBase, flipped_padding_reasons, geom, layout_strides, same_memory
 from .triton_epilogue import epilogue, plan_epilogue
 
 SMEM_BYTES = 227 * 1024
@@ -567,6 +567,9 @@ class GluonConvPlan:
 
     def __init__(self, p: ConvProblem, tile: GluonTile | None = None, planned: bool = True):
         self.p = p
+        self.out_shape = p.x_shape if p.direction == "bwd_data" else p.y_shape
+        self.out_strides = layout_strides(self.out_shape, "nhwc")
+        self.fast_keys: dict = {}
         self.bwd = p.direction == "bwd_data"
         self.phased = self.bwd and any(s != 1 for s in p.stride)
         self.planned = planned
@@ -659,8 +662,41 @@ class GluonConvPlan:
         d = [make(y[:, ph.h.ph::self.sh, ph.w.ph::self.sw], *spec) for ph, spec in zip(self.phases, self.dys)]
         return (*d, *d[:1] * (4 - len(d)))
 
+    def _fast_inputs(self, key: tuple) -> bool:
+        """Inputs with strides `key` (x or dy, w) address the standard channels-last memory
+        the descriptors describe (size-1 dims may be strided otherwise)."""
+        ok = self.fast_keys.get(key)
+        if ok is None:
+            p = self.p
+            shapes = (p.y_shape if self.bwd else p.x_shape, p.w_shape)
+            ok = same_memory(shapes, key, tuple(layout_strides(sh, "nhwc") for sh in shapes))
+            if len(self.fast_keys) < 64:
+                self.fast_keys[key] = ok
+        return ok
+
+    def _descs(self, xl: torch.Tensor, wl: torch.Tensor, yl: torch.Tensor) -> tuple:
+        """Host descriptors of standard channels-last logical x (dy), w and y."""
+        x, w, y = xl.permute(0, 2, 3, 1), wl.permute(0, 2, 3, 1), yl.permute(0, 2, 3, 1)
+        if self.flat:
+            x, y = x.reshape(self.dx[(0, 0)][0]), y.reshape(self.y_shape)
+        return (*self._x_descs(x, host_descriptor), host_descriptor(w, *self.dw), *self._y_descs(y, host_descriptor))
+
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
         p = self.p
+        launch = self.launch
+        if out is None and launch is not None and launch.ready():
+            # the planned path: standard aligned inputs, a fresh output, addresses not tensors
+            xl, wl = (args.dy if self.bwd else args.x), args.w
+            xp, wp = xl.data_ptr(), wl.data_ptr()
+            if not (xp | wp) & 15 and self._fast_inputs((xl.stride(), wl.stride())):
+                yl = torch.empty_strided(self.out_shape, self.out_strides, dtype=p.dtype, device=xl.device)
+                yp = yl.data_ptr()
+                ptrs = self.epi.pointers(args.bias, args.post_ops, yl)
+                addr = self.epi.addresses(ptrs, yp)
+                if addr is not None:
+                    last = self._table(xl.device).data_ptr() if self.phased else yp
+                    launch.run_keyed_addresses((xp, wp, yp), lambda: self._descs(xl, wl, yl), *addr, last)
+                    return yl
         # physical NHWC views (the logical tensors are (N, C, H, W) in channels-last memory)
         x = (args.dy if self.bwd else args.x).permute(0, 2, 3, 1)
         w = args.w.permute(0, 2, 3, 1)

@@ -442,16 +442,30 @@ class _Plan:
                "bwd_weights": (p.y_shape, p.x_shape, p.w_shape)}[p.direction]
         std = tuple(layout_strides(s, p.layout) for s in ins)
         self.strides = strides or std
+        self.shapes = ins
         self.out_shape = ins[2]
         self.std = same_memory(ins, self.strides, std)
         if not self.std:
             check_strided(p, ins, self.strides)
         self.variants: dict = {}
+        self.by_inputs: dict = {self.strides[:2]: self}
 
     def variant(self, strides: tuple) -> _Plan:
         v = self.variants.get(strides)
         if v is None:
             v = self.variants[strides] = type(self)(self.p, self.tile, strides)
+        return v
+
+    def for_inputs(self, key: tuple) -> _Plan:
+        """The plan of inputs with strides `key` (two tuples) and the planned output: this
+        one where they address the planned memory (a 1x1 filter's contiguous w has other
+        strides on its size-1 dims than channels-last's: the common case, kept cheap)."""
+        v = self.by_inputs.get(key)
+        if v is None:
+            full = (*key, self.strides[2])
+            v = self if same_memory(self.shapes, full, self.strides) else self.variant(full)
+            if len(self.by_inputs) < 64:
+                self.by_inputs[key] = v
         return v
 
     def alloc(self, dtype: torch.dtype, device) -> torch.Tensor:
@@ -538,16 +552,27 @@ class FwdPlan(_Plan):
         if out is not None and out.stride() != self.strides[2]:
             return out.copy_(self(args))
         y = out if out is not None else self.alloc(self.p.out_dtype, x.device)
-        if (x.stride(), w.stride()) != self.strides[:2]:
-            return self.variant((x.stride(), w.stride(), self.strides[2]))(args, y)
+        plan = self.by_inputs.get((x.stride(), w.stride())) or self.for_inputs((x.stride(), w.stride()))
+        if plan is not self:
+            return plan(args, y)
         ptrs = self.epi.pointers(args.bias, args.post_ops, y)
+        xp, wp, yp = x.data_ptr(), w.data_ptr(), y.data_ptr()
+        if self.tma and (xp | wp) & 15:
+            self.fallback = self.fallback or FwdPlan(self.p, self.tile, self.strides, tma=False)
+            return self.fallback(args, y)
+        launch = self.launch
+        # the planned fast path: addresses, not tensors (Launch.run_addresses)
+        addr = self.epi.addresses(ptrs, yp) if launch.ready() and not (xp | wp | yp) & 15 else None
         if self.tma:
-            if x.data_ptr() % 16 or w.data_ptr() % 16:
-                self.fallback = self.fallback or FwdPlan(self.p, self.tile, self.strides, tma=False)
-                return self.fallback(args, y)
-            self.launch(descriptor(x, *self.da), descriptor(w, *self.db), y, *ptrs)
+            if addr is not None:
+                launch.run_keyed_addresses((xp, wp), lambda: (descriptor(x, *self.da), descriptor(w, *self.db)),
+                                           yp, *addr)
+            else:
+                launch(descriptor(x, *self.da), descriptor(w, *self.db), y, *ptrs)
+        elif addr is not None:
+            launch.run_addresses(xp, wp, yp, *addr)
         else:
-            self.launch(x, w, y, *ptrs)
+            launch(x, w, y, *ptrs)
         return y
 
 
@@ -712,16 +737,29 @@ class BwdDataPlan(_Plan):
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
         dy, w = args.dy, args.w
         dx = out if out is not None else self.alloc(self.p.out_dtype, dy.device)
-        if (dy.stride(), w.stride(), dx.stride()) != self.strides:
+        if out is not None and dx.stride() != self.strides[2]:
             return self.variant((dy.stride(), w.stride(), dx.stride()))(args, dx)
+        plan = self.by_inputs.get((dy.stride(), w.stride())) or self.for_inputs((dy.stride(), w.stride()))
+        if plan is not self:
+            return plan(args, dx)
+        dp, wp, xp = dy.data_ptr(), w.data_ptr(), dx.data_ptr()
         if self.tma:
-            if dy.data_ptr() % 16 or w.data_ptr() % 16:
+            if (dp | wp) & 15:
                 self.fallback = self.fallback or BwdDataPlan(self.p, self.tile, self.strides, tma=False)
                 return self.fallback(args, dx)
-            self.launches[0](descriptor(dy, *self.da), descriptor(w, *self.db), dx, dx, dx, dx, dx, dx)
+            launch = self.launches[0]
+            if launch.ready() and not xp & 15:   # addresses, not tensors (Launch.run_addresses)
+                launch.run_keyed_addresses((dp, wp), lambda: (descriptor(dy, *self.da), descriptor(w, *self.db)),
+                                           *(xp,) * 6)
+            else:
+                launch(descriptor(dy, *self.da), descriptor(w, *self.db), *(dx,) * 6)
             return dx
+        fast = not (dp | wp | xp) & 15
         for launch in self.launches:
-            launch(dy, w, dx)
+            if fast and launch.ready():
+                launch.run_addresses(dp, wp, xp)
+            else:
+                launch(dy, w, dx)
         return dx
 
 

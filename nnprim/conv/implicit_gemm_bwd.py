@@ -259,18 +259,31 @@ class BwdWeightsPlan(_Plan):
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
         dy, x = args.dy, args.x
         dw = out if out is not None else self.alloc(self.p.out_dtype, dy.device)
-        if (dy.stride(), x.stride(), dw.stride()) != self.strides:
+        if out is not None and dw.stride() != self.strides[2]:
             return self.variant((dy.stride(), x.stride(), dw.stride()))(args, dw)
-        if self.tma and (dy.data_ptr() % 16 or x.data_ptr() % 16):
+        plan = self.by_inputs.get((dy.stride(), x.stride())) or self.for_inputs((dy.stride(), x.stride()))
+        if plan is not self:
+            return plan(args, dw)
+        dp, xp = dy.data_ptr(), x.data_ptr()
+        if self.tma and (dp | xp) & 15:
             return self.variant_no_tma()(args, dw)
-        if self.tma:
-            dy, x = descriptor(dy, *self.da), descriptor(x, *self.db)
-        if self.direct:
-            self.launch(dy, x, dw)
+        dst = dw if self.direct else workspace.empty(self.ws_shape, torch.float32, dw.device)
+        launch, op = self.launch, dst.data_ptr()
+        if launch.ready() and not (dp | xp | op) & 15:      # addresses, not tensors (Launch.run_addresses)
+            if self.tma:
+                launch.run_keyed_addresses((dp, xp), lambda: (descriptor(dy, *self.da), descriptor(x, *self.db)), op)
+            else:
+                launch.run_addresses(dp, xp, op)
+        elif self.tma:
+            launch(descriptor(dy, *self.da), descriptor(x, *self.db), dst)
         else:
-            ws = workspace.empty(self.ws_shape, torch.float32, dw.device)
-            self.launch(dy, x, ws)
-            self.reduce(ws, dw)
+            launch(dy, x, dst)
+        if not self.direct:
+            red, wp = self.reduce, dw.data_ptr()
+            if red.ready() and not (op | wp) & 15:
+                red.run_addresses(op, wp)
+            else:
+                red(dst, dw)
         return dw
 
     def variant_no_tma(self) -> BwdWeightsPlan:

@@ -206,6 +206,15 @@ class EpiloguePlan:
     def constexprs(self) -> tuple:
         return (self.has_bias,) + tuple(v for o in self.ops for v in o[:3])
 
+    def addresses(self, ptrs: tuple, dummy_addr: int) -> tuple[int, ...] | None:
+        """`pointers`' result `ptrs` as int addresses (`Launch.run_addresses`; the caller
+        keeps `ptrs` alive until it has launched), None when one is not 16-byte aligned
+        (then the caller launches with the tensors). `dummy_addr`: the dummy's address."""
+        if not self.needs_tensors:
+            return (dummy_addr,) * (MAX_POST_OPS + 1)
+        out = tuple(t.data_ptr() for t in ptrs)
+        return None if any(a & 15 for a in out) else out
+
     def pointers(self, bias: torch.Tensor | None, post_ops: tuple, dummy: torch.Tensor) -> tuple:
         """(bias_ptr, p0_ptr, .., p3_ptr) for one call; `dummy` fills the unused slots.
         Full-size tensors are brought to the problem's layout (a copy only when they

@@ -257,10 +257,15 @@ class ConvFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, bias, conf):
-        """conf: (stride, padding, dilation, groups, out_dtype, solver), one argument so
-        that Function.apply has fewer to walk (the lists are the caller's fresh ones)."""
-        stride, padding, dilation, groups, out_dtype, solver = conf
+        """conf: (stride, padding, dilation, groups, out_dtype, solver[, signature]), one
+        argument so that Function.apply has fewer to walk (the lists are never mutated).
+        The public call's raw signature, when given, is the context's memo key."""
+        stride, padding, dilation, groups, out_dtype, solver = conf[:6]
         _save(ctx, x, w, conf[:4])
+        if len(conf) > 6:
+            return context(x.device).call(
+                conf[6], lambda: fwd_problem(x, w, bias, stride, padding, dilation, groups, "", [], out_dtype),
+                ConvArgs(x=x, w=w, bias=bias), solver)
         return _conv_forward(x, w, bias, stride, padding, dilation, groups, "", (), out_dtype, solver)
 
     @staticmethod

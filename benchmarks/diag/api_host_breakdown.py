@@ -1,0 +1,134 @@
+"""Where a public convolution call's time goes on the GPU machine, for the suite layers
+whose public-API time sits near the host floor (issue 13: the 1x1 and 7x7 layers at
+0.5-0.8x cuDNN). Per case:
+  host us (enqueue only, 200 calls, no sync): the public call, the bound invoker alone
+  (what `Context.call` runs after its memo lookup), torch's call;
+  bench ms (what `nnprim bench` reports: max(event, host) of one call): ours and torch's;
+  graph us: the same calls captured in a CUDA graph and replayed (device time only).
+Then a cProfile of the public call of the first cases. JSON to --out.
+
+    PYTHONPATH=$PWD python benchmarks/diag/api_host_breakdown.py --out $OUT/host.json
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import time
+
+import torch
+
+from nnprim.cli import cases
+from nnprim.cli.suites import load_suite
+from nnprim.search.context import for_problem
+from nnprim.search.timing import bench_ms
+
+CASES = [("rn50_r5_1x1", "fwd"), ("rn50_r4_1x1", "fwd"), ("rn50_r2_1x1a", "fwd"), ("rn50_r3_1x1", "fwd"),
+         ("rn50_r5_1x1", "bwd_data"), ("rn50_r4_1x1b", "bwd_weights"), ("rn50_r3_3x3", "fwd"),
+         ("rn50_r5_3x3", "bwd_weights"), ("rn50_r4_3x3", "bwd_data")]
+
+
+def host_us(fn, n: int = 200) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return dt
+
+
+def graph_us(fn, n: int = 50) -> float | None:
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        g.replay()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ts = []
+        for _ in range(5):
+            a.record()
+            for _ in range(n):
+                g.replay()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / n * 1e3)
+        return statistics.median(ts)
+    except Exception as e:  # noqa: BLE001 - report and go on
+        print("graph failed:", type(e).__name__, str(e)[:200])
+        return None
+
+
+def bound_of(case):
+    """The Bound and args the public call runs (captured from Context.run_bound)."""
+    ctx = for_problem(case.problem)
+    cap = {}
+    orig = ctx.run_bound
+
+    def spy(b, a):
+        cap.update(b=b, a=a)
+        return orig(b, a)
+    ctx.run_bound = spy
+    try:
+        case.call()
+    finally:
+        del ctx.run_bound
+    return cap["b"], cap["a"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="api_host.json")
+    ap.add_argument("--profile", type=int, default=2, help="cProfile the first N cases")
+    a = ap.parse_args()
+    torch.backends.cudnn.benchmark = True
+    _, probs = load_suite("conv_gpu")
+    specs = {p["name"]: p for p in probs}
+    rows = []
+    for i, (name, d) in enumerate(CASES):
+        case = cases.conv_case(specs[name], dtype=torch.bfloat16, device="cuda", direction=d)
+        for _ in range(3):
+            case.call()
+            case.peer()
+        b, args = bound_of(case)
+        inv = b.invoker
+        calls = {"api": case.call, "invoker": lambda inv=inv, args=args: inv(args), "torch": case.peer}
+        for fn in calls.values():
+            for _ in range(20):
+                fn()
+        row = dict(name=name, direction=d, solver=b.solver.name)
+        for _ in range(3):
+            for k, fn in calls.items():
+                row.setdefault(f"host_us_{k}", []).append(round(host_us(fn), 2))
+        for k in ("api", "torch"):
+            row[f"bench_ms_{k}"] = bench_ms(calls[k], "cuda", repeats=30)
+        for k in ("invoker", "torch"):
+            row[f"graph_us_{k}"] = graph_us(calls[k])
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        if i < a.profile:
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(2000):
+                case.call()
+            pr.disable()
+            torch.cuda.synchronize()
+            s = io.StringIO()
+            pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(30)
+            print(s.getvalue(), flush=True)
+            row["profile"] = s.getvalue()
+    with open(a.out, "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
