@@ -53,9 +53,9 @@ TILE = dict(fwd=(4, 32, 64, 4), bwd_data=(4, 32, 64, 4), bwd_weights=(4, 32, 64,
 # gluon_wgrad: gluon_conv_wgrad.py (backward weights only).
 DW_EFFICIENCY = {
     ("walk", True): (0.5, 0.35),      # mbv2 3x3 56x56: 2.38 / 1.69 TB/s; 7x7 C 960: 1.45 / 0.74
-    ("walk", False): (0.45, 0.2),     # not measured yet: ranked behind tile until find times both
+    ("walk", False): (0.65, 0.49),    # mbv2 stride 2, 112x112 C 96 (2026-12-02): 2.75 / 2.05 TB/s
     ("tile", True): (0.28, 0.13),     # mbv2: 1.16 / 0.54 TB/s
-    ("tile", False): (0.5, 0.22),     # mbv2 stride 2, 112x112 C 96: 2.28 / 0.94 TB/s
+    ("tile", False): (0.45, 0.22),    # mbv2 stride 2: 1.89 / 0.95 TB/s
     ("direct", True): (0.2, 0.06),    # mbv2: 0.85 / 0.25 TB/s
     ("direct", False): (0.2, 0.17),
     ("gluon_wgrad", True): (None, 0.15),   # solver 29 on mbv2: 0.65 TB/s
