@@ -243,6 +243,14 @@ def _gluon_wgrad_attempts(failures: list[str], report: list[str]) -> None:
     _conv_plan_attempts("gluon_implicit_gemm_bwd_weights", gluon_conv_wgrad, "_gluon_wgrad_kernel", "GluonWgradPlan",
                         GLUON_WGRAD, "bwd_weights", describe, failures, report)
 
+    class _StreamPlan(gluon_conv_wgrad.GluonWgradPlan):   # the stream-K schedule wherever it applies
+        def __init__(self, p):
+            super().__init__(p, stream=True)
+    sk = type("sk", (), {"_gluon_wgrad_sk_kernel": gluon_conv_wgrad._gluon_wgrad_sk_kernel, "Plan": _StreamPlan})
+    _conv_plan_attempts("gluon_implicit_gemm_bwd_weights (stream-K)", sk, "_gluon_wgrad_sk_kernel", "Plan",
+                        [c for c in GLUON_WGRAD if c[2].get("groups", 1) == 1], "bwd_weights", describe, failures,
+                        report)
+
 
 GLUON_ATTENTION = [  # (ping-pong, persistent, fields) of solver 126 (Gluon, sm_90 only): d64/d128/d256,
     # causal, GQA, tails; one-tile-per-CTA and persistent launches (SEPARATE_O at d64/d128)
