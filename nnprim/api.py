@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from . import fp8 as _fp8
-from .args import ConvArgs
+from .args import AttnArgs, ConvArgs
 from .errors import BadParameterError
 from .ops import _PLAIN, eager
 from .ops import attention as attn_ops
@@ -29,6 +29,7 @@ from .problems.common import check_tensor
 from .problems.conv import _named_padding, _padding
 from .quant import KVQuant
 from .search.context import context
+from .search.modes import SETTINGS
 from .search.solver import Solver
 
 _ops = torch.ops.nnprim
@@ -317,6 +318,53 @@ def _fp8_args(q: torch.Tensor, descales, out_dtype) -> tuple:
     return (*(_fp8.descale_tensor(d, q.device) for d in descales), out_dtype)
 
 
+# an sdpa signature's normalised options and its forward's memo key, for its autograd
+# Function (a bounded memo)
+_SDPA_OPTS: dict[tuple, tuple] = {}
+
+
+def _tsig(t: torch.Tensor | None):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv_lens, softmax_inf_as_zero,
+               return_lse, solver, block_table):
+    """The hot path of a plain sdpa call (tensors, no dropout, FP8 or quantized K/V): the raw
+    signature is the context's memo key, the options are normalised and validated when it
+    is new (kv_lens values too: CPU kv_lens take the general path, checked on every call).
+    None when an argument is unhashable (the general path)."""
+    try:
+        sig = ("sdpa", q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape,
+               v.stride(), v.dtype, v.device, _tsig(attn_mask), causal, scale, invert_scale, seed, offset,
+               _tsig(kv_lens), softmax_inf_as_zero, return_lse, solver, _tsig(block_table))
+        hash(sig)
+    except TypeError:
+        return None
+    sv = _solver(solver)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if block_table is not None:
+            return None          # the general path raises its error
+        opts = _SDPA_OPTS.get(sig)
+        if opts is None:
+            opts = _options(attn_mask, causal, scale, invert_scale, 0.0, seed, offset, kv_lens, softmax_inf_as_zero)
+            opts = (*opts, ("sdpa_grad", sig))    # the forward's memo key (its problem returns lse)
+            if len(_SDPA_OPTS) < 4096:
+                _SDPA_OPTS[sig] = opts
+        o, lse = attn_ops.SdpaFunction.apply(q, k, v, opts[0], opts[1], opts[2], opts[3:10], sv, opts[10])
+        return (o, lse) if return_lse else o
+
+    def make():
+        opts = _options(attn_mask, causal, scale, invert_scale, 0.0, seed, offset, kv_lens, softmax_inf_as_zero)
+        attn_ops._check_counters(seed, offset)
+        attn_ops._check_lens(kv_lens, k, block_table)
+        return attn_ops.problem("fwd", q, k, v, *opts, return_lse, block_table=block_table)
+
+    args = AttnArgs(q=q, k=k, v=v, attn_mask=attn_mask, scale=None if scale is None else float(scale), seed=seed,
+                    offset=offset, kv_lens=kv_lens, block_table=block_table)
+    o, lse = context(q.device).call(sig, make, args, sv)
+    return (o, lse) if return_lse else o
+
+
 def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal=None, scale=None,
          invert_scale: bool = False, dropout_p: float = 0.0, seed: int = 0, offset: int = 0,
          kv_lens: torch.Tensor | None = None, softmax_inf_as_zero: bool = False,
@@ -327,6 +375,16 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
     v are page pools (num_pages, Hkv, page_size, D) and kv_lens is required (nnprim.paged).
     FP8 (float8_e4m3fn) q, k, v: the attention of (q * q_descale, k * k_descale,
     v * v_descale), o in out_dtype (default bf16); see nnprim.fp8."""
+    if (type(q) in _PLAIN and type(k) in _PLAIN and type(v) in _PLAIN and _plain(attn_mask) and _plain(kv_lens)
+            and _plain(block_table) and q_descale is None and k_descale is None and v_descale is None
+            and out_dtype is None and not _fp8.is_fp8(q.dtype)
+            and (kv_lens is None or (kv_lens.is_cuda and not SETTINGS.check_numerics))
+            and (scale is None or type(scale) in (int, float)) and type(dropout_p) in (int, float)
+            and dropout_p == 0 and _fast_path_open()):
+        out = _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv_lens,
+                         softmax_inf_as_zero, return_lse, solver, block_table)
+        if out is not None:
+            return out
     check_tensor("q", q)
     kd, ks, kz, kspec = _kv("k", k)
     vd, vs, vz, vspec = _kv("v", v)

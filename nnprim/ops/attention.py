@@ -266,14 +266,23 @@ class SdpaFunction(torch.autograd.Function):
     implementations called directly; plain (unquantized) K/V; returns (o, lse)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, attn_mask, scale_tensor, kv_lens, options, solver):
+    def forward(ctx, q, k, v, attn_mask, scale_tensor, kv_lens, options, solver, key=None):
         """options: (causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero),
-        one argument so that Function.apply has fewer to walk."""
-        o, lse = sdpa_forward(q, k, v, None, None, None, None, "", "", attn_mask, scale_tensor, kv_lens, *options,
-                               True, solver)
+        one argument so that Function.apply has fewer to walk. `key`: the public call's
+        memo key (its raw signature, options validated when it was new), or None."""
+        if key is None:
+            o, lse = sdpa_forward(q, k, v, None, None, None, None, "", "", attn_mask, scale_tensor, kv_lens,
+                                   *options, True, solver)
+        else:
+            def make() -> AttentionProblem:
+                _check_lens(kv_lens, k)
+                return problem("fwd", q, k, v, attn_mask, scale_tensor, kv_lens, *options, True)
+            o, lse = context(q.device).call(key, make, AttnArgs(
+                q=q, k=k, v=v, attn_mask=attn_mask, scale=_scale_arg(options[1], scale_tensor), seed=options[4],
+                offset=options[5], kv_lens=kv_lens), solver)
         _save(ctx, q, k, v, o, lse, False, attn_mask, scale_tensor, kv_lens, options)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, dlse):
-        return (*_grads(ctx, do, _sdpa_backward), None, None, None, None, None)
+        return (*_grads(ctx, do, _sdpa_backward), None, None, None, None, None, None)
