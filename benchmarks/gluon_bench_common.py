@@ -112,6 +112,26 @@ def graph_fn(fn):
         return None
 
 
+def graph_us(fn, n: int = 20, repeats: int = 7) -> float | None:
+    """Device time (us) of one call of fn: captured in a CUDA graph, the median over
+    `repeats` event-timed runs of `n` replays; None when capture fails."""
+    replay = graph_fn(fn)
+    if replay is None:
+        return None
+    replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts = []
+    for _ in range(repeats):
+        a.record()
+        for _ in range(n):
+            replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / n * 1e3)
+    return statistics.median(ts)
+
+
 def host_us(fn, n: int = 30) -> float:
     torch.cuda.synchronize()
     t0 = time.perf_counter()

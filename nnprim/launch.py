@@ -129,6 +129,15 @@ class _HostTMA:
             out = self.maps[key] = _make_tensordesc_arg(d, self.meta[i])
         return out
 
+    def encoded(self, key, descriptors: Callable[[], tuple]) -> tuple:
+        """The encoded form of `descriptors()` under the caller's `key` (built when new)."""
+        enc = self.keyed.get(key)
+        if enc is None:
+            if len(self.keyed) >= 256:
+                self.keyed.clear()
+            enc = self.keyed[key] = self.encode(descriptors())
+        return enc
+
     def encode(self, descs: tuple) -> tuple:
         """The launcher's arguments of the leading descriptor arguments `descs`."""
         args: list = []
@@ -188,12 +197,7 @@ class Launch:
         """`run_keyed` with `rest`'s pointers given as int addresses, 16-byte aligned (the
         caller checked). Only after `ready()`."""
         tma = self.tma
-        enc = tma.keyed.get(key)
-        if enc is None:
-            if len(tma.keyed) >= 256:
-                tma.keyed.clear()
-            enc = tma.keyed[key] = tma.encode(descriptors())
-        tma.run_encoded(self.grid, enc, rest, self.full_tail)
+        tma.run_encoded(self.grid, tma.encoded(key, descriptors), rest, self.full_tail)
 
     def _fast(self, c, ptrs: tuple):
         g = self.grid
@@ -220,12 +224,7 @@ class Launch:
         for three or four). `rest` are the other per-call arguments (pointers, scalars)."""
         tma = self.tma
         if tma is not None and self.compiled is not None and not _hooked():
-            enc = tma.keyed.get(key)
-            if enc is None:
-                if len(tma.keyed) >= 256:
-                    tma.keyed.clear()
-                enc = tma.keyed[key] = tma.encode(descriptors())
-            tma.run_encoded(self.grid, enc, rest, self.full_tail)
+            tma.run_encoded(self.grid, tma.encoded(key, descriptors), rest, self.full_tail)
             return self.compiled
         return self(*descriptors(), *rest)
 

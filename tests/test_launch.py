@@ -5,13 +5,15 @@ from nnprim import launch as L
 
 
 class _FakeTMA:
+    encoded = L._HostTMA.encoded      # the real key cache over a stand-in encoder
+
     def __init__(self):
         self.keyed: dict = {}
-        self.encoded: list = []
+        self.encodes: list = []
         self.runs: list = []
 
     def encode(self, descs):
-        self.encoded.append(descs)
+        self.encodes.append(descs)
         return tuple(f"enc:{d}" for d in descs)
 
     def run_encoded(self, grid, enc, rest, tail):
@@ -52,3 +54,23 @@ def test_run_keyed_plain_path_before_compile_and_when_hooked(monkeypatch):
     monkeypatch.setattr(L, "_hooked", lambda: True)   # a profiler's launch hook sees every launch
     ln.run_keyed((1,), lambda: ("e",), "y")
     assert plain[-1] == ("e", "y") and not ln.tma.runs
+
+
+def test_launches_by_address_only_when_ready(monkeypatch):
+    """run_addresses / run_keyed_addresses: only after a compile with every tensor argument
+    16-byte aligned and without a launch hook; addresses go to the launcher as given."""
+    ln, _ = _planned(monkeypatch)
+    fast = []
+    monkeypatch.setattr(L.Launch, "_fast", lambda self, c, ptrs: fast.append(ptrs))
+    ln.all_aligned = False
+    assert not ln.ready()
+    ln.all_aligned = True
+    assert ln.ready()
+    ln.run_addresses(4096, 8192, 3)
+    assert fast == [(4096, 8192, 3)]
+    ln.run_keyed_addresses((7,), lambda: ("q",), 4096, 5)
+    ln.run_keyed_addresses((7,), lambda: ("r",), 8192, 6)      # same key: the encoded form is reused
+    assert ln.tma.encodes == [("q",)] and [r[1:3] for r in ln.tma.runs] == [(("enc:q",), (4096, 5)),
+                                                                            (("enc:q",), (8192, 6))]
+    monkeypatch.setattr(L, "_hooked", lambda: True)
+    assert not ln.ready()

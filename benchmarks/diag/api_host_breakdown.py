@@ -16,10 +16,13 @@ import cProfile
 import io
 import json
 import pstats
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gluon_bench_common import graph_us, host_us  # noqa: E402
 
 from nnprim.cli import cases
 from nnprim.cli.suites import load_suite
@@ -29,43 +32,6 @@ from nnprim.search.timing import bench_ms
 CASES = [("rn50_r5_1x1", "fwd"), ("rn50_r4_1x1", "fwd"), ("rn50_r2_1x1a", "fwd"), ("rn50_r3_1x1", "fwd"),
          ("rn50_r5_1x1", "bwd_data"), ("rn50_r4_1x1b", "bwd_weights"), ("rn50_r3_3x3", "fwd"),
          ("rn50_r5_3x3", "bwd_weights"), ("rn50_r4_3x3", "bwd_data")]
-
-
-def host_us(fn, n: int = 200) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return dt
-
-
-def graph_us(fn, n: int = 50) -> float | None:
-    try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        g.replay()
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        ts = []
-        for _ in range(5):
-            a.record()
-            for _ in range(n):
-                g.replay()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) / n * 1e3)
-        return statistics.median(ts)
-    except Exception as e:  # noqa: BLE001 - report and go on
-        print("graph failed:", type(e).__name__, str(e)[:200])
-        return None
 
 
 def bound_of(case):
@@ -108,11 +74,11 @@ def main() -> None:
         row = dict(name=name, direction=d, solver=b.solver.name)
         for _ in range(3):
             for k, fn in calls.items():
-                row.setdefault(f"host_us_{k}", []).append(round(host_us(fn), 2))
+                row.setdefault(f"host_us_{k}", []).append(round(host_us(fn, 200), 2))
         for k in ("api", "torch"):
             row[f"bench_ms_{k}"] = bench_ms(calls[k], "cuda", repeats=30)
         for k in ("invoker", "torch"):
-            row[f"graph_us_{k}"] = graph_us(calls[k])
+            row[f"graph_us_{k}"] = graph_us(calls[k], n=50, repeats=5)
         print(json.dumps(row), flush=True)
         rows.append(row)
         if i < a.profile:

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gluon_bench_common import graph_us  # noqa: E402
 
 from nnprim.args import ConvArgs
 from nnprim.cli.suites import load_suite
@@ -23,29 +27,6 @@ from nnprim.problems.conv import ConvProblem
 
 NAMES = ["rn50_r2_3x3", "rn50_r3_3x3s2", "rn50_r3_3x3", "rn50_r4_3x3", "rn50_r5_3x3", "unet_320_64x64",
          "unet_640_32x32"]
-
-
-def graph_us(fn, n: int = 20) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(7):
-        a.record()
-        for _ in range(n):
-            g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / n * 1e3)
-    return statistics.median(ts)
 
 
 def tiles(p: ConvProblem) -> dict:

@@ -205,14 +205,74 @@ if gluon is not None:
         return sp, pid_k, tap, c0
 
     @gluon.jit
+    def _ring(dy_desc, x_desc, STAGES: gl.constexpr):
+        """The STAGES-deep ring: dy and x box buffers and their ready / empty barriers."""
+        dtype: gl.constexpr = dy_desc.dtype
+        a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + dy_desc.block_type.shape, dy_desc.layout)
+        b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        return a_bufs, b_bufs, ready, empty
+
+    @gluon.jit
+    def _release(ready, empty):
+        """Invalidate the ring's barriers (the kernel's end)."""
+        STAGES: gl.constexpr = ready.type.shape[0]
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(i))
+            mbarrier.invalidate(empty.index(i))
+
+    @gluon.jit
+    def _mma_run(a_bufs, b_bufs, ready, empty, acc, steps, cnt, a2_layout: gl.constexpr, b2_layout: gl.constexpr,
+                 BP: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+        """`steps` ring slots from the `cnt`-th into acc: async wgmma, a slot released once
+        the next step's wgmma is issued and the older ones retired, the last one at the end.
+        Returns (acc, cnt)."""
+        STAGES: gl.constexpr = ready.type.shape[0]
+        dtype: gl.constexpr = a_bufs.dtype
+        for st in range(steps):
+            s = cnt % STAGES
+            mbarrier.wait(ready.index(s), (cnt // STAGES) & 1)
+            a = a_bufs.index(s)._reinterpret(dtype, [BP, BM], a2_layout).permute((1, 0))
+            b = b_bufs.index(s)._reinterpret(dtype, [BP, BN], b2_layout)
+            acc = warpgroup_mma(a, b, acc, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=(acc,))
+            if st > 0:
+                mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
+            cnt += 1
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
+        return acc, cnt
+
+    @gluon.jit
+    def _load_rect(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, t, cnt, n_th, n_tw,
+                   pid_k, oh, ow, c0, BH: gl.constexpr, BW: gl.constexpr, BM: gl.constexpr, SH: gl.constexpr,
+                   SW: gl.constexpr):
+        """Pixel rectangle t's dy box and its x box shifted by the tap (oh, ow) onto ring slot
+        cnt % STAGES, once the consumer has released it."""
+        STAGES: gl.constexpr = ready.type.shape[0]
+        nbytes: gl.constexpr = dy_desc.block_type.nbytes + x_desc.block_type.nbytes
+        tw = t % n_tw
+        tmp = t // n_tw
+        th = tmp % n_th
+        n = tmp // n_th
+        s = cnt % STAGES
+        mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), nbytes)
+        tma.async_copy_global_to_shared(dy_desc, [n, th * BH, tw * BW, pid_k * BM], ready.index(s), a_bufs.index(s))
+        _load_x(x_desc, x01_desc, x10_desc, x11_desc, n, th * BH, tw * BW, oh, ow, c0, ready.index(s),
+                b_bufs.index(s), SH, SW)
+
+    @gluon.jit
     def _producer(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, n_units, tiles,
                   nj, ncb, S, tps, nt, n_th, n_tw, ph, pw, dh, dw, Kg, Cg, DIAG: gl.constexpr, BH: gl.constexpr,
                   BW: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, SH: gl.constexpr, SW: gl.constexpr):
         """1 warp: for each unit of this CTA and each pixel rectangle of its slice, a dy box
         and the tap-shifted x box onto the next ring slot (stride 2: from x's phase view,
         as solver 27 reads it, `_load_x`)."""
-        STAGES: gl.constexpr = ready.type.shape[0]
-        nbytes: gl.constexpr = dy_desc.block_type.nbytes + x_desc.block_type.nbytes
         cnt = 0
         for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
             sp, pid_k, tap, c0 = _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG, BM, BN)
@@ -220,17 +280,8 @@ if gluon is not None:
             q = tap - r * S
             t_end = gl.minimum(sp * tps + tps, nt)
             for t in range(sp * tps, t_end):
-                tw = t % n_tw
-                tmp = t // n_tw
-                th = tmp % n_th
-                n = tmp // n_th
-                s = cnt % STAGES
-                mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
-                mbarrier.expect(ready.index(s), nbytes)
-                tma.async_copy_global_to_shared(dy_desc, [n, th * BH, tw * BW, pid_k * BM], ready.index(s),
-                                                a_bufs.index(s))
-                _load_x(x_desc, x01_desc, x10_desc, x11_desc, n, th * BH, tw * BW, r * dh - ph, q * dw - pw, c0,
-                        ready.index(s), b_bufs.index(s), SH, SW)
+                _load_rect(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, t, cnt,
+                           n_th, n_tw, pid_k, r * dh - ph, q * dw - pw, c0, BH, BW, BM, SH, SW)
                 cnt += 1
 
     @gluon.jit
@@ -241,7 +292,6 @@ if gluon is not None:
         issued and the older ones retired), then the unit's tile to dw or its slice of the
         workspace ([SPLIT, K, taps*Cg] f32; dw is [K, taps*Cg] as well). Grouped (DIAG):
         only the entries whose channel is in the row's group are stored."""
-        STAGES: gl.constexpr = ready.type.shape[0]
         BP: gl.constexpr = BH * BW
         dtype: gl.constexpr = a_bufs.dtype
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -253,19 +303,8 @@ if gluon is not None:
         for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
             sp, pid_k, tap, c0 = _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG, BM, BN)
             acc = gl.zeros([BM, BN], gl.float32, acc_layout)
-            steps = gl.minimum(sp * tps + tps, nt) - sp * tps
-            for st in range(steps):
-                s = cnt % STAGES
-                mbarrier.wait(ready.index(s), (cnt // STAGES) & 1)
-                a = a_bufs.index(s)._reinterpret(dtype, [BP, BM], a2_layout).permute((1, 0))
-                b = b_bufs.index(s)._reinterpret(dtype, [BP, BN], b2_layout)
-                acc = warpgroup_mma(a, b, acc, is_async=True)
-                acc = warpgroup_mma_wait(1, deps=(acc,))
-                if st > 0:
-                    mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
-                cnt += 1
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
+            acc, cnt = _mma_run(a_bufs, b_bufs, ready, empty, acc, gl.minimum(sp * tps + tps, nt) - sp * tps, cnt,
+                                a2_layout, b2_layout, BP, BM, BN)
             rk = pid_k * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
             rc = c0 + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
             grp = rk // Kg
@@ -283,7 +322,6 @@ if gluon is not None:
                             BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, SH: gl.constexpr,
                             SW: gl.constexpr, num_warps: gl.constexpr):
         """Persistent: CTA i runs units i, i + grid, ... (see the module docstring)."""
-        dtype: gl.constexpr = dy_desc.dtype
         n_th = gl.cdiv(OH, BH)
         n_tw = gl.cdiv(OW, BW)
         nt = N * n_th * n_tw
@@ -294,13 +332,7 @@ if gluon is not None:
         nj = R * S * ncb
         tiles = gl.cdiv(K, BM) * nj
         n_units = tiles * split
-        a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + dy_desc.block_type.shape, dy_desc.layout)
-        b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
+        a_bufs, b_bufs, ready, empty = _ring(dy_desc, x_desc, STAGES)
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, ready, empty, out_ptr, n_units, tiles, nj, ncb, tps, nt, K, C, Kg, Cg,
                          R * S, DIRECT, DIAG, BH, BW, BM, BN, num_warps)),
@@ -308,9 +340,7 @@ if gluon is not None:
                          tiles, nj, ncb, S, tps, nt, n_th, n_tw, ph, pw, dh, dw, Kg, Cg, DIAG, BH, BW, BM, BN,
                          SH, SW)),
         ], [1], [24])
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(i))
-            mbarrier.invalidate(empty.index(i))
+        _release(ready, empty)
 
 
     # ---- stream-K: every CTA reduces an equal run of the (tile, rectangle) steps -------------
@@ -337,8 +367,6 @@ if gluon is not None:
                      S, nt, n_th, n_tw, ph, pw, dh, dw, BH: gl.constexpr, BW: gl.constexpr, BM: gl.constexpr,
                      BN: gl.constexpr, SH: gl.constexpr, SW: gl.constexpr):
         """`_producer` over this CTA's run of steps (see `_sk_range`)."""
-        STAGES: gl.constexpr = ready.type.shape[0]
-        nbytes: gl.constexpr = dy_desc.block_type.nbytes + x_desc.block_type.nbytes
         lo, hi, t_first, t_last = _sk_range(total, nt)
         cnt = 0
         for tile in range(t_first, t_last + 1):
@@ -346,17 +374,8 @@ if gluon is not None:
             r = tap // S
             q = tap - r * S
             for t in range(gl.maximum(lo, tile * nt) - tile * nt, gl.minimum(hi, tile * nt + nt) - tile * nt):
-                tw = t % n_tw
-                tmp = t // n_tw
-                th = tmp % n_th
-                n = tmp // n_th
-                s = cnt % STAGES
-                mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
-                mbarrier.expect(ready.index(s), nbytes)
-                tma.async_copy_global_to_shared(dy_desc, [n, th * BH, tw * BW, pid_k * BM], ready.index(s),
-                                                a_bufs.index(s))
-                _load_x(x_desc, x01_desc, x10_desc, x11_desc, n, th * BH, tw * BW, r * dh - ph, q * dw - pw, c0,
-                        ready.index(s), b_bufs.index(s), SH, SW)
+                _load_rect(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, t, cnt,
+                           n_th, n_tw, pid_k, r * dh - ph, q * dw - pw, c0, BH, BW, BM, SH, SW)
                 cnt += 1
 
     @gluon.jit
@@ -366,7 +385,6 @@ if gluon is not None:
         into dw (cast); the run's first and last tiles, when other CTAs hold the rest of their
         steps, go to this CTA's two f32 slots of the workspace [grid, 2, BM, BN]
         (`_sk_fixup_kernel` sums them in CTA order)."""
-        STAGES: gl.constexpr = ready.type.shape[0]
         BP: gl.constexpr = BH * BW
         dtype: gl.constexpr = a_bufs.dtype
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -384,18 +402,7 @@ if gluon is not None:
             s_lo = gl.maximum(lo, tile * nt)
             s_hi = gl.minimum(hi, tile * nt + nt)
             acc = gl.zeros([BM, BN], gl.float32, acc_layout)
-            for st in range(s_hi - s_lo):
-                s = cnt % STAGES
-                mbarrier.wait(ready.index(s), (cnt // STAGES) & 1)
-                a = a_bufs.index(s)._reinterpret(dtype, [BP, BM], a2_layout).permute((1, 0))
-                b = b_bufs.index(s)._reinterpret(dtype, [BP, BN], b2_layout)
-                acc = warpgroup_mma(a, b, acc, is_async=True)
-                acc = warpgroup_mma_wait(1, deps=(acc,))
-                if st > 0:
-                    mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
-                cnt += 1
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
+            acc, cnt = _mma_run(a_bufs, b_bufs, ready, empty, acc, s_hi - s_lo, cnt, a2_layout, b2_layout, BP, BM, BN)
             if (s_lo == tile * nt) & (s_hi == tile * nt + nt):
                 rk = pid_k * BM + ri
                 rc = c0 + ci
@@ -412,29 +419,20 @@ if gluon is not None:
                                num_warps: gl.constexpr):
         """Stream-K (ungrouped): the persistent grid splits the tiles x rectangles steps into
         equal runs, one per CTA (see `GluonWgradPlan`)."""
-        dtype: gl.constexpr = dy_desc.dtype
         n_th = gl.cdiv(OH, BH)
         n_tw = gl.cdiv(OW, BW)
         nt = N * n_th * n_tw
         ncb = gl.cdiv(C, BN)
         nj = R * S * ncb
         total = (gl.cdiv(K, BM) * nj).to(gl.int64) * nt
-        a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + dy_desc.block_type.shape, dy_desc.layout)
-        b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=1)
-            mbarrier.init(empty.index(i), count=1)
+        a_bufs, b_bufs, ready, empty = _ring(dy_desc, x_desc, STAGES)
         gl.warp_specialize([
             (_consumer_sk, (a_bufs, b_bufs, ready, empty, out_ptr, ws_ptr, total, nj, ncb, nt, K, C, R * S,
                             BH, BW, BM, BN, num_warps)),
             (_producer_sk, (dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, total,
                             nj, ncb, S, nt, n_th, n_tw, ph, pw, dh, dw, BH, BW, BM, BN, SH, SW)),
         ], [1], [24])
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(i))
-            mbarrier.invalidate(empty.index(i))
+        _release(ready, empty)
 
 
 @triton.jit
