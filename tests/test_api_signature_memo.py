@@ -1,0 +1,134 @@
+"""The public calls' signature memo (api.py: the raw call signature as the context's memo
+key): every way of spelling the same call gives the same result as the general path, a
+call that differs in anything validated is validated again, and the paths it does not take
+(unhashable arguments, autocast, gradients, dropout) still work."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nnprim
+from nnprim.search.context import context
+
+CL = torch.channels_last
+
+
+@pytest.fixture(autouse=True)
+def _immediate_mode():
+    """Heuristic choices (no find): the memo, not the search, is under test."""
+    mode = nnprim.get_find_mode()
+    nnprim.set_find_mode("fast")
+    yield
+    nnprim.set_find_mode(mode)
+
+
+def _xw(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 8, 9, 7, generator=g).to(dtype).to(memory_format=CL)
+    w = torch.randn(8, 8, 3, 3, generator=g).to(dtype).to(memory_format=CL)
+    b = torch.randn(8, generator=g).to(dtype)
+    return x, w, b
+
+
+def test_conv_spellings_agree():
+    x, w, b = _xw()
+    ref = F.conv2d(x.double(), w.double(), b.double(), padding=1)
+    outs = [nnprim.conv_forward(x, w, b, padding=1), nnprim.conv_forward(x, w, b, padding=(1, 1)),
+            nnprim.conv_forward(x, w, b, padding=[1, 1], stride=[1, 1]),   # lists: the general path
+            nnprim.conv_forward(x, w, b, padding="same"), nnprim.conv_forward(x, w, b, padding=1)]
+    for y in outs:
+        torch.testing.assert_close(y.double(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_validated_when_the_signature_changes():
+    x, w, b = _xw()
+    nnprim.conv_forward(x, w, b, padding=1)
+    with pytest.raises(nnprim.BadParameterError):
+        nnprim.conv_forward(x, w.double(), b, padding=1)          # dtypes differ
+    with pytest.raises(nnprim.BadParameterError):
+        nnprim.conv_forward(x, w, b[:4], padding=1)               # bias shape
+    with pytest.raises(nnprim.BadParameterError):
+        nnprim.conv_forward(x, w, b, padding=-1)
+    with pytest.raises(nnprim.BadParameterError):
+        nnprim.conv_forward(x, w, b, padding=1, solver=1.5)       # not a solver name or id
+    with pytest.raises(nnprim.BadParameterError):
+        nnprim.conv_backward_data(x, w, (2, 8, 9), padding=1)     # x_shape of the wrong rank
+    with pytest.raises(nnprim.BadParameterError):
+        nnprim.conv_backward_weights(x, x, (8, 8, 3), padding=1)
+
+
+def test_conv_grad_and_no_grad_share_the_choice():
+    x, w, b = _xw()
+    with torch.no_grad():
+        y0 = nnprim.conv_forward(x, w, b, padding=1)
+    xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
+    xg = xg.detach().to(memory_format=CL).requires_grad_()
+    for _ in range(2):
+        y = nnprim.conv_forward(xg, wg, bg, padding=1)
+        assert torch.equal(y.detach(), y0)
+        y.sum().backward()
+    xr, wr, br = (t.detach().double().requires_grad_() for t in (x, w, b))
+    F.conv2d(xr, wr, br, padding=1).sum().backward()
+    for ours, ref in ((xg, xr), (wg, wr), (bg, br)):
+        torch.testing.assert_close(ours.grad.double(), 2 * ref.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_autocast_takes_the_general_path():
+    x, w, b = _xw()
+    nnprim.conv_forward(x, w, b, padding=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = nnprim.conv_forward(x, w, b, padding=1)
+    assert y.dtype == torch.bfloat16
+
+
+def test_conv_forced_solver_spellings():
+    x, w, b = _xw()
+    name = context("cpu").resolve(
+        nnprim.ConvProblem.create("fwd", x.shape, w.shape, dtype=x.dtype, layout="nhwc", device="cpu", padding=1,
+                                  has_bias=True),
+        None).name
+    from nnprim.search.solver import REGISTRY
+    s = REGISTRY.get(name)
+    outs = [nnprim.conv_forward(x, w, b, padding=1, solver=v) for v in (name, s.id, s)]
+    assert all(torch.equal(o, outs[0]) for o in outs)
+
+
+def test_backward_calls_agree_with_torch():
+    x, w, _ = _xw()
+    dy = torch.randn(2, 8, 9, 7).to(memory_format=CL)
+    for shape in (x.shape, tuple(x.shape), list(x.shape)):
+        dx = nnprim.conv_backward_data(dy, w, shape, padding=1)
+        torch.testing.assert_close(dx, torch.nn.grad.conv2d_input(x.shape, w, dy, padding=1), rtol=1e-4, atol=1e-4)
+    for shape in (w.shape, tuple(w.shape), list(w.shape)):
+        dw = nnprim.conv_backward_weights(dy, x, shape, padding=1)
+        torch.testing.assert_close(dw, torch.nn.grad.conv2d_weight(x, w.shape, dy, padding=1), rtol=1e-4, atol=1e-4)
+
+
+def test_sdpa_spellings_and_paths():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 13, 16, generator=g) for _ in range(3))
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    for kw in (dict(causal=True), dict(causal="top_left"), dict(causal=True, scale=0.25), dict(causal=True)):
+        o = nnprim.sdpa(q, k, v, **kw)
+        r = ref if "scale" not in kw else F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                                         is_causal=True, scale=0.25)
+        torch.testing.assert_close(o.double(), r, rtol=1e-4, atol=1e-4)
+    o, lse = nnprim.sdpa(q, k, v, causal=True, return_lse=True)
+    assert lse.shape == (2, 4, 13)
+    with pytest.raises(nnprim.BadParameterError):
+        nnprim.sdpa(q, k, v, causal="bottom")
+    with pytest.raises(nnprim.BadParameterError):
+        nnprim.sdpa(q, k, v, seed=-1)
+    # gradients through the memoised path, twice
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    for _ in range(2):
+        nnprim.sdpa(qg, kg, vg, causal=True).sum().backward()
+    qr, kr, vr = (t.double().requires_grad_() for t in (q, k, v))
+    F.scaled_dot_product_attention(qr, kr, vr, is_causal=True).sum().backward()
+    for ours, r in ((qg, qr), (kg, kr), (vg, vr)):
+        torch.testing.assert_close(ours.grad.double(), 2 * r.grad, rtol=1e-4, atol=1e-4)
+    # dropout takes the general path (a fresh mask per seed)
+    a = nnprim.sdpa(q, k, v, dropout_p=0.5, seed=1)
+    b = nnprim.sdpa(q, k, v, dropout_p=0.5, seed=2)
+    assert not torch.equal(a, b)
