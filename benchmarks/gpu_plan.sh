@@ -30,6 +30,10 @@
 #   conv_probes  benchmarks/stem_probe.py, benchmarks/gluon_conv_bwd_probe.py (solver level) and
 #              benchmarks/pointwise_probe.py (the 1x1 layers through the API)
 #   diag       the default-vs-forced clock check and the graphed conv's choices
+#   host       where a public call's time goes (benchmarks/diag/api_host_breakdown.py: host us of the
+#              public call, its invoker and torch's, CUDA-graph device time) and host_overhead.py
+#   wgrad      solver 29's schedules on the suite's 3x3 layers (benchmarks/diag/wgrad_tile_probe.py
+#              --stream: split slices against stream-K, cuDNN in the same process)
 set -uo pipefail
 STEP=${1:?usage: bash benchmarks/gpu_plan.sh STEP OUT}
 OUT=${2:?usage: bash benchmarks/gpu_plan.sh STEP OUT}
@@ -74,6 +78,11 @@ case $STEP in
   diag)
     timeout 60 python3 benchmarks/diag/default_vs_forced.py --out "$OUT/default_vs_forced_$D.json" 2>&1 | tail -4
     timeout 120 python3 benchmarks/diag/graph_bwd_weights.py graph 2>&1 | grep -E "CHOSEN|WARNING" | head -20 ;;
+  host)
+    timeout 240 python3 benchmarks/diag/api_host_breakdown.py --out "$OUT/api_host_$D.json" 2>&1 | grep "^{" | cut -c1-400
+    timeout 120 python3 benchmarks/host_overhead.py --out "$OUT/host_overhead_$D.json" 2>&1 | tail -8 ;;
+  wgrad)
+    timeout 240 python3 benchmarks/diag/wgrad_tile_probe.py --stream --out "$OUT/wgrad_stream_$D.json" 2>&1 | cut -c1-600 ;;
   fuzz)
     bash benchmarks/fuzz_gpu.sh "$OUT" ;;
   attention)
