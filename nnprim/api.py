@@ -167,7 +167,7 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
                     if len(_GRAD_CONFS) < 4096:
                         _GRAD_CONFS[sig] = conf
                 return conv_ops.ConvFunction.apply(x, w, bias, conf)
-            return context(x.device).call(sig, lambda: _fwd_problem(x, w, bias, stride, padding, dilation, groups,
+            return context(x.device).call(sig, lambda: _raw_fwd_problem(x, w, bias, stride, padding, dilation, groups,
                                                                     out_dtype),
                                           ConvArgs(x=x, w=w, bias=bias), _solver(solver))
     check_tensor("x", x)
@@ -197,7 +197,7 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
 _GRAD_CONFS: dict[tuple, tuple] = {}
 
 
-def _fwd_problem(x, w, bias, stride, padding, dilation, groups, out_dtype):
+def _raw_fwd_problem(x, w, bias, stride, padding, dilation, groups, out_dtype):
     """The validated problem of a post-op-free conv_forward call from its raw arguments."""
     st, pad, dl = _conv_args(x, w.shape[2:], stride, padding, dilation)
     return conv_ops.fwd_problem(x, w, bias, st, pad, dl, groups, "", [], out_dtype)
@@ -222,7 +222,7 @@ def _bwd_sig(name: str, dy, t, shape, stride, padding, dilation, groups, out_dty
     return sig
 
 
-def _bwd_problem(direction: str, dy, t, shape, stride, padding, dilation, groups, out_dtype):
+def _raw_bwd_problem(direction: str, dy, t, shape, stride, padding, dilation, groups, out_dtype):
     """The validated problem of a backward call from its raw arguments."""
     filt = t.shape[2:] if direction == "bwd_data" else _shape("w_shape", shape)[2:]
     nd_like = dy if direction == "bwd_data" else t
@@ -238,7 +238,7 @@ def conv_backward_data(dy: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int]
         sig = _bwd_sig("conv_backward_data", dy, w, x_shape, stride, padding, dilation, groups, out_dtype, solver)
         if sig is not None:
             return context(dy.device).call(
-                sig, lambda: _bwd_problem("bwd_data", dy, w, x_shape, stride, padding, dilation, groups, out_dtype),
+                sig, lambda: _raw_bwd_problem("bwd_data", dy, w, x_shape, stride, padding, dilation, groups, out_dtype),
                 ConvArgs(dy=dy, w=w), _solver(solver))
     check_tensor("dy", dy)
     check_tensor("w", w)
@@ -255,7 +255,7 @@ def conv_backward_weights(dy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[i
         sig = _bwd_sig("conv_backward_weights", dy, x, w_shape, stride, padding, dilation, groups, out_dtype, solver)
         if sig is not None:
             return context(dy.device).call(
-                sig, lambda: _bwd_problem("bwd_weights", dy, x, w_shape, stride, padding, dilation, groups,
+                sig, lambda: _raw_bwd_problem("bwd_weights", dy, x, w_shape, stride, padding, dilation, groups,
                                           out_dtype),
                 ConvArgs(dy=dy, x=x), _solver(solver))
     check_tensor("dy", dy)

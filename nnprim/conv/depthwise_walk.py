@@ -288,6 +288,31 @@ def _row_sum(ws_ptr, row, acc, rc, mc, C, r: tl.constexpr, u: tl.constexpr, R: t
 
 
 @triton.jit
+def _acc_taps(g00, g10, g20, g01, g11, g21, g02, g12, g22, d, x00, x01, x02, x10, x11, x12, x20, x21, x22,
+              R: tl.constexpr, S: tl.constexpr):
+    """g[r][u] += d * x[u][r] for the taps of the filter (r < R, u < S): the window's column
+    u holds x[u][0..2] (one value per filter row)."""
+    g00 += d * x00
+    if S > 1:
+        g01 += d * x10
+    if S > 2:
+        g02 += d * x20
+    if R > 1:
+        g10 += d * x01
+        if S > 1:
+            g11 += d * x11
+        if S > 2:
+            g12 += d * x21
+    if R > 2:
+        g20 += d * x02
+        if S > 1:
+            g21 += d * x12
+        if S > 2:
+            g22 += d * x22
+    return g00, g10, g20, g01, g11, g21, g02, g12, g22
+
+
+@triton.jit
 def _wgrad_s2(p0, p1, p2, m0, m1, m2, pdy, mdy, syw, sxw, ow0, pdw, W, OW, z,
               g00, g10, g20, g01, g11, g21, g02, g12, g22, R: tl.constexpr, S: tl.constexpr, WALK: tl.constexpr):
     """One tile's walk of backward weights at column stride 2 (see `_walk_s2`: a 3-wide
@@ -316,34 +341,13 @@ def _wgrad_s2(p0, p1, p2, m0, m1, m2, pdy, mdy, syw, sxw, ow0, pdw, W, OW, z,
         if S - FIRST > 1:
             r0, r1, r2 = _raw_column(p0 + (cn + 1) * sxw, p1 + (cn + 1) * sxw, p2 + (cn + 1) * sxw, m0, m1, m2,
                                      (cn >= -1) & (cn + 1 < W), R)
-        if S == 3:
-            g00 += d * a0
-            g01 += d * b0
-            g02 += d * e0
-            if R > 1:
-                g10 += d * a1
-                g11 += d * b1
-                g12 += d * e1
-            if R > 2:
-                g20 += d * a2
-                g21 += d * b2
-                g22 += d * e2
+        if S == 3:    # the window's columns: the carried one, this step's two
+            g00, g10, g20, g01, g11, g21, g02, g12, g22 = _acc_taps(
+                g00, g10, g20, g01, g11, g21, g02, g12, g22, d, a0, a1, a2, b0, b1, b2, e0, e1, e2, R, S)
             a0, a1, a2 = e0, e1, e2
-        elif S == 2:
-            g00 += d * b0
-            g01 += d * e0
-            if R > 1:
-                g10 += d * b1
-                g11 += d * e1
-            if R > 2:
-                g20 += d * b2
-                g21 += d * e2
         else:
-            g00 += d * b0
-            if R > 1:
-                g10 += d * b1
-            if R > 2:
-                g20 += d * b2
+            g00, g10, g20, g01, g11, g21, g02, g12, g22 = _acc_taps(
+                g00, g10, g20, g01, g11, g21, g02, g12, g22, d, b0, b1, b2, e0, e1, e2, e0, e1, e2, R, S)
     return g00, g10, g20, g01, g11, g21, g02, g12, g22
 
 
@@ -401,34 +405,17 @@ def _walk_wgrad_kernel(dy_ptr, x_ptr, ws_ptr, C, H, W, OH, OW, n_tiles, tiles_pe
                 jn = ow - pdw + S
                 n0, n1, n2 = _column(p0 + jn * sxw, p1 + jn * sxw, p2 + jn * sxw, m0, m1, m2, (jn >= 0) & (jn < W),
                                      R)
+                # the window's columns, oldest first: a0*, a1* (the last S - 1), b
                 if S == 1:
-                    g00 += d * b0
-                    if R > 1:
-                        g10 += d * b1
-                    if R > 2:
-                        g20 += d * b2
+                    g00, g10, g20, g01, g11, g21, g02, g12, g22 = _acc_taps(
+                        g00, g10, g20, g01, g11, g21, g02, g12, g22, d, b0, b1, b2, b0, b1, b2, b0, b1, b2, R, S)
                 elif S == 2:
-                    g00 += d * a00
-                    g01 += d * b0
-                    if R > 1:
-                        g10 += d * a01
-                        g11 += d * b1
-                    if R > 2:
-                        g20 += d * a02
-                        g21 += d * b2
+                    g00, g10, g20, g01, g11, g21, g02, g12, g22 = _acc_taps(
+                        g00, g10, g20, g01, g11, g21, g02, g12, g22, d, a00, a01, a02, b0, b1, b2, b0, b1, b2, R, S)
                     a00, a01, a02 = b0, b1, b2
                 else:
-                    g00 += d * a00
-                    g01 += d * a10
-                    g02 += d * b0
-                    if R > 1:
-                        g10 += d * a01
-                        g11 += d * a11
-                        g12 += d * b1
-                    if R > 2:
-                        g20 += d * a02
-                        g21 += d * a12
-                        g22 += d * b2
+                    g00, g10, g20, g01, g11, g21, g02, g12, g22 = _acc_taps(
+                        g00, g10, g20, g01, g11, g21, g02, g12, g22, d, a00, a01, a02, a10, a11, a12, b0, b1, b2, R, S)
                     a00, a01, a02 = a10, a11, a12
                     a10, a11, a12 = b0, b1, b2
                 b0, b1, b2 = n0, n1, n2

@@ -226,13 +226,15 @@ if gluon is not None:
             mbarrier.invalidate(empty.index(i))
 
     @gluon.jit
-    def _mma_run(a_bufs, b_bufs, ready, empty, acc, steps, cnt, a2_layout: gl.constexpr, b2_layout: gl.constexpr,
-                 BP: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-        """`steps` ring slots from the `cnt`-th into acc: async wgmma, a slot released once
-        the next step's wgmma is issued and the older ones retired, the last one at the end.
-        Returns (acc, cnt)."""
+    def _mma_run(a_bufs, b_bufs, ready, empty, acc, steps, cnt, BP: gl.constexpr, BM: gl.constexpr,
+                 BN: gl.constexpr):
+        """`steps` ring slots from the `cnt`-th into acc (the boxes viewed as [BP, BM] and
+        [BP, BN]): async wgmma, a slot released once the next step's wgmma is issued and the
+        older ones retired, the last one at the end. Returns (acc, cnt)."""
         STAGES: gl.constexpr = ready.type.shape[0]
         dtype: gl.constexpr = a_bufs.dtype
+        a2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BP, BM], dtype)
+        b2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BP, BN], dtype)
         for st in range(steps):
             s = cnt % STAGES
             mbarrier.wait(ready.index(s), (cnt // STAGES) & 1)
@@ -292,19 +294,15 @@ if gluon is not None:
         issued and the older ones retired), then the unit's tile to dw or its slice of the
         workspace ([SPLIT, K, taps*Cg] f32; dw is [K, taps*Cg] as well). Grouped (DIAG):
         only the entries whose channel is in the row's group are stored."""
-        BP: gl.constexpr = BH * BW
-        dtype: gl.constexpr = a_bufs.dtype
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                              instr_shape=[16, BN, 16])
-        a2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BP, BM], dtype)
-        b2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BP, BN], dtype)
         ncol = n_taps * Cg
         cnt = 0
         for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
             sp, pid_k, tap, c0 = _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG, BM, BN)
             acc = gl.zeros([BM, BN], gl.float32, acc_layout)
             acc, cnt = _mma_run(a_bufs, b_bufs, ready, empty, acc, gl.minimum(sp * tps + tps, nt) - sp * tps, cnt,
-                                a2_layout, b2_layout, BP, BM, BN)
+                                BH * BW, BM, BN)
             rk = pid_k * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
             rc = c0 + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
             grp = rk // Kg
@@ -385,12 +383,8 @@ if gluon is not None:
         into dw (cast); the run's first and last tiles, when other CTAs hold the rest of their
         steps, go to this CTA's two f32 slots of the workspace [grid, 2, BM, BN]
         (`_sk_fixup_kernel` sums them in CTA order)."""
-        BP: gl.constexpr = BH * BW
-        dtype: gl.constexpr = a_bufs.dtype
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                              instr_shape=[16, BN, 16])
-        a2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BP, BM], dtype)
-        b2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BP, BN], dtype)
         ncol = n_taps * C
         lo, hi, t_first, t_last = _sk_range(total, nt)
         ri = gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
@@ -402,7 +396,7 @@ if gluon is not None:
             s_lo = gl.maximum(lo, tile * nt)
             s_hi = gl.minimum(hi, tile * nt + nt)
             acc = gl.zeros([BM, BN], gl.float32, acc_layout)
-            acc, cnt = _mma_run(a_bufs, b_bufs, ready, empty, acc, s_hi - s_lo, cnt, a2_layout, b2_layout, BP, BM, BN)
+            acc, cnt = _mma_run(a_bufs, b_bufs, ready, empty, acc, s_hi - s_lo, cnt, BH * BW, BM, BN)
             if (s_lo == tile * nt) & (s_hi == tile * nt + nt):
                 rk = pid_k * BM + ri
                 rc = c0 + ci
@@ -495,8 +489,7 @@ class GluonWgradPlan:
         gm, t = self.gm, self.tile
         sms = self.sms or sm_count(device.index)
         self.split, tps, units = plan_split(self.gp, t, sms)
-        self.stream = use_stream_k(self.gp, t, sms) if self.stream_opt is None else \
-            self.stream_opt and stream_k_reasons(self.gp, t) == []
+        self.stream = self._use_stream(sms)
         self.reduce = None
         if self.stream:
             self._plan_stream(sms)
@@ -514,6 +507,12 @@ class GluonWgradPlan:
             self.reduce = Launch(_split_reduce_kernel, (triton.cdiv(E, 1024),),
                                  (E, self.ncol, gm.Cg, gm.filt[1], gm.filt[2], self.split,
                                   self.ncol, 1, 0, gm.filt[2] * gm.Cg, gm.Cg, 1024))
+
+    def _use_stream(self, sms: int) -> bool:
+        """The stream-K schedule: as asked (`stream`, where it applies), else by the model."""
+        if self.stream_opt is None:
+            return use_stream_k(self.gp, self.tile, sms)
+        return self.stream_opt and not stream_k_reasons(self.gp, self.tile)
 
     def _plan_stream(self, sms: int) -> None:
         """Stream-K: `sms` CTAs, each an equal run of the steps; the fix-up launch only when a
@@ -536,8 +535,7 @@ class GluonWgradPlan:
 
     def workspace_bytes(self, device_index: int | None = None) -> int:
         sms = self.sms or sm_count(device_index)
-        if (use_stream_k(self.gp, self.tile, sms) if self.stream_opt is None else
-                self.stream_opt and stream_k_reasons(self.gp, self.tile) == []):
+        if self._use_stream(sms):
             return sms * 2 * self.tile.BM * self.tile.BN * 4
         split = plan_split(self.gp, self.tile, sms)[0]
         return 0 if split == 1 else split * self.gm.K * self.ncol * 4
