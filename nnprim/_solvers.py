@@ -36,6 +36,7 @@ _MODULES = (
     "nnprim.attention.decode",
     "nnprim.attention.decode_quant",
     "nnprim.attention.decode_swap",
+    "nnprim.attention.decode_scaled",
     "nnprim.attention.cpu_flash",
 )
 

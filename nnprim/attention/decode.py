@@ -44,6 +44,7 @@ from ..launch import Launch, interpreting
 from ..limits import grid_reasons
 from ..quant import KVQuant
 from ..search.solver import Solver, register
+from .code_convert import codes_f16
 from .paging import page_rows, pipeline_stages
 
 # ---- Triton kernels ---------------------------------------------------------------
@@ -87,12 +88,21 @@ def _load_kv_tile(ptr, roff, n_ok, s_d, sc_ptr, sc_roff, sc_g, zp_ptr, zp_roff, 
                   D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                   QBITS: tl.constexpr, SIGNED: tl.constexpr, GROUP: tl.constexpr,
                   SC_GROUPED: tl.constexpr, HAS_ZP: tl.constexpr, ZP_GROUPED: tl.constexpr,
-                  GL: tl.constexpr, DOT_DTYPE: tl.constexpr, L1: tl.constexpr):
+                  GL: tl.constexpr, DOT_DTYPE: tl.constexpr, L1: tl.constexpr, FOLD: tl.constexpr = False):
     """A (BLOCK_N, BLOCK_D) tile of K or V rows at int64 element offsets `roff` from ptr (of
     scales / zero points: sc_roff / zp_roff) in DOT_DTYPE; rows with n_ok False and columns
     >= D are 0. QBITS: 0 = float tensor, 8 = s8/u8/fp8 codes, 4 = packed s4/u4
-    (L1: KVQuant layout 1, the bytes of each pair read from their layout-1 place)."""
-    if QBITS == 0:
+    (L1: KVQuant layout 1, the bytes of each pair read from their layout-1 place).
+    FOLD (8-bit codes, one scale per tensor or head, no zero point): the codes themselves,
+    converted exactly to DOT_DTYPE (f16); the kernel applies the scale to s / o."""
+    if FOLD:
+        offs_d = tl.arange(0, BLOCK_D)
+        p = ptr + roff[:, None] + offs_d[None, :] * s_d
+        c = tl.load(p, mask=n_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+        if DOT_DTYPE == tl.float16:   # CUDA: converted in registers (code_convert.codes_f16)
+            return codes_f16(c, c.dtype == tl.float8e4nv, SIGNED)
+        return c.to(DOT_DTYPE)
+    elif QBITS == 0:
         offs_d = tl.arange(0, BLOCK_D)
         p = ptr + roff[:, None] + offs_d[None, :] * s_d
         x = tl.load(p, mask=n_ok[:, None] & (offs_d[None, :] < D), other=0.0)
@@ -128,6 +138,16 @@ def _load_kv_tile(ptr, roff, n_ok, s_d, sc_ptr, sc_roff, sc_g, zp_ptr, zp_roff, 
         return x.to(DOT_DTYPE)
 
 
+@triton.jit
+def _pow2_rows(x):
+    """(x * 2**-e, 2**e) per row, e = the exponent of the row's largest |x| (clamped to
+    normal floats): exact scalings that put every row's maximum in [1, 2)."""
+    top = tl.max(tl.abs(x), 1).to(tl.int32, bitcast=True) & 0x7F800000
+    top = tl.minimum(tl.maximum(top, 1 << 23), 254 << 23)
+    inv = (0x7F000000 - top).to(tl.float32, bitcast=True)
+    return x * inv[:, None], top.to(tl.float32, bitcast=True)
+
+
 @triton.jit(do_not_specialize=["Hq", "Hkv", "Sk", "SPLITS", "s_bt", "seed", "offset"])  # sizes, split count, RNG: no recompile
 def _decode_fwd_kernel(
         Q, K, V, KS, KZ, VS, VZ, MASK, LENS, SCALE_PTR, O, LSE, PO, PL, BT,
@@ -145,9 +165,13 @@ def _decode_fwd_kernel(
         K_ZP: tl.constexpr, K_ZP_G: tl.constexpr, K_GL: tl.constexpr, K_L1: tl.constexpr,
         VBITS: tl.constexpr, V_SIGNED: tl.constexpr, V_GROUP: tl.constexpr, V_SC_G: tl.constexpr,
         V_ZP: tl.constexpr, V_ZP_G: tl.constexpr, V_GL: tl.constexpr, V_L1: tl.constexpr,
-        DOT_DTYPE: tl.constexpr, F32_DOT: tl.constexpr, PAGE: tl.constexpr = 0):
+        DOT_DTYPE: tl.constexpr, F32_DOT: tl.constexpr, PAGE: tl.constexpr = 0,
+        K_FOLD: tl.constexpr = False, V_FOLD: tl.constexpr = False, Q_NORM: tl.constexpr = False):
     """One program: KV head (b, hk), key chunk `split`, query-row block `mblk` (rows
-    r = hl * Sq + i of the G query heads sharing hk). ONE_SPLIT (SPLITS == 1) writes o (q's dtype)
+    r = hl * Sq + i of the G query heads sharing hk). K_FOLD / V_FOLD (solver 131): 8-bit
+    codes go to the mma as exact f16 values, their per-tensor / per-head scale multiplies
+    the scores / the output; Q_NORM: q enters the f16 mma scaled per row by a power of two
+    (exact), which the scores take back, so no q is out of f16's range. ONE_SPLIT (SPLITS == 1) writes o (q's dtype)
     and lse directly; otherwise it writes f32 partials PO (rows, SPLITS, DV) normalised
     by their own sum, and PL (rows, SPLITS) = their lse (natural log). PAGE > 0: K/V (and
     their scales / zero points) are page pools, s_kb (...) their page strides, BT the
@@ -199,7 +223,12 @@ def _decode_fwd_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     qi64 = qi.to(tl.int64)
     q_ptr = Q + b64 * s_qb + h.to(tl.int64)[:, None] * s_qh + qi64[:, None] * s_qs + offs_d[None, :] * s_qd
-    q = tl.load(q_ptr, mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_DTYPE)
+    q = tl.load(q_ptr, mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    if Q_NORM:
+        q, q_pow = _pow2_rows(q.to(tl.float32))
+        q = q.to(DOT_DTYPE)
+    else:
+        q = q.to(DOT_DTYPE)
 
     if PAGE == 0:
         kvb = b64
@@ -214,6 +243,10 @@ def _decode_fwd_kernel(
     vz_base = VZ + kvb * s_vzb + hk64 * s_vzh
     if MASK_KIND != 0:
         m_base = MASK + b64 * s_mb + h.to(tl.int64)[:, None] * s_mh + qi64[:, None] * s_mq
+    if K_FOLD:
+        qk_scale = qk_scale * tl.load(ks_base).to(tl.float32)
+    if Q_NORM:
+        qk_rows = qk_scale * q_pow   # (BLOCK_M,): the scale of each row's scores
 
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
@@ -225,12 +258,15 @@ def _decode_fwd_kernel(
         k = _load_kv_tile(k_base, pg * s_kb + pi * s_kn, n_ok, s_kd, ks_base, pg * s_ksb + pi * s_ksn, s_ksg,
                           kz_base, pg * s_kzb + pi * s_kzn, s_kzg,
                           D, BLOCK_D, BLOCK_N, KBITS, K_SIGNED, K_GROUP, K_SC_G, K_ZP, K_ZP_G, K_GL,
-                          DOT_DTYPE, K_L1)
+                          DOT_DTYPE, K_L1, K_FOLD)
         if F32_DOT:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
-        s = s * qk_scale
+        if Q_NORM:
+            s = s * qk_rows[:, None]
+        else:
+            s = s * qk_scale
         valid = n_ok[None, :] & row_ok[:, None]
         if CAUSAL != 0:
             valid = valid & (offs_n[None, :] < row_lim[:, None])
@@ -253,7 +289,7 @@ def _decode_fwd_kernel(
         v = _load_kv_tile(v_base, pg * s_vb + pi * s_vn, n_ok, s_vd, vs_base, pg * s_vsb + pi * s_vsn, s_vsg,
                           vz_base, pg * s_vzb + pi * s_vzn, s_vzg,
                           DV, BLOCK_DV, BLOCK_N, VBITS, V_SIGNED, V_GROUP, V_SC_G, V_ZP, V_ZP_G, V_GL,
-                          DOT_DTYPE, V_L1)
+                          DOT_DTYPE, V_L1, V_FOLD)
         if F32_DOT:
             pv = tl.dot(p.to(DOT_DTYPE), v, input_precision="ieee")
         else:
@@ -263,6 +299,8 @@ def _decode_fwd_kernel(
 
     if DROPOUT:
         acc = acc * drop_scale
+    if V_FOLD:
+        acc = acc * tl.load(vs_base).to(tl.float32)
     has = l_i > 0.0
     lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -417,17 +455,26 @@ def _empty(shape, dtype, device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _quant_meta(t, D: int):
-    """(strides of data / scales / zps, constexpr dict) of K or V."""
+def foldable(qs) -> bool:
+    """Whether K or V of this KVQuant signature (None: a float tensor) goes to the mma as its
+    codes with the scale folded out (solver 131): 8-bit codes, one scale per tensor or per
+    head, no zero point."""
+    return qs is None or (qs[0] in ("s8", "u8", "fp8_e4m3") and qs[2] in ("t", "h") and qs[4] is None)
+
+
+def _quant_meta(t, D: int, fold: bool = False):
+    """(strides of data / scales / zps, constexpr dict) of K or V; fold: solver 131's codes
+    with the scale folded out (`foldable`)."""
     if not isinstance(t, KVQuant):
-        meta = dict(BITS=0, SIGNED=False, GROUP=D, SC_G=False, ZP=False, ZP_G=False, GL=_GL_ROW, L1=False)
+        meta = dict(BITS=0, SIGNED=False, GROUP=D, SC_G=False, ZP=False, ZP_G=False, GL=_GL_ROW, L1=False,
+                    FOLD=False)
         return (tuple(t.stride()), (0, 0, 0, 0), (0, 0, 0, 0)), meta
     g = t.group
     gl = _GL_ROW if g == D else (_GL_RESHAPE if g & (g - 1) == 0 else _GL_GATHER)
     zp = t.zero_points
     meta = dict(BITS=4 if t.is_4bit else 8, SIGNED=t.dtype in ("s8", "s4"), GROUP=g,
                 SC_G=t.scale_kind == "g", ZP=zp is not None, ZP_G=t.zp_kind == "g",
-                GL=gl, L1=t.is_4bit and t.layout == 1)
+                GL=gl, L1=t.is_4bit and t.layout == 1, FOLD=fold)
     return kv_strides(t), meta
 
 
@@ -497,20 +544,22 @@ def combine_launch(problem, splits: int) -> Launch | None:
                   INF_AS_ZERO=problem.inf_as_zero, WRITE_LSE=problem.return_lse, num_warps=4)
 
 
-def plan(problem, args: AttnArgs, cfg: DecodeConfig) -> tuple[Launch, Launch | None, int]:
-    """(main launch, combine launch or None, splits) of solvers 120/121 for `args`'
-    strides and per-call scalars; o (B, Hq, Sq, Dv) is contiguous."""
+def plan(problem, args: AttnArgs, cfg: DecodeConfig, fold: bool = False) -> tuple[Launch, Launch | None, int]:
+    """(main launch, combine launch or None, splits) of solvers 120/121 (fold: 131) for
+    `args`' strides and per-call scalars; o (B, Hq, Sq, Dv) is contiguous."""
     q = args.q
     D, Dv = problem.D, problem.Dv
-    (sk, sks, skz), km = _quant_meta(args.k, D)
-    (sv, svs, svz), vm = _quant_meta(args.v, Dv)
+    (sk, sks, skz), km = _quant_meta(args.k, D, fold)
+    (sv, svs, svz), vm = _quant_meta(args.v, Dv, fold)
     _, smask = _mask4(args.attn_mask, q)
     bm, nm = m_blocks(problem, cfg)
     splits = choose_splits(problem, cfg)
     so = (problem.Hq * problem.Sq * Dv, problem.Sq * Dv, Dv, 1)
     interp = interpreting()
     f32 = q.dtype == torch.float32
-    dot_dtype = tl.float32 if (f32 or interp) else (tl.bfloat16 if q.dtype == torch.bfloat16 else tl.float16)
+    # 131: f16 mmas, which hold every s8 / u8 / e4m3 code exactly (bf16 q scaled per row: Q_NORM)
+    half = tl.float16 if fold else tl.bfloat16
+    dot_dtype = tl.float32 if (f32 or interp) else (half if q.dtype == torch.bfloat16 else tl.float16)
     main = Launch(
         _decode_fwd_kernel, (problem.B * problem.Hkv, splits, nm),
         (*q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *smask, *so,
@@ -523,7 +572,8 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig) -> tuple[Launch, Launch | N
         K_ZP_G=km["ZP_G"], K_GL=km["GL"], K_L1=km["L1"],
         VBITS=vm["BITS"], V_SIGNED=vm["SIGNED"], V_GROUP=vm["GROUP"], V_SC_G=vm["SC_G"], V_ZP=vm["ZP"],
         V_ZP_G=vm["ZP_G"], V_GL=vm["GL"], V_L1=vm["L1"],
-        DOT_DTYPE=dot_dtype, F32_DOT=f32 or interp,
+        DOT_DTYPE=dot_dtype, F32_DOT=f32 or interp, **(dict(
+            K_FOLD=km["FOLD"], V_FOLD=vm["FOLD"], Q_NORM=q.dtype == torch.bfloat16) if fold else {}),
         num_warps=cfg.num_warps, num_stages=pipeline_stages(cfg.num_stages, problem.page_size))
     return main, combine_launch(problem, splits), splits
 

@@ -54,6 +54,8 @@ from ..launch import Launch, interpreting
 from ..quant import KVQuant
 from ..search.solver import register
 from . import decode as _dec
+from .code_convert import cvt4 as _cvt4
+from .code_convert import cvt8 as _cvt8
 from .decode import DecodeConfig, _DecodeBase, _num_sms, l1_pairs
 from .paging import page_rows, pipeline_stages
 
@@ -87,124 +89,6 @@ def _rows_tile(ptr, roff, n_ok, s_c, cols, COLS: tl.constexpr, FULL: tl.constexp
         return tl.load(p, mask=n_ok[:, None], other=0.0)
     else:
         return tl.load(p, mask=n_ok[:, None] & (cols[None, :] < COLS), other=0.0)
-
-
-def _asm4(dot: str, signed: bool) -> str:
-    """PTX: 4 bytes of packed 4-bit codes ($4) -> their low nibbles ($0, $1) and high nibbles
-    ($2, $3) as exact 16-bit floats, two per register: 0x4300 | n is bf16 128 + n (0x6400 | n
-    is f16 1024 + n); s4 flips the sign bit first (n ^ 8) and subtracts 8 more."""
-    magic = {"bf16": 0x4300, "f16": 0x6400}[dot] | (8 if signed else 0)
-    bias = {"bf16": 0xC300, "f16": 0xE400}[dot] | (8 if signed else 0)  # -(128 | 8) / -(1024 | 8)
-    one = {"bf16": 0x3F80, "f16": 0x3C00}[dot]
-    lut = 0x6A if signed else 0xEA  # (a & b) ^ c  |  (a & b) | c
-    fma = "fma.rn.bf16x2" if dot == "bf16" else "fma.rn.f16x2"
-    return (
-        "{ .reg .b32 t0, t1, s0, s1, z, one, bias;\n"
-        "mov.b32 z, 0;\n"
-        f"mov.b32 one, {one | one << 16};\n"
-        f"mov.b32 bias, {bias | bias << 16};\n"
-        "prmt.b32 t0, $4, z, 0x4140;\n"      # [b0, 0, b1, 0]
-        "prmt.b32 t1, $4, z, 0x4342;\n"      # [b2, 0, b3, 0]
-        "shr.u32 s0, t0, 4;\n"
-        "shr.u32 s1, t1, 4;\n"
-        f"lop3.b32 $0, t0, 0x000F000F, {magic | magic << 16}, {lut};\n"
-        f"lop3.b32 $1, t1, 0x000F000F, {magic | magic << 16}, {lut};\n"
-        f"lop3.b32 $2, s0, 0x000F000F, {magic | magic << 16}, {lut};\n"
-        f"lop3.b32 $3, s1, 0x000F000F, {magic | magic << 16}, {lut};\n"
-        f"{fma} $0, $0, one, bias;\n"
-        f"{fma} $1, $1, one, bias;\n"
-        f"{fma} $2, $2, one, bias;\n"
-        f"{fma} $3, $3, one, bias;\n"
-        "}")
-
-
-def _asm8(dot: str, signed: bool) -> str:
-    """PTX: 4 bytes of 8-bit codes ($2) -> 4 exact 16-bit floats ($0, $1). f16: one prmt puts
-    two bytes under the exponent byte 0x64 (1024 + c); bf16 (7-bit mantissa) goes through
-    f32 (0x4B0000 | c = 2**23 + c) and a packing convert. s8 flips the sign bit first."""
-    flip = "xor.b32 w, $2, 0x80808080;\n" if signed else "mov.b32 w, $2;\n"
-    if dot == "f16":
-        bias = 0xE480 if signed else 0xE400  # -1152 | -1024
-        return (
-            "{ .reg .b32 w, m, t0, t1, one, bias;\n" + flip +
-            "mov.b32 m, 0x64646464;\n"
-            "mov.b32 one, 0x3C003C00;\n"
-            f"mov.b32 bias, {bias | bias << 16};\n"
-            "prmt.b32 t0, w, m, 0x4140;\n"
-            "prmt.b32 t1, w, m, 0x4342;\n"
-            "fma.rn.f16x2 $0, t0, one, bias;\n"
-            "fma.rn.f16x2 $1, t1, one, bias;\n"
-            "}")
-    bias = "0f4B000080" if signed else "0f4B000000"  # 2**23 + 128 | 2**23
-    return (
-        "{ .reg .b32 w, m, f0, f1, f2, f3;\n" + flip +
-        "mov.b32 m, 0x4B000000;\n"
-        "prmt.b32 f0, w, m, 0x7650;\n"
-        "prmt.b32 f1, w, m, 0x7651;\n"
-        "prmt.b32 f2, w, m, 0x7652;\n"
-        "prmt.b32 f3, w, m, 0x7653;\n"
-        f"sub.f32 f0, f0, {bias};\n"
-        f"sub.f32 f1, f1, {bias};\n"
-        f"sub.f32 f2, f2, {bias};\n"
-        f"sub.f32 f3, f3, {bias};\n"
-        "cvt.rn.bf16x2.f32 $0, f1, f0;\n"
-        "cvt.rn.bf16x2.f32 $1, f3, f2;\n"
-        "}")
-
-
-_A4_BF16_S = tl.constexpr(_asm4("bf16", True))
-_A4_BF16_U = tl.constexpr(_asm4("bf16", False))
-_A4_F16_S = tl.constexpr(_asm4("f16", True))
-_A4_F16_U = tl.constexpr(_asm4("f16", False))
-_A8_BF16_S = tl.constexpr(_asm8("bf16", True))
-_A8_BF16_U = tl.constexpr(_asm8("bf16", False))
-_A8_F16_S = tl.constexpr(_asm8("f16", True))
-_A8_F16_U = tl.constexpr(_asm8("f16", False))
-
-
-@triton.jit
-def _cvt4(c, SIGNED: tl.constexpr, ASM: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Low and high nibbles of uint8 codes as DOT_DTYPE values (two's complement if SIGNED).
-    ASM (CUDA, 16-bit DOT_DTYPE): the magic-number PTX above; else shifts and a convert."""
-    if ASM:
-        if DOT_DTYPE == tl.bfloat16:
-            if SIGNED:
-                return tl.inline_asm_elementwise(_A4_BF16_S, "=r,=r,=r,=r,r", [c], (tl.bfloat16, tl.bfloat16),
-                                                 True, 4)
-            else:
-                return tl.inline_asm_elementwise(_A4_BF16_U, "=r,=r,=r,=r,r", [c], (tl.bfloat16, tl.bfloat16),
-                                                 True, 4)
-        else:
-            if SIGNED:
-                return tl.inline_asm_elementwise(_A4_F16_S, "=r,=r,=r,=r,r", [c], (tl.float16, tl.float16),
-                                                 True, 4)
-            else:
-                return tl.inline_asm_elementwise(_A4_F16_U, "=r,=r,=r,=r,r", [c], (tl.float16, tl.float16),
-                                                 True, 4)
-    else:
-        if SIGNED:
-            ci = c.to(tl.int8, bitcast=True)
-            return ((ci << 4) >> 4).to(DOT_DTYPE), (ci >> 4).to(DOT_DTYPE)
-        else:
-            return (c & 15).to(DOT_DTYPE), (c >> 4).to(DOT_DTYPE)
-
-
-@triton.jit
-def _cvt8(c, SIGNED: tl.constexpr, ASM: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """8-bit codes (int8 if SIGNED else uint8) as exact DOT_DTYPE values."""
-    if ASM:
-        if DOT_DTYPE == tl.bfloat16:
-            if SIGNED:
-                return tl.inline_asm_elementwise(_A8_BF16_S, "=r,=r,r", [c], tl.bfloat16, True, 4)
-            else:
-                return tl.inline_asm_elementwise(_A8_BF16_U, "=r,=r,r", [c], tl.bfloat16, True, 4)
-        else:
-            if SIGNED:
-                return tl.inline_asm_elementwise(_A8_F16_S, "=r,=r,r", [c], tl.float16, True, 4)
-            else:
-                return tl.inline_asm_elementwise(_A8_F16_U, "=r,=r,r", [c], tl.float16, True, 4)
-    else:
-        return c.to(DOT_DTYPE)
 
 
 @triton.jit
@@ -261,7 +145,7 @@ def _decode_quant_kernel(
         V_SPLIT: tl.constexpr, V_JOIN: tl.constexpr, K_L1: tl.constexpr, V_L1: tl.constexpr,
         K_PV: tl.constexpr, V_PV: tl.constexpr,
         DOT_DTYPE: tl.constexpr, F32_DOT: tl.constexpr, ASM4: tl.constexpr, ASM8: tl.constexpr,
-        PAGE: tl.constexpr = 0):
+        PAGE: tl.constexpr = 0, CVT_PURE: tl.constexpr = True):
     """One program: KV head (b, hk), key chunk `split`, row block `mblk` (rows r = hl * Sq + i
     of the G query heads of hk). K/V: KBITS/VBITS 0 = float tensor, 8 = s8/u8 codes,
     4 = packed s4/u4. BLOCK_D / BLOCK_DV count columns of the loaded tiles: elements for
@@ -390,7 +274,7 @@ def _decode_quant_kernel(
         # ---- scores: mma on the raw codes, then zero point and scale per group ----
         if KBITS == 4:
             kc = _rows_tile(k_base, pg * s_kb + pi * s_kn, n_ok, s_kd, offs_kh, D // 2, BLOCK_D * 2 == D)
-            k_lo, k_hi = _cvt4(kc, K_SIGNED, ASM4, DOT_DTYPE)
+            k_lo, k_hi = _cvt4(kc, K_SIGNED, ASM4, DOT_DTYPE, CVT_PURE)
             if F32_DOT:
                 sp = tl.dot(qx_lo, tl.trans(k_lo), input_precision="ieee")
                 sp = tl.dot(qx_hi, tl.trans(k_hi), sp, input_precision="ieee")
@@ -400,7 +284,7 @@ def _decode_quant_kernel(
         else:
             kt = _rows_tile(k_base, pg * s_kb + pi * s_kn, n_ok, s_kd, offs_kd, D, BLOCK_D == D)
             if KBITS == 8:
-                kt = _cvt8(kt, K_SIGNED, ASM8, DOT_DTYPE)
+                kt = _cvt8(kt, K_SIGNED, ASM8, DOT_DTYPE, CVT_PURE)
             else:
                 kt = kt.to(DOT_DTYPE)
             if F32_DOT:
@@ -472,7 +356,7 @@ def _decode_quant_kernel(
         px = px.to(DOT_DTYPE)
         if VBITS == 4:
             vc = _rows_tile(v_base, pg * s_vb + pi * s_vn, n_ok, s_vd, offs_vh, DV // 2, BLOCK_DV * 2 == DV)
-            v_lo, v_hi = _cvt4(vc, V_SIGNED, ASM4, DOT_DTYPE)
+            v_lo, v_hi = _cvt4(vc, V_SIGNED, ASM4, DOT_DTYPE, CVT_PURE)
             if V_JOIN:
                 vt = tl.interleave(v_lo, v_hi)
                 if F32_DOT:
@@ -488,7 +372,7 @@ def _decode_quant_kernel(
         else:
             vt = _rows_tile(v_base, pg * s_vb + pi * s_vn, n_ok, s_vd, offs_vd, DV, BLOCK_DV == DV)
             if VBITS == 8:
-                vt = _cvt8(vt, V_SIGNED, ASM8, DOT_DTYPE)
+                vt = _cvt8(vt, V_SIGNED, ASM8, DOT_DTYPE, CVT_PURE)
             else:
                 vt = vt.to(DOT_DTYPE)
             if F32_DOT:
@@ -562,6 +446,10 @@ class QuantDecodeConfig(DecodeConfig):
     # own 8-bit -> bf16 conversion is already a short integer sequence), True = also 8-bit, False = never
     asm_convert: bool | None = None
     v_join: bool = False      # 4-bit V: interleave the nibbles into one operand (one mma); measured slower
+    # pin the PTX conversion where the codes load (code_convert): fewer instructions (s4 g64:
+    # 951 against 1197 per 32 keys) but slower on the H200 (s4 g64 b64 x 8k 0.372 against
+    # 0.286 ms, b8 x 32k 0.176 against 0.155; 8-bit equal: `results/decode_sweep_s15.json`)
+    pin_convert: bool = False
 
 
 def _groups(t, D: int) -> tuple[int, int]:
@@ -704,7 +592,8 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         V_SPLIT=vm["BITS"] == 4 and not (vjoin and not vm["L1"]), V_JOIN=vm["BITS"] == 4 and vjoin and not vm["L1"],
         K_L1=km["L1"], V_L1=vm["L1"], K_PV=km["PV"], V_PV=vm["PV"],
         DOT_DTYPE=dot_dtype, F32_DOT=f32 or interp, ASM4=can_asm and asm_cfg is not False,
-        ASM8=can_asm and asm_cfg is True and not (km["FP8"] or vm["FP8"]), num_warps=cfg.num_warps,
+        ASM8=can_asm and asm_cfg is True and not (km["FP8"] or vm["FP8"]),
+        CVT_PURE=not getattr(cfg, "pin_convert", False), num_warps=cfg.num_warps,
         num_stages=pipeline_stages(cfg.num_stages, problem.page_size))
     return main, _dec.combine_launch(problem, splits), splits
 

@@ -64,6 +64,12 @@ ATTENTION = [  # (solver, problem fields)
     ("decode_swap_ab_quant", dict(B=1, Hq=4, Hkv=1, Sq=3, Sk=4000, D=128, Dv=128, dtype=F16, causal="bottom_right",
                                   k_quant=("s8", 128, "h", "float32", "h"),
                                   v_quant=("fp8_e4m3", 128, "t", "float32", None))),
+    ("decode_split_k_scaled", dict(B=2, Hq=8, Hkv=2, Sq=1, Sk=4000, D=128, Dv=128, dtype=BF16,  # e4m3 -> f16
+                                   k_quant=("fp8_e4m3", 128, "h", "float32", None),
+                                   v_quant=("fp8_e4m3", 128, "h", "float32", None, "keys"), return_lse=True)),
+    ("decode_split_k_scaled", dict(B=1, Hq=4, Hkv=1, Sq=3, Sk=4000, D=96, Dv=96, dtype=F16, causal="bottom_right",
+                                   k_quant=("s8", 96, "t", "float32", None),
+                                   v_quant=("u8", 96, "h", "bfloat16", None))),
     ("decode_split_k_quant", dict(B=1, Hq=4, Hkv=1, Sq=1, Sk=4000, D=128, Dv=128, dtype=BF16,
                                   k_quant=("fp8_e4m3", 128, "t", "float32", None),
                                   v_quant=("u4", 32, "g", "float16", "g", 1))),

@@ -65,9 +65,43 @@ def test_formats_real_sizes(B, Sk, fmt):
     v = torch.randn(B, 8, Sk, 128, device=DEV, dtype=torch.bfloat16, generator=g)
     kq, vq = _quant(k, fmt, None, None), _quant(v, fmt, None, "v")
     ref, theirs = _ref(q[:4], _slice(kq, 4), _slice(vq, 4))
-    for solver in (None, "decode_split_k_quant_grouped", "decode_split_k_quant"):
+    scaled = ("decode_split_k_scaled",) if fmt[0] == "fp8_e4m3" else ()
+    for solver in (None, "decode_split_k_quant_grouped", "decode_split_k_quant") + scaled:
         o = nnprim.sdpa(q, kq, vq, solver=solver)
         assert_close(f"{fmt} {solver}", o[:4], theirs, ref)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "s8", "u8"])
+@pytest.mark.parametrize("role", [None, "v"])
+def test_scaled_codes_real_sizes(fmt, role):
+    """Solver 131: 8-bit codes with per-head scales as f16 mma operands, bf16 q of very
+    different row sizes (its per-row power-of-two scaling into f16's range), GQA, Sq 2
+    causal, ragged lengths, V rows or keys-contiguous."""
+    g = torch.Generator(device=DEV).manual_seed(5)
+    B, Sk = 16, 16384
+    q = torch.randn(B, 32, 2, 128, device=DEV, dtype=torch.bfloat16, generator=g)
+    q = q * torch.logspace(-6, 6, 32, device=DEV).view(1, 32, 1, 1).to(q.dtype)
+    k = torch.randn(B, 8, Sk, 128, device=DEV, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, 8, Sk, 128, device=DEV, dtype=torch.bfloat16, generator=g)
+    if fmt == "u8":
+        k, v = k.abs(), v.abs()
+    lens = torch.randint(1, Sk + 1, (B,), device=DEV, dtype=torch.int32, generator=g)
+
+    def q8(x, r):
+        if fmt == "fp8_e4m3":
+            return quantize_kv(x, fmt, scale_per="head", role=r)
+        if fmt == "s8":
+            return quantize_kv(x, fmt, scale_per="head", role=r)
+        from nnprim.quant import KVQuant  # u8, per head, no zero point (non-negative values)
+        sc = x.float().amax(dim=(2, 3)) / 255
+        codes = (x.float() / sc[:, :, None, None]).round().clamp(0, 255).to(torch.uint8)
+        if r == "v":
+            codes = codes.transpose(2, 3).contiguous().transpose(2, 3)
+        return KVQuant(codes, sc, None, "u8")
+    kq, vq = q8(k, None), q8(v, role)
+    ref, theirs = _ref(q[:4], _slice(kq, 4), _slice(vq, 4), lens[:4], causal=True)
+    o = nnprim.sdpa(q, kq, vq, kv_lens=lens, causal="bottom_right", solver="decode_split_k_scaled")
+    assert_close(f"131 {fmt} {role}", o[:4], theirs, ref)
 
 
 def _slice(kv, n):
