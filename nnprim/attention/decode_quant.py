@@ -81,6 +81,26 @@ def _param_tile(ptr, roff, n_ok, s_g, GROUPED: tl.constexpr, NG: tl.constexpr, B
 
 
 @triton.jit
+def _zero_points(ptr, roff, n_ok, s_g, GROUPED: tl.constexpr, NG: tl.constexpr, BNG: tl.constexpr,
+                 LOAD: tl.constexpr, OFF: tl.constexpr):
+    """The zero points the mma's codes are taken against: the stored ones (LOAD) less OFF,
+    else -OFF. OFF = 128 for u8 codes, which the kernel reads as s8 (c ^ 0x80 = c - 128)."""
+    if LOAD:
+        return _param_tile(ptr, roff, n_ok, s_g, GROUPED, NG, BNG, 0.0) - OFF
+    else:
+        return -OFF
+
+
+@triton.jit
+def _codes8(c, OFF: tl.constexpr):
+    """8-bit codes as the mma reads them: u8 shifted to s8 when OFF (see _zero_points)."""
+    if OFF != 0:
+        return (c ^ 128).to(tl.int8, bitcast=True)
+    else:
+        return c
+
+
+@triton.jit
 def _rows_tile(ptr, roff, n_ok, s_c, cols, COLS: tl.constexpr, FULL: tl.constexpr):
     """Rows at int64 offsets roff, columns `cols` (< COLS unless FULL) of a (rows, columns)
     tensor; 0 elsewhere."""
@@ -140,6 +160,7 @@ def _decode_quant_kernel(
         INF_AS_ZERO: tl.constexpr, WRITE_LSE: tl.constexpr,
         KBITS: tl.constexpr, K_SIGNED: tl.constexpr, K_GROUP: tl.constexpr, K_NG: tl.constexpr,
         K_BNG: tl.constexpr, K_SC_G: tl.constexpr, K_ZP: tl.constexpr, K_ZP_G: tl.constexpr,
+        K_ZLOAD: tl.constexpr, K_ZOFF: tl.constexpr, V_ZLOAD: tl.constexpr, V_ZOFF: tl.constexpr,
         VBITS: tl.constexpr, V_SIGNED: tl.constexpr, V_GROUP: tl.constexpr, V_NG: tl.constexpr,
         V_BNG: tl.constexpr, V_SC_G: tl.constexpr, V_ZP: tl.constexpr, V_ZP_G: tl.constexpr,
         V_SPLIT: tl.constexpr, V_JOIN: tl.constexpr, K_L1: tl.constexpr, V_L1: tl.constexpr,
@@ -284,7 +305,7 @@ def _decode_quant_kernel(
         else:
             kt = _rows_tile(k_base, pg * s_kb + pi * s_kn, n_ok, s_kd, offs_kd, D, BLOCK_D == D)
             if KBITS == 8:
-                kt = _cvt8(kt, K_SIGNED, ASM8, DOT_DTYPE, CVT_PURE)
+                kt = _cvt8(_codes8(kt, K_ZOFF), K_SIGNED, ASM8, DOT_DTYPE, CVT_PURE)
             else:
                 kt = kt.to(DOT_DTYPE)
             if F32_DOT:
@@ -295,7 +316,8 @@ def _decode_quant_kernel(
             if K_BNG > 1:
                 sp3 = tl.reshape(sp, (BLOCK_M, K_BNG, BLOCK_N))
                 if K_ZP:
-                    kz = _param_tile(kz_base, pg * s_kzb + pi * s_kzn, n_ok, s_kzg, K_ZP_G, K_NG, K_BNG, 0.0)
+                    kz = _zero_points(kz_base, pg * s_kzb + pi * s_kzn, n_ok, s_kzg, K_ZP_G, K_NG, K_BNG, K_ZLOAD,
+                                      K_ZOFF)
                     sp3 = sp3 - qsum3 * kz
                 if K_SC_G:
                     sp3 = sp3 * _param_tile(ks_base, pg * s_ksb + pi * s_ksn, n_ok, s_ksg, True, K_NG, K_BNG, 1.0)[None, :, :]
@@ -303,7 +325,7 @@ def _decode_quant_kernel(
             else:
                 s = sp
                 if K_ZP:
-                    kz = _param_tile(kz_base, pg * s_kzb + pi * s_kzn, n_ok, s_kzg, K_ZP_G, 1, 1, 0.0)
+                    kz = _zero_points(kz_base, pg * s_kzb + pi * s_kzn, n_ok, s_kzg, K_ZP_G, 1, 1, K_ZLOAD, K_ZOFF)
                     s = s - qsum[:, None] * kz
                 if K_SC_G:
                     s = s * _param_tile(ks_base, pg * s_ksb + pi * s_ksn, n_ok, s_ksg, True, 1, 1, 1.0)
@@ -340,7 +362,8 @@ def _decode_quant_kernel(
                 else:
                     px3 = tl.broadcast_to(p[:, None, :], (BLOCK_M, V_BNG, BLOCK_N))
                 if V_ZP:
-                    vz = _param_tile(vz_base, pg * s_vzb + pi * s_vzn, n_ok, s_vzg, V_ZP_G, V_NG, V_BNG, 0.0)
+                    vz = _zero_points(vz_base, pg * s_vzb + pi * s_vzn, n_ok, s_vzg, V_ZP_G, V_NG, V_BNG, V_ZLOAD,
+                                      V_ZOFF)
                     zcor = zcor * alpha[:, None] + tl.sum(px3 * vz, 2)
                 px = tl.reshape(px3, (VMX, BLOCK_N))
             else:
@@ -348,7 +371,7 @@ def _decode_quant_kernel(
                 if V_SC_G:
                     px = px * _param_tile(vs_base, pg * s_vsb + pi * s_vsn, n_ok, s_vsg, True, 1, 1, 1.0)
                 if V_ZP:
-                    vz = _param_tile(vz_base, pg * s_vzb + pi * s_vzn, n_ok, s_vzg, V_ZP_G, 1, 1, 0.0)
+                    vz = _zero_points(vz_base, pg * s_vzb + pi * s_vzn, n_ok, s_vzg, V_ZP_G, 1, 1, V_ZLOAD, V_ZOFF)
                     zcor = zcor * alpha + tl.sum(px * vz, 1)
         else:
             px = p
@@ -372,7 +395,7 @@ def _decode_quant_kernel(
         else:
             vt = _rows_tile(v_base, pg * s_vb + pi * s_vn, n_ok, s_vd, offs_vd, DV, BLOCK_DV == DV)
             if VBITS == 8:
-                vt = _cvt8(vt, V_SIGNED, ASM8, DOT_DTYPE, CVT_PURE)
+                vt = _cvt8(_codes8(vt, V_ZOFF), V_SIGNED, ASM8, DOT_DTYPE, CVT_PURE)
             else:
                 vt = vt.to(DOT_DTYPE)
             if F32_DOT:
@@ -548,14 +571,18 @@ def _meta(t, D: int) -> tuple[dict, int]:
     """(constexpr dict, BLOCK_D) of K or V."""
     if not isinstance(t, KVQuant):
         return dict(BITS=0, SIGNED=False, GROUP=D, NG=1, BNG=1, SC_G=False, ZP=False, ZP_G=False, L1=False,
-                    FP8=False, PV=1), \
+                    FP8=False, PV=1, ZLOAD=False, ZOFF=0.0), \
             max(16, triton.next_power_of_2(D))
     ng, bng = _groups(t, D)
     zp = t.zero_points
     bits = 4 if t.is_4bit else 8
-    meta = dict(BITS=bits, SIGNED=t.dtype in ("s8", "s4"), GROUP=t.group if ng > 1 else D, NG=ng, BNG=bng,
-                SC_G=t.scale_kind == "g", ZP=zp is not None, ZP_G=t.zp_kind == "g",
-                L1=t.is_4bit and t.layout == 1, FP8=t.is_fp8, PV=param_vector(t, ng))
+    # u8 codes go to the mma as s8 (c - 128) against zero points 128 lower: Triton's u8 -> bf16
+    # is an I2F per code, its s8 -> bf16 a short integer sequence (sm_90 SASS; `_codes8`)
+    u8 = t.dtype == "u8"
+    meta = dict(BITS=bits, SIGNED=t.dtype in ("s8", "s4") or u8, GROUP=t.group if ng > 1 else D, NG=ng, BNG=bng,
+                SC_G=t.scale_kind == "g", ZP=zp is not None or u8, ZP_G=t.zp_kind == "g",
+                L1=t.is_4bit and t.layout == 1, FP8=t.is_fp8, PV=param_vector(t, ng),
+                ZLOAD=zp is not None, ZOFF=128.0 if u8 else 0.0)
     cols = D // 2 if bits == 4 else D
     return meta, max(16, triton.next_power_of_2(cols))
 
@@ -586,7 +613,8 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         PAGE=problem.page_size, G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_D=bd, BLOCK_DV=bdv,
         ONE_SPLIT=splits == 1, **_dec.common_flags(problem),
         KBITS=km["BITS"], K_SIGNED=km["SIGNED"], K_GROUP=km["GROUP"], K_NG=km["NG"], K_BNG=km["BNG"],
-        K_SC_G=km["SC_G"], K_ZP=km["ZP"], K_ZP_G=km["ZP_G"],
+        K_SC_G=km["SC_G"], K_ZP=km["ZP"], K_ZP_G=km["ZP_G"], K_ZLOAD=km["ZLOAD"], K_ZOFF=km["ZOFF"],
+        V_ZLOAD=vm["ZLOAD"], V_ZOFF=vm["ZOFF"],
         VBITS=vm["BITS"], V_SIGNED=vm["SIGNED"], V_GROUP=vm["GROUP"], V_NG=vm["NG"], V_BNG=vm["BNG"],
         V_SC_G=vm["SC_G"], V_ZP=vm["ZP"], V_ZP_G=vm["ZP_G"],
         V_SPLIT=vm["BITS"] == 4 and not (vjoin and not vm["L1"]), V_JOIN=vm["BITS"] == 4 and vjoin and not vm["L1"],
