@@ -116,6 +116,24 @@ def test_mixed_grouped_scales_per_tensor_zp():
     check(q, kq, vq)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_u8_grouped_scales_without_zero_points(dtype):
+    """u8 codes are read as s8 against zero points 128 lower; with no stored zero points that
+    is -128 alone, per group (K: 4 groups, V: 2) and with one scale per head; codes at 0 and
+    255 included."""
+    q, k, v = make_case(B=2, Hq=8, Hkv=2, Sq=2, Sk=35, D=64, dtype=dtype)
+    g = torch.Generator().manual_seed(4)
+    kd = torch.randint(0, 256, (2, 2, 35, 64), generator=g, dtype=torch.uint8)
+    kd[0, 0, :3] = torch.tensor([0, 255], dtype=torch.uint8).repeat(32)
+    vd = torch.randint(0, 256, (2, 2, 35, 64), generator=g, dtype=torch.uint8)
+    ks = torch.rand(2, 2, 35, 4, generator=g) * 0.01 + 0.001
+    kq = KVQuant(kd, ks.to(dtype), None, "u8", 16)
+    vq = KVQuant(vd, (torch.rand(2, 2, 35, 2, generator=g) * 0.01 + 0.001).to(dtype), None, "u8", 32)
+    check(q, kq, vq, causal="bottom_right", kv_lens=torch.tensor([35, 9], dtype=torch.int32))
+    vh = KVQuant(vd, torch.rand(2, 2, generator=g) * 0.01 + 0.001, None, "u8")
+    check(q, kq, vh)
+
+
 @pytest.mark.parametrize("sdt", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 def test_scale_dtypes_f32_q(sdt):
     q, k, v = make_case(B=1, Hq=3, Hkv=3, Sq=2, Sk=19, D=32, dtype=torch.float32)
