@@ -7,61 +7,25 @@ import pytest
 import torch
 
 from nnprim.args import AttnArgs
-from nnprim.attention import decode
 from nnprim.attention.decode import DecodeConfig, choose_splits, decode_forward
 from nnprim.attention.reference import reference_forward
 from nnprim.problems.attention import AttentionProblem
 from nnprim.quant import KVQuant, quantize_kv
 from nnprim.search.solver import REGISTRY
 
-SENTINEL = 1234.5
-TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
-SMALL = DecodeConfig(block_n=16, block_m=16, num_warps=4, num_stages=1)
+from .decode_checks import SMALL, check_decode, make_case, poison_buffers
 
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    """Fill o, lse and the split partials with a sentinel before the kernels write them."""
-    monkeypatch.setattr(decode, "_empty", lambda shape, dtype, device: torch.full(shape, SENTINEL, dtype=dtype,
-                                                                                   device=device))
-
-
-def make_case(B=2, Hq=4, Hkv=1, Sq=1, Sk=37, D=16, Dv=None, dtype=torch.float16, seed=0, **opts):
-    g = torch.Generator().manual_seed(seed)
-    Dv = Dv or D
-    q = torch.randn(B, Hq, Sq, D, generator=g).to(dtype)
-    k = torch.randn(B, Hkv, Sk, D, generator=g).to(dtype)
-    v = torch.randn(B, Hkv, Sk, Dv, generator=g).to(dtype)
-    return q, k, v
+    poison_buffers(monkeypatch)
 
 
 def check(q, k, v, cfg=SMALL, solver_id=None, kernel_kv=None, **opts):
-    """Run decode_forward (on `kernel_kv` = (k, v) when given) and compare (o, lse) with
-    reference_forward on (k, v)."""
-    opts.setdefault("return_lse", True)
-    call = {n: opts[n] for n in ("attn_mask", "scale", "seed", "offset", "kv_lens") if n in opts}
-    problem = AttentionProblem.from_tensors(q, k, v, **opts)
-    args = AttnArgs(q=q, k=k, v=v, **call)
-    sid = solver_id or (121 if problem.quantized else 120)
-    assert REGISTRY.get(sid).is_applicable(problem), REGISTRY.get(sid).not_supported_reasons(problem)
-    kargs = args if kernel_kv is None else AttnArgs(q=q, k=kernel_kv[0], v=kernel_kv[1], **call)
-    o, lse = decode_forward(problem, kargs, cfg)
-    ro, rlse = reference_forward(problem, args)
-    assert o.dtype == q.dtype and o.shape == ro.shape
-    dead = torch.isneginf(rlse)
-    live = ~dead
-    if live.any():
-        err = (o.double()[live] - ro[live]).norm() / ro[live].norm()
-        assert err < TOL[q.dtype], f"o rel err {err:.3g}"
-        lerr = (lse.double()[live] - rlse[live]).abs().max()
-        assert lerr < (1e-5 if q.dtype == torch.float32 else 2e-3) * max(1.0, rlse[live].abs().max()), lerr
-    if dead.any():
-        assert torch.isneginf(lse[dead]).all()
-        if opts.get("softmax_inf_as_zero"):
-            assert (o[dead] == 0).all()
-        else:
-            assert o[dead].isnan().all()
-    return problem, o, lse
+    """decode_forward (solver 120, or 121 on quantized K/V) against the reference."""
+    quantized = any(not isinstance(t, torch.Tensor) for t in (k, v))
+    return check_decode(q, k, v, lambda problem, args: decode_forward(problem, args, cfg),
+                        solver_id or (121 if quantized else 120), kernel_kv, **opts)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)

@@ -7,33 +7,19 @@ from dataclasses import replace
 import pytest
 import torch
 
-from nnprim.args import AttnArgs
 from nnprim.attention import decode
-from nnprim.attention.decode import DecodeConfig
-from nnprim.attention.reference import reference_forward
 from nnprim.problems.attention import AttentionProblem
 from nnprim.quant import KVQuant, quantize_kv
 from nnprim.search.solver import REGISTRY
 
-SENTINEL = 1234.5
-TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
-SMALL = DecodeConfig(block_n=16, block_m=16, num_warps=4, num_stages=1)
+from .decode_checks import SMALL, check_decode, make_case, poison_buffers
+
 S131 = REGISTRY.get("decode_split_k_scaled")
 
 
 @pytest.fixture(autouse=True)
 def poison(monkeypatch):
-    monkeypatch.setattr(decode, "_empty", lambda shape, dtype, device: torch.full(shape, SENTINEL, dtype=dtype,
-                                                                                   device=device))
-
-
-def make_case(B=2, Hq=4, Hkv=1, Sq=1, Sk=37, D=32, Dv=None, dtype=torch.bfloat16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    Dv = Dv or D
-    q = torch.randn(B, Hq, Sq, D, generator=g).to(dtype)
-    k = torch.randn(B, Hkv, Sk, D, generator=g).to(dtype)
-    v = torch.randn(B, Hkv, Sk, Dv, generator=g).to(dtype)
-    return q, k, v
+    poison_buffers(monkeypatch)
 
 
 def quant(x, fmt: str, per: str = "head", role=None):
@@ -43,27 +29,10 @@ def quant(x, fmt: str, per: str = "head", role=None):
 
 
 def check(q, k, v, cfg=SMALL, **opts):
-    """Run solver 131's plan with `cfg` and compare (o, lse) with reference_forward."""
-    opts.setdefault("return_lse", True)
-    call = {n: opts[n] for n in ("attn_mask", "scale", "seed", "offset", "kv_lens") if n in opts}
-    problem = AttentionProblem.from_tensors(q, k, v, **opts)
-    assert S131.is_applicable(problem), S131.not_supported_reasons(problem)
-    args = AttnArgs(q=q, k=k, v=v, **call)
-    plan = decode.DecodePlan(problem, cfg, S131.prepare(problem).plan_fn)
-    o, lse = plan(args)
-    ro, rlse = reference_forward(problem, args)
-    assert o.dtype == q.dtype and o.shape == ro.shape
-    assert not (o == SENTINEL).any() and not (lse == SENTINEL).any()
-    live = ~torch.isneginf(rlse)
-    if live.any():
-        err = (o.double()[live] - ro[live]).norm() / ro[live].norm()
-        assert err < TOL[q.dtype], f"o rel err {err:.3g}"
-        lerr = (lse.double()[live] - rlse[live]).abs().max()
-        assert lerr < (1e-5 if q.dtype == torch.float32 else 2e-3) * max(1.0, rlse[live].abs().max()), lerr
-    if (~live).any():
-        assert torch.isneginf(lse[~live]).all()
-        assert (o[~live] == 0).all() if opts.get("softmax_inf_as_zero") else o[~live].isnan().all()
-    return problem, o, lse
+    """Solver 131's plan with `cfg` against the reference."""
+    def run(problem, args):
+        return decode.DecodePlan(problem, cfg, S131.prepare(problem).plan_fn)(args)
+    return check_decode(q, k, v, run, S131.id, **opts)
 
 
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "s8", "u8"])
@@ -89,19 +58,19 @@ def _codes(x, per):
 def test_large_bf16_q_stays_in_f16_range():
     """bf16 q far outside f16's range (and rows of very different size): Q_NORM's per-row
     power-of-two scaling keeps the f16 mma exact."""
-    q, k, v = make_case(B=1, Hq=4, Hkv=1, Sq=2, Sk=40, D=32)
+    q, k, v = make_case(B=1, Hq=4, Hkv=1, Sq=2, Sk=40, D=32, dtype=torch.bfloat16)
     q = q * torch.tensor([1e9, 1e-9, 1.0, 3e5]).view(1, 4, 1, 1).to(q.dtype)
     check(q, quant(k, "fp8_e4m3"), quant(v, "fp8_e4m3"), scale=1e-9)
 
 
 @pytest.mark.parametrize("Hq,Hkv,Sq", [(8, 2, 1), (6, 3, 3), (5, 5, 2), (16, 1, 4)])
 def test_gqa_sq_causal(Hq, Hkv, Sq):
-    q, k, v = make_case(B=2, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=33, D=48, Dv=40)
+    q, k, v = make_case(B=2, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=33, D=48, Dv=40, dtype=torch.bfloat16)
     check(q, quant(k, "fp8_e4m3"), quant(v, "s8"), causal="bottom_right")
 
 
 def test_ragged_kv_lens_and_empty_rows():
-    q, k, v = make_case(B=3, Hq=4, Hkv=2, Sq=2, Sk=50, D=32)
+    q, k, v = make_case(B=3, Hq=4, Hkv=2, Sq=2, Sk=50, D=32, dtype=torch.bfloat16)
     lens = torch.tensor([50, 0, 7], dtype=torch.int32)
     check(q, quant(k, "fp8_e4m3"), quant(v, "fp8_e4m3"), kv_lens=lens, causal="bottom_right")
     check(q, quant(k, "fp8_e4m3"), quant(v, "fp8_e4m3"), kv_lens=lens, softmax_inf_as_zero=True)
@@ -109,7 +78,7 @@ def test_ragged_kv_lens_and_empty_rows():
 
 @pytest.mark.parametrize("kind", ["bool", "additive"])
 def test_masks(kind):
-    q, k, v = make_case(B=2, Hq=4, Hkv=2, Sq=2, Sk=30, D=32)
+    q, k, v = make_case(B=2, Hq=4, Hkv=2, Sq=2, Sk=30, D=32, dtype=torch.bfloat16)
     g = torch.Generator().manual_seed(3)
     m = torch.rand(2, 1, 2, 30, generator=g) > 0.3 if kind == "bool" else torch.randn(1, 4, 2, 30, generator=g)
     check(q, quant(k, "s8", "tensor"), quant(v, "fp8_e4m3"), attn_mask=m)
@@ -117,7 +86,7 @@ def test_masks(kind):
 
 @pytest.mark.parametrize("splits", [1, 3])
 def test_splits(splits):
-    q, k, v = make_case(B=2, Hq=4, Hkv=1, Sq=1, Sk=97, D=64)
+    q, k, v = make_case(B=2, Hq=4, Hkv=1, Sq=1, Sk=97, D=64, dtype=torch.bfloat16)
     check(q, quant(k, "fp8_e4m3"), quant(v, "fp8_e4m3", role="v"), cfg=replace(SMALL, splits=splits))
 
 
@@ -131,14 +100,14 @@ def test_only_one_quantized(which):
 
 
 def test_strided_inputs_and_scale_options():
-    q, k, v = make_case(B=2, Hq=4, Hkv=2, Sq=1, Sk=35, D=32)
+    q, k, v = make_case(B=2, Hq=4, Hkv=2, Sq=1, Sk=35, D=32, dtype=torch.bfloat16)
     q = q.transpose(1, 2).contiguous().transpose(1, 2)           # (B, Sq, H, D) storage
     check(q, quant(k, "fp8_e4m3"), quant(v, "fp8_e4m3"), scale=0.3)
     check(q, quant(k, "fp8_e4m3"), quant(v, "fp8_e4m3"), scale=torch.tensor(0.2))
 
 
 def test_applicability_and_choice():
-    q, k, v = make_case(B=2, Hq=4, Hkv=2, Sk=26, D=32)
+    q, k, v = make_case(B=2, Hq=4, Hkv=2, Sk=26, D=32, dtype=torch.bfloat16)
     ok = AttentionProblem.from_tensors(q, quant(k, "fp8_e4m3"), quant(v, "fp8_e4m3"))
     assert S131.is_applicable(ok)
     grouped = AttentionProblem.from_tensors(q, quantize_kv(k, "s8", group_size=16), quant(v, "fp8_e4m3"))
