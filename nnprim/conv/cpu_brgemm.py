@@ -49,6 +49,7 @@ import torch
 
 from ..args import ConvArgs
 from ..native import NativeLibrary
+from ..post_ops import Binary, Eltwise, Sum
 from ..problems.conv import ConvProblem, empty_in_layout, to_layout
 from ..search.solver import Solver, register
 from .cpu_gemm import apply_post_ops_block, cpu_has_amx, cpu_has_native_bf16, workspace
@@ -371,6 +372,28 @@ def diagonal_blocks(p: ConvProblem, dw: torch.Tensor, m: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- directions
+def row_post_ops(p: ConvProblem, post_ops) -> dict | None:
+    """The post-op chain as the native forward's row epilogue (res, res_scale, relu,
+    relu_slope): a y-shaped residual (Sum, or Binary add) of f32 / bf16 with contiguous
+    channels, then relu, either optional and in that order; None for any other chain (it
+    then runs on the whole f32 output afterwards)."""
+    ops = list(post_ops)
+    out: dict = dict(res=None, res_scale=1.0, relu=False, relu_slope=0.0)
+    if ops and isinstance(ops[0], (Sum, Binary)):
+        op = ops.pop(0)
+        t = op.tensor
+        if (isinstance(op, Binary) and op.op != "add") or tuple(t.shape) != tuple(p.y_shape) \
+                or t.dtype not in (F32, BF16) or t.device.type != "cpu":
+            return None
+        t5 = _five(physical(t, "nhwc"))
+        if t5.stride(4) != 1:
+            return None
+        out.update(res=t5, res_scale=float(op.scale) if isinstance(op, Sum) else 1.0)
+    if ops and isinstance(ops[0], Eltwise) and ops[0].kind == "relu":
+        out.update(relu=True, relu_slope=float(ops.pop(0).alpha))
+    return None if ops else out
+
+
 def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     p, ops = plan.p, LIBRARY.ops()
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
@@ -383,17 +406,20 @@ def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     xs = plan.x_stage(ops, args.x, p.C, p.dtype, ws)
     bias = args.bias.to(F32).contiguous() if args.bias is not None else None
     y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
-    direct = p.layout == "nhwc" and not args.post_ops and p.out_dtype in (p.dtype, F32)
+    rows = row_post_ops(p, args.post_ops) if p.out_dtype in (p.dtype, F32) else None
+    direct = p.layout == "nhwc" and rows is not None
     if direct:
         out = physical(y, "nhwc")
     else:
         odt = F32 if args.post_ops or p.out_dtype not in (p.dtype, F32) else p.out_dtype
         out = plan.out_buffer(ws, (p.N, *p.out_size, p.K), odt)
+        if args.post_ops:
+            rows = None
     ops.conv_fwd(xs, wp, table, _five(out), bias, _grid9(plan.U, lo, hi), G, Cg, Kg, _block_m(Kg), plan.vnni, plan.amx,
-                 plan.ps)
+                 plan.ps, **(rows or {}))
     if direct:
         return y
-    if args.post_ops:
+    if args.post_ops and rows is None:
         acc = logical(out, "nhwc").unsqueeze(1)           # (N, 1, K, out..)
         apply_post_ops_block(acc, Block(0, p.N, (0,) * p.ndim, tuple(p.out_size)), 1, None, args.post_ops)
     y.copy_(logical(out, "nhwc"))

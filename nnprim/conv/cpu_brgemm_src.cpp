@@ -116,6 +116,43 @@ struct Grid {                   // flat position g = ((n U0 + u0) U1 + u1) U2 + 
   int64_t U0, U1, U2, lo0, lo1, lo2, hi0, hi1, hi2;
 };
 
+// The post-ops the forward applies to each output row while it is in cache, after the bias: a
+// residual (y-shaped, channels contiguous, f32 or bf16) times res_scale, then relu with a
+// negative slope. Other chains run on the whole output afterwards (cpu_brgemm.py).
+struct Epilogue {
+  const char* res = nullptr;
+  bool res_bf16 = false;
+  int64_t rs0 = 0, rs1 = 0, rs2 = 0, rs3 = 0;   // residual strides (elements) of (N, Y0, Y1, Y2)
+  float res_scale = 1.f;
+  bool relu = false;
+  float slope = 0.f;
+};
+
+// row (n of them) += scale * residual row r, then relu; tmp holds a bf16 residual row as f32
+inline void epilogue_row(float* row, const Epilogue& ep, const char* r, float* tmp, int64_t n) {
+  if (r) {
+    const float* f = reinterpret_cast<const float*>(r);
+    if (ep.res_bf16) {
+      at::vec::convert(reinterpret_cast<const at::BFloat16*>(r), tmp, n);
+      f = tmp;
+    }
+    const fVec sc(ep.res_scale);
+    int64_t k = 0;
+    for (; k + fVec::size() <= n; k += fVec::size())
+      at::vec::fmadd(fVec::loadu(f + k), sc, fVec::loadu(row + k)).store(row + k);
+    for (; k < n; ++k) row[k] += ep.res_scale * f[k];
+  }
+  if (ep.relu) {
+    const fVec zero(0.f), sl(ep.slope);
+    int64_t k = 0;
+    for (; k + fVec::size() <= n; k += fVec::size()) {
+      const fVec v = fVec::loadu(row + k);
+      (at::vec::maximum(v, zero) + at::vec::minimum(v, zero) * sl).store(row + k);
+    }
+    for (; k < n; ++k) row[k] = row[k] > 0.f ? row[k] : row[k] * ep.slope;
+  }
+}
+
 // y[n, u - lo, :] (valid grid positions) = sum over runs r: xs[ph_r][g*ps + off_r, group g's Kd_r
 // columns read across L consecutive positions] . W rows [row0_r, row0_r + Kd_r)   (+ bias)
 //   ps  staged positions per grid position (2: a stride-2 last dim staged whole, not split in phases)
@@ -125,7 +162,7 @@ struct Grid {                   // flat position g = ((n U0 + u0) U1 + u1) U2 + 
 template <typename T, typename TO>
 void fwd_impl(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs, at::Tensor& y,
               const float* bias, const Grid& gr, int64_t G, int64_t Cg, int64_t Kg, int64_t MB, bool vnni,
-              bool use_amx, int64_t ps) {
+              bool use_amx, int64_t ps, const Epilogue& ep) {
   const int64_t N = y.size(0), C = xs.size(2), R = xs.size(1), NR = runs.size(0);
   const int64_t nkb = (Kg + NB - 1) / NB, KP = vnni ? nkb * NB : Kg, Rw = vnni ? wp.size(2) : wp.size(1);
   // Blocks of whole grid lines (u2 = 0 .. U2-1) of one (n, u0), only lines with valid u0 and
@@ -150,7 +187,7 @@ void fwd_impl(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs
   }
 #endif
   at::parallel_for(0, nblk * G, 1, [&](int64_t s, int64_t e) {
-    std::vector<float> acc(((lpb - 1) * gr.U2 + SW + 32) * KP);
+    std::vector<float> acc(((lpb - 1) * gr.U2 + SW + 32) * KP), rtmp(ep.res_bf16 ? Kg : 0);
 #ifdef NNPRIM_AMX
     if (amx) { cb::brgemm_release(true); amx_config(); }   // torch's brgemm reconfigures after us
 #endif
@@ -181,6 +218,9 @@ void fwd_impl(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs
       const int64_t c0 = gr.lo2 + seg * SW;
       for (int64_t l = 0; l < nl; ++l) {
         TO* yrow = yp + nn * ys0 + (u0 - gr.lo0) * ys1 + (u1 + l - gr.lo1) * ys2 + g * Kg;
+        const char* rrow = ep.res ? ep.res + (nn * ep.rs0 + (u0 - gr.lo0) * ep.rs1 + (u1 + l - gr.lo1) * ep.rs2 + g * Kg)
+                                                 * (ep.res_bf16 ? 2 : 4)
+                                  : nullptr;
         const int64_t cend = std::min(gr.hi2, c0 + M - l * gr.U2);
         for (int64_t col = std::max(gr.lo2, c0 - l * gr.U2); col < cend; ++col) {
           float* arow = acc.data() + (l * gr.U2 + col - c0) * KP;
@@ -190,6 +230,9 @@ void fwd_impl(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs
             for (; k + fVec::size() <= Kg; k += fVec::size()) (fVec::loadu(arow + k) + fVec::loadu(b + k)).store(arow + k);
             for (; k < Kg; ++k) arow[k] += b[k];
           }
+          if (ep.res || ep.relu)
+            epilogue_row(arow, ep, rrow ? rrow + (col - gr.lo2) * ep.rs3 * (ep.res_bf16 ? 2 : 4) : nullptr,
+                         rtmp.data(), Kg);
           TO* dst = yrow + (col - gr.lo2) * ys3;
           if constexpr (std::is_same_v<TO, float>) std::memcpy(dst, arow, Kg * sizeof(float));
           else at::vec::convert(arow, dst, Kg);
@@ -205,18 +248,31 @@ void fwd_impl(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs
 
 void conv_fwd(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs, at::Tensor y,
               const c10::optional<at::Tensor>& bias, at::IntArrayRef grid, int64_t G, int64_t Cg, int64_t Kg,
-              int64_t MB, bool vnni, bool use_amx, int64_t ps) {
+              int64_t MB, bool vnni, bool use_amx, int64_t ps, const c10::optional<at::Tensor>& res,
+              double res_scale, bool relu, double relu_slope) {
   TORCH_CHECK(xs.is_contiguous() && wp.is_contiguous() && runs.is_contiguous(), "conv_fwd: contiguous operands");
   TORCH_CHECK(y.dim() == 5 && y.stride(4) == 1, "conv_fwd: y (N, Y0, Y1, Y2, K), last dim contiguous");
   TORCH_CHECK(grid.size() == 9, "conv_fwd: grid (U0, U1, U2, lo0, lo1, lo2, hi0, hi1, hi2)");
   const Grid gr{grid[0], grid[1], grid[2], grid[3], grid[4], grid[5], grid[6], grid[7], grid[8]};
   const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  Epilogue ep;
+  ep.relu = relu;
+  ep.slope = static_cast<float>(relu_slope);
+  if (res.has_value()) {
+    TORCH_CHECK(res->dim() == 5 && res->stride(4) == 1 && res->sizes() == y.sizes() &&
+                (res->scalar_type() == at::kFloat || res->scalar_type() == at::kBFloat16),
+                "conv_fwd: res (N, Y0, Y1, Y2, K) like y, f32 or bf16, last dim contiguous");
+    ep.res = static_cast<const char*>(res->data_ptr());
+    ep.res_bf16 = res->scalar_type() == at::kBFloat16;
+    ep.rs0 = res->stride(0); ep.rs1 = res->stride(1); ep.rs2 = res->stride(2); ep.rs3 = res->stride(3);
+    ep.res_scale = static_cast<float>(res_scale);
+  }
   if (xs.scalar_type() == at::kBFloat16) {
-    if (y.scalar_type() == at::kFloat) fwd_impl<at::BFloat16, float>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, vnni, use_amx, ps);
-    else fwd_impl<at::BFloat16, at::BFloat16>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, vnni, use_amx, ps);
+    if (y.scalar_type() == at::kFloat) fwd_impl<at::BFloat16, float>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, vnni, use_amx, ps, ep);
+    else fwd_impl<at::BFloat16, at::BFloat16>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, vnni, use_amx, ps, ep);
   } else {
     TORCH_CHECK(xs.scalar_type() == at::kFloat && y.scalar_type() == at::kFloat && !vnni, "conv_fwd: bf16 or f32");
-    fwd_impl<float, float>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, false, false, ps);
+    fwd_impl<float, float>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, false, false, ps, ep);
   }
 }
 
@@ -493,7 +549,8 @@ void stage(const at::Tensor& x, at::Tensor out, at::IntArrayRef U, at::IntArrayR
 
 TORCH_LIBRARY(nnprim_cpu_conv, m) {
   m.def("conv_fwd(Tensor xs, Tensor wp, Tensor runs, Tensor(a!) y, Tensor? bias, int[] grid, int G, int Cg, "
-        "int Kg, int MB, bool vnni, bool use_amx, int ps) -> ()");
+        "int Kg, int MB, bool vnni, bool use_amx, int ps, Tensor? res=None, float res_scale=1.0, bool relu=False, "
+        "float relu_slope=0.0) -> ()");
   m.def("conv_wgrad(Tensor xt, Tensor dyg, Tensor taps, Tensor chunks, Tensor(a!) dw, int G, int Cg, int Kg, "
         "bool vnni) -> ()");
   m.def("pack_b(Tensor src3, bool transpose, Tensor index, bool vnni) -> Tensor");

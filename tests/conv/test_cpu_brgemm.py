@@ -12,7 +12,7 @@ from nnprim.args import ConvArgs
 from nnprim.conv import cpu_brgemm
 from nnprim.conv.cpu_brgemm import CpuBrgemmBwdData, CpuBrgemmBwdWeights, CpuBrgemmFwd, runs_of
 from nnprim.conv.reference import reference
-from nnprim.post_ops import Eltwise, Sum
+from nnprim.post_ops import Binary, Eltwise, Sum
 from nnprim.problems.conv import ConvProblem, to_layout
 
 from . import solver_check
@@ -114,6 +114,48 @@ def test_bias_and_post_ops(layout, b_layout):
     p = ConvProblem.create("fwd", xs, ws, dtype=torch.bfloat16, layout=layout, has_bias=True, post_ops=post, **kw)
     _, args = make("fwd", xs, ws, layout, torch.bfloat16, **kw)
     args = ConvArgs(x=args.x, w=args.w, bias=torch.randn(4).bfloat16(), post_ops=post)
+    check(p, args, CpuBrgemmFwd().prepare(p)(args), reference(p, args))
+
+
+def _residual(shape, dtype, kind):
+    """A y-shaped residual in NHWC memory: dense, or a strided slice of a wider buffer."""
+    g = torch.Generator().manual_seed(9)
+    if kind == "dense":
+        return to_layout(torch.randn(shape, generator=g).to(dtype), "nhwc")
+    n, k, h, w = shape
+    wide = torch.randn(n, h, w + 3, k + 5, generator=g).to(dtype)     # (N, H, W', K') storage
+    return wide[:, :, 1:w + 1, 2:k + 2].permute(0, 3, 1, 2)
+
+
+CHAINS = {   # (post-ops builder, runs in the native row epilogue)
+    "sum_bf16_scaled_leaky": (lambda r: (Sum(r, 0.5), Eltwise("relu", 0.1)), True),
+    "binary_add_relu": (lambda r: (Binary("add", r), Eltwise("relu")), True),
+    "sum_only": (lambda r: (Sum(r, -2.0),), True),
+    "relu_only": (lambda r: (Eltwise("relu"),), True),
+    "relu_then_sum": (lambda r: (Eltwise("relu"), Sum(r)), False),
+    "sum_then_tanh": (lambda r: (Sum(r), Eltwise("tanh")), False),
+}
+
+
+@pytest.mark.parametrize("shape", ["s2_3x3_pad1", "g4_c16_merged", "amx_c64_k40"])
+@pytest.mark.parametrize("chain", list(CHAINS))
+@pytest.mark.parametrize("dtype,res_dtype,res_kind", [(torch.bfloat16, torch.bfloat16, "dense"),
+                                                      (torch.bfloat16, torch.float32, "strided"),
+                                                      (torch.float32, torch.float32, "dense"),
+                                                      (torch.float32, torch.bfloat16, "strided")], ids=str)
+def test_row_epilogue_post_ops(shape, chain, dtype, res_dtype, res_kind, b_layout):
+    """Residual (Sum / Binary add, f32 or bf16, dense or strided NHWC) then relu in the native
+    forward's row epilogue, groups included; other chains on the whole output afterwards."""
+    if dtype == torch.float32 and b_layout != "plain":
+        pytest.skip("f32 runs the plain path only")
+    xs, ws, kw = SHAPES[shape]
+    y_shape = ConvProblem.create("fwd", xs, ws, dtype=dtype, **kw).y_shape
+    build, native = CHAINS[chain]
+    post = build(_residual(y_shape, res_dtype, res_kind))
+    p = ConvProblem.create("fwd", xs, ws, dtype=dtype, layout="nhwc", has_bias=True, post_ops=post, **kw)
+    assert (cpu_brgemm.row_post_ops(p, post) is not None) == native
+    _, args = make("fwd", xs, ws, "nhwc", dtype, **kw)
+    args = ConvArgs(x=args.x, w=args.w, bias=torch.randn(p.K).to(dtype), post_ops=post)
     check(p, args, CpuBrgemmFwd().prepare(p)(args), reference(p, args))
 
 
