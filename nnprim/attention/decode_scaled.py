@@ -13,13 +13,15 @@ The probabilities (in [0, 1]) are f16 too: 3 more mantissa bits than bf16.
 
 Everything else is solver 120's: GQA rows per program, split-K with the LSE combine,
 kv_lens, causal, masks, dropout, lse, paged K/V, Sq <= 16, D <= 256; either of K / V may
-stay a float tensor. Grouped or per-token scales, zero points and 4-bit codes are 122's.
+stay a float tensor, except a bf16 one (f16 would not hold its range). Grouped or per-token scales, zero points and 4-bit codes are 122's.
 
 Reading order: the kernel in decode.py -> `plan` there (fold=True) -> this solver.
 """
 from __future__ import annotations
 
 from functools import partial
+
+import torch
 
 from ..search.solver import register
 from . import decode as _dec
@@ -55,7 +57,9 @@ class DecodeSplitKScaled(_DecodeBase):
         if not problem.quantized:
             reasons.append("K/V not quantized: served by decode_split_k (120)")
         for name, qs in (("K", problem.k_quant), ("V", problem.v_quant)):
-            if not foldable(qs):
+            if qs is None and problem.quantized and problem.dtype == torch.bfloat16:
+                reasons.append(f"bf16 {name} beside 8-bit codes: the f16 mma would not hold its range (122 serves it)")
+            elif not foldable(qs):
                 what = ("4-bit codes" if qs[0] in ("s4", "u4") else "zero points" if qs[4] else
                         "scales per token or group")
                 reasons.append(f"{name} quantized as {qs[0]} with {what}: needs 8-bit codes with one scale "

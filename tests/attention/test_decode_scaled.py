@@ -116,6 +116,8 @@ def test_applicability_and_choice():
     zp = AttentionProblem.from_tensors(q, k, quantize_kv(v, "u4", group_size=32, symmetric=False))
     assert any("4-bit" in r for r in S131.not_supported_reasons(zp))
     assert not S131.is_applicable(AttentionProblem.from_tensors(q, k, v))
+    bf16_v = S131.not_supported_reasons(AttentionProblem.from_tensors(q, quant(k, "fp8_e4m3"), v))
+    assert any("bf16 V beside 8-bit codes" in r for r in bf16_v), bf16_v
     # the GPU estimate ranks 131 below 122 / 121 for fp8 per head (immediate mode takes it)
     gpu = replace(ok, device="cuda", B=64, Hq=32, Hkv=8, Sk=8192, D=128, Dv=128)
     est = {s.id: s.estimate(gpu) for s in REGISTRY.for_problem(gpu) if s.id in (121, 122, 131)}
