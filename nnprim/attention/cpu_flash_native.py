@@ -43,7 +43,7 @@ import math
 import torch
 
 from ..args import AttnArgs
-from ..native import NativeLibrary
+from ..native import VNNI_HELPERS, NativeLibrary
 from ..problems.attention import AttentionProblem
 from ..search.solver import register
 from .cpu_flash import _CpuFlashBase, cpu_backward, cpu_forward, plan
@@ -207,12 +207,9 @@ void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
           uint16_t* dst = reinterpret_cast<uint16_t*>(vqp + (bh * ndv + j) * SkP * NB);
           for (int64_t r = 0; r < SkP; r += 2) {
             uint16_t* d = dst + r * NB;
-            const uint16_t* r0 = r < Sk ? src + r * vs2 : nullptr;
-            const uint16_t* r1 = r + 1 < Sk ? src + (r + 1) * vs2 : nullptr;
-            for (int64_t c = 0; c < NB; ++c) {
-              d[2 * c] = r0 && c < nn ? r0[c] : 0;
-              d[2 * c + 1] = r1 && c < nn ? r1[c] : 0;
-            }
+            nnprim_native::interleave_rows(r < Sk ? src + r * vs2 : nullptr, r + 1 < Sk ? src + (r + 1) * vs2 : nullptr,
+                                           d, nn);
+            if (nn < NB) std::memset(d + 2 * nn, 0, (NB - nn) * 2 * sizeof(uint16_t));   // columns past Dv
           }
         }
       }
@@ -439,7 +436,7 @@ TORCH_LIBRARY_IMPL(nnprim_cpu_attn, CPU, m) {
 }
 """
 
-LIBRARY = NativeLibrary("nnprim_cpu_attn", SOURCE, "native CPU flash attention")
+LIBRARY = NativeLibrary("nnprim_cpu_attn", VNNI_HELPERS + SOURCE, "native CPU flash attention")
 # query rows per work item and keys per softmax step: a 128 x 1024 f32 score tile (512 KB, in L2);
 # of (64, 128, 256) x (512, 1024) on the benchmark's problems this was the best or within its
 # noise (benchmarks/attention_cpu.py, 2026-12-01)

@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from ..args import ConvArgs
-from ..native import NativeLibrary
+from ..native import VNNI_HELPERS, NativeLibrary
 from ..post_ops import Binary, Eltwise, Sum
 from ..problems.conv import ConvProblem, empty_in_layout, to_layout
 from ..search.solver import Solver, register
@@ -56,7 +56,7 @@ from .cpu_gemm import apply_post_ops_block, cpu_has_amx, cpu_has_native_bf16, wo
 from .cpu_im2col import F32, Block, logical, physical
 from .cpu_tap import phase_list, tap_grid, tap_offsets
 
-LIBRARY = NativeLibrary("nnprim_cpu_conv", Path(__file__).with_name("cpu_brgemm_src.cpp").read_text(),
+LIBRARY = NativeLibrary("nnprim_cpu_conv", VNNI_HELPERS + Path(__file__).with_name("cpu_brgemm_src.cpp").read_text(),
                         "native CPU convolution")
 BF16 = torch.bfloat16
 NB = 64                   # columns of a VNNI block
