@@ -12,8 +12,9 @@ its largest |q| in [1, 2) (exact), and its scores take that factor back (Q_NORM)
 The probabilities (in [0, 1]) are f16 too: 3 more mantissa bits than bf16.
 
 Everything else is solver 120's: GQA rows per program, split-K with the LSE combine,
-kv_lens, causal, masks, dropout, lse, paged K/V, Sq <= 16, D <= 256; either of K / V may
-stay a float tensor, except a bf16 one (f16 would not hold its range). Grouped or per-token scales, zero points and 4-bit codes are 122's.
+kv_lens, causal, masks, dropout, lse, paged K/V, Sq <= 16, D <= 256. Either of K / V may
+stay a float tensor, except a bf16 one (f16 would not hold its range). Grouped or
+per-token scales, zero points and 4-bit codes are 122's.
 
 Reading order: the kernel in decode.py -> `plan` there (fold=True) -> this solver.
 """
