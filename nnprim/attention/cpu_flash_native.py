@@ -139,7 +139,7 @@ inline void scale_row(float* a, int64_t n, float f) {
 template <typename T>
 void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
                     at::Tensor& lse, double scale_d, int64_t causal, bool inf_as_zero, int64_t QB, int64_t KB,
-                    bool use_vnni) {
+                    bool use_vnni, bool keys_as_rows) {
   // q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv): last dims contiguous
   const int64_t B = q.size(0), Hq = q.size(1), Sq = q.size(2), D = q.size(3);
   const int64_t Hkv = k.size(1), Sk = k.size(2), Dv = v.size(3), G = Hq / Hkv;
@@ -148,7 +148,9 @@ void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   constexpr bool BF = std::is_same_v<T, at::BFloat16>;
   // VNNI blocks where oneDNN's bf16 brgemm takes them (AMX); else (and when the caller asks:
   // tests) the plain layout through brgemm's fallback, oneDNN's bf16 -> f32 GEMM
-  const bool vnni = BF && use_vnni && cb::could_pack(at::kBFloat16);
+  // keys_as_rows (few query rows): S^T = K Q^T reads K where it lies, so neither K nor V is
+  // copied (the plain path reads V in place too); S comes back by a transpose of the small tile
+  const bool vnni = BF && use_vnni && !keys_as_rows && cb::could_pack(at::kBFloat16);
   const int64_t nkb = (Sk + NB - 1) / NB, SkP = nkb * NB;
   const int64_t ndv = (Dv + NB - 1) / NB, DvP = ndv * NB;
   const T* qp = q.data_ptr<T>();
@@ -157,12 +159,13 @@ void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 
   // without VNNI: K^T (B*Hkv, D, Sk), the B operand of S = Q K^T, transposed in 256-key slabs
   // (fbgemm's SIMD transpose; ATen's strided copy costs ~2.5 ns an element)
-  at::Tensor kt = vnni ? at::Tensor() : at::empty({B * Hkv, D, Sk}, q.options());
-  T* ktw = vnni ? nullptr : kt.data_ptr<T>();
+  const bool kt_copy = !vnni && !keys_as_rows;
+  at::Tensor kt = kt_copy ? at::empty({B * Hkv, D, Sk}, q.options()) : at::Tensor();
+  T* ktw = kt_copy ? kt.data_ptr<T>() : nullptr;
   const T* ktp = ktw;
   const T* kp = k.data_ptr<T>();
   const int64_t ks0 = k.stride(0), ks1 = k.stride(1), ks2 = k.stride(2);
-  if (!vnni) {
+  if (kt_copy) {
     const int64_t SL = 256, nsl = (Sk + SL - 1) / SL;
     at::parallel_for(0, B * Hkv * nsl, 1, [&](int64_t s, int64_t e) {
       for (int64_t w = s; w < e; ++w) {
@@ -220,13 +223,17 @@ void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   T* op = o.data_ptr<T>();             // (B, Hq, Sq, Dv) in the inputs' dtype
   float* lp = lse.data_ptr<float>();
   at::parallel_for(0, B * Hq * nqb, 1, [&](int64_t s, int64_t e) {
-    std::vector<float> S(QB * KB), acc(QB * DvP), m(QB), l(QB);
-    std::vector<T> P(BF ? QB * KB : 0);
+    std::vector<float> S(QB * KB), acc(QB * DvP), m(QB), l(QB), St(keys_as_rows ? KB * QB : 0);
+    std::vector<T> P(BF ? QB * KB : 0), qt(keys_as_rows ? D * QB : 0);
     for (int64_t w = s; w < e; ++w) {
       const int64_t bhq = w / nqb, r0 = (w % nqb) * QB;
       const int64_t b = bhq / Hq, hq = bhq % Hq, bh = b * Hkv + hq / G;
       const int64_t M = std::min(QB, Sq - r0);
       const T* qrow = qp + b * qs0 + hq * qs1 + r0 * qs2;
+      const T* krow = kp + b * ks0 + (hq / G) * ks1;
+      if (keys_as_rows)                                  // Q^T (D x M): the B operand of S^T = K Q^T
+        fbgemm::transpose_simd<Bits>(M, D, reinterpret_cast<const Bits*>(qrow), qs2, reinterpret_cast<Bits*>(qt.data()),
+                                     M);
       const T* vrow = vp + b * vs0 + (hq / G) * vs1;
       std::fill(acc.begin(), acc.begin() + M * DvP, 0.f);
       std::fill(m.begin(), m.begin() + M, NEG_INF);
@@ -240,6 +247,9 @@ void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
           for (int64_t c = 0; c < width; c += NB)         // S[:, c:c+64] = Q K^T[:, k0+c ...]
             cb::brgemm(M, NB, D, qs2, NB, KB, false, qrow, kpp + (bh * nkb + (k0 + c) / NB) * D * NB,
                        S.data() + c, true);
+        } else if (keys_as_rows) {                        // S^T (nk x M) = K Q^T, then S = (S^T)^T
+          cb::brgemm(nk, M, D, ks2, M, M, false, krow + k0 * ks2, qt.data(), St.data(), false);
+          fbgemm::transpose_simd<float>(nk, M, St.data(), M, S.data(), KB);
         } else {
           cb::brgemm(M, nk, D, qs2, Sk, KB, false, qrow, ktp + bh * D * Sk + k0, S.data(), false);
         }
@@ -410,15 +420,17 @@ void flash_bwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, co
 }
 
 void flash_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, at::Tensor& lse,
-               double scale, int64_t causal, bool inf_as_zero, int64_t q_block, int64_t kv_block, bool use_vnni) {
+               double scale, int64_t causal, bool inf_as_zero, int64_t q_block, int64_t kv_block, bool use_vnni,
+               bool keys_as_rows) {
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "last dims must be contiguous");
   TORCH_CHECK(o.is_contiguous() && lse.is_contiguous() && o.scalar_type() == q.scalar_type(),
               "o: contiguous, q's dtype");
   TORCH_CHECK(kv_block % NB == 0 && q_block > 0, "kv_block must be a multiple of 64");
   if (q.scalar_type() == at::kBFloat16)
-    flash_fwd_impl<at::BFloat16>(q, k, v, o, lse, scale, causal, inf_as_zero, q_block, kv_block, use_vnni);
+    flash_fwd_impl<at::BFloat16>(q, k, v, o, lse, scale, causal, inf_as_zero, q_block, kv_block, use_vnni,
+                                 keys_as_rows);
   else if (q.scalar_type() == at::kFloat)
-    flash_fwd_impl<float>(q, k, v, o, lse, scale, causal, inf_as_zero, q_block, kv_block, false);
+    flash_fwd_impl<float>(q, k, v, o, lse, scale, causal, inf_as_zero, q_block, kv_block, false, keys_as_rows);
   else
     TORCH_CHECK(false, "flash_fwd: bf16 or f32");
 }
@@ -426,7 +438,7 @@ void flash_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at
 
 TORCH_LIBRARY(nnprim_cpu_attn, m) {
   m.def("flash_fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor(b!) lse, float scale, int causal, "
-        "bool inf_as_zero, int q_block, int kv_block, bool use_vnni) -> ()");
+        "bool inf_as_zero, int q_block, int kv_block, bool use_vnni, bool keys_as_rows=False) -> ()");
   m.def("flash_bwd(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor lse, Tensor delta, Tensor(a!) dq, "
         "Tensor(b!) dk, Tensor(c!) dv, float scale, int causal, int q_block, int kv_block) -> ()");
 }
@@ -442,6 +454,7 @@ LIBRARY = NativeLibrary("nnprim_cpu_attn", VNNI_HELPERS + SOURCE, "native CPU fl
 # noise (benchmarks/attention_cpu.py, 2026-12-01)
 Q_BLOCK = 128
 KV_BLOCK = 1024
+SHORT_Q = 64        # query rows per head up to which the forward reads K / V in place (keys_as_rows)
 BWD_Q_BLOCK = 64    # backward: a 64 x 256 tile of S, dP, P^T, dS^T per step
 BWD_KV_BLOCK = 256
 _CAUSAL = {None: 0, "top_left": 1, "bottom_right": 2}
@@ -480,10 +493,17 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.
     return torch.empty(shape, dtype=dtype)
 
 
+def keys_as_rows(problem: AttentionProblem) -> bool:
+    """Few query rows per head (decode, short chunks): S^T = K Q^T with K and V read where they
+    lie, instead of packing (VNNI) or transposing all of K and V per call for GEMMs that
+    have too few rows to repay it."""
+    return problem.Sq <= SHORT_Q
+
+
 def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLOCK, kv_block: int = KV_BLOCK,
-            vnni: bool = True):
+            vnni: bool = True, by_keys: bool | None = None):
     """(o in q's dtype, lse f32) of one call. vnni=False: the plain-layout bf16 path that CPUs
-    without AMX take (tests run it everywhere)."""
+    without AMX take (tests run it everywhere); by_keys: `keys_as_rows` (None: as it decides)."""
     scale = float(args.effective_scale(problem.invert_scale))
     q, k, v = (_last_dim_contiguous(t) for t in (args.q, args.k, args.v))
     k = _even_rows(k)       # the VNNI packing reads K rows as 32-bit words (pairs of d)
@@ -491,7 +511,9 @@ def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLO
         q, scale = -q, -scale
     o = _empty((problem.B, problem.Hq, problem.Sq, problem.Dv), q.dtype)
     lse = _empty((problem.B, problem.Hq, problem.Sq))
-    ops.flash_fwd(q, k, v, o, lse, scale, _CAUSAL[problem.causal], problem.inf_as_zero, q_block, kv_block, vnni)
+    by_keys = keys_as_rows(problem) if by_keys is None else by_keys
+    ops.flash_fwd(q, k, v, o, lse, scale, _CAUSAL[problem.causal], problem.inf_as_zero, q_block, kv_block, vnni,
+                  by_keys)
     return o, lse
 
 

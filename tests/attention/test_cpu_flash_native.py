@@ -21,8 +21,9 @@ from nnprim.search.solver import REGISTRY
 pytestmark = pytest.mark.skipif(cfn.LIBRARY.ops() is None, reason="no C++ compiler: solver 117 is not applicable")
 TOL = {torch.float32: 2e-6, torch.bfloat16: 1e-2}
 BLOCKS = [(cfn.Q_BLOCK, cfn.KV_BLOCK), (7, 64)]
-# bf16 B operands in VNNI blocks (AMX CPUs) and plain (the path of CPUs without AMX)
-LAYOUTS = [True, False]
+# bf16 B operands in VNNI blocks (AMX CPUs), plain (the path of CPUs without AMX), and K / V
+# read in place with S^T = K Q^T (few query rows: cfn.keys_as_rows)
+LAYOUTS = ["vnni", "plain", "keys"]
 
 
 @pytest.fixture(autouse=True)
@@ -30,12 +31,12 @@ def poison(monkeypatch):
     monkeypatch.setattr(cfn, "_empty", lambda shape, dtype=torch.float32: torch.full(shape, math.nan, dtype=dtype))
 
 
-def run(q, k, v, *, blocks=BLOCKS[0], vnni=True, **opts):
+def run(q, k, v, *, blocks=BLOCKS[0], vnni=True, by_keys=None, **opts):
     p = AttentionProblem.from_tensors(q, k, v, return_lse=True, **opts)
     s = REGISTRY.get("cpu_flash_fwd_native")
     assert s.is_applicable(p), s.not_supported_reasons(p)
     a = AttnArgs(q, k, v, scale=opts.get("scale"))
-    o, lse = cfn.forward(p, a, cfn.LIBRARY.ops(), *blocks, vnni=vnni)
+    o, lse = cfn.forward(p, a, cfn.LIBRARY.ops(), *blocks, vnni=vnni, by_keys=by_keys)
     ro, rl = reference_forward(p, a)
     return o, lse, ro, rl
 
@@ -56,20 +57,20 @@ def rnd(*shape, dtype, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
-@pytest.mark.parametrize("vnni", LAYOUTS, ids=["vnni", "plain"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("blocks", BLOCKS, ids=["default", "tiny"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
 @pytest.mark.parametrize("shape", [(1, 4, 2, 70, 130, 64, 64), (2, 6, 1, 131, 67, 32, 48),
                                    (1, 2, 2, 300, 257, 80, 80), (1, 3, 3, 1, 1, 16, 16), (1, 4, 1, 5, 1100, 128, 96)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_against_reference(shape, causal, dtype, blocks, vnni):
-    if dtype == torch.float32 and not vnni:
-        pytest.skip("f32 has one layout")
+def test_against_reference(shape, causal, dtype, blocks, layout):
+    if dtype == torch.float32 and layout == "plain":
+        pytest.skip("f32 has no VNNI layout: vnni and plain are one path")
     B, Hq, Hkv, Sq, Sk, D, Dv = shape
     q, k, v = (rnd(B, h, S, d, dtype=dtype, seed=i) for i, (h, S, d) in
                enumerate(((Hq, Sq, D), (Hkv, Sk, D), (Hkv, Sk, Dv))))
-    check(*run(q, k, v, causal=causal, blocks=blocks, vnni=vnni), dtype)
+    check(*run(q, k, v, causal=causal, blocks=blocks, vnni=layout == "vnni", by_keys=layout == "keys"), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -84,10 +85,12 @@ def test_scales_strides_and_rows_that_see_no_key(dtype):
     # K rows at an odd stride / offset (bf16 VNNI packing reads them as 32-bit words: copied)
     k3 = rnd(2, 4, 90, 67, dtype=dtype, seed=7)[..., 1:65]
     check(*run(q, k3, k3[:, :, :, :48], blocks=(7, 64)), dtype)
+    check(*run(q, k3, k3[:, :, :, :48], blocks=(7, 64), by_keys=True), dtype)   # K, V read in place
     # Sq > Sk bottom-right: the first rows see no key (NaN, or 0 with softmax_inf_as_zero)
     q2 = rnd(1, 2, 50, 32, dtype=dtype, seed=4)
     k2, v2 = (rnd(1, 2, 20, 32, dtype=dtype, seed=s) for s in (5, 6))
     check(*run(q2, k2, v2, causal="bottom_right", blocks=(7, 64)), dtype)
+    check(*run(q2, k2, v2, causal="bottom_right", blocks=(7, 64), by_keys=True), dtype)
     for inf_as_zero in (False, True):
         o, lse, _, _ = run(q2, k2, v2, causal="bottom_right", softmax_inf_as_zero=inf_as_zero)
         dead = o[:, :, :30]
