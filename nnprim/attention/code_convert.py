@@ -143,7 +143,5 @@ def codes_f16(c, FP8: tl.constexpr, SIGNED: tl.constexpr):
     if FP8:
         return tl.inline_asm_elementwise(_E4M3_F16, "=r,=r,r", [c.to(tl.uint8, bitcast=True)], tl.float16,
                                          False, 4)
-    elif SIGNED:
-        return tl.inline_asm_elementwise(_A8_F16_S, "=r,=r,r", [c], tl.float16, False, 4)
     else:
-        return tl.inline_asm_elementwise(_A8_F16_U, "=r,=r,r", [c], tl.float16, False, 4)
+        return cvt8(c, SIGNED, True, tl.float16, False)

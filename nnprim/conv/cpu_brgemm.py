@@ -406,20 +406,18 @@ def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     xs = plan.x_stage(ops, args.x, p.C, p.dtype, ws)
     bias = args.bias.to(F32).contiguous() if args.bias is not None else None
     y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
-    rows = row_post_ops(p, args.post_ops) if p.out_dtype in (p.dtype, F32) else None
-    direct = p.layout == "nhwc" and rows is not None
-    if direct:
+    # y written directly, its post-ops (if any) in the row epilogue; else an output buffer
+    rows = row_post_ops(p, args.post_ops) if p.layout == "nhwc" and p.out_dtype in (p.dtype, F32) else None
+    if rows is not None:
         out = physical(y, "nhwc")
     else:
         odt = F32 if args.post_ops or p.out_dtype not in (p.dtype, F32) else p.out_dtype
         out = plan.out_buffer(ws, (p.N, *p.out_size, p.K), odt)
-        if args.post_ops:
-            rows = None
     ops.conv_fwd(xs, wp, table, _five(out), bias, _grid9(plan.U, lo, hi), G, Cg, Kg, _block_m(Kg), plan.vnni, plan.amx,
                  plan.ps, **(rows or {}))
-    if direct:
+    if rows is not None:
         return y
-    if args.post_ops and rows is None:
+    if args.post_ops:
         acc = logical(out, "nhwc").unsqueeze(1)           # (N, 1, K, out..)
         apply_post_ops_block(acc, Block(0, p.N, (0,) * p.ndim, tuple(p.out_size)), 1, None, args.post_ops)
     y.copy_(logical(out, "nhwc"))
