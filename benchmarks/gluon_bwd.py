@@ -15,7 +15,11 @@ same way, as `g127_<name>`: `default` (what the solver runs: dQ by TMA reduce-ad
 (dQ by f32 atomics, the kernel before 2026-12-01's ninth session), `wg_dq` / `wg_dq_atomic`
 (each warpgroup adds the dQ of its 64 keys, all columns; the default splits the columns at
 d128), `s3` (a 3-stage Q/dO ring, atomics), `hoisted` (K/V wgmma descriptors hoisted out of
-the loops, spilling at d128), `ordered` (solver 129's deterministic adds). Solvers 129 and 124
+the loops, spilling at d128), `ordered` (solver 129's deterministic adds: the rotated walk and
+the deferred hand-off), `ordered_eager` (passed on at once), `ordered_fixed` (129 before
+2026-12-02: every key block from query block 0), `split_ordered` (129 with the split dQ at
+d64), `split` (127 with the split dQ at d64), `rotate` / `norotate` (127's walk of the query
+blocks from a per-key-block start, on / off). Solvers 129 and 124
 can be forced through the API too (--solvers gluon_129,ordered_124). A config that is the same
 kernel as an earlier one at that head dim (d64: no split, 3 stages already) is not timed twice.
 Head dim 256 (--dims 256): solver 130 `gluon_flash_bwd_d256` (gluon_bwd_d256.py) through the

@@ -34,8 +34,9 @@ them), as in 123. `gl.warp_specialize` splits the CTA into
     reduce-adds take it to 538-600 (2026-12-01, ninth session). dQ_partial, SPLIT_DQ (d128, the default there; FA3's):
     of all 128 keys, each warpgroup HEAD_D / 2 columns, from both warpgroups' dS (double-
     buffered in shared memory, a ds_ready barrier per buffer counts both writers) and column
-    halves of K: half the dQ adds and registers. Otherwise (d64, whose K column half
-    would cut a 128-byte swizzle row): each warpgroup its 64 keys, all columns.
+    halves of K: half the dQ adds and registers (d64, whose K column half would cut a
+    128-byte swizzle row, reads them from a second copy of K loaded as [64 keys, 32 columns]
+    boxes). Otherwise each warpgroup its 64 keys, all columns.
 Element masks (key tail at Sk, the causal diagonal) only on the query blocks [lo, full) that
 cross the diagonal, and on every query block of the last key block (keys past Sk): the
 consumers walk [lo, full) of every query head of the group, then [full, m_end) of every head,
@@ -63,7 +64,17 @@ scheduler (a CTA per key block: short sequences pay the prologue per CTA). Solve
 adds, deterministic, bit-identical in tests/gpu): 0.57x geomean (0.43-0.76x; 111, also
 deterministic, 0.66x in the same run): it leads 111 on the causal d128 problems (0.67-0.76x) and
 trails on the others, where each key block waits a step behind the one before it on every dQ
-block; find picks between them when determinism is on.
+block; find picks between them when determinism is on. Sixteenth session (2026-12-02,
+results/gluon_bwd_2026-12-02_s16_*): the rotated walk (ROTATE) and the deferred hand-off
+(DQ_DEFER) take 129 from 0.57x to 0.66x cuDNN (d128 0.70-0.94x, ahead of 111's 0.60-0.81x; d64
+0.50-0.64x, behind 111's 0.63-0.72x); the rotated walk takes 127 at d128 without causal
+masking from 0.85-0.94x to 0.90-0.97x. What 129 still pays (benchmarks/diag/ordered_cost.sh,
+the PTX patched piece by piece, d128 s4096): with no turn waits at all 0.77x (0.72x with
+them), with a relaxed instead of a releasing increment 0.79x / causal 0.86x, with every
+ordering piece off 0.89x: the release's fence on the consumers' path is the largest part. A
+release by a warp of its own (tried: a 1-warp partition incrementing the counters after an
+mbarrier arrival per warpgroup and step) hung: a consumer can arrive twice before the warp
+waits once, so the barrier's phase parity aliases; it needs a back-pressure barrier.
 """
 from __future__ import annotations
 
@@ -78,6 +89,7 @@ from ..gluon_support import (
     gluon,
     host_descriptor,
     mbarrier,
+    sm_count,
     tma,
     tma_reduce_add,
     warpgroup_mma,
@@ -87,7 +99,7 @@ from ..launch import Launch
 from ..search.solver import register
 from .flash_bwd_atomic import _cast_kernel, _pre_kernel
 from .flash_fwd import PEAK_TBS, PEAK_TFLOPS, FlashBase, block_d
-from .gluon_fwd import _CAUSAL_CODE, _descriptor, _tma_view, scope_reasons
+from .gluon_fwd import _CAUSAL_CODE, _box_layout, _descriptor, _tma_view, scope_reasons
 
 HEAD_DIMS = (64, 128)
 SMEM_BYTES = 227 * 1024   # an H100/H200 CTA's shared memory
@@ -100,32 +112,46 @@ KEYS_PER_WG = BLOCK_N // 2
 # solver 111 in the same run 315-365. d64: f32 atomics 228-257 (111: 246-353)
 EFF_BY_D = {64: 0.33, 128: 0.72}
 HOST_FLOOR_MS = 0.06      # three launches and four descriptors per call (126's floor + 2 launches)
-# solver 129 against 127: the waits of the ordered dQ adds. Measured 2026-12-01 (ninth session,
+# solver 129 against 127: the ordered dQ adds. Measured 2026-12-01 (ninth session,
 # results/gluon_bwd_2026-12-01_s9_ordered.json): 1.3-1.4x on causal d128, 1.7-2.0x on non-causal
-# (key block j + 1 trails j by a step on every dQ block), 1.6x geomean
-ORDERED_COST = 1.6
+# (key block j + 1 trails j by a step on every dQ block), 1.6x geomean; with the rotated walk and
+# the deferred hand-off (2026-12-02, sixteenth session, results/gluon_bwd_2026-12-02_s16_call2.json)
+# 1.2-1.4x at d128, 1.4-1.7x at d64, 1.4x geomean
+ORDERED_COST = 1.4
 
 
 def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None, remat: bool = True,
-                tma_dq: bool | None = None, ordered: bool = False) -> dict:
+                tma_dq: bool | None = None, ordered: bool = False, rotate: bool | None = None,
+                defer: bool | None = None) -> dict:
     """Launch constants for head dim d: STAGES of the (Q, dO) ring (default 3 at d64, 2 at
     d128 as FA3; 3 also fits 227 KB at d128, which benchmarks/gluon_bwd.py times), SPLIT_DQ
     (dQ_partial of all 128 keys split by columns between the warpgroups, FA3's: half the
-    atomic adds and dQ registers; d128 only, where a column half of K is whole 128-byte
-    swizzle rows; default on there), num_warps of each consumer warpgroup, maxnreg (168 x 384
+    atomic adds and dQ registers; default at d128, where a column half of K is whole 128-byte
+    swizzle rows; d64 loads K a second time in column halves for it), num_warps of each consumer warpgroup, maxnreg (168 x 384
     threads fills the register file; setmaxnreg moves the producer's registers to the
     consumers, 240 each), REMAT (the K / V wgmma descriptors and mask indices rebuilt per
     stage instead of hoisted and spilled, _step; False: the kernel of 2026-12-01), TMA_DQ
     (how dQ_partial is added, `_add_dq`: 0 per-thread f32 atomics; 1 TMA bulk reduce-adds
     from a shared-memory staging tile per warpgroup; 2 (`ordered`) the same reduce-adds in
-    descending key-block order per dQ block, through semaphores: deterministic)."""
-    split = d >= 128 if split_dq is None else split_dq and d >= 128
+    descending key-block order per dQ block, through semaphores: deterministic), ROTATE
+    (without causal masking, key block j walks the query blocks from block j * s on, wrapping,
+    s = (query blocks) // (key blocks): the CTAs of a head add to different dQ blocks at a time
+    instead of all to the same; with `ordered`, the order of the adds per dQ block follows
+    (`_turn`), so no CTA waits a step behind another; default on with `ordered` and at d128,
+    where it measured 2-4 % faster without causal masking (at d64 up to 6 % slower: the heads'
+    Q / dO tiles read by all key blocks at once hit in L2); the plan turns it off where it does
+    not apply, `rotation`), DQ_DEFER (`ordered`: a warpgroup waits
+    for its reduce-adds to complete and passes the dQ block on at its next step, while that
+    step's last products run (`_dq_handoff`), not at once; default on with `ordered`)."""
+    split = d >= 128 if split_dq is None else split_dq
     stages = stages or (3 if d <= 64 else 2)
     if tma_dq is None:      # the default where this Triton can build the TMA reduce-add
         tma_dq = tma_reduce_add is not None
     mode = 2 if ordered else int(bool(tma_dq))
+    rotate = ordered or d >= 128 if rotate is None else rotate
+    defer = ordered if defer is None else defer and ordered
     return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, SPLIT_DQ=split, REMAT=remat, TMA_DQ=mode,
-                num_warps=4, maxnreg=168)
+                ROTATE=rotate, DQ_DEFER=defer, num_warps=4, maxnreg=168)
 
 
 # Named tile configs (benchmarks/gluon_bwd.py --configs and benchmarks/diag/gluon_bwd_regs.py
@@ -133,6 +159,7 @@ def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None,
 CONFIGS = {
     "default": lambda d: tile_config(d),
     "wg_dq": lambda d: tile_config(d, split_dq=False),
+    "split": lambda d: tile_config(d, split_dq=True),     # d64 too: K's column halves loaded apart
     # dQ by f32 atomics (the kernel before 2026-12-01's ninth session); the 3-stage ring at d128
     # fits only without the TMA staging tiles
     "atomic": lambda d: tile_config(d, tma_dq=False),
@@ -140,7 +167,27 @@ CONFIGS = {
     "s3": lambda d: tile_config(d, stages=3, tma_dq=False),
     "hoisted": lambda d: tile_config(d, remat=False, tma_dq=False),   # descriptors hoisted (d128 spills)
     "ordered": lambda d: tile_config(d, ordered=True),                 # deterministic: solver 129's
+    # 129 before 2026-12-02 (sixteenth session): every CTA from query block 0, the dQ block
+    # passed on at once after a wait for its reduce-adds
+    "ordered_fixed": lambda d: tile_config(d, ordered=True, rotate=False, defer=False),
+    "ordered_eager": lambda d: tile_config(d, ordered=True, defer=False),   # rotated, passed on at once
+    "rotate": lambda d: tile_config(d, rotate=True),                    # 127 with the rotated walk
+    "norotate": lambda d: tile_config(d, rotate=False),
+    "split_ordered": lambda d: tile_config(d, split_dq=True, ordered=True),
 }
+
+
+def rotation(problem, cfg: dict, sms: int) -> bool:
+    """Whether the rotated walk (ROTATE) applies: never under causal masking (the key blocks
+    see different query blocks anyway); with ordered adds only where every key block of a head
+    starts on its own query block (n_kv <= query blocks) and the CTAs of a head fit the GPU at
+    once (n_kv <= sms): a CTA may wait on a key block launched after it."""
+    if not cfg.get("ROTATE") or problem.causal:
+        return False
+    if cfg["TMA_DQ"] != 2:
+        return True
+    n_kv = triton.cdiv(problem.Sk, cfg["BLOCK_N"])
+    return n_kv <= min(triton.cdiv(problem.Sq, cfg["BLOCK_M"]), sms)
 
 
 def smem_bytes(d: int, cfg: dict) -> int:
@@ -149,7 +196,8 @@ def smem_bytes(d: int, cfg: dict) -> int:
     aside)."""
     n_pds = 2 + (4 if cfg["SPLIT_DQ"] else 2)
     stage = 2 * 4 * cfg["BLOCK_M"] * (d // 2 if cfg["SPLIT_DQ"] else d) if cfg.get("TMA_DQ") else 0
-    return 2 * (2 * cfg["BLOCK_N"] * d + 2 * cfg["STAGES"] * cfg["BLOCK_M"] * d
+    kq = cfg["BLOCK_N"] * d if cfg["SPLIT_DQ"] and d < 128 else 0     # K's copy in column halves
+    return 2 * (2 * cfg["BLOCK_N"] * d + kq + 2 * cfg["STAGES"] * cfg["BLOCK_M"] * d
                 + n_pds * KEYS_PER_WG * cfg["BLOCK_M"]) + stage
 
 
@@ -200,38 +248,75 @@ if gluon is not None:
 
 
     @gluon.jit
-    def _producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_bufs, v_bufs, bars, b, hk, start_n,
-                  GROUP, lo, full, m_end, BLOCK_M: gl.constexpr, KEYS: gl.constexpr):
+    def _producer(q_desc, do_desc, k_desc, v_desc, kq_desc, q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, bars, b, hk,
+                  start_n, GROUP, lo, full, m_end, rot, BLOCK_M: gl.constexpr, KEYS: gl.constexpr,
+                  ROTATE: gl.constexpr, KQ_COPY: gl.constexpr):
         """1 warp: K and V (as k_bufs.shape[0] boxes of KEYS keys each: here two 64-key
-        halves; one 64-key box for solver 130, gluon_bwd_d256.py) once, then (Q_i, dO_i) into
+        halves; one 64-key box for solver 130, gluon_bwd_d256.py) once (KQ_COPY: K again as
+        [KEYS, D / 2] boxes, key half c, column half w in kq_bufs[2 c + w]), then (Q_i, dO_i) into
         ring slot it % STAGES once both consumers have released it, in the consumers' order: the
         query blocks [lo, full) of every query head of the group, then [full, m_end) of every
-        head. Empty barriers start 'phase 1 complete', so the first pass waits on parity 1.
+        head (ROTATE: each from query block rot of its range on, wrapping; `_walk_start`).
+        Empty barriers start 'phase 1 complete', so the first pass waits on parity 1.
         Boxes past Sq / Sk load as zeros."""
         kv_ready, q_ready, q_empty = bars[0], bars[1], bars[2]
         STAGES: gl.constexpr = q_bufs.type.shape[0]
         NKV: gl.constexpr = k_bufs.type.shape[0]
-        mbarrier.expect(kv_ready.index(0), NKV * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+        if KQ_COPY:
+            kv_bytes: gl.constexpr = NKV * (2 * k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        else:
+            kv_bytes: gl.constexpr = NKV * (k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        mbarrier.expect(kv_ready.index(0), kv_bytes)
+        DQ_N: gl.constexpr = kq_desc.block_type.shape[3]
         for c in gl.static_range(NKV):
             tma.async_copy_global_to_shared(k_desc, [b, hk, start_n + c * KEYS, 0], kv_ready.index(0),
                                             k_bufs.index(c))
             tma.async_copy_global_to_shared(v_desc, [b, hk, start_n + c * KEYS, 0], kv_ready.index(0),
                                             v_bufs.index(c))
+            if KQ_COPY:
+                for w in gl.static_range(2):
+                    tma.async_copy_global_to_shared(kq_desc, [b, hk, start_n + c * KEYS, w * DQ_N], kv_ready.index(0),
+                                                    kq_bufs.index(2 * c + w))
         it = 0
         for part in gl.static_range(2):
             if part == 0:
                 m0, m1 = lo, full
             else:
                 m0, m1 = full, m_end
+            first = _walk_start(m0, m1, rot, BLOCK_M, ROTATE)
             for g in range(GROUP):
                 h = hk * GROUP + g
-                for start_m in range(m0, m1, BLOCK_M):
+                start_m = first
+                for _ in range(m0, m1, BLOCK_M):
                     s = it % STAGES
                     mbarrier.wait(q_empty.index(s), ((it // STAGES) & 1) ^ 1)
                     mbarrier.expect(q_ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
                     tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_ready.index(s), q_bufs.index(s))
                     tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], q_ready.index(s), do_bufs.index(s))
                     it += 1
+                    start_m += BLOCK_M
+                    if start_m >= m1:
+                        start_m = m0
+
+    @gluon.jit
+    def _walk_start(m0, m1, rot, BLOCK_M: gl.constexpr, ROTATE: gl.constexpr):
+        """The first query block of the walk over [m0, m1): block rot of the range with
+        ROTATE (modulo its length), else m0."""
+        if ROTATE:
+            return m0 + (rot % gl.maximum((m1 - m0) // BLOCK_M, 1)) * BLOCK_M
+        else:
+            return m0
+
+    @gluon.jit
+    def _rotation(j, n_kv, Sq, BLOCK_M: gl.constexpr, ROTATE: gl.constexpr):
+        """(rot, s): key block j starts its walk at query block rot = j * s (mod the query
+        blocks), s = max(query blocks // key blocks, 1); (0, 1) without ROTATE."""
+        if ROTATE:
+            nb = gl.cdiv(Sq, BLOCK_M)
+            s = gl.maximum(nb // n_kv, 1)
+            return (j * s) % nb, s
+        else:
+            return j * 0, 1
 
     @gluon.jit
     def _query_range(start_n, Sq, Sk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
@@ -279,13 +364,14 @@ if gluon is not None:
             return gl.exp2(st * qk_scale - lse2[:, None])
 
     @gluon.jit
-    def _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage, SEM, bh, b,
-              h, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq, WG: gl.constexpr,
+    def _step(q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage, SEM, bh, b,
+              h, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq, prev, WG: gl.constexpr,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, MASKED: gl.constexpr,
               CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr, TMA_DQ: gl.constexpr,
-              s_layout: gl.constexpr, dq_layout: gl.constexpr):
+              ROTATE: gl.constexpr, DEFER: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr):
         """One ring stage (query rows start_m.. of head bh, the it-th stage of this CTA) for
-        one consumer: the five products, the stage's release, the atomic dQ adds; (dk, dv).
+        one consumer: the five products, the stage's release, the atomic dQ adds; (dk, dv,
+        the dQ block counter that `_dq_handoff` passes on at the next step: prev without ORDERED).
         S and dP are [query rows, keys] tiles, so lse and delta are two values per thread (per
         row; FA3's orientation); P and dS go through shared memory, read transposed as the A
         operands of dV += P^T dO and dK += dS^T Q.
@@ -313,8 +399,14 @@ if gluon is not None:
         v_smem = v_bufs.index(WG + opq)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout)
         if SPLIT_DQ:
             DQ_N: gl.constexpr = HEAD_D // 2
-            kq0 = k_bufs.index(opq)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout).slice(WG * DQ_N, DQ_N, dim=1)
-            kq1 = k_bufs.index(1 + opq)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout).slice(WG * DQ_N, DQ_N, dim=1)
+            if HEAD_D < 128:   # a column half is not whole 128-byte swizzle rows: K's copy in halves
+                kq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, DQ_N], dtype)
+                kq0 = kq_bufs.index(WG + opq)._reinterpret(dtype, [KEYS, DQ_N], kq_layout)
+                kq1 = kq_bufs.index(2 + WG + opq)._reinterpret(dtype, [KEYS, DQ_N], kq_layout)
+            else:
+                kq0 = k_bufs.index(opq)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout).slice(WG * DQ_N, DQ_N, dim=1)
+                kq1 = k_bufs.index(1 + opq)._reinterpret(dtype, [KEYS, HEAD_D], kv2_layout).slice(WG * DQ_N, DQ_N,
+                                                                                                   dim=1)
         mbarrier.wait(q_ready.index(s), (it // STAGES) & 1)
         q_smem = q_bufs.index(s)._reinterpret(dtype, [BLOCK_M, HEAD_D], q2_layout)
         do_smem = do_bufs.index(s)._reinterpret(dtype, [BLOCK_M, HEAD_D], q2_layout)
@@ -348,11 +440,14 @@ if gluon is not None:
             dq_tok = warpgroup_mma(ds_bufs.index(2 * u + 1), kq1, dq_tok, is_async=True)
         else:
             dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
+        if TMA_DQ == 2 and DEFER:   # the ordered adds' hand-off under the products (`_dq_handoff`)
+            _dq_handoff(SEM, prev, bh, key0 // (2 * KEYS), start_m, Sq, Sk, shift, BLOCK_M, WG, SPLIT_DQ, CAUSAL,
+                        ROTATE, gl.num_warps())
         dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
         mbarrier.arrive(q_empty.index(s), count=1)          # Q_i, dO_i, P, dS no longer read
         if TMA_DQ:
-            _add_dq(dq_desc, dq_stage, dq, b, h, start_m, SEM, bh, Sq, Sk, shift, key0 // (2 * KEYS), WG, SPLIT_DQ,
-                    CAUSAL, TMA_DQ == 2)
+            prev = _add_dq(dq_desc, dq_stage, dq, b, h, start_m, SEM, bh, Sq, Sk, shift, key0 // (2 * KEYS), prev,
+                           WG, SPLIT_DQ, CAUSAL, TMA_DQ == 2, ROTATE, DEFER)
         else:
             rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
             ptrs = (DQA + row0 * HEAD_D) + (rows[:, None] * HEAD_D + offs_dq[None, :])
@@ -360,11 +455,12 @@ if gluon is not None:
                 gl.atomic_add(ptrs, dq, sem="relaxed")
             else:
                 gl.atomic_add(ptrs, dq, mask=rows[:, None] < Sq - start_m, sem="relaxed")
-        return dk, dv
+        return dk, dv, prev
 
     @gluon.jit
-    def _add_dq(dq_desc, dq_stage, dq, b, h, start_m, SEM, bh, Sq, Sk, shift, j, WG: gl.constexpr,
-                SPLIT_DQ: gl.constexpr, CAUSAL: gl.constexpr, ORDERED: gl.constexpr):
+    def _add_dq(dq_desc, dq_stage, dq, b, h, start_m, SEM, bh, Sq, Sk, shift, j, prev, WG: gl.constexpr,
+                SPLIT_DQ: gl.constexpr, CAUSAL: gl.constexpr, ORDERED: gl.constexpr, ROTATE: gl.constexpr,
+                DEFER: gl.constexpr):
         """dQ[b, h, start_m + rows, this warpgroup's columns (SPLIT_DQ: its half, else all)] +=
         dq (f32 [BLOCK_M, DQ_N]) by TMA
         bulk reduce-adds (FA3's dQ path): dq into the warpgroup's staging tile, then one
@@ -383,7 +479,12 @@ if gluon is not None:
         SPLIT_DQ, where both warpgroups add to the same columns, warpgroup 0 first), issues its
         reduce-adds, waits for them to complete (not only to have read shared memory), and
         increments it (release). Key block j runs as CTA n_kv - 1 - j, so a CTA waits only on
-        CTAs launched before it. Fixed-order f32 sums from zero: bit-identical run to run."""
+        CTAs launched before it. Fixed-order f32 sums from zero: bit-identical run to run.
+        ROTATE: the order of the rotated walk instead (`_turn`), where a CTA may wait on one
+        launched after it (`rotation` bounds the CTAs of a head by the SMs).
+        DEFER: `_dq_handoff` has passed the previous block on and waited for this block's turn
+        while the step's last products ran; here only the store and the reduce-adds.
+        Returns this step's counter index (prev unchanged without ORDERED)."""
         BLOCK_M: gl.constexpr = dq.type.shape[0]
         DQ_N: gl.constexpr = dq.type.shape[1]
         RED: gl.constexpr = dq_stage.type.shape[4]
@@ -393,35 +494,83 @@ if gluon is not None:
         else:
             col0: gl.constexpr = 0
         flat: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_N], gl.float32)
+        if ORDERED:
+            cur = bh * gl.cdiv(Sq, BLOCK_M) + start_m // BLOCK_M
+        else:
+            cur = prev
         tma.store_wait(0)
         dq_stage._reinterpret(gl.float32, [2, BLOCK_M, DQ_N], flat).index(WG).store(dq)
         fence_async_shared()
-        if ORDERED:
-            hi = Sk
-            if CAUSAL != 0:
-                hi = gl.minimum(hi, start_m + BLOCK_M + shift)
-            last = gl.cdiv(hi, 2 * BLOCK_M) - 1                      # J (BLOCK_N = 2 BLOCK_M keys)
-            if SPLIT_DQ:
-                turn = 2 * (last - j)
-            else:
-                turn = 2 * (last - j) + WG
+        if ORDERED and not DEFER:
             lanes: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
             one = gl.full([32 * gl.num_warps()], 0, gl.int32, lanes)
-            sem = SEM + (bh * gl.cdiv(Sq, BLOCK_M) + start_m // BLOCK_M) + one
-            gl.inline_asm_elementwise(_ASM_WAIT, "=r,l,r", [sem, one + turn], gl.int32, False, 1)
+            sem = SEM + cur + one
+            _wait_turn(sem, one, j, start_m, Sq, Sk, shift, BLOCK_M, WG, SPLIT_DQ, CAUSAL, ROTATE)
         for c in gl.static_range(NRED):
             tma_reduce_add(dq_desc, [b, h, start_m, col0 + c * RED], dq_stage.index(WG * NRED + c))
-        if ORDERED:
-            gl.inline_asm_elementwise(_ASM_DONE, "=r,r", [one], gl.int32, False, 1)
-            gl.thread_barrier()          # the issuing thread's reduce-adds are complete
-            first = gl.arange(0, 32 * gl.num_warps(), lanes)
-            gl.inline_asm_elementwise(_ASM_RELEASE, "=r,l,r", [sem, first], gl.int32, False, 1)
+        if ORDERED and not DEFER:
+            _pass_on(sem)
+        return cur
 
     @gluon.jit
-    def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage, SEM, DK, DV,
-                  b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, WG: gl.constexpr,
+    def _wait_turn(sem, zero, j, start_m, Sq, Sk, shift, BLOCK_M: gl.constexpr, WG: gl.constexpr, SPLIT_DQ: gl.constexpr,
+                   CAUSAL: gl.constexpr, ROTATE: gl.constexpr):
+        """Spin (acquire loads) until the dQ block's counter at sem (one pointer per thread;
+        zero: int32 zeros in its layout) reaches this warpgroup's turn: key block j's place (`_turn`), two adds per place (one
+        per warpgroup; without SPLIT_DQ warpgroup 0 first)."""
+        turn = _turn(j, start_m, Sq, Sk, shift, BLOCK_M, CAUSAL, ROTATE)
+        if SPLIT_DQ:
+            turn = 2 * turn
+        else:
+            turn = 2 * turn + WG
+        gl.inline_asm_elementwise(_ASM_WAIT, "=r,l,r", [sem, zero + turn], gl.int32, False, 1)
+
+    @gluon.jit
+    def _dq_handoff(SEM, prev, bh, j, start_m, Sq, Sk, shift, BLOCK_M: gl.constexpr, WG: gl.constexpr,
+                    SPLIT_DQ: gl.constexpr, CAUSAL: gl.constexpr, ROTATE: gl.constexpr, WARPS: gl.constexpr):
+        """DQ_DEFER's hand-off, placed while the step's last products run: the previous step's
+        reduce-adds complete and its dQ block `prev` passed on (-1 at the first step: SEM[-1], a
+        spare counter nobody waits on), then the wait for this step's turn at its block."""
+        lanes: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        one = gl.full([32 * WARPS], 0, gl.int32, lanes)
+        _pass_on(SEM + prev + one)
+        cur = bh * gl.cdiv(Sq, BLOCK_M) + start_m // BLOCK_M
+        _wait_turn(SEM + cur + one, one, j, start_m, Sq, Sk, shift, BLOCK_M, WG, SPLIT_DQ, CAUSAL, ROTATE)
+
+    @gluon.jit
+    def _pass_on(sem):
+        """This warpgroup's reduce-adds complete (global writes, ordered before the release),
+        then its thread 0 increments the counter at sem (a tensor of one pointer per thread)."""
+        lanes: gl.constexpr = sem.type.layout
+        first = gl.arange(0, sem.type.shape[0], lanes)
+        gl.inline_asm_elementwise(_ASM_DONE, "=r,r", [first], gl.int32, False, 1)
+        gl.thread_barrier()          # the issuing thread's reduce-adds are complete
+        gl.inline_asm_elementwise(_ASM_RELEASE, "=r,l,r", [sem, first], gl.int32, False, 1)
+
+    @gluon.jit
+    def _turn(j, start_m, Sq, Sk, shift, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, ROTATE: gl.constexpr):
+        """Key block j's place in the order of the adds to the dQ block at start_m: the key
+        blocks 0..J reaching it (J from the causal shift and Sk) in descending order, J - j;
+        with ROTATE (no causal masking, J = n_kv - 1, key block j walking from query block
+        j s on, `_rotation`) in the order the walks reach it, block a = min(m // s, J) first:
+        a, a - 1, .., 0, J, .., a + 1, i.e. (a - j) mod (J + 1)."""
+        hi = Sk
+        if CAUSAL != 0:
+            hi = gl.minimum(hi, start_m + BLOCK_M + shift)
+        last = gl.cdiv(hi, 2 * BLOCK_M) - 1                      # J (BLOCK_N = 2 BLOCK_M keys)
+        if ROTATE:
+            _, s = _rotation(j, last + 1, Sq, BLOCK_M, ROTATE)
+            a = gl.minimum(start_m // BLOCK_M // s, last)
+            return (a - j + last + 1) % (last + 1)
+        else:
+            return last - j
+
+    @gluon.jit
+    def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
+                  SEM, DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale, scale, WG: gl.constexpr,
                   HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
-                  SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr, TMA_DQ: gl.constexpr, WARPS: gl.constexpr):
+                  SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr, TMA_DQ: gl.constexpr, ROTATE: gl.constexpr,
+                  DEFER: gl.constexpr, WARPS: gl.constexpr):
         """Consumer warpgroup WG: keys start_n + WG * KEYS + [0, KEYS). Per ring stage the five
         products (module doc), the stage released once every product reading it has retired,
         then the atomic dQ adds; at the end dK, dV stored. SPLIT_DQ: dQ_partial of all 128 keys,
@@ -463,31 +612,49 @@ if gluon is not None:
         # past Sk) with element masks, then the rest without, each loop over every query head
         # of the group (flat: nothing of a head loop stays live across the stages); two
         # straight loops (a branch on the mask in one loop costs registers)
+        # ROTATE: each head's walk over a range starts at block rot of it and wraps (the
+        # producer's order); a head is done when the walk is back at its start
         h0 = hk * GROUP
         bh0 = (b * Hq + h0).to(gl.int64)
         n_mask = GROUP * ((full - lo) // BLOCK_M)
+        prev = bh0 * 0 - 1      # the first step passes on the spare counter SEM[-1] (`_dq_handoff`)
         g = 0
-        start_m = lo
+        first = _walk_start(lo, full, rot, BLOCK_M, ROTATE)
+        start_m = first
         for it in range(0, n_mask):
-            dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
-                           dq_stage, SEM, bh0 + g, b, h0 + g, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk,
-                           dv, zero_s, zero_dq, WG, HEAD_D, BLOCK_M, KEYS, True, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ,
-                           s_layout, dq_layout)
+            dk, dv, prev = _step(q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
+                                 dq_stage, SEM, bh0 + g, b, h0 + g, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale,
+                                 dk, dv, zero_s, zero_dq, prev, WG, HEAD_D, BLOCK_M, KEYS, True, CAUSAL, SPLIT_DQ,
+                                 REMAT, TMA_DQ, ROTATE, DEFER, s_layout, dq_layout)
             start_m += BLOCK_M
-            if start_m >= full:
+            if ROTATE:
+                if start_m >= full:
+                    start_m = lo
+                if start_m == first:
+                    g += 1
+            elif start_m >= full:
                 start_m = lo
                 g += 1
         g = 0
-        start_m = full
+        first = _walk_start(full, m_end, rot, BLOCK_M, ROTATE)
+        start_m = first
         for it in range(n_mask, n_mask + GROUP * ((m_end - full) // BLOCK_M)):
-            dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
-                           dq_stage, SEM, bh0 + g, b, h0 + g, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk,
-                           dv, zero_s, zero_dq, WG, HEAD_D, BLOCK_M, KEYS, False, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ,
-                           s_layout, dq_layout)
+            dk, dv, prev = _step(q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
+                                 dq_stage, SEM, bh0 + g, b, h0 + g, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale,
+                                 dk, dv, zero_s, zero_dq, prev, WG, HEAD_D, BLOCK_M, KEYS, False, CAUSAL, SPLIT_DQ,
+                                 REMAT, TMA_DQ, ROTATE, DEFER, s_layout, dq_layout)
             start_m += BLOCK_M
-            if start_m >= m_end:
+            if ROTATE:
+                if start_m >= m_end:
+                    start_m = full
+                if start_m == first:
+                    g += 1
+            elif start_m >= m_end:
                 start_m = full
                 g += 1
+        if TMA_DQ == 2 and DEFER:   # the last step's dQ block passed on
+            lanes: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+            _pass_on(SEM + prev + gl.full([32 * WARPS], 0, gl.int32, lanes))
 
         # epilogue: dK * scale and dV in the input dtype, rows past Sk not stored
         krows = gl.arange(0, KEYS, layout=row_a)
@@ -500,17 +667,20 @@ if gluon is not None:
             tma.store_wait(0)     # the last reduce-adds have read the staging tile
 
     @gluon.jit(do_not_specialize=["Hq", "Hkv", "Sq", "Sk"])
-    def _gluon_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQA, dq_desc, SEM, DK, DV, Hq, Hkv, Sq, Sk, GROUP,
+    def _gluon_bwd_kernel(q_desc, k_desc, v_desc, do_desc, kq_desc, LSE, DELTA, DQA, dq_desc, SEM, DK, DV, Hq, Hkv, Sq, Sk, GROUP,
                           qk_scale, scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr,
-                          TMA_DQ: gl.constexpr, num_warps: gl.constexpr):
+                          TMA_DQ: gl.constexpr, ROTATE: gl.constexpr, DQ_DEFER: gl.constexpr,
+                          num_warps: gl.constexpr):
         """CTA (key block pid 0, b * Hkv + hk pid 1). Descriptors: 4-D [B, H, S, D] views with
-        boxes [1, 1, BLOCK_M, D] (Q, dO) and [1, 1, BLOCK_N / 2, D] (K, V); lse, delta
+        boxes [1, 1, BLOCK_M, D] (Q, dO) and [1, 1, BLOCK_N / 2, D] (K, V), kq_desc K's with
+        box [1, 1, BLOCK_N / 2, D / 2] (SPLIT_DQ at D < 128; else k_desc again, unused); lse, delta
         (B, Hq, Sq) f32, the dQ accumulator (B, Hq, Sq, D) f32, dK / dV (B, Hkv, Sk, D), all
         contiguous; with TMA_DQ, dq_desc: the accumulator's descriptor, box [1, 1, BLOCK_M, 32]
         (else DQA again, unused); SEM: the int32 counters of the ordered adds (TMA_DQ 2; else
-        unused). Two consumer partitions of num_warps (4) warps, one producer warp; with TMA_DQ 2
-        CTA pid 0 serves key block n_kv - 1 - pid 0 (`_add_dq`)."""
+        unused; SEM[-1] is a spare counter). Two consumer partitions of num_warps (4) warps,
+        one producer warp; with TMA_DQ 2 CTA pid 0 serves key block n_kv - 1 - pid 0
+        (`_add_dq`). ROTATE, DQ_DEFER: tile_config's."""
         KEYS: gl.constexpr = BLOCK_N // 2
         dtype: gl.constexpr = q_desc.dtype
         pid_bh = gl.program_id(1)
@@ -521,11 +691,17 @@ if gluon is not None:
         else:
             start_n = gl.program_id(0) * BLOCK_N
         lo, full, m_end = _query_range(start_n, Sq, Sk, BLOCK_M, BLOCK_N, CAUSAL)
+        rot, _ = _rotation(start_n // BLOCK_N, gl.num_programs(0), Sq, BLOCK_M, ROTATE)
 
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
         k_bufs = gl.allocate_shared_memory(dtype, [2] + k_desc.block_type.shape, k_desc.layout)
         v_bufs = gl.allocate_shared_memory(dtype, [2] + v_desc.block_type.shape, v_desc.layout)
+        KQ_COPY: gl.constexpr = SPLIT_DQ and HEAD_D < 128
+        if KQ_COPY:   # K in [KEYS, HEAD_D / 2] boxes for the column halves of dQ (`_step`)
+            kq_bufs = gl.allocate_shared_memory(dtype, [4] + kq_desc.block_type.shape, kq_desc.layout)
+        else:
+            kq_bufs = k_bufs
         ps_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KEYS], dtype)
         p_bufs = gl.allocate_shared_memory(dtype, [2, BLOCK_M, KEYS], ps_layout)
         ds_bufs = gl.allocate_shared_memory(dtype, [4 if SPLIT_DQ else 2, BLOCK_M, KEYS], ps_layout)
@@ -551,14 +727,16 @@ if gluon is not None:
         bars = (kv_ready, q_ready, q_empty, ds_ready)
 
         gl.warp_specialize([
-            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
-                         SEM, DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 0,
-                         HEAD_D, BLOCK_M, KEYS, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ, num_warps)),
-            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
-                         SEM, DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 1,
-                         HEAD_D, BLOCK_M, KEYS, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ, num_warps)),
-            (_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_bufs, v_bufs, bars, b, hk, start_n,
-                         GROUP, lo, full, m_end, BLOCK_M, KEYS)),
+            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
+                         dq_stage, SEM, DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale,
+                         scale, 0, HEAD_D, BLOCK_M, KEYS, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ, ROTATE, DQ_DEFER,
+                         num_warps)),
+            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
+                         dq_stage, SEM, DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale,
+                         scale, 1, HEAD_D, BLOCK_M, KEYS, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ, ROTATE, DQ_DEFER,
+                         num_warps)),
+            (_producer, (q_desc, do_desc, k_desc, v_desc, kq_desc, q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, bars, b,
+                         hk, start_n, GROUP, lo, full, m_end, rot, BLOCK_M, KEYS, ROTATE, KQ_COPY)),
         ], [num_warps, 1], [240, 24])
 
         mbarrier.invalidate(kv_ready.index(0))
@@ -596,6 +774,8 @@ class GluonBwdPlan:
     def __init__(self, problem, cfg: dict | None = None):
         self.p = p = problem
         cfg = dict(cfg or self._default_config(p.D))
+        if "ROTATE" in cfg:
+            cfg["ROTATE"] = rotation(p, cfg, sm_count(torch.cuda.current_device() if torch.cuda.is_available() else None))
         self.cfg = cfg
         self.main = Launch(self._kernel(), (triton.cdiv(p.Sk, cfg["BLOCK_N"]), p.B * p.Hkv), (),
                            HEAD_D=p.D, CAUSAL=_CAUSAL_CODE[p.causal], **cfg)
@@ -653,17 +833,23 @@ class GluonBwdPlan:
             lse = lse.float().contiguous()
         n_acc, n_rows = p.B * p.Hq * p.Sq * p.D, p.B * p.Hq * p.Sq
         ordered = self.cfg["TMA_DQ"] == 2
-        ws = torch.empty(n_acc + n_rows + (sem_count(p) if ordered else 0), dtype=torch.float32, device=q.device)
+        ws = torch.empty(n_acc + n_rows + (1 + sem_count(p) if ordered else 0), dtype=torch.float32, device=q.device)
         dqa, delta = ws[:n_acc], ws[n_acc:n_acc + n_rows]
-        sem = ws[n_acc + n_rows:].view(torch.int32) if ordered else dqa
+        sem = ws[n_acc + n_rows + 1:].view(torch.int32) if ordered else dqa   # SEM[-1]: the spare counter
         scale = float(args.effective_scale(p.invert_scale))
         self._pre(args.o, args.do)(args.o, args.do, lse, delta, dqa, sem)
         rows, keys = self.cfg["BLOCK_M"], self.cfg["BLOCK_N"] // self.KV_BOXES
         red = self.cfg.get("DQ_RED", DQ_RED)
         dq_desc = host_descriptor(dqa, [p.B, p.Hq, p.Sq, p.D], [p.Hq * p.Sq * p.D, p.Sq * p.D, p.D, 1],
                                   [1, 1, rows, red], dq_box_layout(red)) if self.cfg["TMA_DQ"] else dqa
-        self.main(_descriptor(q, sq, rows), _descriptor(k, sk, keys), _descriptor(v, sv, keys),
-                  _descriptor(do, sd, rows), lse, delta, dqa, dq_desc, sem, dk, dv,
+        k_desc = _descriptor(k, sk, keys)
+        if self.cfg.get("SPLIT_DQ") and p.D < 128:    # K's column halves for dQ (`_step`)
+            kq_desc = host_descriptor(k, list(k.shape), sk, [1, 1, keys, p.D // 2],
+                                      _box_layout(keys, p.D // 2, k.dtype))
+        else:
+            kq_desc = k_desc
+        self.main(_descriptor(q, sq, rows), k_desc, _descriptor(v, sv, keys),
+                  _descriptor(do, sd, rows), kq_desc, lse, delta, dqa, dq_desc, sem, dk, dv,
                   p.Hq, p.Hkv, p.Sq, p.Sk, p.group, scale * 1.4426950408889634, scale)
         self._cast(scale)(dqa, dq, dqa)
         return dq, dk, dv
@@ -717,8 +903,8 @@ class GluonFlashBackwardOrdered(GluonFlashBackward):
         return reasons
 
     def workspace_size(self, problem) -> int:
-        """127's, plus the int32 counters of the dQ blocks."""
-        return super().workspace_size(problem) + 4 * sem_count(problem)
+        """127's, plus the int32 counters of the dQ blocks and a spare."""
+        return super().workspace_size(problem) + 4 * (sem_count(problem) + 1)
 
     def estimate(self, problem) -> float | None:
         return model_ms(problem) * ORDERED_COST

@@ -303,12 +303,12 @@ if gluon is not None:
             tma.store_wait(0)     # the last reduce-adds have read the staging tiles
 
     @gluon.jit(do_not_specialize=["Hq", "Hkv", "Sq", "Sk"])
-    def _gluon_bwd_d256_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQA, dq_desc, SEM, DK, DV, Hq, Hkv, Sq, Sk,
+    def _gluon_bwd_d256_kernel(q_desc, k_desc, v_desc, do_desc, kq_desc, LSE, DELTA, DQA, dq_desc, SEM, DK, DV, Hq, Hkv, Sq, Sk,
                                GROUP, qk_scale, scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
                                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                TMA_DQ: gl.constexpr, DQ_RED: gl.constexpr, DQ_SLOTS: gl.constexpr,
                                PS_SWIZZLE: gl.constexpr, num_warps: gl.constexpr):
-        """CTA (key block pid 0, b * Hkv + hk pid 1); 127's kernel arguments (SEM unused).
+        """CTA (key block pid 0, b * Hkv + hk pid 1); 127's kernel arguments (SEM, kq_desc unused).
         Descriptors: 4-D [B, H, S, D] views with boxes [1, 1, BLOCK_M, D] (Q, dO) and
         [1, 1, BLOCK_N, D] (K, V); with TMA_DQ, dq_desc: the f32 accumulator's, box
         [1, 1, BLOCK_M, DQ_RED]."""
@@ -352,8 +352,8 @@ if gluon is not None:
             (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
                          DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 1,
                          HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, num_warps)),
-            (_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_bufs, v_bufs, bars, b, hk, start_n,
-                         GROUP, lo, full, m_end, BLOCK_M, BLOCK_N)),
+            (_producer, (q_desc, do_desc, k_desc, v_desc, k_desc, q_bufs, do_bufs, k_bufs, v_bufs, k_bufs, bars, b,
+                         hk, start_n, GROUP, lo, full, m_end, 0, BLOCK_M, BLOCK_N, False, False)),
         ], [num_warps, 1], [240, 24])
 
         mbarrier.invalidate(kv_ready.index(0))

@@ -322,6 +322,13 @@ GLUON_BWD = [  # (split dQ, or a gluon_bwd.CONFIGS name; fields) of solver 127
     # solver 129: the reduce-adds in key-block order (semaphores)
     ("ordered", dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, causal="bottom_right")),
     ("ordered", dict(B=1, Hq=4, Hkv=2, Sq=333, Sk=300, D=64, Dv=64, dtype=F16, causal="top_left")),
+    # without causal masking: the rotated walk, with the ordered adds passed on at the next step
+    # or at once, and 127's rotated walk
+    ("ordered", dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16)),
+    ("ordered", dict(B=1, Hq=4, Hkv=2, Sq=333, Sk=300, D=64, Dv=64, dtype=F16)),
+    ("ordered_eager", dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16)),
+    ("ordered_fixed", dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16)),
+    ("rotate", dict(B=1, Hq=4, Hkv=2, Sq=333, Sk=300, D=64, Dv=64, dtype=F16)),
 ]
 
 

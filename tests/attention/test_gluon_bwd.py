@@ -81,9 +81,10 @@ def test_tile_configs_fit_hopper_shared_memory_workspace_and_estimate():
         c = gluon_bwd.tile_config(d)
         assert gluon_bwd.smem_bytes(d, c) <= gluon_bwd.SMEM_BYTES and c["maxnreg"] * 384 <= 65536
         assert c["BLOCK_N"] == 2 * c["BLOCK_M"] == 128   # two warpgroups of 64 keys; dQ's M == keys
-        # dQ split by columns at d128 only (a d64 column half would cut a 128-byte swizzle row)
+        # dQ split by columns at d128 by default; at d64 on request (K again in column halves:
+        # a d64 column half would cut a 128-byte swizzle row)
         assert c["SPLIT_DQ"] == (d == 128) and not gluon_bwd.tile_config(d, split_dq=False)["SPLIT_DQ"]
-        assert not gluon_bwd.tile_config(64, split_dq=True)["SPLIT_DQ"]
+        assert gluon_bwd.CONFIGS["split"](d)["SPLIT_DQ"]
         c3 = gluon_bwd.CONFIGS["s3"](d)      # the benchmark's 3-stage variant fits too (f32 atomics)
         assert c3["STAGES"] == 3 and gluon_bwd.smem_bytes(d, c3) <= gluon_bwd.SMEM_BYTES
         assert c["REMAT"] and not gluon_bwd.CONFIGS["hoisted"](d)["REMAT"]
@@ -100,7 +101,7 @@ def test_tile_configs_fit_hopper_shared_memory_workspace_and_estimate():
     # solver 129: the same kernel with ordered dQ adds; deterministic, its counters in the workspace
     o = REGISTRY.get("gluon_flash_bwd_ordered")
     assert o.deterministic and not s.deterministic
-    assert o.workspace_size(p) == s.workspace_size(p) + 4 * 2 * 8 * 16
+    assert o.workspace_size(p) == s.workspace_size(p) + 4 * (2 * 8 * 16 + 1)
     assert o.estimate(big) == pytest.approx(s.estimate(big) * gluon_bwd.ORDERED_COST)
     assert gluon_bwd.CONFIGS["ordered"](128)["TMA_DQ"] == 2 and gluon_bwd.tile_config(128)["TMA_DQ"] == 1
 
@@ -131,6 +132,55 @@ def test_ordered_turns_cover_every_dq_block_without_gaps(causal):
             assert turns == list(range(len(got)))
             pids = [n_kv - 1 - j for j in sorted(got, reverse=True)]   # in turn order
             assert pids == sorted(pids)
+
+
+@pytest.mark.parametrize("sq,sk,group", [(4096, 4096, 1), (1024, 1024, 2), (300, 333, 4), (3001, 2999, 4),
+                                         (640, 128, 1), (129, 128, 3), (8000, 1000, 1)])
+def test_rotated_walk_turns_follow_the_arrival_order(sq, sk, group):
+    """Solver 129 without causal masking (ROTATE, `_rotation` / `_turn`): key block j walks the
+    query blocks of each head from block j s on, wrapping. The turn the kernel computes for
+    each (dQ block, key block) is the rank of that key block's arrival there, so in lock-step
+    no CTA waits: each turn arrives at least s steps after the one before it (DQ_DEFER passes
+    a block on one step late, so s >= 1 is what it needs to not wait twice)."""
+    BM, BN = gluon_bwd.BLOCK_M, gluon_bwd.BLOCK_N
+    nb, n_kv = -(-sq // BM), -(-sk // BN)
+    p = problem(Sq=sq, Sk=sk, Hq=group, Hkv=1)
+    assert gluon_bwd.rotation(p, gluon_bwd.tile_config(128, ordered=True), 132) == (n_kv <= nb)
+    if n_kv > nb:
+        return
+    s = max(nb // n_kv, 1)
+    arrivals: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for j in range(n_kv):
+        rot = (j * s) % nb
+        step = 0
+        for g in range(group):
+            for i in range(nb):
+                m = (rot + i) % nb
+                arrivals.setdefault((g, m), []).append((step, j))
+                step += 1
+    last = n_kv - 1
+    for (g, m), visits in arrivals.items():
+        a = min(m // s, last)
+        turns = {j: (a - j + last + 1) % (last + 1) for _, j in visits}     # the kernel's `_turn`
+        in_order = [j for _, j in sorted(visits)]
+        assert [turns[j] for j in in_order] == list(range(n_kv)), (g, m, in_order)
+        steps = sorted(st for st, _ in visits)
+        assert all(b - a >= s for a, b in zip(steps, steps[1:]))
+
+
+def test_rotated_walk_applies_only_where_it_cannot_hang():
+    """127 rotates (at d128 by default) wherever there is no causal mask; 129 only where each key block of a head
+    starts on its own query block and the head's CTAs fit the GPU at once (a CTA may wait on a
+    key block launched after it)."""
+    ordered, plain = gluon_bwd.tile_config(128, ordered=True), gluon_bwd.tile_config(128, rotate=True)
+    assert not gluon_bwd.rotation(problem(Sq=4096, Sk=4096, causal="top_left"), ordered, 132)
+    assert not gluon_bwd.rotation(problem(Sq=4096, Sk=4096, causal="top_left"), plain, 132)
+    assert gluon_bwd.rotation(problem(Sq=16384, Sk=16384), ordered, 132)
+    assert not gluon_bwd.rotation(problem(Sq=32768, Sk=32768), ordered, 132)    # 256 key blocks
+    assert gluon_bwd.rotation(problem(Sq=32768, Sk=32768), plain, 132)
+    assert not gluon_bwd.rotation(problem(Sq=64, Sk=4096), ordered, 132)         # fewer query blocks
+    assert gluon_bwd.rotation(problem(Sq=4096, Sk=4096), gluon_bwd.tile_config(128), 132)   # 127's d128 default
+    assert not gluon_bwd.rotation(problem(Sq=4096, Sk=4096, D=64, Dv=64), gluon_bwd.tile_config(64), 132)
 
 
 def _emulate(p, q, k, v, do, o, lse, scale):

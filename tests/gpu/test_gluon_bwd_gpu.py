@@ -2,10 +2,12 @@
 inputs, NaN-poisoned outputs, dq/dk/dv against the float64 reference; odd Sq/Sk tails, GQA
 4:1 and MQA, both causal alignments, d64/d128, Sq != Sk (rows that see no key), more CTAs
 than SMs, f16, negative and inverted scales, strided and unaligned inputs, the public API.
-Both ways of forming dQ_partial at d128: `split_dq` (all 128 keys, each warpgroup half the
-columns; the default) and `wg_dq` (each warpgroup its 64 keys, all columns; d64's only way),
-dQ added by TMA reduce-adds (the default), by f32 atomics (`_atomic`) and by reduce-adds in
-a fixed order (`_ordered`, solver 129: bit-identical run to run).
+Both ways of forming dQ_partial: `split_dq` (all 128 keys, each warpgroup half the
+columns; the default at d128; d64 reads K's column halves from a second copy) and `wg_dq`
+(each warpgroup its 64 keys, all columns), dQ added by TMA reduce-adds (the default), by f32
+atomics (`_atomic`), by reduce-adds in a fixed order (`_ordered`, solver 129: bit-identical
+run to run) and with the query blocks walked from a per-key-block start (`_rotate`, and
+`_ordered` without causal masking).
 
 A wrong barrier phase shows as a hang, not an error: the smoke test runs small problems in
 a subprocess with a timeout (per dQ variant) and a variant's tests are skipped when it hangs or fails
@@ -48,7 +50,8 @@ for D, Sq, Sk in ((64, 130, 200), (128, 300, 77), (128, 64, 128)):
     for causal in (None, "bottom_right"):
         o, lse = nnprim.sdpa(q, k, v, causal=causal, return_lse=True, solver="flash_fwd")
         p = AttentionProblem.from_tensors(q, k, v, causal=causal, direction="bwd")
-        cfg = gluon_bwd.tile_config(D, sys.argv[1] == "1", tma_dq=sys.argv[2] != "0", ordered=sys.argv[2] == "2")
+        cfg = gluon_bwd.tile_config(D, sys.argv[1] == "1", tma_dq=sys.argv[2] != "0", ordered=sys.argv[2] == "2",
+                                    rotate=sys.argv[2] in "23")
         dq, dk, dv = gluon_bwd.GluonBwdPlan(p, cfg)(AttnArgs(q, k, v, do=do, o=o, lse=lse))
         torch.cuda.synchronize()
         ref = nnprim.sdpa_backward(do, q, k, v, o, lse, causal=causal, solver="flash_bwd_atomic")
@@ -58,13 +61,14 @@ for D, Sq, Sk in ((64, 130, 200), (128, 300, 77), (128, 64, 128)):
 print("SMOKE-OK")
 """
 _smoke: dict[tuple[bool, int], str] = {}
-VARIANTS = [(True, 1), (False, 1), (True, 0), (True, 2), (False, 2)]   # (SPLIT_DQ, TMA_DQ)
-IDS = ["split_dq", "wg_dq", "split_dq_atomic", "split_dq_ordered", "wg_dq_ordered"]
+# (SPLIT_DQ, TMA_DQ; 3: TMA_DQ 1 with the rotated walk of the query blocks)
+VARIANTS = [(True, 1), (False, 1), (True, 0), (True, 2), (False, 2), (True, 3), (False, 3)]
+IDS = ["split_dq", "wg_dq", "split_dq_atomic", "split_dq_ordered", "wg_dq_ordered", "split_dq_rotate", "wg_dq_rotate"]
 
 
 def config(D: int, variant: tuple[bool, int]) -> dict:
     split, mode = variant
-    return gluon_bwd.tile_config(D, split, tma_dq=mode != 0, ordered=mode == 2)
+    return gluon_bwd.tile_config(D, split, tma_dq=mode != 0, ordered=mode == 2, rotate=mode in (2, 3))
 
 
 def smoke_failure(variant: tuple[bool, int]) -> str | None:
@@ -130,8 +134,6 @@ def theirs(p, a):
 def check(p, a, split, name=""):
     s = REGISTRY.get("gluon_flash_bwd")
     assert s.is_applicable(p), s.not_supported_reasons(p)
-    if split[0] and p.D < 128:
-        pytest.skip("d64 has no split dQ (its tests run as wg_dq)")
     out = tuple(torch.full(t.shape, float("nan"), dtype=t.dtype, device=DEV) for t in (a.q, a.k, a.v))
     got = gluon_bwd.GluonBwdPlan(p, config(p.D, split))(a, out=out)
     torch.cuda.synchronize()
