@@ -566,6 +566,21 @@ if gluon is not None:
             return last - j
 
     @gluon.jit
+    def _next_block(start_m, g, first, m0, m1, BLOCK_M: gl.constexpr, ROTATE: gl.constexpr):
+        """The consumers' walk over [m0, m1) of each head: the next query block and head. With
+        ROTATE a head's walk wraps and the head is done when it is back at `first`."""
+        start_m += BLOCK_M
+        if ROTATE:
+            if start_m >= m1:
+                start_m = m0
+            if start_m == first:
+                g += 1
+        elif start_m >= m1:
+            start_m = m0
+            g += 1
+        return start_m, g
+
+    @gluon.jit
     def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
                   SEM, DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale, scale, WG: gl.constexpr,
                   HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
@@ -626,15 +641,7 @@ if gluon is not None:
                                  dq_stage, SEM, bh0 + g, b, h0 + g, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale,
                                  dk, dv, zero_s, zero_dq, prev, WG, HEAD_D, BLOCK_M, KEYS, True, CAUSAL, SPLIT_DQ,
                                  REMAT, TMA_DQ, ROTATE, DEFER, s_layout, dq_layout)
-            start_m += BLOCK_M
-            if ROTATE:
-                if start_m >= full:
-                    start_m = lo
-                if start_m == first:
-                    g += 1
-            elif start_m >= full:
-                start_m = lo
-                g += 1
+            start_m, g = _next_block(start_m, g, first, lo, full, BLOCK_M, ROTATE)
         g = 0
         first = _walk_start(full, m_end, rot, BLOCK_M, ROTATE)
         start_m = first
@@ -643,15 +650,7 @@ if gluon is not None:
                                  dq_stage, SEM, bh0 + g, b, h0 + g, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale,
                                  dk, dv, zero_s, zero_dq, prev, WG, HEAD_D, BLOCK_M, KEYS, False, CAUSAL, SPLIT_DQ,
                                  REMAT, TMA_DQ, ROTATE, DEFER, s_layout, dq_layout)
-            start_m += BLOCK_M
-            if ROTATE:
-                if start_m >= m_end:
-                    start_m = full
-                if start_m == first:
-                    g += 1
-            elif start_m >= m_end:
-                start_m = full
-                g += 1
+            start_m, g = _next_block(start_m, g, first, full, m_end, BLOCK_M, ROTATE)
         if TMA_DQ == 2 and DEFER:   # the last step's dQ block passed on
             lanes: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
             _pass_on(SEM + prev + gl.full([32 * WARPS], 0, gl.int32, lanes))
