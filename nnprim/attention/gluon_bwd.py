@@ -41,7 +41,9 @@ Element masks (key tail at Sk, the causal diagonal) only on the query blocks [lo
 cross the diagonal, and on every query block of the last key block (keys past Sk): the
 consumers walk [lo, full) of every query head of the group, then [full, m_end) of every head,
 as two flat loops (one with a branch on the mask cost registers; a head loop around them kept
-its values live across the stages: spills), and the producer loads in that order. Query rows
+its values live across the stages: spills), and the producer loads in that order; with
+ROTATE (d128 and solver 129 without causal masking) each head's walk starts at query block
+j s of key block j and wraps, so the CTAs of a head add to different dQ blocks. Query rows
 past Sq load as zeros and their lse as +inf (P = 0). Epilogue: dK * scale and dV cast to the
 input dtype, masked stores at Sk. Non-persistent grid (a next step: FA3's persistent
 scheduler).
