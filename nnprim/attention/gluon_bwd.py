@@ -140,7 +140,7 @@ def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None,
     s = (query blocks) // (key blocks): the CTAs of a head add to different dQ blocks at a time
     instead of all to the same; with `ordered`, the order of the adds per dQ block follows
     (`_turn`), so no CTA waits a step behind another; default on with `ordered` and at d128,
-    where it measured 2-4 % faster without causal masking (at d64 up to 6 % slower: the heads'
+    where it measured 3-9 % faster without causal masking (at d64 up to 6 % slower: the heads'
     Q / dO tiles read by all key blocks at once hit in L2); the plan turns it off where it does
     not apply, `rotation`), DQ_DEFER (`ordered`: a warpgroup waits
     for its reduce-adds to complete and passes the dQ block on at its next step, while that
