@@ -86,19 +86,11 @@ def cvt4(c, SIGNED: tl.constexpr, ASM: tl.constexpr, DOT_DTYPE: tl.constexpr, PU
     ASM (CUDA, 16-bit DOT_DTYPE): the magic-number PTX above; else shifts and a convert."""
     if ASM:
         if DOT_DTYPE == tl.bfloat16:
-            if SIGNED:
-                return tl.inline_asm_elementwise(_A4_BF16_S, "=r,=r,=r,=r,r", [c], (tl.bfloat16, tl.bfloat16),
-                                                 PURE, 4)
-            else:
-                return tl.inline_asm_elementwise(_A4_BF16_U, "=r,=r,=r,=r,r", [c], (tl.bfloat16, tl.bfloat16),
-                                                 PURE, 4)
+            return tl.inline_asm_elementwise(_A4_BF16_S if SIGNED else _A4_BF16_U, "=r,=r,=r,=r,r", [c],
+                                             (tl.bfloat16, tl.bfloat16), PURE, 4)
         else:
-            if SIGNED:
-                return tl.inline_asm_elementwise(_A4_F16_S, "=r,=r,=r,=r,r", [c], (tl.float16, tl.float16),
-                                                 PURE, 4)
-            else:
-                return tl.inline_asm_elementwise(_A4_F16_U, "=r,=r,=r,=r,r", [c], (tl.float16, tl.float16),
-                                                 PURE, 4)
+            return tl.inline_asm_elementwise(_A4_F16_S if SIGNED else _A4_F16_U, "=r,=r,=r,=r,r", [c],
+                                             (tl.float16, tl.float16), PURE, 4)
     else:
         if SIGNED:
             ci = c.to(tl.int8, bitcast=True)
@@ -112,15 +104,9 @@ def cvt8(c, SIGNED: tl.constexpr, ASM: tl.constexpr, DOT_DTYPE: tl.constexpr, PU
     """8-bit codes (int8 if SIGNED else uint8) as exact DOT_DTYPE values."""
     if ASM:
         if DOT_DTYPE == tl.bfloat16:
-            if SIGNED:
-                return tl.inline_asm_elementwise(_A8_BF16_S, "=r,=r,r", [c], tl.bfloat16, PURE, 4)
-            else:
-                return tl.inline_asm_elementwise(_A8_BF16_U, "=r,=r,r", [c], tl.bfloat16, PURE, 4)
+            return tl.inline_asm_elementwise(_A8_BF16_S if SIGNED else _A8_BF16_U, "=r,=r,r", [c], tl.bfloat16, PURE, 4)
         else:
-            if SIGNED:
-                return tl.inline_asm_elementwise(_A8_F16_S, "=r,=r,r", [c], tl.float16, PURE, 4)
-            else:
-                return tl.inline_asm_elementwise(_A8_F16_U, "=r,=r,r", [c], tl.float16, PURE, 4)
+            return tl.inline_asm_elementwise(_A8_F16_S if SIGNED else _A8_F16_U, "=r,=r,r", [c], tl.float16, PURE, 4)
     else:
         return c.to(DOT_DTYPE)
 
