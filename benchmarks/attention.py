@@ -515,7 +515,7 @@ def _api_chosen() -> dict[str, str]:
     return {b.problem.key(): b.solver.name for b in list(ctx.chosen.values())}
 
 
-def run_api_problem(p, tune5: bool):
+def run_api_problem(p, tune5: bool, bwd_solvers: tuple[str, ...] = BWD_SOLVERS):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import nnprim
@@ -573,7 +573,7 @@ def run_api_problem(p, tune5: bool):
     # solver level: each backward solver forced (the op, no autograd)
     with torch.no_grad():
         o, lse = nnprim.sdpa(q, k, v, causal=causal or None, return_lse=True)
-    for sname in BWD_SOLVERS:
+    for sname in bwd_solvers:
         try:
             def fb(sname=sname):
                 return nnprim.sdpa_backward(do, q.detach(), k.detach(), v.detach(), o, lse,
@@ -601,7 +601,7 @@ def run_api_problem(p, tune5: bool):
                     row["tune_5gemm"][label] = round(2.5 * fl / bench_events(ft, 2, 10) / 1e9, 1)
                 except Exception as e:
                     row["tune_5gemm"][label] = "ERR " + str(e).split("\n")[0][:80]
-    for name in ("nnprim", "solver_flash_bwd", "solver_flash_bwd_atomic", "solver_flash_bwd_ordered"):
+    for name in ("nnprim",) + tuple(f"solver_{s_}" for s_ in bwd_solvers):
         for peer in ("cudnn", "flash"):
             for tag in ("fwd", "bwd_default", "bwd_det"):
                 mine = row["tflops"].get(f"{name}_{tag}" if name == "nnprim" else name)
@@ -620,7 +620,7 @@ def api_main(a, probs):
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     for p in probs:
-        row = run_api_problem(p, a.tune_5gemm)
+        row = run_api_problem(p, a.tune_5gemm, tuple(x for x in a.bwd_solvers.split(",") if x))
         torch.cuda.empty_cache()
         res["rows"].append(row)
         print(f"[{time.time() - t0:.0f}s]", json.dumps(row), flush=True)
@@ -630,8 +630,7 @@ def api_main(a, probs):
     res["min"] = {k_: min((r[k_] for r in res["rows"] if k_ in r), default=None) for k_ in keys}
     json.dump(res, open(out, "w"), indent=1)
     cols = ["nnprim_fwd", "cudnn_fwd", "nnprim_bwd_default", "nnprim_bwd_det", "cudnn_bwd_default",
-            "cudnn_bwd_det", "flash_bwd_default", "solver_flash_bwd", "solver_flash_bwd_atomic",
-            "solver_flash_bwd_ordered"]
+            "cudnn_bwd_det", "flash_bwd_default"] + [f"solver_{s_}" for s_ in a.bwd_solvers.split(",") if s_]
     print(f"{'problem':26s} " + " ".join(f"{c[:14]:>14s}" for c in cols))
     for r in res["rows"]:
         print(f"{r['name']:26s} " + " ".join(f"{r['tflops'].get(c, 0):14.1f}" for c in cols))
@@ -655,6 +654,8 @@ def main():
     ap.add_argument("--bwd-variants", action="store_true")
     ap.add_argument("--api", action="store_true")
     ap.add_argument("--tune-5gemm", action="store_true")
+    ap.add_argument("--bwd-solvers", default=",".join(BWD_SOLVERS),
+                    help="--api: backward solvers forced one by one (solver level), comma-separated names")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     a = ap.parse_args()

@@ -86,7 +86,8 @@ case $STEP in
   fuzz)
     bash benchmarks/fuzz_gpu.sh "$OUT" ;;
   attention)
-    timeout 560 python3 benchmarks/attention.py --api --out "$OUT/attention_api_$D.json" 2>&1 | tail -15 ;;
+    timeout ${ATTN_S:-560} python3 benchmarks/attention.py --api --out "$OUT/attention_api_$D.json" \
+      --bwd-solvers "${BWD_SOLVERS:-flash_bwd,flash_bwd_atomic,flash_bwd_ordered}" 2>&1 | tail -15 ;;
   tune5)
     timeout 560 python3 benchmarks/attention.py --api --tune-5gemm --out "$OUT/attention_api_tune_$D.json" \
       --subset train_d64_s4096,train_d128_s4096_causal,train_d256_s4096,train_d256_s4096_causal 2>&1 | tail -15 ;;

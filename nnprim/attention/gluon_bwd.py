@@ -46,7 +46,10 @@ ROTATE (d128 and solver 129 without causal masking) each head's walk starts at q
 j s of key block j and wraps, so the CTAs of a head add to different dQ blocks. Query rows
 past Sq load as zeros and their lse as +inf (P = 0). Epilogue: dK * scale and dV cast to the
 input dtype, masked stores at Sk. Non-persistent grid (a next step: FA3's persistent
-scheduler).
+scheduler). DQ_WRITER (solver 129's default): a fourth partition, one warp (`_dq_writer`), issues
+the reduce-adds of both column halves; the consumers stage their halves (`_stage_dq`: a
+dq_empty wait for the staging tile, a dq_full arrival) and go on, and with ordered adds the
+writer alone waits for the turns and passes the blocks on (one add per key block).
 
 Covers bf16/f16, D == Dv in {64, 128} (d256 would need 2 x 128 registers of dK/dV
 accumulators per thread and ~260 KB of shared memory: not applicable), GQA/MQA, causal
@@ -77,6 +80,10 @@ ordering piece off 0.89x: the release's fence on the consumers' path is the larg
 release by a warp of its own (tried: a 1-warp partition incrementing the counters after an
 mbarrier arrival per warpgroup and step) hung: a consumer can arrive twice before the warp
 waits once, so the barrier's phase parity aliases; it needs a back-pressure barrier.
+Seventeenth session (2026-12-02, results/gluon_bwd_2026-12-02_s17_call1.json): that warp with
+back-pressure, FA3's dQ writer (DQ_WRITER: the staging tile freed by a dq_empty barrier), takes
+129 from 0.65x to 0.87x cuDNN (d128 0.85-0.96x, d64 0.78-0.85x), 1.06x 127's time; 127 itself
+measured 3 % slower with it (0.88x against 0.91x) and keeps the consumers' own reduce-adds.
 """
 from __future__ import annotations
 
@@ -118,13 +125,14 @@ HOST_FLOOR_MS = 0.06      # three launches and four descriptors per call (126's 
 # results/gluon_bwd_2026-12-01_s9_ordered.json): 1.3-1.4x on causal d128, 1.7-2.0x on non-causal
 # (key block j + 1 trails j by a step on every dQ block), 1.6x geomean; with the rotated walk and
 # the deferred hand-off (2026-12-02, sixteenth session, results/gluon_bwd_2026-12-02_s16_call2.json)
-# 1.2-1.4x at d128, 1.4-1.7x at d64, 1.4x geomean
-ORDERED_COST = 1.4
+# 1.2-1.4x at d128, 1.4-1.7x at d64, 1.4x geomean; with the dQ writer warp (seventeenth session,
+# results/gluon_bwd_2026-12-02_s17_call1.json) 0.97-1.12x, 1.06x geomean
+ORDERED_COST = 1.06
 
 
 def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None, remat: bool = True,
                 tma_dq: bool | None = None, ordered: bool = False, rotate: bool | None = None,
-                defer: bool | None = None) -> dict:
+                defer: bool | None = None, writer: bool | None = None) -> dict:
     """Launch constants for head dim d: STAGES of the (Q, dO) ring (default 3 at d64, 2 at
     d128 as FA3; 3 also fits 227 KB at d128, which benchmarks/gluon_bwd.py times), SPLIT_DQ
     (dQ_partial of all 128 keys split by columns between the warpgroups, FA3's: half the
@@ -144,16 +152,25 @@ def tile_config(d: int, split_dq: bool | None = None, stages: int | None = None,
     Q / dO tiles read by all key blocks at once hit in L2); the plan turns it off where it does
     not apply, `rotation`), DQ_DEFER (`ordered`: a warpgroup waits
     for its reduce-adds to complete and passes the dQ block on at its next step, while that
-    step's last products run (`_dq_handoff`), not at once; default on with `ordered`)."""
-    split = d >= 128 if split_dq is None else split_dq
+    step's last products run (`_dq_handoff`), not at once; default on with `ordered`), DQ_WRITER
+    (FA3's dQ warp: the consumers stage dQ_partial and go on, a 1-warp partition `_dq_writer`
+    issues the reduce-adds and, with `ordered`, waits for the turns and passes the blocks on;
+    needs the TMA reduce-adds and the split dQ, which it implies; DQ_DEFER then off; default on
+    with `ordered` unless split_dq is False: 129 0.65x -> 0.87x cuDNN, seventeenth session)."""
+    if writer is None:
+        writer = ordered and split_dq is not False
+    if writer and split_dq is False:
+        raise ValueError("tile_config: writer=True needs the split dQ (split_dq=True or None)")
+    split = d >= 128 or writer if split_dq is None else split_dq
     stages = stages or (3 if d <= 64 else 2)
     if tma_dq is None:      # the default where this Triton can build the TMA reduce-add
         tma_dq = tma_reduce_add is not None
     mode = 2 if ordered else int(bool(tma_dq))
+    writer = writer and mode != 0
     rotate = ordered or d >= 128 if rotate is None else rotate
-    defer = ordered if defer is None else defer and ordered
+    defer = ordered and not writer if defer is None else defer and ordered and not writer
     return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, SPLIT_DQ=split, REMAT=remat, TMA_DQ=mode,
-                ROTATE=rotate, DQ_DEFER=defer, num_warps=4, maxnreg=168)
+                ROTATE=rotate, DQ_DEFER=defer, DQ_WRITER=writer, num_warps=4, maxnreg=168)
 
 
 # Named tile configs (benchmarks/gluon_bwd.py --configs and benchmarks/diag/gluon_bwd_regs.py
@@ -169,13 +186,18 @@ CONFIGS = {
     "s3": lambda d: tile_config(d, stages=3, tma_dq=False),
     "hoisted": lambda d: tile_config(d, remat=False, tma_dq=False),   # descriptors hoisted (d128 spills)
     "ordered": lambda d: tile_config(d, ordered=True),                 # deterministic: solver 129's
+    # 129 of the sixteenth session: the consumers wait for the turns and pass the blocks on
+    # themselves, a step late (DQ_DEFER), with the split dQ only at d128
+    "ordered_inline": lambda d: tile_config(d, ordered=True, writer=False),
     # 129 before 2026-12-02 (sixteenth session): every CTA from query block 0, the dQ block
     # passed on at once after a wait for its reduce-adds
-    "ordered_fixed": lambda d: tile_config(d, ordered=True, rotate=False, defer=False),
-    "ordered_eager": lambda d: tile_config(d, ordered=True, defer=False),   # rotated, passed on at once
+    "ordered_fixed": lambda d: tile_config(d, ordered=True, rotate=False, defer=False, writer=False),
+    "ordered_eager": lambda d: tile_config(d, ordered=True, defer=False, writer=False),   # rotated, at once
     "rotate": lambda d: tile_config(d, rotate=True),                    # 127 with the rotated walk
     "norotate": lambda d: tile_config(d, rotate=False),
-    "split_ordered": lambda d: tile_config(d, split_dq=True, ordered=True),
+    "split_ordered": lambda d: tile_config(d, split_dq=True, ordered=True, writer=False),
+    # 127 with the reduce-adds in a warp of their own (`_dq_writer`; 129's default)
+    "writer": lambda d: tile_config(d, writer=True),
 }
 
 
@@ -370,7 +392,8 @@ if gluon is not None:
               h, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq, prev, WG: gl.constexpr,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, MASKED: gl.constexpr,
               CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr, TMA_DQ: gl.constexpr,
-              ROTATE: gl.constexpr, DEFER: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr):
+              ROTATE: gl.constexpr, DEFER: gl.constexpr, WRITER: gl.constexpr, s_layout: gl.constexpr,
+              dq_layout: gl.constexpr):
         """One ring stage (query rows start_m.. of head bh, the it-th stage of this CTA) for
         one consumer: the five products, the stage's release, the atomic dQ adds; (dk, dv,
         the dQ block counter that `_dq_handoff` passes on at the next step: prev without ORDERED).
@@ -386,7 +409,7 @@ if gluon is not None:
         indices of the element masks get the same treatment (16 registers otherwise).
         dQ_partial is added unscaled (the cast kernel applies the scale); its adds skip the
         row mask when the query block ends within Sq."""
-        kv_ready, q_ready, q_empty, ds_ready = bars
+        kv_ready, q_ready, q_empty, ds_ready, dq_full, dq_empty = bars
         STAGES: gl.constexpr = q_bufs.type.shape[0]
         dtype: gl.constexpr = q_bufs.dtype
         q2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], dtype)
@@ -442,12 +465,14 @@ if gluon is not None:
             dq_tok = warpgroup_mma(ds_bufs.index(2 * u + 1), kq1, dq_tok, is_async=True)
         else:
             dq_tok = warpgroup_mma(ds_smem, k_smem, zero_dq, use_acc=False, is_async=True)
-        if TMA_DQ == 2 and DEFER:   # the ordered adds' hand-off under the products (`_dq_handoff`)
+        if TMA_DQ == 2 and DEFER and not WRITER:   # the ordered adds' hand-off under the products
             _dq_handoff(SEM, prev, bh, key0 // (2 * KEYS), start_m, Sq, Sk, shift, BLOCK_M, WG, SPLIT_DQ, CAUSAL,
                         ROTATE, gl.num_warps())
         dv, dk, dq = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok, dq_tok))
         mbarrier.arrive(q_empty.index(s), count=1)          # Q_i, dO_i, P, dS no longer read
-        if TMA_DQ:
+        if WRITER:
+            _stage_dq(dq_stage, dq, it, dq_full, dq_empty, WG)
+        elif TMA_DQ:
             prev = _add_dq(dq_desc, dq_stage, dq, b, h, start_m, SEM, bh, Sq, Sk, shift, key0 // (2 * KEYS), prev,
                            WG, SPLIT_DQ, CAUSAL, TMA_DQ == 2, ROTATE, DEFER)
         else:
@@ -550,6 +575,70 @@ if gluon is not None:
         gl.inline_asm_elementwise(_ASM_RELEASE, "=r,l,r", [sem, first], gl.int32, False, 1)
 
     @gluon.jit
+    def _stage_dq(dq_stage, dq, it, dq_full, dq_empty, WG: gl.constexpr):
+        """DQ_WRITER, consumer side: once the writer's reduce-adds of the previous step have read
+        the staging tile (dq_empty; passes at the first step), this warpgroup's dQ column half
+        into its part of the tile (`_add_dq`'s layout), then dq_full (both halves: the writer
+        goes)."""
+        BLOCK_M: gl.constexpr = dq.type.shape[0]
+        DQ_N: gl.constexpr = dq.type.shape[1]
+        flat: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DQ_N], gl.float32)
+        mbarrier.wait(dq_empty, (it & 1) ^ 1)
+        dq_stage._reinterpret(gl.float32, [2, BLOCK_M, DQ_N], flat).index(WG).store(dq)
+        fence_async_shared()
+        gl.thread_barrier()          # every warp's rows are in
+        mbarrier.arrive(dq_full, count=1)
+
+    @gluon.jit
+    def _dq_writer(dq_desc, dq_stage, SEM, dq_full, dq_empty, b, hk, start_n, Hq, Sq, Sk, GROUP, lo, full, m_end, rot,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, ORDERED: gl.constexpr,
+                   ROTATE: gl.constexpr):
+        """DQ_WRITER's 1-warp partition (FA3's dQ writer): per step, in the consumers' walk
+        (the producer's loops), wait until both halves of dQ_partial are staged (dq_full), with
+        ORDERED wait for the key block's turn at the dQ block (`_turn`: one add per key block,
+        both halves at once), issue the reduce-adds of the whole [BLOCK_M, HEAD_D] tile, wait
+        until they have read the staging tile and free it (dq_empty), then with ORDERED wait
+        for them to complete and pass the dQ block on (`_pass_on`). The consumers only wait
+        for the staging tile, one step later; a wait for a turn delays them only when it is
+        longer than a step."""
+        RED: gl.constexpr = dq_stage.type.shape[4]
+        NBOX: gl.constexpr = dq_stage.type.shape[0]
+        lanes: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        zero = gl.full([32], 0, gl.int32, lanes)
+        if CAUSAL == 2:
+            shift = Sk - Sq
+        else:
+            shift = 0
+        j = start_n // BLOCK_N
+        nb = gl.cdiv(Sq, BLOCK_M)
+        it = 0
+        for part in gl.static_range(2):
+            if part == 0:
+                m0, m1 = lo, full
+            else:
+                m0, m1 = full, m_end
+            first = _walk_start(m0, m1, rot, BLOCK_M, ROTATE)
+            for g in range(GROUP):
+                h = hk * GROUP + g
+                start_m = first
+                for _ in range(m0, m1, BLOCK_M):
+                    mbarrier.wait(dq_full, it & 1)
+                    if ORDERED:
+                        sem = SEM + ((b * Hq + h).to(gl.int64) * nb + start_m // BLOCK_M) + zero
+                        turn = _turn(j, start_m, Sq, Sk, shift, BLOCK_M, CAUSAL, ROTATE)
+                        gl.inline_asm_elementwise(_ASM_WAIT, "=r,l,r", [sem, zero + turn], gl.int32, False, 1)
+                    for c in gl.static_range(NBOX):
+                        tma_reduce_add(dq_desc, [b, h, start_m, c * RED], dq_stage.index(c))
+                    tma.store_wait(0)
+                    mbarrier.arrive(dq_empty, count=1)
+                    if ORDERED:
+                        _pass_on(sem)
+                    it += 1
+                    start_m += BLOCK_M
+                    if start_m >= m1:
+                        start_m = m0
+
+    @gluon.jit
     def _turn(j, start_m, Sq, Sk, shift, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, ROTATE: gl.constexpr):
         """Key block j's place in the order of the adds to the dQ block at start_m: the key
         blocks 0..J reaching it (J from the causal shift and Sk) in descending order, J - j;
@@ -587,7 +676,7 @@ if gluon is not None:
                   SEM, DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale, scale, WG: gl.constexpr,
                   HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr,
                   SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr, TMA_DQ: gl.constexpr, ROTATE: gl.constexpr,
-                  DEFER: gl.constexpr, WARPS: gl.constexpr):
+                  DEFER: gl.constexpr, WRITER: gl.constexpr, WARPS: gl.constexpr):
         """Consumer warpgroup WG: keys start_n + WG * KEYS + [0, KEYS). Per ring stage the five
         products (module doc), the stage released once every product reading it has retired,
         then the atomic dQ adds; at the end dK, dV stored. SPLIT_DQ: dQ_partial of all 128 keys,
@@ -642,7 +731,7 @@ if gluon is not None:
             dk, dv, prev = _step(q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
                                  dq_stage, SEM, bh0 + g, b, h0 + g, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale,
                                  dk, dv, zero_s, zero_dq, prev, WG, HEAD_D, BLOCK_M, KEYS, True, CAUSAL, SPLIT_DQ,
-                                 REMAT, TMA_DQ, ROTATE, DEFER, s_layout, dq_layout)
+                                 REMAT, TMA_DQ, ROTATE, DEFER, WRITER, s_layout, dq_layout)
             start_m, g = _next_block(start_m, g, first, lo, full, BLOCK_M, ROTATE)
         g = 0
         first = _walk_start(full, m_end, rot, BLOCK_M, ROTATE)
@@ -651,9 +740,9 @@ if gluon is not None:
             dk, dv, prev = _step(q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, p_smem, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
                                  dq_stage, SEM, bh0 + g, b, h0 + g, start_m, it, key0, offs_dq, Sq, Sk, shift, qk_scale,
                                  dk, dv, zero_s, zero_dq, prev, WG, HEAD_D, BLOCK_M, KEYS, False, CAUSAL, SPLIT_DQ,
-                                 REMAT, TMA_DQ, ROTATE, DEFER, s_layout, dq_layout)
+                                 REMAT, TMA_DQ, ROTATE, DEFER, WRITER, s_layout, dq_layout)
             start_m, g = _next_block(start_m, g, first, full, m_end, BLOCK_M, ROTATE)
-        if TMA_DQ == 2 and DEFER:   # the last step's dQ block passed on
+        if TMA_DQ == 2 and DEFER and not WRITER:   # the last step's dQ block passed on
             lanes: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
             _pass_on(SEM + prev + gl.full([32 * WARPS], 0, gl.int32, lanes))
 
@@ -664,7 +753,7 @@ if gluon is not None:
         out = krows[:, None] * HEAD_D + offs_d[None, :]
         gl.store((DK + base) + out, (dk * scale).to(dtype), mask=kmask)
         gl.store((DV + base) + out, dv.to(dtype), mask=kmask)
-        if TMA_DQ:
+        if TMA_DQ and not WRITER:
             tma.store_wait(0)     # the last reduce-adds have read the staging tile
 
     @gluon.jit(do_not_specialize=["Hq", "Hkv", "Sq", "Sk"])
@@ -672,7 +761,7 @@ if gluon is not None:
                           qk_scale, scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                           STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT_DQ: gl.constexpr, REMAT: gl.constexpr,
                           TMA_DQ: gl.constexpr, ROTATE: gl.constexpr, DQ_DEFER: gl.constexpr,
-                          num_warps: gl.constexpr):
+                          DQ_WRITER: gl.constexpr, num_warps: gl.constexpr):
         """CTA (key block pid 0, b * Hkv + hk pid 1). Descriptors: 4-D [B, H, S, D] views with
         boxes [1, 1, BLOCK_M, D] (Q, dO) and [1, 1, BLOCK_N / 2, D] (K, V), kq_desc K's with
         box [1, 1, BLOCK_N / 2, D / 2] (SPLIT_DQ at D < 128; else k_desc again, unused); lse, delta
@@ -680,8 +769,8 @@ if gluon is not None:
         contiguous; with TMA_DQ, dq_desc: the accumulator's descriptor, box [1, 1, BLOCK_M, 32]
         (else DQA again, unused); SEM: the int32 counters of the ordered adds (TMA_DQ 2; else
         unused; SEM[-1] is a spare counter). Two consumer partitions of num_warps (4) warps,
-        one producer warp; with TMA_DQ 2 CTA pid 0 serves key block n_kv - 1 - pid 0
-        (`_add_dq`). ROTATE, DQ_DEFER: tile_config's."""
+        one producer warp (DQ_WRITER: and the dQ writer warp, `_dq_writer`); with TMA_DQ 2 CTA
+        pid 0 serves key block n_kv - 1 - pid 0 (`_add_dq`). ROTATE, DQ_DEFER: tile_config's."""
         KEYS: gl.constexpr = BLOCK_N // 2
         dtype: gl.constexpr = q_desc.dtype
         pid_bh = gl.program_id(1)
@@ -719,28 +808,50 @@ if gluon is not None:
         q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         q_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        dq_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())   # DQ_WRITER's
+        dq_full, dq_empty = dq_bars.index(0), dq_bars.index(1)
+        mbarrier.init(dq_full, count=2)    # both consumers' halves staged
+        mbarrier.init(dq_empty, count=1)   # the writer's reduce-adds have read the staging tile
         mbarrier.init(kv_ready.index(0), count=1)
         for i in gl.static_range(2):
             mbarrier.init(ds_ready.index(i), count=2)  # both consumers' dS written
         for i in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=2)   # released by both consumers
-        bars = (kv_ready, q_ready, q_empty, ds_ready)
+        bars = (kv_ready, q_ready, q_empty, ds_ready, dq_full, dq_empty)
 
-        gl.warp_specialize([
-            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
-                         dq_stage, SEM, DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale,
-                         scale, 0, HEAD_D, BLOCK_M, KEYS, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ, ROTATE, DQ_DEFER,
-                         num_warps)),
-            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
-                         dq_stage, SEM, DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale,
-                         scale, 1, HEAD_D, BLOCK_M, KEYS, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ, ROTATE, DQ_DEFER,
-                         num_warps)),
-            (_producer, (q_desc, do_desc, k_desc, v_desc, kq_desc, q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, bars, b,
-                         hk, start_n, GROUP, lo, full, m_end, rot, BLOCK_M, KEYS, ROTATE, KQ_COPY)),
-        ], [num_warps, 1], [240, 24])
+        if DQ_WRITER:   # the reduce-adds in a warp of their own (`_dq_writer`)
+            gl.warp_specialize([
+                (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
+                             dq_stage, SEM, DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot,
+                             qk_scale, scale, 0, HEAD_D, BLOCK_M, KEYS, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ, ROTATE,
+                             DQ_DEFER, DQ_WRITER, num_warps)),
+                (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
+                             dq_stage, SEM, DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot,
+                             qk_scale, scale, 1, HEAD_D, BLOCK_M, KEYS, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ, ROTATE,
+                             DQ_DEFER, DQ_WRITER, num_warps)),
+                (_producer, (q_desc, do_desc, k_desc, v_desc, kq_desc, q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, bars, b,
+                             hk, start_n, GROUP, lo, full, m_end, rot, BLOCK_M, KEYS, ROTATE, KQ_COPY)),
+                (_dq_writer, (dq_desc, dq_stage, SEM, dq_full, dq_empty, b, hk, start_n, Hq, Sq, Sk, GROUP, lo,
+                              full, m_end, rot, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ == 2, ROTATE)),
+            ], [num_warps, 1, 1], [240, 24, 24])
+        else:
+            gl.warp_specialize([
+                (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
+                             dq_stage, SEM, DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot,
+                             qk_scale, scale, 0, HEAD_D, BLOCK_M, KEYS, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ, ROTATE,
+                             DQ_DEFER, DQ_WRITER, num_warps)),
+                (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, p_bufs, ds_bufs, bars, LSE, DELTA, DQA, dq_desc,
+                             dq_stage, SEM, DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot,
+                             qk_scale, scale, 1, HEAD_D, BLOCK_M, KEYS, CAUSAL, SPLIT_DQ, REMAT, TMA_DQ, ROTATE,
+                             DQ_DEFER, DQ_WRITER, num_warps)),
+                (_producer, (q_desc, do_desc, k_desc, v_desc, kq_desc, q_bufs, do_bufs, k_bufs, v_bufs, kq_bufs, bars, b,
+                             hk, start_n, GROUP, lo, full, m_end, rot, BLOCK_M, KEYS, ROTATE, KQ_COPY)),
+            ], [num_warps, 1], [240, 24])
 
         mbarrier.invalidate(kv_ready.index(0))
+        mbarrier.invalidate(dq_full)
+        mbarrier.invalidate(dq_empty)
         for i in gl.static_range(2):
             mbarrier.invalidate(ds_ready.index(i))
         for i in gl.static_range(STAGES):
@@ -891,7 +1002,8 @@ class GluonFlashBackward(FlashBase):
 @register
 class GluonFlashBackwardOrdered(GluonFlashBackward):
     """Solver 127 with its dQ reduce-adds in a fixed order per dQ block (semaphores, FA3's
-    deterministic mode; `_add_dq`): bit-identical run to run, chosen when determinism is on."""
+    deterministic mode; `_add_dq`), issued by the dQ writer warp (`_dq_writer`): bit-identical
+    run to run, chosen when determinism is on."""
     id = 129
     name = "gluon_flash_bwd_ordered"
     deterministic = True
