@@ -14,8 +14,11 @@ peers' backward; candidates compile in parallel worker processes first (Triton's
 cache), so one device call covers them all. Writes attention_bwd_d256_<date>.json.
 
 `--api`: through the public API (`nnprim.sdpa` + autograd), the peers (torch SDPA with the
-cuDNN, FLASH_ATTENTION and default backends) in the same run, CUDA events, warm-up,
-median: forward, backward by autograd with nnprim's default choice, and backward with
+cuDNN, FLASH_ATTENTION and default backends) in the same run, each phase's implementations
+interleaved round by round (`--rounds`, device events, a GPU lead covering each run's host
+enqueue, median; until 2026-12-02 each implementation was timed alone, 30 runs with a
+synchronise after each, which moved the same backend by up to 15 % between two of its
+rows): forward, backward by autograd with nnprim's default choice, and backward with
 determinism on (`nnprim.set_deterministic(True)`; the peers under
 `torch.use_deterministic_algorithms(True, warn_only=True)`); the solver-level backward
 forcing each backward solver (111 flash_bwd, 123 flash_bwd_atomic, 124 flash_bwd_ordered,
@@ -515,7 +518,35 @@ def _api_chosen() -> dict[str, str]:
     return {b.problem.key(): b.solver.name for b in list(ctx.chosen.values())}
 
 
-def run_api_problem(p, tune5: bool, bwd_solvers: tuple[str, ...] = BWD_SOLVERS):
+def _timed(fns: dict, rounds: int, row: dict, label: str, work: float) -> None:
+    """Times the callables of `fns` interleaved (nnprim.search.timing.interleaved_samples: one
+    run of each per round, the order rotated and reshuffled, a GPU lead covering each run's
+    host enqueue, device events) and records each median under label.format(name); a
+    callable that raises once is left out and named in row["errors"]."""
+    from nnprim.search.timing import interleaved_samples
+    live = {}
+    for name, f in fns.items():
+        try:
+            f()
+            live[name] = f
+        except Exception as e:  # a backend that does not serve the problem
+            row.setdefault("errors", {})[label.format(name)] = str(e).split("\n")[0][:120]
+    if not live:
+        return
+    names = list(live)
+    for name, ts in zip(names, interleaved_samples([live[n] for n in names], DEV, rounds=rounds, warmup=3)):
+        ts = sorted(ts)
+        ms = ts[len(ts) // 2]
+        row["ms"][label.format(name)] = round(ms, 4)
+        row["tflops"][label.format(name)] = round(work / ms / 1e9, 1)
+
+
+def run_api_problem(p, tune5: bool, bwd_solvers: tuple[str, ...] = BWD_SOLVERS, rounds: int = 20):
+    """One suite problem through the public API: the forward (no grad), the backward by autograd
+    in the default and the deterministic mode, and the backward solvers forced at the op
+    (`nnprim.sdpa_backward(..., solver=)`, timed with the default mode's backward), each phase's
+    implementations (nnprim, torch SDPA on the cuDNN, FLASH_ATTENTION and default backends)
+    interleaved round by round (`_timed`)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import nnprim
@@ -527,10 +558,6 @@ def run_api_problem(p, tune5: bool, bwd_solvers: tuple[str, ...] = BWD_SOLVERS):
     fl = flops_of(p)
     row = dict(name=p["name"], B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, causal=causal, ms={}, tflops={})
 
-    def record(label, ms, work):
-        row["ms"][label] = round(ms, 4)
-        row["tflops"][label] = round(work / ms / 1e9, 1)
-
     impls = {"nnprim": lambda: nnprim.sdpa(q, k, v, causal=causal or None)}
     peers = {"cudnn": [SDPBackend.CUDNN_ATTENTION], "flash": [SDPBackend.FLASH_ATTENTION], "torch_default": None}
     for pname, be in peers.items():
@@ -540,28 +567,44 @@ def run_api_problem(p, tune5: bool, bwd_solvers: tuple[str, ...] = BWD_SOLVERS):
             with sdpa_kernel(be):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=Hq != Hkv)
         impls[pname] = f
+    with torch.no_grad():
+        _timed(impls, rounds, row, "{}_fwd", fl)
+        o, lse = nnprim.sdpa(q, k, v, causal=causal or None, return_lse=True)
+    forced = {}
+    for sname in bwd_solvers:
+        def fb(sname=sname):
+            return nnprim.sdpa_backward(do, q.detach(), k.detach(), v.detach(), o, lse, causal=causal or None,
+                                        solver=sname)
+        try:
+            g1, g2 = fb(), fb()
+            row.setdefault("bit_identical", {})[sname] = all(torch.equal(x, y) for x, y in zip(g1, g2))
+            del g1, g2
+            forced[f"solver_{sname}"] = fb
+        except Exception as e:
+            row.setdefault("errors", {})[f"solver_{sname}"] = str(e).split("\n")[0][:120]
     grads = {}
     for det in (False, True):
         tag = "det" if det else "default"
         nnprim.set_deterministic(det)
         torch.use_deterministic_algorithms(det, warn_only=True)
         try:
+            outs, fns = {}, {}
             for name, f in impls.items():
                 try:
-                    if not det:
-                        with torch.no_grad():
-                            record(f"{name}_fwd", bench_events(f), fl)
-                    out = f()
-                    record(f"{name}_bwd_{tag}", bench_events(
-                        lambda out=out: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)), 2.5 * fl)
-                    grads[(name, tag)] = torch.autograd.grad(out, (q, k, v), do)
-                    del out
-                    if name == "nnprim":  # the choices are cleared when determinism changes
-                        row.setdefault("chosen", {})[tag] = sorted(
-                            s_ for k_, s_ in _api_chosen().items()
-                            if f"b{B}hq{Hq}hkv{Hkv}-sq{Sq}sk{Sk}-d{D}" in k_)
+                    outs[name] = f()
+                    grads[(name, tag)] = torch.autograd.grad(outs[name], (q, k, v), do, retain_graph=True)
                 except Exception as e:  # a backend that does not serve the problem
                     row.setdefault("errors", {})[f"{name}_{tag}"] = str(e).split("\n")[0][:120]
+                    continue
+                fns[f"{name}_bwd_{tag}"] = lambda out=outs[name]: torch.autograd.grad(out, (q, k, v), do,
+                                                                                      retain_graph=True)
+            if not det:
+                fns.update(forced)
+            _timed(fns, rounds, row, "{}", 2.5 * fl)
+            # the choices are cleared when determinism changes
+            row.setdefault("chosen", {})[tag] = sorted(
+                s_ for k_, s_ in _api_chosen().items() if f"b{B}hq{Hq}hkv{Hkv}-sq{Sq}sk{Sk}-d{D}" in k_)
+            del outs, fns
         finally:
             nnprim.set_deterministic(False)
             torch.use_deterministic_algorithms(False)
@@ -570,20 +613,6 @@ def run_api_problem(p, tune5: bool, bwd_solvers: tuple[str, ...] = BWD_SOLVERS):
         row["grad_rel_vs_torch"] = {f"{n}_{t}": [round(rel(x, r), 5) for x, r in zip(g, ref)]
                                     for (n, t), g in grads.items() if n == "nnprim"}
     del grads
-    # solver level: each backward solver forced (the op, no autograd)
-    with torch.no_grad():
-        o, lse = nnprim.sdpa(q, k, v, causal=causal or None, return_lse=True)
-    for sname in bwd_solvers:
-        try:
-            def fb(sname=sname):
-                return nnprim.sdpa_backward(do, q.detach(), k.detach(), v.detach(), o, lse,
-                                            causal=causal or None, solver=sname)
-            g1, g2 = fb(), fb()
-            row.setdefault("bit_identical", {})[sname] = all(torch.equal(x, y) for x, y in zip(g1, g2))
-            del g1, g2
-            record(f"solver_{sname}", bench_events(fb), 2.5 * fl)
-        except Exception as e:
-            row.setdefault("errors", {})[f"solver_{sname}"] = str(e).split("\n")[0][:120]
     if tune5:
         from nnprim.attention import flash_bwd_atomic
         pb = AttentionProblem.from_tensors(q.detach(), k.detach(), v.detach(), causal=causal or None,
@@ -620,7 +649,7 @@ def api_main(a, probs):
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     for p in probs:
-        row = run_api_problem(p, a.tune_5gemm, tuple(x for x in a.bwd_solvers.split(",") if x))
+        row = run_api_problem(p, a.tune_5gemm, tuple(x for x in a.bwd_solvers.split(",") if x), a.rounds)
         torch.cuda.empty_cache()
         res["rows"].append(row)
         print(f"[{time.time() - t0:.0f}s]", json.dumps(row), flush=True)
@@ -654,6 +683,7 @@ def main():
     ap.add_argument("--bwd-variants", action="store_true")
     ap.add_argument("--api", action="store_true")
     ap.add_argument("--tune-5gemm", action="store_true")
+    ap.add_argument("--rounds", type=int, default=20, help="--api: interleaved rounds per phase")
     ap.add_argument("--bwd-solvers", default=",".join(BWD_SOLVERS),
                     help="--api: backward solvers forced one by one (solver level), comma-separated names")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
