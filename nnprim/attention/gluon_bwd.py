@@ -545,7 +545,7 @@ if gluon is not None:
         """Spin (acquire loads) until the dQ block's counter at sem (one pointer per thread;
         zero: int32 zeros in its layout) reaches this warpgroup's turn: key block j's place (`_turn`), two adds per place (one
         per warpgroup; without SPLIT_DQ warpgroup 0 first)."""
-        turn = _turn(j, start_m, Sq, Sk, shift, BLOCK_M, CAUSAL, ROTATE)
+        turn = _turn(j, start_m, Sq, Sk, shift, BLOCK_M, 2 * BLOCK_M, CAUSAL, ROTATE)
         if SPLIT_DQ:
             turn = 2 * turn
         else:
@@ -625,7 +625,7 @@ if gluon is not None:
                     mbarrier.wait(dq_full, it & 1)
                     if ORDERED:
                         sem = SEM + ((b * Hq + h).to(gl.int64) * nb + start_m // BLOCK_M) + zero
-                        turn = _turn(j, start_m, Sq, Sk, shift, BLOCK_M, CAUSAL, ROTATE)
+                        turn = _turn(j, start_m, Sq, Sk, shift, BLOCK_M, BLOCK_N, CAUSAL, ROTATE)
                         gl.inline_asm_elementwise(_ASM_WAIT, "=r,l,r", [sem, zero + turn], gl.int32, False, 1)
                     for c in gl.static_range(NBOX):
                         tma_reduce_add(dq_desc, [b, h, start_m, c * RED], dq_stage.index(c))
@@ -639,16 +639,17 @@ if gluon is not None:
                         start_m = m0
 
     @gluon.jit
-    def _turn(j, start_m, Sq, Sk, shift, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, ROTATE: gl.constexpr):
+    def _turn(j, start_m, Sq, Sk, shift, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+              ROTATE: gl.constexpr):
         """Key block j's place in the order of the adds to the dQ block at start_m: the key
-        blocks 0..J reaching it (J from the causal shift and Sk) in descending order, J - j;
+        blocks 0..J of BLOCK_N keys reaching it (J from the causal shift and Sk) in descending order, J - j;
         with ROTATE (no causal masking, J = n_kv - 1, key block j walking from query block
         j s on, `_rotation`) in the order the walks reach it, block a = min(m // s, J) first:
         a, a - 1, .., 0, J, .., a + 1, i.e. (a - j) mod (J + 1)."""
         hi = Sk
         if CAUSAL != 0:
             hi = gl.minimum(hi, start_m + BLOCK_M + shift)
-        last = gl.cdiv(hi, 2 * BLOCK_M) - 1                      # J (BLOCK_N = 2 BLOCK_M keys)
+        last = gl.cdiv(hi, BLOCK_N) - 1                          # J
         if ROTATE:
             _, s = _rotation(j, last + 1, Sq, BLOCK_M, ROTATE)
             a = gl.minimum(start_m // BLOCK_M // s, last)

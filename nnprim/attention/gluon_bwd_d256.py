@@ -48,11 +48,20 @@ bytes) and, with DQ_RED < 64, the dQ boxes' column slices of K (wgmma B operands
 `aligned` config has neither (64-byte-swizzled P / dS, 64-column boxes) should one of them
 misbehave on the GPU.
 
+The `ordered` config (TMA_DQ 2; not yet a solver: its GPU tests and timing have not run) is
+deterministic, solver 129's scheme at d256: the consumers stage each dQ box in their slot and
+go on (box_full / box_empty barriers per warpgroup), a fourth partition of one warp
+(`_box_writer`) waits for the key block's turn at the dQ block (127's `_turn` with 64-key
+blocks, the CTAs launched in descending key-block order), reduce-adds both warpgroups' boxes
+in a fixed order and passes the block on once they are complete; 127's rotated walk where
+`gluon_bwd.rotation` allows it (no causal mask, n_kv <= query blocks and <= SMs). Offline
+(sm_90): no spills, 4352-5064 SASS instructions (3816-3944 for the default).
+
 Covers bf16/f16, D == Dv == 256, GQA/MQA, causal top-left and bottom-right, any Sq/Sk
 (tails), float scale (inverted or not, any sign), softmax_inf_as_zero (a fully masked row's
 backward is 0 either way); other head dims are 127's / solver 123's, masks, dropout, kv_lens
 and tensor scales solver 123's (gluon_fwd.scope_reasons). Needs Hopper and Gluon as 127.
-Not deterministic (dQ adds in arrival order). Non-persistent grid.
+Not deterministic (dQ adds in arrival order) but for the `ordered` config. Non-persistent grid.
 
 Measured on the H200 (2026-12-01, tenth session; benchmarks/diag/d256_device.sh): 0 spills in
 every causal mode (benchmarks/diag/gluon_bwd_regs.py --dims 256), tests/gpu/test_gluon_bwd_d256_gpu.py
@@ -73,7 +82,21 @@ from ..gluon_support import (
     warpgroup_mma_wait,
 )
 from ..search.solver import register
-from .gluon_bwd import GluonBwdPlan, GluonFlashBackward, _probs, _producer, _query_range, _row_stats, model_ms
+from .gluon_bwd import (
+    _ASM_WAIT,
+    GluonBwdPlan,
+    GluonFlashBackward,
+    _next_block,
+    _pass_on,
+    _probs,
+    _producer,
+    _query_range,
+    _rotation,
+    _row_stats,
+    _turn,
+    _walk_start,
+    model_ms,
+)
 from .gluon_fwd import scope_reasons
 
 HEAD_DIMS = (256,)
@@ -88,7 +111,7 @@ HOST_FLOOR_MS = 0.06      # as 127: three launches and four descriptors per call
 
 
 def tile_config(stages: int = 2, tma_dq: bool | None = None, red: int | None = None, slots: int = 1,
-                ps_swizzle: int = 128) -> dict:
+                ps_swizzle: int = 128, ordered: bool = False) -> dict:
     """Launch constants: STAGES of the (Q, dO) ring, TMA_DQ (1: dQ boxes by TMA reduce-adds
     from DQ_SLOTS staging tiles per warpgroup, the default where this Triton has the reduce-add;
     0: f32 atomics), DQ_RED (columns of a dQ box, a wgmma of N = DQ_RED: 32, a 128-byte f32
@@ -96,12 +119,20 @@ def tile_config(stages: int = 2, tma_dq: bool | None = None, red: int | None = N
     benchmarks/diag/gluon_bwd_regs.py), num_warps of each consumer
     warpgroup and maxnreg (as 127: setmaxnreg gives the consumers 240), PS_SWIZZLE (the P / dS
     tiles' swizzle in bytes: 128, each warpgroup's 32-key half a half swizzle row; 64, whole
-    column blocks)."""
+    column blocks), ordered (TMA_DQ 2, deterministic: the boxes handed to a dQ writer warp,
+    `_box_writer`, which adds each dQ block's boxes in a fixed key-block order, 127's turns;
+    one staging slot per warpgroup; ROTATE: 127's rotated walk where `gluon_bwd.rotation`
+    allows it)."""
+    if ordered:
+        if tma_dq is False or slots != 1:
+            raise ValueError("tile_config: ordered=True needs the TMA reduce-adds and one staging slot")
+        tma_dq = True
     if tma_dq is None:
         tma_dq = tma_reduce_add is not None
     red = red or 32
-    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, TMA_DQ=int(bool(tma_dq)), DQ_RED=red,
-                DQ_SLOTS=slots if tma_dq else 1, PS_SWIZZLE=ps_swizzle, num_warps=4, maxnreg=168)
+    mode = 2 if ordered else int(bool(tma_dq))
+    return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, TMA_DQ=mode, DQ_RED=red,
+                DQ_SLOTS=slots if tma_dq else 1, PS_SWIZZLE=ps_swizzle, ROTATE=ordered, num_warps=4, maxnreg=168)
 
 
 # Named tile configs (benchmarks/gluon_bwd.py --configs256 <name>, timed as g130_<name>;
@@ -113,6 +144,8 @@ CONFIGS = {
     # no shared-memory view that starts inside a 128-byte swizzle row (dQ boxes of whole column
     # blocks of K, P / dS with a 64-byte swizzle): the fallback should a sliced view misbehave
     "aligned": lambda: tile_config(tma_dq=False, red=64, ps_swizzle=64),
+    # deterministic: the boxes added in a fixed key-block order by a writer warp (`_box_writer`)
+    "ordered": lambda: tile_config(ordered=True),
 }
 
 
@@ -128,16 +161,26 @@ def smem_bytes(cfg: dict, d: int = 256) -> int:
 
 if gluon is not None:
     @gluon.jit
-    def _add_box(dq_desc, dq_stage, DQA, dq, b, h, row0, start_m, col, Sq, n: gl.constexpr, WG: gl.constexpr,
-                 HEAD_D: gl.constexpr, TMA_DQ: gl.constexpr, dq_layout: gl.constexpr):
+    def _add_box(dq_desc, dq_stage, DQA, dq, b, h, row0, start_m, col, Sq, kb, box_bars, n: gl.constexpr,
+                 WG: gl.constexpr, HEAD_D: gl.constexpr, TMA_DQ: gl.constexpr, dq_layout: gl.constexpr):
         """dQ[b, h, start_m + rows, col + [0, RED)] += dq (f32 [BLOCK_M, RED]), the warpgroup's
         n-th box of the stage. TMA_DQ: into staging slot n % SLOTS of the warpgroup (once the
         reduce-add SLOTS boxes back has read it; every box count per stage is a multiple of
         SLOTS, so slots follow on across stages), then a TMA reduce-add (127's `_add_dq`, one
-        box); else f32 atomics, masked at Sq on the last query block."""
+        box); TMA_DQ 2: into the warpgroup's slot once the writer has read the previous box from
+        it (box_bars[1]; kb: this box's number in the warpgroup's sequence), then box_bars[0]:
+        the writer (`_box_writer`) adds it; else f32 atomics, masked at Sq on the last query block."""
         BLOCK_M: gl.constexpr = dq.type.shape[0]
         RED: gl.constexpr = dq.type.shape[1]
-        if TMA_DQ:
+        if TMA_DQ == 2:
+            flat2: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, RED], gl.float32)
+            box_full, box_empty = box_bars
+            mbarrier.wait(box_empty.index(WG), (kb & 1) ^ 1)
+            dq_stage.index(WG)._reinterpret(gl.float32, [BLOCK_M, RED], flat2).store(dq)
+            fence_async_shared()
+            gl.thread_barrier()          # every warp's rows are in
+            mbarrier.arrive(box_full.index(WG), count=1)
+        elif TMA_DQ:
             SLOTS: gl.constexpr = dq_stage.type.shape[0] // 2
             flat: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, RED], gl.float32)
             slot = dq_stage.index(WG * SLOTS + n % SLOTS)
@@ -165,7 +208,7 @@ if gluon is not None:
         its columns; (dk, dv). K / V views indexed by it >> 30 (0, not loop-invariant to the
         compiler: 127's REMAT, the wgmma descriptors rebuilt per stage, not hoisted and
         spilled)."""
-        kv_ready, q_ready, q_empty, p_ready, ds_ready, pds_free = bars
+        kv_ready, q_ready, q_empty, p_ready, ds_ready, pds_free, box_full, box_empty = bars
         STAGES: gl.constexpr = q_bufs.type.shape[0]
         dtype: gl.constexpr = q_bufs.dtype
         KEYS: gl.constexpr = BLOCK_N // 2
@@ -216,8 +259,8 @@ if gluon is not None:
             dv, dq = warpgroup_mma_wait(2, deps=(dv_tok, tok))
         else:
             dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, tok))
-        _add_box(dq_desc, dq_stage, DQA, dq, b, h, row0, start_m, WG * COLS, Sq, 0, WG, HEAD_D, TMA_DQ,
-                 dq_layout)
+        _add_box(dq_desc, dq_stage, DQA, dq, b, h, row0, start_m, WG * COLS, Sq, it * NRED, (box_full, box_empty), 0,
+                 WG, HEAD_D, TMA_DQ, dq_layout)
         if NRED > 1:
             dk = warpgroup_mma_wait(1, deps=(dk_tok,))
         else:
@@ -233,18 +276,68 @@ if gluon is not None:
             else:
                 dq = warpgroup_mma_wait(0, deps=(tok,))
                 mbarrier.arrive(pds_free.index(0), count=1)  # this warpgroup's reads of P, dS done
-            _add_box(dq_desc, dq_stage, DQA, dq, b, h, row0, start_m, WG * COLS + n * RED, Sq, n, WG, HEAD_D,
-                     TMA_DQ, dq_layout)
+            _add_box(dq_desc, dq_stage, DQA, dq, b, h, row0, start_m, WG * COLS + n * RED, Sq, it * NRED + n,
+                     (box_full, box_empty), n, WG, HEAD_D, TMA_DQ, dq_layout)
         return dk, dv
 
     @gluon.jit
+    def _box_writer(dq_desc, dq_stage, SEM, box_full, box_empty, b, hk, start_n, Hq, Sq, Sk, GROUP, lo, full, m_end,
+                    rot, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, CAUSAL: gl.constexpr,
+                    ROTATE: gl.constexpr):
+        """Ordered dQ (TMA_DQ 2), the writer warp: per step, in the consumers' walk (the
+        producer's loops), wait for the key block's turn at the dQ block (127's `_turn`, one
+        add per key block), then for each box n of the step and each warpgroup w: wait until
+        the box is staged (box_full[w]), reduce-add it to columns 128 w + n RED; once both
+        boxes n have been read from shared memory, free the slots (box_empty); after the
+        step's last box, wait for the adds to complete and pass the dQ block on (`_pass_on`).
+        Fixed-order f32 sums from zero: bit-identical run to run."""
+        RED: gl.constexpr = dq_stage.type.shape[4]
+        COLS: gl.constexpr = HEAD_D // 2
+        NRED: gl.constexpr = COLS // RED
+        lanes: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        zero = gl.full([32], 0, gl.int32, lanes)
+        if CAUSAL == 2:
+            shift = Sk - Sq
+        else:
+            shift = 0
+        j = start_n // BLOCK_N
+        nb = gl.cdiv(Sq, BLOCK_M)
+        it = 0
+        for part in gl.static_range(2):
+            if part == 0:
+                m0, m1 = lo, full
+            else:
+                m0, m1 = full, m_end
+            first = _walk_start(m0, m1, rot, BLOCK_M, ROTATE)
+            for g in range(GROUP):
+                h = hk * GROUP + g
+                start_m = first
+                for _ in range(m0, m1, BLOCK_M):
+                    sem = SEM + ((b * Hq + h).to(gl.int64) * nb + start_m // BLOCK_M) + zero
+                    turn = _turn(j, start_m, Sq, Sk, shift, BLOCK_M, BLOCK_N, CAUSAL, ROTATE)
+                    gl.inline_asm_elementwise(_ASM_WAIT, "=r,l,r", [sem, zero + turn], gl.int32, False, 1)
+                    for n in gl.static_range(NRED):
+                        kb = it * NRED + n
+                        for w in gl.static_range(2):
+                            mbarrier.wait(box_full.index(w), kb & 1)
+                            tma_reduce_add(dq_desc, [b, h, start_m, w * COLS + n * RED], dq_stage.index(w))
+                        tma.store_wait(0)
+                        mbarrier.arrive(box_empty.index(0), count=1)
+                        mbarrier.arrive(box_empty.index(1), count=1)
+                    _pass_on(sem)
+                    it += 1
+                    start_m += BLOCK_M
+                    if start_m >= m1:
+                        start_m = m0
+
+    @gluon.jit
     def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage, DK, DV,
-                  b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, WG: gl.constexpr,
+                  b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale, scale, WG: gl.constexpr,
                   HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                  TMA_DQ: gl.constexpr, RED: gl.constexpr, WARPS: gl.constexpr):
+                  TMA_DQ: gl.constexpr, RED: gl.constexpr, ROTATE: gl.constexpr, WARPS: gl.constexpr):
         """Consumer warpgroup WG: S / dP of keys start_n + 32 WG + [0, 32), dK / dV / dQ of
-        head-dim columns 128 WG + [0, 128); 127's two flat loops (`_step` per stage), then dK,
-        dV of its columns stored."""
+        head-dim columns 128 WG + [0, 128); 127's two flat loops (`_step` per stage; ROTATE:
+        127's rotated walk, `_walk_start` / `_next_block`), then dK, dV of its columns stored."""
         kv_ready = bars[0]
         dtype: gl.constexpr = q_bufs.dtype
         KEYS: gl.constexpr = BLOCK_N // 2
@@ -272,25 +365,21 @@ if gluon is not None:
         bh0 = (b * Hq + h0).to(gl.int64)
         n_mask = GROUP * ((full - lo) // BLOCK_M)
         g = 0
-        start_m = lo
+        first = _walk_start(lo, full, rot, BLOCK_M, ROTATE)
+        start_m = first
         for it in range(0, n_mask):
             dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
                            b, h0 + g, bh0 + g, start_m, it, key0, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq,
                            WG, HEAD_D, BLOCK_M, BLOCK_N, True, CAUSAL, TMA_DQ, s_layout, dq_layout)
-            start_m += BLOCK_M
-            if start_m >= full:
-                start_m = lo
-                g += 1
+            start_m, g = _next_block(start_m, g, first, lo, full, BLOCK_M, ROTATE)
         g = 0
-        start_m = full
+        first = _walk_start(full, m_end, rot, BLOCK_M, ROTATE)
+        start_m = first
         for it in range(n_mask, n_mask + GROUP * ((m_end - full) // BLOCK_M)):
             dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
                            b, h0 + g, bh0 + g, start_m, it, key0, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq,
                            WG, HEAD_D, BLOCK_M, BLOCK_N, False, CAUSAL, TMA_DQ, s_layout, dq_layout)
-            start_m += BLOCK_M
-            if start_m >= m_end:
-                start_m = full
-                g += 1
+            start_m, g = _next_block(start_m, g, first, full, m_end, BLOCK_M, ROTATE)
 
         # epilogue: dK * scale and dV in the input dtype, this warpgroup's columns, rows past Sk not stored
         krows = gl.arange(0, BLOCK_N, layout=row_a)
@@ -299,7 +388,7 @@ if gluon is not None:
         out = krows[:, None] * HEAD_D + (WG * COLS + gl.arange(0, COLS, layout=col_a))[None, :]
         gl.store((DK + base) + out, (dk * scale).to(dtype), mask=kmask)
         gl.store((DV + base) + out, dv.to(dtype), mask=kmask)
-        if TMA_DQ:
+        if TMA_DQ == 1:
             tma.store_wait(0)     # the last reduce-adds have read the staging tiles
 
     @gluon.jit(do_not_specialize=["Hq", "Hkv", "Sq", "Sk"])
@@ -307,17 +396,23 @@ if gluon is not None:
                                GROUP, qk_scale, scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
                                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                TMA_DQ: gl.constexpr, DQ_RED: gl.constexpr, DQ_SLOTS: gl.constexpr,
-                               PS_SWIZZLE: gl.constexpr, num_warps: gl.constexpr):
+                               PS_SWIZZLE: gl.constexpr, ROTATE: gl.constexpr, num_warps: gl.constexpr):
         """CTA (key block pid 0, b * Hkv + hk pid 1); 127's kernel arguments (SEM, kq_desc unused).
         Descriptors: 4-D [B, H, S, D] views with boxes [1, 1, BLOCK_M, D] (Q, dO) and
         [1, 1, BLOCK_N, D] (K, V); with TMA_DQ, dq_desc: the f32 accumulator's, box
-        [1, 1, BLOCK_M, DQ_RED]."""
+        [1, 1, BLOCK_M, DQ_RED]. TMA_DQ 2 (ordered): SEM the dQ blocks' counters, a fourth
+        partition (`_box_writer`), CTA pid 0 serves key block n_kv - 1 - pid 0 (127's order);
+        ROTATE: 127's rotated walk (the plan sets it where `gluon_bwd.rotation` allows)."""
         dtype: gl.constexpr = q_desc.dtype
         pid_bh = gl.program_id(1)
         b = pid_bh // Hkv
         hk = pid_bh % Hkv
-        start_n = gl.program_id(0) * BLOCK_N
+        if TMA_DQ == 2:
+            start_n = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_N
+        else:
+            start_n = gl.program_id(0) * BLOCK_N
         lo, full, m_end = _query_range(start_n, Sq, Sk, BLOCK_M, BLOCK_N, CAUSAL)
+        rot, _ = _rotation(start_n // BLOCK_N, gl.num_programs(0), Sq, BLOCK_M, ROTATE)
 
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
@@ -326,7 +421,7 @@ if gluon is not None:
         ps_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=PS_SWIZZLE, element_bitwidth=16, rank=2)
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], ps_layout)
         ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], ps_layout)
-        if TMA_DQ:   # per consumer: DQ_SLOTS boxes of the descriptor
+        if TMA_DQ:   # per consumer: DQ_SLOTS boxes of the descriptor (ordered: one)
             dq_stage = gl.allocate_shared_memory(gl.float32, [2 * DQ_SLOTS] + dq_desc.block_type.shape, dq_desc.layout)
         else:
             dq_stage = p_smem     # (unused)
@@ -336,6 +431,11 @@ if gluon is not None:
         p_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         ds_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         pds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        box_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())    # ordered: per consumer
+        box_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(box_full.index(i), count=1)
+            mbarrier.init(box_empty.index(i), count=1)
         mbarrier.init(kv_ready.index(0), count=1)
         mbarrier.init(p_ready.index(0), count=2)     # both consumers' halves written
         mbarrier.init(ds_ready.index(0), count=2)
@@ -343,23 +443,40 @@ if gluon is not None:
         for i in gl.static_range(STAGES):
             mbarrier.init(q_ready.index(i), count=1)
             mbarrier.init(q_empty.index(i), count=2)   # released by both consumers
-        bars = (kv_ready, q_ready, q_empty, p_ready, ds_ready, pds_free)
+        bars = (kv_ready, q_ready, q_empty, p_ready, ds_ready, pds_free, box_full, box_empty)
 
-        gl.warp_specialize([
-            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
-                         DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 0,
-                         HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, num_warps)),
-            (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
-                         DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, qk_scale, scale, 1,
-                         HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, num_warps)),
-            (_producer, (q_desc, do_desc, k_desc, v_desc, k_desc, q_bufs, do_bufs, k_bufs, v_bufs, k_bufs, bars, b,
-                         hk, start_n, GROUP, lo, full, m_end, 0, BLOCK_M, BLOCK_N, False, False)),
-        ], [num_warps, 1], [240, 24])
+        if TMA_DQ == 2:   # ordered: the dQ boxes added by a writer warp (`_box_writer`)
+            gl.warp_specialize([
+                (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
+                             DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale, scale,
+                             0, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, ROTATE, num_warps)),
+                (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
+                             DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale, scale,
+                             1, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, ROTATE, num_warps)),
+                (_producer, (q_desc, do_desc, k_desc, v_desc, k_desc, q_bufs, do_bufs, k_bufs, v_bufs, k_bufs, bars, b,
+                             hk, start_n, GROUP, lo, full, m_end, rot, BLOCK_M, BLOCK_N, ROTATE, False)),
+                (_box_writer, (dq_desc, dq_stage, SEM, box_full, box_empty, b, hk, start_n, Hq, Sq, Sk, GROUP, lo,
+                               full, m_end, rot, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, ROTATE)),
+            ], [num_warps, 1, 1], [240, 24, 24])
+        else:
+            gl.warp_specialize([
+                (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
+                             DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale, scale,
+                             0, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, ROTATE, num_warps)),
+                (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
+                             DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale, scale,
+                             1, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, ROTATE, num_warps)),
+                (_producer, (q_desc, do_desc, k_desc, v_desc, k_desc, q_bufs, do_bufs, k_bufs, v_bufs, k_bufs, bars, b,
+                             hk, start_n, GROUP, lo, full, m_end, rot, BLOCK_M, BLOCK_N, ROTATE, False)),
+            ], [num_warps, 1], [240, 24])
 
         mbarrier.invalidate(kv_ready.index(0))
         mbarrier.invalidate(p_ready.index(0))
         mbarrier.invalidate(ds_ready.index(0))
         mbarrier.invalidate(pds_free.index(0))
+        for i in gl.static_range(2):
+            mbarrier.invalidate(box_full.index(i))
+            mbarrier.invalidate(box_empty.index(i))
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(q_ready.index(i))
             mbarrier.invalidate(q_empty.index(i))

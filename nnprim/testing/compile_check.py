@@ -329,6 +329,10 @@ GLUON_BWD = [  # (split dQ, or a gluon_bwd.CONFIGS name; fields) of solver 127
     ("ordered_eager", dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16)),
     ("ordered_fixed", dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16)),
     ("rotate", dict(B=1, Hq=4, Hkv=2, Sq=333, Sk=300, D=64, Dv=64, dtype=F16)),
+    # solver 129's default puts the ordered adds in a writer warp; the consumers' own ordered adds
+    # (the sixteenth session's 129) and 127 with the writer
+    ("ordered_inline", dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16)),
+    ("writer", dict(B=1, Hq=4, Hkv=2, Sq=333, Sk=300, D=64, Dv=64, dtype=F16, causal="bottom_right")),
 ]
 
 
@@ -360,6 +364,8 @@ GLUON_BWD_D256 = [  # (a gluon_bwd_d256.CONFIGS name; fields) of solver 130 (Glu
     # tests/gpu and benchmarks/diag/gluon_bwd_regs.py --dims 256)
     ("default", dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=256, Dv=256, dtype=BF16, causal="top_left")),
     ("default", dict(B=1, Hq=4, Hkv=2, Sq=333, Sk=300, D=256, Dv=256, dtype=F16, causal="bottom_right")),
+    # deterministic: the ordered adds by the writer warp, with the rotated walk (no causal mask, Sq = Sk)
+    ("ordered", dict(B=1, Hq=4, Hkv=1, Sq=640, Sk=640, D=256, Dv=256, dtype=BF16)),
 ]
 
 

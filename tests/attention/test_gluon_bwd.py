@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import nnprim
-from nnprim.attention import gluon_bwd
+from nnprim.attention import gluon_bwd, gluon_bwd_d256
 from nnprim.problems.attention import AttentionProblem
 from nnprim.search.context import get_solutions
 from nnprim.search.solver import REGISTRY
@@ -106,13 +106,18 @@ def test_tile_configs_fit_hopper_shared_memory_workspace_and_estimate():
     assert gluon_bwd.CONFIGS["ordered"](128)["TMA_DQ"] == 2 and gluon_bwd.tile_config(128)["TMA_DQ"] == 1
 
 
+BLOCKS = [(gluon_bwd.BLOCK_M, gluon_bwd.BLOCK_N), (gluon_bwd_d256.BLOCK_M, gluon_bwd_d256.BLOCK_N)]
+
+
+@pytest.mark.parametrize("blocks", BLOCKS, ids=["d128", "d256"])
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
-def test_ordered_turns_cover_every_dq_block_without_gaps(causal):
-    """Solver 129's turns (`_add_dq`): the key blocks that visit a dQ block (the kernel's
-    [lo, m_end) per key block) are exactly 0..J with J from the same formula, so the turns
-    J - j are 0..J once each (a gap would leave a counter short: a hang); and CTA pid 0 =
-    n_kv - 1 - j waits only on lower pids (earlier CTAs of its head)."""
-    BM, BN = gluon_bwd.BLOCK_M, gluon_bwd.BLOCK_N
+def test_ordered_turns_cover_every_dq_block_without_gaps(causal, blocks):
+    """Solver 129's turns (`_add_dq`, `_turn`) and those of 130's `ordered` config (64-key
+    blocks): the key blocks that visit a dQ block (the kernel's [lo, m_end) per key block) are
+    exactly 0..J with J from the same formula, so the turns J - j are 0..J once each (a gap
+    would leave a counter short: a hang); and CTA pid 0 = n_kv - 1 - j waits only on lower
+    pids (earlier CTAs of its head)."""
+    BM, BN = blocks
     for Sq, Sk in ((1, 1), (64, 64), (300, 333), (333, 300), (1000, 129), (129, 1000), (4096, 4096), (64, 4000)):
         shift = Sk - Sq if causal == "bottom_right" else 0
         m_end = -(-Sq // BM) * BM
@@ -134,18 +139,22 @@ def test_ordered_turns_cover_every_dq_block_without_gaps(causal):
             assert pids == sorted(pids)
 
 
+@pytest.mark.parametrize("blocks", BLOCKS, ids=["d128", "d256"])
 @pytest.mark.parametrize("sq,sk,group", [(4096, 4096, 1), (1024, 1024, 2), (300, 333, 4), (3001, 2999, 4),
                                          (640, 128, 1), (129, 128, 3), (8000, 1000, 1)])
-def test_rotated_walk_turns_follow_the_arrival_order(sq, sk, group):
+def test_rotated_walk_turns_follow_the_arrival_order(sq, sk, group, blocks):
     """Solver 129 without causal masking (ROTATE, `_rotation` / `_turn`): key block j walks the
     query blocks of each head from block j s on, wrapping. The turn the kernel computes for
     each (dQ block, key block) is the rank of that key block's arrival there, so in lock-step
     no CTA waits: each turn arrives at least s steps after the one before it (DQ_DEFER passes
-    a block on one step late, so s >= 1 is what it needs to not wait twice)."""
-    BM, BN = gluon_bwd.BLOCK_M, gluon_bwd.BLOCK_N
+    a block on one step late, so s >= 1 is what it needs to not wait twice). The same for 130's
+    `ordered` config (64-key blocks)."""
+    BM, BN = blocks
     nb, n_kv = -(-sq // BM), -(-sk // BN)
     p = problem(Sq=sq, Sk=sk, Hq=group, Hkv=1)
-    assert gluon_bwd.rotation(p, gluon_bwd.tile_config(128, ordered=True), 132) == (n_kv <= nb)
+    cfg = (gluon_bwd.tile_config(128, ordered=True) if BN == gluon_bwd.BLOCK_N
+           else gluon_bwd_d256.tile_config(ordered=True))
+    assert gluon_bwd.rotation(p, cfg, 132) == (n_kv <= nb)
     if n_kv > nb:
         return
     s = max(nb // n_kv, 1)

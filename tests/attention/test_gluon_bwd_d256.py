@@ -95,6 +95,12 @@ def test_tile_configs_fit_hopper_shared_memory_workspace_and_estimate():
     # the fallback with no shared-memory view starting inside a 128-byte swizzle row
     al = gluon_bwd_d256.CONFIGS["aligned"]()
     assert al["PS_SWIZZLE"] == 64 and al["DQ_RED"] % 64 == 0 and al["TMA_DQ"] == 0
+    # deterministic: the ordered adds through the writer warp, one staging box per warpgroup,
+    # the rotated walk where it applies (gluon_bwd.rotation)
+    od = gluon_bwd_d256.CONFIGS["ordered"]()
+    assert od["TMA_DQ"] == 2 and od["DQ_SLOTS"] == 1 and od["ROTATE"] and not c["ROTATE"]
+    with pytest.raises(ValueError):
+        gluon_bwd_d256.tile_config(ordered=True, slots=2)
     # a full [64, 256] f32 dQ staging tile does not fit next to a 2-stage ring (why dQ is streamed)
     assert gluon_bwd_d256.smem_bytes(dict(c, DQ_RED=128, DQ_SLOTS=1)) > gluon_bwd_d256.SMEM_BYTES
     s = REGISTRY.get("gluon_flash_bwd_d256")

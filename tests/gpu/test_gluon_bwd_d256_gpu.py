@@ -6,7 +6,8 @@ public API. Each variant of gluon_bwd_d256.CONFIGS: `default` (dQ in 32-column b
 reduce-adds through one staging tile per warpgroup), `atomic` (f32 atomics), `red16`
 (16-column boxes, two staging tiles per warpgroup), `aligned` (atomics in 64-column boxes and
 64-byte-swizzled P / dS: no shared-memory view starting inside a 128-byte swizzle row; if only
-it passes, a sliced view is what is wrong).
+it passes, a sliced view is what is wrong), `ordered` (deterministic: the boxes added in a fixed
+key-block order by a writer warp; bit-identical run to run).
 
 As in tests/gpu/test_gluon_bwd_gpu.py (whose setup and same-dtype baseline this module uses):
 a wrong barrier phase shows as a hang, so a smoke run of small problems per variant runs in
@@ -171,6 +172,28 @@ def test_public_api_forced_solver():
     assert torch.equal(runs[0][1], runs[1][1]) and torch.equal(runs[0][2], runs[1][2])
     diff = (runs[0][0].float() - runs[1][0].float()).abs().max().item()
     print(f"gluon_flash_bwd_d256 dq run-to-run max |diff| {diff:.3g}")
+
+
+@pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
+@pytest.mark.parametrize("shape", [(2, 16, 4, 3001, 3100), (1, 4, 1, 2048, 2048)], ids=["gqa_tails", "rotated"])
+def test_ordered_is_bit_identical_run_to_run(shape, causal):
+    """The `ordered` config (dQ boxes added in a fixed key-block order by the writer warp):
+    three runs bit-equal and close to the reference; more CTAs than SMs with GQA and tails (more
+    key blocks than query blocks: every key block from query block 0), and a head whose key
+    blocks walk the query blocks from staggered starts (no causal mask: 32 key blocks of 64 keys
+    on 32 query blocks)."""
+    variant = passed_smoke("ordered")
+    p, a = setup(*shape, 256, causal=causal, seed=5)
+    plan = gluon_bwd_d256.GluonBwdD256Plan(p, gluon_bwd_d256.CONFIGS[variant]())
+    assert plan.cfg["ROTATE"] == (causal is None and shape[4] <= shape[3])
+    runs = [plan(a) for _ in range(3)]
+    torch.cuda.synchronize()
+    for r in runs[1:]:
+        for x, y in zip(runs[0], r):
+            assert torch.equal(x, y)
+    ref = reference_backward(p, a)
+    for gname, x, t, r in zip(("dq", "dk", "dv"), runs[0], theirs(p, a), ref):
+        assert_close(f"ordered {gname}", x, t, r)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
