@@ -2,7 +2,7 @@
 
 For each decode problem of nnprim/data/suites/attention_gpu.json and each KV format (bf16;
 s8/u8; s4/u4 with groups 32/64/128, with and without zero points; fp8 e4m3 per head), with
-V stored rows or keys-contiguous (`quantize_kv(..., role="v")`) for the quantized formats:
+V stored rows or keys-contiguous (`quantize_kv(..., order="keys")`) for the quantized formats:
 - nnprim.sdpa(q, k, v[, causal]) (find decides; the call is repeated until the choice settles),
 - cuDNN SDPA (`sdpa_kernel(SDPBackend.CUDNN_ATTENTION)`) and torch's default SDPA on the bf16 cache,
 timed in one interleaved run with the peers (CUDA events, warm-up, median of --reps rounds;
@@ -96,8 +96,8 @@ def quant(x, fmt, role):
     if dt == "bf16":
         return x
     if dt == "fp8_e4m3":
-        return quantize_kv(x, dt, scale_per=g, role=role)
-    return quantize_kv(x, dt, group_size=g, symmetric=not zp, scale_dtype=torch.bfloat16, role=role)
+        return quantize_kv(x, dt, scale_per=g, order="keys" if role == "v" else None)
+    return quantize_kv(x, dt, group_size=g, symmetric=not zp, scale_dtype=torch.bfloat16, order="keys" if role == "v" else None)
 
 
 def reference(q, k, v, causal, nb=2):

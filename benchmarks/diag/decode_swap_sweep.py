@@ -45,10 +45,10 @@ def quant(x: torch.Tensor, spec: str, role: str | None) -> KVQuant:
     if fmt == "bf16":
         return x
     if fmt == "fp8":
-        return quantize_kv(x, "fp8_e4m3", scale_per="head", role=role)
+        return quantize_kv(x, "fp8_e4m3", scale_per="head", order="keys" if role == "v" else None)
     if g == "head":
-        return quantize_kv(x, fmt, scale_per="head", scale_dtype=torch.bfloat16, role=role)
-    return quantize_kv(x, fmt, group_size=int(g), scale_dtype=torch.bfloat16, role=role)
+        return quantize_kv(x, fmt, scale_per="head", scale_dtype=torch.bfloat16, order="keys" if role == "v" else None)
+    return quantize_kv(x, fmt, group_size=int(g), scale_dtype=torch.bfloat16, order="keys" if role == "v" else None)
 
 
 def nbytes(t) -> int:

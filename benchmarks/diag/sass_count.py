@@ -61,10 +61,10 @@ def count(solver: int, fmt: str, group, zp: bool, role, Sq: int, dtype: torch.dt
     B, Hq, Hkv, Sk, D = 1, 32, 8, 4096, 128
     k, v = torch.randn(B, Hkv, Sk, D), torch.randn(B, Hkv, Sk, D)
     if fmt == "fp8_e4m3":
-        kq, vq = quantize_kv(k, fmt), quantize_kv(v, fmt, role=role)
+        kq, vq = quantize_kv(k, fmt), quantize_kv(v, fmt, order="keys" if role == "v" else None)
     else:
         kw = dict(group_size=group, symmetric=not zp, scale_dtype=torch.bfloat16)
-        kq, vq = quantize_kv(k, fmt, **kw), quantize_kv(v, fmt, role=role, **kw)
+        kq, vq = quantize_kv(k, fmt, **kw), quantize_kv(v, fmt, order="keys" if role == "v" else None, **kw)
     p = AttentionProblem(direction="fwd", device="cuda", B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, Dv=D, dtype=dtype,
                          k_quant=kq.signature(), v_quant=vq.signature())
     mod, kern = ((decode_swap, decode_swap._decode_swap_kernel) if solver == 128

@@ -21,7 +21,7 @@ s4) saved the sub but measured ~10x the error on the H200 (2026-12-01).
 8-bit and fp8 codes convert with Triton's own (short, exact) sequences, OFF = 0.
 4-bit codes are never interleaved: the low nibbles meet the even d of q (V: give the even
 rows of o), the high nibbles the odd ones (layout 1: byte column c holds pair l1_pairs(c)).
-V is read through its strides: stored keys-contiguous (`quantize_kv(..., role="v")`) one
+V is read through its strides: stored keys-contiguous (`quantize_kv(..., order="keys")`) one
 thread's register holds consecutive keys, the A-operand order of C_V^T.
 Per-tensor / per-head scales fold into the softmax scale (K) and the output (V).
 

@@ -80,7 +80,7 @@ def _kv_quant(sig: tuple, shape, device, gen) -> KVQuant:
     if zp is not None:
         mid = {"s8": 0.0, "u8": 128.0, "s4": 0.0, "u4": 8.0}[qdt]
         zps = (mid + torch.randint(-2, 3, kshape[zp], generator=gen)).to(torch.float32)
-    if "keys" in sig[5:]:   # keys-contiguous codes, as quantize_kv(..., role="v") stores them
+    if "keys" in sig[5:]:   # keys-contiguous codes, as quantize_kv(..., order="keys") stores them
         data = data.transpose(-1, -2).contiguous().transpose(-1, -2)
     return KVQuant(data.to(device), scales.to(device), None if zps is None else zps.to(device), qdt,
                    None if group == D else group, layout)

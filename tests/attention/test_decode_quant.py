@@ -274,7 +274,7 @@ def test_v_join_variant(qdt, group):
 def test_fp8_kv(per, Sq):
     """fp8_e4m3 codes with per-head / per-tensor scales (K scale in the softmax scale, V's on o)."""
     q, k, v = make_case(B=2, Hq=4, Hkv=2, Sq=Sq, Sk=29, D=32, dtype=torch.bfloat16)
-    kq, vq = quantize_kv(k, "fp8_e4m3", scale_per=per), quantize_kv(v, "fp8_e4m3", scale_per=per, role="v")
+    kq, vq = quantize_kv(k, "fp8_e4m3", scale_per=per), quantize_kv(v, "fp8_e4m3", scale_per=per, order="keys")
     check(q, kq, vq, causal="bottom_right", kv_lens=torch.tensor([29, 5], dtype=torch.int32))
 
 
@@ -303,10 +303,10 @@ def test_layout1_equals_layout0(qdt, group, zp):
 
 @pytest.mark.parametrize("qdt", ["s8", "u4"])
 def test_keys_contiguous_v_and_per_head(qdt):
-    """role='v' (codes keys-contiguous) and per-head scales / zero points, Sq 4, ragged."""
+    """V codes keys-contiguous (order="keys") and per-head scales / zero points, Sq 4, ragged."""
     q, k, v = make_case(B=2, Hq=4, Hkv=1, Sq=4, Sk=33, D=32, dtype=torch.float16)
     kq = quantize_kv(k, qdt, symmetric=False, scale_per="head")
-    vq = quantize_kv(v, qdt, group_size=16, symmetric=False, role="v")
+    vq = quantize_kv(v, qdt, group_size=16, symmetric=False, order="keys")
     assert vq.data.stride(-2) == 1
     check(q, kq, vq, causal="bottom_right", kv_lens=torch.tensor([33, 9], dtype=torch.int32))
 

@@ -24,8 +24,8 @@ def poison(monkeypatch):
 
 def quant(x, fmt: str, per: str = "head", role=None):
     if fmt == "fp8_e4m3":
-        return quantize_kv(x, fmt, scale_per=per, role=role)
-    return quantize_kv(x, fmt, scale_per=per, symmetric=True, role=role)
+        return quantize_kv(x, fmt, scale_per=per, order="keys" if role == "v" else None)
+    return quantize_kv(x, fmt, scale_per=per, symmetric=True, order="keys" if role == "v" else None)
 
 
 def check(q, k, v, cfg=SMALL, **opts):

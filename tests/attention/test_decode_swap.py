@@ -40,10 +40,10 @@ def rand(B, Hq, Hkv, Sq, Sk, D, dtype, seed=0):
 def quant(x, fmt, role=None, layout=None):
     dt, g, zp = fmt
     if dt == "fp8_e4m3":
-        return quantize_kv(x, dt, scale_per=g, role=role)
+        return quantize_kv(x, dt, scale_per=g, order="keys" if role == "v" else None)
     if g in ("head", "tensor"):
-        return quantize_kv(x, dt, scale_per=g, symmetric=not zp, role=role, layout=layout)
-    return quantize_kv(x, dt, group_size=g, symmetric=not zp, role=role, layout=layout)
+        return quantize_kv(x, dt, scale_per=g, symmetric=not zp, order="keys" if role == "v" else None, layout=layout)
+    return quantize_kv(x, dt, group_size=g, symmetric=not zp, order="keys" if role == "v" else None, layout=layout)
 
 
 def check(q, k, v, cfg=SMALL, **opts):

@@ -1,6 +1,6 @@
 """Quantized / FP8 K/V decode at real sizes on the GPU (issue 14): every KV format (s8, u8, s4,
 u4 with groups 32/64/128 and with / without zero points, fp8 e4m3 per head / per tensor),
-layouts 0 and 1, V rows or keys-contiguous (role="v"), forced solvers 121 / 122 and the
+layouts 0 and 1, V rows or keys-contiguous (order="keys"), forced solvers 121 / 122 and the
 public choice, vs the float64 reference of the dequantised cache. Outputs are poisoned
 (NaN) before each run; the bound is relative to torch's bf16 SDPA error on the same
 dequantised cache (gpu_helpers.assert_close)."""
@@ -32,8 +32,9 @@ def poison(monkeypatch):
 def _quant(x, fmt, layout, role):
     dt, g, zp = fmt
     if dt == "fp8_e4m3":
-        return quantize_kv(x, dt, scale_per=g, layout=layout, role=role)
-    return quantize_kv(x, dt, group_size=g, symmetric=not zp, scale_dtype=torch.bfloat16, layout=layout, role=role)
+        return quantize_kv(x, dt, scale_per=g, layout=layout, order="keys" if role == "v" else None)
+    return quantize_kv(x, dt, group_size=g, symmetric=not zp, scale_dtype=torch.bfloat16, layout=layout,
+                       order="keys" if role == "v" else None)
 
 
 def _ref(q, kq, vq, lens=None, causal=False):
@@ -89,9 +90,9 @@ def test_scaled_codes_real_sizes(fmt, role):
 
     def q8(x, r):
         if fmt == "fp8_e4m3":
-            return quantize_kv(x, fmt, scale_per="head", role=r)
+            return quantize_kv(x, fmt, scale_per="head", order="keys" if r == "v" else None)
         if fmt == "s8":
-            return quantize_kv(x, fmt, scale_per="head", role=r)
+            return quantize_kv(x, fmt, scale_per="head", order="keys" if r == "v" else None)
         from nnprim.quant import KVQuant  # u8, per head, no zero point (non-negative values)
         sc = x.float().amax(dim=(2, 3)) / 255
         codes = (x.float() / sc[:, :, None, None]).round().clamp(0, 255).to(torch.uint8)

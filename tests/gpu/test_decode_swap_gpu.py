@@ -1,6 +1,6 @@
 """Solver 128 (decode_swap_ab_quant, swap-AB) at real sizes on the GPU (issue 14): every KV
 format (s8 / u8, s4 / u4 with groups 32 / 64 / 128 with and without zero points, fp8 e4m3 per
-head / per tensor), layouts 0 and 1, V keys-contiguous (role="v") or rows, bf16 and f16 q,
+head / per tensor), layouts 0 and 1, V keys-contiguous (order="keys") or rows, bf16 and f16 q,
 Sq 1 and 4 causal ragged, paged, forced and through the public choice; against the float64
 attention of the dequantised cache. Outputs are poisoned (NaN) before each run; the bound is
 relative to torch's same-dtype SDPA error on the same cache (gpu_helpers.assert_close), as in
@@ -35,8 +35,9 @@ def poison(monkeypatch):
 def _quant(x, fmt, layout=None, role=None):
     dt, g, zp = fmt
     if dt == "fp8_e4m3":
-        return quantize_kv(x, dt, scale_per=g, role=role)
-    return quantize_kv(x, dt, group_size=g, symmetric=not zp, scale_dtype=torch.bfloat16, layout=layout, role=role)
+        return quantize_kv(x, dt, scale_per=g, order="keys" if role == "v" else None)
+    return quantize_kv(x, dt, group_size=g, symmetric=not zp, scale_dtype=torch.bfloat16, layout=layout,
+                       order="keys" if role == "v" else None)
 
 
 def _slice(kv, n):
