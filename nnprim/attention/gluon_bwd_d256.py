@@ -429,11 +429,15 @@ if gluon is not None:
         p_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         ds_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         pds_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        box_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())    # ordered: per consumer
-        box_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(2):
-            mbarrier.init(box_full.index(i), count=1)
-            mbarrier.init(box_empty.index(i), count=1)
+        if TMA_DQ == 2:   # the writer's barriers, per consumer
+            box_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            box_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            for i in gl.static_range(2):
+                mbarrier.init(box_full.index(i), count=1)
+                mbarrier.init(box_empty.index(i), count=1)
+        else:             # (unused)
+            box_full = pds_free
+            box_empty = pds_free
         mbarrier.init(kv_ready.index(0), count=1)
         mbarrier.init(p_ready.index(0), count=2)     # both consumers' halves written
         mbarrier.init(ds_ready.index(0), count=2)
@@ -472,9 +476,10 @@ if gluon is not None:
         mbarrier.invalidate(p_ready.index(0))
         mbarrier.invalidate(ds_ready.index(0))
         mbarrier.invalidate(pds_free.index(0))
-        for i in gl.static_range(2):
-            mbarrier.invalidate(box_full.index(i))
-            mbarrier.invalidate(box_empty.index(i))
+        if TMA_DQ == 2:
+            for i in gl.static_range(2):
+                mbarrier.invalidate(box_full.index(i))
+                mbarrier.invalidate(box_empty.index(i))
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(q_ready.index(i))
             mbarrier.invalidate(q_empty.index(i))

@@ -65,6 +65,20 @@ def inner_solver(t: ConvProblem) -> Solver:
     return REGISTRY.get(_INNER[-1])
 
 
+def _fill(buf: torch.Tensor, t: torch.Tensor, shape: tuple[int, ...], d0: int) -> None:
+    """buf's first N*Dp*R rows as (N, Dp, R, cols, ch) slices: t's (N, D', H', cols, ch) at
+    slices [d0, d0 + D') and rows [0, H'), zeros elsewhere (the padding slices, the separator
+    rows, the rows past them); each element written once."""
+    N, Dp, R = shape[:3]
+    D, H = t.shape[1], t.shape[2]
+    v = buf[:N * Dp * R].view(shape)
+    v[:, d0:d0 + D, :H] = t
+    v[:, :d0].zero_()
+    v[:, d0 + D:].zero_()
+    v[:, d0:d0 + D, H:].zero_()
+    buf[N * Dp * R:].zero_()
+
+
 class SlicesPlan:
     """Invoker: the tall images, FD launches of the 2-D plan, dW's depth taps filled."""
 
@@ -74,16 +88,16 @@ class SlicesPlan:
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
         p, g = self.p, self.g
-        (D, H, W), (OD, OH, OW) = p.in_size, p.out_size
+        W, OW = p.in_size[2], p.out_size[2]
         FD, pdb, R, Dp, S = p.filter[0], p.pad_before[0], g["R"], g["Dp"], g["S"]
         dev = args.x.device
         # physical NDHWC (channels last) views of x (N, C, D, H, W) and dy (N, K, OD, OH, OW)
         x, dy = args.x.permute(0, 2, 3, 4, 1), args.dy.permute(0, 2, 3, 4, 1)
-        xt = torch.zeros(((S + FD - 1) * R, W, p.C), dtype=p.dtype, device=dev)
-        xt[:S * R].view(p.N, Dp, R, W, p.C)[:, pdb:pdb + D, :H] = x
+        xt = torch.empty(((S + FD - 1) * R, W, p.C), dtype=p.dtype, device=dev)
+        _fill(xt, x, (p.N, Dp, R, W, p.C), pdb)
         rows_out = g["rows_out"]
-        dyt = torch.zeros((max(rows_out, S * R), OW, p.K), dtype=p.dtype, device=dev)
-        dyt[:S * R].view(p.N, Dp, R, OW, p.K)[:, :OD, :OH] = dy
+        dyt = torch.empty((max(rows_out, S * R), OW, p.K), dtype=p.dtype, device=dev)
+        _fill(dyt, dy, (p.N, Dp, R, OW, p.K), 0)
         dy2 = dyt[:rows_out].unsqueeze(0).permute(0, 3, 1, 2)           # (1, K, rows_out, OW), channels last
         if out is None:
             out = empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype, device=dev)
