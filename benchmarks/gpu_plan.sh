@@ -34,9 +34,6 @@
 #              public call, its invoker and torch's, CUDA-graph device time) and host_overhead.py
 #   wgrad      solver 29's schedules on the suite's 3x3 layers (benchmarks/diag/wgrad_tile_probe.py
 #              --stream: split slices against stream-K, cuDNN in the same process)
-#   pending    what the seventeenth session wrote without a GPU: solver 36's GPU test and
-#              benchmarks/diag/conv3d_wgrad_probe.py (3-D backward weights: 36 vs 22 vs cuDNN), then the
-#              deterministic d256 config (d256 step with CONFIGS256=default,ordered)
 set -uo pipefail
 STEP=${1:?usage: bash benchmarks/gpu_plan.sh STEP OUT}
 OUT=${2:?usage: bash benchmarks/gpu_plan.sh STEP OUT}
@@ -65,12 +62,6 @@ case $STEP in
       --solvers ${SOLVERS:-flash_111,ordered_124} --out "$OUT/gluon_bwd_$D.json" 2>&1 | tail -18 ;;
   d256)
     OUT="$OUT" bash benchmarks/diag/d256_device.sh ;;
-  pending)
-    timeout 150 python3 -m pytest -p no:cacheprovider tests/gpu/test_conv_new_gpu.py -k conv3d -q -rf --tb=short \
-      > "$OUT/gpu_tests_conv3d_$D.log" 2>&1
-    tail -3 "$OUT/gpu_tests_conv3d_$D.log"
-    timeout 120 python3 benchmarks/diag/conv3d_wgrad_probe.py --out "$OUT/conv3d_wgrad_$D.json" 2>&1 | tail -4
-    CONFIGS256=default,ordered TEST_S=200 BENCH_S=130 OUT="$OUT" bash benchmarks/diag/d256_device.sh ;;
   refind)
     # find again the system db's problems whose records hold solvers whose kernels changed
     # (SOLVERS, default 127), into the shipped db; copied to OUT

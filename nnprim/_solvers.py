@@ -21,7 +21,6 @@ _MODULES = (
     "nnprim.conv.depthwise",
     "nnprim.conv.depthwise_walk",
     "nnprim.conv.layout_change",
-    "nnprim.conv.conv3d_slices",
     "nnprim.conv.winograd",
     "nnprim.conv.fft",
     "nnprim.conv.stem",

@@ -22,6 +22,8 @@ import torch
 from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from . import alloc
+
 try:  # Gluon's host descriptor (it carries the shared-memory layout) launches the same way
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
     DESCRIPTOR_TYPES: tuple[type, ...] = (TensorDescriptor, GluonTensorDescriptor)
@@ -40,7 +42,7 @@ def ensure_allocator(device: torch.device) -> None:
     installs its own around every call."""
     from triton.runtime import _allocation
     if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        _allocation._allocator.set(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device))
+        _allocation._allocator.set(lambda size, align, stream: alloc.empty((size,), torch.int8, device))
 
 
 def _stream() -> int:

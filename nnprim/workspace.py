@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
+from . import alloc
+
 
 def empty(shape: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
-    return torch.empty(tuple(shape), dtype=dtype, device=device)
+    return alloc.empty(shape, dtype, device)

@@ -1,7 +1,7 @@
 """`workspace_size(problem)` of every GPU solver against what its invoker really allocates
 beyond its outputs, on the CPU (Triton interpreter): conv buffers go through
 nnprim.workspace.empty, decode partials through decode._empty, flash buffers through
-torch.empty in their modules; each is wrapped to record sizes. tests/gpu/test_workspace.py
+nnprim.alloc.empty in their modules; each is wrapped to record sizes. tests/gpu/test_workspace.py
 checks the same against torch.cuda.max_memory_allocated on the GPU (where the flash
 kernels' TMA descriptors add Triton scratch, formula checked here)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nnprim import workspace
+from nnprim import alloc, workspace
 from nnprim.attention import decode, flash_bwd, flash_bwd_atomic, flash_fwd
 from nnprim.conv import direct, im2col_gemm
 from nnprim.problems.attention import AttentionProblem
@@ -31,19 +31,16 @@ def _recorder(monkeypatch, module, attr: str) -> list[int]:
     return sizes
 
 
-class _TorchRecorder:
-    """Stands in for `torch` in one module: records torch.empty sizes, delegates the rest."""
+class _AllocRecorder:
+    """Stands in for `nnprim.alloc` in one module: records the sizes of what it allocates."""
 
     def __init__(self) -> None:
         self.sizes: list[int] = []
 
-    def empty(self, *args, **kwargs):
-        t = torch.empty(*args, **kwargs)
-        self.sizes.append(t.numel() * t.element_size())
+    def empty(self, shape, dtype, device, strides=None):
+        t = alloc.empty(shape, dtype, device, strides)
+        self.sizes.append(t.untyped_storage().nbytes())
         return t
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
 
 
 def _nbytes(outs) -> int:
@@ -142,9 +139,9 @@ def test_attention_workspace_is_what_the_invoker_allocates(monkeypatch, name, op
     if name.startswith("decode"):
         sizes = _recorder(monkeypatch, decode, "_empty")
     else:
-        rec = _TorchRecorder()
+        rec = _AllocRecorder()
         mod = {"flash_fwd": flash_fwd, "flash_bwd": flash_bwd}.get(name, flash_bwd_atomic)
-        monkeypatch.setattr(mod, "torch", rec)
+        monkeypatch.setattr(mod, "alloc", rec)
         sizes = rec.sizes
     outs = s.prepare(p)(args)
     assert sum(sizes) - _nbytes(outs) == s.workspace_size(p), (sizes, _nbytes(outs))

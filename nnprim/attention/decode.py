@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
+from .. import alloc
 from ..args import AttnArgs
 from ..dropout import dropout_keep, dropout_scale, dropout_threshold
 from ..launch import Launch, interpreting
@@ -452,7 +453,7 @@ def workspace_bytes(problem, cfg: DecodeConfig | None = None) -> int:
 
 def _empty(shape, dtype, device) -> torch.Tensor:
     """Every buffer the launcher allocates (tests replace this to poison them)."""
-    return torch.empty(shape, dtype=dtype, device=device)
+    return alloc.empty(shape, dtype, device)
 
 
 def foldable(qs) -> bool:

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
+from .. import alloc
 from ..dropout import dropout_keep
 from ..launch import Launch, ensure_allocator, interpreting
 from ..search.solver import register
@@ -734,16 +735,16 @@ def _buffers(problem, args, out=None) -> dict[str, torch.Tensor]:
     if out is not None:
         dq, dk, dv = out
     else:
-        dq = torch.empty((B, Hq, Sq, problem.D), dtype=q.dtype, device=q.device)
-        dk = torch.empty((B, Hkv, Sk, problem.D), dtype=q.dtype, device=q.device)
-        dv = torch.empty((B, Hkv, Sk, problem.Dv), dtype=q.dtype, device=q.device)
+        dq = alloc.empty((B, Hq, Sq, problem.D), q.dtype, q.device)
+        dk = alloc.empty((B, Hkv, Sk, problem.D), q.dtype, q.device)
+        dv = alloc.empty((B, Hkv, Sk, problem.Dv), q.dtype, q.device)
     lse = args.lse
     if lse.dtype != torch.float32 or not lse.is_contiguous():
         lse = lse.float().contiguous()
     mask, _ = mask_view(problem, args.attn_mask)
     _, scale_t = scale_args(problem, args)
     return dict(q=q, k=args.k, v=args.v, do=args.do, o=args.o, lse=lse, dq=dq, dk=dk, dv=dv,
-                delta=torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device),
+                delta=alloc.empty((B, Hq, Sq), torch.float32, q.device),
                 mask=mask if mask is not None else q, scale=scale_t if scale_t is not None else q,
                 kvl=args.kv_lens if args.kv_lens is not None else q)
 

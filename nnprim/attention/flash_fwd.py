@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
+from .. import alloc
 from ..dropout import dropout_keep, dropout_scale, dropout_threshold
 from ..launch import Launch, aligned16, ensure_allocator, interpreting
 from ..limits import grid_reasons
@@ -444,10 +445,10 @@ def forward_launch(problem, args, *, use_tma: bool | None = None,
     tests pass poisoned buffers (contiguous)."""
     q = args.q
     B, Hq, Sq, Dv = problem.B, problem.Hq, problem.Sq, problem.Dv
-    o = out if out is not None else torch.empty((B, Hq, Sq, Dv), dtype=q.dtype, device=q.device)
+    o = out if out is not None else alloc.empty((B, Hq, Sq, Dv), q.dtype, q.device)
     want_lse = problem.return_lse or lse_out is not None
     lse = lse_out if lse_out is not None else (
-        torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device) if want_lse else None)
+        alloc.empty((B, Hq, Sq), torch.float32, q.device) if want_lse else None)
     if use_tma is None:  # (paged: the block-size condition is checked per config in ForwardPlan)
         use_tma = tma_ok(q, args.k, args.v) and not problem.page_size
     if use_tma:
@@ -513,8 +514,8 @@ class ForwardPlan:
             if len(self.plans) >= 64:
                 self.plans.clear()
             launch = self.plans[key] = self._plan(args)
-        o = torch.empty((p.B, p.Hq, p.Sq, p.Dv), dtype=q.dtype, device=q.device)
-        lse = torch.empty((p.B, p.Hq, p.Sq), dtype=torch.float32, device=q.device) if p.return_lse else None
+        o = alloc.empty((p.B, p.Hq, p.Sq, p.Dv), q.dtype, q.device)
+        lse = alloc.empty((p.B, p.Hq, p.Sq), torch.float32, q.device) if p.return_lse else None
         try:
             launch.run_aligned(*_pointers(p, args, o, lse))
         except OutOfResources:

@@ -92,6 +92,7 @@ import math
 import torch
 import triton
 
+from .. import alloc
 from ..gluon_support import (
     fence_async_shared,
     gl,
@@ -938,15 +939,15 @@ class GluonBwdPlan:
         if out is not None:
             dq, dk, dv = out
         else:
-            dq = torch.empty((p.B, p.Hq, p.Sq, p.D), dtype=q.dtype, device=q.device)
-            dk = torch.empty((p.B, p.Hkv, p.Sk, p.D), dtype=q.dtype, device=q.device)
-            dv = torch.empty((p.B, p.Hkv, p.Sk, p.Dv), dtype=q.dtype, device=q.device)
+            dq = alloc.empty((p.B, p.Hq, p.Sq, p.D), q.dtype, q.device)
+            dk = alloc.empty((p.B, p.Hkv, p.Sk, p.D), q.dtype, q.device)
+            dv = alloc.empty((p.B, p.Hkv, p.Sk, p.Dv), q.dtype, q.device)
         lse = args.lse
         if lse.dtype != torch.float32 or not lse.is_contiguous():
             lse = lse.float().contiguous()
         n_acc, n_rows = p.B * p.Hq * p.Sq * p.D, p.B * p.Hq * p.Sq
         ordered = self.cfg["TMA_DQ"] == 2
-        ws = torch.empty(n_acc + n_rows + (1 + sem_count(p) if ordered else 0), dtype=torch.float32, device=q.device)
+        ws = alloc.empty((n_acc + n_rows + (1 + sem_count(p) if ordered else 0),), torch.float32, q.device)
         dqa, delta = ws[:n_acc], ws[n_acc:n_acc + n_rows]
         sem = ws[n_acc + n_rows + 1:].view(torch.int32) if ordered else dqa   # SEM[-1]: the spare counter
         scale = float(args.effective_scale(p.invert_scale))

@@ -48,14 +48,18 @@ bytes) and, with DQ_RED < 64, the dQ boxes' column slices of K (wgmma B operands
 `aligned` config has neither (64-byte-swizzled P / dS, 64-column boxes) should one of them
 misbehave on the GPU.
 
-The `ordered` config (TMA_DQ 2; not yet a solver: its GPU tests and timing have not run) is
-deterministic, solver 129's scheme at d256: the consumers stage each dQ box in their slot and
-go on (box_full / box_empty barriers per warpgroup), a fourth partition of one warp
-(`_box_writer`) waits for the key block's turn at the dQ block (127's `_turn` with 64-key
-blocks, the CTAs launched in descending key-block order), reduce-adds both warpgroups' boxes
-in a fixed order and passes the block on once they are complete; 127's rotated walk where
-`gluon_bwd.rotation` allows it (no causal mask, n_kv <= query blocks and <= SMs). Offline
-(sm_90): no spills, 4184-4912 SASS instructions (3816-3944 for the default).
+The `ordered` config (TMA_DQ 2; solver 132 `gluon_flash_bwd_d256_ordered`) is deterministic,
+solver 129's scheme at d256: the consumers stage each dQ box in their slot and go on (box_full /
+box_empty barriers per warpgroup), a fourth partition of one warp (`_box_writer`) waits for the
+key block's turn at the dQ block (127's `_turn` with 64-key blocks, the CTAs launched in
+descending key-block order), reduce-adds both warpgroups' boxes in a fixed order and passes the
+block on once they are complete; 127's rotated walk where `gluon_bwd.rotation` allows it (no
+causal mask, n_kv <= query blocks and <= SMs). Offline (sm_90): no spills, 4184-4912 SASS
+instructions (3816-3944 for the default). On the H200 (2026-12-02,
+results/gluon_bwd_d256_2026-12-02_s18.json): 163-305 TFLOP/s on the six d256 train problems, 0.72x
+cuDNN geomean (0.63-0.84x; causal 0.63-0.71x: the descending launch and the turns serialise the
+diagonal blocks), 1.17x the default config's time; solver 111, the deterministic choice before,
+0.49x.
 
 Covers bf16/f16, D == Dv == 256, GQA/MQA, causal top-left and bottom-right, any Sq/Sk
 (tails), float scale (inverted or not, any sign), softmax_inf_as_zero (a fully masked row's
@@ -96,6 +100,7 @@ from .gluon_bwd import (
     _turn,
     _walk_start,
     model_ms,
+    sem_count,
 )
 from .gluon_fwd import scope_reasons
 
@@ -108,6 +113,9 @@ BLOCK_N = 64              # keys per CTA; S / dP: 32 per consumer warpgroup
 # (cuDNN 300-413 in the same run: 0.80-0.90x)
 EFF = 0.42
 HOST_FLOOR_MS = 0.06      # as 127: three launches and four descriptors per call
+# The ordered config's time over the default's (2026-12-02, the six d256 train problems:
+# 1.08x without the causal mask, 1.17-1.35x with it)
+ORDERED_COST = {False: 1.09, True: 1.27}
 
 
 def tile_config(stages: int = 2, tma_dq: bool | None = None, red: int | None = None, slots: int = 1,
@@ -526,3 +534,29 @@ class GluonFlashBackwardD256(GluonFlashBackward):
     def prepare(self, problem):
         return GluonBwdD256Plan(problem)
 
+
+@register
+class GluonFlashBackwardD256Ordered(GluonFlashBackwardD256):
+    """Solver 130 with its dQ boxes added in a fixed key-block order by a writer warp
+    (`_box_writer`, the `ordered` config): bit-identical run to run, chosen when determinism is
+    on (solver 129's scheme at d256)."""
+    id = 132
+    name = "gluon_flash_bwd_d256_ordered"
+    deterministic = True
+
+    def not_supported_reasons(self, problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        if tma_reduce_add is None and not (reasons and reasons[0].startswith("serves")):
+            reasons.append("not applicable: this Triton's Gluon cannot build the TMA reduce-add that the ordered "
+                           "dQ adds use")
+        return reasons
+
+    def workspace_size(self, problem) -> int:
+        """130's, plus the int32 counters of the dQ blocks and a spare."""
+        return super().workspace_size(problem) + 4 * (sem_count(problem) + 1)
+
+    def estimate(self, problem) -> float | None:
+        return super().estimate(problem) * ORDERED_COST[problem.causal is not None]
+
+    def prepare(self, problem):
+        return GluonBwdD256Plan(problem, tile_config(ordered=True))

@@ -61,6 +61,7 @@ import math
 import torch
 import triton
 
+from .. import alloc
 from ..gluon_support import (
     fence_async_shared,
     gl,
@@ -583,10 +584,10 @@ class GluonFwdPlan:
         computed when problem.return_lse or lse_out is given."""
         p = self.p
         q, k, v = args.q, args.k, args.v
-        o = out if out is not None else torch.empty((p.B, p.Hq, p.Sq, p.Dv), dtype=q.dtype, device=q.device)
+        o = out if out is not None else alloc.empty((p.B, p.Hq, p.Sq, p.Dv), q.dtype, q.device)
         want_lse = p.return_lse or lse_out is not None
         lse = lse_out if lse_out is not None else (
-            torch.empty((p.B, p.Hq, p.Sq), dtype=torch.float32, device=q.device) if want_lse else None)
+            alloc.empty((p.B, p.Hq, p.Sq), torch.float32, q.device) if want_lse else None)
         scale = float(args.effective_scale(p.invert_scale))
         launch = self._launch(q.device, scale > 0, lse is not None)
         rest = (lse if lse is not None else o, p.B, p.Hq, p.Sq, p.Sk, p.group, scale * 1.4426950408889634)

@@ -78,6 +78,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from .. import alloc
 from ..args import ConvArgs
 from ..gluon_support import (
     TensorDescriptor,
@@ -689,7 +690,7 @@ class GluonConvPlan:
             xl, wl = (args.dy if self.bwd else args.x), args.w
             xp, wp = xl.data_ptr(), wl.data_ptr()
             if not (xp | wp) & 15 and self._fast_inputs((xl.stride(), wl.stride())):
-                yl = torch.empty_strided(self.out_shape, self.out_strides, dtype=p.dtype, device=xl.device)
+                yl = alloc.empty(self.out_shape, p.dtype, xl.device, self.out_strides)
                 yp = yl.data_ptr()
                 ptrs = self.epi.pointers(args.bias, args.post_ops, yl)
                 addr = self.epi.addresses(ptrs, yp)
@@ -706,10 +707,10 @@ class GluonConvPlan:
         y_phys = out.permute(0, 2, 3, 1) if direct else None
         if self.flat:   # the same memory as one row of N*H*W pixels
             x = x.reshape(self.dx[(0, 0)][0])
-            y = y_phys.reshape(self.y_shape) if direct else torch.empty(self.y_shape, dtype=p.dtype, device=x.device)
+            y = y_phys.reshape(self.y_shape) if direct else alloc.empty(self.y_shape, p.dtype, x.device)
             y_nchw = y.view(out_phys_shape(p)).permute(0, 3, 1, 2)
         else:
-            y = y_phys if direct else torch.empty(self.y_shape, dtype=p.dtype, device=x.device)
+            y = y_phys if direct else alloc.empty(self.y_shape, p.dtype, x.device)
             y_nchw = y.permute(0, 3, 1, 2)
         ptrs = (*self.epi.pointers(args.bias, args.post_ops, y_nchw), self._table(x.device) if self.phased else y)
         if self.planned:   # the descriptors' encoded form is reused per (x, w, y) address

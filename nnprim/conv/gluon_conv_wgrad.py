@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import workspace
+from .. import alloc, workspace
 from ..args import ConvArgs
 from ..gluon_support import (
     contiguous_aligned,
@@ -581,7 +581,7 @@ class GluonWgradPlan:
             dyl, xl = args.dy, args.x
             dp, xp = dyl.data_ptr(), xl.data_ptr()
             if not (dp | xp) & 15 and self._fast_inputs((dyl.stride(), xl.stride())):
-                dw = torch.empty_strided(self.w_shape, self.w_strides, dtype=p.dtype, device=dyl.device)
+                dw = alloc.empty(self.w_shape, p.dtype, dyl.device, self.w_strides)
                 self._run((dp, xp), lambda: self._descs(dyl, xl), dw.data_ptr(), True)
                 return dw
         dy = contiguous_aligned(args.dy.permute(0, 2, 3, 1)).reshape(self.ddy[0])
@@ -593,7 +593,7 @@ class GluonWgradPlan:
         if direct_out:
             dw = out
         else:
-            dw = torch.empty((p.K, *p.filter, p.C // p.groups), dtype=p.dtype, device=dy.device).permute(0, 3, 1, 2)
+            dw = alloc.empty((p.K, *p.filter, p.C // p.groups), p.dtype, dy.device).permute(0, 3, 1, 2)
         self._run((dy.data_ptr(), x.data_ptr()), lambda: (host_descriptor(dy, *self.ddy),
                                                            *four_phase_descs(x, self.dx, self.sh, self.sw,
                                                                              host_descriptor)), dw, False)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import alloc
 from ..errors import BadParameterError
 from .common import check_float_dtype, dtype_name
 
@@ -49,11 +50,12 @@ def to_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
 def empty_in_layout(shape: Sequence[int], layout: str, **kw) -> torch.Tensor:
     """Allocate a logical N,C,*spatial tensor stored in `layout`."""
     shape = tuple(shape)
+    dtype, device = kw.get("dtype", torch.get_default_dtype()), kw.get("device", "cpu")
     if layout == "nchw":
-        return torch.empty(shape, **kw)
+        return alloc.empty(shape, dtype, device)
     phys = (shape[0], *shape[2:], shape[1])
     nd = len(shape)
-    return torch.empty(phys, **kw).permute(0, nd - 1, *range(1, nd - 1))
+    return alloc.empty(phys, dtype, device).permute(0, nd - 1, *range(1, nd - 1))
 
 
 def _tuple(name: str, v: IntOrSeq, nd: int) -> tuple[int, ...]:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import alloc
 from ..errors import BadParameterError, NotSupportedError, NumericsError
 from . import finddb, numerics
 from .find import PerfResult
@@ -117,14 +118,14 @@ class Context:
         if self._allocator is None:
             dev, held = self.device, {}
 
-            def alloc(size: int, align: int, stream):
+            def scratch(size: int, align: int, stream):
                 if torch.cuda.is_current_stream_capturing():
-                    return torch.empty(size, dtype=torch.int8, device=dev)
+                    return alloc.empty((size,), torch.int8, dev)
                 buf = held.get(stream)
                 if buf is None or buf.numel() < size:
-                    buf = held[stream] = torch.empty(max(size, 1 << 16), dtype=torch.int8, device=dev)
+                    buf = held[stream] = alloc.empty((max(size, 1 << 16),), torch.int8, dev)
                 return buf
-            self._allocator = alloc
+            self._allocator = scratch
         return self._allocator
 
     # ---- caches -----------------------------------------------------------------------------
@@ -284,12 +285,12 @@ def _with_triton_runtime(ctx: Context, inv: Invoker) -> Invoker:
     from triton.runtime import _allocation
 
     var = _allocation._allocator
-    alloc = ctx.triton_allocator()
+    scratch = ctx.triton_allocator()
 
     def invoker(args):
-        if var.get() is alloc:
+        if var.get() is scratch:
             return inv(args)
-        token = var.set(alloc)
+        token = var.set(scratch)
         try:
             return inv(args)
         finally:

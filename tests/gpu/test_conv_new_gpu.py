@@ -65,26 +65,3 @@ def test_nchw_via_nhwc(shape, filt, pad):
     assert_close("bwd_data", dx, dx_t, dx_ref)
     dw = nnprim.conv_backward_weights(dy, x, tuple(w.shape), padding=pad, solver="nchw_via_nhwc_bwd_weights")
     assert_close("bwd_weights", dw, dw_t, dw_ref)
-
-
-@pytest.mark.parametrize("shape,K,filt,pad", [((8, 64, 16, 56, 56), 128, 3, 1),      # the suite's c3d_3x3x3
-                                              ((2, 32, 7, 30, 29), 48, 3, 1),
-                                              ((3, 16, 5, 12, 13), 32, 3, ((2, 0), (0, 1), (1, 1)))])
-def test_conv3d_via_2d_bwd_weights(shape, K, filt, pad):
-    """Solver 36: the 3-D weight gradient as one 2-D weight gradient per depth tap over tall
-    images (NDHWC), forced through the public API, against float64 and torch's bf16 error."""
-    torch.manual_seed(0)
-    cl = torch.channels_last_3d
-    C = shape[1]
-    x = torch.randn(shape, device="cuda").to(torch.bfloat16).to(memory_format=cl)
-    w = (torch.randn(K, C, filt, filt, filt, device="cuda") / (3 * C ** 0.5)).to(torch.bfloat16).to(memory_format=cl)
-    pads = [p if isinstance(p, tuple) else (p, p) for p in (pad if isinstance(pad, tuple) else (pad,) * 3)]
-    xp = F.pad(x, [v for p in reversed(pads) for v in p])      # asymmetric padding as an explicit pad
-    y_t = F.conv3d(xp, w)
-    dy = torch.randn_like(y_t).to(memory_format=cl)
-    dw_ref = torch.ops.aten.convolution_backward(dy.double(), xp.double(), w.double(), None, [1] * 3, [0] * 3,
-                                                 [1] * 3, False, [0] * 3, 1, [False, True, False])[1]
-    dw_t = torch.ops.aten.convolution_backward(dy, xp, w, None, [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1,
-                                               [False, True, False])[1]
-    dw = nnprim.conv_backward_weights(dy, x, tuple(w.shape), padding=tuple(pads), solver="conv3d_via_2d_bwd_weights")
-    assert_close("bwd_weights", dw, dw_t, dw_ref)

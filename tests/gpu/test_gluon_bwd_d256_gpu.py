@@ -196,6 +196,36 @@ def test_ordered_is_bit_identical_run_to_run(shape, causal):
         assert_close(f"ordered {gname}", x, t, r)
 
 
+def test_deterministic_solver_through_autograd():
+    """Solver 132 (the `ordered` config as a solver): under torch's deterministic mode autograd
+    chooses a deterministic solver and repeats its gradients bit for bit; 132 forced at the op
+    agrees with the reference and with itself."""
+    passed_smoke("ordered")
+    p, a = setup(2, 8, 2, 777, 1500, 256, causal="bottom_right", seed=13)
+    solver = REGISTRY.get("gluon_flash_bwd_d256_ordered")
+    assert solver.deterministic and not solver.not_supported_reasons(p)
+    forced = [nnprim.sdpa_backward(a.do, a.q, a.k, a.v, a.o, a.lse, causal="bottom_right",
+                                   solver="gluon_flash_bwd_d256_ordered") for _ in range(2)]
+    ref = reference_backward(p, a)
+    for gname, x, t, r in zip(("dq", "dk", "dv"), forced[0], theirs(p, a), ref):
+        assert_close(f"132 {gname}", x, t, r)
+    for x, y in zip(*forced):
+        assert torch.equal(x, y)
+    q, k, v = (t.detach().clone().requires_grad_() for t in (a.q, a.k, a.v))
+    torch.use_deterministic_algorithms(True)
+    try:
+        grads = []
+        for _ in range(2):
+            o = nnprim.sdpa(q, k, v, causal="bottom_right")
+            grads.append(torch.autograd.grad(o, (q, k, v), a.do))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for x, y in zip(*grads):
+        assert torch.equal(x, y)
+    for gname, x, t, r in zip(("dq", "dk", "dv"), grads[0], theirs(p, a), ref):
+        assert_close(f"autograd det {gname}", x, t, r)
+
+
 @pytest.mark.parametrize("name", VARIANTS)
 def test_smoke_in_subprocess(name):
     """Last in the module: under -x a variant that fails its smoke run does not stop the

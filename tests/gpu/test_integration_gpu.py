@@ -179,6 +179,39 @@ def test_cuda_graph_capture_and_replay():
     assert torch.equal(o, eo) and torch.equal(y, ey)
 
 
+def test_cuda_graph_in_deterministic_mode():
+    """Under torch's deterministic mode nnprim allocates its outputs without torch's NaN fill
+    (nnprim/alloc.py, through a storage of the caching allocator): capture still takes them from
+    the graph's pool, replays write every element, and the backward repeats bit for bit."""
+    q, k, v, do = _attn_inputs(22)
+    x, w, b = _conv_inputs(23)
+    torch.use_deterministic_algorithms(True)
+    try:
+        def fn():
+            return nnprim.sdpa(q, k, v, causal=True), nnprim.conv_forward(x, w, b, padding=1)
+
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            o, y = fn()
+        o.fill_(float("nan"))
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        eo, ey = fn()
+        assert torch.equal(o, eo) and torch.equal(y, ey)
+        g1, g2 = (_sdpa_grads(q, k, v, do) for _ in range(2))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for a, c in zip(g1, g2):
+        assert torch.isfinite(a).all() and torch.equal(a, c)
+
+
 def test_cuda_graph_training_step():
     """make_graphed_callables captures forward and backward of a module built on nnprim."""
     torch.manual_seed(1)
