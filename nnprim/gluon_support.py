@@ -1,8 +1,8 @@
 """What the Gluon (Hopper) solvers share: Gluon's import, their applicability gate, the
 unvalidated host TMA descriptor and the TMA bulk reduce-add (`tma_reduce_add`, which Gluon
 3.6 does not wrap; None where this Triton's builder lacks it). The solvers: 126 `gluon_flash_fwd` (attention/gluon_fwd.py),
-127 `gluon_flash_bwd` (attention/gluon_bwd.py), 130 `gluon_flash_bwd_d256` (attention/gluon_bwd_d256.py)
-and 27 `gluon_implicit_gemm_fwd` (conv/gluon_conv.py).
+127 / 129 `gluon_flash_bwd(_ordered)` (attention/gluon_bwd.py), 130 / 132 `gluon_flash_bwd_d256(_ordered)`
+(attention/gluon_bwd_d256.py) and 27 `gluon_implicit_gemm_fwd` (conv/gluon_conv.py).
 
 They are on by default since the whole GPU test suite passed with 126 and 27 on an H200
 (2026-12-01: 281 + 121 tests, results/gpu_tests_gluon_2026-12-01_*.log), and 127's module
