@@ -161,7 +161,7 @@ def main() -> None:
             "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
             "load_avg": os.getloadavg(), "reps": a.reps, "rounds": a.rounds,
             "plan_115": {"tile_elems": cf._TILE_ELEMS, "kv_block": cf._KV_BLOCK},
-            "blocks_117": {"q_block": cfn.Q_BLOCK, "kv_block": cfn.KV_BLOCK}}
+            "blocks_117": {"q_block": cfn.Q_BLOCK, "kv_block": cfn.KV_BLOCK, "kv_block_vnni": cfn.KV_BLOCK_VNNI}}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     log(f"\nwrote {a.out}\n")

@@ -38,6 +38,7 @@ with 115/116.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -434,9 +435,11 @@ void flash_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at
   else
     TORCH_CHECK(false, "flash_fwd: bf16 or f32");
 }
+bool vnni_packs() { return cb::could_pack(at::kBFloat16); }
 }  // namespace
 
 TORCH_LIBRARY(nnprim_cpu_attn, m) {
+  m.def("vnni_packs() -> bool");
   m.def("flash_fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor(b!) lse, float scale, int causal, "
         "bool inf_as_zero, int q_block, int kv_block, bool use_vnni, bool keys_as_rows=False) -> ()");
   m.def("flash_bwd(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor lse, Tensor delta, Tensor(a!) dq, "
@@ -446,6 +449,9 @@ TORCH_LIBRARY_IMPL(nnprim_cpu_attn, CPU, m) {
   m.impl("flash_fwd", &flash_fwd);
   m.impl("flash_bwd", &flash_bwd);
 }
+TORCH_LIBRARY_IMPL(nnprim_cpu_attn, CompositeExplicitAutograd, m) {
+  m.impl("vnni_packs", &vnni_packs);
+}
 """
 
 LIBRARY = NativeLibrary("nnprim_cpu_attn", VNNI_HELPERS + SOURCE, "native CPU flash attention")
@@ -454,6 +460,11 @@ LIBRARY = NativeLibrary("nnprim_cpu_attn", VNNI_HELPERS + SOURCE, "native CPU fl
 # noise (benchmarks/attention_cpu.py, 2026-12-01)
 Q_BLOCK = 128
 KV_BLOCK = 1024
+# bf16 with K / V in VNNI blocks (AMX): 256 keys per step, the 128 x 256 score tile and its bf16
+# P next to the head's packed K / V in a core's 2 MB L2. Against 1024 on the AMX machine
+# (2026-12-02, 2 threads, torch's SDPA interleaved, S1024 D64 / S2048 D128): 0.81-0.89x ->
+# 0.86-0.97x torch in three runs; f32 keeps 1024 (1.02-1.11x vs 1.00-1.03x with 256)
+KV_BLOCK_VNNI = 256
 SHORT_Q = 64        # query rows per head up to which the forward reads K / V in place (keys_as_rows)
 BWD_Q_BLOCK = 64    # backward: a 64 x 256 tile of S, dP, P^T, dS^T per step
 BWD_KV_BLOCK = 256
@@ -493,6 +504,13 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.
     return torch.empty(shape, dtype=dtype)
 
 
+@functools.cache
+def vnni_packs(ops) -> bool:
+    """Whether oneDNN's bf16 brgemm takes VNNI-packed B operands on this CPU (AMX): the forward
+    then packs K / V (one answer per library handle: it is the CPU's)."""
+    return bool(ops.vnni_packs())
+
+
 def keys_as_rows(problem: AttentionProblem) -> bool:
     """Few query rows per head (decode, short chunks): S^T = K Q^T with K and V read where they
     lie, instead of packing (VNNI) or transposing all of K and V per call for GEMMs that
@@ -500,10 +518,11 @@ def keys_as_rows(problem: AttentionProblem) -> bool:
     return problem.Sq <= SHORT_Q
 
 
-def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLOCK, kv_block: int = KV_BLOCK,
+def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLOCK, kv_block: int | None = None,
             vnni: bool = True, by_keys: bool | None = None):
     """(o in q's dtype, lse f32) of one call. vnni=False: the plain-layout bf16 path that CPUs
-    without AMX take (tests run it everywhere); by_keys: `keys_as_rows` (None: as it decides)."""
+    without AMX take (tests run it everywhere); by_keys: `keys_as_rows` (None: as it decides);
+    kv_block None: KV_BLOCK_VNNI where K / V are packed in VNNI blocks, else KV_BLOCK."""
     scale = float(args.effective_scale(problem.invert_scale))
     q, k, v = (_last_dim_contiguous(t) for t in (args.q, args.k, args.v))
     k = _even_rows(k)       # the VNNI packing reads K rows as 32-bit words (pairs of d)
@@ -512,6 +531,9 @@ def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLO
     o = _empty((problem.B, problem.Hq, problem.Sq, problem.Dv), q.dtype)
     lse = _empty((problem.B, problem.Hq, problem.Sq))
     by_keys = keys_as_rows(problem) if by_keys is None else by_keys
+    if kv_block is None:
+        packs = vnni and not by_keys and problem.dtype == torch.bfloat16 and vnni_packs(ops)
+        kv_block = KV_BLOCK_VNNI if packs else KV_BLOCK
     ops.flash_fwd(q, k, v, o, lse, scale, _CAUSAL[problem.causal], problem.inf_as_zero, q_block, kv_block, vnni,
                   by_keys)
     return o, lse

@@ -20,7 +20,8 @@ from nnprim.search.solver import REGISTRY
 
 pytestmark = pytest.mark.skipif(cfn.LIBRARY.ops() is None, reason="no C++ compiler: solver 117 is not applicable")
 TOL = {torch.float32: 2e-6, torch.bfloat16: 1e-2}
-BLOCKS = [(cfn.Q_BLOCK, cfn.KV_BLOCK), (7, 64)]
+# the default (KV_BLOCK_VNNI keys where K / V are packed, else KV_BLOCK), both explicitly, tiny tiles
+BLOCKS = [(cfn.Q_BLOCK, None), (cfn.Q_BLOCK, cfn.KV_BLOCK), (cfn.Q_BLOCK, cfn.KV_BLOCK_VNNI), (7, 64)]
 # bf16 B operands in VNNI blocks (AMX CPUs), plain (the path of CPUs without AMX), and K / V
 # read in place with S^T = K Q^T (few query rows: cfn.keys_as_rows)
 LAYOUTS = ["vnni", "plain", "keys"]
@@ -58,7 +59,7 @@ def rnd(*shape, dtype, seed):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("blocks", BLOCKS, ids=["default", "tiny"])
+@pytest.mark.parametrize("blocks", BLOCKS, ids=["default", "k1024", "k256", "tiny"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
 @pytest.mark.parametrize("shape", [(1, 4, 2, 70, 130, 64, 64), (2, 6, 1, 131, 67, 32, 48),
