@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -25,11 +26,20 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def _fill_to_skip(device) -> bool:
+    """torch would fill a real tensor here: deterministic mode with the fill on, outside a
+    Python dispatch mode (the ops' fake impls run under torch.compile's FakeTensorMode, whose
+    tensors have no storage to set and no memory to fill) and off the meta device."""
+    if not (torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory):
+        return False
+    return torch.device(device).type != "meta" and _current_dispatch_mode() is None
+
+
 def empty(shape: Sequence[int], dtype: torch.dtype, device, strides: Sequence[int] | None = None) -> torch.Tensor:
     """An uninitialised tensor (contiguous, or with `strides`) that torch's deterministic mode
     does not fill."""
     shape = tuple(shape)
-    if not (torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory):
+    if not _fill_to_skip(device):
         if strides is None:
             return torch.empty(shape, dtype=dtype, device=device)
         return torch.empty_strided(shape, tuple(strides), dtype=dtype, device=device)

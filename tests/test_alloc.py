@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.profiler import ProfilerActivity, profile
 
 from nnprim import alloc
@@ -42,3 +43,13 @@ def test_no_fill_in_deterministic_mode(mode):
     assert not _filled_shapes(lambda: alloc.empty((64, 64), torch.float32, "cpu"))
     # torch's own empty fills here: what alloc.empty avoids
     assert bool(_filled_shapes(lambda: torch.empty((64, 64)))) == mode
+
+
+def test_fake_and_meta_tensors(mode):
+    """Under FakeTensorMode (the ops' fake impls under torch.compile) and on the meta device:
+    torch.empty's tensors, no storage set."""
+    with FakeTensorMode():
+        t = alloc.empty((3, 4), torch.bfloat16, "cpu", (1, 3))
+        assert isinstance(t, FakeTensor) and t.shape == (3, 4) and t.stride() == (1, 3)
+    m = alloc.empty((5, 2), torch.float32, "meta")
+    assert m.is_meta and m.shape == (5, 2)

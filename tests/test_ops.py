@@ -112,7 +112,18 @@ def test_op_autograd_equals_eager_autograd():
         assert torch.allclose(a, c, rtol=1e-5, atol=1e-6)
 
 
-def test_torch_compile_fullgraph_forward_backward():
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_torch_compile_fullgraph_forward_backward(deterministic):
+    """Also under torch's deterministic mode, where nnprim.alloc allocates without torch's fill
+    in the real impls and hands back to torch.empty in the fake ones (FakeTensorMode)."""
+    torch.use_deterministic_algorithms(deterministic)
+    try:
+        _compile_fullgraph_forward_backward()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def _compile_fullgraph_forward_backward():
     x, w, b = _conv_tensors()
     q, k, v = torch.randn(2, 4, 9, 16), torch.randn(2, 2, 9, 16), torch.randn(2, 2, 9, 16)
 

@@ -1001,13 +1001,10 @@ class GluonFlashBackward(FlashBase):
         return GluonBwdPlan(problem)
 
 
-@register
-class GluonFlashBackwardOrdered(GluonFlashBackward):
-    """Solver 127 with its dQ reduce-adds in a fixed order per dQ block (semaphores, FA3's
-    deterministic mode; `_add_dq`), issued by the dQ writer warp (`_dq_writer`): bit-identical
-    run to run, chosen when determinism is on."""
-    id = 129
-    name = "gluon_flash_bwd_ordered"
+class OrderedDq:
+    """What the ordered (deterministic) variants of the Gluon backward solvers add to theirs
+    (mixed in before it: 129 over 127, 132 over 130): the TMA reduce-add the ordered dQ adds
+    need, and the int32 counters of the dQ blocks (and a spare) in the workspace."""
     deterministic = True
 
     def not_supported_reasons(self, problem) -> list[str]:
@@ -1018,8 +1015,16 @@ class GluonFlashBackwardOrdered(GluonFlashBackward):
         return reasons
 
     def workspace_size(self, problem) -> int:
-        """127's, plus the int32 counters of the dQ blocks and a spare."""
         return super().workspace_size(problem) + 4 * (sem_count(problem) + 1)
+
+
+@register
+class GluonFlashBackwardOrdered(OrderedDq, GluonFlashBackward):
+    """Solver 127 with its dQ reduce-adds in a fixed order per dQ block (semaphores, FA3's
+    deterministic mode; `_add_dq`), issued by the dQ writer warp (`_dq_writer`): bit-identical
+    run to run, chosen when determinism is on."""
+    id = 129
+    name = "gluon_flash_bwd_ordered"
 
     def estimate(self, problem) -> float | None:
         return model_ms(problem) * ORDERED_COST

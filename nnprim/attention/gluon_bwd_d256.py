@@ -90,6 +90,7 @@ from .gluon_bwd import (
     _ASM_WAIT,
     GluonBwdPlan,
     GluonFlashBackward,
+    OrderedDq,
     _next_block,
     _pass_on,
     _probs,
@@ -100,7 +101,6 @@ from .gluon_bwd import (
     _turn,
     _walk_start,
     model_ms,
-    sem_count,
 )
 from .gluon_fwd import scope_reasons
 
@@ -536,24 +536,12 @@ class GluonFlashBackwardD256(GluonFlashBackward):
 
 
 @register
-class GluonFlashBackwardD256Ordered(GluonFlashBackwardD256):
+class GluonFlashBackwardD256Ordered(OrderedDq, GluonFlashBackwardD256):
     """Solver 130 with its dQ boxes added in a fixed key-block order by a writer warp
     (`_box_writer`, the `ordered` config): bit-identical run to run, chosen when determinism is
     on (solver 129's scheme at d256)."""
     id = 132
     name = "gluon_flash_bwd_d256_ordered"
-    deterministic = True
-
-    def not_supported_reasons(self, problem) -> list[str]:
-        reasons = super().not_supported_reasons(problem)
-        if tma_reduce_add is None and not (reasons and reasons[0].startswith("serves")):
-            reasons.append("not applicable: this Triton's Gluon cannot build the TMA reduce-add that the ordered "
-                           "dQ adds use")
-        return reasons
-
-    def workspace_size(self, problem) -> int:
-        """130's, plus the int32 counters of the dQ blocks and a spare."""
-        return super().workspace_size(problem) + 4 * (sem_count(problem) + 1)
 
     def estimate(self, problem) -> float | None:
         return super().estimate(problem) * ORDERED_COST[problem.causal is not None]

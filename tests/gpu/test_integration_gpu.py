@@ -153,13 +153,8 @@ def test_torch_compile_functional():
 
 
 # ---- CUDA graphs ---------------------------------------------------------------------------
-def test_cuda_graph_capture_and_replay():
-    q, k, v, _ = _attn_inputs(15)
-    x, w, b = _conv_inputs(16)
-
-    def fn():
-        return nnprim.sdpa(q, k, v, causal=True), nnprim.conv_forward(x, w, b, padding=1)
-
+def _captured(fn):
+    """(graph, outputs) of fn captured after three warm-up calls on a side stream."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -168,7 +163,18 @@ def test_cuda_graph_capture_and_replay():
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        o, y = fn()
+        out = fn()
+    return graph, out
+
+
+def test_cuda_graph_capture_and_replay():
+    q, k, v, _ = _attn_inputs(15)
+    x, w, b = _conv_inputs(16)
+
+    def fn():
+        return nnprim.sdpa(q, k, v, causal=True), nnprim.conv_forward(x, w, b, padding=1)
+
+    graph, (o, y) = _captured(fn)
     q2, k2, v2, _ = _attn_inputs(17)
     x2, w2, b2 = _conv_inputs(18)
     for dst, src in ((q, q2), (k, k2), (v, v2), (x, x2), (w, w2), (b, b2)):
@@ -190,15 +196,7 @@ def test_cuda_graph_in_deterministic_mode():
         def fn():
             return nnprim.sdpa(q, k, v, causal=True), nnprim.conv_forward(x, w, b, padding=1)
 
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            o, y = fn()
+        graph, (o, y) = _captured(fn)
         o.fill_(float("nan"))
         y.fill_(float("nan"))
         graph.replay()
