@@ -43,6 +43,7 @@ import math
 
 import torch
 
+from .. import alloc
 from ..args import AttnArgs
 from ..native import VNNI_HELPERS, NativeLibrary
 from ..problems.attention import AttentionProblem
@@ -500,8 +501,9 @@ def _even_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def _empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The kernels' outputs (tests poison them: every element must be written)."""
-    return torch.empty(shape, dtype=dtype)
+    """The kernels' outputs (tests poison them: every element must be written), without torch's
+    deterministic-mode fill (nnprim.alloc)."""
+    return alloc.empty(shape, dtype, "cpu")
 
 
 @functools.cache
