@@ -1,4 +1,4 @@
-"""Output and scratch allocation of the GPU invokers.
+"""Output and scratch allocation of the invokers (GPU, and the CPU attention kernels).
 
 Under `torch.use_deterministic_algorithms(True)` torch fills every `torch.empty` with NaN (or
 the integer maximum) so that a kernel reading uninitialised memory shows
@@ -15,7 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
+
+try:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode as _current_dispatch_mode
+except ImportError:  # a torch without it: FakeTensorMode (torch.compile's) is the mode that matters
+    def _current_dispatch_mode():
+        return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
 
 
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
