@@ -3,6 +3,14 @@ A module whose import fails (e.g. a missing optional dependency) is logged and s
 import importlib
 import logging
 
+from .search.solver import REGISTRY, Placeholder
+
+# Retired solvers: their ids and names stay taken (find-db records and `solver=` arguments
+# name them; a forced one explains itself as retired)
+_RETIRED = (
+    (36, "conv3d_via_2d_bwd_weights", "conv", "implicit_gemm"),   # slower than 22 everywhere (2026-12-02)
+)
+
 _MODULES = (
     "nnprim.conv.reference",
     "nnprim.conv.cpu_gemm",
@@ -42,6 +50,9 @@ _MODULES = (
 
 
 def load_all() -> None:
+    for id_, name, primitive, family in _RETIRED:
+        if REGISTRY.find_id(id_) is None:
+            REGISTRY.add(Placeholder(id_, name, primitive, family))
     for name in _MODULES:
         try:
             importlib.import_module(name)

@@ -542,6 +542,7 @@ class GluonFlashBackwardD256Ordered(OrderedDq, GluonFlashBackwardD256):
     on (solver 129's scheme at d256)."""
     id = 132
     name = "gluon_flash_bwd_d256_ordered"
+    priced_as = 130
 
     def estimate(self, problem) -> float | None:
         return super().estimate(problem) * ORDERED_COST[problem.causal is not None]

@@ -18,7 +18,12 @@ timed s ("ok") each give log(measured / estimate) of their problem; their mean w
 (it decides only when every neighbour is far). So a neighbour informs about what the
 estimate misses, not about raw time, and the estimate carries the size scaling.
 A solver with no record in the group has no prediction: `place` then ranks it by its
-estimate, calibrated against the predicted solvers and penalised (UNKNOWN_PENALTY).
+estimate, calibrated against the predicted solvers and penalised (UNKNOWN_PENALTY), unless it
+is a variant priced as another solver (`Solver.priced_as`: the ordered-dQ 129 / 132 as 127 /
+130): that one's prediction times the ratio of their estimates. Records older than their
+solver's `revised` time are left out (the kernel they timed is gone: 129's were 1.4-1.6x 127's,
+the dQ writer made it 1.06x; priced as 127 instead, its predictions came within 4.9 % geomean
+of 13 times measured on the H200 on 2026-12-02).
 
 `leave_one_out(records)` validates: each recorded problem ranked from the other problems'
 records as immediate mode would; rank accuracy (the pick is the measured best) and the
@@ -172,10 +177,12 @@ class Prediction:
     base_ms: float = 0.0      # the solver's own estimate (or the roofline) the correction scales
     confidence: float = 1.0   # share of the correction from the neighbours (the rest: the solver's mean)
     shared: float = 0.0       # share of the correction taken from the other solvers' (predict_many)
+    priced_as: int | None = None   # the solver whose records the correction came from (Solver.priced_as)
 
     def why(self) -> str:
         also = f", {self.shared:.0%} from the other solvers' correction" if self.shared >= 0.005 else ""
-        return (f"base {self.base_ms:.4g} ms x correction from {self.neighbours} nearest records "
+        whose = f" of solver {self.priced_as}" if self.priced_as is not None else ""
+        return (f"base {self.base_ms:.4g} ms x correction from {self.neighbours} nearest records{whose} "
                 f"({self.confidence:.0%}{also}), nearest {self.nearest_key} at distance {self.nearest_distance:.2f}")
 
 
@@ -218,8 +225,13 @@ class Model:
         self.tables: dict[tuple[str, int], _Table] = {}
         best: dict[tuple[str, int], float] = {}
         feats: dict[str, Features | None] = {}
+        revised = _revision_times()
+        self.stale = 0     # records older than their solver's revision, left out
         for r in records:
             if r.status != "ok" or r.time_ms is None or not r.time_ms > 0:
+                continue
+            if r.timestamp < revised.get(r.solver_id, 0.0):
+                self.stale += 1
                 continue
             key = r.problem_key.split("|")[0]
             if key not in feats:
@@ -275,7 +287,7 @@ class Model:
         out: dict[int, Prediction | None] = {}
         for sid, got in raws.items():
             if got is None:
-                out[sid] = None
+                out[sid] = self._priced_as(key, sid, f, problem, exclude, raws)
                 continue
             pred, raw, trust = got
             others = [(g[2], g[1]) for o, g in raws.items() if o != sid and g is not None]  # (trust, correction)
@@ -287,6 +299,23 @@ class Model:
             corr = trust * raw + shared * common
             out[sid] = replace(pred, time_ms=pred.base_ms * math.exp(corr), shared=shared)
         return out
+
+    def _priced_as(self, key: str, solver_id: int, f: Features | None, problem, exclude,
+                   raws: dict) -> Prediction | None:
+        """A solver without records of its own, priced as the solver it declares `priced_as`
+        (a variant of it: the ordered dQ of 127 / 130): that one's prediction times the ratio
+        of their bases (their estimates), e.g. 129 = 127's prediction x ORDERED_COST."""
+        from .solver import REGISTRY
+        s = REGISTRY.find_id(solver_id)
+        base_id = getattr(s, "priced_as", None)
+        if base_id is None or f is None:
+            return None
+        got = raws.get(base_id) or self._raw(key, base_id, feats=f, problem=problem, exclude=exclude)
+        own = base_ms(key, solver_id, f, problem)
+        if got is None or own is None:
+            return None
+        pred, raw, trust = got
+        return replace(pred, time_ms=own * math.exp(raw * trust), base_ms=own, priced_as=base_id)
 
     def _raw(self, key: str, solver_id: int, *, exclude_key: str | None = None,
              feats: Features | None = None, problem=None, exclude=None) -> tuple[Prediction, float, float] | None:
@@ -323,6 +352,12 @@ class Model:
         nearest = int(np.argmin(d))
         return (Prediction(base * math.exp(corr * trust), len(idx), tab.keys[nearest], float(d[nearest]), base,
                            wsum / (wsum + PRIOR_WEIGHT)), corr, trust)
+
+
+def _revision_times() -> dict[int, float]:
+    """Solver id -> when it was last revised (Solver.revised), for the solvers that say."""
+    from .solver import REGISTRY
+    return {s.id: s.revised_at() for s in REGISTRY.all() if s.revised}
 
 
 # ---- the model of the current dbs -----------------------------------------------------------

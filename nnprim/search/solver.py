@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import Any, ClassVar
 
 import torch
@@ -41,6 +42,19 @@ class Solver:
     long_compile: ClassVar[bool] = False          # dynamic_hybrid skips these on a db miss
     deterministic: ClassVar[bool] = True
     paged: ClassVar[bool] = False                 # attention: serves page-pool K/V (block_table)
+    # When the solver's kernel last changed enough to move its time (UTC, ISO 8601): find-db
+    # records older than this no longer describe it, and the learned model leaves them out
+    revised: ClassVar[str | None] = None
+    # A solver whose learned prediction, times the ratio of the two solvers' estimates, prices
+    # this one where it has no records of its own (a variant of that solver: 129 of 127)
+    priced_as: ClassVar[int | None] = None
+
+    @classmethod
+    def revised_at(cls) -> float:
+        """`revised` as a POSIX timestamp (0: never revised)."""
+        if not cls.revised:
+            return 0.0
+        return datetime.fromisoformat(cls.revised.replace("Z", "+00:00")).timestamp()
 
     def not_supported_reasons(self, problem) -> list[str]:
         """Why this solver cannot run `problem` (empty list = applicable). Subclasses

@@ -193,3 +193,31 @@ def test_predict_many_lends_a_far_solver_the_others_correction():
     assert both[20].time_ms == m.predict(key, 20).time_ms and both[20].shared == 0.0
     assert both[30].shared > 0.3 and both[30].time_ms > 1.3 * alone.time_ms
     assert "other solvers' correction" in both[30].why()
+
+
+def test_revised_solvers_records_are_left_out_and_variants_priced_as_their_base():
+    """129 (127 with ordered dQ adds) was revised after its records were made: they no longer
+    describe it and the model leaves them out; 129 is then priced as 127 (Solver.priced_as):
+    127's prediction times the ratio of their estimates (ORDERED_COST)."""
+    from nnprim.search.solver import REGISTRY
+    s127, s129 = REGISTRY.get(127), REGISTRY.get(129)
+    assert s129.priced_as == 127 and s129.revised_at() > 0 and s127.revised_at() == 0.0
+
+    def bwd(b, s, causal=None):
+        q, kv = torch.empty(b, 16, s, 128), torch.empty(b, 4, s, 128)
+        return AttentionProblem.from_tensors(q.bfloat16(), kv.bfloat16(), kv.bfloat16(), causal=causal,
+                                             direction="bwd").key().replace("-cpu-", "-cuda-")
+
+    keys = [bwd(b, s) for b, s in ((1, 2048), (2, 4096), (4, 1024))]
+    recs = [_rec(k, 127, 1.3 * learned.base_ms(k, 127)) for k in keys]
+    recs += [_rec(k, 129, 2.0 * learned.base_ms(k, 127)) for k in keys]    # made before the revision
+    m = learned.Model(recs)
+    assert m.stale == len(keys)
+    key = bwd(2, 2048)
+    preds = m.predict_many(key, [129, 111])
+    base = m.predict(key, 127)
+    ratio = learned.base_ms(key, 129) / learned.base_ms(key, 127)
+    assert preds[111] is None and preds[129].priced_as == 127
+    assert math.isclose(preds[129].time_ms, base.time_ms * ratio, rel_tol=1e-9)
+    assert "records of solver 127" in preds[129].why()
+    assert m.predict(key, 129) is None   # alone (predict): its own records only

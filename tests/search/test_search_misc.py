@@ -251,3 +251,15 @@ def test_gluon_flash_fwd_host_floor_is_flash_fwds():
     problem's estimates sit at the same floor (the learned model's records decide between them)."""
     from nnprim.attention import flash_fwd, gluon_fwd
     assert gluon_fwd.HOST_FLOOR_MS == flash_fwd.HOST_FLOOR_MS
+
+
+def test_retired_solver_keeps_its_id_and_explains_itself(clean):
+    """A removed solver leaves a Placeholder: its id and name stay taken, it serves nothing and
+    forcing it says it is retired."""
+    from nnprim.search.solver import REGISTRY, Placeholder
+    s = REGISTRY.get(36)
+    assert isinstance(s, Placeholder) and REGISTRY.get("conv3d_via_2d_bwd_weights") is s
+    assert all(x.id != 36 for x in REGISTRY.all())
+    x, dy = torch.randn(1, 4, 5, 5), torch.randn(1, 4, 3, 3)
+    with pytest.raises(nnprim.NotSupportedError, match="retired"):
+        nnprim.conv_backward_weights(dy, x, (4, 4, 3, 3), solver="conv3d_via_2d_bwd_weights")
