@@ -324,6 +324,14 @@ if gluon is not None:
                         start_m = m0
 
     @gluon.jit
+    def _causal_shift(Sq, Sk, CAUSAL: gl.constexpr):
+        """Key index minus query index on the causal diagonal: Sk - Sq bottom-right, else 0."""
+        if CAUSAL == 2:
+            return Sk - Sq
+        else:
+            return 0
+
+    @gluon.jit
     def _walk_start(m0, m1, rot, BLOCK_M: gl.constexpr, ROTATE: gl.constexpr):
         """The first query block of the walk over [m0, m1): block rot of the range with
         ROTATE (modulo its length), else m0."""
@@ -348,10 +356,7 @@ if gluon is not None:
         """(lo, full, m_end) of the key block [start_n, start_n + BLOCK_N): the query blocks
         [lo, m_end) see a key of it, [lo, full) need element masks (the causal diagonal; every
         block when the key block ends past Sk). Shared with 130 (gluon_bwd_d256)."""
-        if CAUSAL == 2:
-            shift = Sk - Sq
-        else:
-            shift = 0
+        shift = _causal_shift(Sq, Sk, CAUSAL)
         m_end = gl.cdiv(Sq, BLOCK_M) * BLOCK_M
         if CAUSAL != 0:
             lo = (gl.maximum(start_n - shift, 0) // BLOCK_M) * BLOCK_M
@@ -606,10 +611,7 @@ if gluon is not None:
         NBOX: gl.constexpr = dq_stage.type.shape[0]
         lanes: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         zero = gl.full([32], 0, gl.int32, lanes)
-        if CAUSAL == 2:
-            shift = Sk - Sq
-        else:
-            shift = 0
+        shift = _causal_shift(Sq, Sk, CAUSAL)
         j = start_n // BLOCK_N
         nb = gl.cdiv(Sq, BLOCK_M)
         it = 0
@@ -694,10 +696,7 @@ if gluon is not None:
                                                              instr_shape=[16, HEAD_D, 16])
         row_a: gl.constexpr = gl.SliceLayout(1, acc_layout)
         col_a: gl.constexpr = gl.SliceLayout(0, acc_layout)
-        if CAUSAL == 2:
-            shift = Sk - Sq
-        else:
-            shift = 0
+        shift = _causal_shift(Sq, Sk, CAUSAL)
         key0 = start_n + WG * KEYS
         offs_d = gl.arange(0, HEAD_D, layout=col_a)
         if SPLIT_DQ:

@@ -91,6 +91,7 @@ from .gluon_bwd import (
     GluonBwdPlan,
     GluonFlashBackward,
     OrderedDq,
+    _causal_shift,
     _next_block,
     _pass_on,
     _probs,
@@ -304,10 +305,7 @@ if gluon is not None:
         NRED: gl.constexpr = COLS // RED
         lanes: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         zero = gl.full([32], 0, gl.int32, lanes)
-        if CAUSAL == 2:
-            shift = Sk - Sq
-        else:
-            shift = 0
+        shift = _causal_shift(Sq, Sk, CAUSAL)
         j = start_n // BLOCK_N
         nb = gl.cdiv(Sq, BLOCK_M)
         it = 0
@@ -356,10 +354,7 @@ if gluon is not None:
                                                             instr_shape=[16, RED, 16])
         row_a: gl.constexpr = gl.SliceLayout(1, acc_layout)
         col_a: gl.constexpr = gl.SliceLayout(0, acc_layout)
-        if CAUSAL == 2:
-            shift = Sk - Sq
-        else:
-            shift = 0
+        shift = _causal_shift(Sq, Sk, CAUSAL)
         key0 = start_n + WG * KEYS
         dk = gl.zeros([BLOCK_N, COLS], gl.float32, acc_layout)
         dv = gl.zeros([BLOCK_N, COLS], gl.float32, acc_layout)

@@ -37,6 +37,13 @@ def assert_close(name: str, ours: torch.Tensor, theirs: torch.Tensor, ref: torch
     assert e_ours <= bound, f"{name}: error {e_ours:.3g} > {bound:.3g} (torch's {e_torch:.3g})"
 
 
+def assert_bit_identical(runs, name: str = "") -> None:
+    """Every run's tensors equal the first run's, bit for bit (a deterministic path)."""
+    for i, run in enumerate(runs[1:], 1):
+        for j, (x, y) in enumerate(zip(runs[0], run)):
+            assert torch.equal(x, y), f"{name} output {j}: run {i} differs from run 0"
+
+
 def no_reference(device: torch.device | str = "cuda") -> None:
     """No problem on this device ended at the float64 reference (a defect on the GPU)."""
     ctx = context(torch.device(device))

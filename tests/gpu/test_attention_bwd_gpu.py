@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from gpu_helpers import assert_close, chosen_solvers
+from gpu_helpers import assert_bit_identical, assert_close, chosen_solvers
 
 import nnprim
 from nnprim.args import AttnArgs
@@ -116,5 +116,4 @@ def test_deterministic_mode_chooses_deterministic_solver_and_repeats():
     bwd = [s for key, s in chosen.items() if key.startswith("attn-bwd")]
     assert bwd and "flash_bwd_atomic" not in bwd, chosen
     assert all(REGISTRY.get(s).deterministic for s in bwd), chosen
-    for x, y in zip(*grads):
-        assert torch.equal(x, y)
+    assert_bit_identical(grads)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_helpers import GLUON_MODULE_MARKS, assert_close
+from gpu_helpers import GLUON_MODULE_MARKS, assert_bit_identical, assert_close
 from test_gluon_bwd_gpu import setup, theirs
 
 import nnprim
@@ -188,9 +188,7 @@ def test_ordered_is_bit_identical_run_to_run(shape, causal):
     assert plan.cfg["ROTATE"] == (causal is None and shape[4] <= shape[3])
     runs = [plan(a) for _ in range(3)]
     torch.cuda.synchronize()
-    for r in runs[1:]:
-        for x, y in zip(runs[0], r):
-            assert torch.equal(x, y)
+    assert_bit_identical(runs)
     ref = reference_backward(p, a)
     for gname, x, t, r in zip(("dq", "dk", "dv"), runs[0], theirs(p, a), ref):
         assert_close(f"ordered {gname}", x, t, r)
@@ -209,8 +207,7 @@ def test_deterministic_solver_through_autograd():
     ref = reference_backward(p, a)
     for gname, x, t, r in zip(("dq", "dk", "dv"), forced[0], theirs(p, a), ref):
         assert_close(f"132 {gname}", x, t, r)
-    for x, y in zip(*forced):
-        assert torch.equal(x, y)
+    assert_bit_identical(forced)
     q, k, v = (t.detach().clone().requires_grad_() for t in (a.q, a.k, a.v))
     torch.use_deterministic_algorithms(True)
     try:
@@ -220,8 +217,7 @@ def test_deterministic_solver_through_autograd():
             grads.append(torch.autograd.grad(o, (q, k, v), a.do))
     finally:
         torch.use_deterministic_algorithms(False)
-    for x, y in zip(*grads):
-        assert torch.equal(x, y)
+    assert_bit_identical(grads)
     for gname, x, t, r in zip(("dq", "dk", "dv"), grads[0], theirs(p, a), ref):
         assert_close(f"autograd det {gname}", x, t, r)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from gpu_helpers import GLUON_MODULE_MARKS, assert_close
+from gpu_helpers import GLUON_MODULE_MARKS, assert_bit_identical, assert_close
 
 import nnprim
 from nnprim.args import AttnArgs
@@ -223,9 +223,7 @@ def test_ordered_is_bit_identical_run_to_run(D, causal, writer):
     plan = gluon_bwd.GluonBwdPlan(p, config(D, variant))
     runs = [plan(a) for _ in range(3)]
     torch.cuda.synchronize()
-    for r in runs[1:]:
-        for x, y in zip(runs[0], r):
-            assert torch.equal(x, y)
+    assert_bit_identical(runs)
     ref = reference_backward(p, a)
     for gname, x, t, r in zip(("dq", "dk", "dv"), runs[0], theirs(p, a), ref):
         assert_close(f"ordered {gname}", x, t, r)
@@ -244,7 +242,5 @@ def test_deterministic_mode_chooses_a_deterministic_solver():
                                        solver="gluon_flash_bwd_ordered") for _ in range(2)]
     finally:
         torch.use_deterministic_algorithms(False)
-    for x, y in zip(*runs):
-        assert torch.equal(x, y)
-    for x, y in zip(*forced):
-        assert torch.equal(x, y)
+    assert_bit_identical(runs)
+    assert_bit_identical(forced)
