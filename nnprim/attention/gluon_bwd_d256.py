@@ -92,6 +92,7 @@ from .gluon_bwd import (
     GluonFlashBackward,
     OrderedDq,
     _causal_shift,
+    _cta_block,
     _next_block,
     _pass_on,
     _probs,
@@ -114,13 +115,13 @@ BLOCK_N = 64              # keys per CTA; S / dP: 32 per consumer warpgroup
 # (cuDNN 300-413 in the same run: 0.80-0.90x)
 EFF = 0.42
 HOST_FLOOR_MS = 0.06      # as 127: three launches and four descriptors per call
-# The ordered config's time over the default's (2026-12-02, the six d256 train problems:
-# 1.08x without the causal mask, 1.17-1.35x with it)
-ORDERED_COST = {False: 1.09, True: 1.27}
+# The ordered config's time over the default's (2026-12-02, nineteenth session, dK after the
+# last dQ box: 1.04x on train_d256_s4096, 1.14-1.34x with the causal mask)
+ORDERED_COST = {False: 1.06, True: 1.25}
 
 
 def tile_config(stages: int = 2, tma_dq: bool | None = None, red: int | None = None, slots: int = 1,
-                ps_swizzle: int = 128, ordered: bool = False) -> dict:
+                ps_swizzle: int = 128, ordered: bool = False, turns: bool = True, dk_after: int | None = None) -> dict:
     """Launch constants: STAGES of the (Q, dO) ring, TMA_DQ (1: dQ boxes by TMA reduce-adds
     from DQ_SLOTS staging tiles per warpgroup, the default where this Triton has the reduce-add;
     0: f32 atomics), DQ_RED (columns of a dQ box, a wgmma of N = DQ_RED: 32, a 128-byte f32
@@ -131,7 +132,10 @@ def tile_config(stages: int = 2, tma_dq: bool | None = None, red: int | None = N
     column blocks), ordered (TMA_DQ 2, deterministic: the boxes handed to a dQ writer warp,
     `_box_writer`, which adds each dQ block's boxes in a fixed key-block order, 127's turns;
     one staging slot per warpgroup; ROTATE: 127's rotated walk where `gluon_bwd.rotation`
-    allows it)."""
+    allows it; turns=False: the writer adds the boxes as they come, not deterministic, the
+    writer's cost without the waits for turns), DK_AFTER (dK's wgmma issued after that dQ box's:
+    0 overlaps box 0's add with dK; later hands the writer the step's last box sooner: the
+    default with `ordered`, the last box, 1-4 % faster than 0 on the H200, 2026-12-02)."""
     if ordered:
         if tma_dq is False or slots != 1:
             raise ValueError("tile_config: ordered=True needs the TMA reduce-adds and one staging slot")
@@ -140,8 +144,13 @@ def tile_config(stages: int = 2, tma_dq: bool | None = None, red: int | None = N
         tma_dq = tma_reduce_add is not None
     red = red or 32
     mode = 2 if ordered else int(bool(tma_dq))
+    if dk_after is None:
+        dk_after = 128 // red - 1 if ordered else 0
+    if not 0 <= dk_after < 128 // red:
+        raise ValueError(f"tile_config: dk_after={dk_after} is not a dQ box (0..{128 // red - 1})")
     return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, TMA_DQ=mode, DQ_RED=red,
-                DQ_SLOTS=slots if tma_dq else 1, PS_SWIZZLE=ps_swizzle, ROTATE=ordered, num_warps=4, maxnreg=168)
+                DQ_SLOTS=slots if tma_dq else 1, PS_SWIZZLE=ps_swizzle, ROTATE=ordered and turns,
+                DK_AFTER=dk_after, TURNS=ordered and turns, num_warps=4, maxnreg=168)
 
 
 # Named tile configs (benchmarks/gluon_bwd.py --configs256 <name>, timed as g130_<name>;
@@ -155,6 +164,10 @@ CONFIGS = {
     "aligned": lambda: tile_config(tma_dq=False, red=64, ps_swizzle=64),
     # deterministic: the boxes added in a fixed key-block order by a writer warp (`_box_writer`)
     "ordered": lambda: tile_config(ordered=True),
+    # 132 before 2026-12-02's nineteenth session: dK issued after the first dQ box
+    "ordered_dk0": lambda: tile_config(ordered=True, dk_after=0),
+    # the writer warp without turns (not deterministic): what the waits for turns cost
+    "writer": lambda: tile_config(ordered=True, turns=False),
 }
 
 
@@ -210,7 +223,8 @@ if gluon is not None:
     def _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage, b, h, bh,
               start_m, it, key0, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq, WG: gl.constexpr,
               HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, MASKED: gl.constexpr,
-              CAUSAL: gl.constexpr, TMA_DQ: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr):
+              CAUSAL: gl.constexpr, TMA_DQ: gl.constexpr, DK_AFTER: gl.constexpr, s_layout: gl.constexpr,
+              dq_layout: gl.constexpr):
         """One ring stage (query rows start_m.. of head bh, the it-th stage of this CTA) for
         consumer WG: S and dP of its 32 keys (key0 = the first), P and dS of them into the
         shared buffers, then (both halves in) dV and dK of its 128 columns and the dQ boxes of
@@ -258,41 +272,50 @@ if gluon is not None:
         mbarrier.wait(p_ready.index(0), it & 1)              # both halves of P
         dv_tok = warpgroup_mma(p_smem.permute((1, 0)), do_smem.slice(WG * COLS, COLS, dim=1), dv, is_async=True)
         mbarrier.wait(ds_ready.index(0), it & 1)             # both halves of dS
-        # dQ boxes (wgmma in issue order: dV, box 0, dK, box 1, ...): box 0 is added while dK
-        # runs, box n (n > 0) while box n + 1 runs
+        # dQ boxes in issue order dV, box 0, .., box DK_AFTER, dK, box DK_AFTER + 1, ..: each box
+        # is added while the next product runs (DK_AFTER 0: box 0 while dK runs); a later dK hands
+        # the writer the step's last box sooner (the ordered config's turn waits on it)
         kq = k_smem.slice(WG * COLS, COLS, dim=1)
         tok = warpgroup_mma(ds_smem, kq.slice(0, RED, dim=1), zero_dq, use_acc=False, is_async=True)
-        dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_smem.slice(WG * COLS, COLS, dim=1), dk, is_async=True)
+        if DK_AFTER == 0:
+            dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_smem.slice(WG * COLS, COLS, dim=1), dk, is_async=True)
         if NRED > 1:
             nxt = warpgroup_mma(ds_smem, kq.slice(RED, RED, dim=1), zero_dq, use_acc=False, is_async=True)
-            dv, dq = warpgroup_mma_wait(2, deps=(dv_tok, tok))
-        else:
-            dv, dq = warpgroup_mma_wait(1, deps=(dv_tok, tok))
+            if DK_AFTER == 1:
+                dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_smem.slice(WG * COLS, COLS, dim=1), dk,
+                                       is_async=True)
+        # products issued after box n when it is waited for: box n + 1, and dK once issued after box n
+        dv, dq = warpgroup_mma_wait((1 if NRED > 1 else 0) + (1 if DK_AFTER <= 1 else 0), deps=(dv_tok, tok))
         _add_box(dq_desc, dq_stage, DQA, dq, b, h, row0, start_m, WG * COLS, Sq, it * NRED, (box_full, box_empty), 0,
                  WG, HEAD_D, TMA_DQ, dq_layout)
-        if NRED > 1:
-            dk = warpgroup_mma_wait(1, deps=(dk_tok,))
-        else:
-            dk = warpgroup_mma_wait(0, deps=(dk_tok,))
-            mbarrier.arrive(pds_free.index(0), count=1)
-        mbarrier.arrive(q_empty.index(s), count=1)           # Q_i, dO_i no longer read
+        if DK_AFTER == 0:
+            dk = warpgroup_mma_wait(1 if NRED > 1 else 0, deps=(dk_tok,))
+            mbarrier.arrive(q_empty.index(s), count=1)       # Q_i, dO_i no longer read
         for n in gl.static_range(1, NRED):
             tok = nxt
             if n + 1 < NRED:
                 nxt = warpgroup_mma(ds_smem, kq.slice((n + 1) * RED, RED, dim=1), zero_dq, use_acc=False,
                                     is_async=True)
-                dq = warpgroup_mma_wait(1, deps=(tok,))
-            else:
-                dq = warpgroup_mma_wait(0, deps=(tok,))
+                if DK_AFTER == n + 1:
+                    dk_tok = warpgroup_mma(ds_smem.permute((1, 0)), q_smem.slice(WG * COLS, COLS, dim=1), dk,
+                                           is_async=True)
+            dq = warpgroup_mma_wait((1 if n + 1 < NRED else 0) + (1 if n <= DK_AFTER and DK_AFTER <= n + 1 else 0),
+                                    deps=(tok,))
+            if n == NRED - 1 and DK_AFTER < n:
                 mbarrier.arrive(pds_free.index(0), count=1)  # this warpgroup's reads of P, dS done
             _add_box(dq_desc, dq_stage, DQA, dq, b, h, row0, start_m, WG * COLS + n * RED, Sq, it * NRED + n,
                      (box_full, box_empty), n, WG, HEAD_D, TMA_DQ, dq_layout)
+            if DK_AFTER == n:
+                dk = warpgroup_mma_wait(1 if n + 1 < NRED else 0, deps=(dk_tok,))
+                mbarrier.arrive(q_empty.index(s), count=1)
+        if DK_AFTER == NRED - 1:
+            mbarrier.arrive(pds_free.index(0), count=1)
         return dk, dv
 
     @gluon.jit
     def _box_writer(dq_desc, dq_stage, SEM, box_full, box_empty, b, hk, start_n, Hq, Sq, Sk, GROUP, lo, full, m_end,
                     rot, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, CAUSAL: gl.constexpr,
-                    ROTATE: gl.constexpr):
+                    ROTATE: gl.constexpr, TURNS: gl.constexpr):
         """Ordered dQ (TMA_DQ 2), the writer warp: per step, in the consumers' walk (their flat
         loops over the heads and query blocks), wait for the key block's turn at the dQ block (127's `_turn`, one
         add per key block), then for each box n of the step and each warpgroup w: wait until
@@ -320,8 +343,9 @@ if gluon is not None:
             for _ in range(GROUP * ((m1 - m0) // BLOCK_M)):
                 h = hk * GROUP + g
                 sem = SEM + ((b * Hq + h).to(gl.int64) * nb + start_m // BLOCK_M) + zero
-                turn = _turn(j, start_m, Sq, Sk, shift, BLOCK_M, BLOCK_N, CAUSAL, ROTATE)
-                gl.inline_asm_elementwise(_ASM_WAIT, "=r,l,r", [sem, zero + turn], gl.int32, False, 1)
+                if TURNS:
+                    turn = _turn(j, start_m, Sq, Sk, shift, BLOCK_M, BLOCK_N, CAUSAL, ROTATE)
+                    gl.inline_asm_elementwise(_ASM_WAIT, "=r,l,r", [sem, zero + turn], gl.int32, False, 1)
                 for n in gl.static_range(NRED):
                     kb = it * NRED + n
                     for w in gl.static_range(2):
@@ -330,7 +354,8 @@ if gluon is not None:
                     tma.store_wait(0)
                     mbarrier.arrive(box_empty.index(0), count=1)
                     mbarrier.arrive(box_empty.index(1), count=1)
-                _pass_on(sem)
+                if TURNS:
+                    _pass_on(sem)
                 it += 1
                 start_m, g = _next_block(start_m, g, first, m0, m1, BLOCK_M, ROTATE)
 
@@ -338,7 +363,8 @@ if gluon is not None:
     def _consumer(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage, DK, DV,
                   b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale, scale, WG: gl.constexpr,
                   HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                  TMA_DQ: gl.constexpr, RED: gl.constexpr, ROTATE: gl.constexpr, WARPS: gl.constexpr):
+                  TMA_DQ: gl.constexpr, RED: gl.constexpr, ROTATE: gl.constexpr, DK_AFTER: gl.constexpr,
+                  WARPS: gl.constexpr):
         """Consumer warpgroup WG: S / dP of keys start_n + 32 WG + [0, 32), dK / dV / dQ of
         head-dim columns 128 WG + [0, 128); 127's two flat loops (`_step` per stage; ROTATE:
         127's rotated walk, `_walk_start` / `_next_block`), then dK, dV of its columns stored."""
@@ -371,7 +397,7 @@ if gluon is not None:
         for it in range(0, n_mask):
             dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
                            b, h0 + g, bh0 + g, start_m, it, key0, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq,
-                           WG, HEAD_D, BLOCK_M, BLOCK_N, True, CAUSAL, TMA_DQ, s_layout, dq_layout)
+                           WG, HEAD_D, BLOCK_M, BLOCK_N, True, CAUSAL, TMA_DQ, DK_AFTER, s_layout, dq_layout)
             start_m, g = _next_block(start_m, g, first, lo, full, BLOCK_M, ROTATE)
         g = 0
         first = _walk_start(full, m_end, rot, BLOCK_M, ROTATE)
@@ -379,7 +405,7 @@ if gluon is not None:
         for it in range(n_mask, n_mask + GROUP * ((m_end - full) // BLOCK_M)):
             dk, dv = _step(q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
                            b, h0 + g, bh0 + g, start_m, it, key0, Sq, Sk, shift, qk_scale, dk, dv, zero_s, zero_dq,
-                           WG, HEAD_D, BLOCK_M, BLOCK_N, False, CAUSAL, TMA_DQ, s_layout, dq_layout)
+                           WG, HEAD_D, BLOCK_M, BLOCK_N, False, CAUSAL, TMA_DQ, DK_AFTER, s_layout, dq_layout)
             start_m, g = _next_block(start_m, g, first, full, m_end, BLOCK_M, ROTATE)
 
         # epilogue: dK * scale and dV in the input dtype, this warpgroup's columns, rows past Sk not stored
@@ -397,7 +423,8 @@ if gluon is not None:
                                GROUP, qk_scale, scale, HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr,
                                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                TMA_DQ: gl.constexpr, DQ_RED: gl.constexpr, DQ_SLOTS: gl.constexpr,
-                               PS_SWIZZLE: gl.constexpr, ROTATE: gl.constexpr, num_warps: gl.constexpr):
+                               PS_SWIZZLE: gl.constexpr, ROTATE: gl.constexpr, DK_AFTER: gl.constexpr,
+                               TURNS: gl.constexpr, num_warps: gl.constexpr):
         """CTA (key block pid 0, b * Hkv + hk pid 1); 127's kernel arguments (SEM, kq_desc unused).
         Descriptors: 4-D [B, H, S, D] views with boxes [1, 1, BLOCK_M, D] (Q, dO) and
         [1, 1, BLOCK_N, D] (K, V); with TMA_DQ, dq_desc: the f32 accumulator's, box
@@ -405,15 +432,12 @@ if gluon is not None:
         partition (`_box_writer`), CTA pid 0 serves key block n_kv - 1 - pid 0 (127's order);
         ROTATE: 127's rotated walk (the plan sets it where `gluon_bwd.rotation` allows)."""
         dtype: gl.constexpr = q_desc.dtype
-        pid_bh = gl.program_id(1)
+        pid_bh, j, n_kv = _cta_block(TMA_DQ == 2)
         b = pid_bh // Hkv
         hk = pid_bh % Hkv
-        if TMA_DQ == 2:
-            start_n = (gl.num_programs(0) - 1 - gl.program_id(0)) * BLOCK_N
-        else:
-            start_n = gl.program_id(0) * BLOCK_N
+        start_n = j * BLOCK_N
         lo, full, m_end = _query_range(start_n, Sq, Sk, BLOCK_M, BLOCK_N, CAUSAL)
-        rot, _ = _rotation(start_n // BLOCK_N, gl.num_programs(0), Sq, BLOCK_M, ROTATE)
+        rot, _ = _rotation(j, n_kv, Sq, BLOCK_M, ROTATE)
 
         q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
         do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
@@ -454,23 +478,23 @@ if gluon is not None:
             gl.warp_specialize([
                 (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
                              DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale, scale,
-                             0, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, ROTATE, num_warps)),
+                             0, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, ROTATE, DK_AFTER, num_warps)),
                 (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
                              DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale, scale,
-                             1, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, ROTATE, num_warps)),
+                             1, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, ROTATE, DK_AFTER, num_warps)),
                 (_producer, (q_desc, do_desc, k_desc, v_desc, k_desc, q_bufs, do_bufs, k_bufs, v_bufs, k_bufs, bars, b,
                              hk, start_n, GROUP, lo, full, m_end, rot, BLOCK_M, BLOCK_N, ROTATE, False)),
                 (_box_writer, (dq_desc, dq_stage, SEM, box_full, box_empty, b, hk, start_n, Hq, Sq, Sk, GROUP, lo,
-                               full, m_end, rot, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, ROTATE)),
+                               full, m_end, rot, BLOCK_M, BLOCK_N, HEAD_D, CAUSAL, ROTATE, TURNS)),
             ], [num_warps, 1, 1], [240, 24, 24])
         else:
             gl.warp_specialize([
                 (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
                              DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale, scale,
-                             0, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, ROTATE, num_warps)),
+                             0, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, ROTATE, DK_AFTER, num_warps)),
                 (_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, p_smem, ds_smem, bars, LSE, DELTA, DQA, dq_desc, dq_stage,
                              DK, DV, b, hk, start_n, Hq, Hkv, Sq, Sk, GROUP, lo, full, m_end, rot, qk_scale, scale,
-                             1, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, ROTATE, num_warps)),
+                             1, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, TMA_DQ, DQ_RED, ROTATE, DK_AFTER, num_warps)),
                 (_producer, (q_desc, do_desc, k_desc, v_desc, k_desc, q_bufs, do_bufs, k_bufs, v_bufs, k_bufs, bars, b,
                              hk, start_n, GROUP, lo, full, m_end, rot, BLOCK_M, BLOCK_N, ROTATE, False)),
             ], [num_warps, 1], [240, 24])
@@ -538,6 +562,7 @@ class GluonFlashBackwardD256Ordered(OrderedDq, GluonFlashBackwardD256):
     id = 132
     name = "gluon_flash_bwd_d256_ordered"
     priced_as = 130
+    revised = "2026-12-02T14:21:00Z"   # dK's wgmma after the last dQ box (DK_AFTER 3)
 
     def estimate(self, problem) -> float | None:
         return super().estimate(problem) * ORDERED_COST[problem.causal is not None]

@@ -101,6 +101,11 @@ def test_tile_configs_fit_hopper_shared_memory_workspace_and_estimate():
     assert od["TMA_DQ"] == 2 and od["DQ_SLOTS"] == 1 and od["ROTATE"] and not c["ROTATE"]
     with pytest.raises(ValueError):
         gluon_bwd_d256.tile_config(ordered=True, slots=2)
+    # dK's product after the last dQ box with the ordered adds, after the first otherwise
+    assert od["DK_AFTER"] == 128 // od["DQ_RED"] - 1 and c["DK_AFTER"] == 0 and od["TURNS"] and not c["TURNS"]
+    assert not gluon_bwd_d256.CONFIGS["writer"]()["TURNS"]
+    with pytest.raises(ValueError):
+        gluon_bwd_d256.tile_config(dk_after=4)
     # a full [64, 256] f32 dQ staging tile does not fit next to a 2-stage ring (why dQ is streamed)
     assert gluon_bwd_d256.smem_bytes(dict(c, DQ_RED=128, DQ_SLOTS=1)) > gluon_bwd_d256.SMEM_BYTES
     s = REGISTRY.get("gluon_flash_bwd_d256")
