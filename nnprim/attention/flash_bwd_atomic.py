@@ -68,9 +68,8 @@ from .flash_fwd import (
 def _pre_kernel(O, DO, LSE, DELTA, DQA, SEM, sob, soh, sos, sod, sdb, sdh, sds, sdd, Hq, Sq, D, Dv,
                 BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                 ORDERED: tl.constexpr):
-    """delta of BLOCK_M rows; zeroes their dQ accumulator rows and (ORDERED: how many per
-    block, a power of two; True: one) the semaphores of the main kernel's dQ block with the
-    same index (same BLOCK_M)."""
+    """delta of BLOCK_M rows; zeroes their dQ accumulator rows and (ORDERED) the
+    semaphore of the main kernel's dQ block with the same index (same BLOCK_M)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     _delta_rows(O, DO, LSE, DELTA, pid_m, pid_bh, sob, soh, sos, sod, sdb, sdh, sds, sdd, Hq, Sq, Dv,
@@ -80,11 +79,8 @@ def _pre_kernel(O, DO, LSE, DELTA, DQA, SEM, sob, soh, sos, sod, sdb, sdh, sds, 
     ptrs = DQA + (pid_bh.to(tl.int64) * Sq + offs_m[:, None]) * D + offs_d[None, :]
     tl.store(ptrs, tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
              mask=(offs_m[:, None] < Sq) & (offs_d[None, :] < D))
-    if ORDERED == 1:
+    if ORDERED:
         tl.store(SEM + pid_bh.to(tl.int64) * tl.num_programs(0) + pid_m, 0)
-    elif ORDERED:
-        sems = (pid_bh.to(tl.int64) * tl.num_programs(0) + pid_m) * ORDERED + tl.arange(0, ORDERED)
-        tl.store(SEM + sems, tl.zeros([ORDERED], tl.int32))
 
 
 @triton.jit

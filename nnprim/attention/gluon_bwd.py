@@ -264,12 +264,6 @@ if gluon is not None:
         "{ cp.async.bulk.wait_group 0;\n"
         "fence.proxy.async.global;\n"
         "mov.b32 $0, $1; }")
-    # the same but for the last two bulk groups (a box's two reduce-adds, issued after the box
-    # being passed on: 132's per-box turns, `gluon_bwd_d256._box_writer`)
-    _ASM_DONE_BUT2 = gl.constexpr(
-        "{ cp.async.bulk.wait_group 2;\n"
-        "fence.proxy.async.global;\n"
-        "mov.b32 $0, $1; }")
     # thread 0 of the warpgroup: counter += 1 (release)
     _ASM_RELEASE = gl.constexpr(
         "{ .reg .pred p;\n"
@@ -590,16 +584,12 @@ if gluon is not None:
         _wait_turn(SEM + cur + one, one, j, start_m, Sq, Sk, shift, BLOCK_M, WG, SPLIT_DQ, CAUSAL, ROTATE)
 
     @gluon.jit
-    def _pass_on(sem, BUT2: gl.constexpr = False):
-        """This warpgroup's reduce-adds complete (global writes, ordered before the release;
-        BUT2: all but the last two bulk groups), then its thread 0 increments the counter at sem
-        (a tensor of one pointer per thread)."""
+    def _pass_on(sem):
+        """This warpgroup's reduce-adds complete (global writes, ordered before the release),
+        then its thread 0 increments the counter at sem (a tensor of one pointer per thread)."""
         lanes: gl.constexpr = sem.type.layout
         first = gl.arange(0, sem.type.shape[0], lanes)
-        if BUT2:
-            gl.inline_asm_elementwise(_ASM_DONE_BUT2, "=r,r", [first], gl.int32, False, 1)
-        else:
-            gl.inline_asm_elementwise(_ASM_DONE, "=r,r", [first], gl.int32, False, 1)
+        gl.inline_asm_elementwise(_ASM_DONE, "=r,r", [first], gl.int32, False, 1)
         gl.thread_barrier()          # the issuing thread's reduce-adds are complete
         gl.inline_asm_elementwise(_ASM_RELEASE, "=r,l,r", [sem, first], gl.int32, False, 1)
 
@@ -919,10 +909,6 @@ class GluonBwdPlan:
     def _kernel():
         return _gluon_bwd_kernel
 
-    def sems_per_block(self) -> int:
-        """int32 counters of the ordered adds per dQ block (0: not ordered)."""
-        return int(self.cfg["TMA_DQ"] == 2)
-
     @staticmethod
     def _default_config(d: int) -> dict:
         return tile_config(d)
@@ -950,7 +936,7 @@ class GluonBwdPlan:
             launch = self.pre[key] = Launch(
                 _pre_kernel, (triton.cdiv(p.Sq, BLOCK_M), p.B * p.Hq),
                 (*o.stride(), *do.stride(), p.Hq, p.Sq, p.D, p.Dv),
-                BLOCK_M=BLOCK_M, BLOCK_D=bd, BLOCK_DV=bd, ORDERED=self.sems_per_block())
+                BLOCK_M=BLOCK_M, BLOCK_D=bd, BLOCK_DV=bd, ORDERED=self.cfg["TMA_DQ"] == 2)
         return launch
 
     def __call__(self, args, out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
@@ -970,8 +956,7 @@ class GluonBwdPlan:
             lse = lse.float().contiguous()
         n_acc, n_rows = p.B * p.Hq * p.Sq * p.D, p.B * p.Hq * p.Sq
         ordered = self.cfg["TMA_DQ"] == 2
-        ws = alloc.empty((n_acc + n_rows + (1 + sem_count(p) * self.sems_per_block() if ordered else 0),),
-                         torch.float32, q.device)
+        ws = alloc.empty((n_acc + n_rows + (1 + sem_count(p) if ordered else 0),), torch.float32, q.device)
         dqa, delta = ws[:n_acc], ws[n_acc:n_acc + n_rows]
         sem = ws[n_acc + n_rows + 1:].view(torch.int32) if ordered else dqa   # SEM[-1]: the spare counter
         scale = float(args.effective_scale(p.invert_scale))
@@ -1038,10 +1023,8 @@ class OrderedDq:
                            "dQ adds use")
         return reasons
 
-    sems_per_block = 1   # the plan's counters per dQ block (132: one per dQ box)
-
     def workspace_size(self, problem) -> int:
-        return super().workspace_size(problem) + 4 * (sem_count(problem) * self.sems_per_block + 1)
+        return super().workspace_size(problem) + 4 * (sem_count(problem) + 1)
 
 
 @register

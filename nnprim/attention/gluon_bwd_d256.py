@@ -121,8 +121,7 @@ ORDERED_COST = {False: 1.06, True: 1.25}
 
 
 def tile_config(stages: int = 2, tma_dq: bool | None = None, red: int | None = None, slots: int = 1,
-                ps_swizzle: int = 128, ordered: bool = False, turns: bool | str = True,
-                dk_after: int | None = None) -> dict:
+                ps_swizzle: int = 128, ordered: bool = False, turns: bool = True, dk_after: int | None = None) -> dict:
     """Launch constants: STAGES of the (Q, dO) ring, TMA_DQ (1: dQ boxes by TMA reduce-adds
     from DQ_SLOTS staging tiles per warpgroup, the default where this Triton has the reduce-add;
     0: f32 atomics), DQ_RED (columns of a dQ box, a wgmma of N = DQ_RED: 32, a 128-byte f32
@@ -134,11 +133,9 @@ def tile_config(stages: int = 2, tma_dq: bool | None = None, red: int | None = N
     `_box_writer`, which adds each dQ block's boxes in a fixed key-block order, 127's turns;
     one staging slot per warpgroup; ROTATE: 127's rotated walk where `gluon_bwd.rotation`
     allows it; turns=False: the writer adds the boxes as they come, not deterministic, the
-    writer's cost without the waits for turns; turns="box": a turn per dQ box, not per step,
-    so a key block's box n waits only for box n of the key block before it, TURNS 2),
-    DK_AFTER (dK's wgmma issued after that dQ box's: 0 overlaps box 0's add with dK; later
-    hands the writer the step's last box sooner: the default with `ordered`, the last box,
-    1-4 % faster than 0 on the H200, 2026-12-02)."""
+    writer's cost without the waits for turns), DK_AFTER (dK's wgmma issued after that dQ box's:
+    0 overlaps box 0's add with dK; later hands the writer the step's last box sooner: the
+    default with `ordered`, the last box, 1-4 % faster than 0 on the H200, 2026-12-02)."""
     if ordered:
         if tma_dq is False or slots != 1:
             raise ValueError("tile_config: ordered=True needs the TMA reduce-adds and one staging slot")
@@ -152,9 +149,8 @@ def tile_config(stages: int = 2, tma_dq: bool | None = None, red: int | None = N
     if not 0 <= dk_after < 128 // red:
         raise ValueError(f"tile_config: dk_after={dk_after} is not a dQ box (0..{128 // red - 1})")
     return dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=stages, TMA_DQ=mode, DQ_RED=red,
-                DQ_SLOTS=slots if tma_dq else 1, PS_SWIZZLE=ps_swizzle, ROTATE=ordered and bool(turns),
-                DK_AFTER=dk_after, TURNS=(2 if turns == "box" else int(bool(turns))) if ordered else 0,
-                num_warps=4, maxnreg=168)
+                DQ_SLOTS=slots if tma_dq else 1, PS_SWIZZLE=ps_swizzle, ROTATE=ordered and turns,
+                DK_AFTER=dk_after, TURNS=ordered and turns, num_warps=4, maxnreg=168)
 
 
 # Named tile configs (benchmarks/gluon_bwd.py --configs256 <name>, timed as g130_<name>;
@@ -170,17 +166,9 @@ CONFIGS = {
     "ordered": lambda: tile_config(ordered=True),
     # 132 before 2026-12-02's nineteenth session: dK issued after the first dQ box
     "ordered_dk0": lambda: tile_config(ordered=True, dk_after=0),
-    # a turn per dQ box: box n of key block j waits only for box n of key block j + 1
-    "ordered_box": lambda: tile_config(ordered=True, turns="box"),
     # the writer warp without turns (not deterministic): what the waits for turns cost
     "writer": lambda: tile_config(ordered=True, turns=False),
 }
-
-
-def sems_per_block(cfg: dict) -> int:
-    """int32 counters of the ordered adds per dQ block: one per box with TURNS 2, one per
-    block with TURNS 1, none without turns."""
-    return {0: 0, 1: 1, 2: 128 // cfg["DQ_RED"]}[cfg["TURNS"]] if cfg["TMA_DQ"] == 2 else 0
 
 
 def smem_bytes(cfg: dict, d: int = 256) -> int:
@@ -354,16 +342,11 @@ if gluon is not None:
             g = 0
             for _ in range(GROUP * ((m1 - m0) // BLOCK_M)):
                 h = hk * GROUP + g
-                blk = (b * Hq + h).to(gl.int64) * nb + start_m // BLOCK_M
-                if TURNS == 2:
-                    blk = blk * NRED
-                sem = SEM + blk + zero
+                sem = SEM + ((b * Hq + h).to(gl.int64) * nb + start_m // BLOCK_M) + zero
                 if TURNS:
                     turn = _turn(j, start_m, Sq, Sk, shift, BLOCK_M, BLOCK_N, CAUSAL, ROTATE)
                     gl.inline_asm_elementwise(_ASM_WAIT, "=r,l,r", [sem, zero + turn], gl.int32, False, 1)
                 for n in gl.static_range(NRED):
-                    if TURNS == 2 and n > 0:   # box n's own turn
-                        gl.inline_asm_elementwise(_ASM_WAIT, "=r,l,r", [sem + n, zero + turn], gl.int32, False, 1)
                     kb = it * NRED + n
                     for w in gl.static_range(2):
                         mbarrier.wait(box_full.index(w), kb & 1)
@@ -371,11 +354,7 @@ if gluon is not None:
                     tma.store_wait(0)
                     mbarrier.arrive(box_empty.index(0), count=1)
                     mbarrier.arrive(box_empty.index(1), count=1)
-                    if TURNS == 2 and n > 0:   # box n - 1's adds complete (n's two may still run)
-                        _pass_on(sem + (n - 1), True)
-                if TURNS == 2:
-                    _pass_on(sem + (NRED - 1))
-                elif TURNS:
+                if TURNS:
                     _pass_on(sem)
                 it += 1
                 start_m, g = _next_block(start_m, g, first, m0, m1, BLOCK_M, ROTATE)
@@ -550,9 +529,6 @@ class GluonBwdD256Plan(GluonBwdPlan):
     def _default_config(d: int) -> dict:
         return tile_config()
 
-    def sems_per_block(self) -> int:
-        return sems_per_block(self.cfg)
-
 
 # ---- solver -----------------------------------------------------------------------------
 
@@ -587,7 +563,6 @@ class GluonFlashBackwardD256Ordered(OrderedDq, GluonFlashBackwardD256):
     name = "gluon_flash_bwd_d256_ordered"
     priced_as = 130
     revised = "2026-12-02T14:21:00Z"   # dK's wgmma after the last dQ box (DK_AFTER 3)
-    sems_per_block = sems_per_block(tile_config(ordered=True))
 
     def estimate(self, problem) -> float | None:
         return super().estimate(problem) * ORDERED_COST[problem.causal is not None]
