@@ -148,6 +148,12 @@ def check_strided(p: ConvProblem, shapes, strides) -> None:
 # fastest implicit GEMM calls on the H200 took 0.022-0.03 ms in every direction (find's clock)
 HOST_FLOOR_MS = 0.025
 HOST_PER_LAUNCH_MS = 0.013   # each further launch of a call (as Winograd's; stride-2 bwd_data runs one per phase)
+# The native NCHW kernels' efficiency against the NHWC estimate, per direction, and the least
+# time of their backward: the H200 system db (2026-12-02) has the Triton implicit GEMM on NCHW
+# at 3.6x (backward data), 4.8x (backward weights), 2.0x (forward) its estimate at a flat 0.3,
+# against 1.9x / 1.7x / 1.65x on NHWC; its NCHW backward never under 0.086 ms, small layers included
+NCHW_EFF = {"fwd": 0.25, "bwd_data": 0.16, "bwd_weights": 0.1}
+NCHW_BWD_FLOOR_MS = 0.085
 
 
 def roofline_ms(flops: float, nbytes: float, dtype: torch.dtype, efficiency: float = 0.7) -> float:
@@ -795,13 +801,15 @@ class _IGemmBase(Solver):
             eff = min(eff, 0.025)  # flat walk (RGB stems, patchify): gathered K, 14-33 TFLOP/s on the H200
         if d == "bwd_weights" and gm.Cg < 32 and gm.taps > 1 and not is_tma_conv(problem):
             eff = min(eff, 0.033)  # the same gathered (tap, c) columns: rn50_conv1 25 TFLOP/s (issue 13)
-        if problem.layout == "nchw":
-            # NCHW indexed natively: channel-strided gathers, in every direction (H200 system db:
-            # 3-5x the NHWC time backward, ~3x forward: a 3x3 layer 4.1x its NHWC estimate vs 1.4x)
-            eff *= 0.3
+        nchw = problem.layout == "nchw" and gm.taps > 1
+        if nchw:   # NCHW indexed natively: channel-strided gathers per tap (NCHW_EFF; 1x1 is a plain GEMM)
+            eff *= NCHW_EFF[d]
         launches = bwd_data_launches(problem) if d == "bwd_data" and self.launch_per_phase else 1
         t = roofline_ms(problem.flops(), problem.bytes() + post_op_bytes(problem), problem.dtype, max(eff, 0.02))
-        return max(t, HOST_FLOOR_MS + HOST_PER_LAUNCH_MS * (launches - 1)) if problem.device == "cuda" else t
+        if problem.device != "cuda":
+            return t
+        floor = HOST_FLOOR_MS + HOST_PER_LAUNCH_MS * (launches - 1)
+        return max(t, floor, NCHW_BWD_FLOOR_MS if nchw and d != "fwd" else 0.0)
 
 
 @register

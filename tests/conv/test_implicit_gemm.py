@@ -333,3 +333,12 @@ def test_estimate_host_floor_and_nchw_gathers_in_every_direction():
     nchw = ConvProblem.create("fwd", (16, 384, 3000), (384, 384, 3), layout="nchw", **kw)
     nhwc = ConvProblem.create("fwd", (16, 384, 3000), (384, 384, 3), layout="nhwc", **kw)
     assert s.estimate(nchw) > 2.5 * s.estimate(nhwc)
+    # the native NCHW backward never under NCHW_BWD_FLOOR_MS, however small; a 1x1 layer is a
+    # plain GEMM over NCHW (no per-tap gathers): priced as its NHWC twin
+    for d, name in (("bwd_data", "implicit_gemm_bwd_data"), ("bwd_weights", "implicit_gemm_bwd_weights")):
+        small = ConvProblem.create(d, (1, 64, 16, 16), (64, 64, 3, 3), dtype=torch.bfloat16, padding=1,
+                                   device="cuda", layout="nchw")
+        assert REGISTRY.get(name).estimate(small) == ig.NCHW_BWD_FLOOR_MS > ig.HOST_FLOOR_MS
+    one = {lay: s.estimate(ConvProblem.create("fwd", (32, 256, 56, 56), (64, 256, 1, 1), dtype=torch.bfloat16,
+                                              device="cuda", layout=lay)) for lay in ("nchw", "nhwc")}
+    assert one["nchw"] == one["nhwc"]
