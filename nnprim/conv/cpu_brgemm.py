@@ -88,6 +88,12 @@ def runs_of(taps: list[tuple[int, int, int]], merge: bool = True) -> list[list[t
     return out
 
 
+def _kernel_runs(taps: list[tuple[int, int, int]], merge: bool) -> list[list[tuple[int, int, int]]]:
+    """runs_of in the order of their first weight index: the runs of a stride-2 last dim
+    (FwdGeometry, ordered by phase: filter rows 0, 2, 1) then stack the weights in filter order."""
+    return sorted(runs_of(taps, merge), key=lambda run: run[0][2])
+
+
 def run_table(runs: list[list[tuple[int, int, int]]], depth: int) -> torch.Tensor:
     """(nr, 4) int64 per run: phase, first offset, GEMM depth L*depth, first weight row (the
     runs' taps stacked in order, `depth` rows each)."""
@@ -276,9 +282,10 @@ class _Plan:
 
     @cached_property
     def natural_rows(self) -> bool:
-        """The forward's runs stack the taps in filter order (stride 1, or one run per tap):
-        then pack_b_pairs packs the weights without a gather."""
-        order = [f for run in runs_of(self._fwd_taps, self.p.groups == 1) for _, _, f in run]
+        """The forward's runs stack the taps in filter order (stride 1, a stride-2 last dim, or
+        one run per tap): then pack_b_pairs packs the weights without a gather (rn50_r3_3x3s2:
+        0.01 ms, against pack_b's 0.1)."""
+        order = [f for run in _kernel_runs(self._fwd_taps, self.p.groups == 1) for _, _, f in run]
         return order == sorted(order)
 
     @cached_property
@@ -291,7 +298,7 @@ class _Plan:
 
     def _call(self, taps, depth: int, rows_fc: bool, lo, hi, i0):
         p = self.p
-        runs = runs_of(taps, p.groups == 1)
+        runs = _kernel_runs(taps, p.groups == 1)
         rid = _row_id(p, rows_fc)
         gather = torch.tensor([[rid(g, f, j) for run in runs for _, _, f in run for j in range(depth)]
                                for g in range(p.groups)], dtype=torch.int64)
