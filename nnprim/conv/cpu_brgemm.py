@@ -90,8 +90,9 @@ def runs_of(taps: list[tuple[int, int, int]], merge: bool = True) -> list[list[t
 
 
 def _kernel_runs(taps: list[tuple[int, int, int]], merge: bool) -> list[list[tuple[int, int, int]]]:
-    """runs_of in the order of their first weight index: the runs of a stride-2 last dim
-    (FwdGeometry, ordered by phase: filter rows 0, 2, 1) then stack the weights in filter order."""
+    """The forward's runs_of in the order of their first weight index: the runs of a stride-2
+    last dim (FwdGeometry, ordered by phase: filter rows 0, 2, 1) then stack the weights in filter
+    order. (Backward data keeps runs_of's order.)"""
     return sorted(runs_of(taps, merge), key=lambda run: run[0][2])
 
 
@@ -320,7 +321,7 @@ class _Plan:
 
     def _call(self, taps, depth: int, rows_fc: bool, lo, hi, i0):
         p = self.p
-        runs = _kernel_runs(taps, p.groups == 1)
+        runs = _kernel_runs(taps, p.groups == 1) if rows_fc else runs_of(taps, p.groups == 1)
         rid = _row_id(p, rows_fc)
         gather = torch.tensor([[rid(g, f, j) for run in runs for _, _, f in run for j in range(depth)]
                                for g in range(p.groups)], dtype=torch.int64)
