@@ -132,6 +132,149 @@ inline void epilogue_row(float* row, const Epilogue& ep, const char* r, float* t
   }
 }
 
+// an output row: acc row (+ bias) (+ the row epilogue) into dst
+template <typename TO>
+inline void emit_row(float* arow, const float* bias, const Epilogue& ep, const char* rrow, float* rtmp, TO* dst,
+                     int64_t Kg) {
+  if (bias) {
+    int64_t k = 0;
+    for (; k + fVec::size() <= Kg; k += fVec::size()) (fVec::loadu(arow + k) + fVec::loadu(bias + k)).store(arow + k);
+    for (; k < Kg; ++k) arow[k] += bias[k];
+  }
+  if (ep.res || ep.relu) epilogue_row(arow, ep, rrow, rtmp, Kg);
+  if constexpr (std::is_same_v<TO, float>) std::memcpy(dst, arow, Kg * sizeof(float));
+  else at::vec::convert(arow, dst, Kg);
+}
+
+#ifdef NNPRIM_AMX
+// The forward at a stride-2, 3-wide, left-padded-by-1 last dim reading NHWC x in place (no staging;
+// the AMX kernel, C a multiple of 32, one group). Output column j of a filter row reads x columns
+// 2j - 1, 2j, 2j + 1; column -1 is the pad. Split by the column read: `acc` takes columns 2j, 2j + 1
+// (taps 1, 2: A rows of depth 2C, 2C apart), `sh` column 2j + 1 against tap 0, which is output
+// column j + 1's tap-0 term: y[j] = acc[j] + sh[j - 1] (y[0]: acc[0], the pad's zero). Every A row
+// is inside x; filter rows outside x (the leading dims' halo) are left out. Tiles hold exactly a
+// line's rows (16 + the rest): no junk rows.
+//   rows_x[i]  x's row (n, i0, i1) of the i-th valid filter row, wrow[i] its first weight row
+//   wg (nkb, Rw, 64) VNNI blocks in filter order (rows (f, c));  acc, sh (32 ceil(M/32), KP)
+inline void amx_config_rows(int top, int bottom) {
+  TileConfig cfg;
+  const int rows[8] = {top, top, bottom, bottom, top, bottom, 16, 16};
+  for (int t = 0; t < 8; ++t) { cfg.rows[t] = static_cast<uint8_t>(rows[t]); cfg.colsb[t] = 64; }
+  _tile_loadconfig(&cfg);
+}
+
+inline void s2_line(const at::BFloat16* const* rows_x, const int64_t* wrow, int64_t nrows, const at::BFloat16* wg,
+                    int64_t C, int64_t Rw, int64_t M, int64_t KP, int64_t Kg, float* acc, float* sh, int& cfg) {
+  const int64_t sa = 4 * C;          // bytes between A rows (2C bf16)
+  for (int64_t m0 = 0; m0 < M; m0 += 32) {
+    const int top = static_cast<int>(std::min<int64_t>(16, M - m0));
+    const int bottom = static_cast<int>(std::min<int64_t>(16, M - m0 - top));
+    if (cfg != top * 32 + bottom) { amx_config_rows(top, std::max(1, bottom)); cfg = top * 32 + bottom; }
+    for (int64_t n0 = 0; n0 < Kg; n0 += 32) {
+      const at::BFloat16* wk = wg + (n0 / NB) * Rw * NB + (n0 % NB) * 2;
+      for (int pass = 0; pass < 2; ++pass) {     // 0: taps 1, 2 from column 2j; 1: tap 0 from 2j + 1
+        _tile_zero(0); _tile_zero(1);
+        if (bottom) { _tile_zero(2); _tile_zero(3); }
+        const int64_t depth = pass ? C : 2 * C;
+        for (int64_t i = 0; i < nrows; ++i) {
+          const at::BFloat16* a = rows_x[i] + (2 * m0 + pass) * C;
+          const at::BFloat16* b = wk + (wrow[i] + (pass ? 0 : C)) * NB;
+          for (int64_t c0 = 0; c0 < depth; c0 += 32) {
+            _tile_loadd(4, a + c0, sa);
+            _tile_loadd(6, b + c0 * NB, 256);
+            _tile_loadd(7, b + c0 * NB + 32, 256);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            if (bottom) {
+              _tile_loadd(5, a + c0 + 32 * C, sa);
+              _tile_dpbf16ps(2, 5, 6);
+              _tile_dpbf16ps(3, 5, 7);
+            }
+          }
+        }
+        float* c = (pass ? sh : acc) + m0 * KP + n0;
+        _tile_stored(0, c, KP * 4);
+        _tile_stored(1, c + 16, KP * 4);
+        if (bottom) {
+          _tile_stored(2, c + 16 * KP, KP * 4);
+          _tile_stored(3, c + 16 * KP + 16, KP * 4);
+        }
+      }
+    }
+  }
+}
+#endif
+
+// y (N, O0, O1, O2, K) = the convolution of x (N, S0, S1, S2, C; positions C apart, channels
+// contiguous) with stride 2, width 3, pad 1 on the last dim; lead = (s0, s1, d0, d1, p0, p1, F0, F1)
+// for the leading dims. bf16: the AMX line kernel (s2_line; wp VNNI blocks (1, nkb, Rw, 64)); f32:
+// oneDNN's GEMM per filter row and pass (wp (1, Rw, K)), the same split
+template <typename T, typename TO>
+void fwd_s2_impl(const at::Tensor& x, const at::Tensor& wp, at::Tensor& y, const float* bias, at::IntArrayRef lead,
+                 const Epilogue& ep) {
+  constexpr bool amx = std::is_same_v<T, at::BFloat16>;
+  const int64_t N = x.size(0), S0 = x.size(1), S1 = x.size(2), C = x.size(4), K = y.size(4);
+  const int64_t O0 = y.size(1), O1 = y.size(2), M = y.size(3);
+  const int64_t s0 = lead[0], s1 = lead[1], d0 = lead[2], d1 = lead[3], p0 = lead[4], p1 = lead[5];
+  const int64_t F0 = lead[6], F1 = lead[7];
+  const int64_t nkb = (K + NB - 1) / NB, KP = amx ? nkb * NB : K, Rw = amx ? wp.size(2) : wp.size(1);
+  const T* xp = x.data_ptr<T>();
+  const T* wpp = wp.data_ptr<T>();
+  TO* yp = y.data_ptr<TO>();
+  const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2);
+  const int64_t ys0 = y.stride(0), ys1 = y.stride(1), ys2 = y.stride(2), ys3 = y.stride(3);
+  at::parallel_for(0, N * O0 * O1, 1, [&](int64_t s, int64_t e) {
+    const int64_t MP = (M + 31) / 32 * 32;
+    std::vector<float> acc(MP * KP), sh(MP * KP), rtmp(ep.res_bf16 ? K : 0);
+    std::vector<const T*> rows_x(F0 * F1);
+    std::vector<int64_t> wrow(F0 * F1);
+    [[maybe_unused]] int cfg = -1;
+    if constexpr (amx) cb::brgemm_release(true);   // torch's brgemm reconfigures after us
+    for (int64_t w = s; w < e; ++w) {
+      const int64_t o1 = w % O1, o0 = (w / O1) % O0, n = w / (O1 * O0);
+      int64_t nr = 0;
+      for (int64_t f0 = 0; f0 < F0; ++f0)
+        for (int64_t f1 = 0; f1 < F1; ++f1) {
+          const int64_t i0 = o0 * s0 + f0 * d0 - p0, i1 = o1 * s1 + f1 * d1 - p1;
+          if (i0 < 0 || i0 >= S0 || i1 < 0 || i1 >= S1) continue;
+          rows_x[nr] = xp + n * xs0 + i0 * xs1 + i1 * xs2;
+          wrow[nr++] = (f0 * F1 + f1) * 3 * C;
+        }
+      if constexpr (amx) {
+#ifdef NNPRIM_AMX
+        s2_line(rows_x.data(), wrow.data(), nr, wpp, C, Rw, M, KP, K, acc.data(), sh.data(), cfg);
+#endif
+      } else {
+        for (int64_t i = 0; i < nr; ++i) {      // columns 2j, 2j + 1 x taps 1, 2; column 2j + 1 x tap 0
+          cb::brgemm(M, K, 2 * C, 2 * C, K, KP, i > 0, rows_x[i], wpp + (wrow[i] + C) * K, acc.data(), false);
+          cb::brgemm(M, K, C, 2 * C, K, KP, i > 0, rows_x[i] + C, wpp + wrow[i] * K, sh.data(), false);
+        }
+        if (nr == 0) {
+          std::fill(acc.begin(), acc.end(), 0.f);
+          std::fill(sh.begin(), sh.end(), 0.f);
+        }
+      }
+      TO* yrow = yp + n * ys0 + o0 * ys1 + o1 * ys2;
+      const char* rrow = ep.res ? ep.res + (n * ep.rs0 + o0 * ep.rs1 + o1 * ep.rs2) * (ep.res_bf16 ? 2 : 4) : nullptr;
+      for (int64_t j = 0; j < M; ++j) {
+        float* arow = acc.data() + j * KP;
+        if (j > 0) {
+          const float* srow = sh.data() + (j - 1) * KP;
+          int64_t k = 0;
+          for (; k + fVec::size() <= K; k += fVec::size())
+            (fVec::loadu(arow + k) + fVec::loadu(srow + k)).store(arow + k);
+          for (; k < K; ++k) arow[k] += srow[k];
+        }
+        emit_row(arow, bias, ep, rrow ? rrow + j * ep.rs3 * (ep.res_bf16 ? 2 : 4) : nullptr, rtmp.data(),
+                 yrow + j * ys3, K);
+      }
+    }
+#ifdef NNPRIM_AMX
+    if constexpr (amx) _tile_release();
+#endif
+  });
+}
+
 // y[n, u - lo, :] (valid grid positions) = sum over runs r: xs[ph_r][g*ps + off_r, group g's Kd_r
 // columns read across L consecutive positions] . W rows [row0_r, row0_r + Kd_r)   (+ bias)
 //   ps  staged positions per grid position (2: a stride-2 last dim staged whole, not split in phases)
@@ -203,18 +346,9 @@ void fwd_impl(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs
         const int64_t cend = std::min(gr.hi2, c0 + M - l * gr.U2);
         for (int64_t col = std::max(gr.lo2, c0 - l * gr.U2); col < cend; ++col) {
           float* arow = acc.data() + (l * gr.U2 + col - c0) * KP;
-          if (bias) {
-            const float* b = bias + g * Kg;
-            int64_t k = 0;
-            for (; k + fVec::size() <= Kg; k += fVec::size()) (fVec::loadu(arow + k) + fVec::loadu(b + k)).store(arow + k);
-            for (; k < Kg; ++k) arow[k] += b[k];
-          }
-          if (ep.res || ep.relu)
-            epilogue_row(arow, ep, rrow ? rrow + (col - gr.lo2) * ep.rs3 * (ep.res_bf16 ? 2 : 4) : nullptr,
-                         rtmp.data(), Kg);
-          TO* dst = yrow + (col - gr.lo2) * ys3;
-          if constexpr (std::is_same_v<TO, float>) std::memcpy(dst, arow, Kg * sizeof(float));
-          else at::vec::convert(arow, dst, Kg);
+          emit_row(arow, bias ? bias + g * Kg : nullptr, ep,
+                   rrow ? rrow + (col - gr.lo2) * ep.rs3 * (ep.res_bf16 ? 2 : 4) : nullptr, rtmp.data(),
+                   yrow + (col - gr.lo2) * ys3, Kg);
         }
       }
     }
@@ -225,15 +359,8 @@ void fwd_impl(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs
   });
 }
 
-void conv_fwd(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs, at::Tensor y,
-              const c10::optional<at::Tensor>& bias, at::IntArrayRef grid, int64_t G, int64_t Cg, int64_t Kg,
-              int64_t MB, bool vnni, bool use_amx, int64_t ps, const c10::optional<at::Tensor>& res,
-              double res_scale, bool relu, double relu_slope) {
-  TORCH_CHECK(xs.is_contiguous() && wp.is_contiguous() && runs.is_contiguous(), "conv_fwd: contiguous operands");
-  TORCH_CHECK(y.dim() == 5 && y.stride(4) == 1, "conv_fwd: y (N, Y0, Y1, Y2, K), last dim contiguous");
-  TORCH_CHECK(grid.size() == 9, "conv_fwd: grid (U0, U1, U2, lo0, lo1, lo2, hi0, hi1, hi2)");
-  const Grid gr{grid[0], grid[1], grid[2], grid[3], grid[4], grid[5], grid[6], grid[7], grid[8]};
-  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+Epilogue make_epilogue(const at::Tensor& y, const c10::optional<at::Tensor>& res, double res_scale, bool relu,
+                       double relu_slope) {
   Epilogue ep;
   ep.relu = relu;
   ep.slope = static_cast<float>(relu_slope);
@@ -246,13 +373,60 @@ void conv_fwd(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs
     ep.rs0 = res->stride(0); ep.rs1 = res->stride(1); ep.rs2 = res->stride(2); ep.rs3 = res->stride(3);
     ep.res_scale = static_cast<float>(res_scale);
   }
+  return ep;
+}
+
+void conv_fwd(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs, at::Tensor y,
+              const c10::optional<at::Tensor>& bias, at::IntArrayRef grid, int64_t G, int64_t Cg, int64_t Kg,
+              int64_t MB, bool vnni, bool use_amx, int64_t ps, const c10::optional<at::Tensor>& res,
+              double res_scale, bool relu, double relu_slope) {
+  TORCH_CHECK(xs.is_contiguous() && wp.is_contiguous() && runs.is_contiguous(), "conv_fwd: contiguous operands");
+  TORCH_CHECK(y.dim() == 5 && y.stride(4) == 1, "conv_fwd: y (N, Y0, Y1, Y2, K), last dim contiguous");
+  TORCH_CHECK(grid.size() == 9, "conv_fwd: grid (U0, U1, U2, lo0, lo1, lo2, hi0, hi1, hi2)");
+  const Grid gr{grid[0], grid[1], grid[2], grid[3], grid[4], grid[5], grid[6], grid[7], grid[8]};
+  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  const Epilogue ep = make_epilogue(y, res, res_scale, relu, relu_slope);
   if (xs.scalar_type() == at::kBFloat16) {
-    if (y.scalar_type() == at::kFloat) fwd_impl<at::BFloat16, float>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, vnni, use_amx, ps, ep);
-    else fwd_impl<at::BFloat16, at::BFloat16>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, vnni, use_amx, ps, ep);
+    if (y.scalar_type() == at::kFloat)
+      fwd_impl<at::BFloat16, float>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, vnni, use_amx, ps, ep);
+    else
+      fwd_impl<at::BFloat16, at::BFloat16>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, vnni, use_amx, ps, ep);
   } else {
     TORCH_CHECK(xs.scalar_type() == at::kFloat && y.scalar_type() == at::kFloat && !vnni, "conv_fwd: bf16 or f32");
     fwd_impl<float, float>(xs, wp, runs, y, b, gr, G, Cg, Kg, MB, false, false, ps, ep);
   }
+}
+
+// the forward of a stride-2, 3-wide, pad-1 last dim, x read in place (fwd_s2_impl)
+void conv_fwd_s2(const at::Tensor& x, const at::Tensor& wp, at::Tensor y, const c10::optional<at::Tensor>& bias,
+                 at::IntArrayRef lead, const c10::optional<at::Tensor>& res, double res_scale, bool relu,
+                 double relu_slope) {
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x.dim() == 5 && (bf16 || x.scalar_type() == at::kFloat) && wp.scalar_type() == x.scalar_type() &&
+              x.stride(4) == 1 && x.stride(3) == x.size(4) && (!bf16 || x.size(4) % 32 == 0),
+              "conv_fwd_s2: x (N, S0, S1, S2, C) bf16 (C % 32 == 0) or f32, positions C apart");
+  TORCH_CHECK(y.dim() == 5 && y.stride(4) == 1 && y.size(0) == x.size(0) && lead.size() == 8,
+              "conv_fwd_s2: y (N, O0, O1, O2, K), last dim contiguous");
+  TORCH_CHECK(2 * y.size(3) <= x.size(3), "conv_fwd_s2: output columns reading past x");
+  const int64_t rows = lead[6] * lead[7] * 3 * x.size(4);
+  TORCH_CHECK(wp.is_contiguous() && wp.size(0) == 1 &&
+              (bf16 ? wp.dim() == 4 && wp.size(2) == rows
+                    : wp.dim() == 3 && wp.size(1) == rows && wp.size(2) == y.size(4)),
+              "conv_fwd_s2: wp (1, nkb, F0 F1 3 C, 64) VNNI (bf16) or (1, F0 F1 3 C, K) (f32)");
+  const Epilogue ep = make_epilogue(y, res, res_scale, relu, relu_slope);
+  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  if (!bf16) {
+    TORCH_CHECK(y.scalar_type() == at::kFloat, "conv_fwd_s2: f32 x, f32 y");
+    fwd_s2_impl<float, float>(x, wp, y, b, lead, ep);
+    return;
+  }
+#ifdef NNPRIM_AMX
+  TORCH_CHECK(amx_permitted(), "conv_fwd_s2: AMX not permitted");
+  if (y.scalar_type() == at::kFloat) fwd_s2_impl<at::BFloat16, float>(x, wp, y, b, lead, ep);
+  else fwd_s2_impl<at::BFloat16, at::BFloat16>(x, wp, y, b, lead, ep);
+#else
+  TORCH_CHECK(false, "conv_fwd_s2: bf16 needs the AMX build");
+#endif
 }
 
 // dw[f, g] (Cg, Kg) = sum over grid positions q: X_ph(f)[q + off_f, g*Cg + c] dy[q, g*Kg + k]
@@ -530,6 +704,8 @@ TORCH_LIBRARY(nnprim_cpu_conv, m) {
   m.def("conv_fwd(Tensor xs, Tensor wp, Tensor runs, Tensor(a!) y, Tensor? bias, int[] grid, int G, int Cg, "
         "int Kg, int MB, bool vnni, bool use_amx, int ps, Tensor? res=None, float res_scale=1.0, bool relu=False, "
         "float relu_slope=0.0) -> ()");
+  m.def("conv_fwd_s2(Tensor x, Tensor wp, Tensor(a!) y, Tensor? bias, int[] lead, Tensor? res=None, "
+        "float res_scale=1.0, bool relu=False, float relu_slope=0.0) -> ()");
   m.def("conv_wgrad(Tensor xt, Tensor dyg, Tensor taps, Tensor chunks, Tensor(a!) dw, int G, int Cg, int Kg, "
         "bool vnni) -> ()");
   m.def("pack_b(Tensor src3, bool transpose, Tensor index, bool vnni) -> Tensor");
@@ -538,6 +714,7 @@ TORCH_LIBRARY(nnprim_cpu_conv, m) {
 }
 TORCH_LIBRARY_IMPL(nnprim_cpu_conv, CPU, m) {
   m.impl("conv_fwd", &conv_fwd);
+  m.impl("conv_fwd_s2", &conv_fwd_s2);
   m.impl("conv_wgrad", &conv_wgrad);
   m.impl("pack_b", &pack_b);
   m.impl("pack_b_pairs", &pack_b_pairs);

@@ -5,6 +5,8 @@ error of rounding the exact result to bf16 (one rounding: f32 accumulation); f32
 rounding. Every kernel path runs: the own AMX kernel, torch's brgemm on VNNI blocks, and the
 plain layout (oneDNN's GEMM)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -40,7 +42,14 @@ SHAPES = {
     # wider channel blocks per group: 48 = 32 + 16 columns (fwd Kg), 32 (bwd_data Cg), 16 only
     "f32_k48_g2": ((2, 64, 9, 11), (96, 32, 3, 3), dict(padding=1, groups=2)),
     "f32_k16_s2": ((2, 16, 13, 8), (16, 16, 3, 3), dict(stride=2, padding=(1, 2), dilation=(1, 2))),
+    # x read in place (nhwc forward, stride-2 3-wide pad-1 last dim): a 40-column tail, lines of
+    # 35 outputs (a 32-row step and a 3-row one) under dilated rows, 3-D with halo planes
+    "s2_in_place": ((2, 32, 7, 10), (40, 32, 3, 3), dict(stride=2, padding=1)),
+    "s2_in_place_wide": ((1, 64, 7, 70), (32, 64, 3, 3), dict(stride=(1, 2), padding=(0, 1), dilation=(2, 1))),
+    "s2_in_place_3d": ((1, 32, 4, 5, 12), (16, 32, 2, 3, 3), dict(stride=(2, 1, 2), padding=1)),
+    "1d_segments": ((1, 4, 5000), (6, 4, 3), dict(padding=1)),    # lines of 5 segments
 }
+IN_PLACE = ["s2_in_place", "s2_in_place_wide", "s2_in_place_3d", "amx_c32_k96_s2"]
 SOLVERS = {"fwd": CpuBrgemmFwd, "bwd_data": CpuBrgemmBwdData, "bwd_weights": CpuBrgemmBwdWeights}
 
 
@@ -59,6 +68,14 @@ def b_layout(request, monkeypatch):
         monkeypatch.setattr(cpu_brgemm, "USE_AMX_KERNEL", False)
     if request.param == "plain":
         monkeypatch.setattr(cpu_brgemm, "vnni", lambda p: False)
+    return request.param
+
+
+@pytest.fixture(params=["default", "whole"])
+def x_path(request, monkeypatch):
+    """How the forward reads x: default (in place where `reads_in_place`); whole: staged first."""
+    if request.param == "whole":
+        monkeypatch.setattr(cpu_brgemm, "reads_in_place", lambda p: False)
     return request.param
 
 
@@ -81,7 +98,9 @@ def check(p, args, out, ref):
 @pytest.mark.parametrize("direction", list(SOLVERS))
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_bf16(shape, layout, direction, b_layout):
+def test_bf16(shape, layout, direction, b_layout, x_path):
+    if x_path != "default" and direction != "fwd":
+        pytest.skip("x staged whole: the forward's choice")
     xs, ws, kw = SHAPES[shape]
     p, args = make(direction, xs, ws, layout, torch.bfloat16, **kw)
     assert SOLVERS[direction]().is_applicable(p), SOLVERS[direction]().not_supported_reasons(p)
@@ -89,8 +108,11 @@ def test_bf16(shape, layout, direction, b_layout):
 
 
 @pytest.mark.parametrize("direction", list(SOLVERS))
-@pytest.mark.parametrize("shape", ["2d_asym_dil_g2", "s2_d2_asym", "3d_s2_tail", "f32_k48_g2", "f32_k16_s2"])
-def test_f32(shape, direction):
+@pytest.mark.parametrize("shape", ["2d_asym_dil_g2", "s2_d2_asym", "3d_s2_tail", "f32_k48_g2", "f32_k16_s2",
+                                   "s2_in_place", "s2_in_place_3d", "1d_segments"])
+def test_f32(shape, direction, x_path):
+    if x_path != "default" and direction != "fwd":
+        pytest.skip("x staged whole: the forward's choice")
     xs, ws, kw = SHAPES[shape]
     p, args = make(direction, xs, ws, "nhwc", torch.float32, **kw)
     check(p, args, SOLVERS[direction]().prepare(p)(args), reference(p, args))
@@ -157,6 +179,17 @@ def test_row_epilogue_post_ops(shape, chain, dtype, res_dtype, res_kind, b_layou
     _, args = make("fwd", xs, ws, "nhwc", dtype, **kw)
     args = ConvArgs(x=args.x, w=args.w, bias=torch.randn(p.K).to(dtype), post_ops=post)
     check(p, args, CpuBrgemmFwd().prepare(p)(args), reference(p, args))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", IN_PLACE)
+def test_in_place_chosen(shape, dtype):
+    """The in-place forward runs where it applies (bf16: on the AMX kernel), and not at nchw."""
+    xs, ws, kw = SHAPES[shape]
+    p = ConvProblem.create("fwd", xs, ws, dtype=dtype, layout="nhwc", **kw)
+    amx = cpu_brgemm.vnni(p) and cpu_brgemm.USE_AMX_KERNEL
+    assert cpu_brgemm._Plan(p).in_place == (dtype == torch.float32 or amx)
+    assert not cpu_brgemm._Plan(replace(p, layout="nchw")).in_place
 
 
 def test_runs():
