@@ -568,13 +568,18 @@ class _CpuBrgemmBase(Solver):
 
     @staticmethod
     def _stage_bytes(p: ConvProblem) -> int:
+        """Bytes the staging copies move: x's phase rows (none where the forward reads x in
+        place) and the position-major output."""
         _, _, ut = tap_grid(p)
+        if reads_in_place(p):
+            return p.N * math.prod(p.out_size) * p.K * p.dtype.itemsize
         return (len(phase_list(p)) * _stage_rows(p, p.N * ut) * p.C + p.N * ut * p.K) * p.dtype.itemsize
 
     def estimate(self, p: ConvProblem) -> float:
         cores = max(1, torch.get_num_threads())
         _, _, ut = tap_grid(p)
-        junk = p.N * ut / max(1, p.N * math.prod(p.out_size))
+        # positions of the tap grid computed per output (reading x in place: the outputs only)
+        junk = 1.0 if reads_in_place(p) else p.N * ut / max(1, p.N * math.prod(p.out_size))
         gf = _F32_GFLOPS[p.direction] if p.dtype == F32 else (_BF16_AMX_GFLOPS[p.direction] if vnni(p) else _BF16_GFLOPS)
         m = merge_factor(p)            # merged narrow groups: m-fold flops on fuller tiles
         Kg, Cg = m * p.K // p.groups, m * p.C // p.groups

@@ -192,6 +192,18 @@ def test_in_place_chosen(shape, dtype):
     assert not cpu_brgemm._Plan(replace(p, layout="nchw")).in_place
 
 
+
+def test_in_place_estimate(monkeypatch):
+    """Reading x in place, the estimate counts no x staging and no junk grid positions."""
+    p = ConvProblem.create("fwd", (16, 128, 56, 56), (256, 128, 3, 3), dtype=torch.float32, stride=2, padding=1,
+                           layout="nhwc")
+    assert cpu_brgemm.reads_in_place(p)
+    s = CpuBrgemmFwd()
+    in_place = s.estimate(p)
+    monkeypatch.setattr(cpu_brgemm, "reads_in_place", lambda p: False)
+    assert in_place < 0.95 * s.estimate(p)
+
+
 def test_runs():
     """Taps of one phase at consecutive offsets form one run, whatever their order."""
     taps = [(0, 5, 0), (0, 0, 1), (1, 0, 2), (0, 1, 3), (0, 6, 4), (0, 2, 5)]
