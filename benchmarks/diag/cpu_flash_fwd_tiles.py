@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -17,17 +16,9 @@ import torch.nn.functional as F
 from nnprim.args import AttnArgs
 from nnprim.attention import cpu_flash_native
 from nnprim.problems.attention import AttentionProblem
+from nnprim.search.timing import median_ms
 
 PROBLEMS = [(1, 8, 1024, 64), (1, 8, 2048, 128)]   # (B, H, S, D): benchmarks/attention_cpu.py's
-
-
-def median_ms(fn, reps: int) -> float:
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(ts)
 
 
 def run_problem(shape: tuple[int, int, int, int], a, dtype: torch.dtype, ops, tiles: list[tuple[int, int]]) -> dict:
@@ -49,7 +40,7 @@ def run_problem(shape: tuple[int, int, int, int], a, dtype: torch.dtype, ops, ti
     for r in range(a.rounds):
         order = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]
         for n in order:
-            times[n].append(median_ms(fns[n], a.reps))
+            times[n].append(median_ms(fns[n], "cpu", repeats=a.reps, warmup=0))
     med = {n: statistics.median(t) for n, t in times.items()}
     row = dict(B=B, H=H, S=S, D=D, dtype=a.dtype, threads=a.threads, causal=a.causal, ms=med,
                vs_torch={n: round(med["torch"] / t, 3) for n, t in med.items()})

@@ -54,12 +54,15 @@ box_empty barriers per warpgroup), a fourth partition of one warp (`_box_writer`
 key block's turn at the dQ block (127's `_turn` with 64-key blocks, the CTAs launched in
 descending key-block order), reduce-adds both warpgroups' boxes in a fixed order and passes the
 block on once they are complete; 127's rotated walk where `gluon_bwd.rotation` allows it (no
-causal mask, n_kv <= query blocks and <= SMs). Offline (sm_90): no spills, 4184-4912 SASS
-instructions (3816-3944 for the default). On the H200 (2026-12-02,
-results/gluon_bwd_d256_2026-12-02_s18.json): 163-305 TFLOP/s on the six d256 train problems, 0.72x
-cuDNN geomean (0.63-0.84x; causal 0.63-0.71x: the descending launch and the turns serialise the
-diagonal blocks), 1.17x the default config's time; solver 111, the deterministic choice before,
-0.49x.
+causal mask, n_kv <= query blocks and <= SMs); dK's product after the step's last dQ box
+(DK_AFTER), so the writer gets that box sooner. Offline (sm_90): no spills, 4160-4280 SASS
+instructions (3792-3920 for the default). On the H200 (2026-12-02, nineteenth session,
+results/gluon_bwd_d256_box_2026-12-02_s19.json): 164-317 TFLOP/s on the six d256 train problems,
+0.744x cuDNN geomean (0.636-0.864x); solver 111, the deterministic choice before, 0.49x. What the
+causal problems lose (the `writer` config, without turns, in the same run): the waits for turns
+1.26x (s1024) / 1.18x (s4096) / 1.03x (s16384), the writer's hand-off another 1.03-1.16x
+against the default: with one staging slot a warpgroup cannot stage a step's second box before
+the step's turn, which follows the completion of key block j + 1's adds one step earlier.
 
 Covers bf16/f16, D == Dv == 256, GQA/MQA, causal top-left and bottom-right, any Sq/Sk
 (tails), float scale (inverted or not, any sign), softmax_inf_as_zero (a fully masked row's
