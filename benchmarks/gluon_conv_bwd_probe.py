@@ -1,5 +1,6 @@
-"""Probe of the Gluon backward conv solvers 28 `gluon_implicit_gemm_bwd_data` and 29
-`gluon_implicit_gemm_bwd_weights` on stride-2 layers (issue 13), in one device run
+"""Probe of the Gluon conv solvers 28 `gluon_implicit_gemm_bwd_data` and 29
+`gluon_implicit_gemm_bwd_weights` (and 27, the forward, with --directions fwd,...) on
+stride-2 layers, C = 64 layers and 3-D layers (issue 13), in one device run
 (< ~2 min on an H200), NHWC bf16:
   - rn50_r3_3x3s2 (nnprim/data/suites/conv_gpu.json: N=128, C=K=128, 56x56 -> 28x28, 3x3,
     stride 2, pad 1), the target: >= 0.9x cuDNN in both directions;
@@ -49,8 +50,12 @@ PROBLEMS = {  # name: (x, w, stride, padding)
     "rn50_r3_3x3s2": ((128, 128, 56, 56), (128, 128, 3, 3), 2, 1),
     "rn50_r3_ds_1x1s2": ((128, 256, 56, 56), (512, 256, 1, 1), 2, 0),
     "rn50_r3_3x3": ((128, 128, 28, 28), (128, 128, 3, 3), 1, 1),
+    "rn50_r2_3x3": ((128, 64, 56, 56), (64, 64, 3, 3), 1, 1),
+    "c3d_3x3x3": ((8, 64, 16, 56, 56), (128, 64, 3, 3, 3), 1, 1),       # 3-D: planes as images
+    "c3d_s2": ((8, 128, 16, 28, 28), (256, 128, 3, 3, 3), 2, 1),
 }
-SOLVERS = {"bwd_data": ("gluon_implicit_gemm_bwd_data", "implicit_gemm_bwd_data"),
+SOLVERS = {"fwd": ("gluon_implicit_gemm_fwd", "implicit_gemm_fwd"),
+           "bwd_data": ("gluon_implicit_gemm_bwd_data", "implicit_gemm_bwd_data"),
            "bwd_weights": ("gluon_implicit_gemm_bwd_weights", "implicit_gemm_bwd_weights")}
 
 
@@ -59,21 +64,45 @@ def setup(name: str, direction: str):
     p = ConvProblem.create(direction, x_shape, w_shape, dtype=torch.bfloat16, layout="nhwc", device="cuda",
                            stride=stride, padding=pad)
     g = torch.Generator(device="cuda").manual_seed(0)
-    cl = dict(memory_format=torch.channels_last)
+    nd = len(x_shape) - 2
+    cl = dict(memory_format=torch.channels_last if nd == 2 else torch.channels_last_3d)
     x = torch.randn(*x_shape, generator=g, device="cuda").to(torch.bfloat16).to(**cl)
     w = (torch.randn(*w_shape, generator=g, device="cuda") / math.sqrt(math.prod(w_shape[1:]))).to(torch.bfloat16)
     w = w.to(**cl)
     dy = torch.randn(p.y_shape, generator=g, device="cuda").to(torch.bfloat16).to(**cl)
     kw = dict(stride=stride, padding=pad)
 
-    def api(solver: str):
+    def api(solver: str | None):
+        if direction == "fwd":
+            return lambda: nnprim.conv_forward(x, w, solver=solver, **kw)
         if direction == "bwd_data":
             return lambda: nnprim.conv_backward_data(dy, w, x_shape, solver=solver, **kw)
         return lambda: nnprim.conv_backward_weights(dy, x, w_shape, solver=solver, **kw)
     mask = [direction == "bwd_data", direction == "bwd_weights", False]
-    bw = ([stride] * 2, [pad] * 2, [1, 1], False, [0, 0], 1)
-    cudnn = lambda: torch.ops.aten.convolution_backward(dy, x, w, None, *bw, mask)[0 if mask[0] else 1]  # noqa: E731
+    bw = ([stride] * nd, [pad] * nd, [1] * nd, False, [0] * nd, 1)
+    if direction == "fwd":
+        cudnn = lambda: torch.ops.aten.convolution(x, w, None, *bw)  # noqa: E731
+    else:
+        cudnn = lambda: torch.ops.aten.convolution_backward(dy, x, w, None, *bw, mask)[0 if mask[0] else 1]  # noqa: E731
     return p, api, cudnn, (dy, x, w, bw, mask)
+
+
+def tile_variants(p: ConvProblem, dy: torch.Tensor, x: torch.Tensor) -> dict:
+    """Backward weights at C or K = 64: solver 29's plan with 128-pixel steps (two rows of the
+    default rectangle) next to the default 64, through the plan (no API)."""
+    from nnprim.args import ConvArgs
+    from nnprim.conv import gluon_conv_wgrad as gw
+    if p.direction != "bwd_weights" or min(p.C, p.K) > 64 or gw.shape_reasons(p):
+        return {}
+    t0 = gw.tile_config(p)
+    out = {}
+    for name, bh in (("bp128", 2 * t0.BH),):
+        t = gw.WgradTile(bh, t0.BW, t0.BM, t0.BN, 1, t0.warps)
+        t = gw.WgradTile(bh, t0.BW, t0.BM, t0.BN, min(gw.MAX_STAGES, (gw.SMEM_BYTES - 2048) // t.stage_bytes()),
+                         t0.warps)
+        plan = gw.GluonWgradPlan(p, tile=t)
+        out[name] = lambda plan=plan: plan(ConvArgs(dy=dy, x=x))
+    return out
 
 
 def child(names: list[str]) -> None:
@@ -117,7 +146,7 @@ def graph_ms(fn, rounds: int) -> float | None:
     return None if g is None else statistics.median(interleaved_samples([g], "cuda", rounds=rounds, warmup=2)[0])
 
 
-def run(name: str, d: str, ok: bool, rounds: int) -> dict:
+def run(name: str, d: str, ok: bool, rounds: int, default: bool = False) -> dict:
     p, api, cudnn, (dy, x, w, bw, mask) = setup(name, d)
     rec: dict = {"problem": name, "direction": d, "key": p.key(), "gflop": p.flops() / 1e9}
     ours, triton_s = SOLVERS[d]
@@ -125,14 +154,20 @@ def run(name: str, d: str, ok: bool, rounds: int) -> dict:
     rec["ours_reasons"] = reasons
     with torch.no_grad():
         torch.backends.cudnn.allow_tf32 = False
-        ref = torch.ops.aten.convolution_backward(dy.float(), x.float(), w.float(), None, *bw, mask)[
-            0 if mask[0] else 1]
+        if d == "fwd":
+            ref = torch.ops.aten.convolution(x.float(), w.float(), None, *bw)
+        else:
+            ref = torch.ops.aten.convolution_backward(dy.float(), x.float(), w.float(), None, *bw, mask)[
+                0 if mask[0] else 1]
         torch.backends.cudnn.allow_tf32 = True
     torch.backends.cudnn.benchmark = True
     cands = {}
     if ok and not reasons:
         cands["ours"] = api(ours)
+        cands.update(tile_variants(p, dy, x))
     cands["triton"] = api(triton_s)
+    if default:
+        cands["default"] = api(None)     # the public call as users make it (find on the first call)
     cands["cudnn"] = cudnn
     for fn in cands.values():
         fn()
@@ -160,6 +195,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--guard-s", type=float, default=90.0)
     ap.add_argument("--child", default="")
+    ap.add_argument("--directions", default="bwd_data,bwd_weights")
+    ap.add_argument("--default", action="store_true", help="also the call without solver= (find on its first call)")
     a = ap.parse_args()
     if a.child:
         child(a.child.split(","))
@@ -167,7 +204,7 @@ def main() -> None:
     if not a.out:
         ap.error("--out is required")
     t0 = time.time()
-    names = [f"{n}/{d}" for n in a.only.split(",") for d in SOLVERS]
+    names = [f"{n}/{d}" for n in a.only.split(",") for d in a.directions.split(",")]
     status = guard(names, a.guard_s)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "guard": status, "results": []}
     print(f"guard ({time.time() - t0:.0f} s): {status}", flush=True)
@@ -176,7 +213,7 @@ def main() -> None:
     for full in names:
         name, d = full.split("/")
         try:
-            rec = run(name, d, status[full] == "ok", a.rounds)
+            rec = run(name, d, status[full] == "ok", a.rounds, a.default)
         except Exception as e:  # noqa: BLE001 - keep the others
             rec = {"problem": name, "direction": d, "error": f"{type(e).__name__}: {str(e)[:1500]}"}
         res["results"].append(rec)
@@ -187,6 +224,9 @@ def main() -> None:
                   f"{gm if gm is not None else float('nan'):7.4f} {o.get('host_us', float('nan')):7.1f} "
                   f"{t['ms']:9.4f} {t['vs_cudnn']:7.2f} {c['ms']:8.4f} "
                   f"{o.get('error', '') or t.get('error', '') or status[full]}", flush=True)
+            extra = {k: v for k, v in rec.items() if isinstance(v, dict) and k not in ("ours", "triton", "cudnn")}
+            for k, v in extra.items():
+                print(f"{'':<30} {k}: {v['ms']:.4f} ms, {v['vs_cudnn']:.2f}x cuDNN {v.get('error', '')}", flush=True)
         else:
             print(full, rec.get("error"), flush=True)
         res["elapsed_s"] = time.time() - t0

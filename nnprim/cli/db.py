@@ -13,7 +13,9 @@
                              into the system db (nnprim/data/system_finddb.sqlite, or
                              --out FILE) and its text export (same path, .tsv);
                              --refind-solver S,...: instead, find again the db's problems
-                             whose records hold those solvers (their kernels changed)
+                             whose records hold those solvers (their kernels changed);
+                             --refind-key K,...: ... whose keys contain one of these
+                             (e.g. conv3d: problems a solver newly covers)
   model-check [--system] [--device FP]  leave-one-out (and hash / held-out-class split) validation of the learned model"""
 from __future__ import annotations
 
@@ -125,16 +127,20 @@ def build_problems(suites, models, *, count: int, seed: int, dtype, device: str,
     return probs
 
 
-def refind_problems(db: finddb.FindDb, solvers: str, device: str) -> list:
+def refind_problems(db: finddb.FindDb, solvers: str | None, device: str, key_parts: str | None = None) -> list:
     """(key, problem) of every problem of `db` on this machine whose records hold one of the
     solver names or ids in `solvers` (a comma list): what to find again when those solvers'
-    kernels changed, so that their old times no longer decide."""
+    kernels changed, so that their old times no longer decide; or whose key contains one of
+    `key_parts` (a comma list): problems a solver newly covers, whose records lack it."""
     from ..search.context import context
     from ..search.keys import problem_from_key
     from ..search.solver import REGISTRY
-    ids = {REGISTRY.get(int(t) if t.strip().isdigit() else t.strip()).id for t in solvers.split(",") if t.strip()}
+    ids = {REGISTRY.get(int(t) if t.strip().isdigit() else t.strip()).id
+           for t in (solvers or "").split(",") if t.strip()}
+    parts = [t.strip() for t in (key_parts or "").split(",") if t.strip()]
     fp = context(device).fingerprint
-    keys = sorted({r.problem_key for r in db.for_device(fp, finddb.SOLVER_SET_VERSION) if r.solver_id in ids})
+    keys = sorted({r.problem_key for r in db.for_device(fp, finddb.SOLVER_SET_VERSION)
+                   if r.solver_id in ids or any(t in r.problem_key for t in parts)})
     out = []
     for key in keys:
         p = problem_from_key(key)
@@ -162,8 +168,8 @@ def cmd_build_system(args) -> int:
     if not os.path.exists(out):
         finddb.create_empty(out)
     target = finddb.FindDb(out)
-    if args.refind_solver:
-        probs = refind_problems(target, args.refind_solver, dev)
+    if args.refind_solver or args.refind_key:
+        probs = refind_problems(target, args.refind_solver, dev, args.refind_key)
     else:
         probs = build_problems(suites, models, count=args.count, seed=args.seed, dtype=args.dtype, device=dev,
                                direction=args.direction, scale=args.scale)
@@ -266,6 +272,9 @@ def add_parser(sub) -> None:
     p.add_argument("--refind-solver", default=None,
                    help="instead of suites and models: find again every problem of the db whose records hold "
                         "these solvers (comma list of names or ids; after a kernel change)")
+    p.add_argument("--refind-key", default=None,
+                   help="instead of suites and models: find again every problem of the db whose key contains "
+                        "one of these (comma list; e.g. conv3d after a solver newly covers 3-D)")
     p.add_argument("--out", default=None, help="output file (default: the package's system db)")
     p.add_argument("--workers", type=int, default=8, help="parallel compile processes on a GPU (1: none)")
     p.add_argument("--time-budget", type=float, default=None,

@@ -251,6 +251,33 @@ if gluon is not None:
         return i, row, n, oh0, ow0, off_n
 
     @gluon.jit
+    def _x_plane(n, td, OD, D, sd, pd, dd, DEPTH: gl.constexpr):
+        """3-D (DEPTH): the plane of x ([N*D, H, W, C]) that output plane n (of N*OD) reads at
+        depth tap td, or -1 where the tap falls into the depth padding: a box wholly outside
+        x, which TMA fills with zeros. 2-D: n itself."""
+        if DEPTH:
+            img = n // OD
+            iz = (n - img * OD) * sd - pd + td * dd
+            xn = img * D + iz
+            if (iz < 0) | (iz >= D):
+                xn = -1
+        else:
+            xn = n
+        return xn
+
+    @gluon.jit
+    def _tap_rq(tap, RS, S, DEPTH: gl.constexpr):
+        """(depth tap, filter row, filter column) of linear tap index `tap` (T x R x S order)."""
+        if DEPTH:
+            td = tap // RS
+            rs = tap - td * RS
+        else:
+            td = 0
+            rs = tap
+        r = rs // S
+        return td, r, rs - r * S
+
+    @gluon.jit
     def _load_x(x_desc, x01_desc, x10_desc, x11_desc, n, oh0, ow0, oy, ox, c0, bar, buf,
                 SH: gl.constexpr, SW: gl.constexpr):
         """The x box of output rows oh0.., columns ow0.. shifted by the tap's input offset
@@ -277,15 +304,17 @@ if gluon is not None:
     @gluon.jit
     def _producer(x_desc, x01_desc, x10_desc, x11_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles,
                   n_th, n_tw, num_m, num_n, n_steps, nk, S, C, K, n_taps, ph, pw, dh, dw, tab,
+                  RS, OD, D, sd, pd, dd,
                   BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                   KSUB: gl.constexpr, GROUP_M: gl.constexpr, TRANS_W: gl.constexpr,
-                  SH: gl.constexpr, SW: gl.constexpr, PHASED: gl.constexpr):
+                  SH: gl.constexpr, SW: gl.constexpr, PHASED: gl.constexpr, DEPTH: gl.constexpr):
         """1 warp: for every tile of this CTA and every stage of its reduction, wait for the
         slot to be released, then KSUB (x box, w box) loads onto its ready barrier. Empty
         barriers start 'phase 1 complete', so the first pass waits on parity 1.
         TRANS_W (backward data): w is [C, taps*K] (the forward filter [K', R, S, C'] seen
         with the reduction channels as rows), boxes [BK, BN] at (c0, flipped tap*K + n).
-        PHASED: stride-2 backward data, see `_produce_phased`."""
+        PHASED: stride-2 backward data, see `_produce_phased`. DEPTH (3-D): taps are T x R x S,
+        tiles are rectangles of output planes, each tap reads its x plane (`_x_plane`)."""
         STAGES: gl.constexpr = ready.type.shape[0]
         nbytes: gl.constexpr = KSUB * (x_desc.block_type.nbytes + w_desc.block_type.nbytes)
         if PHASED:
@@ -303,10 +332,10 @@ if gluon is not None:
                         it = st * KSUB + u
                         tap = it // nk
                         c0 = (it - tap * nk) * BK
-                        r = tap // S
-                        q = tap - r * S
-                        _load_x(x_desc, x01_desc, x10_desc, x11_desc, n, oh0, ow0, r * dh - ph, q * dw - pw, c0,
-                                ready.index(s), a_bufs.index(s * KSUB + u), SH, SW)
+                        td, r, q = _tap_rq(tap, RS, S, DEPTH)
+                        _load_x(x_desc, x01_desc, x10_desc, x11_desc, _x_plane(n, td, OD, D, sd, pd, dd, DEPTH),
+                                oh0, ow0, r * dh - ph, q * dw - pw, c0, ready.index(s), a_bufs.index(s * KSUB + u),
+                                SH, SW)
                         if TRANS_W:
                             tma.async_copy_global_to_shared(w_desc, [c0, (n_taps - 1 - tap) * K + off_n],
                                                             ready.index(s), b_bufs.index(s * KSUB + u))
@@ -468,11 +497,12 @@ if gluon is not None:
         else:
             tma.async_copy_shared_to_global(y_desc, [n, oh0, ow0, off_n], c_smem)
 
-    @gluon.jit(do_not_specialize=["N", "OH", "OW", "S", "C", "K", "ph", "pw", "dh", "dw", "syn", "syh", "syw"])
+    @gluon.jit(do_not_specialize=["N", "OH", "OW", "S", "C", "K", "ph", "pw", "dh", "dw", "syn", "syh", "syw",
+                                  "T", "OD", "D", "sd", "pd", "dd"])
     def _gluon_conv_kernel(
             x_desc, x01_desc, x10_desc, x11_desc, w_desc, y_desc, y1_desc, y2_desc, y3_desc,
             bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr, tab,
-            N, OH, OW, R, S, C, K, ph, pw, dh, dw, syn, syh, syw,
+            N, OH, OW, R, S, C, K, ph, pw, dh, dw, syn, syh, syw, T, OD, D, sd, pd, dd,
             p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
             HAS_BIAS: gl.constexpr,
             P0_KIND: gl.constexpr, P0_SUB: gl.constexpr, P0_BC: gl.constexpr,
@@ -482,10 +512,12 @@ if gluon is not None:
             BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
             KSUB: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr,
             TRANS_W: gl.constexpr, EPI_BUFS: gl.constexpr, SH: gl.constexpr, SW: gl.constexpr,
-            PHASED: gl.constexpr, num_warps: gl.constexpr):
+            PHASED: gl.constexpr, DEPTH: gl.constexpr, num_warps: gl.constexpr):
         """Persistent: CTA i runs tiles i, i + grid, ... (see the module docstring). PHASED
         (stride-2 backward data): `tab` is the phase table (gluon_phases.phase_table), the
-        tiles those of all phases; else `tab` is unused."""
+        tiles those of all phases; else `tab` is unused. DEPTH (3-D): N counts output planes
+        (N*OD), x is [N*D, H, W, C], the filter T x R x S (depth stride sd, padding pd,
+        dilation dd); 2-D: T = OD = D = 1 and these go unused."""
         dtype: gl.constexpr = x_desc.dtype
         n_th = gl.cdiv(OH, BH)
         n_tw = gl.cdiv(OW, BW)
@@ -497,7 +529,7 @@ if gluon is not None:
         else:
             n_tiles = num_m * num_n
         nk = gl.cdiv(C, BK)
-        n_steps = gl.cdiv(R * S * nk, KSUB)
+        n_steps = gl.cdiv(T * R * S * nk, KSUB)
 
         a_bufs = gl.allocate_shared_memory(dtype, [STAGES * KSUB] + x_desc.block_type.shape, x_desc.layout)
         b_bufs = gl.allocate_shared_memory(dtype, [STAGES * KSUB] + w_desc.block_type.shape, w_desc.layout)
@@ -517,8 +549,8 @@ if gluon is not None:
                          P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC,
                          BH, BW, BN, BK, KSUB, GROUP_M, num_warps, EPILOGUE, TRANS_W, PHASED)),
             (_producer, (x_desc, x01_desc, x10_desc, x11_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles,
-                         n_th, n_tw, num_m, num_n, n_steps, nk, S, C, K, R * S, ph, pw, dh, dw, tab,
-                         BH, BW, BN, BK, KSUB, GROUP_M, TRANS_W, SH, SW, PHASED)),
+                         n_th, n_tw, num_m, num_n, n_steps, nk, S, C, K, T * R * S, ph, pw, dh, dw, tab,
+                         R * S, OD, D, sd, pd, dd, BH, BW, BN, BK, KSUB, GROUP_M, TRANS_W, SH, SW, PHASED, DEPTH)),
         ], [1], [24])
 
         for i in gl.static_range(STAGES):
@@ -589,24 +621,29 @@ class GluonConvPlan:
         self.tile = t = tile or tile_config(fp)
         H, W = gm.inp[1], gm.inp[2]
         OH, OW = gm.out[1], gm.out[2]
-        self.n_tiles = gm.N * triton.cdiv(OH, t.BH) * triton.cdiv(OW, t.BW) * triton.cdiv(gm.K, t.BN)
-        self.scalars = (gm.N, OH, OW, gm.filt[1], gm.filt[2], gm.C, gm.K, gm.pad[1], gm.pad[2],
-                        gm.dil[1], gm.dil[2], OH * OW * gm.K, OW * gm.K, gm.K)
-        self.y_shape = (gm.N, OH, OW, gm.K)
+        # 3-D: the kernel's images are the N*OD output planes, x is [N*D, H, W, C] (`_x_plane`)
+        self.depth = fp.ndim == 3
+        planes = gm.N * gm.out[0]
+        self.n_tiles = planes * triton.cdiv(OH, t.BH) * triton.cdiv(OW, t.BW) * triton.cdiv(gm.K, t.BN)
+        self.scalars = (planes, OH, OW, gm.filt[1], gm.filt[2], gm.C, gm.K, gm.pad[1], gm.pad[2],
+                        gm.dil[1], gm.dil[2], OH * OW * gm.K, OW * gm.K, gm.K,
+                        gm.filt[0], gm.out[0], gm.inp[0], gm.stride[0], gm.pad[0], gm.dil[0])
+        self.y_shape = (planes, OH, OW, gm.K)
         # x per stride phase (a, b): the view x[:, a::sh, b::sw] (one phase at stride 1)
         self.sh, self.sw = sh, sw = gm.stride[1], gm.stride[2]
         box = [1, t.BH, t.BW, t.BK]
-        self.dx = {ab: (*gp.view_geometry((gm.N, H, W, gm.C), *ab, sh, sw), box, _nvmma(box, p.dtype))
+        self.x_shape = (gm.N * gm.inp[0], H, W, gm.C)
+        self.dx = {ab: (*gp.view_geometry(self.x_shape, *ab, sh, sw), box, _nvmma(box, p.dtype))
                    for ab in gp.phases_of(sh, sw)}
         if self.bwd:   # p's w [K=gm.C, R, S, C=gm.K] as [gm.C, taps * gm.K]: rows are the reduction
             self.dw = ([gm.C, gm.taps * gm.K], [gm.taps * gm.K, 1], [t.BK, t.BN], _nvmma([t.BK, t.BN], p.dtype))
         else:
             self.dw = ([gm.K, gm.taps * gm.C], [gm.taps * gm.C, 1], [t.BN, t.BK], _nvmma([t.BN, t.BK], p.dtype))
-        self.dy = ([gm.N, OH, OW, gm.K], [OH * OW * gm.K, OW * gm.K, gm.K, 1], [1, t.BH, t.BW, t.BN],
+        self.dy = ([planes, OH, OW, gm.K], [OH * OW * gm.K, OW * gm.K, gm.K, 1], [1, t.BH, t.BW, t.BN],
                    _nvmma([1, t.BH, t.BW, t.BN], p.dtype))
         self.tail = (*self.scalars, *self.epi.scalars(), *self.epi.constexprs(),
                      t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, self.bwd, t.epi_bufs, sh, sw,
-                     False)
+                     False, self.depth)
 
     def _plan_phased(self, p: ConvProblem, tile: GluonTile | None) -> None:
         """Stride-2 backward data: dy (channels p.K) is the unit-stride x, dx (channels p.C)
@@ -615,7 +652,7 @@ class GluonConvPlan:
         launch (`gluon_phases.phase_table`). The tile is planned for the largest phase."""
         self.epi = plan_epilogue(p)
         assert not self.epi.needs_tensors and not p.has_bias, "backward data has no epilogue"
-        self.flat = False
+        self.flat = self.depth = False
         N, (H, W), (OH, OW), (R, S) = p.N, p.in_size, p.out_size, p.filter
         phases = gp.data_phases(p)
         QH, QW = max(d.h.Q for d in phases), max(d.w.Q for d in phases)
@@ -633,9 +670,10 @@ class GluonConvPlan:
         box = [1, t.BH, t.BW, t.BN]
         self.dys = [(*gp.view_geometry(self.y_shape, *d.ab, sh, sw), box, _nvmma(box, p.dtype)) for d in phases]
         # scalars: the kernel's OH, OW, R, S, pads and dilations are the phase rows' in this mode
-        self.tail = (N, QH, QW, R, S, p.K, p.C, 0, 0, 1, 1, H * W * p.C, sh * W * p.C, sw * p.C,
+        self.tail = (N, QH, QW, R, S, p.K, p.C, 0, 0, 1, 1, H * W * p.C, sh * W * p.C, sw * p.C, 1, 1, 1, 1, 0, 1,
                      *self.epi.scalars(), *self.epi.constexprs(),
-                     t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, True, t.epi_bufs, 1, 1, True)
+                     t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, True, t.epi_bufs, 1, 1, True,
+                     False)
 
     def _launch(self, device: torch.device) -> Launch:
         if self.launch is None:
@@ -677,9 +715,9 @@ class GluonConvPlan:
 
     def _descs(self, xl: torch.Tensor, wl: torch.Tensor, yl: torch.Tensor) -> tuple:
         """Host descriptors of standard channels-last logical x (dy), w and y."""
-        x, w, y = xl.permute(0, 2, 3, 1), wl.permute(0, 2, 3, 1), yl.permute(0, 2, 3, 1)
-        if self.flat:
-            x, y = x.reshape(self.dx[(0, 0)][0]), y.reshape(self.y_shape)
+        x, w, y = channels_last(xl), channels_last(wl), channels_last(yl)
+        if self.flat or self.depth:
+            x, y = x.reshape(self.x_shape), y.reshape(self.y_shape)
         return (*self._x_descs(x, host_descriptor), host_descriptor(w, *self.dw), *self._y_descs(y, host_descriptor))
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -699,16 +737,16 @@ class GluonConvPlan:
                     launch.run_keyed_addresses((xp, wp, yp), lambda: self._descs(xl, wl, yl), *addr, last)
                     return yl
         # physical NHWC views (the logical tensors are (N, C, H, W) in channels-last memory)
-        x = (args.dy if self.bwd else args.x).permute(0, 2, 3, 1)
-        w = args.w.permute(0, 2, 3, 1)
+        x = channels_last(args.dy if self.bwd else args.x)
+        w = channels_last(args.w)
         x, w = contiguous_aligned(x), contiguous_aligned(w)
         direct = (out is not None and out.dtype == p.dtype and out.data_ptr() % 16 == 0
-                  and out.permute(0, 2, 3, 1).is_contiguous())
-        y_phys = out.permute(0, 2, 3, 1) if direct else None
-        if self.flat:   # the same memory as one row of N*H*W pixels
-            x = x.reshape(self.dx[(0, 0)][0])
+                  and channels_last(out).is_contiguous())
+        y_phys = channels_last(out) if direct else None
+        if self.flat or self.depth:   # flat: the same memory as one row of N*H*W pixels; 3-D: N*D planes
+            x = x.reshape(self.x_shape)
             y = y_phys.reshape(self.y_shape) if direct else alloc.empty(self.y_shape, p.dtype, x.device)
-            y_nchw = y.view(out_phys_shape(p)).permute(0, 3, 1, 2)
+            y_nchw = logical(y.view(out_phys_shape(p)))
         else:
             y = y_phys if direct else alloc.empty(self.y_shape, p.dtype, x.device)
             y_nchw = y.permute(0, 3, 1, 2)
@@ -729,6 +767,16 @@ class GluonConvPlan:
         return y_nchw
 
 
+def channels_last(t: torch.Tensor) -> torch.Tensor:
+    """The physical (N, *spatial, C) view of a logical (N, C, *spatial) channels-last tensor."""
+    return t.permute(0, *range(2, t.dim()), 1)
+
+
+def logical(t: torch.Tensor) -> torch.Tensor:
+    """The logical (N, C, *spatial) view of a physical (N, *spatial, C) tensor."""
+    return t.permute(0, t.dim() - 1, *range(1, t.dim() - 1))
+
+
 def out_phys_shape(p: ConvProblem) -> tuple[int, ...]:
     """The channels-last (N, H, W, C) shape of what the plan writes: y (forward), dx (backward data)."""
     n, c, *sp = p.y_shape if p.direction == "fwd" else p.x_shape
@@ -739,8 +787,10 @@ def out_phys_shape(p: ConvProblem) -> tuple[int, ...]:
 def shape_reasons(p: ConvProblem) -> list[str]:
     """Options the kernel does not cover (each names the option and its value)."""
     reasons = []
-    if p.ndim != 2:
-        reasons.append(f"ndim={p.ndim}: only 2-D convolutions")
+    if p.ndim not in (2, 3):
+        reasons.append(f"ndim={p.ndim}: only 2-D and 3-D convolutions")
+    elif p.ndim == 3 and p.direction == "bwd_data" and any(s != 1 for s in p.stride):
+        reasons.append(f"stride={tuple(p.stride)}: 3-D backward data needs stride 1 (the phased launch is 2-D)")
     if p.layout != "nhwc":
         reasons.append(f"layout={p.layout}: needs nhwc")
     if p.dtype not in (torch.bfloat16, torch.float16):
@@ -749,13 +799,14 @@ def shape_reasons(p: ConvProblem) -> list[str]:
         reasons.append(f"out_dtype {p.out_dtype}: the output must be in the input dtype {p.dtype}")
     if p.groups != 1 and p.direction != "bwd_weights":
         reasons.append(f"groups={p.groups}: needs groups == 1")
-    if any(s not in (1, 2) for s in p.stride):
-        reasons.append(f"stride={tuple(p.stride)}: needs stride 1 or 2")
-    elif p.ndim == 2 and any(s == 2 and n < 2 for s, n in zip(p.stride, p.in_size)):
+    # rows and columns: stride 1 or 2 (phase views); 3-D depth: any (each tap picks its plane)
+    if any(s not in (1, 2) for s in p.stride[-2:]):
+        reasons.append(f"stride={tuple(p.stride)}: needs stride 1 or 2 over rows and columns")
+    elif any(s == 2 and n < 2 for s, n in zip(p.stride[-2:], p.in_size[-2:])):
         reasons.append(f"stride 2 over an input size {tuple(p.in_size)} < 2: an empty stride phase")
     if p.C % 16 or p.K % 16:
         reasons.append(f"C={p.C}, K={p.K}: both must be multiples of 16 (TMA row alignment)")
-    if p.direction == "bwd_data" and p.ndim == 2 and all(s == 1 for s in p.stride):   # stride 2: phased, any padding
+    if p.direction == "bwd_data" and all(s == 1 for s in p.stride):   # stride 2: phased, any padding
         reasons += flipped_padding_reasons(p)
     return reasons
 

@@ -50,7 +50,7 @@ from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import register
 from .depthwise import dw_estimate
-from .gluon_conv import SMEM_BYTES, GluonConvSolver, _nvmma, flat_view, rect
+from .gluon_conv import SMEM_BYTES, GluonConvSolver, _nvmma, channels_last, flat_view, logical, rect
 from .gluon_phases import four_phase_descs, phases_of, view_geometry
 from .implicit_gemm import geom, layout_strides, roofline_ms, same_memory
 from .implicit_gemm_bwd import REDUCE_SLICES, _split_reduce_kernel, max_split
@@ -118,7 +118,7 @@ def plan_split(p: ConvProblem, t: WgradTile, sms: int) -> tuple[int, int, int]:
     partials (per REDUCE_SLICES slices and bytes), within int32-indexable workspaces and
     slices of at least SLICE_STEPS pixel rectangles."""
     gm = geom(p)
-    nt = gm.N * triton.cdiv(gm.out[1], t.BH) * triton.cdiv(gm.out[2], t.BW)
+    nt = gm.N * gm.out[0] * triton.cdiv(gm.out[1], t.BH) * triton.cdiv(gm.out[2], t.BW)
     tiles = triton.cdiv(gm.K, t.BM) * gm.taps * (1 if p.groups > 1 else triton.cdiv(gm.C, t.BN))
     step_us = max(STEP_FLOOR_US, 2 * t.BM * t.BN * t.BP / (600e6 / 132))
     E = gm.K * gm.taps * gm.Cg
@@ -153,7 +153,7 @@ def split_cost_us(p: ConvProblem, t: WgradTile, sms: int) -> float:
 def sk_geometry(p: ConvProblem, t: WgradTile) -> tuple[int, int]:
     """(tiles, rectangles per tile) of the stream-K work list (ungrouped)."""
     gm = geom(p)
-    nt = gm.N * triton.cdiv(gm.out[1], t.BH) * triton.cdiv(gm.out[2], t.BW)
+    nt = gm.N * gm.out[0] * triton.cdiv(gm.out[1], t.BH) * triton.cdiv(gm.out[2], t.BW)
     return triton.cdiv(gm.K, t.BM) * gm.taps * triton.cdiv(gm.C, t.BN), nt
 
 
@@ -187,7 +187,7 @@ def use_stream_k(p: ConvProblem, t: WgradTile, sms: int) -> bool:
 
 # ---- Gluon kernel ------------------------------------------------------------------------
 if gluon is not None:
-    from .gluon_conv import _load_x
+    from .gluon_conv import _load_x, _tap_rq, _x_plane
 
     @gluon.jit
     def _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
@@ -251,10 +251,11 @@ if gluon is not None:
 
     @gluon.jit
     def _load_rect(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, t, cnt, n_th, n_tw,
-                   pid_k, oh, ow, c0, BH: gl.constexpr, BW: gl.constexpr, BM: gl.constexpr, SH: gl.constexpr,
-                   SW: gl.constexpr):
+                   pid_k, td, oh, ow, c0, OD, D, sd, pd, dd, BH: gl.constexpr, BW: gl.constexpr, BM: gl.constexpr,
+                   SH: gl.constexpr, SW: gl.constexpr, DEPTH: gl.constexpr):
         """Pixel rectangle t's dy box and its x box shifted by the tap (oh, ow) onto ring slot
-        cnt % STAGES, once the consumer has released it."""
+        cnt % STAGES, once the consumer has released it. DEPTH (3-D): t's image is an output
+        plane; the x box comes from the plane depth tap td reads (`_x_plane`)."""
         STAGES: gl.constexpr = ready.type.shape[0]
         nbytes: gl.constexpr = dy_desc.block_type.nbytes + x_desc.block_type.nbytes
         tw = t % n_tw
@@ -265,25 +266,26 @@ if gluon is not None:
         mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), nbytes)
         tma.async_copy_global_to_shared(dy_desc, [n, th * BH, tw * BW, pid_k * BM], ready.index(s), a_bufs.index(s))
-        _load_x(x_desc, x01_desc, x10_desc, x11_desc, n, th * BH, tw * BW, oh, ow, c0, ready.index(s),
-                b_bufs.index(s), SH, SW)
+        _load_x(x_desc, x01_desc, x10_desc, x11_desc, _x_plane(n, td, OD, D, sd, pd, dd, DEPTH), th * BH, tw * BW,
+                oh, ow, c0, ready.index(s), b_bufs.index(s), SH, SW)
 
     @gluon.jit
     def _producer(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, n_units, tiles,
-                  nj, ncb, S, tps, nt, n_th, n_tw, ph, pw, dh, dw, Kg, Cg, DIAG: gl.constexpr, BH: gl.constexpr,
-                  BW: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, SH: gl.constexpr, SW: gl.constexpr):
+                  nj, ncb, S, tps, nt, n_th, n_tw, ph, pw, dh, dw, Kg, Cg, RS, OD, D, sd, pd, dd, DIAG: gl.constexpr,
+                  BH: gl.constexpr, BW: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, SH: gl.constexpr,
+                  SW: gl.constexpr, DEPTH: gl.constexpr):
         """1 warp: for each unit of this CTA and each pixel rectangle of its slice, a dy box
         and the tap-shifted x box onto the next ring slot (stride 2: from x's phase view,
         as solver 27 reads it, `_load_x`)."""
         cnt = 0
         for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
             sp, pid_k, tap, c0 = _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG, BM, BN)
-            r = tap // S
-            q = tap - r * S
+            td, r, q = _tap_rq(tap, RS, S, DEPTH)
             t_end = gl.minimum(sp * tps + tps, nt)
             for t in range(sp * tps, t_end):
                 _load_rect(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, t, cnt,
-                           n_th, n_tw, pid_k, r * dh - ph, q * dw - pw, c0, BH, BW, BM, SH, SW)
+                           n_th, n_tw, pid_k, td, r * dh - ph, q * dw - pw, c0, OD, D, sd, pd, dd, BH, BW, BM, SH, SW,
+                           DEPTH)
                 cnt += 1
 
     @gluon.jit
@@ -313,13 +315,15 @@ if gluon is not None:
             else:
                 gl.store(out_ptr + sp.to(gl.int64) * K * ncol + off, acc, mask=mask)
 
-    @gluon.jit(do_not_specialize=["N", "OH", "OW", "S", "C", "K", "ph", "pw", "dh", "dw", "tps", "split"])
+    @gluon.jit(do_not_specialize=["N", "OH", "OW", "S", "C", "K", "ph", "pw", "dh", "dw", "tps", "split",
+                                  "T", "OD", "D", "sd", "pd", "dd"])
     def _gluon_wgrad_kernel(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, out_ptr, N, OH, OW, R, S, C, K, Kg, Cg,
-                            ph, pw, dh, dw, tps, split,
+                            ph, pw, dh, dw, tps, split, T, OD, D, sd, pd, dd,
                             DIRECT: gl.constexpr, DIAG: gl.constexpr, BH: gl.constexpr, BW: gl.constexpr,
                             BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, SH: gl.constexpr,
-                            SW: gl.constexpr, num_warps: gl.constexpr):
-        """Persistent: CTA i runs units i, i + grid, ... (see the module docstring)."""
+                            SW: gl.constexpr, DEPTH: gl.constexpr, num_warps: gl.constexpr):
+        """Persistent: CTA i runs units i, i + grid, ... (see the module docstring). DEPTH
+        (3-D): N counts output planes (N*OD), x is [N*D, H, W, C], taps T x R x S."""
         n_th = gl.cdiv(OH, BH)
         n_tw = gl.cdiv(OW, BW)
         nt = N * n_th * n_tw
@@ -327,16 +331,16 @@ if gluon is not None:
             ncb = 1
         else:
             ncb = gl.cdiv(C, BN)
-        nj = R * S * ncb
+        nj = T * R * S * ncb
         tiles = gl.cdiv(K, BM) * nj
         n_units = tiles * split
         a_bufs, b_bufs, ready, empty = _ring(dy_desc, x_desc, STAGES)
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, ready, empty, out_ptr, n_units, tiles, nj, ncb, tps, nt, K, C, Kg, Cg,
-                         R * S, DIRECT, DIAG, BH, BW, BM, BN, num_warps)),
+                         T * R * S, DIRECT, DIAG, BH, BW, BM, BN, num_warps)),
             (_producer, (dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, n_units,
-                         tiles, nj, ncb, S, tps, nt, n_th, n_tw, ph, pw, dh, dw, Kg, Cg, DIAG, BH, BW, BM, BN,
-                         SH, SW)),
+                         tiles, nj, ncb, S, tps, nt, n_th, n_tw, ph, pw, dh, dw, Kg, Cg, R * S, OD, D, sd, pd, dd,
+                         DIAG, BH, BW, BM, BN, SH, SW, DEPTH)),
         ], [1], [24])
         _release(ready, empty)
 
@@ -362,18 +366,18 @@ if gluon is not None:
 
     @gluon.jit
     def _producer_sk(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, total, nj, ncb,
-                     S, nt, n_th, n_tw, ph, pw, dh, dw, BH: gl.constexpr, BW: gl.constexpr, BM: gl.constexpr,
-                     BN: gl.constexpr, SH: gl.constexpr, SW: gl.constexpr):
+                     S, nt, n_th, n_tw, ph, pw, dh, dw, RS, OD, D, sd, pd, dd, BH: gl.constexpr, BW: gl.constexpr,
+                     BM: gl.constexpr, BN: gl.constexpr, SH: gl.constexpr, SW: gl.constexpr, DEPTH: gl.constexpr):
         """`_producer` over this CTA's run of steps (see `_sk_range`)."""
         lo, hi, t_first, t_last = _sk_range(total, nt)
         cnt = 0
         for tile in range(t_first, t_last + 1):
             pid_k, tap, c0 = _tile_coords(tile, nj, ncb, BN)
-            r = tap // S
-            q = tap - r * S
+            td, r, q = _tap_rq(tap, RS, S, DEPTH)
             for t in range(gl.maximum(lo, tile * nt) - tile * nt, gl.minimum(hi, tile * nt + nt) - tile * nt):
                 _load_rect(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, t, cnt,
-                           n_th, n_tw, pid_k, r * dh - ph, q * dw - pw, c0, BH, BW, BM, SH, SW)
+                           n_th, n_tw, pid_k, td, r * dh - ph, q * dw - pw, c0, OD, D, sd, pd, dd, BH, BW, BM, SH, SW,
+                           DEPTH)
                 cnt += 1
 
     @gluon.jit
@@ -406,25 +410,27 @@ if gluon is not None:
             else:   # slot 0: the run's first tile, 1: its last (a run inside one tile uses slot 0)
                 gl.store(slot0 + (s_lo != lo).to(gl.int32) * (BM * BN), acc)
 
-    @gluon.jit(do_not_specialize=["N", "OH", "OW", "S", "C", "K", "ph", "pw", "dh", "dw"])
+    @gluon.jit(do_not_specialize=["N", "OH", "OW", "S", "C", "K", "ph", "pw", "dh", "dw",
+                                  "T", "OD", "D", "sd", "pd", "dd"])
     def _gluon_wgrad_sk_kernel(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, out_ptr, ws_ptr, N, OH, OW, R, S, C,
-                               K, ph, pw, dh, dw, BH: gl.constexpr, BW: gl.constexpr, BM: gl.constexpr,
-                               BN: gl.constexpr, STAGES: gl.constexpr, SH: gl.constexpr, SW: gl.constexpr,
-                               num_warps: gl.constexpr):
+                               K, ph, pw, dh, dw, T, OD, D, sd, pd, dd, BH: gl.constexpr, BW: gl.constexpr,
+                               BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, SH: gl.constexpr,
+                               SW: gl.constexpr, DEPTH: gl.constexpr, num_warps: gl.constexpr):
         """Stream-K (ungrouped): the persistent grid splits the tiles x rectangles steps into
         equal runs, one per CTA (see `GluonWgradPlan`)."""
         n_th = gl.cdiv(OH, BH)
         n_tw = gl.cdiv(OW, BW)
         nt = N * n_th * n_tw
         ncb = gl.cdiv(C, BN)
-        nj = R * S * ncb
+        nj = T * R * S * ncb
         total = (gl.cdiv(K, BM) * nj).to(gl.int64) * nt
         a_bufs, b_bufs, ready, empty = _ring(dy_desc, x_desc, STAGES)
         gl.warp_specialize([
-            (_consumer_sk, (a_bufs, b_bufs, ready, empty, out_ptr, ws_ptr, total, nj, ncb, nt, K, C, R * S,
+            (_consumer_sk, (a_bufs, b_bufs, ready, empty, out_ptr, ws_ptr, total, nj, ncb, nt, K, C, T * R * S,
                             BH, BW, BM, BN, num_warps)),
             (_producer_sk, (dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, total,
-                            nj, ncb, S, nt, n_th, n_tw, ph, pw, dh, dw, BH, BW, BM, BN, SH, SW)),
+                            nj, ncb, S, nt, n_th, n_tw, ph, pw, dh, dw, R * S, OD, D, sd, pd, dd, BH, BW, BM, BN,
+                            SH, SW, DEPTH)),
         ], [1], [24])
         _release(ready, empty)
 
@@ -468,11 +474,15 @@ class GluonWgradPlan:
         self.sms = sms
         H, W = gm.inp[1], gm.inp[2]
         OH, OW = gm.out[1], gm.out[2]
-        self.ddy = ([gm.N, OH, OW, gm.K], [OH * OW * gm.K, OW * gm.K, gm.K, 1], [1, t.BH, t.BW, t.BM],
+        # 3-D: the kernel's images are the N*OD output planes of dy, x is [N*D, H, W, C]
+        self.depth = self.gp.ndim == 3
+        self.ddy = ([gm.N * gm.out[0], OH, OW, gm.K], [OH * OW * gm.K, OW * gm.K, gm.K, 1], [1, t.BH, t.BW, t.BM],
                     _nvmma([1, t.BH, t.BW, t.BM], p.dtype))
         # x per stride phase (a, b): the view x[:, a::sh, b::sw] (one phase at stride 1)
         self.sh, self.sw = sh, sw = gm.stride[1], gm.stride[2]
-        self.x_shape = (gm.N, H, W, gm.C)
+        self.x_shape = (gm.N * gm.inp[0], H, W, gm.C)
+        # depth (T, OD, D, stride, padding, dilation): the kernels' 3-D scalars (unused in 2-D)
+        self.depth_args = (gm.filt[0], gm.out[0], gm.inp[0], gm.stride[0], gm.pad[0], gm.dil[0])
         box = [1, t.BH, t.BW, t.BN]
         self.dx = {ab: (*view_geometry(self.x_shape, *ab, sh, sw), box, _nvmma(box, p.dtype))
                    for ab in phases_of(sh, sw)}
@@ -497,16 +507,16 @@ class GluonWgradPlan:
         direct = self.split == 1
         self.ws_shape = (self.split, gm.K, self.ncol)
         self.launch = Launch(_gluon_wgrad_kernel, (max(1, min(sms, units)),),
-                             (gm.N, gm.out[1], gm.out[2], gm.filt[1], gm.filt[2], gm.C, gm.K, gm.Kg, gm.Cg,
-                              gm.pad[1], gm.pad[2], gm.dil[1], gm.dil[2], tps, self.split, direct, gm.G > 1,
-                              t.BH, t.BW, t.BM, t.BN, t.STAGES, self.sh, self.sw),
+                             (gm.N * gm.out[0], gm.out[1], gm.out[2], gm.filt[1], gm.filt[2], gm.C, gm.K, gm.Kg, gm.Cg,
+                              gm.pad[1], gm.pad[2], gm.dil[1], gm.dil[2], tps, self.split, *self.depth_args, direct,
+                              gm.G > 1, t.BH, t.BW, t.BM, t.BN, t.STAGES, self.sh, self.sw, self.depth),
                              num_warps=t.warps)
         if not direct:
             E = gm.K * self.ncol
             # dw as [K, taps*C]: the reduce kernel's (row, j = tap*C + c) with unit strides per c
             self.reduce = Launch(_split_reduce_kernel, (triton.cdiv(E, 1024),),
                                  (E, self.ncol, gm.Cg, gm.filt[1], gm.filt[2], self.split,
-                                  self.ncol, 1, 0, gm.filt[2] * gm.Cg, gm.Cg, 1024))
+                                  self.ncol, 1, gm.filt[1] * gm.filt[2] * gm.Cg, gm.filt[2] * gm.Cg, gm.Cg, 1024))
 
     def _use_stream(self, sms: int) -> bool:
         """The stream-K schedule: as asked (`stream`, where it applies), else by the model."""
@@ -523,9 +533,9 @@ class GluonWgradPlan:
         grid = max(1, min(sms, total))
         self.ws_shape = (grid, 2, t.BM, t.BN)
         self.launch = Launch(_gluon_wgrad_sk_kernel, (grid,),
-                             (gm.N, gm.out[1], gm.out[2], gm.filt[1], gm.filt[2], gm.C, gm.K,
-                              gm.pad[1], gm.pad[2], gm.dil[1], gm.dil[2], t.BH, t.BW, t.BM, t.BN, t.STAGES,
-                              self.sh, self.sw),
+                             (gm.N * gm.out[0], gm.out[1], gm.out[2], gm.filt[1], gm.filt[2], gm.C, gm.K,
+                              gm.pad[1], gm.pad[2], gm.dil[1], gm.dil[2], *self.depth_args, t.BH, t.BW, t.BM, t.BN,
+                              t.STAGES, self.sh, self.sw, self.depth),
                              num_warps=t.warps)
         if any(g * total // grid % nt for g in range(1, grid)):
             block = min(1024, t.BM * t.BN)
@@ -570,7 +580,7 @@ class GluonWgradPlan:
         return ok
 
     def _descs(self, dyl: torch.Tensor, xl: torch.Tensor) -> tuple:
-        dy, x = dyl.permute(0, 2, 3, 1).reshape(self.ddy[0]), xl.permute(0, 2, 3, 1).reshape(self.x_shape)
+        dy, x = channels_last(dyl).reshape(self.ddy[0]), channels_last(xl).reshape(self.x_shape)
         return (host_descriptor(dy, *self.ddy), *four_phase_descs(x, self.dx, self.sh, self.sw, host_descriptor))
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -584,16 +594,16 @@ class GluonWgradPlan:
                 dw = alloc.empty(self.w_shape, p.dtype, dyl.device, self.w_strides)
                 self._run((dp, xp), lambda: self._descs(dyl, xl), dw.data_ptr(), True)
                 return dw
-        dy = contiguous_aligned(args.dy.permute(0, 2, 3, 1)).reshape(self.ddy[0])
-        x = contiguous_aligned(args.x.permute(0, 2, 3, 1)).reshape(self.x_shape)
+        dy = contiguous_aligned(channels_last(args.dy)).reshape(self.ddy[0])
+        x = contiguous_aligned(channels_last(args.x)).reshape(self.x_shape)
         if self.launch is None:
             self.device = dy.device
             self._plan(dy.device)
-        direct_out = (out is not None and out.dtype == p.dtype and out.permute(0, 2, 3, 1).is_contiguous())
+        direct_out = (out is not None and out.dtype == p.dtype and channels_last(out).is_contiguous())
         if direct_out:
             dw = out
         else:
-            dw = alloc.empty((p.K, *p.filter, p.C // p.groups), p.dtype, dy.device).permute(0, 3, 1, 2)
+            dw = logical(alloc.empty((p.K, *p.filter, p.C // p.groups), p.dtype, dy.device))
         self._run((dy.data_ptr(), x.data_ptr()), lambda: (host_descriptor(dy, *self.ddy),
                                                            *four_phase_descs(x, self.dx, self.sh, self.sw,
                                                                              host_descriptor)), dw, False)

@@ -127,6 +127,10 @@ GLUON_CONV = [  # (x, w, options) of solver 27 (Gluon, sm_90 only): 3x3 C=K=64..
     ((2, 64, 13, 12), (64, 64, 3, 3), dict(padding=2, dilation=2, stride=(2, 1), direction="bwd_data")),
     ((1, 32, 9, 11), (48, 32, 5, 5), dict(padding=((2, 1), (0, 3)), stride=(1, 2), direction="bwd_data",
                                           dtype=F16)),
+    # 3-D: output planes as images, each depth tap reads its x plane (c3d's kind, depth stride 2)
+    ((2, 64, 5, 10, 10), (128, 64, 3, 3, 3), dict(padding=1, has_bias=True)),
+    ((2, 64, 6, 10, 10), (64, 64, 3, 3, 3), dict(padding=1, stride=(2, 2, 2))),
+    ((2, 64, 5, 10, 10), (64, 64, 3, 3, 3), dict(padding=1, direction="bwd_data")),
 ]
 
 
@@ -236,6 +240,8 @@ GLUON_WGRAD = [  # (x, w, options) of solver 29 (Gluon backward weights, sm_90 o
     ((2, 256, 14, 14), (512, 256, 1, 1), dict(stride=2)),               # 1x1 downsample
     ((2, 64, 13, 12), (64, 64, 3, 3), dict(padding=2, dilation=2, stride=(1, 2))),
     ((8, 144, 11, 10), (144, 1, 3, 3), dict(padding=1, groups=144, stride=2)),   # depthwise stride 2
+    ((2, 64, 5, 10, 10), (128, 64, 3, 3, 3), dict(padding=1)),          # 3-D (c3d's kind)
+    ((2, 32, 6, 9, 9), (32, 32, 3, 3, 3), dict(padding=1, stride=2)),   # 3-D stride 2
 ]
 
 

@@ -44,7 +44,6 @@ def test_not_applicable_on_cpu_and_under_the_interpreter(monkeypatch):
     ("out_dtype torch.float32", (1, 64, 9, 9), (64, 64, 3, 3), dict(out_dtype=torch.float32)),
     ("C=24", (1, 24, 9, 9), (64, 24, 3, 3), {}),
     ("K=40", (1, 64, 9, 9), (40, 64, 3, 3), {}),
-    ("ndim=3", (1, 64, 4, 9, 9), (64, 64, 3, 3, 3), {}),
     ("ndim=1", (1, 64, 9), (64, 64, 3), {}),
 ])
 def test_each_unsupported_option_is_named(needle, x, w, kw):
@@ -156,3 +155,65 @@ def test_grouped_wgrad_tiles_hold_whole_groups(C, K, groups, want):
     s = REGISTRY.get("gluon_implicit_gemm_bwd_weights")
     named = " | ".join(s.not_supported_reasons(p))
     assert ("no tile of whole groups" in named) == (want is None)
+
+
+# ---- 3-D: output planes as the kernels' images, each depth tap reads its x plane -------------
+@pytest.mark.parametrize("d,kw", [
+    ("fwd", dict(padding=1)), ("fwd", dict(padding=1, stride=(3, 2, 2))), ("fwd", dict(padding=2, dilation=(2, 1, 1))),
+    ("bwd_data", dict(padding=1)), ("bwd_weights", dict(padding=1)), ("bwd_weights", dict(padding=1, stride=2)),
+])
+def test_3d_problems_are_covered_and_planned_as_planes(d, kw):
+    """3-D NDHWC: no shape reason (depth stride any, rows/columns stride 1 or 2); the plans
+    describe x as [N*D, H, W, C] and y (dy) as [N*OD, OH, OW, K] and pass the depth geometry."""
+    from nnprim.conv import gluon_conv_wgrad as gw
+    p = ConvProblem.create(d, (2, 64, 7, 9, 10), (128, 64, 3, 3, 3), dtype=BF16, layout="nhwc", device="cuda", **kw)
+    assert not gluon_conv.shape_reasons(p)
+    (D, H, W), (OD, OH, OW) = p.in_size, p.out_size
+    if d == "bwd_weights":
+        plan = gw.GluonWgradPlan(p)
+        assert plan.depth and plan.x_shape == (2 * D, H, W, 64) and plan.ddy[0] == [2 * OD, OH, OW, 128]
+        assert plan.depth_args == (3, OD, D, p.stride[0], p.pad_before[0], p.dilation[0])
+        t = plan.tile
+        split, tps, units = gw.plan_split(p, t, 132)
+        nt = 2 * OD * -(-OH // t.BH) * -(-OW // t.BW)      # rectangles of every output plane
+        assert (split - 1) * tps < nt <= split * tps and units == -(-128 // t.BM) * 27 * -(-64 // t.BN) * split
+        return
+    plan = gluon_conv.GluonConvPlan(p)
+    fp = gluon_conv.forward_view(p)
+    (fD, fH, fW), (fOD, fOH, fOW) = fp.in_size, fp.out_size
+    assert plan.depth and plan.x_shape == (2 * fD, fH, fW, fp.C) and plan.y_shape == (2 * fOD, fOH, fOW, fp.K)
+    assert plan.scalars[0] == 2 * fOD and plan.scalars[-6:] == (3, fOD, fD, fp.stride[0], fp.pad_before[0],
+                                                                fp.dilation[0])
+    assert plan.n_tiles % (2 * fOD) == 0
+
+
+def test_3d_options_the_kernels_do_not_cover_are_named():
+    mk = lambda d, **kw: ConvProblem.create(d, (1, 64, 5, 9, 9), (64, 64, 3, 3, 3),  # noqa: E731
+                                            **(dict(dtype=BF16, layout="nhwc", device="cuda", padding=1) | kw))
+    assert "3-D backward data needs stride 1" in " | ".join(gluon_conv.shape_reasons(mk("bwd_data", stride=(2, 1, 1))))
+    assert "stride 1 or 2 over rows and columns" in " | ".join(gluon_conv.shape_reasons(mk("fwd", stride=(1, 3, 1))))
+    assert not gluon_conv.shape_reasons(mk("fwd", stride=(3, 1, 1)))
+
+
+def test_3d_plane_arithmetic_matches_the_reference():
+    """`_x_plane` in Python: the output plane n of image n // OD at depth tap td reads x plane
+    img*D + od*sd - pd + td*dd, and only those inside 0..D-1 (the others are zeros); summing
+    the per-tap 2-D products of those planes gives the reference 3-D convolution."""
+    from nnprim.conv.reference import conv_fwd_f64
+    g = torch.Generator().manual_seed(0)
+    N, C, K, D, H, W, T = 2, 3, 4, 6, 5, 4, 3
+    for sd, pd, dd in ((1, 1, 1), (2, 1, 1), (1, 2, 2), (3, 0, 1)):
+        p = ConvProblem.create("fwd", (N, C, D, H, W), (K, C, T, 3, 3), dtype=torch.float64, device="cpu",
+                               padding=(pd, 1, 1), stride=(sd, 1, 1), dilation=(dd, 1, 1))
+        x = torch.randn(p.x_shape, generator=g, dtype=torch.float64)
+        w = torch.randn(p.w_shape, generator=g, dtype=torch.float64)
+        OD = p.out_size[0]
+        planes = x.transpose(1, 2).reshape(N * D, C, H, W)
+        y = torch.zeros(N * OD, K, H, W, dtype=torch.float64)
+        for n in range(N * OD):
+            img, od = divmod(n, OD)
+            for td in range(T):
+                iz = od * sd - pd + td * dd
+                if 0 <= iz < D:
+                    y[n] += torch.nn.functional.conv2d(planes[img * D + iz][None], w[:, :, td], padding=1)[0]
+        torch.testing.assert_close(y.reshape(N, OD, K, H, W).transpose(1, 2), conv_fwd_f64(p, x, w))

@@ -65,6 +65,12 @@ def test_build_system_refind_solver_finds_again_the_problems_it_holds(solvers, c
     after = {(r.problem_key, r.solver_id): r.timestamp for r in finddb.FindDb(out, readonly=True).all()}
     assert after.keys() == before.keys()
     assert {k for k in after if after[k] > before[k]} == {(k, s) for k in stale for s in (1000, 1001)}
+    # by key: the problems whose keys contain the part, whatever their records hold
+    part = stale[0].split("-n")[1][:12]
+    assert cli_main(["db", "build-system", "--refind-key", part, "--device", "cpu", "--out", str(out)]) == 0
+    assert "find 1/1" in capsys.readouterr().err
+    again = {(r.problem_key, r.solver_id): r.timestamp for r in finddb.FindDb(out, readonly=True).all()}
+    assert {k for k in again if again[k] > after[k]} == {(stale[0], s) for s in (1000, 1001)}
 
 
 def test_build_system_time_budget_keeps_what_it_found(solvers, clean, capsys):
