@@ -92,7 +92,8 @@ def tile_variants(p: ConvProblem, dy: torch.Tensor, x: torch.Tensor) -> dict:
     default rectangle) next to the default 64, through the plan (no API)."""
     from nnprim.args import ConvArgs
     from nnprim.conv import gluon_conv_wgrad as gw
-    if p.direction != "bwd_weights" or min(p.C, p.K) > 64 or gw.shape_reasons(p):
+    from nnprim.conv.gluon_conv import shape_reasons
+    if p.direction != "bwd_weights" or min(p.C, p.K) > 64 or shape_reasons(p):
         return {}
     t0 = gw.tile_config(p)
     out = {}
