@@ -59,8 +59,17 @@ SOLVERS = {"fwd": ("gluon_implicit_gemm_fwd", "implicit_gemm_fwd"),
            "bwd_weights": ("gluon_implicit_gemm_bwd_weights", "implicit_gemm_bwd_weights")}
 
 
+def spec(name: str) -> tuple:
+    """(x, w, stride, padding) of a PROBLEMS entry or an ungrouped conv_gpu suite problem."""
+    if name in PROBLEMS:
+        return PROBLEMS[name]
+    from nnprim.cli.suites import load_suite
+    q = {p["name"]: p for p in load_suite("conv_gpu")[1]}[name]
+    return ((q["N"], q["C"], *q["spatial"]), (q["K"], q["C"], *q["filter"]), q["stride"], q["padding"])
+
+
 def setup(name: str, direction: str):
-    x_shape, w_shape, stride, pad = PROBLEMS[name]
+    x_shape, w_shape, stride, pad = spec(name)
     p = ConvProblem.create(direction, x_shape, w_shape, dtype=torch.bfloat16, layout="nhwc", device="cuda",
                            stride=stride, padding=pad)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -88,18 +97,24 @@ def setup(name: str, direction: str):
 
 
 def tile_variants(p: ConvProblem, dy: torch.Tensor, x: torch.Tensor) -> dict:
-    """Backward weights at C or K = 64: solver 29's plan with 128-pixel steps (two rows of the
-    default rectangle) next to the default 64, through the plan (no API)."""
+    """Backward weights: solver 29's plan with 64-, 128- and 256-pixel steps (the default
+    rectangle's rows times 1, 2, 4; those that keep 3 ring stages), through the plan (no API)."""
     from nnprim.args import ConvArgs
     from nnprim.conv import gluon_conv_wgrad as gw
-    from nnprim.conv.gluon_conv import shape_reasons
-    if p.direction != "bwd_weights" or min(p.C, p.K) > 64 or shape_reasons(p):
+    from nnprim.conv.gluon_conv import rect, shape_reasons
+    if p.direction != "bwd_weights" or shape_reasons(p) or p.groups > 1 or gw.flat_view(p) is not None:
         return {}
     t0 = gw.tile_config(p)
     out = {}
-    for name, bh in (("bp128", 2 * t0.BH),):
-        t = gw.WgradTile(bh, t0.BW, t0.BM, t0.BN, 1, t0.warps)
-        t = gw.WgradTile(bh, t0.BW, t0.BM, t0.BN, min(gw.MAX_STAGES, (gw.SMEM_BYTES - 2048) // t.stage_bytes()),
+    for bp in (64, 128, 256):
+        bh, bw = rect(bp, p.out_size[-2], p.out_size[-1])
+        if (bh, bw) == (t0.BH, t0.BW) or bh > 2 * p.out_size[-2]:
+            continue
+        t = gw.WgradTile(bh, bw, t0.BM, t0.BN, 1, t0.warps)
+        if (gw.SMEM_BYTES - 2048) // t.stage_bytes() < 3:
+            continue
+        name = f"bp{bp}"
+        t = gw.WgradTile(bh, bw, t0.BM, t0.BN, min(gw.MAX_STAGES, (gw.SMEM_BYTES - 2048) // t.stage_bytes()),
                          t0.warps)
         plan = gw.GluonWgradPlan(p, tile=t)
         out[name] = lambda plan=plan: plan(ConvArgs(dy=dy, x=x))
