@@ -96,6 +96,28 @@ def setup(name: str, direction: str):
     return p, api, cudnn, (dy, x, w, bw, mask)
 
 
+def conv_tile_variants(p: ConvProblem, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dict:
+    """Forward / stride-1 backward data with one consumer warpgroup: solver 27's plan with
+    256-row tiles (twice the default rectangle's rows, two consumer warpgroups sharing each
+    weight box) next to the default 128, through the plan (no API)."""
+    from dataclasses import replace
+
+    from nnprim.args import ConvArgs
+    from nnprim.conv import gluon_conv as gc
+    if p.direction == "bwd_weights" or gc.shape_reasons(p) or (p.direction == "bwd_data" and max(p.stride) > 1):
+        return {}
+    fp = gc.forward_view(p)
+    t0 = gc.tile_config(fp)
+    if t0.warps != 4 or t0.BM != 128 or t0.BH * 2 > fp.out_size[-2]:
+        return {}
+    t = replace(t0, BH=2 * t0.BH, warps=8, epi_bufs=1)
+    while t.STAGES > 2 and t.smem_bytes() > gc.SMEM_BYTES:
+        t = replace(t, STAGES=t.STAGES - 1)
+    plan = gc.GluonConvPlan(p, tile=t)
+    args = ConvArgs(dy=dy, w=w) if p.direction == "bwd_data" else ConvArgs(x=x, w=w)
+    return {f"bm256s{t.STAGES}k{t.KSUB}": lambda: plan(args)}
+
+
 def tile_variants(p: ConvProblem, dy: torch.Tensor, x: torch.Tensor) -> dict:
     """Backward weights: solver 29's plan with 64-, 128- and 256-pixel steps (the default
     rectangle's rows times 1, 2, 4; those that keep 3 ring stages), through the plan (no API)."""
@@ -181,6 +203,7 @@ def run(name: str, d: str, ok: bool, rounds: int, default: bool = False) -> dict
     if ok and not reasons:
         cands["ours"] = api(ours)
         cands.update(tile_variants(p, dy, x))
+        cands.update(conv_tile_variants(p, x, w, dy))
     cands["triton"] = api(triton_s)
     if default:
         cands["default"] = api(None)     # the public call as users make it (find on the first call)

@@ -90,14 +90,20 @@ def diag_tile(p: ConvProblem) -> tuple[int, int] | None:
 
 def tile_config(p: ConvProblem) -> WgradTile:
     """BM/BN 128 where K/C reach 128 (else 64), BP 64 pixels (a 7x7 image fills 49 of 64),
-    as many ring stages as fit (at most MAX_STAGES). Grouped: `diag_tile`."""
+    as many ring stages as fit (at most MAX_STAGES). Grouped: `diag_tile`.
+    BP 128 where C or K is 64 (a 64-wide tile) on images of 256+ pixels, filters past 1x1:
+    the 64 x 64 x 64 step is bound by its barrier round trip, not by the tensor cores. Measured
+    on the H200 (results/wgrad_bp_probe_2026-12-02_s20.json, CUDA-graph time): rn50_r2_3x3
+    0.131 -> 0.085 ms, c3d_3x3x3 (128 x 64) 0.479 -> 0.364; on 128 x 128 tiles 128-pixel steps
+    were 0.96-1.04x (rn50_r3/r4, unet), so those keep 64."""
     gm = geom(p)
     if p.groups > 1:
         BM, BN = diag_tile(p)
     else:
         BM = 128 if gm.K >= 128 else 64
         BN = 128 if gm.C >= 128 else 64
-    BH, BW = rect(64, gm.out[1], gm.out[2])
+    wide = p.groups == 1 and min(BM, BN) == 64 and gm.taps > 1 and gm.out[1] * gm.out[2] >= 256
+    BH, BW = rect(128 if wide else 64, gm.out[1], gm.out[2])
     t = WgradTile(BH, BW, BM, BN, 1)
     stages = min(MAX_STAGES, (SMEM_BYTES - 2048) // t.stage_bytes())
     return WgradTile(BH, BW, BM, BN, stages, 8 if BM * BN > 128 * 64 else 4)
