@@ -60,18 +60,19 @@ SOLVERS = {"fwd": ("gluon_implicit_gemm_fwd", "implicit_gemm_fwd"),
 
 
 def spec(name: str) -> tuple:
-    """(x, w, stride, padding) of a PROBLEMS entry or an ungrouped conv_gpu suite problem."""
+    """(x, w, stride, padding, groups) of a PROBLEMS entry or a conv_gpu suite problem."""
     if name in PROBLEMS:
-        return PROBLEMS[name]
+        return (*PROBLEMS[name], 1)
     from nnprim.cli.suites import load_suite
     q = {p["name"]: p for p in load_suite("conv_gpu")[1]}[name]
-    return ((q["N"], q["C"], *q["spatial"]), (q["K"], q["C"], *q["filter"]), q["stride"], q["padding"])
+    g = q.get("groups", 1)
+    return ((q["N"], q["C"], *q["spatial"]), (q["K"], q["C"] // g, *q["filter"]), q["stride"], q["padding"], g)
 
 
 def setup(name: str, direction: str):
-    x_shape, w_shape, stride, pad = spec(name)
+    x_shape, w_shape, stride, pad, groups = spec(name)
     p = ConvProblem.create(direction, x_shape, w_shape, dtype=torch.bfloat16, layout="nhwc", device="cuda",
-                           stride=stride, padding=pad)
+                           stride=stride, padding=pad, groups=groups)
     g = torch.Generator(device="cuda").manual_seed(0)
     nd = len(x_shape) - 2
     cl = dict(memory_format=torch.channels_last if nd == 2 else torch.channels_last_3d)
@@ -79,7 +80,7 @@ def setup(name: str, direction: str):
     w = (torch.randn(*w_shape, generator=g, device="cuda") / math.sqrt(math.prod(w_shape[1:]))).to(torch.bfloat16)
     w = w.to(**cl)
     dy = torch.randn(p.y_shape, generator=g, device="cuda").to(torch.bfloat16).to(**cl)
-    kw = dict(stride=stride, padding=pad)
+    kw = dict(stride=stride, padding=pad, groups=groups)
 
     def api(solver: str | None):
         if direction == "fwd":
@@ -88,7 +89,7 @@ def setup(name: str, direction: str):
             return lambda: nnprim.conv_backward_data(dy, w, x_shape, solver=solver, **kw)
         return lambda: nnprim.conv_backward_weights(dy, x, w_shape, solver=solver, **kw)
     mask = [direction == "bwd_data", direction == "bwd_weights", False]
-    bw = ([stride] * nd, [pad] * nd, [1] * nd, False, [0] * nd, 1)
+    bw = ([stride] * nd, [pad] * nd, [1] * nd, False, [0] * nd, groups)
     if direction == "fwd":
         cudnn = lambda: torch.ops.aten.convolution(x, w, None, *bw)  # noqa: E731
     else:

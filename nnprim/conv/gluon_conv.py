@@ -78,7 +78,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .. import alloc
+from .. import alloc, workspace
 from ..args import ConvArgs
 from ..gluon_support import (
     TensorDescriptor,
@@ -98,7 +98,9 @@ from ..launch import Launch
 from ..problems.conv import ConvProblem
 from ..search.solver import register
 from . import gluon_phases as gp
-from .implicit_gemm import _IGemmBase, flipped_padding_reasons, geom, layout_strides, same_memory
+from .blockdiag import DiagGeometry, diag_geometry, pack_args
+from .blockdiag import _pack_kernel as _blockdiag_pack_kernel
+from .implicit_gemm import _IGemmBase, flipped_padding_reasons, geom, layout_strides, roofline_ms, same_memory
 from .triton_epilogue import epilogue, plan_epilogue
 
 SMEM_BYTES = 227 * 1024
@@ -168,14 +170,18 @@ def tile_config(p: ConvProblem) -> GluonTile:
     stage for C <= 64 only when that still leaves MIN_STAGES stages (KSUB 3 at C=64 left 2
     stages: no load in flight ahead of the wgmmas, the first device run's 172 TFLOP/s)."""
     gm = geom(p)
+    d = diag_geometry(p) if p.groups > 1 else None
+    if d is not None:   # grouped: BN output channels of whole groups, reduced over their CB inputs
+        return tile_for(gm.out[1], gm.out[2], d.CB, gm.K, gm.taps, bn=d.BN)
     return tile_for(gm.out[1], gm.out[2], gm.C, gm.K, gm.taps)
 
 
-def tile_for(OH: int, OW: int, C: int, K: int, taps: int, max_ksub: int = 3) -> GluonTile:
-    """`tile_config` of an output OH x OW x K reduced over taps x C (KSUB <= max_ksub)."""
+def tile_for(OH: int, OW: int, C: int, K: int, taps: int, max_ksub: int = 3, bn: int | None = None) -> GluonTile:
+    """`tile_config` of an output OH x OW x K reduced over taps x C (KSUB <= max_ksub; BN
+    `bn` when given)."""
     BM = 64 if OH * OW <= 64 else 128
     BH, BW = rect(BM, OH, OW)
-    BN = pick_bn(K, BM)
+    BN = bn or pick_bn(K, BM)
     BK = 64 if C >= 64 else (32 if C >= 32 else 16)
     steps = taps * math.ceil(C / BK)
     warps = 8 if BM * BN > 128 * 128 else 4
@@ -304,17 +310,21 @@ if gluon is not None:
     @gluon.jit
     def _producer(x_desc, x01_desc, x10_desc, x11_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles,
                   n_th, n_tw, num_m, num_n, n_steps, nk, S, C, K, n_taps, ph, pw, dh, dw, tab,
-                  RS, OD, D, sd, pd, dd,
+                  RS, OD, D, sd, pd, dd, Kg, Cg,
                   BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                   KSUB: gl.constexpr, GROUP_M: gl.constexpr, TRANS_W: gl.constexpr,
-                  SH: gl.constexpr, SW: gl.constexpr, PHASED: gl.constexpr, DEPTH: gl.constexpr):
+                  SH: gl.constexpr, SW: gl.constexpr, PHASED: gl.constexpr, DEPTH: gl.constexpr,
+                  DIAG: gl.constexpr):
         """1 warp: for every tile of this CTA and every stage of its reduction, wait for the
         slot to be released, then KSUB (x box, w box) loads onto its ready barrier. Empty
         barriers start 'phase 1 complete', so the first pass waits on parity 1.
         TRANS_W (backward data): w is [C, taps*K] (the forward filter [K', R, S, C'] seen
         with the reduction channels as rows), boxes [BK, BN] at (c0, flipped tap*K + n).
         PHASED: stride-2 backward data, see `_produce_phased`. DEPTH (3-D): taps are T x R x S,
-        tiles are rectangles of output planes, each tap reads its x plane (`_x_plane`)."""
+        tiles are rectangles of output planes, each tap reads its x plane (`_x_plane`).
+        DIAG (grouped, blockdiag.py): w is the packed [K, taps * C] block-diagonal filter (C
+        the tile's input channels) and the x boxes start at the tile's first input channel,
+        (off_n // Kg) * Cg."""
         STAGES: gl.constexpr = ready.type.shape[0]
         nbytes: gl.constexpr = KSUB * (x_desc.block_type.nbytes + w_desc.block_type.nbytes)
         if PHASED:
@@ -333,8 +343,12 @@ if gluon is not None:
                         tap = it // nk
                         c0 = (it - tap * nk) * BK
                         td, r, q = _tap_rq(tap, RS, S, DEPTH)
+                        if DIAG:
+                            xc = (off_n // Kg) * Cg + c0
+                        else:
+                            xc = c0
                         _load_x(x_desc, x01_desc, x10_desc, x11_desc, _x_plane(n, td, OD, D, sd, pd, dd, DEPTH),
-                                oh0, ow0, r * dh - ph, q * dw - pw, c0, ready.index(s), a_bufs.index(s * KSUB + u),
+                                oh0, ow0, r * dh - ph, q * dw - pw, xc, ready.index(s), a_bufs.index(s * KSUB + u),
                                 SH, SW)
                         if TRANS_W:
                             tma.async_copy_global_to_shared(w_desc, [c0, (n_taps - 1 - tap) * K + off_n],
@@ -498,11 +512,11 @@ if gluon is not None:
             tma.async_copy_shared_to_global(y_desc, [n, oh0, ow0, off_n], c_smem)
 
     @gluon.jit(do_not_specialize=["N", "OH", "OW", "S", "C", "K", "ph", "pw", "dh", "dw", "syn", "syh", "syw",
-                                  "T", "OD", "D", "sd", "pd", "dd"])
+                                  "T", "OD", "D", "sd", "pd", "dd", "Kg", "Cg"])
     def _gluon_conv_kernel(
             x_desc, x01_desc, x10_desc, x11_desc, w_desc, y_desc, y1_desc, y2_desc, y3_desc,
             bias_ptr, p0_ptr, p1_ptr, p2_ptr, p3_ptr, tab,
-            N, OH, OW, R, S, C, K, ph, pw, dh, dw, syn, syh, syw, T, OD, D, sd, pd, dd,
+            N, OH, OW, R, S, C, K, ph, pw, dh, dw, syn, syh, syw, T, OD, D, sd, pd, dd, Kg, Cg,
             p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
             HAS_BIAS: gl.constexpr,
             P0_KIND: gl.constexpr, P0_SUB: gl.constexpr, P0_BC: gl.constexpr,
@@ -512,12 +526,13 @@ if gluon is not None:
             BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
             KSUB: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr,
             TRANS_W: gl.constexpr, EPI_BUFS: gl.constexpr, SH: gl.constexpr, SW: gl.constexpr,
-            PHASED: gl.constexpr, DEPTH: gl.constexpr, num_warps: gl.constexpr):
+            PHASED: gl.constexpr, DEPTH: gl.constexpr, DIAG: gl.constexpr, num_warps: gl.constexpr):
         """Persistent: CTA i runs tiles i, i + grid, ... (see the module docstring). PHASED
         (stride-2 backward data): `tab` is the phase table (gluon_phases.phase_table), the
         tiles those of all phases; else `tab` is unused. DEPTH (3-D): N counts output planes
         (N*OD), x is [N*D, H, W, C], the filter T x R x S (depth stride sd, padding pd,
-        dilation dd); 2-D: T = OD = D = 1 and these go unused."""
+        dilation dd); 2-D: T = OD = D = 1 and these go unused. DIAG (grouped): C is a tile's
+        input channels, Kg / Cg the channels per group (see `_producer`)."""
         dtype: gl.constexpr = x_desc.dtype
         n_th = gl.cdiv(OH, BH)
         n_tw = gl.cdiv(OW, BW)
@@ -550,7 +565,8 @@ if gluon is not None:
                          BH, BW, BN, BK, KSUB, GROUP_M, num_warps, EPILOGUE, TRANS_W, PHASED)),
             (_producer, (x_desc, x01_desc, x10_desc, x11_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles,
                          n_th, n_tw, num_m, num_n, n_steps, nk, S, C, K, T * R * S, ph, pw, dh, dw, tab,
-                         R * S, OD, D, sd, pd, dd, BH, BW, BN, BK, KSUB, GROUP_M, TRANS_W, SH, SW, PHASED, DEPTH)),
+                         R * S, OD, D, sd, pd, dd, Kg, Cg, BH, BW, BN, BK, KSUB, GROUP_M, TRANS_W, SH, SW, PHASED,
+                         DEPTH, DIAG)),
         ], [1], [24])
 
         for i in gl.static_range(STAGES):
@@ -572,8 +588,8 @@ def forward_view(p: ConvProblem) -> ConvProblem:
         return p
     pads = tuple((d * (r - 1) - a, d * (r - 1) - b)
                  for d, r, a, b in zip(p.dilation, p.filter, p.pad_before, p.pad_after))
-    return ConvProblem.create("fwd", (p.N, p.K, *p.out_size), (p.C, p.K, *p.filter), dtype=p.dtype,
-                              layout=p.layout, device=p.device, padding=pads, dilation=p.dilation)
+    return ConvProblem.create("fwd", (p.N, p.K, *p.out_size), (p.C, p.K // p.groups, *p.filter), dtype=p.dtype,
+                              layout=p.layout, device=p.device, padding=pads, dilation=p.dilation, groups=p.groups)
 
 
 def flat_view(p: ConvProblem) -> ConvProblem | None:
@@ -618,6 +634,9 @@ class GluonConvPlan:
         if self.flat:
             fp = flat
         self.gm = gm = geom(fp)
+        # grouped: tiles of whole groups over a packed block-diagonal filter (blockdiag.py)
+        self.diag: DiagGeometry | None = diag_geometry(fp) if fp.groups > 1 else None
+        ch = self.diag.CB if self.diag else gm.C     # input channels a tile reduces over per tap
         self.tile = t = tile or tile_config(fp)
         H, W = gm.inp[1], gm.inp[2]
         OH, OW = gm.out[1], gm.out[2]
@@ -625,9 +644,10 @@ class GluonConvPlan:
         self.depth = fp.ndim == 3
         planes = gm.N * gm.out[0]
         self.n_tiles = planes * triton.cdiv(OH, t.BH) * triton.cdiv(OW, t.BW) * triton.cdiv(gm.K, t.BN)
-        self.scalars = (planes, OH, OW, gm.filt[1], gm.filt[2], gm.C, gm.K, gm.pad[1], gm.pad[2],
+        self.scalars = (planes, OH, OW, gm.filt[1], gm.filt[2], ch, gm.K, gm.pad[1], gm.pad[2],
                         gm.dil[1], gm.dil[2], OH * OW * gm.K, OW * gm.K, gm.K,
-                        gm.filt[0], gm.out[0], gm.inp[0], gm.stride[0], gm.pad[0], gm.dil[0])
+                        gm.filt[0], gm.out[0], gm.inp[0], gm.stride[0], gm.pad[0], gm.dil[0],
+                        *((self.diag.Kg, self.diag.Cg) if self.diag else (1, 1)))
         self.y_shape = (planes, OH, OW, gm.K)
         # x per stride phase (a, b): the view x[:, a::sh, b::sw] (one phase at stride 1)
         self.sh, self.sw = sh, sw = gm.stride[1], gm.stride[2]
@@ -635,15 +655,20 @@ class GluonConvPlan:
         self.x_shape = (gm.N * gm.inp[0], H, W, gm.C)
         self.dx = {ab: (*gp.view_geometry(self.x_shape, *ab, sh, sw), box, _nvmma(box, p.dtype))
                    for ab in gp.phases_of(sh, sw)}
-        if self.bwd:   # p's w [K=gm.C, R, S, C=gm.K] as [gm.C, taps * gm.K]: rows are the reduction
+        self.trans_w = self.bwd and self.diag is None
+        self.pack = None      # grouped: the launch that packs the block-diagonal filter
+        if self.diag:   # the packed [K, taps * CB] (backward data: its forward view's, taps flipped)
+            self.dw = ([gm.K, gm.taps * ch], [gm.taps * ch, 1], [t.BN, t.BK], _nvmma([t.BN, t.BK], p.dtype))
+            self.pack_tail = pack_args(fp, self.diag, self.bwd)
+        elif self.bwd:   # p's w [K=gm.C, R, S, C=gm.K] as [gm.C, taps * gm.K]: rows are the reduction
             self.dw = ([gm.C, gm.taps * gm.K], [gm.taps * gm.K, 1], [t.BK, t.BN], _nvmma([t.BK, t.BN], p.dtype))
         else:
             self.dw = ([gm.K, gm.taps * gm.C], [gm.taps * gm.C, 1], [t.BN, t.BK], _nvmma([t.BN, t.BK], p.dtype))
         self.dy = ([planes, OH, OW, gm.K], [OH * OW * gm.K, OW * gm.K, gm.K, 1], [1, t.BH, t.BW, t.BN],
                    _nvmma([1, t.BH, t.BW, t.BN], p.dtype))
         self.tail = (*self.scalars, *self.epi.scalars(), *self.epi.constexprs(),
-                     t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, self.bwd, t.epi_bufs, sh, sw,
-                     False, self.depth)
+                     t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, self.trans_w, t.epi_bufs, sh,
+                     sw, False, self.depth, self.diag is not None)
 
     def _plan_phased(self, p: ConvProblem, tile: GluonTile | None) -> None:
         """Stride-2 backward data: dy (channels p.K) is the unit-stride x, dx (channels p.C)
@@ -653,6 +678,7 @@ class GluonConvPlan:
         self.epi = plan_epilogue(p)
         assert not self.epi.needs_tensors and not p.has_bias, "backward data has no epilogue"
         self.flat = self.depth = False
+        self.diag = None
         N, (H, W), (OH, OW), (R, S) = p.N, p.in_size, p.out_size, p.filter
         phases = gp.data_phases(p)
         QH, QW = max(d.h.Q for d in phases), max(d.w.Q for d in phases)
@@ -671,9 +697,9 @@ class GluonConvPlan:
         self.dys = [(*gp.view_geometry(self.y_shape, *d.ab, sh, sw), box, _nvmma(box, p.dtype)) for d in phases]
         # scalars: the kernel's OH, OW, R, S, pads and dilations are the phase rows' in this mode
         self.tail = (N, QH, QW, R, S, p.K, p.C, 0, 0, 1, 1, H * W * p.C, sh * W * p.C, sw * p.C, 1, 1, 1, 1, 0, 1,
-                     *self.epi.scalars(), *self.epi.constexprs(),
+                     1, 1, *self.epi.scalars(), *self.epi.constexprs(),
                      t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, True, t.epi_bufs, 1, 1, True,
-                     False)
+                     False, False)
 
     def _launch(self, device: torch.device) -> Launch:
         if self.launch is None:
@@ -713,12 +739,23 @@ class GluonConvPlan:
                 self.fast_keys[key] = ok
         return ok
 
-    def _descs(self, xl: torch.Tensor, wl: torch.Tensor, yl: torch.Tensor) -> tuple:
-        """Host descriptors of standard channels-last logical x (dy), w and y."""
-        x, w, y = channels_last(xl), channels_last(wl), channels_last(yl)
+    def _descs(self, xl: torch.Tensor, w: torch.Tensor, yl: torch.Tensor) -> tuple:
+        """Host descriptors of standard channels-last logical x (dy) and y, and of w: the
+        memory the w descriptor reads (the layer's filter, or the packed one when grouped)."""
+        x, y = channels_last(xl), channels_last(yl)
         if self.flat or self.depth:
             x, y = x.reshape(self.x_shape), y.reshape(self.y_shape)
         return (*self._x_descs(x, host_descriptor), host_descriptor(w, *self.dw), *self._y_descs(y, host_descriptor))
+
+    def _packed(self, w: torch.Tensor) -> torch.Tensor:
+        """Grouped: the block-diagonal filter [K, taps * CB] packed from the channels-last
+        filter memory w (contiguous) into a workspace buffer, one launch."""
+        wb = workspace.empty(self.dw[0], w.dtype, w.device)
+        if self.pack is None:
+            self.pack = Launch(_blockdiag_pack_kernel, (triton.cdiv(self.pack_tail[0], self.pack_tail[-1]),),
+                               self.pack_tail)
+        self.pack(w, wb)
+        return wb
 
     def __call__(self, args: ConvArgs, out: torch.Tensor | None = None) -> torch.Tensor:
         p = self.p
@@ -734,12 +771,15 @@ class GluonConvPlan:
                 addr = self.epi.addresses(ptrs, yp)
                 if addr is not None:
                     last = self._table(xl.device).data_ptr() if self.phased else yp
-                    launch.run_keyed_addresses((xp, wp, yp), lambda: self._descs(xl, wl, yl), *addr, last)
+                    wd = self._packed(wl) if self.diag else channels_last(wl)
+                    launch.run_keyed_addresses((xp, wd.data_ptr(), yp), lambda: self._descs(xl, wd, yl), *addr, last)
                     return yl
         # physical NHWC views (the logical tensors are (N, C, H, W) in channels-last memory)
         x = channels_last(args.dy if self.bwd else args.x)
         w = channels_last(args.w)
         x, w = contiguous_aligned(x), contiguous_aligned(w)
+        if self.diag:
+            w = self._packed(w)
         direct = (out is not None and out.dtype == p.dtype and out.data_ptr() % 16 == 0
                   and channels_last(out).is_contiguous())
         y_phys = channels_last(out) if direct else None
@@ -798,7 +838,11 @@ def shape_reasons(p: ConvProblem) -> list[str]:
     if p.out_dtype != p.dtype:
         reasons.append(f"out_dtype {p.out_dtype}: the output must be in the input dtype {p.dtype}")
     if p.groups != 1 and p.direction != "bwd_weights":
-        reasons.append(f"groups={p.groups}: needs groups == 1")
+        if p.direction == "bwd_data" and any(s != 1 for s in p.stride):
+            reasons.append(f"groups={p.groups} with stride={tuple(p.stride)}: grouped backward data needs stride 1")
+        elif diag_geometry(forward_view(p)) is None:
+            reasons.append(f"groups={p.groups} with {p.K // p.groups} filters and {p.C // p.groups} channels per "
+                           "group: no tile of whole groups (64-256 filters, 16-128 channels, groups of 4+)")
     # rows and columns: stride 1 or 2 (phase views); 3-D depth: any (each tap picks its plane)
     if any(s not in (1, 2) for s in p.stride[-2:]):
         reasons.append(f"stride={tuple(p.stride)}: needs stride 1 or 2 over rows and columns")
@@ -826,6 +870,20 @@ class GluonConvSolver(_IGemmBase):
             return reasons
         return reasons + shape_reasons(problem) + gluon_reasons(problem.device)
 
+    def workspace_size(self, problem) -> int:
+        """Grouped forward / backward data: the packed block-diagonal filter."""
+        fp = forward_view(problem) if problem.direction == "bwd_data" else problem
+        d = diag_geometry(fp) if problem.direction != "bwd_weights" and fp.groups > 1 else None
+        return 0 if d is None else fp.K * math.prod(fp.filter) * d.CB * torch.tensor([], dtype=fp.dtype).element_size()
+
+    def diag_estimate(self, fp: ConvProblem) -> float | None:
+        """Grouped: the dense work of the block-diagonal tiles (CB / Cg times the grouped
+        FLOPs) at the dense roofline, priced as a Gluon kernel."""
+        d = diag_geometry(fp)
+        if d is None:
+            return None
+        return self.gluon_price(roofline_ms(fp.flops() * d.CB / d.Cg, fp.bytes(), fp.dtype, 0.7))
+
     @staticmethod
     def gluon_price(est: float | None) -> float | None:
         """An implicit-GEMM estimate as the Gluon kernels run it: 0.57-0.62x solver 20's time
@@ -845,6 +903,8 @@ class GluonImplicitGemmFwd(GluonConvSolver):
     directions = frozenset({"fwd"})
 
     def estimate(self, problem) -> float | None:
+        if problem.groups > 1:
+            return self.diag_estimate(problem)
         return self.gluon_price(super().estimate(problem))
 
 
@@ -862,6 +922,8 @@ class GluonImplicitGemmBwdData(GluonConvSolver):
         # the same FLOPs over the same dx pixels (as 27 prices its stride 2: the problem's own)
         if shape_reasons(problem):
             return None
+        if problem.groups > 1:
+            return self.diag_estimate(forward_view(problem))
         if any(s != 1 for s in problem.stride):
             return self.gluon_price(super().estimate(problem))
         return self.gluon_price(super().estimate(forward_view(problem)))

@@ -131,6 +131,9 @@ GLUON_CONV = [  # (x, w, options) of solver 27 (Gluon, sm_90 only): 3x3 C=K=64..
     ((2, 64, 5, 10, 10), (128, 64, 3, 3, 3), dict(padding=1, has_bias=True)),
     ((2, 64, 6, 10, 10), (64, 64, 3, 3, 3), dict(padding=1, stride=(2, 2, 2))),
     ((2, 64, 5, 10, 10), (64, 64, 3, 3, 3), dict(padding=1, direction="bwd_data")),
+    # grouped (blockdiag.py): tiles of whole groups over the packed block-diagonal filter
+    ((2, 128, 10, 10), (128, 4, 3, 3), dict(padding=1, groups=32, has_bias=True)),
+    ((2, 128, 10, 10), (128, 4, 3, 3), dict(padding=1, groups=32, direction="bwd_data")),
 ]
 
 
