@@ -1,15 +1,17 @@
 """In-process A/B of the CPU brgemm forward's (solver 80) ways to read x, with torch's
 convolution in the same rounds:
   whole        all of x staged first (the state before, 2026-12-02)
-  in_place     (a stride-2, 3-wide, pad-1 last dim, NHWC: `reads_in_place`) x read in place
+  in_place     (a 3-wide, pad-1 last dim of stride 2 (nineteenth session) or 1 (twentieth), NHWC:
+               `reads_in_place`) x read in place
 Conv suite problems, forward (plain, and with bias + Sum + ReLU on the NHWC ones), bf16 and
-f32, where in_place applies. Two harnesses: pairs (the default) times each variant against torch in pairs (ours, torch),
+f32, where in_place applies (rn50_r3_3x3s2_nhwc, rn50_r2_3x3_nhwc). Two harnesses: pairs (the
+default) times each variant against torch in pairs (ours, torch),
 as benchmarks/cpu_speed.py does, variants in turn, `--reps` times; --rotate interleaves all
 variants and torch call by call. The rotation favoured variants whose buffers stay in cache
 between other variants' calls (a staging per block, since removed, measured 1.10-1.15x there
 and 0.91x in pairs on rn50_r2_3x3_nhwc bf16): pairs is what the suite sees.
 
-    PYTHONPATH=$PWD python benchmarks/diag/brgemm_s2_in_place_ab.py --threads 2
+    PYTHONPATH=$PWD python benchmarks/diag/brgemm_s2_in_place_ab.py --threads 2 [--problems rn50_r2_3x3_nhwc]
 """
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ stride phases (`X_rho[n*prod(U) + u] = x_pad[n, u*s + rho]`, position-major: a r
 channels per position), so tap f reads phase rho_f at a flat offset off_f (cpu_tap.tap_offsets).
 The forward with a stride-2 last dim splits only the leading dims into phases and stages whole
 rows (`FwdGeometry`, ps = 2): grid position w reads staged column 2w + tap, A rows 2C apart,
-so a filter row's taps stay one GEMM. ResNet's stride-2 3x3 (a stride-2, 3-wide, pad-1 last dim,
-NHWC) skips all of this and reads x in place (`reads_in_place`, `conv_fwd_s2`).
+so a filter row's taps stay one GEMM. ResNet's 3x3s (a 3-wide, pad-1 last dim of stride 1 or 2,
+NHWC) skip all of this and read x in place (`reads_in_place`, `conv_fwd_in_place`).
 
 fwd          For a block of MB grid positions and a group, the f32 accumulator (MB x Kg, in
              cache) takes one brgemm per RUN of taps: taps of one phase at consecutive flat
@@ -185,18 +185,22 @@ def _block_m(cols: int) -> int:
 
 
 def reads_in_place(p: ConvProblem) -> bool:
-    """The forward at a stride-2, 3-wide, pad-1 last dim (ResNet's downsampling 3x3) reads NHWC x
-    in place (`conv_fwd_s2`: no staging; x's columns 2j, 2j + 1 against taps 1, 2 and 2j + 1
-    against tap 0 of column j + 1, so no A row reads the pad): one group, no right border
-    (2 O <= W); bf16 on the AMX kernel (channels in 32s), or f32."""
+    """The forward at a 3-wide, pad-1 last dim of stride 1 or 2 (ResNet's 3x3s, NHWC) reads x in
+    place (`conv_fwd_in_place`: no staging; split into GEMMs whose A rows are all inside x).
+    Stride 2: x's columns 2j, 2j + 1 against taps 1, 2 and 2j + 1 against tap 0 of column j + 1;
+    no right border (2 O <= W). Stride 1: a block of lines is one run of x's positions, the
+    staged kernel's depth-3C GEMM on it, its border columns (first, last of each line) apart;
+    at least 2 columns, a right pad of 0 or 1. One group; bf16 on the AMX kernel (channels in
+    32s), or f32."""
     amx = vnni(p) and USE_AMX_KERNEL and p.C % 32 == 0
+    s, w, o = p.stride[-1], p.in_size[-1], p.out_size[-1]
+    fits = 2 * o <= w if s == 2 else s == 1 and w >= 2 and p.pad_after[-1] in (0, 1)
     return (p.direction == "fwd" and (amx or p.dtype == F32) and p.groups == 1 and p.layout == "nhwc"
-            and p.stride[-1] == 2 and p.filter[-1] == 3 and p.dilation[-1] == 1 and p.pad_before[-1] == 1
-            and 2 * p.out_size[-1] <= p.in_size[-1])
+            and p.filter[-1] == 3 and p.dilation[-1] == 1 and p.pad_before[-1] == 1 and fits)
 
 
 def _lead(p: ConvProblem) -> list[int]:
-    """conv_fwd_s2's leading dims (s0, s1, d0, d1, p0, p1, F0, F1), padded to two."""
+    """conv_fwd_in_place's leading dims (s0, s1, d0, d1, p0, p1, F0, F1), padded to two."""
     def two(t: tuple[int, ...], fill: int) -> list[int]:
         return [fill] * (3 - p.ndim) + list(t[:-1])
     s, d, pb, f = two(p.stride, 1), two(p.dilation, 1), two(p.pad_before, 0), two(p.filter, 1)
@@ -444,7 +448,7 @@ def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
         out = plan.out_buffer(ws, (p.N, *p.out_size, p.K), odt)
     x5 = _five(physical(args.x.to(p.dtype), "nhwc")) if plan.in_place else None
     if x5 is not None and x5.stride(4) == 1 and x5.stride(3) == p.C:
-        ops.conv_fwd_s2(x5, wp, _five(out), bias, plan.lead, **(rows or {}))
+        ops.conv_fwd_in_place(x5, wp, _five(out), bias, plan.lead, p.stride[-1], **(rows or {}))
     else:
         ops.conv_fwd(plan.x_stage(ops, args.x, p.C, p.dtype, ws), wp, table, _five(out), bias,
                      _grid9(plan.U, lo, hi), G, Cg, Kg, _block_m(Kg), plan.vnni, plan.amx, plan.ps, **(rows or {}))

@@ -146,16 +146,25 @@ inline void emit_row(float* arow, const float* bias, const Epilogue& ep, const c
   else at::vec::convert(arow, dst, Kg);
 }
 
+// The forward at a 3-wide, left-padded-by-1 last dim reading NHWC x in place (no staging; one
+// group; bf16 on the AMX kernel (C a multiple of 32), f32 on oneDNN's GEMM). Output column j of a
+// filter row reads x columns j s - 1, j s, j s + 1; column -1 (and S2) is the pad. The work is
+// split into passes, GEMMs whose A rows are all inside x, each into its own f32 buffer:
+//   stride 2: A rows 2C apart, one per output; pass 0 columns 2j, 2j + 1 x taps 1, 2 (depth 2C),
+//             pass 1 column 2j + 1 x tap 0: output column j + 1's tap-0 term, y[j] = acc[j] + sh[j - 1]
+//   stride 1: consecutive lines are consecutive rows of x (NHWC), so a block of L lines is one
+//             run of L S2 positions q: pass 0 the staged kernel's GEMM (A rows C apart, depth 3C:
+//             taps 0-2 on x[q - 1 .. q + 1]) for q = 1 .. L S2 - 2, which is output column j of
+//             every line but its first and last (those read the pad, or the neighbouring line);
+//             pass 1 column 0 of each line (x[0 .. 1] x taps 1, 2; A rows S2 C apart), pass 2
+//             column S2 - 1 (x[S2 - 2 .. S2 - 1] x taps 0, 1; only with a right pad)
+// Filter rows outside x (the leading dims' halo) are left out. Tiles hold exactly a pass's rows
+// (16 + the rest): no junk rows.
+struct Pass {
+  int64_t a_off, sa, M, depth, b_off;   // A: first element, row stride; rows; depth; first weight row
+};
+
 #ifdef NNPRIM_AMX
-// The forward at a stride-2, 3-wide, left-padded-by-1 last dim reading NHWC x in place (no staging;
-// the AMX kernel, C a multiple of 32, one group). Output column j of a filter row reads x columns
-// 2j - 1, 2j, 2j + 1; column -1 is the pad. Split by the column read: `acc` takes columns 2j, 2j + 1
-// (taps 1, 2: A rows of depth 2C, 2C apart), `sh` column 2j + 1 against tap 0, which is output
-// column j + 1's tap-0 term: y[j] = acc[j] + sh[j - 1] (y[0]: acc[0], the pad's zero). Every A row
-// is inside x; filter rows outside x (the leading dims' halo) are left out. Tiles hold exactly a
-// line's rows (16 + the rest): no junk rows.
-//   rows_x[i]  x's row (n, i0, i1) of the i-th valid filter row, wrow[i] its first weight row
-//   wg (nkb, Rw, 64) VNNI blocks in filter order (rows (f, c));  acc, sh (32 ceil(M/32), KP)
 inline void amx_config_rows(int top, int bottom) {
   TileConfig cfg;
   const int rows[8] = {top, top, bottom, bottom, top, bottom, 16, 16};
@@ -163,36 +172,41 @@ inline void amx_config_rows(int top, int bottom) {
   _tile_loadconfig(&cfg);
 }
 
-inline void s2_line(const at::BFloat16* const* rows_x, const int64_t* wrow, int64_t nrows, const at::BFloat16* wg,
-                    int64_t C, int64_t Rw, int64_t M, int64_t KP, int64_t Kg, float* acc, float* sh, int& cfg) {
-  const int64_t sa = 4 * C;          // bytes between A rows (2C bf16)
+// A group of passes with the same rows, 32-row block by block (stride 2: both passes read the
+// block's A rows while they are in L1, the nineteenth session's order)
+//   rows_x[i]  the block's x row of the i-th valid filter row, wrow[i] its first weight row
+//   wg (nkb, Rw, 64) VNNI blocks in filter order (rows (f, c));  out[p] (32 ceil(M/32), KP)
+inline void amx_passes(const at::BFloat16* const* rows_x, const int64_t* wrow, int64_t nrows, const at::BFloat16* wg,
+                       const Pass* pass, float* const* out, int npass, int64_t Rw, int64_t KP, int64_t Kg, int& cfg) {
+  const int64_t M = pass[0].M;
   for (int64_t m0 = 0; m0 < M; m0 += 32) {
     const int top = static_cast<int>(std::min<int64_t>(16, M - m0));
     const int bottom = static_cast<int>(std::min<int64_t>(16, M - m0 - top));
     if (cfg != top * 32 + bottom) { amx_config_rows(top, std::max(1, bottom)); cfg = top * 32 + bottom; }
     for (int64_t n0 = 0; n0 < Kg; n0 += 32) {
       const at::BFloat16* wk = wg + (n0 / NB) * Rw * NB + (n0 % NB) * 2;
-      for (int pass = 0; pass < 2; ++pass) {     // 0: taps 1, 2 from column 2j; 1: tap 0 from 2j + 1
+      for (int p = 0; p < npass; ++p) {
+        const Pass& ps = pass[p];
+        const int64_t sab = 2 * ps.sa;     // bytes between A rows
         _tile_zero(0); _tile_zero(1);
         if (bottom) { _tile_zero(2); _tile_zero(3); }
-        const int64_t depth = pass ? C : 2 * C;
         for (int64_t i = 0; i < nrows; ++i) {
-          const at::BFloat16* a = rows_x[i] + (2 * m0 + pass) * C;
-          const at::BFloat16* b = wk + (wrow[i] + (pass ? 0 : C)) * NB;
-          for (int64_t c0 = 0; c0 < depth; c0 += 32) {
-            _tile_loadd(4, a + c0, sa);
+          const at::BFloat16* a = rows_x[i] + ps.a_off + m0 * ps.sa;
+          const at::BFloat16* b = wk + (wrow[i] + ps.b_off) * NB;
+          for (int64_t c0 = 0; c0 < ps.depth; c0 += 32) {
+            _tile_loadd(4, a + c0, sab);
             _tile_loadd(6, b + c0 * NB, 256);
             _tile_loadd(7, b + c0 * NB + 32, 256);
             _tile_dpbf16ps(0, 4, 6);
             _tile_dpbf16ps(1, 4, 7);
             if (bottom) {
-              _tile_loadd(5, a + c0 + 32 * C, sa);
+              _tile_loadd(5, a + c0 + 16 * ps.sa, sab);
               _tile_dpbf16ps(2, 5, 6);
               _tile_dpbf16ps(3, 5, 7);
             }
           }
         }
-        float* c = (pass ? sh : acc) + m0 * KP + n0;
+        float* c = out[p] + m0 * KP + n0;
         _tile_stored(0, c, KP * 4);
         _tile_stored(1, c + 16, KP * 4);
         if (bottom) {
@@ -205,16 +219,30 @@ inline void s2_line(const at::BFloat16* const* rows_x, const int64_t* wrow, int6
 }
 #endif
 
+// Lines per block of the stride-1 in-place forward: the fewest padded 32-row tile steps per
+// position (56 columns: 4 lines, 222 rows in 7 steps), at most 256 rows, and enough blocks for
+// the threads
+int64_t lines_per_block(int64_t S2, int64_t lines) {
+  const int64_t cap = std::min(std::max<int64_t>(1, 256 / S2), std::max<int64_t>(1, lines / (4 * at::get_num_threads())));
+  int64_t best = 1;
+  double waste = 1e9;
+  for (int64_t L = 1; L <= cap; ++L) {
+    const double w = static_cast<double>((L * S2 - 2 + 31) / 32 * 32) / (L * S2);
+    if (w <= waste + 1e-9) { waste = w; best = L; }
+  }
+  return best;
+}
+
 // y (N, O0, O1, O2, K) = the convolution of x (N, S0, S1, S2, C; positions C apart, channels
-// contiguous) with stride 2, width 3, pad 1 on the last dim; lead = (s0, s1, d0, d1, p0, p1, F0, F1)
-// for the leading dims. bf16: the AMX line kernel (s2_line; wp VNNI blocks (1, nkb, Rw, 64)); f32:
+// contiguous) with stride `st` (1 or 2), width 3, pad 1 on the last dim; lead = (s0, s1, d0, d1,
+// p0, p1, F0, F1) for the leading dims. bf16: amx_passes (wp VNNI blocks (1, nkb, Rw, 64)); f32:
 // oneDNN's GEMM per filter row and pass (wp (1, Rw, K)), the same split
 template <typename T, typename TO>
-void fwd_s2_impl(const at::Tensor& x, const at::Tensor& wp, at::Tensor& y, const float* bias, at::IntArrayRef lead,
-                 const Epilogue& ep) {
+void fwd_in_place_impl(const at::Tensor& x, const at::Tensor& wp, at::Tensor& y, const float* bias,
+                       at::IntArrayRef lead, int64_t st, const Epilogue& ep) {
   constexpr bool amx = std::is_same_v<T, at::BFloat16>;
-  const int64_t N = x.size(0), S0 = x.size(1), S1 = x.size(2), C = x.size(4), K = y.size(4);
-  const int64_t O0 = y.size(1), O1 = y.size(2), M = y.size(3);
+  const int64_t N = x.size(0), S0 = x.size(1), S1 = x.size(2), S2 = x.size(3), C = x.size(4), K = y.size(4);
+  const int64_t O0 = y.size(1), O1 = y.size(2), O2 = y.size(3);
   const int64_t s0 = lead[0], s1 = lead[1], d0 = lead[2], d1 = lead[3], p0 = lead[4], p1 = lead[5];
   const int64_t F0 = lead[6], F1 = lead[7];
   const int64_t nkb = (K + NB - 1) / NB, KP = amx ? nkb * NB : K, Rw = amx ? wp.size(2) : wp.size(1);
@@ -223,15 +251,53 @@ void fwd_s2_impl(const at::Tensor& x, const at::Tensor& wp, at::Tensor& y, const
   TO* yp = y.data_ptr<TO>();
   const int64_t xs0 = x.stride(0), xs1 = x.stride(1), xs2 = x.stride(2);
   const int64_t ys0 = y.stride(0), ys1 = y.stride(1), ys2 = y.stride(2), ys3 = y.stride(3);
-  at::parallel_for(0, N * O0 * O1, 1, [&](int64_t s, int64_t e) {
-    const int64_t MP = (M + 31) / 32 * 32;
-    std::vector<float> acc(MP * KP), sh(MP * KP), rtmp(ep.res_bf16 ? K : 0);
+  // blocks (n, o0, o1, lines): at stride 1, consecutive output lines reading consecutive x lines
+  // (s1 = 1, x's lines contiguous) through the same filter rows
+  const int64_t L = st == 1 && s1 == 1 && xs2 == S2 * C ? lines_per_block(S2, N * O0 * O1) : 1;
+  auto rows_in = [&](int64_t o1) {     // filter rows of the second leading dim inside x, as bits
+    int64_t bits = 0;
+    for (int64_t f1 = 0; f1 < F1; ++f1) {
+      const int64_t i1 = o1 * s1 + f1 * d1 - p1;
+      if (i1 >= 0 && i1 < S1) bits |= int64_t{1} << f1;
+    }
+    return bits;
+  };
+  std::vector<int64_t> lb;             // (o1, lines) of one (n, o0) plane
+  for (int64_t o1 = 0; o1 < O1;) {
+    int64_t nl = 1;
+    while (nl < L && o1 + nl < O1 && rows_in(o1 + nl) == rows_in(o1)) ++nl;
+    lb.push_back(o1);
+    lb.push_back(nl);
+    o1 += nl;
+  }
+  const int64_t nlb = static_cast<int64_t>(lb.size()) / 2;
+  // the passes of a block of nl lines (Pass::M set per block) and their buffers' rows
+  const int npass = st == 2 ? 2 : (O2 == S2 ? 3 : 2);
+  Pass pass[3];
+  if (st == 2) {
+    pass[0] = {0, 2 * C, O2, 2 * C, C};
+    pass[1] = {C, 2 * C, O2, C, 0};
+  } else {
+    pass[0] = {0, C, 0, 3 * C, 0};
+    pass[1] = {0, S2 * C, 0, 2 * C, C};
+    pass[2] = {(S2 - 2) * C, S2 * C, 0, 2 * C, 0};
+  }
+  const int64_t rows0 = st == 2 ? O2 : L * S2, rows1 = st == 2 ? O2 : L;
+  const int64_t MP0 = (rows0 + 31) / 32 * 32, MP1 = (rows1 + 31) / 32 * 32;
+  at::parallel_for(0, N * O0 * nlb, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> buf((MP0 + 2 * MP1) * KP), rtmp(ep.res_bf16 ? K : 0);
+    float* bufs[3] = {buf.data(), buf.data() + MP0 * KP, buf.data() + (MP0 + MP1) * KP};
     std::vector<const T*> rows_x(F0 * F1);
     std::vector<int64_t> wrow(F0 * F1);
+    Pass ps[3] = {pass[0], pass[1], pass[2]};
     [[maybe_unused]] int cfg = -1;
     if constexpr (amx) cb::brgemm_release(true);   // torch's brgemm reconfigures after us
-    for (int64_t w = s; w < e; ++w) {
-      const int64_t o1 = w % O1, o0 = (w / O1) % O0, n = w / (O1 * O0);
+    for (int64_t w = b0; w < b1; ++w) {
+      const int64_t o1 = lb[2 * (w % nlb)], nl = lb[2 * (w % nlb) + 1], o0 = (w / nlb) % O0, n = w / (nlb * O0);
+      if (st == 1) {
+        ps[0].M = S2 > 2 ? nl * S2 - 2 : 0;      // S2 = 2: every column a border one
+        ps[1].M = ps[2].M = nl;
+      }
       int64_t nr = 0;
       for (int64_t f0 = 0; f0 < F0; ++f0)
         for (int64_t f1 = 0; f1 < F1; ++f1) {
@@ -240,33 +306,46 @@ void fwd_s2_impl(const at::Tensor& x, const at::Tensor& wp, at::Tensor& y, const
           rows_x[nr] = xp + n * xs0 + i0 * xs1 + i1 * xs2;
           wrow[nr++] = (f0 * F1 + f1) * 3 * C;
         }
-      if constexpr (amx) {
+      // groups of passes with the same rows: stride 2 both; stride 1 the GEMM, then the borders
+      const int ng = st == 2 ? 1 : 2;
+      const int g0[3] = {0, st == 2 ? npass : 1, npass};
+      for (int g = 0; g < ng; ++g) {
+        const int p0 = g0[g], np = g0[g + 1] - p0;
+        if (ps[p0].M == 0) continue;
+        if constexpr (amx) {
 #ifdef NNPRIM_AMX
-        s2_line(rows_x.data(), wrow.data(), nr, wpp, C, Rw, M, KP, K, acc.data(), sh.data(), cfg);
+          amx_passes(rows_x.data(), wrow.data(), nr, wpp, ps + p0, bufs + p0, np, Rw, KP, K, cfg);
 #endif
-      } else {
-        for (int64_t i = 0; i < nr; ++i) {      // columns 2j, 2j + 1 x taps 1, 2; column 2j + 1 x tap 0
-          cb::brgemm(M, K, 2 * C, 2 * C, K, KP, i > 0, rows_x[i], wpp + (wrow[i] + C) * K, acc.data(), false);
-          cb::brgemm(M, K, C, 2 * C, K, KP, i > 0, rows_x[i] + C, wpp + wrow[i] * K, sh.data(), false);
-        }
-        if (nr == 0) {
-          std::fill(acc.begin(), acc.end(), 0.f);
-          std::fill(sh.begin(), sh.end(), 0.f);
+        } else {
+          for (int64_t i = 0; i < nr; ++i)
+            for (int p = p0; p < p0 + np; ++p)
+              cb::brgemm(ps[p].M, K, ps[p].depth, ps[p].sa, K, KP, i > 0, rows_x[i] + ps[p].a_off,
+                         wpp + (wrow[i] + ps[p].b_off) * K, bufs[p], false);
+          if (nr == 0)
+            for (int p = p0; p < p0 + np; ++p) std::fill(bufs[p], bufs[p] + ps[p].M * KP, 0.f);
         }
       }
-      TO* yrow = yp + n * ys0 + o0 * ys1 + o1 * ys2;
-      const char* rrow = ep.res ? ep.res + (n * ep.rs0 + o0 * ep.rs1 + o1 * ep.rs2) * (ep.res_bf16 ? 2 : 4) : nullptr;
-      for (int64_t j = 0; j < M; ++j) {
-        float* arow = acc.data() + j * KP;
-        if (j > 0) {
-          const float* srow = sh.data() + (j - 1) * KP;
-          int64_t k = 0;
-          for (; k + fVec::size() <= K; k += fVec::size())
-            (fVec::loadu(arow + k) + fVec::loadu(srow + k)).store(arow + k);
-          for (; k < K; ++k) arow[k] += srow[k];
+      for (int64_t l = 0; l < nl; ++l) {
+        TO* yrow = yp + n * ys0 + o0 * ys1 + (o1 + l) * ys2;
+        const char* rrow = ep.res ? ep.res + (n * ep.rs0 + o0 * ep.rs1 + (o1 + l) * ep.rs2) * (ep.res_bf16 ? 2 : 4)
+                                  : nullptr;
+        for (int64_t j = 0; j < O2; ++j) {
+          float* arow;
+          if (st == 2) {            // y[j] = acc[j] + sh[j - 1]
+            arow = bufs[0] + j * KP;
+            if (j > 0) {
+              const float* srow = bufs[1] + (j - 1) * KP;
+              int64_t k = 0;
+              for (; k + fVec::size() <= K; k += fVec::size())
+                (fVec::loadu(arow + k) + fVec::loadu(srow + k)).store(arow + k);
+              for (; k < K; ++k) arow[k] += srow[k];
+            }
+          } else {
+            arow = j == 0 ? bufs[1] + l * KP : j == S2 - 1 ? bufs[2] + l * KP : bufs[0] + (l * S2 + j - 1) * KP;
+          }
+          emit_row(arow, bias, ep, rrow ? rrow + j * ep.rs3 * (ep.res_bf16 ? 2 : 4) : nullptr, rtmp.data(),
+                   yrow + j * ys3, K);
         }
-        emit_row(arow, bias, ep, rrow ? rrow + j * ep.rs3 * (ep.res_bf16 ? 2 : 4) : nullptr, rtmp.data(),
-                 yrow + j * ys3, K);
       }
     }
 #ifdef NNPRIM_AMX
@@ -397,35 +476,38 @@ void conv_fwd(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs
   }
 }
 
-// the forward of a stride-2, 3-wide, pad-1 last dim, x read in place (fwd_s2_impl)
-void conv_fwd_s2(const at::Tensor& x, const at::Tensor& wp, at::Tensor y, const c10::optional<at::Tensor>& bias,
-                 at::IntArrayRef lead, const c10::optional<at::Tensor>& res, double res_scale, bool relu,
-                 double relu_slope) {
+// the forward of a 3-wide, pad-1 last dim at stride 1 or 2, x read in place (fwd_in_place_impl)
+void conv_fwd_in_place(const at::Tensor& x, const at::Tensor& wp, at::Tensor y, const c10::optional<at::Tensor>& bias,
+                       at::IntArrayRef lead, int64_t stride, const c10::optional<at::Tensor>& res, double res_scale,
+                       bool relu, double relu_slope) {
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(x.dim() == 5 && (bf16 || x.scalar_type() == at::kFloat) && wp.scalar_type() == x.scalar_type() &&
               x.stride(4) == 1 && x.stride(3) == x.size(4) && (!bf16 || x.size(4) % 32 == 0),
-              "conv_fwd_s2: x (N, S0, S1, S2, C) bf16 (C % 32 == 0) or f32, positions C apart");
+              "conv_fwd_in_place: x (N, S0, S1, S2, C) bf16 (C % 32 == 0) or f32, positions C apart");
   TORCH_CHECK(y.dim() == 5 && y.stride(4) == 1 && y.size(0) == x.size(0) && lead.size() == 8,
-              "conv_fwd_s2: y (N, O0, O1, O2, K), last dim contiguous");
-  TORCH_CHECK(2 * y.size(3) <= x.size(3), "conv_fwd_s2: output columns reading past x");
+              "conv_fwd_in_place: y (N, O0, O1, O2, K), last dim contiguous");
+  // no A row reads past x: stride 2 needs 2 O2 <= S2; stride 1 a right pad of 0 or 1, 2+ columns
+  TORCH_CHECK(stride == 2 ? 2 * y.size(3) <= x.size(3)
+                          : stride == 1 && x.size(3) >= 2 && y.size(3) <= x.size(3) && y.size(3) + 1 >= x.size(3),
+              "conv_fwd_in_place: output columns reading past x");
   const int64_t rows = lead[6] * lead[7] * 3 * x.size(4);
   TORCH_CHECK(wp.is_contiguous() && wp.size(0) == 1 &&
               (bf16 ? wp.dim() == 4 && wp.size(2) == rows
                     : wp.dim() == 3 && wp.size(1) == rows && wp.size(2) == y.size(4)),
-              "conv_fwd_s2: wp (1, nkb, F0 F1 3 C, 64) VNNI (bf16) or (1, F0 F1 3 C, K) (f32)");
+              "conv_fwd_in_place: wp (1, nkb, F0 F1 3 C, 64) VNNI (bf16) or (1, F0 F1 3 C, K) (f32)");
   const Epilogue ep = make_epilogue(y, res, res_scale, relu, relu_slope);
   const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   if (!bf16) {
-    TORCH_CHECK(y.scalar_type() == at::kFloat, "conv_fwd_s2: f32 x, f32 y");
-    fwd_s2_impl<float, float>(x, wp, y, b, lead, ep);
+    TORCH_CHECK(y.scalar_type() == at::kFloat, "conv_fwd_in_place: f32 x, f32 y");
+    fwd_in_place_impl<float, float>(x, wp, y, b, lead, stride, ep);
     return;
   }
 #ifdef NNPRIM_AMX
-  TORCH_CHECK(amx_permitted(), "conv_fwd_s2: AMX not permitted");
-  if (y.scalar_type() == at::kFloat) fwd_s2_impl<at::BFloat16, float>(x, wp, y, b, lead, ep);
-  else fwd_s2_impl<at::BFloat16, at::BFloat16>(x, wp, y, b, lead, ep);
+  TORCH_CHECK(amx_permitted(), "conv_fwd_in_place: AMX not permitted");
+  if (y.scalar_type() == at::kFloat) fwd_in_place_impl<at::BFloat16, float>(x, wp, y, b, lead, stride, ep);
+  else fwd_in_place_impl<at::BFloat16, at::BFloat16>(x, wp, y, b, lead, stride, ep);
 #else
-  TORCH_CHECK(false, "conv_fwd_s2: bf16 needs the AMX build");
+  TORCH_CHECK(false, "conv_fwd_in_place: bf16 needs the AMX build");
 #endif
 }
 
@@ -704,8 +786,8 @@ TORCH_LIBRARY(nnprim_cpu_conv, m) {
   m.def("conv_fwd(Tensor xs, Tensor wp, Tensor runs, Tensor(a!) y, Tensor? bias, int[] grid, int G, int Cg, "
         "int Kg, int MB, bool vnni, bool use_amx, int ps, Tensor? res=None, float res_scale=1.0, bool relu=False, "
         "float relu_slope=0.0) -> ()");
-  m.def("conv_fwd_s2(Tensor x, Tensor wp, Tensor(a!) y, Tensor? bias, int[] lead, Tensor? res=None, "
-        "float res_scale=1.0, bool relu=False, float relu_slope=0.0) -> ()");
+  m.def("conv_fwd_in_place(Tensor x, Tensor wp, Tensor(a!) y, Tensor? bias, int[] lead, int stride, "
+        "Tensor? res=None, float res_scale=1.0, bool relu=False, float relu_slope=0.0) -> ()");
   m.def("conv_wgrad(Tensor xt, Tensor dyg, Tensor taps, Tensor chunks, Tensor(a!) dw, int G, int Cg, int Kg, "
         "bool vnni) -> ()");
   m.def("pack_b(Tensor src3, bool transpose, Tensor index, bool vnni) -> Tensor");
@@ -714,7 +796,7 @@ TORCH_LIBRARY(nnprim_cpu_conv, m) {
 }
 TORCH_LIBRARY_IMPL(nnprim_cpu_conv, CPU, m) {
   m.impl("conv_fwd", &conv_fwd);
-  m.impl("conv_fwd_s2", &conv_fwd_s2);
+  m.impl("conv_fwd_in_place", &conv_fwd_in_place);
   m.impl("conv_wgrad", &conv_wgrad);
   m.impl("pack_b", &pack_b);
   m.impl("pack_b_pairs", &pack_b_pairs);

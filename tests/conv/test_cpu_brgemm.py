@@ -48,8 +48,25 @@ SHAPES = {
     "s2_in_place_wide": ((1, 64, 7, 70), (32, 64, 3, 3), dict(stride=(1, 2), padding=(0, 1), dilation=(2, 1))),
     "s2_in_place_3d": ((1, 32, 4, 5, 12), (16, 32, 2, 3, 3), dict(stride=(2, 1, 2), padding=1)),
     "1d_segments": ((1, 4, 5000), (6, 4, 3), dict(padding=1)),    # lines of 5 segments
+    # stride-1 in place: odd H and W, K past one 64-column block with a tail; blocks of several
+    # lines next to the top / bottom halo lines; W of 2, 3 (every column a border one; W = 1 is
+    # staged); a right pad of 0; 3-D with strided, dilated leading dims; 1-D
+    "s1_in_place": ((3, 32, 9, 9), (72, 32, 3, 3), dict(padding=1)),
+    "s1_in_place_w1": ((2, 64, 5, 1), (40, 64, 3, 3), dict(padding=1)),
+    "s1_in_place_w2": ((2, 32, 4, 2), (24, 32, 3, 3), dict(padding=1)),
+    "s1_in_place_w3_pad0": ((2, 32, 7, 3), (48, 32, 3, 3), dict(padding=(1, (1, 0)))),
+    "s1_in_place_wide": ((1, 32, 6, 37), (16, 32, 3, 3), dict(padding=(2, 1), dilation=(2, 1), stride=(2, 1))),
+    "s1_in_place_3d": ((2, 32, 4, 5, 7), (16, 32, 2, 3, 3), dict(stride=(2, 1, 1), padding=1)),
+    "s1_in_place_1d": ((2, 32, 45), (20, 32, 3), dict(padding=1)),
+    "s1_pad2_staged": ((1, 32, 5, 6), (16, 32, 3, 3), dict(padding=(1, (1, 2)))),
+    "s1_dil2_staged": ((1, 32, 5, 8), (16, 32, 3, 3), dict(padding=1, dilation=(1, 2))),
 }
-IN_PLACE = ["s2_in_place", "s2_in_place_wide", "s2_in_place_3d", "amx_c32_k96_s2"]
+IN_PLACE = ["s2_in_place", "s2_in_place_wide", "s2_in_place_3d", "amx_c32_k96_s2", "s1_in_place", "s1_in_place_w2",
+            "s1_in_place_w3_pad0", "s1_in_place_wide", "s1_in_place_3d", "s1_in_place_1d", "amx_c64_k40"]
+# forward shapes the in-place path does not cover (staged): bf16 channels off 32s, groups, a
+# right pad of 2, a dilated or 2-wide last dim, a 1x1, one column
+STAGED = {"2d_3x3_pad": torch.bfloat16, "wide_k70": torch.bfloat16, "g4_c16_merged": torch.bfloat16,
+          "s1_pad2_staged": None, "s1_in_place_w1": None, "s1_dil2_staged": None, "2d_asym_dil_g2": None, "2d_1x1": None}
 SOLVERS = {"fwd": CpuBrgemmFwd, "bwd_data": CpuBrgemmBwdData, "bwd_weights": CpuBrgemmBwdWeights}
 
 
@@ -109,7 +126,8 @@ def test_bf16(shape, layout, direction, b_layout, x_path):
 
 @pytest.mark.parametrize("direction", list(SOLVERS))
 @pytest.mark.parametrize("shape", ["2d_asym_dil_g2", "s2_d2_asym", "3d_s2_tail", "f32_k48_g2", "f32_k16_s2",
-                                   "s2_in_place", "s2_in_place_3d", "1d_segments"])
+                                   "s2_in_place", "s2_in_place_3d", "1d_segments", "s1_in_place", "s1_in_place_w1",
+                                   "s1_in_place_w3_pad0", "s1_in_place_wide", "s1_in_place_3d", "s1_in_place_1d"])
 def test_f32(shape, direction, x_path):
     if x_path != "default" and direction != "fwd":
         pytest.skip("x staged whole: the forward's choice")
@@ -192,11 +210,53 @@ def test_in_place_chosen(shape, dtype):
     assert not cpu_brgemm._Plan(replace(p, layout="nchw")).in_place
 
 
+class _Spy:
+    """LIBRARY.ops() with its forward kernels' calls recorded."""
 
-def test_in_place_estimate(monkeypatch):
+    def __init__(self, ops, calls: list[str]) -> None:
+        self._ops, self._calls = ops, calls
+
+    def __getattr__(self, name: str):
+        if name in ("conv_fwd", "conv_fwd_in_place"):
+            self._calls.append(name)
+        return getattr(self._ops, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", IN_PLACE + list(STAGED))
+@pytest.mark.parametrize("x_kind", ["dense", "strided"])
+def test_in_place_dispatch(shape, dtype, x_kind, monkeypatch):
+    """The kernel that runs: in place exactly where `_Plan.in_place` (and x's positions are C
+    apart), staged otherwise (the shapes in STAGED, and x sliced from a wider buffer); the
+    result against the float64 reference with bias and a Sum + ReLU row epilogue either way."""
+    if STAGED.get(shape, dtype) != dtype:
+        pytest.skip("in place at this dtype")
+    xs, ws, kw = SHAPES[shape]
+    y_shape = ConvProblem.create("fwd", xs, ws, dtype=dtype, **kw).y_shape
+    post = (Sum(_residual(y_shape, dtype, "dense"), 0.5), Eltwise("relu"))
+    p = ConvProblem.create("fwd", xs, ws, dtype=dtype, layout="nhwc", has_bias=True, post_ops=post, **kw)
+    _, args = make("fwd", xs, ws, "nhwc", dtype, **kw)
+    x = args.x
+    if x_kind == "strided":       # channels of a wider NHWC buffer: positions C + 3 apart
+        wide = torch.full((xs[0], *xs[2:], xs[1] + 3), float("nan"), dtype=dtype)
+        wide[..., 1:xs[1] + 1] = x.movedim(1, -1)
+        x = wide[..., 1:xs[1] + 1].movedim(-1, 1)
+    args = ConvArgs(x=x, w=args.w, bias=torch.randn(p.K).to(dtype), post_ops=post)
+    calls: list[str] = []
+    ops = cpu_brgemm.LIBRARY.ops()
+    monkeypatch.setattr(cpu_brgemm.LIBRARY, "ops", lambda: _Spy(ops, calls))
+    out = CpuBrgemmFwd().prepare(p)(args)
+    in_place = cpu_brgemm._Plan(p).in_place
+    assert in_place == (shape in IN_PLACE and (dtype == torch.float32 or cpu_brgemm.cpu_has_amx()))
+    assert calls == ["conv_fwd_in_place" if in_place and x_kind == "dense" else "conv_fwd"]
+    check(p, args, out, reference(p, args))
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_in_place_estimate(stride, monkeypatch):
     """Reading x in place, the estimate counts no x staging and no junk grid positions."""
-    p = ConvProblem.create("fwd", (16, 128, 56, 56), (256, 128, 3, 3), dtype=torch.float32, stride=2, padding=1,
-                           layout="nhwc")
+    p = ConvProblem.create("fwd", (16, 128, 56, 56), (256, 128, 3, 3), dtype=torch.float32, stride=stride,
+                           padding=1, layout="nhwc")
     assert cpu_brgemm.reads_in_place(p)
     s = CpuBrgemmFwd()
     in_place = s.estimate(p)
