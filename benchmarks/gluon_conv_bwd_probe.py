@@ -141,6 +141,18 @@ def tile_variants(p: ConvProblem, dy: torch.Tensor, x: torch.Tensor) -> dict:
                          t0.warps)
         plan = gw.GluonWgradPlan(p, tile=t)
         out[name] = lambda plan=plan: plan(ConvArgs(dy=dy, x=x))
+    # 64-wide tiles with 128-pixel steps where C or K is no multiple of 128 (K = 320: 128-row
+    # tiles compute 384 rows)
+    if p.K % 128 or p.C % 128:
+        bh, bw = rect(128, p.out_size[-2], p.out_size[-1])
+        for bm, bn in ((128, 64), (64, 128), (64, 64)):
+            if (bm, bn) == (t0.BM, t0.BN) or bm > p.K or bn > p.C:
+                continue
+            t = gw.WgradTile(bh, bw, bm, bn, 1, 4)
+            t = gw.WgradTile(bh, bw, bm, bn, min(gw.MAX_STAGES, (gw.SMEM_BYTES - 2048) // t.stage_bytes()),
+                             8 if bm * bn > 128 * 64 else 4)
+            plan = gw.GluonWgradPlan(p, tile=t)
+            out[f"{bm}x{bn}bp128"] = lambda plan=plan: plan(ConvArgs(dy=dy, x=x))
     return out
 
 
