@@ -157,6 +157,12 @@ def pick_bn(K: int, BM: int) -> int:
     return min(cands, key=lambda bn: (triton.cdiv(K, bn) * bn * (1 + 32 / bn), -bn))
 
 
+# 256-row tiles (two consumer warpgroups, one weight box) for reductions of this many K steps
+# or more: 1.06-1.24x on the H200 where a tile had one warpgroup (unet_320_64x64 forward 45
+# steps 0.130 -> 0.105 ms, c3d_3x3x3 backward data 54 steps 0.471 -> 0.443, c3d forward 27
+# steps 1.01x); 0.95x at 9 steps (rn50_r2_3x3), where the larger tile's fill and epilogue
+# are not amortised (results/conv_tiles_probe_2026-12-02_s20.json, unet_probe_*)
+LONG_STEPS = 27
 MIN_STAGES = 3       # a ring of 2 holds the stage being multiplied and the one being released:
 MAX_STAGES = 8       # no load is in flight ahead of the consumer (each stage pays a TMA round trip)
 RING_BYTES = 96 * 1024   # aim: this much of loads in flight (~1.5 us of TMA latency at H200 L2 rates)
@@ -184,7 +190,10 @@ def tile_for(OH: int, OW: int, C: int, K: int, taps: int, max_ksub: int = 3, bn:
     BN = bn or pick_bn(K, BM)
     BK = 64 if C >= 64 else (32 if C >= 32 else 16)
     steps = taps * math.ceil(C / BK)
-    warps = 8 if BM * BN > 128 * 128 else 4
+    if BM == 128 and BN <= 128 and steps >= LONG_STEPS and OH * OW >= 4 * 256:
+        BM = 256    # two consumer warpgroups share each weight box (see LONG_STEPS)
+        BH, BW = rect(BM, OH, OW)
+    warps = 8 if BM * BN > 128 * 128 or BM == 256 else 4
     for ksub in (3, 2, 1):
         if ksub > 1 and (C > 64 or steps % ksub or ksub > max_ksub):
             continue

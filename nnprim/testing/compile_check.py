@@ -131,6 +131,9 @@ GLUON_CONV = [  # (x, w, options) of solver 27 (Gluon, sm_90 only): 3x3 C=K=64..
     ((2, 64, 5, 10, 10), (128, 64, 3, 3, 3), dict(padding=1, has_bias=True)),
     ((2, 64, 6, 10, 10), (64, 64, 3, 3, 3), dict(padding=1, stride=(2, 2, 2))),
     ((2, 64, 5, 10, 10), (64, 64, 3, 3, 3), dict(padding=1, direction="bwd_data")),
+    # 45 K steps: 256-row tiles with two consumer warpgroups (LONG_STEPS), forward and backward data
+    ((1, 320, 33, 35), (320, 320, 3, 3), dict(padding=1)),
+    ((1, 320, 33, 35), (320, 320, 3, 3), dict(padding=1, direction="bwd_data")),
     # grouped (blockdiag.py): tiles of whole groups over the packed block-diagonal filter
     ((2, 128, 10, 10), (128, 4, 3, 3), dict(padding=1, groups=32, has_bias=True)),
     ((2, 128, 10, 10), (128, 4, 3, 3), dict(padding=1, groups=32, direction="bwd_data")),
@@ -245,6 +248,7 @@ GLUON_WGRAD = [  # (x, w, options) of solver 29 (Gluon backward weights, sm_90 o
     ((8, 144, 11, 10), (144, 1, 3, 3), dict(padding=1, groups=144, stride=2)),   # depthwise stride 2
     ((2, 64, 5, 10, 10), (128, 64, 3, 3, 3), dict(padding=1)),          # 3-D (c3d's kind)
     ((2, 32, 6, 9, 9), (32, 32, 3, 3, 3), dict(padding=1, stride=2)),   # 3-D stride 2
+    ((2, 320, 20, 21), (320, 320, 3, 3), dict(padding=1)),          # 320 channels: 64 x 64, 128-pixel steps
 ]
 
 

@@ -66,11 +66,13 @@ def test_registry_keeps_choosing_other_solvers_on_cpu():
     ((32, 64, 56, 56), (64, 64, 3, 3)), ((32, 128, 28, 28), (128, 128, 3, 3)),
     ((32, 256, 14, 14), (256, 256, 3, 3)), ((32, 512, 7, 7), (512, 512, 3, 3)),
     ((32, 64, 56, 56), (256, 64, 1, 1)), ((8, 16, 33, 35), (48, 16, 7, 7)), ((4, 32, 3, 5), (16, 32, 5, 5)),
+    ((8, 320, 64, 64), (320, 320, 3, 3)),   # 45 K steps: 256-row tiles, two warpgroups
 ])
 def test_tiles_fit_hopper(x, w):
     t = gluon_conv.tile_config(problem(x, w))
     assert t.smem_bytes() <= gluon_conv.SMEM_BYTES and t.STAGES >= 2
-    assert t.BM in (64, 128) and t.BW >= 8 and t.warps in (4, 8)
+    assert t.BM in (64, 128, 256) and t.BW >= 8 and t.warps in (4, 8)
+    assert (t.BM == 256) == (x[1] == 320) and (t.BM < 256 or t.warps == 8)
     # accumulator: at most 128 f32 registers per consumer thread
     assert t.BM * t.BN // (t.warps * 32) <= 128
     assert t.BK <= w[1] or t.BK == 16

@@ -137,6 +137,7 @@ SHAPES = [  # (x, w, padding, dilation)
     ((2, 48, 12, 12), (80, 48, 3, 3), 2, 2),           # dilation 2, C not a multiple of BK
     ((2, 64, 10, 10), (64, 64, 3, 3), 0, 1),           # no padding
     ((16, 64, 56, 56), (64, 64, 3, 3), 1, 1),          # thousands of tiles per 132 SMs
+    ((1, 320, 33, 35), (320, 320, 3, 3), 1, 1),        # 45 K steps: 256-row tiles (LONG_STEPS), tails
 ]
 
 
@@ -243,6 +244,7 @@ BWD_SHAPES = [  # (x, w, padding, dilation) of the forward whose backward data i
     ((2, 64, 10, 10), (64, 64, 3, 3), 0, 1),           # no padding: dx borders from fewer taps
     ((5, 512, 7, 7), (512, 512, 3, 3), 1, 1),          # small image: BM 64
     ((16, 64, 56, 56), (64, 64, 3, 3), 1, 1),          # many tiles per SM
+    ((1, 320, 33, 35), (320, 320, 3, 3), 1, 1),        # 45 K steps: 256-row tiles (LONG_STEPS), tails
 ]
 
 
@@ -308,6 +310,7 @@ WGRAD_SHAPES = [  # (x, w, padding, dilation)
     ((4, 256, 15, 13), (64, 256, 1, 1), 0, 1),         # 1x1
     ((2, 48, 13, 17), (80, 48, 5, 5), ((2, 1), (0, 3)), 1),   # asymmetric padding, C/K tails in tiles
     ((2, 64, 12, 12), (96, 64, 3, 3), 2, 2),           # dilation 2
+    ((2, 320, 20, 21), (320, 320, 3, 3), 1, 1),        # 320 channels: 64 x 64 tiles, 128-pixel steps
 ]
 
 
