@@ -33,6 +33,12 @@ CONV = [  # (id, direction, x, w, options)
     ("nhwc-dw", "bwd_weights", (8, 128, 28, 28), (128, 1, 3, 3), dict(padding=1, groups=128, layout="nhwc",
                                                                       dtype=BF16)),
     ("nhwc-g8", "bwd_weights", (8, 64, 28, 28), (64, 8, 3, 3), dict(padding=1, groups=8, layout="nhwc", dtype=F32)),
+    # grouped Gluon forward / backward data (the packed block-diagonal filter), 3-D
+    ("nhwc-g32", "fwd", (8, 128, 28, 28), (128, 4, 3, 3), dict(padding=1, groups=32, layout="nhwc", dtype=BF16)),
+    ("nhwc-g32", "bwd_data", (8, 128, 28, 28), (128, 4, 3, 3), dict(padding=1, groups=32, layout="nhwc",
+                                                                    dtype=BF16)),
+    ("ndhwc-3x3x3", "bwd_weights", (2, 64, 8, 28, 28), (128, 64, 3, 3, 3), dict(padding=1, layout="nhwc",
+                                                                                 dtype=BF16)),
     # the long causal depthwise conv1d of issue 11: bounded workspaces
     ("long-causal-dw", "fwd", (8, 768, 8192), (768, 1, 8192), dict(padding=((8191, 0),), groups=768, dtype=BF16)),
     ("long-causal-dw", "bwd_data", (8, 768, 8192), (768, 1, 8192), dict(padding=((8191, 0),), groups=768,
