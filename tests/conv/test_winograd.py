@@ -129,6 +129,9 @@ def test_not_applicable_reasons():
     assert bd.is_applicable(mk(direction="bwd_data", padding=2))
     assert "direction" in reasons(mk(direction="bwd_weights"))
     assert REGISTRY.get("winograd_f4_bwd_weights").is_applicable(mk(direction="bwd_weights", padding=3))
+    for half in (torch.float16, torch.bfloat16):   # ~2e-2 off on half inputs (TF32 GEMM): f32 only
+        assert "f32 only" in reasons(mk(direction="bwd_weights", dtype=half), REGISTRY.get("winograd_f4_bwd_weights"))
+        assert REGISTRY.get("winograd_f2_bwd_weights").is_applicable(mk(direction="bwd_weights", dtype=half))
     cpu = ConvProblem.create("fwd", (1, 16, 8, 8), (16, 16, 3, 3), dtype=torch.float32)
     for sid in SOLVERS:
         sv = REGISTRY.get(sid)
