@@ -109,6 +109,10 @@ GLUON_VS_SOLVER20 = 0.65   # measured time ratio to solver 20 (see GluonImplicit
 # in the H200 system db is 0.036 ms; through the API its smallest forced calls took 0.051 ms,
 # 15 us more than solver 20's (results/regret_2026-12-01_run2.json)
 HOST_FLOOR_MS = 0.038
+# grouped (DIAG) tiles: 64-channel blocks run as rn50_r2_3x3's C = K = 64 layer does; measured
+# resnext_g32 forward / backward data 0.152 ms for 59 GFLOP of dense tile work (390 TFLOP/s, 0.52
+# of the bf16 peak; results/conv_grouped_2026-12-02_s20.json)
+DIAG_EFF = 0.5
 
 
 # ---- tiles -------------------------------------------------------------------------------
@@ -900,11 +904,11 @@ class GluonConvSolver(_IGemmBase):
 
     def diag_estimate(self, fp: ConvProblem) -> float | None:
         """Grouped: the dense work of the block-diagonal tiles (CB / Cg times the grouped
-        FLOPs) at the dense roofline, priced as a Gluon kernel."""
+        FLOPs) at DIAG_EFF of the dense roofline, and at least the host time per call."""
         d = diag_geometry(fp)
         if d is None:
             return None
-        return self.gluon_price(roofline_ms(fp.flops() * d.CB / d.Cg, fp.bytes(), fp.dtype, 0.7))
+        return max(roofline_ms(fp.flops() * d.CB / d.Cg, fp.bytes(), fp.dtype, DIAG_EFF), HOST_FLOOR_MS)
 
     @staticmethod
     def gluon_price(est: float | None) -> float | None:
