@@ -18,7 +18,7 @@ invokers (passed in as `prepare`) and remembers the winner.
 4. Every candidate is prepared (compiled) first; then each runs once and its output is
    compared with the reference solver's on the same inputs (problems up to REFERENCE_FLOPS;
    larger ones are timed unchecked) (relative norm; f32 1e-4,
-   f16/bf16 2e-2). A disagreeing candidate is recorded "wrong", logged at WARNING and
+   f16 1e-2, bf16 2e-2). A disagreeing candidate is recorded "wrong", logged at WARNING and
    never chosen. Any exception (MemoryError, torch.cuda.OutOfMemoryError, ...) records
    it "failed" and find goes on.
 5. Timing (timing.py): the survivors run in interleaved rounds (one run of each per round,

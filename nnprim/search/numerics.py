@@ -71,7 +71,11 @@ def tolerance(dtype: torch.dtype) -> float:
     """Relative-norm tolerance of find's check against the reference, by input dtype."""
     if dtype == torch.float8_e4m3fn:   # P rounded to e4m3 (3 mantissa bits) in the kernels' PV product
         return 1e-1
-    return 1e-4 if dtype in (torch.float32, torch.float64) else 2e-2
+    if dtype in (torch.float32, torch.float64):
+        return 1e-4
+    # f16 keeps 3 more mantissa bits than bf16: 2e-2 let a 2e-2-off solver through where torch's
+    # f16 result is 4e-4 off (winograd_f4_bwd_weights, 2026-12-02); the GPU fuzz checks 1e-2 too
+    return 1e-2 if dtype == torch.float16 else 2e-2
 
 
 def _as_tuple(out) -> tuple:
