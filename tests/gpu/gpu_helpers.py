@@ -3,7 +3,12 @@ the same dtype against float64 (FlashAttention's test pattern), and no reference
 solver chosen on the GPU."""
 from __future__ import annotations
 
+import functools
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -54,3 +59,43 @@ def no_reference(device: torch.device | str = "cuda") -> None:
 def chosen_solvers(device: torch.device | str = "cuda") -> dict[str, str]:
     ctx = context(torch.device(device))
     return {b.problem.key(): b.solver.name for b in list(ctx.chosen.values())}
+
+
+def smoke_gate(code: str, timeout: int = 180, hang: str = "deadlock: barrier phases?"):
+    """A cached check that `code` prints SMOKE-OK in a subprocess within `timeout` s: the
+    returned function gives None, or why not (a kernel that hangs is killed with its process
+    instead of hanging the test run). Modules gate their tests on it (`skip_unless`)."""
+    root = Path(__file__).resolve().parents[2]
+
+    @functools.cache
+    def failure() -> str | None:
+        env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env.pop("TRITON_INTERPRET", None)
+        try:
+            r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return f"smoke run hung for {timeout} s ({hang})"
+        return None if "SMOKE-OK" in r.stdout else f"smoke run failed: {(r.stdout + r.stderr)[-3000:]}"
+    return failure
+
+
+def skip_unless(failure) -> None:
+    """Skip the calling test when the smoke gate `failure` (smoke_gate) failed."""
+    why = failure()
+    if why:
+        pytest.skip(why[:500])
+
+
+def smoke_fixture(failure):
+    """A `smoked` fixture that skips its tests when the smoke gate `failure` failed."""
+    @pytest.fixture
+    def smoked():
+        skip_unless(failure)
+    return smoked
+
+
+def smoke_test(failure):
+    """The module's own test of its smoke gate (it fails, not skips, when the gate fails)."""
+    def test_smoke_in_subprocess():
+        assert failure() is None, failure()
+    return test_smoke_in_subprocess

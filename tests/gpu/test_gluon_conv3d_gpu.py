@@ -11,15 +11,10 @@ A TMA load that never completes its transaction would hang: the smoke test runs 
 problems in a subprocess with a timeout, and every other test is skipped when it fails."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
-from gpu_helpers import GLUON_MODULE_MARKS, assert_close
+from gpu_helpers import GLUON_MODULE_MARKS, assert_close, smoke_fixture, smoke_gate, smoke_test
 
 import nnprim
 from nnprim.args import ConvArgs
@@ -29,7 +24,6 @@ from nnprim.problems.conv import ConvProblem
 from nnprim.search.solver import REGISTRY
 
 DEV = "cuda"
-ROOT = Path(__file__).resolve().parents[2]
 CL3 = torch.channels_last_3d
 pytestmark = GLUON_MODULE_MARKS
 
@@ -59,32 +53,11 @@ for d in ("fwd", "bwd_data", "bwd_weights"):
     assert err < 2e-2, f"wrong result: 3-D {d} rel err {err}"
 print("SMOKE-OK")
 """
-_smoke: list[str] = []
+smoke_failure = smoke_gate(SMOKE, 180, hang="a TMA box wholly outside x never completed?")
 
 
-def smoke_failure() -> str | None:
-    """None when small 3-D launches finish correctly in a subprocess within 180 s, else why."""
-    if not _smoke:
-        env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        env.pop("TRITON_INTERPRET", None)
-        try:
-            r = subprocess.run([sys.executable, "-c", SMOKE], env=env, capture_output=True, text=True, timeout=180)
-            _smoke.append("" if "SMOKE-OK" in r.stdout else f"smoke run failed: {(r.stdout + r.stderr)[-3000:]}")
-        except subprocess.TimeoutExpired:
-            _smoke.append("3-D smoke run hung for 180 s (a TMA box wholly outside x never completed?)")
-    return _smoke[0] or None
-
-
-@pytest.fixture
-def smoked():
-    why = smoke_failure()
-    if why:
-        pytest.skip(why[:500])
-
-
-def test_smoke_in_subprocess():
-    why = smoke_failure()
-    assert why is None, why
+smoked = smoke_fixture(smoke_failure)
+test_smoke_in_subprocess = smoke_test(smoke_failure)
 
 
 def case(x_shape, w_shape, dtype=torch.bfloat16, seed=0, bias=False):
