@@ -32,6 +32,8 @@
 #   diag       the default-vs-forced clock check and the graphed conv's choices
 #   host       where a public call's time goes (benchmarks/diag/api_host_breakdown.py: host us of the
 #              public call, its invoker and torch's, CUDA-graph device time) and host_overhead.py
+#   fused      fused conv + bias + residual + ReLU through the public API against torch eager and
+#              torch.compile of the same expression (benchmarks/fused_conv.py, issue 13's targets)
 #   wgrad      solver 29's schedules on the suite's 3x3 layers (benchmarks/diag/wgrad_tile_probe.py
 #              --stream: split slices against stream-K, cuDNN in the same process)
 set -uo pipefail
@@ -109,6 +111,8 @@ case $STEP in
     CONV_S=300 bash benchmarks/run_suites.sh "$OUT" conv
     timeout 200 python3 benchmarks/depthwise.py --out "$OUT" 2>&1 | tail -3
     timeout 100 python3 benchmarks/nchw_probe.py --out "$OUT/nchw_probe_$D.json" 2>&1 | tail -4 ;;
+  fused)
+    timeout 500 python3 benchmarks/fused_conv.py --rounds 20 --out "$OUT/fused_conv_$D.json" 2>&1 | tail -25 ;;
   sysdb)
     timeout -s INT 585 python3 -m nnprim db build-system --device cuda --count 90 --workers 14 --time-budget 470 2>&1 \
       | tr '\r' '\n' | tail -5
