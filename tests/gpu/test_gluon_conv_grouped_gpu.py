@@ -82,6 +82,19 @@ def test_backward_data_vs_reference(smoked, x_shape, w_shape, groups, pad):  # n
     assert_close(str(p.key()), dx, theirs, conv_bwd_data_f64(p, dy, w))
 
 
+@pytest.mark.parametrize("stride", [2, (2, 1)], ids=str)
+def test_forward_stride2_vs_reference(smoked, stride):  # noqa: F811
+    """Stride 2 reads x per stride phase (`_load_x`) at the tile's first input channel."""
+    x, w, _ = case((2, 128, 15, 14), (256, 8, 3, 3), seed=5)
+    p = ConvProblem.create("fwd", x.shape, w.shape, dtype=x.dtype, layout="nhwc", device=DEV, padding=1,
+                           groups=16, stride=stride)
+    s = REGISTRY.get("gluon_implicit_gemm_fwd")
+    assert s.is_applicable(p), s.not_supported_reasons(p)
+    y = s.prepare(p)(ConvArgs(x=x, w=w))
+    theirs = F.conv2d(x, w, padding=1, groups=16, stride=stride)
+    assert_close(str(p.key()), y, theirs, conv_fwd_f64(p, x, w))
+
+
 def test_bias_post_ops_bit_identical_and_api(smoked):  # noqa: F811
     x, w, b = case((4, 128, 28, 28), (128, 4, 3, 3), seed=3, bias=True)
     g = torch.Generator(device=DEV).manual_seed(4)
