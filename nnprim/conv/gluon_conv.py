@@ -61,9 +61,19 @@ count; the tile is stored through the phase's own TMA descriptor over the stride
 (its extent clips exactly the rows of the phase). A phase no tap reaches (1x1 stride 2:
 three of four) has no steps, so its tiles store zeros. KSUB is 1 (phases differ in length).
 
-Covers 2-D NHWC bf16/f16 forward and backward data, groups 1, stride 1 or 2 per dim, any
-dilation, any filter and padding (asymmetric too; stride-1 backward data: at most
-dilation*(filter-1)), C and K multiples of 16 (TMA row alignment), bias and up to
+3-D (DEPTH): the kernel's images are the N*OD output planes, x is described as [N*D, H, W, C],
+and each depth tap reads its x plane (`_x_plane`); a tap in the depth padding loads a box at
+plane -1, wholly outside x, which TMA fills with zeros. Depth stride, padding and dilation
+are free; 3-D backward data is stride 1 (the phased launch is 2-D).
+
+Grouped (DIAG, blockdiag.py): a tile of BN output channels of whole groups reduces over the
+CB input channels of those groups, its filter block packed per call into [K, taps * CB] (zeros
+outside the groups); the x boxes start at the tile's first input channel. Groups of 4+
+channels (narrower ones: the depthwise / direct solvers); grouped backward data stride 1.
+
+Covers 2-D and 3-D NHWC bf16/f16 forward and backward data, groups as above, stride 1 or 2
+over rows and columns, any dilation, any filter and padding (asymmetric too; stride-1 backward
+data: at most dilation*(filter-1)), C and K multiples of 16 (TMA row alignment), bias and up to
 MAX_POST_OPS post-ops (forward), y in the input dtype, standard (contiguous channels-last)
 x, w and y; other strides are copied (x, w) or the result copied out (y). Needs a CUDA device of
 capability 9.x and Gluon; never applicable under TRITON_INTERPRET=1 (Gluon kernels do not

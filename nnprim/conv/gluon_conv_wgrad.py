@@ -23,8 +23,12 @@ Grouped (DIAG): a tile is BM filter rows of whole groups times the BN = BM/Kg*Cg
 channels of those groups (the block-diagonal tiles of the dense GEMM; ResNeXt g32: 16 groups of
 4x4 per 64 x 64 tile, depthwise 64 groups of 1x1), only the entries within a group stored.
 
-Covers 2-D NHWC bf16/f16, any groups with such a tile, stride 1 or 2 per dim, any
-dilation/padding/filter, C and K multiples of 16, dw in the input dtype. Hopper + Gluon only (see gluon_support.gluon_reasons)."""
+3-D: the output planes are the images and each depth tap reads its x plane, as solver 27
+does (gluon_conv `_x_plane`).
+
+Covers 2-D and 3-D NHWC bf16/f16, any groups with such a tile, stride 1 or 2 over rows and
+columns (3-D depth: any), any dilation/padding/filter, C and K multiples of 16, dw in the
+input dtype. Hopper + Gluon only (see gluon_support.gluon_reasons)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
