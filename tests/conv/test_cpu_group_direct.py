@@ -23,6 +23,8 @@ SOLVERS = {"fwd": CpuGroupDirectFwd, "bwd_data": CpuGroupDirectBwdData, "bwd_wei
 SHAPES = {
     "g8_16": ((2, 32, 9, 28), (32, 4, 3, 3), dict(padding=1, groups=8)),
     "g4_k12_wide": ((2, 16, 5, 37), (48, 4, 3, 3), dict(padding=1, groups=4)),
+    "g2_k16_w28": ((2, 32, 6, 28), (32, 16, 3, 3), dict(padding=1, groups=2)),   # flat blocks, a short tail
+    "g2_w28_dil": ((1, 32, 9, 28), (32, 16, 3, 5), dict(padding=(2, 4), dilation=2, groups=2)),   # flat, dilated
     "g3_odd": ((2, 9, 7, 5), (6, 3, 3, 2), dict(padding=((1, 0), (2, 1)), groups=3)),
     "g8_dil": ((2, 16, 9, 8), (16, 2, 3, 3), dict(padding=2, dilation=2, groups=8)),
     "depthwise": ((2, 5, 7, 19), (10, 1, 3, 3), dict(padding=1, groups=5)),
