@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from gpu_helpers import assert_close, no_reference
+from gpu_helpers import assert_close, chosen_solvers, no_reference
 
 import nnprim
 from nnprim.problems.conv import layout_of
@@ -75,7 +75,8 @@ def test_conv_autograd(case):
     assert layout_of(outs["ours"]) == layout
     assert_close("y", outs["ours"].detach(), outs["torch"].detach(), outs["ref"].detach())
     for i, name in enumerate(("dx", "dw", "db")):
-        assert_close(name, leaves["ours"][i].grad, leaves["torch"][i].grad, leaves["ref"][i].grad)
+        assert_close(f"{name} (solvers {sorted(set(chosen_solvers().values()))})", leaves["ours"][i].grad,
+                     leaves["torch"][i].grad, leaves["ref"][i].grad)
     no_reference()
 
 
