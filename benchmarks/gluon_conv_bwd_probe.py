@@ -141,6 +141,9 @@ def tile_variants(p: ConvProblem, dy: torch.Tensor, x: torch.Tensor) -> dict:
                          t0.warps)
         plan = gw.GluonWgradPlan(p, tile=t)
         out[name] = lambda plan=plan: plan(ConvArgs(dy=dy, x=x))
+    if math.prod(p.filter) > 1:     # two taps a unit (the dy box shared)
+        plan = gw.GluonWgradPlan(p, tile=gw.taps2_tile(p))
+        out["taps2"] = lambda plan=plan: plan(ConvArgs(dy=dy, x=x))
     # 64-wide tiles with 128-pixel steps where C or K is no multiple of 128 (K = 320: 128-row
     # tiles compute 384 rows)
     if p.K % 128 or p.C % 128:

@@ -65,20 +65,24 @@ SLICE_STEPS = 4    # fewest pixel rectangles per reduction slice (the ring's fil
 
 @dataclass(frozen=True)
 class WgradTile:
-    """BM filter rows (k) x BN channels (c) per unit, BP = BH*BW output pixels per step."""
+    """BM filter rows (k) x BN channels (c) of TAPS consecutive taps per unit, BP = BH*BW
+    output pixels per step. TAPS 2 (ungrouped, split schedule): one dy box and two x boxes a
+    step into two accumulators, the dy box read once for both taps (not yet measured on a GPU:
+    `benchmarks/gluon_conv_bwd_probe.py` times it as the `taps2` variant)."""
     BH: int
     BW: int
     BM: int
     BN: int
     STAGES: int
     warps: int = 4
+    TAPS: int = 1
 
     @property
     def BP(self) -> int:
         return self.BH * self.BW
 
     def stage_bytes(self, elem: int = 2) -> int:
-        return (self.BM + self.BN) * self.BP * elem
+        return (self.BM + self.TAPS * self.BN) * self.BP * elem
 
 
 def diag_tile(p: ConvProblem) -> tuple[int, int] | None:
@@ -115,6 +119,14 @@ def tile_config(p: ConvProblem) -> WgradTile:
     return WgradTile(BH, BW, BM, BN, stages, 8 if BM * BN > 128 * 64 else 4)
 
 
+def taps2_tile(p: ConvProblem) -> WgradTile:
+    """`tile_config`'s tile with two taps a unit (the dy box shared; ungrouped), as many ring
+    stages as then fit: a variant the probes time (`WgradTile`)."""
+    t = tile_config(p)
+    two = WgradTile(t.BH, t.BW, t.BM, t.BN, 1, t.warps, TAPS=2)
+    return WgradTile(t.BH, t.BW, t.BM, t.BN, min(MAX_STAGES, (SMEM_BYTES - 2048) // two.stage_bytes()), t.warps, 2)
+
+
 # cost model of plan_split (us, H200): a BM x BN x BP step at ~600 TFLOP/s over 132 SMs (at
 # least STEP_FLOOR_US: small steps are latency-bound); the ordered reduce per REDUCE_SLICES
 # slices, its launch, and the workspace traffic at ~3 TB/s
@@ -131,8 +143,8 @@ def plan_split(p: ConvProblem, t: WgradTile, sms: int) -> tuple[int, int, int]:
     slices of at least SLICE_STEPS pixel rectangles."""
     gm = geom(p)
     nt = gm.N * gm.out[0] * triton.cdiv(gm.out[1], t.BH) * triton.cdiv(gm.out[2], t.BW)
-    tiles = triton.cdiv(gm.K, t.BM) * gm.taps * (1 if p.groups > 1 else triton.cdiv(gm.C, t.BN))
-    step_us = max(STEP_FLOOR_US, 2 * t.BM * t.BN * t.BP / (600e6 / 132))
+    tiles = triton.cdiv(gm.K, t.BM) * triton.cdiv(gm.taps, t.TAPS) * (1 if p.groups > 1 else triton.cdiv(gm.C, t.BN))
+    step_us = max(STEP_FLOOR_US, 2 * t.BM * t.BN * t.TAPS * t.BP / (600e6 / 132))
     E = gm.K * gm.taps * gm.Cg
     hi = max(1, min(triton.cdiv(8 * sms, tiles), nt // SLICE_STEPS, max_split(p)))
 
@@ -154,7 +166,7 @@ def split_cost_us(p: ConvProblem, t: WgradTile, sms: int) -> float:
     """plan_split's modelled time (us) of its chosen split."""
     gm = geom(p)
     split, tps, units = plan_split(p, t, sms)
-    step_us = max(STEP_FLOOR_US, 2 * t.BM * t.BN * t.BP / (600e6 / 132))
+    step_us = max(STEP_FLOOR_US, 2 * t.BM * t.BN * t.TAPS * t.BP / (600e6 / 132))
     main = triton.cdiv(units, sms) * tps * step_us
     if split == 1:
         return main
@@ -170,10 +182,13 @@ def sk_geometry(p: ConvProblem, t: WgradTile) -> tuple[int, int]:
 
 
 def stream_k_reasons(p: ConvProblem, t: WgradTile) -> list[str]:
-    """Why the stream-K schedule cannot run p: grouped tiles, or a work list past int32."""
+    """Why the stream-K schedule cannot run p: grouped tiles, taps sharing a tile, or a work
+    list past int32."""
     reasons = []
     if p.groups > 1:
         reasons.append(f"groups={p.groups}: stream-K covers ungrouped tiles")
+    if t.TAPS > 1:
+        reasons.append(f"TAPS={t.TAPS}: stream-K runs one tap a tile")
     tiles, nt = sk_geometry(p, t)
     if tiles * nt >= 2 ** 31 // 2:
         reasons.append(f"{tiles * nt} steps: past the int32 step index")
@@ -202,26 +217,29 @@ if gluon is not None:
     from .gluon_conv import _load_x, _tap_rq, _x_plane
 
     @gluon.jit
-    def _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-        """(slice, filter-row block, tap, first channel) of work unit u: units of one slice
-        are adjacent; DIAG (grouped): the channels of the groups of rows [pid_k*BM, +BM)."""
+    def _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                     TAPS: gl.constexpr = 1):
+        """(slice, filter-row block, first tap, first channel) of work unit u: units of one
+        slice are adjacent; DIAG (grouped): the channels of the groups of rows [pid_k*BM, +BM);
+        TAPS taps a tile."""
         sp = u // tiles
         tile = u - sp * tiles
         pid_k = tile // nj
         pid_j = tile - pid_k * nj
-        tap = pid_j // ncb
+        tg = pid_j // ncb
         if DIAG:
             c0 = (pid_k * BM // Kg) * Cg
         else:
-            c0 = (pid_j - tap * ncb) * BN
-        return sp, pid_k, tap, c0
+            c0 = (pid_j - tg * ncb) * BN
+        return sp, pid_k, tg * TAPS, c0
 
     @gluon.jit
-    def _ring(dy_desc, x_desc, STAGES: gl.constexpr):
-        """The STAGES-deep ring: dy and x box buffers and their ready / empty barriers."""
+    def _ring(dy_desc, x_desc, STAGES: gl.constexpr, TAPS: gl.constexpr = 1):
+        """The STAGES-deep ring: dy and x box buffers (TAPS x boxes a stage) and their
+        ready / empty barriers."""
         dtype: gl.constexpr = dy_desc.dtype
         a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + dy_desc.block_type.shape, dy_desc.layout)
-        b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+        b_bufs = gl.allocate_shared_memory(dtype, [STAGES * TAPS] + x_desc.block_type.shape, x_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
@@ -262,6 +280,55 @@ if gluon is not None:
         return acc, cnt
 
     @gluon.jit
+    def _mma_run2(a_bufs, b_bufs, ready, empty, acc0, acc1, steps, cnt, BP: gl.constexpr, BM: gl.constexpr,
+                  BN: gl.constexpr):
+        """`_mma_run` for two taps a tile: each slot's dy box against its two x boxes into
+        acc0 / acc1. Returns (acc0, acc1, cnt)."""
+        STAGES: gl.constexpr = ready.type.shape[0]
+        dtype: gl.constexpr = a_bufs.dtype
+        a2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BP, BM], dtype)
+        b2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BP, BN], dtype)
+        for st in range(steps):
+            s = cnt % STAGES
+            mbarrier.wait(ready.index(s), (cnt // STAGES) & 1)
+            a = a_bufs.index(s)._reinterpret(dtype, [BP, BM], a2_layout).permute((1, 0))
+            acc0 = warpgroup_mma(a, b_bufs.index(2 * s)._reinterpret(dtype, [BP, BN], b2_layout), acc0, is_async=True)
+            acc1 = warpgroup_mma(a, b_bufs.index(2 * s + 1)._reinterpret(dtype, [BP, BN], b2_layout), acc1,
+                                 is_async=True)
+            acc0, acc1 = warpgroup_mma_wait(2, deps=(acc0, acc1))
+            if st > 0:
+                mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
+            cnt += 1
+        acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
+        mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
+        return acc0, acc1, cnt
+
+    @gluon.jit
+    def _load_rect2(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, t, cnt, n_th, n_tw,
+                    pid_k, tap, n_taps, RS, S, ph, pw, dh, dw, c0, OD, D, sd, pd, dd, BH: gl.constexpr,
+                    BW: gl.constexpr, BM: gl.constexpr, SH: gl.constexpr, SW: gl.constexpr, DEPTH: gl.constexpr):
+        """`_load_rect` for two taps a tile: the dy box once, the x boxes of taps `tap` and
+        `tap` + 1 (past the last tap: a box wholly outside x, zeros) onto slot cnt % STAGES."""
+        STAGES: gl.constexpr = ready.type.shape[0]
+        nbytes: gl.constexpr = dy_desc.block_type.nbytes + 2 * x_desc.block_type.nbytes
+        tw = t % n_tw
+        tmp = t // n_tw
+        th = tmp % n_th
+        n = tmp // n_th
+        s = cnt % STAGES
+        mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), nbytes)
+        tma.async_copy_global_to_shared(dy_desc, [n, th * BH, tw * BW, pid_k * BM], ready.index(s), a_bufs.index(s))
+        for u in gl.static_range(2):
+            tu = tap + u
+            td, r, q = _tap_rq(gl.minimum(tu, n_taps - 1), RS, S, DEPTH)
+            xn = _x_plane(n, td, OD, D, sd, pd, dd, DEPTH)
+            if tu >= n_taps:
+                xn = -1
+            _load_x(x_desc, x01_desc, x10_desc, x11_desc, xn, th * BH, tw * BW, r * dh - ph, q * dw - pw, c0,
+                    ready.index(s), b_bufs.index(2 * s + u), SH, SW)
+
+    @gluon.jit
     def _load_rect(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, t, cnt, n_th, n_tw,
                    pid_k, td, oh, ow, c0, OD, D, sd, pd, dd, BH: gl.constexpr, BW: gl.constexpr, BM: gl.constexpr,
                    SH: gl.constexpr, SW: gl.constexpr, DEPTH: gl.constexpr):
@@ -283,40 +350,63 @@ if gluon is not None:
 
     @gluon.jit
     def _producer(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, n_units, tiles,
-                  nj, ncb, S, tps, nt, n_th, n_tw, ph, pw, dh, dw, Kg, Cg, RS, OD, D, sd, pd, dd, DIAG: gl.constexpr,
-                  BH: gl.constexpr, BW: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, SH: gl.constexpr,
-                  SW: gl.constexpr, DEPTH: gl.constexpr):
+                  nj, ncb, S, tps, nt, n_th, n_tw, ph, pw, dh, dw, Kg, Cg, RS, OD, D, sd, pd, dd, n_taps,
+                  DIAG: gl.constexpr, BH: gl.constexpr, BW: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                  SH: gl.constexpr, SW: gl.constexpr, DEPTH: gl.constexpr, TAPS: gl.constexpr):
         """1 warp: for each unit of this CTA and each pixel rectangle of its slice, a dy box
         and the tap-shifted x box onto the next ring slot (stride 2: from x's phase view,
         as solver 27 reads it, `_load_x`)."""
         cnt = 0
         for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
-            sp, pid_k, tap, c0 = _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG, BM, BN)
-            td, r, q = _tap_rq(tap, RS, S, DEPTH)
+            sp, pid_k, tap, c0 = _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG, BM, BN, TAPS)
             t_end = gl.minimum(sp * tps + tps, nt)
-            for t in range(sp * tps, t_end):
-                _load_rect(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, t, cnt,
-                           n_th, n_tw, pid_k, td, r * dh - ph, q * dw - pw, c0, OD, D, sd, pd, dd, BH, BW, BM, SH, SW,
-                           DEPTH)
-                cnt += 1
+            if TAPS == 2:
+                for t in range(sp * tps, t_end):
+                    _load_rect2(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, t, cnt,
+                                n_th, n_tw, pid_k, tap, n_taps, RS, S, ph, pw, dh, dw, c0, OD, D, sd, pd, dd, BH, BW,
+                                BM, SH, SW, DEPTH)
+                    cnt += 1
+            else:
+                td, r, q = _tap_rq(tap, RS, S, DEPTH)
+                for t in range(sp * tps, t_end):
+                    _load_rect(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, t, cnt,
+                               n_th, n_tw, pid_k, td, r * dh - ph, q * dw - pw, c0, OD, D, sd, pd, dd, BH, BW, BM, SH,
+                               SW, DEPTH)
+                    cnt += 1
 
     @gluon.jit
     def _consumer(a_bufs, b_bufs, ready, empty, out_ptr, n_units, tiles, nj, ncb, tps, nt, K, C, Kg, Cg, n_taps,
                   DIRECT: gl.constexpr, DIAG: gl.constexpr, BH: gl.constexpr, BW: gl.constexpr,
-                  BM: gl.constexpr, BN: gl.constexpr, WARPS: gl.constexpr):
+                  BM: gl.constexpr, BN: gl.constexpr, WARPS: gl.constexpr, TAPS: gl.constexpr):
         """Async wgmma over the ring (a slot is released once the next step's wgmma is
         issued and the older ones retired), then the unit's tile to dw or its slice of the
         workspace ([SPLIT, K, taps*Cg] f32; dw is [K, taps*Cg] as well). Grouped (DIAG):
-        only the entries whose channel is in the row's group are stored."""
+        only the entries whose channel is in the row's group are stored. TAPS 2: the second
+        accumulator is the next tap's (stored while that tap exists)."""
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                              instr_shape=[16, BN, 16])
         ncol = n_taps * Cg
         cnt = 0
         for u in range(gl.program_id(0), n_units, gl.num_programs(0)):
-            sp, pid_k, tap, c0 = _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG, BM, BN)
+            sp, pid_k, tap, c0 = _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG, BM, BN, TAPS)
+            steps = gl.minimum(sp * tps + tps, nt) - sp * tps
             acc = gl.zeros([BM, BN], gl.float32, acc_layout)
-            acc, cnt = _mma_run(a_bufs, b_bufs, ready, empty, acc, gl.minimum(sp * tps + tps, nt) - sp * tps, cnt,
-                                BH * BW, BM, BN)
+            if TAPS == 2:
+                acc1 = gl.zeros([BM, BN], gl.float32, acc_layout)
+                acc, acc1, cnt = _mma_run2(a_bufs, b_bufs, ready, empty, acc, acc1, steps, cnt, BH * BW, BM, BN)
+                _store_unit(acc1, out_ptr, sp, pid_k, tap + 1, c0, K, C, Kg, Cg, ncol, tap + 1 < n_taps, DIRECT, BM, BN)
+            else:
+                acc, cnt = _mma_run(a_bufs, b_bufs, ready, empty, acc, steps, cnt, BH * BW, BM, BN)
+            _store_unit(acc, out_ptr, sp, pid_k, tap, c0, K, C, Kg, Cg, ncol, True, DIRECT, BM, BN)
+
+    @gluon.jit
+    def _store_unit(acc, out_ptr, sp, pid_k, tap, c0, K, C, Kg, Cg, ncol, live, DIRECT: gl.constexpr,
+                    BM: gl.constexpr, BN: gl.constexpr):
+        """A unit's tile of tap `tap` to dw (cast) or its slice of the f32 workspace, only the
+        entries whose channel is in the row's group (all of them when ungrouped); nothing when
+        not `live`."""
+        acc_layout: gl.constexpr = acc.type.layout
+        if live:
             rk = pid_k * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
             rc = c0 + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
             grp = rk // Kg
@@ -333,9 +423,11 @@ if gluon is not None:
                             ph, pw, dh, dw, tps, split, T, OD, D, sd, pd, dd,
                             DIRECT: gl.constexpr, DIAG: gl.constexpr, BH: gl.constexpr, BW: gl.constexpr,
                             BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, SH: gl.constexpr,
-                            SW: gl.constexpr, DEPTH: gl.constexpr, num_warps: gl.constexpr):
+                            SW: gl.constexpr, DEPTH: gl.constexpr, TAPS: gl.constexpr, num_warps: gl.constexpr):
         """Persistent: CTA i runs units i, i + grid, ... (see the module docstring). DEPTH
-        (3-D): N counts output planes (N*OD), x is [N*D, H, W, C], taps T x R x S."""
+        (3-D): N counts output planes (N*OD), x is [N*D, H, W, C], taps T x R x S. TAPS taps
+        a tile (2: ungrouped only)."""
+        gl.static_assert(TAPS == 1 or (TAPS == 2 and not DIAG), "two taps a tile: ungrouped tiles only")
         n_th = gl.cdiv(OH, BH)
         n_tw = gl.cdiv(OW, BW)
         nt = N * n_th * n_tw
@@ -343,16 +435,16 @@ if gluon is not None:
             ncb = 1
         else:
             ncb = gl.cdiv(C, BN)
-        nj = T * R * S * ncb
+        nj = gl.cdiv(T * R * S, TAPS) * ncb
         tiles = gl.cdiv(K, BM) * nj
         n_units = tiles * split
-        a_bufs, b_bufs, ready, empty = _ring(dy_desc, x_desc, STAGES)
+        a_bufs, b_bufs, ready, empty = _ring(dy_desc, x_desc, STAGES, TAPS)
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, ready, empty, out_ptr, n_units, tiles, nj, ncb, tps, nt, K, C, Kg, Cg,
-                         T * R * S, DIRECT, DIAG, BH, BW, BM, BN, num_warps)),
+                         T * R * S, DIRECT, DIAG, BH, BW, BM, BN, num_warps, TAPS)),
             (_producer, (dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, n_units,
                          tiles, nj, ncb, S, tps, nt, n_th, n_tw, ph, pw, dh, dw, Kg, Cg, R * S, OD, D, sd, pd, dd,
-                         DIAG, BH, BW, BM, BN, SH, SW, DEPTH)),
+                         T * R * S, DIAG, BH, BW, BM, BN, SH, SW, DEPTH, TAPS)),
         ], [1], [24])
         _release(ready, empty)
 
@@ -521,7 +613,7 @@ class GluonWgradPlan:
         self.launch = Launch(_gluon_wgrad_kernel, (max(1, min(sms, units)),),
                              (gm.N * gm.out[0], gm.out[1], gm.out[2], gm.filt[1], gm.filt[2], gm.C, gm.K, gm.Kg, gm.Cg,
                               gm.pad[1], gm.pad[2], gm.dil[1], gm.dil[2], tps, self.split, *self.depth_args, direct,
-                              gm.G > 1, t.BH, t.BW, t.BM, t.BN, t.STAGES, self.sh, self.sw, self.depth),
+                              gm.G > 1, t.BH, t.BW, t.BM, t.BN, t.STAGES, self.sh, self.sw, self.depth, t.TAPS),
                              num_warps=t.warps)
         if not direct:
             E = gm.K * self.ncol

@@ -262,6 +262,14 @@ def _gluon_wgrad_attempts(failures: list[str], report: list[str]) -> None:
     _conv_plan_attempts("gluon_implicit_gemm_bwd_weights", gluon_conv_wgrad, "_gluon_wgrad_kernel", "GluonWgradPlan",
                         GLUON_WGRAD, "bwd_weights", describe, failures, report)
 
+    class _Taps2Plan(gluon_conv_wgrad.GluonWgradPlan):   # two taps a tile (ungrouped)
+        def __init__(self, p):
+            super().__init__(p, tile=gluon_conv_wgrad.taps2_tile(p))
+    t2 = type("t2", (), {"_gluon_wgrad_kernel": gluon_conv_wgrad._gluon_wgrad_kernel, "Plan": _Taps2Plan})
+    _conv_plan_attempts("gluon_implicit_gemm_bwd_weights (two taps a tile)", t2, "_gluon_wgrad_kernel", "Plan",
+                        [c for c in GLUON_WGRAD if c[2].get("groups", 1) == 1 and c[1][-1] > 1], "bwd_weights",
+                        describe, failures, report)
+
     class _StreamPlan(gluon_conv_wgrad.GluonWgradPlan):   # the stream-K schedule wherever it applies
         def __init__(self, p):
             super().__init__(p, stream=True)

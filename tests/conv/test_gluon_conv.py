@@ -219,3 +219,17 @@ def test_3d_plane_arithmetic_matches_the_reference():
                 if 0 <= iz < D:
                     y[n] += torch.nn.functional.conv2d(planes[img * D + iz][None], w[:, :, td], padding=1)[0]
         torch.testing.assert_close(y.reshape(N, OD, K, H, W).transpose(1, 2), conv_fwd_f64(p, x, w))
+
+
+def test_two_taps_a_unit_plan():
+    """`taps2_tile`: TAPS 2, the ring refit to the larger stages, half the tap tiles (9 taps: 5),
+    no stream-K (it runs one tap a tile)."""
+    from nnprim.conv import gluon_conv_wgrad as gw
+    p = ConvProblem.create("bwd_weights", (8, 64, 56, 56), (64, 64, 3, 3), dtype=BF16, layout="nhwc", device="cuda",
+                           padding=1)
+    t1, t2 = gw.tile_config(p), gw.taps2_tile(p)
+    assert t2.TAPS == 2 and (t2.BM, t2.BN, t2.BP) == (t1.BM, t1.BN, t1.BP)
+    assert t2.stage_bytes() == (t1.BM + 2 * t1.BN) * t1.BP * 2 and t2.STAGES * t2.stage_bytes() + 2048 <= gw.SMEM_BYTES
+    split, tps, units = gw.plan_split(p, t2, 132)
+    assert units == 5 * split
+    assert "TAPS=2" in " | ".join(gw.stream_k_reasons(p, t2)) and not gw.use_stream_k(p, t2, 132)

@@ -156,6 +156,20 @@ def test_backward_weights_vs_reference(smoked, x_shape, w_shape, pad, dil, strid
     assert torch.equal(plan(ConvArgs(dy=dy, x=x)), dw)
 
 
+@pytest.mark.parametrize("x_shape,w_shape,pad,dil,stride", SHAPES[:4], ids=IDS[:4])
+def test_backward_weights_two_taps_vs_reference(smoked, x_shape, w_shape, pad, dil, stride):
+    """3-D with two taps a unit (`taps2_tile`): 27 taps, the last unit's second past them."""
+    from nnprim.conv import gluon_conv_wgrad
+    x, w, _ = case(x_shape, w_shape, seed=9)
+    p = make("bwd_weights", x, w, padding=pad, dilation=dil, stride=stride)
+    g = torch.Generator(device=DEV).manual_seed(10)
+    dy = torch.randn(p.y_shape, generator=g, device=DEV).to(x.dtype).to(memory_format=CL3)
+    plan = gluon_conv_wgrad.GluonWgradPlan(p, tile=gluon_conv_wgrad.taps2_tile(p))
+    dw = plan(ConvArgs(dy=dy, x=x), poisoned(p.w_shape, x.dtype))
+    theirs = torch.nn.grad.conv3d_weight(F.pad(x, _pad_spec(p)), w.shape, dy, stride=stride, dilation=dil)
+    assert_close(str(p.key()), dw, theirs, conv_bwd_weights_f64(p, dy, x))
+
+
 def test_backward_public_api_c3d_kind(smoked):
     """c3d_3x3x3's shape at a quarter of its batch through the public API, forced solvers
     against the default call's (other solvers, same f64 bound)."""

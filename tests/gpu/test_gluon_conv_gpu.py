@@ -314,6 +314,28 @@ def test_backward_weights_f16_deterministic_and_api(smoked):
     assert torch.equal(inv(ConvArgs(dy=dy, x=x), dw_nchw), dw)
 
 
+@pytest.mark.parametrize("x_shape,w_shape,pad,dil,stride", [
+    ((4, 64, 30, 29), (64, 64, 3, 3), 1, 1, 1),        # 9 taps: the last tile's second tap is past them
+    ((2, 128, 17, 19), (128, 128, 3, 3), 1, 1, 1),     # 128 x 128, two accumulators each
+    ((2, 48, 13, 17), (80, 48, 5, 5), ((2, 1), (0, 3)), 1, 1),   # C / K tails, 25 taps
+    ((4, 64, 29, 27), (64, 64, 3, 3), 1, 1, 2),        # stride 2: phase views
+    ((2, 320, 20, 21), (320, 320, 3, 3), 1, 1, 1),     # 64 x 64 tiles, 128-pixel steps, a split
+], ids=lambda v: str(v))
+def test_backward_weights_two_taps_vs_reference(smoked, x_shape, w_shape, pad, dil, stride):
+    """Two taps a unit (`WgradTile.TAPS`, `taps2_tile`: one dy box, two x boxes and two
+    accumulators a step), run-to-run bit identity."""
+    from nnprim.conv import gluon_conv_wgrad
+    p, x, w, dy, _ = backward_case("bwd_weights", "gluon_implicit_gemm_bwd_weights", x_shape, w_shape, pad, dil,
+                                   torch.bfloat16, 3, 1, stride)
+    plan = gluon_conv_wgrad.GluonWgradPlan(p, tile=gluon_conv_wgrad.taps2_tile(p))
+    poisoned = torch.full(p.w_shape, float("nan"), dtype=dy.dtype, device=DEV).to(memory_format=torch.channels_last)
+    dw = plan(ConvArgs(dy=dy, x=x), poisoned)
+    assert plan.tile.TAPS == 2 and not plan.stream and dw.data_ptr() == poisoned.data_ptr()
+    theirs = torch.nn.grad.conv2d_weight(F.pad(x, _pad_spec(p)), w.shape, dy, stride=stride, dilation=dil)
+    assert_close(str(p.key()), dw, theirs, conv_bwd_weights_f64(p, dy, x))
+    assert torch.equal(plan(ConvArgs(dy=dy, x=x)), dw)
+
+
 def test_backward_weights_f16_wide_tiles(smoked):
     """f16 on the 64-wide tiles with 128-pixel steps (C = K = 64; test_api_gpu's f16 NCHW layer of
     this shape went 2.3e-2 off on 2026-12-02 through an unlogged solver)."""
