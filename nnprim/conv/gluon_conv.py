@@ -199,13 +199,13 @@ def tile_config(p: ConvProblem) -> GluonTile:
 def wave_efficiency(tiles: int, sms: int = 132) -> float:
     """The share of the persistent grid's tile slots that hold a tile (the last wave's idle
     SMs count against it); an H200's 132 SMs unless given."""
-    return tiles / (-(-tiles // sms) * sms)
+    return tiles / max(1, -(-tiles // sms) * sms)
 
 
 def tile_for(OH: int, OW: int, C: int, K: int, taps: int, max_ksub: int = 3, bn: int | None = None,
              images: int = 0) -> GluonTile:
     """`tile_config` of `images` outputs OH x OW x K reduced over taps x C (KSUB <= max_ksub;
-    BN `bn` when given). 256-row tiles only for long reductions (LONG_STEPS) where they fill
+    BN `bn` when given). 256-row tiles (given `images`) only for long reductions (LONG_STEPS) where they fill
     the SMs' waves as well as 128-row ones (unet_640_32x32: 160 tiles of 256 rows, 1.2 waves,
     0.126 ms against 0.100 at 128 rows, 2.4 waves)."""
     BM = 64 if OH * OW <= 64 else 128
@@ -213,7 +213,7 @@ def tile_for(OH: int, OW: int, C: int, K: int, taps: int, max_ksub: int = 3, bn:
     BN = bn or pick_bn(K, BM)
     BK = 64 if C >= 64 else (32 if C >= 32 else 16)
     steps = taps * math.ceil(C / BK)
-    if BM == 128 and BN <= 128 and steps >= LONG_STEPS and OH * OW >= 4 * 256:
+    if images > 0 and BM == 128 and BN <= 128 and steps >= LONG_STEPS and OH * OW >= 4 * 256:
         n_n = -(-K // BN)
         BH2, BW2 = rect(256, OH, OW)
         t256 = images * -(-OH // BH2) * -(-OW // BW2) * n_n

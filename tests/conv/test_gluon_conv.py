@@ -233,3 +233,13 @@ def test_two_taps_a_unit_plan():
     split, tps, units = gw.plan_split(p, t2, 132)
     assert units == 5 * split
     assert "TAPS=2" in " | ".join(gw.stream_k_reasons(p, t2)) and not gw.use_stream_k(p, t2, 132)
+
+
+def test_phased_backward_data_with_a_long_reduction_plans():
+    """The phased launch plans its tile without an image count: a long reduction there keeps
+    128-row tiles (the 256-row rule needs the tile count)."""
+    p = ConvProblem.create("bwd_data", (2, 64, 128, 128), (512, 64, 3, 3), dtype=BF16, layout="nhwc", device="cuda",
+                           padding=1, stride=2)
+    plan = gluon_conv.GluonConvPlan(p)
+    assert plan.phased and plan.tile.BM <= 128
+    assert gluon_conv.wave_efficiency(0) == 0.0 and gluon_conv.wave_efficiency(133) == 133 / 264
