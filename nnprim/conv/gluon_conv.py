@@ -876,6 +876,8 @@ def shape_reasons(p: ConvProblem) -> list[str]:
     if p.groups != 1 and p.direction != "bwd_weights":
         if p.direction == "bwd_data" and any(s != 1 for s in p.stride):
             reasons.append(f"groups={p.groups} with stride={tuple(p.stride)}: grouped backward data needs stride 1")
+        elif p.direction == "bwd_data" and flipped_padding_reasons(p):
+            pass    # named below; its forward view does not exist
         elif diag_geometry(forward_view(p)) is None:
             reasons.append(f"groups={p.groups} with {p.K // p.groups} filters and {p.C // p.groups} channels per "
                            "group: no tile of whole groups (64-256 filters, 16-128 channels, groups of 4+)")
@@ -908,8 +910,10 @@ class GluonConvSolver(_IGemmBase):
 
     def workspace_size(self, problem) -> int:
         """Grouped forward / backward data: the packed block-diagonal filter."""
+        if problem.groups == 1 or problem.direction == "bwd_weights" or shape_reasons(problem):
+            return 0
         fp = forward_view(problem) if problem.direction == "bwd_data" else problem
-        d = diag_geometry(fp) if problem.direction != "bwd_weights" and fp.groups > 1 else None
+        d = diag_geometry(fp)
         return 0 if d is None else fp.K * math.prod(fp.filter) * d.CB * torch.tensor([], dtype=fp.dtype).element_size()
 
     def diag_estimate(self, fp: ConvProblem) -> float | None:

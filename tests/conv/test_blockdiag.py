@@ -81,3 +81,23 @@ def test_geometry_prefers_64_channel_tiles_and_names_narrow_groups():
     bwd = ConvProblem.create("bwd_data", (1, 128, 8, 8), (128, 4, 3, 3), dtype=torch.bfloat16, layout="nhwc",
                              device="cuda", groups=32, padding=1, stride=2)
     assert "grouped backward data needs stride 1" in " | ".join(gluon_conv.shape_reasons(bwd))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_grouped_backward_data_past_the_flipped_padding_is_named_not_raised(device):
+    """A grouped backward data whose padding exceeds dilation*(filter-1) has no forward view:
+    the Gluon solvers name why instead of raising while the registry asks them; the public
+    call on CPU runs another solver."""
+    p = ConvProblem.create("bwd_data", (1, 64, 9, 9), (64, 8, 3, 3), dtype=torch.bfloat16, layout="nhwc",
+                           device=device, groups=8, padding=3)
+    for name in ("gluon_implicit_gemm_fwd", "gluon_implicit_gemm_bwd_data", "gluon_implicit_gemm_bwd_weights"):
+        s = REGISTRY.get(name)
+        assert s.not_supported_reasons(p) and s.workspace_size(p) == 0
+    assert "negative padding" in " | ".join(gluon_conv.shape_reasons(p))
+    if device == "cpu":
+        import nnprim
+        g = torch.Generator().manual_seed(0)
+        dy = torch.randn(p.y_shape, generator=g).to(torch.bfloat16).to(memory_format=torch.channels_last)
+        w = torch.randn(p.w_shape, generator=g).to(torch.bfloat16).to(memory_format=torch.channels_last)
+        dx = nnprim.conv_backward_data(dy, w, p.x_shape, padding=3, groups=8)
+        torch.testing.assert_close(dx.double(), conv_bwd_data_f64(p, dy, w), atol=0.3, rtol=5e-2)
