@@ -243,3 +243,41 @@ def test_phased_backward_data_with_a_long_reduction_plans():
     plan = gluon_conv.GluonConvPlan(p)
     assert plan.phased and plan.tile.BM <= 128
     assert gluon_conv.wave_efficiency(0) == 0.0 and gluon_conv.wave_efficiency(133) == 133 / 264
+
+
+def test_reasons_estimates_and_plans_never_raise():
+    """Random conv problems (1-3 D, groups, strides, dilations, paddings, layouts, dtypes): the
+    Gluon solvers name what they do not cover, estimate, size their workspace and plan (on
+    CPU) without raising; a grouped backward data past the flipped padding once raised here."""
+    import random
+
+    from nnprim.conv import gluon_conv_wgrad
+    from nnprim.errors import BadParameterError
+    rng = random.Random(0)
+    planned = 0
+    for _ in range(600):
+        nd, g = rng.choice([1, 2, 3]), rng.choice([1, 1, 2, 4, 8, 16, 32])
+        cg, kg = rng.choice([4, 8, 16, 32, 48, 64]), rng.choice([4, 8, 16, 32, 48, 64])
+        try:
+            p = ConvProblem.create(rng.choice(["fwd", "bwd_data", "bwd_weights"]), (2, cg * g, *(rng.randint(1, 20)
+                                   for _ in range(nd))), (kg * g, cg, *(rng.choice([1, 2, 3, 5]) for _ in range(nd))),
+                                   dtype=rng.choice([BF16, torch.float16, torch.float32]),
+                                   layout=rng.choice(["nhwc", "nchw"]), device="cuda", groups=g,
+                                   stride=[rng.choice([1, 1, 2, 3]) for _ in range(nd)],
+                                   dilation=[rng.choice([1, 1, 2]) for _ in range(nd)],
+                                   padding=[rng.randint(0, 4) for _ in range(nd)])
+        except BadParameterError:
+            continue
+        for sid in (27, 28, 29):
+            s = REGISTRY.get(sid)
+            if p.direction not in s.directions:
+                continue
+            s.not_supported_reasons(p)
+            s.estimate(p)
+            ok = not gluon_conv.shape_reasons(p) and not (
+                sid == 29 and p.groups > 1 and gluon_conv_wgrad.diag_tile(p) is None)
+            if ok:
+                s.workspace_size(p)
+                s.prepare(p)
+                planned += 1
+    assert planned >= 10
