@@ -22,10 +22,12 @@ PROBLEM = ConvProblem.create("fwd", (1, 2, 5, 5), (3, 2, 3, 3), dtype=torch.floa
 
 
 def make_solver(id_: int, name: str, *, family: str = "t_a", sleep_ms: float = 0.0, behaviour: str = "ok",
+                build_ms: float = 0.0,
                 workspace: int = 0, estimate: float | None = None, long_compile: bool = False,
                 directions=("fwd",), dtypes=(torch.float32, torch.float16, torch.bfloat16)) -> Solver:
     """behaviour: ok | raise | wrong | memory | nan | prepare_fails | overflow (inf outputs
-    on inputs past 1e20, where a low-precision kernel would overflow and the f64 reference not)."""
+    on inputs past 1e20, where a low-precision kernel would overflow and the f64 reference not).
+    build_ms: the first call sleeps this much more (a JIT compile or a native build)."""
 
     class _TestSolver(Solver):
         primitive = "conv"
@@ -53,6 +55,8 @@ def make_solver(id_: int, name: str, *, family: str = "t_a", sleep_ms: float = 0
 
             def invoke(args):
                 self.calls += 1
+                if build_ms and self.calls == 1:
+                    time.sleep(build_ms / 1000)
                 if sleep_ms:
                     time.sleep(sleep_ms / 1000)
                 if behaviour == "raise":

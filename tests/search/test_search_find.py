@@ -172,6 +172,19 @@ def test_find_checks_on_random_inputs_not_the_callers(solvers):
     assert _db_records()["t_overflows"].status == "ok"
 
 
+def test_builds_do_not_spend_the_budget(solvers):
+    """A first call that builds (JIT, native library) for longer than the whole budget does not
+    stop find from timing the next candidate (a cold cache recorded the first one alone)."""
+    nnprim.set_find_budget(100)
+    try:
+        solvers.add(1000, "t_building", estimate=1.0, sleep_ms=5, build_ms=400)
+        fast = solvers.add(1001, "t_fast_built", estimate=2.0, sleep_ms=1)
+        res = nnprim.find(PROBLEM)
+        assert res[0].solver == "t_fast_built" and fast.calls >= 2
+    finally:
+        nnprim.set_find_budget(None)
+
+
 def test_find_budget_default_keeps_cpu_find_cheap(solvers):
     s = solvers.add(1000, "t_100ms", sleep_ms=100)
     res = nnprim.find(PROBLEM)
