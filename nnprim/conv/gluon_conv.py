@@ -914,7 +914,7 @@ class GluonConvSolver(_IGemmBase):
             return 0
         fp = forward_view(problem) if problem.direction == "bwd_data" else problem
         d = diag_geometry(fp)
-        return 0 if d is None else fp.K * math.prod(fp.filter) * d.CB * torch.tensor([], dtype=fp.dtype).element_size()
+        return 0 if d is None else fp.K * math.prod(fp.filter) * d.CB * fp.dtype.itemsize
 
     def diag_estimate(self, fp: ConvProblem) -> float | None:
         """Grouped: the dense work of the block-diagonal tiles (CB / Cg times the grouped

@@ -256,11 +256,12 @@ if gluon is not None:
             mbarrier.invalidate(empty.index(i))
 
     @gluon.jit
-    def _mma_run(a_bufs, b_bufs, ready, empty, acc, steps, cnt, BP: gl.constexpr, BM: gl.constexpr,
-                 BN: gl.constexpr):
+    def _mma_run(a_bufs, b_bufs, ready, empty, acc, acc1, steps, cnt, BP: gl.constexpr, BM: gl.constexpr,
+                 BN: gl.constexpr, TAPS: gl.constexpr = 1):
         """`steps` ring slots from the `cnt`-th into acc (the boxes viewed as [BP, BM] and
         [BP, BN]): async wgmma, a slot released once the next step's wgmma is issued and the
-        older ones retired, the last one at the end. Returns (acc, cnt)."""
+        older ones retired, the last one at the end. TAPS 2: each slot's dy box against its
+        two x boxes into acc / acc1 (TAPS 1 leaves acc1 as given). Returns (acc, acc1, cnt)."""
         STAGES: gl.constexpr = ready.type.shape[0]
         dtype: gl.constexpr = a_bufs.dtype
         a2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BP, BM], dtype)
@@ -269,48 +270,32 @@ if gluon is not None:
             s = cnt % STAGES
             mbarrier.wait(ready.index(s), (cnt // STAGES) & 1)
             a = a_bufs.index(s)._reinterpret(dtype, [BP, BM], a2_layout).permute((1, 0))
-            b = b_bufs.index(s)._reinterpret(dtype, [BP, BN], b2_layout)
-            acc = warpgroup_mma(a, b, acc, is_async=True)
-            acc = warpgroup_mma_wait(1, deps=(acc,))
+            if TAPS == 2:
+                acc = warpgroup_mma(a, b_bufs.index(2 * s)._reinterpret(dtype, [BP, BN], b2_layout), acc,
+                                    is_async=True)
+                acc1 = warpgroup_mma(a, b_bufs.index(2 * s + 1)._reinterpret(dtype, [BP, BN], b2_layout), acc1,
+                                     is_async=True)
+                acc, acc1 = warpgroup_mma_wait(2, deps=(acc, acc1))
+            else:
+                acc = warpgroup_mma(a, b_bufs.index(s)._reinterpret(dtype, [BP, BN], b2_layout), acc, is_async=True)
+                acc = warpgroup_mma_wait(1, deps=(acc,))
             if st > 0:
                 mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
             cnt += 1
-        acc = warpgroup_mma_wait(0, deps=(acc,))
+        if TAPS == 2:
+            acc, acc1 = warpgroup_mma_wait(0, deps=(acc, acc1))
+        else:
+            acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
-        return acc, cnt
+        return acc, acc1, cnt
 
     @gluon.jit
-    def _mma_run2(a_bufs, b_bufs, ready, empty, acc0, acc1, steps, cnt, BP: gl.constexpr, BM: gl.constexpr,
-                  BN: gl.constexpr):
-        """`_mma_run` for two taps a tile: each slot's dy box against its two x boxes into
-        acc0 / acc1. Returns (acc0, acc1, cnt)."""
+    def _rect_slot(dy_desc, a_bufs, ready, empty, t, cnt, n_th, n_tw, pid_k, nbytes: gl.constexpr,
+                   BH: gl.constexpr, BW: gl.constexpr, BM: gl.constexpr):
+        """Ring slot cnt % STAGES for pixel rectangle t, once the consumer has released it:
+        `nbytes` expected on its ready barrier, the dy box loaded. Returns (image, row, column
+        of the rectangle, slot)."""
         STAGES: gl.constexpr = ready.type.shape[0]
-        dtype: gl.constexpr = a_bufs.dtype
-        a2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BP, BM], dtype)
-        b2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BP, BN], dtype)
-        for st in range(steps):
-            s = cnt % STAGES
-            mbarrier.wait(ready.index(s), (cnt // STAGES) & 1)
-            a = a_bufs.index(s)._reinterpret(dtype, [BP, BM], a2_layout).permute((1, 0))
-            acc0 = warpgroup_mma(a, b_bufs.index(2 * s)._reinterpret(dtype, [BP, BN], b2_layout), acc0, is_async=True)
-            acc1 = warpgroup_mma(a, b_bufs.index(2 * s + 1)._reinterpret(dtype, [BP, BN], b2_layout), acc1,
-                                 is_async=True)
-            acc0, acc1 = warpgroup_mma_wait(2, deps=(acc0, acc1))
-            if st > 0:
-                mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
-            cnt += 1
-        acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
-        mbarrier.arrive(empty.index((cnt + STAGES - 1) % STAGES), count=1)
-        return acc0, acc1, cnt
-
-    @gluon.jit
-    def _load_rect2(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, t, cnt, n_th, n_tw,
-                    pid_k, tap, n_taps, RS, S, ph, pw, dh, dw, c0, OD, D, sd, pd, dd, BH: gl.constexpr,
-                    BW: gl.constexpr, BM: gl.constexpr, SH: gl.constexpr, SW: gl.constexpr, DEPTH: gl.constexpr):
-        """`_load_rect` for two taps a tile: the dy box once, the x boxes of taps `tap` and
-        `tap` + 1 (past the last tap: a box wholly outside x, zeros) onto slot cnt % STAGES."""
-        STAGES: gl.constexpr = ready.type.shape[0]
-        nbytes: gl.constexpr = dy_desc.block_type.nbytes + 2 * x_desc.block_type.nbytes
         tw = t % n_tw
         tmp = t // n_tw
         th = tmp % n_th
@@ -319,14 +304,24 @@ if gluon is not None:
         mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), nbytes)
         tma.async_copy_global_to_shared(dy_desc, [n, th * BH, tw * BW, pid_k * BM], ready.index(s), a_bufs.index(s))
+        return n, th * BH, tw * BW, s
+
+    @gluon.jit
+    def _load_rect2(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, t, cnt, n_th, n_tw,
+                    pid_k, tap, n_taps, RS, S, ph, pw, dh, dw, c0, OD, D, sd, pd, dd, BH: gl.constexpr,
+                    BW: gl.constexpr, BM: gl.constexpr, SH: gl.constexpr, SW: gl.constexpr, DEPTH: gl.constexpr):
+        """`_load_rect` for two taps a tile: the dy box once, the x boxes of taps `tap` and
+        `tap` + 1 (past the last tap: a box wholly outside x, zeros) onto slot cnt % STAGES."""
+        nbytes: gl.constexpr = dy_desc.block_type.nbytes + 2 * x_desc.block_type.nbytes
+        n, h0, w0, s = _rect_slot(dy_desc, a_bufs, ready, empty, t, cnt, n_th, n_tw, pid_k, nbytes, BH, BW, BM)
         for u in gl.static_range(2):
             tu = tap + u
             td, r, q = _tap_rq(gl.minimum(tu, n_taps - 1), RS, S, DEPTH)
             xn = _x_plane(n, td, OD, D, sd, pd, dd, DEPTH)
             if tu >= n_taps:
                 xn = -1
-            _load_x(x_desc, x01_desc, x10_desc, x11_desc, xn, th * BH, tw * BW, r * dh - ph, q * dw - pw, c0,
-                    ready.index(s), b_bufs.index(2 * s + u), SH, SW)
+            _load_x(x_desc, x01_desc, x10_desc, x11_desc, xn, h0, w0, r * dh - ph, q * dw - pw, c0, ready.index(s),
+                    b_bufs.index(2 * s + u), SH, SW)
 
     @gluon.jit
     def _load_rect(dy_desc, x_desc, x01_desc, x10_desc, x11_desc, a_bufs, b_bufs, ready, empty, t, cnt, n_th, n_tw,
@@ -335,17 +330,9 @@ if gluon is not None:
         """Pixel rectangle t's dy box and its x box shifted by the tap (oh, ow) onto ring slot
         cnt % STAGES, once the consumer has released it. DEPTH (3-D): t's image is an output
         plane; the x box comes from the plane depth tap td reads (`_x_plane`)."""
-        STAGES: gl.constexpr = ready.type.shape[0]
         nbytes: gl.constexpr = dy_desc.block_type.nbytes + x_desc.block_type.nbytes
-        tw = t % n_tw
-        tmp = t // n_tw
-        th = tmp % n_th
-        n = tmp // n_th
-        s = cnt % STAGES
-        mbarrier.wait(empty.index(s), ((cnt // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(s), nbytes)
-        tma.async_copy_global_to_shared(dy_desc, [n, th * BH, tw * BW, pid_k * BM], ready.index(s), a_bufs.index(s))
-        _load_x(x_desc, x01_desc, x10_desc, x11_desc, _x_plane(n, td, OD, D, sd, pd, dd, DEPTH), th * BH, tw * BW,
+        n, h0, w0, s = _rect_slot(dy_desc, a_bufs, ready, empty, t, cnt, n_th, n_tw, pid_k, nbytes, BH, BW, BM)
+        _load_x(x_desc, x01_desc, x10_desc, x11_desc, _x_plane(n, td, OD, D, sd, pd, dd, DEPTH), h0, w0,
                 oh, ow, c0, ready.index(s), b_bufs.index(s), SH, SW)
 
     @gluon.jit
@@ -391,12 +378,9 @@ if gluon is not None:
             sp, pid_k, tap, c0 = _unit_coords(u, tiles, nj, ncb, Kg, Cg, DIAG, BM, BN, TAPS)
             steps = gl.minimum(sp * tps + tps, nt) - sp * tps
             acc = gl.zeros([BM, BN], gl.float32, acc_layout)
+            acc, acc1, cnt = _mma_run(a_bufs, b_bufs, ready, empty, acc, acc, steps, cnt, BH * BW, BM, BN, TAPS)
             if TAPS == 2:
-                acc1 = gl.zeros([BM, BN], gl.float32, acc_layout)
-                acc, acc1, cnt = _mma_run2(a_bufs, b_bufs, ready, empty, acc, acc1, steps, cnt, BH * BW, BM, BN)
                 _store_unit(acc1, out_ptr, sp, pid_k, tap + 1, c0, K, C, Kg, Cg, ncol, tap + 1 < n_taps, DIRECT, BM, BN)
-            else:
-                acc, cnt = _mma_run(a_bufs, b_bufs, ready, empty, acc, steps, cnt, BH * BW, BM, BN)
             _store_unit(acc, out_ptr, sp, pid_k, tap, c0, K, C, Kg, Cg, ncol, True, DIRECT, BM, BN)
 
     @gluon.jit
@@ -504,7 +488,7 @@ if gluon is not None:
             s_lo = gl.maximum(lo, tile * nt)
             s_hi = gl.minimum(hi, tile * nt + nt)
             acc = gl.zeros([BM, BN], gl.float32, acc_layout)
-            acc, cnt = _mma_run(a_bufs, b_bufs, ready, empty, acc, s_hi - s_lo, cnt, BH * BW, BM, BN)
+            acc, _, cnt = _mma_run(a_bufs, b_bufs, ready, empty, acc, acc, s_hi - s_lo, cnt, BH * BW, BM, BN)
             if (s_lo == tile * nt) & (s_hi == tile * nt + nt):
                 rk = pid_k * BM + ri
                 rc = c0 + ci
