@@ -96,6 +96,10 @@ def main() -> None:
             ours, eager, ref = setup(q, a.device, dtype, scale)
             cands = {"ours": ours, "eager": eager}
             if not a.no_compile:
+                # a fresh dynamo cache per problem: every problem's `eager` shares one code
+                # object, and past 8 shapes dynamo stops compiling it (recompile_limit) and
+                # runs it eagerly (2026-12-02: the 9th problem on timed torch eager as "compile")
+                torch._dynamo.reset()
                 cands["compile"] = torch.compile(eager, dynamic=False)
             with torch.no_grad():
                 outs = {k: fn() for k, fn in cands.items()}       # first calls: find, compile

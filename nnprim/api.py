@@ -147,6 +147,10 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
                  stride=1, padding=0, dilation=1, groups: int = 1, post_ops=(),
                  out_dtype: torch.dtype | None = None, solver=None) -> torch.Tensor:
     """y = post_ops(conv(x, w) + bias), cast to out_dtype, in x's layout."""
+    if post_ops and type(x) in _PLAIN and type(w) in _PLAIN and _plain(bias) and _fast_path_open():
+        y = _fused_fast(x, w, bias, stride, padding, dilation, groups, post_ops, out_dtype, solver)
+        if y is not None:
+            return y
     if not post_ops and type(x) in _PLAIN and type(w) in _PLAIN and _plain(bias) and _fast_path_open():
         # the hot path: the raw call signature is the context's memo key (the arguments are
         # normalised and validated once, when the signature is new)
@@ -190,6 +194,53 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
             return conv_ops.ConvFunction.apply(x, w, bias, (st, pad, dl, groups, out_dtype, solver))
     fn = conv_ops._conv_forward if direct else _ops.conv_forward
     return fn(x, w, bias, st, pad, dl, groups, spec, post_tensors, out_dtype, solver)
+
+
+def _chain_sig(post_ops, rank: int) -> tuple | None:
+    """The hot path's key of a post-op chain (each op's parameters and its tensor's metadata),
+    None where the general path must take it: not a tuple or list of ops, a tensor that is not
+    plain or needs a gradient, a Binary tensor below y's rank (`_post_ops` reshapes those)."""
+    if type(post_ops) not in (tuple, list):
+        return None
+    sig = []
+    for op in post_ops:
+        tp = type(op)
+        if tp is Eltwise:
+            sig.append(op)   # frozen, compared by value
+            continue
+        if tp is not Sum and tp is not Binary:
+            return None
+        t = op.tensor
+        if type(t) not in _PLAIN or t.requires_grad or (tp is Binary and t.dim() != rank):
+            return None
+        sig.append((op.scale if tp is Sum else op.op, t.shape, t.stride(), t.dtype, t.device))
+    return tuple(sig)
+
+
+def _fused_fast(x, w, bias, stride, padding, dilation, groups, post_ops, out_dtype, solver):
+    """A conv_forward with post-ops on the hot path (memoised signature, as the plain call's),
+    None where the general path must run it (autograd, a chain to normalise, unhashable args).
+    The general path's validation and chain normalisation cost ~30 us a call: a fused conv of
+    a ResNet layer on the H200 ran 0.089 ms where the same conv without post-ops took 0.054."""
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)):
+        return None
+    chain = _chain_sig(post_ops, x.dim())
+    if chain is None:
+        return None
+    sig = ("conv_forward_post", x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
+           None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+           chain, stride, padding, dilation, groups, out_dtype, solver)
+    try:
+        hash(sig)
+    except TypeError:   # unhashable arguments (lists): the general path
+        return None
+    ops = tuple(post_ops)
+
+    def problem():
+        st, pad, dl = _conv_args(x, w.shape[2:], stride, padding, dilation)
+        spec, tensors = post_op_spec(ops)
+        return conv_ops.fwd_problem(x, w, bias, st, pad, dl, groups, spec, tensors, out_dtype)
+    return context(x.device).call(sig, problem, ConvArgs(x=x, w=w, bias=bias, post_ops=ops), _solver(solver))
 
 
 # a conv_forward signature's normalised (stride, padding, dilation, groups, out_dtype, solver,

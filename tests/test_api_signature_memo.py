@@ -74,6 +74,43 @@ def test_conv_grad_and_no_grad_share_the_choice():
         torch.testing.assert_close(ours.grad.double(), 2 * ref.grad, rtol=1e-4, atol=1e-4)
 
 
+def test_fused_conv_memo_agrees_and_validates():
+    """Post-op chains take the memo too (api._fused_fast); the chain's tensors are part of the
+    signature, bad ones are validated on every call, and the paths the memo leaves (a Binary
+    tensor below y's rank, gradients, a list stride) give the same answers."""
+    from nnprim.post_ops import Binary, Eltwise, Sum
+    x, w, b = _xw()
+    g = torch.Generator().manual_seed(3)
+    r = torch.randn(2, 8, 9, 7, generator=g).to(memory_format=CL)
+    r2 = torch.randn(2, 8, 9, 7, generator=g)                        # NCHW residual: another signature
+    m = torch.randn(8, generator=g)
+    conv = F.conv2d(x.double(), w.double(), b.double(), padding=1)
+
+    def ref(res, scale=1.0, mul=None):
+        y = conv + scale * res.double()
+        y = y if mul is None else y * mul.double().reshape(1, 8, 1, 1)
+        return torch.relu(y)
+    for _ in range(2):
+        for res, scale in ((r, 1.0), (r2, 1.0), (r, 0.5)):
+            y = nnprim.conv_forward(x, w, b, padding=1, post_ops=(Sum(res, scale), Eltwise("relu")))
+            torch.testing.assert_close(y.double(), ref(res, scale), rtol=1e-4, atol=1e-4)
+        for mul in (m, m.reshape(1, 8, 1, 1)):                       # general path, then the memo
+            y = nnprim.conv_forward(x, w, b, padding=1, post_ops=[Sum(r), Binary("mul", mul), Eltwise("relu")])
+            z = conv + r.double()
+            torch.testing.assert_close(y.double(), torch.relu(z * mul.double().reshape(1, 8, 1, 1)),
+                                       rtol=1e-4, atol=1e-4)
+        y = nnprim.conv_forward(x, w, b, padding=[1, 1], post_ops=(Sum(r), Eltwise("relu")))
+        torch.testing.assert_close(y.double(), ref(r), rtol=1e-4, atol=1e-4)
+    for bad in ((Sum(r[:, :, :8]),), (Sum(r.long()),), (Binary("add", torch.randn(1, 3, 1, 1)),), ("relu",)):
+        for _ in range(2):
+            with pytest.raises(nnprim.BadParameterError):
+                nnprim.conv_forward(x, w, b, padding=1, post_ops=bad)
+    rg = r.clone().requires_grad_()
+    y = nnprim.conv_forward(x, w, b, padding=1, post_ops=(Sum(rg), Eltwise("relu")))
+    y.sum().backward()
+    torch.testing.assert_close(rg.grad.double(), (ref(r) > 0).double(), rtol=0, atol=0)
+
+
 def test_conv_autocast_takes_the_general_path():
     x, w, b = _xw()
     nnprim.conv_forward(x, w, b, padding=1)

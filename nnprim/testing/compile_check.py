@@ -113,6 +113,15 @@ GLUON_CONV = [  # (x, w, options) of solver 27 (Gluon, sm_90 only): 3x3 C=K=64..
                                             post_ops=(("sum", 0.5), ("eltwise", "gelu_erf", 0.0, 0.0),
                                                       ("binary", "mul", (1, 128, 1, 1)),
                                                       ("eltwise", "silu", 0.0, 0.0)))),
+    # a residual block's epilogue (bias, Sum in y's dtype read through c_smem, ReLU): 128 x 128,
+    # 64-wide and 256-row (two consumer warpgroups) tiles, a tail of rows, and a Sum in f32
+    ((2, 128, 28, 28), (128, 128, 3, 3), dict(padding=1, has_bias=True,
+                                              post_ops=(("sum", 1.0), ("eltwise", "relu", 0.0, 0.0)))),
+    ((2, 64, 9, 11), (64, 64, 3, 3), dict(padding=1, has_bias=True, dtype=F16,
+                                          post_ops=(("sum", 1.0), ("eltwise", "relu", 0.0, 0.0)))),
+    ((8, 640, 32, 32), (640, 640, 3, 3), dict(padding=1, has_bias=True,
+                                              post_ops=(("sum", 1.0), ("eltwise", "relu", 0.0, 0.0)))),
+    ((4, 2048, 7, 7), (512, 2048, 1, 1), dict(has_bias=True, post_ops=(("sum", 1.0),))),
     # stride 2 (x read per stride phase): 3x3, the 1x1 downsample, dilation 2
     ((2, 64, 11, 10), (128, 64, 3, 3), dict(padding=1, stride=2)),
     ((2, 256, 14, 14), (512, 256, 1, 1), dict(stride=2)),

@@ -401,6 +401,40 @@ def test_flat_1x1_with_residual_chain_and_out(smoked):
     assert gluon_conv.GluonConvPlan(p).flat
 
 
+RESIDUAL = [  # (x, w, padding, tile overrides): a Sum in y's dtype is read through c_smem (_residual)
+    ((3, 128, 17, 19), (128, 128, 3, 3), 1, {}),                      # row tails, BN 128
+    ((2, 64, 9, 11), (64, 64, 3, 3), 1, {}),                          # BN 64, KSUB 3
+    ((1, 320, 33, 35), (320, 320, 3, 3), 1, {}),                      # 256-row tiles, a K tail
+    ((2, 256, 14, 14), (320, 256, 3, 3), 1, dict(BN=256, warps=8, STAGES=3, epi_bufs=1)),
+    ((3, 128, 17, 19), (128, 128, 3, 3), 1, dict(epi_bufs=2)),         # two staging buffers in turn
+    ((4, 512, 7, 7), (256, 512, 1, 1), 0, {}),                        # flat 1x1
+]
+
+
+@pytest.mark.parametrize("x_shape,w_shape,pad,over", RESIDUAL, ids=[f"{r[1]}-{r[0]}-{r[3]}" for r in RESIDUAL])
+def test_residual_epilogue(smoked, x_shape, w_shape, pad, over):
+    """bias + Sum(r, 0.75) + ReLU on a poisoned output, planned and JIT launches; the same
+    chain with an f32 residual (the per-element path) and with no bias."""
+    from dataclasses import replace
+    x, w, b = case(x_shape, w_shape, bias=True, seed=5)
+    g = torch.Generator(device=DEV).manual_seed(6)
+    for rdt, bias in ((torch.bfloat16, b), (torch.float32, b), (torch.bfloat16, None)):
+        y_shape = F.conv2d(x[:1, :, :, :].float(), w.float(), padding=pad).shape[1:]
+        r = torch.randn(x.shape[0], *y_shape, generator=g, device=DEV).to(rdt)
+        ops = (Sum(r.to(memory_format=torch.channels_last), 0.75), Eltwise("relu"))
+        p = ConvProblem.create("fwd", x.shape, w.shape, dtype=x.dtype, layout="nhwc", device=DEV, padding=pad,
+                               has_bias=bias is not None, post_ops=tuple(o.signature() for o in ops))
+        tile = replace(gluon_conv.tile_config(p), **over)
+        ref = conv_fwd_f64(p, x, w, bias, ops)
+        theirs = apply_post_ops(F.conv2d(x, w, bias, padding=pad).float(), ops).to(x.dtype)
+        for planned in (True, False):
+            plan = gluon_conv.GluonConvPlan(p, tile, planned)
+            for _ in range(2):
+                out = torch.full(p.y_shape, float("nan"), dtype=x.dtype, device=DEV)
+                y = plan(ConvArgs(x=x, w=w, bias=bias, post_ops=ops), out.to(memory_format=torch.channels_last))
+            assert_close(f"{over} {rdt} bias={bias is not None} planned={planned}", y, theirs, ref)
+
+
 GROUPED_WGRAD = [  # (x, w, padding, groups): the block-diagonal tiles
     ((8, 128, 28, 28), (128, 4, 3, 3), 1, 32),         # ResNeXt g32: 16 groups of 4 x 4 per 64 x 64 tile
     ((4, 144, 17, 19), (144, 1, 3, 3), 1, 144),        # depthwise, a partial last block (144 = 2*64 + 16)
