@@ -33,7 +33,8 @@
 #   host       where a public call's time goes (benchmarks/diag/api_host_breakdown.py: host us of the
 #              public call, its invoker and torch's, CUDA-graph device time) and host_overhead.py
 #   fused      fused conv + bias + residual + ReLU through the public API against torch eager and
-#              torch.compile of the same expression (benchmarks/fused_conv.py, issue 13's targets)
+#              torch.compile of the same expression (benchmarks/fused_conv.py, issue 13's targets), then
+#              benchmarks/diag/fused_choice.py (FUSED_ONLY problems: default, plain and forced solvers)
 #   wgrad      solver 29's schedules on the suite's 3x3 layers (benchmarks/diag/wgrad_tile_probe.py
 #              --stream: split slices against stream-K, cuDNN in the same process)
 set -uo pipefail
@@ -112,7 +113,11 @@ case $STEP in
     timeout 200 python3 benchmarks/depthwise.py --out "$OUT" 2>&1 | tail -3
     timeout 100 python3 benchmarks/nchw_probe.py --out "$OUT/nchw_probe_$D.json" 2>&1 | tail -4 ;;
   fused)
-    timeout 500 python3 benchmarks/fused_conv.py --rounds 20 --out "$OUT/fused_conv_$D.json" 2>&1 | tail -25 ;;
+    # then where a fused call's time goes (default vs plain vs every forced solver; 2026-12-02: about
+    # 60 s for four problems): c3d_3x3x3 fused ran 0.43 ms against its 0.27 ms plain forward
+    timeout 330 python3 benchmarks/fused_conv.py --rounds 20 --out "$OUT/fused_conv_$D.json" 2>&1 | grep -v "^W1" | tail -25
+    timeout 200 python3 benchmarks/diag/fused_choice.py --only ${FUSED_ONLY:-c3d_3x3x3,rn50_r5_1x1,rn50_r3_3x3} \
+      --out "$OUT/fused_choice_$D.json" 2>&1 | grep -E "chosen|default|eager|forced" ;;
   sysdb)
     timeout -s INT 585 python3 -m nnprim db build-system --device cuda --count 90 --workers 14 --time-budget 470 2>&1 \
       | tr '\r' '\n' | tail -5

@@ -196,6 +196,9 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     return fn(x, w, bias, st, pad, dl, groups, spec, post_tensors, out_dtype, solver)
 
 
+_NUMBERS = (float, int)
+
+
 def _chain_sig(post_ops, rank: int) -> tuple | None:
     """The hot path's key of a post-op chain (each op's parameters and its tensor's metadata),
     None where the general path must take it: not a tuple or list of ops, a tensor that is not
@@ -206,9 +209,11 @@ def _chain_sig(post_ops, rank: int) -> tuple | None:
     for op in post_ops:
         tp = type(op)
         if tp is Eltwise:
+            if type(op.alpha) not in _NUMBERS or type(op.beta) not in _NUMBERS:
+                return None
             sig.append(op)   # frozen, compared by value
             continue
-        if tp is not Sum and tp is not Binary:
+        if (tp is not Sum or type(op.scale) not in _NUMBERS) and tp is not Binary:
             return None
         t = op.tensor
         if type(t) not in _PLAIN or t.requires_grad or (tp is Binary and t.dim() != rank):
