@@ -31,8 +31,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import nnprim  # noqa: E402
+from nnprim import api  # noqa: E402
 from nnprim.cli.suites import load_suite  # noqa: E402
 from nnprim.post_ops import Eltwise, Sum  # noqa: E402
+from nnprim.problems.conv import ConvProblem  # noqa: E402
+from nnprim.search.context import for_problem  # noqa: E402
 from nnprim.search.timing import interleaved_samples  # noqa: E402
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -64,8 +67,13 @@ def setup(q: dict, device: str, dtype: torch.dtype, scale: int):
 
     def ours():
         return nnprim.conv_forward(x, w, b, post_ops=ops, **kw)
+
+    def chosen() -> str:
+        """The solver the default call runs (after its first call: find's choice)."""
+        p = ConvProblem.from_tensors(x, w, "fwd", bias=b, post_ops=api._post_ops(ops, x.dim(), q["K"]), **kw)
+        return for_problem(p).resolve(p, None).name
     ref = torch.relu(conv(x.double(), w.double(), b.double(), **kw) + r.double())
-    return ours, eager, ref
+    return ours, eager, ref, chosen
 
 
 def main() -> None:
@@ -93,7 +101,7 @@ def main() -> None:
     for q in probs:
         row: dict = {"name": q["name"]}
         try:
-            ours, eager, ref = setup(q, a.device, dtype, scale)
+            ours, eager, ref, chosen = setup(q, a.device, dtype, scale)
             cands = {"ours": ours, "eager": eager}
             if not a.no_compile:
                 # a fresh dynamo cache per problem: every problem's `eager` shares one code
@@ -108,13 +116,14 @@ def main() -> None:
                 samples = interleaved_samples(list(cands.values()), a.device, rounds=a.rounds, warmup=3)
             for (k, _), s in zip(cands.items(), samples):
                 row[k] = {"ms": statistics.median(s), "rel_err": errs[k]}
+            row["chosen"] = chosen()
             row["ours_ok"] = errs["ours"] <= 3 * errs["eager"] + 6e-3
             row["vs_eager"] = row["eager"]["ms"] / row["ours"]["ms"]
             if "compile" in row:
                 row["vs_compile"] = row["compile"]["ms"] / row["ours"]["ms"]
             print(f"{q['name']:<18} ours {row['ours']['ms']:.4f} ms  eager {row['eager']['ms']:.4f} "
                   f"(x{row['vs_eager']:.2f})" + (f"  compile {row['compile']['ms']:.4f} (x{row['vs_compile']:.2f})"
-                                                  if "compile" in row else "")
+                                                  if "compile" in row else "") + f"  [{row['chosen']}]"
                   + ("" if row["ours_ok"] else f"  WRONG: rel err {errs['ours']:.3g}"), flush=True)
         except Exception as e:  # noqa: BLE001 - keep the other problems
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"

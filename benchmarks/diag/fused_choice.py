@@ -3,13 +3,16 @@
 1.15x cuDNN). Per problem: the default fused call (find on its first call), the plain
 forward (no post-ops, no bias), every applicable solver forced on the fused call, and torch
 eager, timed interleaved (device events, median); plus `nnprim.explain` of the fused problem
-(what find measured and chose). JSON to --out.
+(what find measured and chose). --plans adds the Gluon forward's plan run directly on the
+fused problem with the residual prefetched during the tile's wgmmas (the default) and read
+after them (`GluonTile.res_prefetch`), each output checked against the other. JSON to --out.
 
-    python benchmarks/diag/fused_choice.py --out $OUT/fused_choice.json
+    python benchmarks/diag/fused_choice.py --out $OUT/fused_choice.json [--plans]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -23,6 +26,7 @@ import nnprim  # noqa: E402
 from nnprim.cli.cases import conv_case  # noqa: E402
 from nnprim.cli.suites import load_suite  # noqa: E402
 from nnprim.search.explain import rows  # noqa: E402
+from nnprim.search.random_args import random_args  # noqa: E402
 from nnprim.search.timing import interleaved_samples  # noqa: E402
 
 DEFAULT = "rn50_r5_1x1,rn50_r5_3x3,unet_640_32x32,rn50_r4_1x1,rn50_r4_3x3,rn50_r2_3x3"
@@ -33,6 +37,7 @@ def main() -> int:
     ap.add_argument("--only", default=DEFAULT)
     ap.add_argument("--rounds", type=int, default=25)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--plans", action="store_true", help="the Gluon plan with and without the residual prefetch")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
@@ -54,6 +59,15 @@ def main() -> int:
         for s in names:
             fns[f"forced:{s}"] = (lambda s=s, f=fused: f.call_with(s))
         errs = {}
+        if a.plans and "gluon_implicit_gemm_fwd" in names:
+            from nnprim.conv import gluon_conv
+            args = random_args(fused.problem, seed=1)
+            tile = gluon_conv.tile_config(fused.problem)
+            for pf in (True, False):
+                plan = gluon_conv.GluonConvPlan(fused.problem, dataclasses.replace(tile, res_prefetch=pf))
+                fns[f"plan:res_prefetch={pf}"] = (lambda plan=plan, args=args: plan(args))
+            ya, yb = (fns[f"plan:res_prefetch={pf}"]().float() for pf in (True, False))
+            errs["plan:max_abs_diff"] = float((ya - yb).abs().max())
         for k in list(fns):
             try:
                 fns[k]()

@@ -92,6 +92,7 @@ from .. import alloc, workspace
 from ..args import ConvArgs
 from ..gluon_support import (
     TensorDescriptor,
+    async_copy,
     contiguous_aligned,
     fence_async_shared,
     gl,
@@ -143,6 +144,7 @@ class GluonTile:
     group_m: int = 8
     epilogue: bool = True
     epi_bufs: int = 1   # output staging buffers: 2 lets tile i's TMA store drain under tile i+1's epilogue
+    res_prefetch: bool = True   # a leading Sum copied in during the tile's first K step (False: after its last)
 
     @property
     def BM(self) -> int:
@@ -441,15 +443,20 @@ if gluon is not None:
                   P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr,
                   BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                   KSUB: gl.constexpr, GROUP_M: gl.constexpr, WARPS: gl.constexpr, EPILOGUE: gl.constexpr,
-                  TRANS_W: gl.constexpr, PHASED: gl.constexpr):
+                  TRANS_W: gl.constexpr, PHASED: gl.constexpr, RES_PREFETCH: gl.constexpr):
         """Default partition: async wgmma over the ring (a stage is released once the
         wgmmas of the stage after it have been issued and the older ones retired), then the
         fused epilogue and a TMA store of the tile. PHASED: each tile's phase row gives its
         coordinates, its steps (ntaps * nk; none for a phase no tap reaches: zeros are
-        stored) and its output view (y_desc, y1_desc, .. in row order)."""
+        stored) and its output view (y_desc, y1_desc, .. in row order). RES_PREFETCH: a
+        leading Sum in y's dtype is copied into the tile's output buffer while its wgmmas
+        run (`_residual_prefetch`)."""
         STAGES: gl.constexpr = ready.type.shape[0]
         BM: gl.constexpr = BH * BW
         dtype: gl.constexpr = a_bufs.dtype
+        RES_PF: gl.constexpr = (RES_PREFETCH and EPILOGUE and P0_KIND == 1 and not PHASED
+                                and p0_ptr.dtype.element_ty == dtype and dtype.primitive_bitwidth == 16)
+        c2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], dtype)
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                              instr_shape=[16, BN, 16])
         a2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], dtype)
@@ -470,6 +477,13 @@ if gluon is not None:
                 yi = 0
                 OHt = OH
                 OWt = OW
+            if RES_PF:
+                # before the tile's wgmmas: inside the K loop, the copy's registers made ptxas
+                # serialise every wgmma (one WARPGROUP.DEPBAR each). The wait is the last store
+                # of this buffer reading it out, which that tile's epilogue has just issued.
+                tma.store_wait(EPI_BUFS - 1)
+                _residual_prefetch(p0_ptr, c_smem.index(tcount % EPI_BUFS)._reinterpret(dtype, [BM, BN], c2_layout),
+                                   n, oh0, ow0, off_n, OHt, OWt, K, syn, syh, syw, BW, WARPS)
             acc = gl.zeros([BM, BN], gl.float32, acc_layout)
             for st in range(steps):
                 s = cnt % STAGES
@@ -498,18 +512,18 @@ if gluon is not None:
                             syn, syh, syw, bias_ptr,
                             p0_ptr, p1_ptr, p2_ptr, p3_ptr, p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
                             HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
-                            P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC, BW, EPI_BUFS, PHASED, WARPS)
+                            P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC, BW, EPI_BUFS, PHASED, WARPS, RES_PF)
             tcount += 1
         tma.store_wait(0)
 
     @gluon.jit
-    def _residual(ptr, c_smem, n, oh0, ow0, off_n, OH, OW, K, syn, syh, syw,
-                  BW: gl.constexpr, WARPS: gl.constexpr, acc_layout: gl.constexpr):
-        """The tile's Sum operand (y's shape and strides, c_smem's dtype) in the accumulator's
-        layout, read with 16-byte loads of 8 channels and passed through c_smem: the
-        accumulator's own layout gives each thread 2 channels a row, 8 rows a warp load
-        (a fused ResNet 3x3 layer ran 25-35 us over the same conv without post-ops, H200).
-        K, syn, syh, syw are multiples of 8 (y's TMA descriptor requires it)."""
+    def _residual_at(ptr, c_smem, n, oh0, ow0, off_n, OH, OW, K, syn, syh, syw,
+                     BW: gl.constexpr, WARPS: gl.constexpr):
+        """Addresses and mask of the tile's Sum operand (y's shape and strides) in a layout
+        of 16-byte pieces (8 channels a thread): the accumulator's own layout gives each
+        thread 2 channels a row, 8 rows a warp load (a fused ResNet 3x3 layer ran 25-35 us
+        over the same conv without post-ops, H200). K, syn, syh, syw are multiples of 8
+        (y's TMA descriptor requires it)."""
         BM: gl.constexpr = c_smem.type.shape[0]
         BN: gl.constexpr = c_smem.type.shape[1]
         TN: gl.constexpr = BN // 8
@@ -521,9 +535,27 @@ if gluon is not None:
         base = gl.multiple_of(n.to(gl.int64) * syn + oh * syh + ow * syw, 8)
         k8 = (K // 8) * 8
         mask = ((oh < OH) & (ow < OW))[:, None] & (rn < k8)[None, :]
-        t = gl.load(ptr + (base[:, None] + rn[None, :]), mask=mask, other=0.0)
-        c_smem.store(t)
+        return ptr + (base[:, None] + rn[None, :]), mask
+
+    @gluon.jit
+    def _residual(ptr, c_smem, n, oh0, ow0, off_n, OH, OW, K, syn, syh, syw,
+                  BW: gl.constexpr, WARPS: gl.constexpr, acc_layout: gl.constexpr):
+        """The tile's Sum operand (c_smem's dtype) in the accumulator's layout, read with
+        16-byte loads after the tile's last wgmma and passed through c_smem."""
+        ptrs, mask = _residual_at(ptr, c_smem, n, oh0, ow0, off_n, OH, OW, K, syn, syh, syw, BW, WARPS)
+        c_smem.store(gl.load(ptrs, mask=mask, other=0.0))
         return c_smem.load(acc_layout).to(gl.float32)
+
+    @gluon.jit
+    def _residual_prefetch(ptr, c_smem, n, oh0, ow0, off_n, OH, OW, K, syn, syh, syw,
+                           BW: gl.constexpr, WARPS: gl.constexpr):
+        """Start the tile's Sum operand on its way into c_smem (cp.async, 16-byte pieces,
+        zeros where masked) while the tile's wgmmas run: the epilogue then waits for the
+        group (`async_copy.wait_group`) instead of a global load's full latency. c_smem
+        must be free: the store that last read it waited for."""
+        ptrs, mask = _residual_at(ptr, c_smem, n, oh0, ow0, off_n, OH, OW, K, syn, syh, syw, BW, WARPS)
+        async_copy.async_copy_global_to_shared(c_smem, ptrs, mask=mask)
+        async_copy.commit_group()
 
     @gluon.jit
     def _store_tile(acc, c_smem, y_desc, y1_desc, y2_desc, y3_desc, yi, n, oh0, ow0, off_n, OH, OW, K,
@@ -534,11 +566,12 @@ if gluon is not None:
                     P1_KIND: gl.constexpr, P1_SUB: gl.constexpr, P1_BC: gl.constexpr,
                     P2_KIND: gl.constexpr, P2_SUB: gl.constexpr, P2_BC: gl.constexpr,
                     P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr, BW: gl.constexpr,
-                    EPI_BUFS: gl.constexpr, PHASED: gl.constexpr, WARPS: gl.constexpr):
+                    EPI_BUFS: gl.constexpr, PHASED: gl.constexpr, WARPS: gl.constexpr, RES_PF: gl.constexpr):
         """Epilogue of one tile: bias + post-ops on the f32 accumulator, cast, registers ->
         c_smem (once the store that last read it has: with EPI_BUFS buffers in turn, at most
         EPI_BUFS - 1 stores may still be in flight) -> TMA store (PHASED: into phase row
-        yi's output view). A leading Sum in y's dtype is read through c_smem (`_residual`)."""
+        yi's output view). A leading Sum in y's dtype is read through c_smem: RES_PF, the
+        copy `_residual_prefetch` started during the tile's wgmmas, else `_residual`."""
         acc_layout: gl.constexpr = acc.type.layout
         BM: gl.constexpr = acc.type.shape[0]
         BN: gl.constexpr = acc.type.shape[1]
@@ -555,9 +588,13 @@ if gluon is not None:
         if P0_KIND == 1 and p0_ptr.dtype.element_ty == dtype and dtype.primitive_bitwidth == 16 and not PHASED:
             if HAS_BIAS:
                 acc = acc + gl.load(bias_ptr + rn, mask=mask_n, other=0.0).to(gl.float32)[None, :]
-            tma.store_wait(EPI_BUFS - 1)     # the store that last read this buffer is done
-            acc = acc + p0_a * _residual(p0_ptr, cs, n, oh0, ow0, off_n, OH, OW, K, syn, syh, syw, BW, WARPS,
-                                         acc_layout)
+            if RES_PF:
+                async_copy.wait_group(0)
+                res = cs.load(acc_layout).to(gl.float32)
+            else:
+                tma.store_wait(EPI_BUFS - 1)     # the store that last read this buffer is done
+                res = _residual(p0_ptr, cs, n, oh0, ow0, off_n, OH, OW, K, syn, syh, syw, BW, WARPS, acc_layout)
+            acc = acc + p0_a * res
             acc = epilogue(acc, y_off, rn, mask_n, mask, bias_ptr,
                            p0_ptr, p0_a, p0_b, p1_ptr, p1_a, p1_b, p2_ptr, p2_a, p2_b, p3_ptr, p3_a, p3_b,
                            False, 0, 0, 0, P1_KIND, P1_SUB, P1_BC,
@@ -597,7 +634,8 @@ if gluon is not None:
             BH: gl.constexpr, BW: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
             KSUB: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, EPILOGUE: gl.constexpr,
             TRANS_W: gl.constexpr, EPI_BUFS: gl.constexpr, SH: gl.constexpr, SW: gl.constexpr,
-            PHASED: gl.constexpr, DEPTH: gl.constexpr, DIAG: gl.constexpr, num_warps: gl.constexpr):
+            PHASED: gl.constexpr, DEPTH: gl.constexpr, DIAG: gl.constexpr, RES_PREFETCH: gl.constexpr,
+            num_warps: gl.constexpr):
         """Persistent: CTA i runs tiles i, i + grid, ... (see the module docstring). PHASED
         (stride-2 backward data): `tab` is the phase table (gluon_phases.phase_table), the
         tiles those of all phases; else `tab` is unused. DEPTH (3-D): N counts output planes
@@ -633,7 +671,7 @@ if gluon is not None:
                          p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
                          HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
                          P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC,
-                         BH, BW, BN, BK, KSUB, GROUP_M, num_warps, EPILOGUE, TRANS_W, PHASED)),
+                         BH, BW, BN, BK, KSUB, GROUP_M, num_warps, EPILOGUE, TRANS_W, PHASED, RES_PREFETCH)),
             (_producer, (x_desc, x01_desc, x10_desc, x11_desc, w_desc, a_bufs, b_bufs, ready, empty, n_tiles,
                          n_th, n_tw, num_m, num_n, n_steps, nk, S, C, K, T * R * S, ph, pw, dh, dw, tab,
                          R * S, OD, D, sd, pd, dd, Kg, Cg, BH, BW, BN, BK, KSUB, GROUP_M, TRANS_W, SH, SW, PHASED,
@@ -739,7 +777,7 @@ class GluonConvPlan:
                    _nvmma([1, t.BH, t.BW, t.BN], p.dtype))
         self.tail = (*self.scalars, *self.epi.scalars(), *self.epi.constexprs(),
                      t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, self.trans_w, t.epi_bufs, sh,
-                     sw, False, self.depth, self.diag is not None)
+                     sw, False, self.depth, self.diag is not None, t.res_prefetch)
 
     def _plan_phased(self, p: ConvProblem, tile: GluonTile | None) -> None:
         """Stride-2 backward data: dy (channels p.K) is the unit-stride x, dx (channels p.C)
@@ -770,7 +808,7 @@ class GluonConvPlan:
         self.tail = (N, QH, QW, R, S, p.K, p.C, 0, 0, 1, 1, H * W * p.C, sh * W * p.C, sw * p.C, 1, 1, 1, 1, 0, 1,
                      1, 1, *self.epi.scalars(), *self.epi.constexprs(),
                      t.BH, t.BW, t.BN, t.BK, t.KSUB, t.STAGES, t.group_m, t.epilogue, True, t.epi_bufs, 1, 1, True,
-                     False, False)
+                     False, False, False)
 
     def _launch(self, device: torch.device) -> Launch:
         if self.launch is None:

@@ -122,6 +122,8 @@ GLUON_CONV = [  # (x, w, options) of solver 27 (Gluon, sm_90 only): 3x3 C=K=64..
     ((8, 640, 32, 32), (640, 640, 3, 3), dict(padding=1, has_bias=True,
                                               post_ops=(("sum", 1.0), ("eltwise", "relu", 0.0, 0.0)))),
     ((4, 2048, 7, 7), (512, 2048, 1, 1), dict(has_bias=True, post_ops=(("sum", 1.0),))),
+    ((2, 64, 5, 10, 11), (128, 64, 3, 3, 3), dict(padding=1, has_bias=True,                  # 3-D (c3d's kind)
+                                                   post_ops=(("sum", 1.0), ("eltwise", "relu", 0.0, 0.0)))),
     # stride 2 (x read per stride phase): 3x3, the 1x1 downsample, dilation 2
     ((2, 64, 11, 10), (128, 64, 3, 3), dict(padding=1, stride=2)),
     ((2, 256, 14, 14), (512, 256, 1, 1), dict(stride=2)),

@@ -12,6 +12,8 @@ a subprocess with a timeout, and every other test is skipped when it hangs or fa
 the module under `timeout` too)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -75,9 +77,10 @@ test_smoke_in_subprocess = smoke_test(smoke_failure)
 
 def case(x_shape, w_shape, dtype=torch.bfloat16, seed=0, bias=False):
     g = torch.Generator(device=DEV).manual_seed(seed)
-    x = torch.randn(*x_shape, generator=g, device=DEV).to(dtype).to(memory_format=torch.channels_last)
-    w = (torch.randn(*w_shape, generator=g, device=DEV) / (w_shape[1] * w_shape[2] * w_shape[3]) ** 0.5)
-    w = w.to(dtype).to(memory_format=torch.channels_last)
+    fmt = torch.channels_last_3d if len(x_shape) == 5 else torch.channels_last
+    x = torch.randn(*x_shape, generator=g, device=DEV).to(dtype).to(memory_format=fmt)
+    w = (torch.randn(*w_shape, generator=g, device=DEV) / math.prod(w_shape[1:]) ** 0.5)
+    w = w.to(dtype).to(memory_format=fmt)
     b = torch.randn(w_shape[0], generator=g, device=DEV).to(dtype) if bias else None
     return x, w, b
 
@@ -401,13 +404,17 @@ def test_flat_1x1_with_residual_chain_and_out(smoked):
     assert gluon_conv.GluonConvPlan(p).flat
 
 
-RESIDUAL = [  # (x, w, padding, tile overrides): a Sum in y's dtype is read through c_smem (_residual)
+RESIDUAL = [  # (x, w, padding, tile overrides): a Sum in y's dtype is copied into c_smem during the
+    # tile's wgmmas (_residual_prefetch; res_prefetch=False: read after them, _residual)
     ((3, 128, 17, 19), (128, 128, 3, 3), 1, {}),                      # row tails, BN 128
     ((2, 64, 9, 11), (64, 64, 3, 3), 1, {}),                          # BN 64, KSUB 3
     ((1, 320, 33, 35), (320, 320, 3, 3), 1, {}),                      # 256-row tiles, a K tail
     ((2, 256, 14, 14), (320, 256, 3, 3), 1, dict(BN=256, warps=8, STAGES=3, epi_bufs=1)),
     ((3, 128, 17, 19), (128, 128, 3, 3), 1, dict(epi_bufs=2)),         # two staging buffers in turn
     ((4, 512, 7, 7), (256, 512, 1, 1), 0, {}),                        # flat 1x1
+    ((3, 128, 17, 19), (128, 128, 3, 3), 1, dict(res_prefetch=False)),   # read after the wgmmas
+    ((3, 128, 17, 19), (128, 128, 3, 3), 1, dict(res_prefetch=False, epi_bufs=1)),
+    ((2, 64, 5, 10, 11), (128, 64, 3, 3, 3), 1, {}),                  # 3-D (c3d's kind), row tails
 ]
 
 
@@ -418,20 +425,22 @@ def test_residual_epilogue(smoked, x_shape, w_shape, pad, over):
     from dataclasses import replace
     x, w, b = case(x_shape, w_shape, bias=True, seed=5)
     g = torch.Generator(device=DEV).manual_seed(6)
+    conv = F.conv3d if len(x_shape) == 5 else F.conv2d
+    fmt = torch.channels_last_3d if len(x_shape) == 5 else torch.channels_last
     for rdt, bias in ((torch.bfloat16, b), (torch.float32, b), (torch.bfloat16, None)):
-        y_shape = F.conv2d(x[:1, :, :, :].float(), w.float(), padding=pad).shape[1:]
+        y_shape = conv(x[:1].float(), w.float(), padding=pad).shape[1:]
         r = torch.randn(x.shape[0], *y_shape, generator=g, device=DEV).to(rdt)
-        ops = (Sum(r.to(memory_format=torch.channels_last), 0.75), Eltwise("relu"))
+        ops = (Sum(r.to(memory_format=fmt), 0.75), Eltwise("relu"))
         p = ConvProblem.create("fwd", x.shape, w.shape, dtype=x.dtype, layout="nhwc", device=DEV, padding=pad,
                                has_bias=bias is not None, post_ops=tuple(o.signature() for o in ops))
         tile = replace(gluon_conv.tile_config(p), **over)
         ref = conv_fwd_f64(p, x, w, bias, ops)
-        theirs = apply_post_ops(F.conv2d(x, w, bias, padding=pad).float(), ops).to(x.dtype)
+        theirs = apply_post_ops(conv(x, w, bias, padding=pad).float(), ops).to(x.dtype)
         for planned in (True, False):
             plan = gluon_conv.GluonConvPlan(p, tile, planned)
             for _ in range(2):
                 out = torch.full(p.y_shape, float("nan"), dtype=x.dtype, device=DEV)
-                y = plan(ConvArgs(x=x, w=w, bias=bias, post_ops=ops), out.to(memory_format=torch.channels_last))
+                y = plan(ConvArgs(x=x, w=w, bias=bias, post_ops=ops), out.to(memory_format=fmt))
             assert_close(f"{over} {rdt} bias={bias is not None} planned={planned}", y, theirs, ref)
 
 
