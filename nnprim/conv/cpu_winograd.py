@@ -34,11 +34,16 @@ passes (`_at_*`, 10 ops each for F(4)) write y's strided m x m tile views direct
 the partial last tile row / column as separate regions, outputs past the edge skipped);
 then the post-op chain runs in place on the block of y while it is in cache.
 Every transform operand is channels-innermost (C or K contiguous: long vectorised inner
-loops). nhwc problems read x and write y in place. nchw problems convert on the way: the
-staging copy transposes the block to channels-last, and the output transform writes an
-f32 channels-last block that one copy (fused with a leading residual add) puts into y
-(the nchw-native order has the tile column innermost, 4-14 long: 1.3-2x slower).
-bf16/f16 outputs (and any out_dtype != f32) also go through the f32 block, then one cast.
+loops). nhwc problems read x and write y in place. nchw problems convert on the way, with
+the native transforms as 16 x 16 blocks transposed in registers (issue 16: as strided
+torch copies they cost rn50_r2_3x3 nchw +3 ms over nhwc): the staging transposes the block
+to channels-last (wino_stage), and the output transform writes y's nchw rows in place
+(through a per-tile-row scratch). On the torch-op path the staging is a strided copy and the
+output an f32 channels-last block that one copy (fused with a leading residual add) puts
+into y (the nchw-native order has the tile column innermost, 4-14 long: 1.3-2x slower);
+the plan (WinoPlan.native) says which of the two it sized the workspace for.
+bf16/f16 outputs (and any out_dtype != f32) also go through the f32 block (in y's order on
+the native path), then one cast.
 Threads: one worker on torch's threads (each op and the bmm are parallel). `workers=2`
 (prepare_with) runs the blocks on two Python workers of one thread each: measured 1.5-2x
 slower on this 2-core machine, kept for experiments. Many small ops are this solver's
