@@ -34,11 +34,16 @@ passes (`_at_*`, 10 ops each for F(4)) write y's strided m x m tile views direct
 the partial last tile row / column as separate regions, outputs past the edge skipped);
 then the post-op chain runs in place on the block of y while it is in cache.
 Every transform operand is channels-innermost (C or K contiguous: long vectorised inner
-loops). nhwc problems read x and write y in place. nchw problems convert on the way: the
-staging copy transposes the block to channels-last, and the output transform writes an
-f32 channels-last block that one copy (fused with a leading residual add) puts into y
-(the nchw-native order has the tile column innermost, 4-14 long: 1.3-2x slower).
-bf16/f16 outputs (and any out_dtype != f32) also go through the f32 block, then one cast.
+loops). nhwc problems read x and write y in place. nchw problems convert on the way, with
+the native transforms as 16 x 16 blocks transposed in registers (issue 16: as strided
+torch copies they cost rn50_r2_3x3 nchw +3 ms over nhwc): the staging transposes the block
+to channels-last (wino_stage), and the output transform writes y's nchw rows in place
+(through a per-tile-row scratch). On the torch-op path the staging is a strided copy and the
+output an f32 channels-last block that one copy (fused with a leading residual add) puts
+into y (the nchw-native order has the tile column innermost, 4-14 long: 1.3-2x slower);
+the plan (WinoPlan.native) says which of the two it sized the workspace for.
+bf16/f16 outputs (and any out_dtype != f32) also go through the f32 block (in y's order on
+the native path), then one cast.
 Threads: one worker on torch's threads (each op and the bmm are parallel). `workers=2`
 (prepare_with) runs the blocks on two Python workers of one thread each: measured 1.5-2x
 slower on this 2-core machine, kept for experiments. Many small ops are this solver's
@@ -183,6 +188,7 @@ class WinoPlan:
     nb: int         # most images / tile rows of any block (buffer sizes)
     thb: int
     workers: int    # Python workers, each on one core (1: torch's threads inside each op)
+    native: bool    # native transforms expected when planned: they write nchw f32 outputs in place
 
     def work(self, t: int) -> tuple[WinoBlock, ...]:
         """Worker t's contiguous share of the blocks (balance211)."""
@@ -219,7 +225,7 @@ class WinoPlan:
             "m": a * a * tiles * K,
             "z": m * a * tiles * K + PROGRAMS[m][3] * a * tiles * K,         # out passes + temps
         }
-        if p.out_dtype != F32 or p.layout == "nchw":
+        if p.out_dtype != F32 or (p.layout == "nchw" and not self.native):
             bufs["y"] = nb * K * thb * m * self.TW * m        # whole tiles: one output region
         return bufs
 
@@ -264,7 +270,7 @@ def make_plan(p: ConvProblem, m: int, block_bytes: int | None = None, workers: i
         nb = -(-p.N // -(-p.N // nb))    # even split
         thb = TH
         blocks = [WinoBlock(n, min(p.N, n + nb), 0, TH) for n in range(0, p.N, nb)]
-    return WinoPlan(p, m, TH, TW, tuple(blocks), nb, thb, min(workers, len(blocks)))
+    return WinoPlan(p, m, TH, TW, tuple(blocks), nb, thb, min(workers, len(blocks)), native.expected())
 
 
 # ---- invoker --------------------------------------------------------------------------------
@@ -319,8 +325,20 @@ def _stage(plan: WinoPlan, x: torch.Tensor, blk: WinoBlock, buf: torch.Tensor, z
         P[:, :, pt + H:].zero_()
         P[:, :, :, :pl].zero_()
         P[:, :, :, pl + W:].zero_()
-    P[:, :, pt:pt + H, pl:pl + W].copy_(x[blk.n0:blk.n1])
+    _copy_in(P, x[blk.n0:blk.n1], pt, pl)
     return P
+
+
+def _copy_in(P: torch.Tensor, x: torch.Tensor, pt: int, pl: int) -> None:
+    """P[:, :, pt:pt + H, pl:pl + W] = x (nb, C, H, W) in f32; P is stored channels-last. An
+    nchw x goes through the native blocked transpose (torch's strided copy: 2.4x the time of
+    the nhwc one, 1.46 vs 0.62 ms on rn50_r2_3x3)."""
+    H, W = x.shape[2:]
+    nat = native.ops()
+    if nat is not None and x.stride(3) == 1 and x.stride(1) != 1:
+        nat.wino_stage(x, P.permute(0, 2, 3, 1), pt, pl)
+    else:
+        P[:, :, pt:pt + H, pl:pl + W].copy_(x)
 
 
 def _regions(lo: int, hi: int, out: int, m: int) -> list[tuple[int, int, int]]:
@@ -420,7 +438,9 @@ def _output_transform(plan: WinoPlan, Mp: torch.Tensor, blk: WinoBlock, y: torch
     ydst = y[blk.n0:blk.n1, :, r0:r1]
     nat = native.ops()
     if nat is not None:          # A^T M A (+ bias) per tile in registers, tails cut (cpu_wino_native.py)
-        Yb = _phys_buffer(buf["y"], (nb, K, thn * m, TW * m), NHWC)[:, :, :r1 - r0, :OW] if "y" in buf else ydst
+        # the f32 block (out_dtype != f32) in y's order: the cast is then a contiguous copy
+        order = NHWC if p.layout == "nhwc" else (0, 1, 2, 3)
+        Yb = _phys_buffer(buf["y"], (nb, K, thn * m, TW * m), order)[:, :, :r1 - r0, :OW] if "y" in buf else ydst
         nat.wino_output(Mp, None if bias is None else bias.contiguous(), Yb, m, thn, TW)
         _finish_block(p, Yb, ydst, Block(blk.n0, blk.n1, (r0, 0), (r1, OW)), ops)
         return
@@ -604,7 +624,7 @@ def make_plan3(p: ConvProblem, m: int, block_bytes: int | None = None) -> Wino3P
     rows = max(1, min(TH, block_bytes // row))
     per = -(-TH // -(-TH // rows))       # even split
     blocks = tuple(WinoBlock(0, Dp, t, min(TH, t + per)) for t in range(0, TH, per))
-    return Wino3Plan(p, WinoPlan(p2, m, TH, TW, blocks, Dp, per, 1), p.pad_before[0])
+    return Wino3Plan(p, WinoPlan(p2, m, TH, TW, blocks, Dp, per, 1, native.expected()), p.pad_before[0])
 
 
 def _carve3(plan3: Wino3Plan, ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -631,7 +651,7 @@ def _stage3(plan3: Wino3Plan, xs: torch.Tensor, buf: torch.Tensor, first: bool) 
         P[:, :, pt + H:].zero_()
         P[:, :, :, :pl].zero_()
         P[:, :, :, pl + W:].zero_()
-    P[pd:pd + D, :, pt:pt + H, pl:pl + W].copy_(xs)
+    _copy_in(P[pd:pd + D], xs, pt, pl)
     return P
 
 

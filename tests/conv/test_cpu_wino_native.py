@@ -42,10 +42,13 @@ def test_input_transform_matches_torch_ops(monkeypatch, m, x_shape, K):
 @pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("layout", ["nhwc", "nchw"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_output_transform_matches_torch_ops(monkeypatch, m, layout, bias):
-    """Odd output sizes (partial last tiles), K not a multiple of 16, an f32 y in NHWC
-    (written in place) or NCHW (through the f32 block)."""
-    p, plan, _, buf, g = _setup((2, 5, 11, 7), 19, layout, m)
+@pytest.mark.parametrize("x_shape,K", [((2, 5, 11, 7), 19), ((1, 3, 6, 37), 33)])
+def test_output_transform_matches_torch_ops(monkeypatch, m, layout, bias, x_shape, K):
+    """Odd output sizes (partial last tiles), K not a multiple of 16, rows longer than 16
+    (the nchw path's 16 x 16 transposes, full and masked), an f32 y in NHWC or NCHW (both
+    written in place: a plan with the native transforms has no f32 block)."""
+    p, plan, _, buf, g = _setup(x_shape, K, layout, m)
+    assert "y" not in buf
     b = torch.randn(p.K, generator=g) if bias else None
     for blk in plan.blocks[:3]:
         tiles = blk.nb * (blk.th1 - blk.th0) * plan.TW
@@ -62,6 +65,27 @@ def test_output_transform_matches_torch_ops(monkeypatch, m, layout, bias):
         torch.testing.assert_close(ys[0], ys[1], rtol=1e-5, atol=1e-5, equal_nan=True)
         r0, r1 = plan.m * blk.th0, min(plan.m * blk.th1, p.out_size[0])
         assert not torch.isnan(ys[0][blk.n0:blk.n1, :, r0:r1]).any()
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("x_shape,pad", [((2, 19, 7, 37), (1, 2)), ((1, 33, 3, 16), (0, 0)),
+                                         ((3, 5, 2, 3), (2, 1))])
+def test_stage_nchw(dtype, x_shape, pad):
+    """wino_stage: P[n, pt + h, pl + w, c] = x[n, c, h, w] exactly (conversion to f32 is
+    exact), nothing else of P written; x a strided view (every other channel and image; as
+    the 3-D path's depth slices, channels not outermost)."""
+    g = torch.Generator().manual_seed(sum(x_shape))
+    N, C, H, W = x_shape
+    big = torch.randn(2 * N, 2 * C, H, W, generator=g).to(dtype)
+    x = big[::2, ::2]
+    (pt, pl), (Hp, Wp) = pad, (H + pad[0] + 3, W + pad[1] + 2)
+    for src in (x, big[:N, :C].transpose(0, 1).contiguous().transpose(0, 1)):
+        P = torch.full((N, Hp, Wp, C), float("nan"))
+        native.ops().wino_stage(src, P, pt, pl)
+        want = torch.full_like(P, float("nan"))
+        want[:, pt:pt + H, pl:pl + W] = src.float().permute(0, 2, 3, 1)
+        torch.testing.assert_close(P, want, rtol=0, atol=0, equal_nan=True)
 
 
 def test_switched_off(monkeypatch):

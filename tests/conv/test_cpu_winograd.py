@@ -3,6 +3,7 @@ and output, random never-zero inputs, odd sizes (partial last tiles), padding 0/
 asymmetric, both layouts, F(2x2) and F(4x4), blocks of images and of tile rows, bias +
 post-op chain, out_dtype; the explicit transform programs against winograd_math."""
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,9 @@ CASES = {   # x shape, K, padding
     "pad2_tiny": ((1, 2, 3, 3), 4, 2),
     "asym": ((2, 5, 9, 10), 6, ((2, 0), (1, 2))),
     "exact_tiles": ((3, 8, 10, 10), 8, 1),
+    # more than one 16-wide run of channels, columns and filters, each with a tail: the
+    # native nchw staging and output transposes' full and masked 16 x 16 blocks
+    "wide_tails": ((2, 19, 7, 37), 21, 1),
 }
 
 
@@ -108,6 +112,19 @@ def test_dtypes(layout):
     run((2, 5, 7, 9), 6, layout, 1, 4, dtype=torch.bfloat16)
     run((2, 5, 7, 9), 6, layout, 1, 4, dtype=torch.bfloat16, out_dtype=torch.float32, bias=True, post=_chain)
     run((1, 4, 6, 5), 3, layout, 1, 2, dtype=torch.float16, bias=True, post=_chain, block_bytes=1)
+
+
+@pytest.mark.parametrize("planned_native", [True, False])
+def test_nchw_output_block_either_way(planned_native, poison, monkeypatch):
+    """A plan made without the native transforms keeps an f32 block for nchw outputs
+    (the torch ops write it channels-last, then one copy with the residual fused); made with
+    them, it has none and the native output transform writes y in place. Either plan runs on
+    either transform path (the library can fail to build or appear after planning)."""
+    make_plan = cw.make_plan
+    monkeypatch.setattr(cw, "make_plan", lambda *a, **k: replace(make_plan(*a, **k), native=planned_native))
+    _, plan = run((2, 19, 9, 21), 17, "nchw", 1, 4, bias=True, post=_chain)
+    assert plan.native == planned_native and ("y" in plan.buffers()) != planned_native
+    assert poison[-1] == plan.workspace_bytes()
 
 
 def test_workers_pool():

@@ -42,6 +42,7 @@ CASES = {   # x shape, K, padding
     "no_pad": ((1, 4, 6, 11), 3, 0),
     "pad2": ((1, 2, 4, 3), 4, 2),
     "asym": ((2, 5, 9, 10), 6, ((2, 0), (1, 2))),
+    "wide_tails": ((2, 18, 6, 35), 19, 1),    # > 16 channels, filters, columns: nchw transposes
 }
 
 
@@ -202,6 +203,7 @@ def test_bf16_keeps_the_native_gemm(threads, monkeypatch):
 CASES3 = {   # 3-D: x shape, K, padding (2-D Winograd over (H, W), depth taps as accumulating GEMMs)
     "odd_asym": ((2, 3, 4, 7, 9), 5, ((1, 0), (0, 2), (1, 1))),
     "pad2": ((1, 4, 3, 5, 6), 3, 2),
+    "wide": ((1, 17, 3, 5, 18), 18, 1),
 }
 
 
