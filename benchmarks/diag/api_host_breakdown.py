@@ -5,9 +5,11 @@ whose public-API time sits near the host floor (issue 13: the 1x1 and 7x7 layers
   (what `Context.call` runs after its memo lookup), torch's call;
   bench ms (what `nnprim bench` reports: max(event, host) of one call): ours and torch's;
   graph us: the same calls captured in a CUDA graph and replayed (device time only).
-Then a cProfile of the public call of the first cases. JSON to --out.
+Then a cProfile of the public call of the first cases. --fused: the forward layers of
+FUSED_CASES with bias + Sum(residual) + ReLU (issue 13's fused target; torch's call is the
+conv and the chain as separate ops). JSON to --out.
 
-    PYTHONPATH=$PWD python benchmarks/diag/api_host_breakdown.py --out $OUT/host.json
+    PYTHONPATH=$PWD python benchmarks/diag/api_host_breakdown.py --out $OUT/host.json [--fused]
 """
 from __future__ import annotations
 
@@ -32,6 +34,9 @@ from nnprim.search.timing import bench_ms
 CASES = [("rn50_r5_1x1", "fwd"), ("rn50_r4_1x1", "fwd"), ("rn50_r2_1x1a", "fwd"), ("rn50_r3_1x1", "fwd"),
          ("rn50_r5_1x1", "bwd_data"), ("rn50_r4_1x1b", "bwd_weights"), ("rn50_r3_3x3", "fwd"),
          ("rn50_r5_3x3", "bwd_weights"), ("rn50_r4_3x3", "bwd_data")]
+# the fused layers whose ratio to torch eager stays near 1 (2026-12-03: 14x14 and 7x7 layers)
+FUSED_CASES = [("rn50_r4_3x3", "fwd"), ("rn50_r5_3x3", "fwd"), ("rn50_r4_1x1", "fwd"), ("rn50_r5_1x1", "fwd"),
+               ("rn50_r4_1x1b", "fwd"), ("rn50_r3_3x3", "fwd")]
 
 
 def bound_of(case):
@@ -55,13 +60,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="api_host.json")
     ap.add_argument("--profile", type=int, default=2, help="cProfile the first N cases")
+    ap.add_argument("--fused", action="store_true", help="FUSED_CASES with bias + Sum + ReLU")
     a = ap.parse_args()
+    fused = dict(bias=True, post_ops=("sum", "relu")) if a.fused else {}
     torch.backends.cudnn.benchmark = True
     _, probs = load_suite("conv_gpu")
     specs = {p["name"]: p for p in probs}
     rows = []
-    for i, (name, d) in enumerate(CASES):
-        case = cases.conv_case(specs[name], dtype=torch.bfloat16, device="cuda", direction=d)
+    for i, (name, d) in enumerate(FUSED_CASES if a.fused else CASES):
+        case = cases.conv_case(specs[name], dtype=torch.bfloat16, device="cuda", direction=d, **fused)
         for _ in range(3):
             case.call()
             case.peer()
@@ -71,7 +78,7 @@ def main() -> None:
         for fn in calls.values():
             for _ in range(20):
                 fn()
-        row = dict(name=name, direction=d, solver=b.solver.name)
+        row = dict(name=name, direction=d, solver=b.solver.name, fused=a.fused)
         for _ in range(3):
             for k, fn in calls.items():
                 row.setdefault(f"host_us_{k}", []).append(round(host_us(fn, 200), 2))
