@@ -78,9 +78,11 @@ def poison(monkeypatch):
 @pytest.fixture(params=["amx", "vnni", "plain"])
 def b_layout(request, monkeypatch):
     """amx: the own AMX forward kernel where it applies; vnni: torch's brgemm on VNNI blocks
-    only; plain: oneDNN's GEMM per call (what CPUs without AMX run)."""
-    if request.param != "plain" and not cpu_brgemm.cpu_has_amx():
-        pytest.skip("no AMX: the VNNI paths do not run here")
+    only (what CPUs with avx512_bf16 and no AMX run); plain: the plain-layout brgemm (odd depths)."""
+    if request.param == "amx" and not cpu_brgemm.cpu_has_amx():
+        pytest.skip("no AMX: the AMX kernel does not run here")
+    if request.param == "vnni" and not cpu_brgemm.cpu_has_native_bf16():
+        pytest.skip("no native bf16: the VNNI path does not run here")
     if request.param == "vnni":
         monkeypatch.setattr(cpu_brgemm, "USE_AMX_KERNEL", False)
     if request.param == "plain":
@@ -199,14 +201,22 @@ def test_row_epilogue_post_ops(shape, chain, dtype, res_dtype, res_kind, b_layou
     check(p, args, CpuBrgemmFwd().prepare(p)(args), reference(p, args))
 
 
+def _in_place_expected(shape: str, dtype: torch.dtype) -> bool:
+    """The IN_PLACE shapes in f32 and on the AMX kernel; bf16 without AMX (oneDNN's brgemm on VNNI
+    blocks) also at channel counts off 32s (even: 6, 66)."""
+    if dtype == torch.float32 or cpu_brgemm.cpu_has_amx():
+        return shape in IN_PLACE
+    return cpu_brgemm.cpu_has_native_bf16() and shape in IN_PLACE + ["2d_3x3_pad", "wide_k70"]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", IN_PLACE)
 def test_in_place_chosen(shape, dtype):
-    """The in-place forward runs where it applies (bf16: on the AMX kernel), and not at nchw."""
+    """The in-place forward runs where it applies (bf16: on the AMX kernel, or VNNI blocks without
+    AMX), and not at nchw."""
     xs, ws, kw = SHAPES[shape]
     p = ConvProblem.create("fwd", xs, ws, dtype=dtype, layout="nhwc", **kw)
-    amx = cpu_brgemm.vnni(p) and cpu_brgemm.USE_AMX_KERNEL
-    assert cpu_brgemm._Plan(p).in_place == (dtype == torch.float32 or amx)
+    assert cpu_brgemm._Plan(p).in_place == _in_place_expected(shape, dtype)
     assert not cpu_brgemm._Plan(replace(p, layout="nchw")).in_place
 
 
@@ -247,7 +257,7 @@ def test_in_place_dispatch(shape, dtype, x_kind, monkeypatch):
     monkeypatch.setattr(cpu_brgemm.LIBRARY, "ops", lambda: _Spy(ops, calls))
     out = CpuBrgemmFwd().prepare(p)(args)
     in_place = cpu_brgemm._Plan(p).in_place
-    assert in_place == (shape in IN_PLACE and (dtype == torch.float32 or cpu_brgemm.cpu_has_amx()))
+    assert in_place == _in_place_expected(shape, dtype)
     assert calls == ["conv_fwd_in_place" if in_place and x_kind == "dense" else "conv_fwd"]
     check(p, args, out, reference(p, args))
 
@@ -273,7 +283,7 @@ def test_runs():
 def test_merge_factor():
     """Narrow groups on AMX merge into tile-deep block-diagonal groups."""
     p = ConvProblem.create("fwd", (8, 128, 28, 28), (128, 16, 3, 3), padding=1, groups=8, dtype=torch.bfloat16)
-    assert cpu_brgemm.merge_factor(p) == (2 if cpu_brgemm.vnni(p) else 1)
+    assert cpu_brgemm.merge_factor(p) == (2 if cpu_brgemm.amx(p) else 1)
     q = ConvProblem.create("fwd", (8, 128, 28, 28), (128, 64, 3, 3), padding=1, groups=2, dtype=torch.bfloat16)
     assert cpu_brgemm.merge_factor(q) == 1
 
@@ -281,3 +291,28 @@ def test_merge_factor():
 def test_not_applicable():
     f16 = ConvProblem.create("fwd", (1, 6, 8, 8), (4, 6, 3, 3), dtype=torch.float16)
     assert not CpuBrgemmFwd().is_applicable(f16)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weights"])
+def test_bf16_without_amx_ranks(direction, monkeypatch):
+    """avx512_bf16 without AMX: even GEMM depths take VNNI blocks (oneDNN's vdpbf16ps brgemm, no
+    AMX kernel, no group merging) and rank ahead of the im2col GEMM; an odd depth would run torch's
+    plain-layout scalar loop and ranks behind it."""
+    from nnprim.conv.cpu_gemm import CpuGemmBwdData, CpuGemmBwdWeights, CpuGemmFwd
+    monkeypatch.setattr(cpu_brgemm, "cpu_has_amx", lambda: False)
+    monkeypatch.setattr(cpu_brgemm, "cpu_has_native_bf16", lambda: True)
+    gemm = {"fwd": CpuGemmFwd, "bwd_data": CpuGemmBwdData, "bwd_weights": CpuGemmBwdWeights}[direction]()
+    ours = SOLVERS[direction]()
+    even = ConvProblem.create(direction, (8, 64, 56, 56), (64, 64, 3, 3), padding=1, dtype=torch.bfloat16,
+                              layout="nhwc")
+    assert cpu_brgemm.vnni(even) and not cpu_brgemm.amx(even)
+    assert not cpu_brgemm._Plan(even).amx and cpu_brgemm._Plan(even).vnni
+    assert ours.estimate(even) < gemm.estimate(even)
+    grouped = ConvProblem.create(direction, (8, 128, 28, 28), (128, 16, 3, 3), padding=1, groups=8,
+                                 dtype=torch.bfloat16)
+    assert cpu_brgemm.merge_factor(grouped) == 1
+    if direction != "bwd_weights":     # backward weights' depth is positions (padded to even)
+        odd = ConvProblem.create(direction, (8, 63, 56, 56), (65, 63, 3, 3), padding=1, dtype=torch.bfloat16,
+                                 layout="nhwc")
+        assert not cpu_brgemm.vnni(odd)
+        assert ours.estimate(odd) > gemm.estimate(odd)
