@@ -48,7 +48,7 @@ from ..args import AttnArgs
 from ..native import VNNI_HELPERS, NativeLibrary
 from ..problems.attention import AttentionProblem
 from ..search.solver import register
-from .cpu_flash import _CpuFlashBase, cpu_backward, cpu_forward, plan
+from .cpu_flash import _CpuFlashBase, _native_bf16, cpu_backward, cpu_forward, plan
 
 SOURCE = r"""
 #include <ATen/ATen.h>
@@ -148,11 +148,12 @@ void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const int64_t shift = causal == 2 ? Sk - Sq : 0;
   const float scale = static_cast<float>(scale_d);
   constexpr bool BF = std::is_same_v<T, at::BFloat16>;
-  // VNNI blocks where oneDNN's bf16 brgemm takes them (AMX); else (and when the caller asks:
-  // tests) the plain layout through brgemm's fallback, oneDNN's bf16 -> f32 GEMM
+  // VNNI blocks where oneDNN's bf16 brgemm takes them (the caller asks: AMX or avx512_bf16,
+  // `vnni_packs`); else (and when the caller asks: tests) the plain layout through brgemm's
+  // fallback, oneDNN's bf16 -> f32 GEMM
   // keys_as_rows (few query rows): S^T = K Q^T reads K where it lies, so neither K nor V is
   // copied (the plain path reads V in place too); S comes back by a transpose of the small tile
-  const bool vnni = BF && use_vnni && !keys_as_rows && cb::could_pack(at::kBFloat16);
+  const bool vnni = BF && use_vnni && !keys_as_rows;
   const int64_t nkb = (Sk + NB - 1) / NB, SkP = nkb * NB;
   const int64_t ndv = (Dv + NB - 1) / NB, DvP = ndv * NB;
   const T* qp = q.data_ptr<T>();
@@ -464,7 +465,8 @@ KV_BLOCK = 1024
 # bf16 with K / V in VNNI blocks (AMX): 256 keys per step, the 128 x 256 score tile and its bf16
 # P next to the head's packed K / V in a core's 2 MB L2. Against 1024 on the AMX machine
 # (2026-12-02, 2 threads, torch's SDPA interleaved, S1024 D64 / S2048 D128): 0.81-0.89x ->
-# 0.86-0.97x torch in three runs; f32 keeps 1024 (1.02-1.11x vs 1.00-1.03x with 256)
+# 0.86-0.97x torch in three runs; f32 keeps 1024 (1.02-1.11x vs 1.00-1.03x with 256). VNNI blocks
+# without AMX (AMD EPYC, 2026-12-03, 9 alternated calls): 1024 keys 7.4 / 48.7 ms, 256 7.8 / 51.6
 KV_BLOCK_VNNI = 256
 SHORT_Q = 64        # query rows per head up to which the forward reads K / V in place (keys_as_rows)
 BWD_Q_BLOCK = 64    # backward: a 64 x 256 tile of S, dP, P^T, dS^T per step
@@ -508,9 +510,10 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.
 
 @functools.cache
 def vnni_packs(ops) -> bool:
-    """Whether oneDNN's bf16 brgemm takes VNNI-packed B operands on this CPU (AMX): the forward
-    then packs K / V (one answer per library handle: it is the CPU's)."""
-    return bool(ops.vnni_packs())
+    """Whether oneDNN's bf16 brgemm takes VNNI-packed B operands on this CPU: the forward then
+    packs K / V (one answer per library handle: it is the CPU's). torch's `could_pack` answers
+    for AMX only; with avx512_bf16 alone the micro-kernel (vdpbf16ps) takes them too."""
+    return bool(ops.vnni_packs()) or _native_bf16()
 
 
 def keys_as_rows(problem: AttentionProblem) -> bool:
@@ -534,8 +537,9 @@ def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLO
     lse = _empty((problem.B, problem.Hq, problem.Sq))
     by_keys = keys_as_rows(problem) if by_keys is None else by_keys
     if kv_block is None:
-        packs = vnni and not by_keys and problem.dtype == torch.bfloat16 and vnni_packs(ops)
-        kv_block = KV_BLOCK_VNNI if packs else KV_BLOCK
+        packs = vnni and not by_keys and problem.dtype == torch.bfloat16 and bool(ops.vnni_packs())
+        kv_block = KV_BLOCK_VNNI if packs else KV_BLOCK     # AMX's block; avx512_bf16 alone keeps 1024
+    vnni = vnni and vnni_packs(ops)
     ops.flash_fwd(q, k, v, o, lse, scale, _CAUSAL[problem.causal], problem.inf_as_zero, q_block, kv_block, vnni,
                   by_keys)
     return o, lse
