@@ -13,11 +13,12 @@ with f32 accumulation; elsewhere, and for f32, its plain path, oneDNN's GEMM):
                                l = l e^(m - m') + rowsum P,   acc = acc e^(m - m') + P V
     o = acc / l,  lse = m + log l
 
-On AMX, K^T and V are laid out once per call and (b, kv head) in 64-column VNNI blocks (the B
-layout of oneDNN's bf16 brgemm: K by one SIMD transpose of 32-bit words per block, V by
-interleaving key rows in pairs; zero past Sk and Dv), so every query block and every query
-head of a GQA group reuses them; f32, and bf16 without AMX, read K^T (one SIMD transpose per
-call) and V in place through brgemm's plain path. The softmax runs on ATen's 16-lane vectors
+With bf16 on AMX or avx512_bf16 (`vnni_packs`), K^T and V are laid out once per call and
+(b, kv head) in 64-column VNNI blocks (the B layout of oneDNN's bf16 brgemm: K by one SIMD
+transpose of 32-bit words per block, V by interleaving key rows in pairs; zero past Sk and Dv),
+so every query block and every query head of a GQA group reuses them; f32 reads K^T (one SIMD
+transpose per call) and V in place through brgemm's plain path (for bf16 that path is oneDNN's
+GEMM, which packs B on every call: 2.2-2.5x slower than VNNI blocks on an AMD EPYC). The softmax runs on ATen's 16-lane vectors
 while the tile is in cache; P is rounded to bf16 for the P V product in bf16 problems (as
 torch's kernel does). f32 takes ATen's `exp_u20` (o within ~4e-7 of float64); bf16 its faster
 `fexp_u20` (~5e-5 relative: lse within ~3e-5 of float64, far below bf16's rounding).
@@ -27,8 +28,9 @@ atomics and dQ accumulates in place: K^T and V^T once per head (fbgemm's SIMD tr
 per key block of 256 keys and block of 64 query rows S = Q K^T and dP = dO V^T (f32),
 P = exp(scale S - lse), dS = P (dP - D) with D = rowsum(dO O) (0 on rows that see no key),
 and dV += P^T dO, dK += dS^T Q, dQ += dS K with P and dS in the input dtype (transposed by
-the same SIMD transpose): the GEMMs through brgemm's plain (non-VNNI) path, i.e. oneDNN's
-bf16 x bf16 -> f32 / f32 GEMMs.
+the same SIMD transpose): f32 through brgemm's plain path (oneDNN's GEMM); bf16 where
+`vnni_packs` with every B operand in VNNI blocks, packed once per (b, kv head): K^T and V^T as
+the forward's K, the rows of K, Q and dO in pairs (an odd query or key tail padded with zeros).
 
 Covers: f32 and bf16, GQA/MQA, causal (both alignments), no mask, float scale (inverted or
 not), softmax_inf_as_zero, return_lse, last dims contiguous (any other strides). Rows that
