@@ -200,12 +200,15 @@ def reads_in_place(p: ConvProblem) -> bool:
     no right border (2 O <= W). Stride 1: a block of lines is one run of x's positions, the
     staged kernel's depth-3C GEMM on it, its border columns (first, last of each line) apart;
     at least 2 columns, a right pad of 0 or 1. One group; bf16 on the AMX kernel (channels in
-    32s) or, without AMX, oneDNN's brgemm on VNNI blocks (even channel counts), or f32."""
+    32s) or, without AMX, oneDNN's brgemm on VNNI blocks (even channel counts), or f32. Without
+    AMX, bf16 nchw too: x and y through whole-image SIMD transposes (`transpose_images`), which
+    beats the staged kernel's junk grid positions (rn50_r4: 14 x 14 outputs on a 16 x 16 grid)."""
     amx_kernel = amx(p) and USE_AMX_KERNEL and p.C % 32 == 0
     vnni_brgemm = vnni(p) and not cpu_has_amx()
+    layout = p.layout == "nhwc" or (p.layout == "nchw" and vnni_brgemm)
     s, w, o = p.stride[-1], p.in_size[-1], p.out_size[-1]
     fits = 2 * o <= w if s == 2 else s == 1 and w >= 2 and p.pad_after[-1] in (0, 1)
-    return (p.direction == "fwd" and (amx_kernel or vnni_brgemm or p.dtype == F32) and p.groups == 1 and p.layout == "nhwc"
+    return (p.direction == "fwd" and (amx_kernel or vnni_brgemm or p.dtype == F32) and p.groups == 1 and layout
             and p.filter[-1] == 3 and p.dilation[-1] == 1 and p.pad_before[-1] == 1 and fits)
 
 
@@ -457,6 +460,11 @@ def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
         odt = F32 if args.post_ops or p.out_dtype not in (p.dtype, F32) else p.out_dtype
         out = plan.out_buffer(ws, (p.N, *p.out_size, p.K), odt)
     x5 = _five(physical(args.x.to(p.dtype), "nhwc")) if plan.in_place else None
+    if x5 is not None and p.layout == "nchw":      # x as dense nhwc images in the staging space
+        S = math.prod(p.in_size)
+        xs = ws[:p.N * S * p.C * p.dtype.itemsize].view(p.dtype).view(p.N, S, p.C)
+        ops.transpose_images(args.x.to(p.dtype).contiguous().view(p.N, p.C, S), xs)
+        x5 = _five(xs.view(p.N, *p.in_size, p.C))
     if x5 is not None and x5.stride(4) == 1 and x5.stride(3) == p.C:
         ops.conv_fwd_in_place(x5, wp, _five(out), bias, plan.lead, p.stride[-1], **(rows or {}), use_amx=plan.amx)
     else:
@@ -467,7 +475,11 @@ def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     if args.post_ops:
         acc = logical(out, "nhwc").unsqueeze(1)           # (N, 1, K, out..)
         apply_post_ops_block(acc, Block(0, p.N, (0,) * p.ndim, tuple(p.out_size)), 1, None, args.post_ops)
-    y.copy_(logical(out, "nhwc"))
+    if p.layout == "nchw" and out.dtype == y.dtype and y.is_contiguous():
+        S = math.prod(p.out_size)
+        ops.transpose_images(out.view(p.N, S, p.K), y.view(p.N, p.K, S))
+    else:
+        y.copy_(logical(out, "nhwc"))
     return y
 
 
@@ -589,8 +601,9 @@ class _CpuBrgemmBase(Solver):
         """Bytes the staging copies move: x's phase rows (none where the forward reads x in
         place) and the position-major output."""
         _, _, ut = tap_grid(p)
-        if reads_in_place(p):
-            return p.N * math.prod(p.out_size) * p.K * p.dtype.itemsize
+        if reads_in_place(p):     # nchw: x and y transposed once each
+            return (p.N * math.prod(p.out_size) * p.K * (1 + (p.layout == "nchw"))
+                    + (p.layout == "nchw") * p.N * math.prod(p.in_size) * p.C) * p.dtype.itemsize
         return (len(phase_list(p)) * _stage_rows(p, p.N * ut) * p.C + p.N * ut * p.K) * p.dtype.itemsize
 
     def estimate(self, p: ConvProblem) -> float:

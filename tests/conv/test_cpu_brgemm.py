@@ -213,11 +213,29 @@ def _in_place_expected(shape: str, dtype: torch.dtype) -> bool:
 @pytest.mark.parametrize("shape", IN_PLACE)
 def test_in_place_chosen(shape, dtype):
     """The in-place forward runs where it applies (bf16: on the AMX kernel, or VNNI blocks without
-    AMX), and not at nchw."""
+    AMX), and at nchw only for bf16 without AMX (x and y transposed whole)."""
     xs, ws, kw = SHAPES[shape]
     p = ConvProblem.create("fwd", xs, ws, dtype=dtype, layout="nhwc", **kw)
     assert cpu_brgemm._Plan(p).in_place == _in_place_expected(shape, dtype)
-    assert not cpu_brgemm._Plan(replace(p, layout="nchw")).in_place
+    nchw = dtype == torch.bfloat16 and not cpu_brgemm.cpu_has_amx() and _in_place_expected(shape, dtype)
+    assert cpu_brgemm._Plan(replace(p, layout="nchw")).in_place == nchw
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", IN_PLACE + ["2d_3x3_pad", "wide_k70", "s1_pad2_staged"])
+@pytest.mark.parametrize("post", ["none", "sum_relu"])
+def test_nchw_forward(shape, dtype, post):
+    """nchw forward (bf16 without AMX: in place between two whole-image transposes; else staged)
+    against float64: outputs poisoned, x sliced (non-contiguous), bias, Sum + ReLU on the f32 block."""
+    xs, ws, kw = SHAPES[shape]
+    y_shape = ConvProblem.create("fwd", xs, ws, dtype=dtype, **kw).y_shape
+    ops = (Sum(torch.randn(y_shape).to(dtype), 0.5), Eltwise("relu")) if post != "none" else ()
+    p = ConvProblem.create("fwd", xs, ws, dtype=dtype, layout="nchw", has_bias=True, post_ops=ops, **kw)
+    _, args = make("fwd", xs, ws, "nchw", dtype, **kw)
+    wide = torch.randn(xs[0], xs[1] + 2, *xs[2:]).to(dtype)
+    wide[:, 1:xs[1] + 1] = args.x
+    args = ConvArgs(x=wide[:, 1:xs[1] + 1], w=args.w, bias=torch.randn(p.K).to(dtype), post_ops=ops)
+    check(p, args, CpuBrgemmFwd().prepare(p)(args), reference(p, args))
 
 
 class _Spy:
