@@ -579,6 +579,28 @@ _GBS_PER_CORE = 8.0       # staging copies
 _CALL_US = 0.6            # per brgemm call
 
 
+def fwd_twin(p: ConvProblem) -> ConvProblem | None:
+    """Stride-1 backward data as the forward of dy with the filter transposed (K <-> C) and
+    rotated by 180 degrees, padded by F - 1 - pad: where that forward reads its input in place
+    (bf16 without AMX; a 3-wide, pad-1 last dim), it computes no junk grid positions, which the
+    phase kernel does (rn50_r4: 16 x 16 per 14 x 14, c3d_small 1.43x); None elsewhere."""
+    if (p.direction != "bwd_data" or p.groups != 1 or any(s != 1 for s in p.stride) or any(d != 1 for d in p.dilation)
+            or not vnni(p) or cpu_has_amx() or p.post_ops):
+        return None
+    pad = [(f - 1 - a, f - 1 - b) for f, a, b in zip(p.filter, p.pad_before, p.pad_after)]
+    if any(a < 0 or b < 0 for a, b in pad):
+        return None
+    q = ConvProblem.create("fwd", p.y_shape, (p.C, p.K, *p.filter), padding=pad, dtype=p.dtype, layout=p.layout,
+                           out_dtype=p.out_dtype)
+    return q if tuple(q.y_shape) == tuple(p.x_shape) and reads_in_place(q) and _Plan(q).in_place else None
+
+
+def twin_weights(p: ConvProblem, w: torch.Tensor) -> torch.Tensor:
+    """The forward twin's filter: W'[c, k] = W[k, c] rotated by 180 degrees, in p's layout."""
+    dims = tuple(range(2, 2 + p.ndim))
+    return to_layout(w.to(p.dtype).transpose(0, 1).flip(dims), p.layout)
+
+
 class _CpuBrgemmBase(Solver):
     family = "implicit_gemm"
     primitive = "conv"
@@ -634,9 +656,18 @@ class _CpuBrgemmBase(Solver):
         return t * 1e3 + calls * _CALL_US * 1e-3 / cores
 
     def workspace_size(self, p: ConvProblem) -> int:
-        return _Plan(merged(p)[0]).workspace_bytes
+        twin = fwd_twin(p)
+        return _Plan(twin if twin is not None else merged(p)[0]).workspace_bytes
 
     def prepare(self, p: ConvProblem):
+        twin = fwd_twin(p)
+        if twin is not None:
+            tplan = _Plan(twin)
+
+            def invoke_twin(args: ConvArgs) -> torch.Tensor:
+                with workspace(tplan.workspace_bytes) as ws:
+                    return brgemm_fwd(tplan, ConvArgs(x=args.dy, w=twin_weights(p, args.w)), ws)
+            return invoke_twin
         pm, m = merged(p)
         fn, plan = _RUN[p.direction], _Plan(pm)
 

@@ -334,3 +334,24 @@ def test_bf16_without_amx_ranks(direction, monkeypatch):
                                  layout="nhwc")
         assert not cpu_brgemm.vnni(odd)
         assert ours.estimate(odd) > gemm.estimate(odd)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("shape", ["s1_in_place", "s1_in_place_3d", "s1_in_place_1d", "s1_in_place_w2", "wide_k70",
+                                   "2d_3x3_pad", "amx_c64_k40", "s1_pad2_staged", "s2_in_place"])
+def test_bwd_data_forward_twin(shape, layout):
+    """Stride-1 backward data as the in-place forward of dy with the transposed, rotated filter
+    (bf16 without AMX): taken exactly where that forward reads in place, and against float64
+    (dx poisoned, dy sliced from a wider buffer)."""
+    xs, ws, kw = SHAPES[shape]
+    p = ConvProblem.create("bwd_data", xs, ws, dtype=torch.bfloat16, layout=layout, **kw)
+    twin = cpu_brgemm.fwd_twin(p)
+    s1 = all(s == 1 for s in p.stride) and all(d == 1 for d in p.dilation)
+    expect = s1 and cpu_brgemm.cpu_has_native_bf16() and not cpu_brgemm.cpu_has_amx()   # pad (1, 2): twin pad (1, 0)
+    assert (twin is not None) == expect
+    _, args = make("bwd_data", xs, ws, layout, torch.bfloat16, **kw)
+    dy = args.dy
+    wide = torch.randn(dy.shape[0], dy.shape[1] + 2, *dy.shape[2:]).bfloat16()
+    wide[:, 1:dy.shape[1] + 1] = dy
+    args = ConvArgs(x=args.x, w=args.w, dy=wide[:, 1:dy.shape[1] + 1])
+    check(p, args, CpuBrgemmBwdData().prepare(p)(args), reference(p, args))
