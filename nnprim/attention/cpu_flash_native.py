@@ -13,11 +13,12 @@ with f32 accumulation; elsewhere, and for f32, its plain path, oneDNN's GEMM):
                                l = l e^(m - m') + rowsum P,   acc = acc e^(m - m') + P V
     o = acc / l,  lse = m + log l
 
-On AMX, K^T and V are laid out once per call and (b, kv head) in 64-column VNNI blocks (the B
-layout of oneDNN's bf16 brgemm: K by one SIMD transpose of 32-bit words per block, V by
-interleaving key rows in pairs; zero past Sk and Dv), so every query block and every query
-head of a GQA group reuses them; f32, and bf16 without AMX, read K^T (one SIMD transpose per
-call) and V in place through brgemm's plain path. The softmax runs on ATen's 16-lane vectors
+With bf16 on AMX or avx512_bf16 (`vnni_packs`), K^T and V are laid out once per call and
+(b, kv head) in 64-column VNNI blocks (the B layout of oneDNN's bf16 brgemm: K by one SIMD
+transpose of 32-bit words per block, V by interleaving key rows in pairs; zero past Sk and Dv),
+so every query block and every query head of a GQA group reuses them; f32 reads K^T (one SIMD
+transpose per call) and V in place through brgemm's plain path (for bf16 that path is oneDNN's
+GEMM, which packs B on every call: 2.2-2.5x slower than VNNI blocks on an AMD EPYC). The softmax runs on ATen's 16-lane vectors
 while the tile is in cache; P is rounded to bf16 for the P V product in bf16 problems (as
 torch's kernel does). f32 takes ATen's `exp_u20` (o within ~4e-7 of float64); bf16 its faster
 `fexp_u20` (~5e-5 relative: lse within ~3e-5 of float64, far below bf16's rounding).
@@ -27,8 +28,9 @@ atomics and dQ accumulates in place: K^T and V^T once per head (fbgemm's SIMD tr
 per key block of 256 keys and block of 64 query rows S = Q K^T and dP = dO V^T (f32),
 P = exp(scale S - lse), dS = P (dP - D) with D = rowsum(dO O) (0 on rows that see no key),
 and dV += P^T dO, dK += dS^T Q, dQ += dS K with P and dS in the input dtype (transposed by
-the same SIMD transpose): the GEMMs through brgemm's plain (non-VNNI) path, i.e. oneDNN's
-bf16 x bf16 -> f32 / f32 GEMMs.
+the same SIMD transpose): f32 through brgemm's plain path (oneDNN's GEMM); bf16 where
+`vnni_packs` with every B operand in VNNI blocks, packed once per (b, kv head): K^T and V^T as
+the forward's K, the rows of K, Q and dO in pairs (an odd query or key tail padded with zeros).
 
 Covers: f32 and bf16, GQA/MQA, causal (both alignments), no mask, float scale (inverted or
 not), softmax_inf_as_zero, return_lse, last dims contiguous (any other strides). Rows that
@@ -48,7 +50,7 @@ from ..args import AttnArgs
 from ..native import VNNI_HELPERS, NativeLibrary
 from ..problems.attention import AttentionProblem
 from ..search.solver import register
-from .cpu_flash import _CpuFlashBase, cpu_backward, cpu_forward, plan
+from .cpu_flash import _CpuFlashBase, _native_bf16, cpu_backward, cpu_forward, plan
 
 SOURCE = r"""
 #include <ATen/ATen.h>
@@ -148,11 +150,12 @@ void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const int64_t shift = causal == 2 ? Sk - Sq : 0;
   const float scale = static_cast<float>(scale_d);
   constexpr bool BF = std::is_same_v<T, at::BFloat16>;
-  // VNNI blocks where oneDNN's bf16 brgemm takes them (AMX); else (and when the caller asks:
-  // tests) the plain layout through brgemm's fallback, oneDNN's bf16 -> f32 GEMM
+  // VNNI blocks where oneDNN's bf16 brgemm takes them (the caller asks: AMX or avx512_bf16,
+  // `vnni_packs`); else (and when the caller asks: tests) the plain layout through brgemm's
+  // fallback, oneDNN's bf16 -> f32 GEMM
   // keys_as_rows (few query rows): S^T = K Q^T reads K where it lies, so neither K nor V is
   // copied (the plain path reads V in place too); S comes back by a transpose of the small tile
-  const bool vnni = BF && use_vnni && !keys_as_rows && cb::could_pack(at::kBFloat16);
+  const bool vnni = BF && use_vnni && !keys_as_rows;
   const int64_t nkb = (Sk + NB - 1) / NB, SkP = nkb * NB;
   const int64_t ndv = (Dv + NB - 1) / NB, DvP = ndv * NB;
   const T* qp = q.data_ptr<T>();
@@ -314,11 +317,20 @@ inline void to_t_transposed(const float* x, int64_t rows, int64_t cols, int64_t 
 template <typename T>
 void flash_bwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
                     const at::Tensor& lse, const at::Tensor& delta, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
-                    double scale_d, int64_t causal, int64_t QB, int64_t KB) {
+                    double scale_d, int64_t causal, int64_t QB, int64_t KB, bool use_vnni) {
   // q, dout (B, Hq, Sq, D / Dv), k, v (B, Hkv, Sk, D / Dv): last dims contiguous; lse, delta
   // (B, Hq, Sq) f32 contiguous (delta 0 on rows that see no key); dq, dk, dv f32 contiguous
   const int64_t B = q.size(0), Hq = q.size(1), Sq = q.size(2), D = q.size(3);
   const int64_t Hkv = k.size(1), Sk = k.size(2), Dv = v.size(3), G = Hq / Hkv;
+  // bf16 with every B operand in VNNI blocks of 64 columns (the caller asks where oneDNN's brgemm
+  // takes them: AMX or avx512_bf16; its plain bf16 path is oneDNN's GEMM, which packs B per call),
+  // per (b, kv head): K^T and V^T as the forward's K (32-bit words transposed: S, dP), K's rows
+  // in pairs (dQ), and the G heads' Q and dO rows in pairs (dK, dV); odd depths (a query block's
+  // or key block's tail) padded with a zero row / column
+  constexpr bool BF = std::is_same_v<T, at::BFloat16>;
+  const bool vnni = BF && use_vnni;
+  const int64_t nkb = (Sk + NB - 1) / NB, ndk = (D + NB - 1) / NB, ndv = (Dv + NB - 1) / NB;
+  const int64_t SkE = round_up(Sk, 2), SqE = round_up(Sq, 2);
   const int64_t shift = causal == 2 ? Sk - Sq : 0;
   const float scale = static_cast<float>(scale_d);
   using Bits = std::conditional_t<std::is_same_v<T, float>, float, uint16_t>;
@@ -338,16 +350,52 @@ void flash_bwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   // one (b, kv head) per work item: its dK, dV sum over the G query heads without atomics, and
   // its G heads' dQ accumulate in dq itself (no other item writes them)
   at::parallel_for(0, B * Hkv, 1, [&](int64_t s, int64_t e) {
-    std::vector<T> kt(D * Sk), vt(Dv * Sk), tmp(QB * KB), pt(KB * QB), dst(KB * QB), dsb(QB * KB);
-    std::vector<float> S(QB * KB), dP(QB * KB), dka(KB * D), dva(KB * Dv);
+    std::vector<T> kt(vnni ? 0 : D * Sk), vt(vnni ? 0 : Dv * Sk), tmp((QB + 1) * KB), pt(KB * (QB + 1)),
+        dst(KB * (QB + 1)), dsb(QB * (KB + 1));
+    std::vector<T> kw(vnni ? nkb * D * NB : 0), vw(vnni ? nkb * Dv * NB : 0), kr(vnni ? ndk * SkE * NB : 0),
+        qr(vnni ? G * ndk * SqE * NB : 0), dor(vnni ? G * ndv * SqE * NB : 0);
+    std::vector<float> S((QB + 1) * KB), dP((QB + 1) * KB), dka(KB * D), dva(KB * Dv);
+    // rows [0, n) of src (row stride ld, cols columns) in pairs, 64-column blocks of R rows: dst
+    // [cols/64][R][64] (R even; rows past n zero)
+    auto pairs = [&](const T* src, int64_t ld, int64_t n, int64_t cols, int64_t R, T* dst) {
+      for (int64_t j = 0; j * NB < cols; ++j) {
+        const int64_t nn = std::min(NB, cols - j * NB);
+        const uint16_t* sp = reinterpret_cast<const uint16_t*>(src + j * NB);
+        for (int64_t r = 0; r < R; r += 2) {
+          uint16_t* d = reinterpret_cast<uint16_t*>(dst + (j * R + r) * NB);
+          nnprim_native::interleave_rows(r < n ? sp + r * ld : nullptr, r + 1 < n ? sp + (r + 1) * ld : nullptr, d, nn);
+          if (nn < NB) std::memset(d + 2 * nn, 0, (NB - nn) * 2 * sizeof(uint16_t));
+        }
+      }
+    };
+    // rows of src (Sk x cols) as 32-bit words transposed per 64 rows: dst [nkb][cols][64] (zero past Sk)
+    auto words_t = [&](const T* src, int64_t ld, int64_t cols, T* dst) {
+      for (int64_t blk = 0; blk < nkb; ++blk) {
+        const int64_t nn = std::min(NB, Sk - blk * NB);
+        T* d = dst + blk * cols * NB;
+        if (nn < NB) std::memset(d, 0, cols * NB * sizeof(T));
+        fbgemm::transpose_simd<float>(nn, cols / 2, reinterpret_cast<const float*>(src + blk * NB * ld), ld / 2,
+                                      reinterpret_cast<float*>(d), NB);
+      }
+    };
     for (int64_t w = s; w < e; ++w) {
       const int64_t b = w / Hkv, h = w % Hkv;
       const T* kh = kp + b * ks0 + h * ks1;
       const T* vh = vp + b * vs0 + h * vs1;
-      fbgemm::transpose_simd<Bits>(Sk, D, reinterpret_cast<const Bits*>(kh), ks2, reinterpret_cast<Bits*>(kt.data()),
-                                   Sk);
-      fbgemm::transpose_simd<Bits>(Sk, Dv, reinterpret_cast<const Bits*>(vh), vs2,
-                                   reinterpret_cast<Bits*>(vt.data()), Sk);
+      if (vnni) {
+        words_t(kh, ks2, D, kw.data());
+        words_t(vh, vs2, Dv, vw.data());
+        pairs(kh, ks2, Sk, D, SkE, kr.data());
+        for (int64_t g = 0; g < G; ++g) {
+          pairs(qp + b * qs0 + (h * G + g) * qs1, qs2, Sq, D, SqE, qr.data() + g * ndk * SqE * NB);
+          pairs(dop + b * ds0 + (h * G + g) * ds1, ds2, Sq, Dv, SqE, dor.data() + g * ndv * SqE * NB);
+        }
+      } else {
+        fbgemm::transpose_simd<Bits>(Sk, D, reinterpret_cast<const Bits*>(kh), ks2,
+                                     reinterpret_cast<Bits*>(kt.data()), Sk);
+        fbgemm::transpose_simd<Bits>(Sk, Dv, reinterpret_cast<const Bits*>(vh), vs2,
+                                     reinterpret_cast<Bits*>(vt.data()), Sk);
+      }
       for (int64_t g = 0; g < G; ++g)
         std::fill(dqp + ((b * Hq + h * G + g) * Sq) * D, dqp + ((b * Hq + h * G + g + 1) * Sq) * D, 0.f);
       for (int64_t k0 = 0; k0 < Sk; k0 += KB) {
@@ -362,8 +410,16 @@ void flash_bwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
             const int64_t M = std::min(QB, Sq - r0);
             const T* qi = qp + b * qs0 + hq * qs1 + r0 * qs2;
             const T* doi = dop + b * ds0 + hq * ds1 + r0 * ds2;
-            cb::brgemm(M, nk, D, qs2, Sk, KB, false, qi, kt.data() + k0, S.data(), false);
-            cb::brgemm(M, nk, Dv, ds2, Sk, KB, false, doi, vt.data() + k0, dP.data(), false);
+            if (vnni) {
+              for (int64_t c = 0; c < nk; c += NB) {
+                cb::brgemm(M, NB, D, qs2, NB, KB, false, qi, kw.data() + (k0 + c) / NB * D * NB, S.data() + c, true);
+                cb::brgemm(M, NB, Dv, ds2, NB, KB, false, doi, vw.data() + (k0 + c) / NB * Dv * NB, dP.data() + c,
+                           true);
+              }
+            } else {
+              cb::brgemm(M, nk, D, qs2, Sk, KB, false, qi, kt.data() + k0, S.data(), false);
+              cb::brgemm(M, nk, Dv, ds2, Sk, KB, false, doi, vt.data() + k0, dP.data(), false);
+            }
             for (int64_t i = 0; i < M; ++i) {
               float* srow = S.data() + i * KB;
               float* prow = dP.data() + i * KB;
@@ -386,12 +442,37 @@ void flash_bwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
               for (; j < nk; ++j) srow[j] = prow[j] = 0.f;
             }
             // dV += P^T dO, dK += dS^T Q, dQ += dS K (P and dS in the input dtype)
-            to_t_transposed(S.data(), M, nk, KB, tmp.data(), pt.data());
-            to_t_transposed(dP.data(), M, nk, KB, tmp.data(), dst.data());
-            for (int64_t i = 0; i < M; ++i) at::vec::convert(dP.data() + i * KB, dsb.data() + i * nk, nk);
-            cb::brgemm(nk, Dv, M, M, ds2, Dv, true, pt.data(), doi, dva.data(), false);
-            cb::brgemm(nk, D, M, M, qs2, D, true, dst.data(), qi, dka.data(), false);
-            cb::brgemm(M, D, nk, nk, ks2, D, true, dsb.data(), kh + k0 * ks2, dqp + (bhq * Sq + r0) * D, false);
+            if (vnni) {     // depths M and nk made even by a zero row of P / dS and a zero column of dS
+              const int64_t Mp = round_up(M, 2), nkE = round_up(nk, 2);
+              if (Mp > M) {
+                std::fill(S.data() + M * KB, S.data() + M * KB + nk, 0.f);
+                std::fill(dP.data() + M * KB, dP.data() + M * KB + nk, 0.f);
+              }
+              to_t_transposed(S.data(), Mp, nk, KB, tmp.data(), pt.data());
+              to_t_transposed(dP.data(), Mp, nk, KB, tmp.data(), dst.data());
+              for (int64_t i = 0; i < M; ++i) {
+                at::vec::convert(dP.data() + i * KB, dsb.data() + i * nkE, nk);
+                if (nkE > nk) dsb[i * nkE + nk] = static_cast<T>(0.f);
+              }
+              const T* qg = qr.data() + g * ndk * SqE * NB;
+              const T* dog = dor.data() + g * ndv * SqE * NB;
+              for (int64_t j = 0; j < ndv; ++j)
+                cb::brgemm(nk, std::min(NB, Dv - j * NB), Mp, Mp, NB, Dv, true, pt.data(), dog + (j * SqE + r0) * NB,
+                           dva.data() + j * NB, true);
+              for (int64_t j = 0; j < ndk; ++j) {
+                cb::brgemm(nk, std::min(NB, D - j * NB), Mp, Mp, NB, D, true, dst.data(), qg + (j * SqE + r0) * NB,
+                           dka.data() + j * NB, true);
+                cb::brgemm(M, std::min(NB, D - j * NB), nkE, nkE, NB, D, true, dsb.data(),
+                           kr.data() + (j * SkE + k0) * NB, dqp + (bhq * Sq + r0) * D + j * NB, true);
+              }
+            } else {
+              to_t_transposed(S.data(), M, nk, KB, tmp.data(), pt.data());
+              to_t_transposed(dP.data(), M, nk, KB, tmp.data(), dst.data());
+              for (int64_t i = 0; i < M; ++i) at::vec::convert(dP.data() + i * KB, dsb.data() + i * nk, nk);
+              cb::brgemm(nk, Dv, M, M, ds2, Dv, true, pt.data(), doi, dva.data(), false);
+              cb::brgemm(nk, D, M, M, qs2, D, true, dst.data(), qi, dka.data(), false);
+              cb::brgemm(M, D, nk, nk, ks2, D, true, dsb.data(), kh + k0 * ks2, dqp + (bhq * Sq + r0) * D, false);
+            }
           }
         }
         float* dkrow = dkp + ((b * Hkv + h) * Sk + k0) * D;
@@ -403,20 +484,22 @@ void flash_bwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
         for (int64_t x = 0; x < Sq * D; ++x) d[x] *= scale;
       }
     }
+    if (vnni) cb::brgemm_release(true);
   });
 }
 
 void flash_bwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
                const at::Tensor& lse, const at::Tensor& delta, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
-               double scale, int64_t causal, int64_t q_block, int64_t kv_block) {
+               double scale, int64_t causal, int64_t q_block, int64_t kv_block, bool use_vnni) {
+  TORCH_CHECK(!use_vnni || (kv_block % NB == 0 && q_block % 2 == 0), "flash_bwd: VNNI needs 64-key blocks, even q blocks");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1 && dout.stride(3) == 1,
               "last dims must be contiguous");
   TORCH_CHECK(lse.is_contiguous() && delta.is_contiguous() && dq.is_contiguous() && dk.is_contiguous() &&
               dv.is_contiguous(), "lse, delta, dq, dk, dv: contiguous");
   if (q.scalar_type() == at::kBFloat16)
-    flash_bwd_impl<at::BFloat16>(q, k, v, dout, lse, delta, dq, dk, dv, scale, causal, q_block, kv_block);
+    flash_bwd_impl<at::BFloat16>(q, k, v, dout, lse, delta, dq, dk, dv, scale, causal, q_block, kv_block, use_vnni);
   else if (q.scalar_type() == at::kFloat)
-    flash_bwd_impl<float>(q, k, v, dout, lse, delta, dq, dk, dv, scale, causal, q_block, kv_block);
+    flash_bwd_impl<float>(q, k, v, dout, lse, delta, dq, dk, dv, scale, causal, q_block, kv_block, false);
   else
     TORCH_CHECK(false, "flash_bwd: bf16 or f32");
 }
@@ -444,7 +527,7 @@ TORCH_LIBRARY(nnprim_cpu_attn, m) {
   m.def("flash_fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor(b!) lse, float scale, int causal, "
         "bool inf_as_zero, int q_block, int kv_block, bool use_vnni, bool keys_as_rows=False) -> ()");
   m.def("flash_bwd(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor lse, Tensor delta, Tensor(a!) dq, "
-        "Tensor(b!) dk, Tensor(c!) dv, float scale, int causal, int q_block, int kv_block) -> ()");
+        "Tensor(b!) dk, Tensor(c!) dv, float scale, int causal, int q_block, int kv_block, bool use_vnni=False) -> ()");
 }
 TORCH_LIBRARY_IMPL(nnprim_cpu_attn, CPU, m) {
   m.impl("flash_fwd", &flash_fwd);
@@ -464,7 +547,8 @@ KV_BLOCK = 1024
 # bf16 with K / V in VNNI blocks (AMX): 256 keys per step, the 128 x 256 score tile and its bf16
 # P next to the head's packed K / V in a core's 2 MB L2. Against 1024 on the AMX machine
 # (2026-12-02, 2 threads, torch's SDPA interleaved, S1024 D64 / S2048 D128): 0.81-0.89x ->
-# 0.86-0.97x torch in three runs; f32 keeps 1024 (1.02-1.11x vs 1.00-1.03x with 256)
+# 0.86-0.97x torch in three runs; f32 keeps 1024 (1.02-1.11x vs 1.00-1.03x with 256). VNNI blocks
+# without AMX (AMD EPYC, 2026-12-03, 9 alternated calls): 1024 keys 7.4 / 48.7 ms, 256 7.8 / 51.6
 KV_BLOCK_VNNI = 256
 SHORT_Q = 64        # query rows per head up to which the forward reads K / V in place (keys_as_rows)
 BWD_Q_BLOCK = 64    # backward: a 64 x 256 tile of S, dP, P^T, dS^T per step
@@ -508,9 +592,10 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.
 
 @functools.cache
 def vnni_packs(ops) -> bool:
-    """Whether oneDNN's bf16 brgemm takes VNNI-packed B operands on this CPU (AMX): the forward
-    then packs K / V (one answer per library handle: it is the CPU's)."""
-    return bool(ops.vnni_packs())
+    """Whether oneDNN's bf16 brgemm takes VNNI-packed B operands on this CPU: the forward then
+    packs K / V (one answer per library handle: it is the CPU's). torch's `could_pack` answers
+    for AMX only; with avx512_bf16 alone the micro-kernel (vdpbf16ps) takes them too."""
+    return bool(ops.vnni_packs()) or _native_bf16()
 
 
 def keys_as_rows(problem: AttentionProblem) -> bool:
@@ -534,16 +619,19 @@ def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLO
     lse = _empty((problem.B, problem.Hq, problem.Sq))
     by_keys = keys_as_rows(problem) if by_keys is None else by_keys
     if kv_block is None:
-        packs = vnni and not by_keys and problem.dtype == torch.bfloat16 and vnni_packs(ops)
-        kv_block = KV_BLOCK_VNNI if packs else KV_BLOCK
+        packs = vnni and not by_keys and problem.dtype == torch.bfloat16 and bool(ops.vnni_packs())
+        kv_block = KV_BLOCK_VNNI if packs else KV_BLOCK     # AMX's block; avx512_bf16 alone keeps 1024
+    vnni = vnni and vnni_packs(ops)
     ops.flash_fwd(q, k, v, o, lse, scale, _CAUSAL[problem.causal], problem.inf_as_zero, q_block, kv_block, vnni,
                   by_keys)
     return o, lse
 
 
 def backward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = BWD_Q_BLOCK,
-             kv_block: int = BWD_KV_BLOCK) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) in q's, k's, v's dtypes from args.do, args.o, args.lse."""
+             kv_block: int = BWD_KV_BLOCK, vnni: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in q's, k's, v's dtypes from args.do, args.o, args.lse. bf16 takes VNNI blocks
+    where `vnni_packs` (and the blocks keep the pairs: even query blocks, 64-key multiples);
+    vnni=False: the plain layout (tests)."""
     scale = float(args.effective_scale(problem.invert_scale))
     q, k, v, do = (_even_rows(_last_dim_contiguous(t)) for t in (args.q, args.k, args.v, args.do))
     lse = args.lse.float().contiguous()
@@ -551,7 +639,9 @@ def backward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = BWD_
     delta = (do.float() * args.o.float()).sum(-1).masked_fill_(lse == -math.inf, 0.0).contiguous()
     dq = _empty(tuple(q.shape))
     dk, dv = _empty(tuple(k.shape)), _empty(tuple(v.shape))
-    ops.flash_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, _CAUSAL[problem.causal], q_block, kv_block)
+    vnni = (vnni and problem.dtype == torch.bfloat16 and q_block % 2 == 0 and kv_block % 64 == 0
+            and vnni_packs(ops))
+    ops.flash_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, _CAUSAL[problem.causal], q_block, kv_block, vnni)
     return tuple(t if t.dtype == r.dtype else t.to(r.dtype) for t, r in ((dq, args.q), (dk, args.k), (dv, args.v)))
 
 

@@ -33,9 +33,10 @@ bwd_weights  dW_f[g] (Cg x Kg) = X_{rho_f}[g]^T (Cg x positions) . dy_grid[g] (p
 
 Numerics: f32 accumulation over all taps and channels, one rounding to the output dtype (the
 contract's); post-ops run on an f32 copy of the result before that rounding.
-Covers bf16 (AMX: VNNI; avx512_bf16 without AMX, or odd GEMM depths: oneDNN's bf16 GEMM per
-call) and f32, 1-3D, any stride, dilation, padding, groups, nchw
-and nhwc (nchw is staged/written through one transposing copy each way), bias and post-ops.
+Covers bf16 (B in VNNI blocks where the GEMM depth is even: oneDNN's brgemm on AMX tiles, or
+avx512_bf16's vdpbf16ps without AMX; odd depths: torch's plain-layout loop, ranked last) and
+f32, 1-3D, any stride, dilation, padding, groups, nchw and nhwc (nchw is staged/written through
+one transposing copy each way), bias and post-ops.
 Needs the native library (nnprim/native.py); without it not applicable.
 """
 from __future__ import annotations
@@ -68,11 +69,19 @@ _SLACK = 32               # positions past the last tap's reach (the AMX kernel'
 
 
 def vnni(p: ConvProblem) -> bool:
-    """bf16 on AMX: B operands in VNNI blocks, the tile path of oneDNN's brgemm. Its GEMM depth
+    """bf16 with B operands in VNNI blocks: oneDNN's brgemm micro-kernel, on AMX tiles or (without
+    AMX) avx512_bf16's vdpbf16ps; its plain-layout bf16 path is torch's scalar reference loop
+    (2-3 GFLOP/s on a 2-core AMD EPYC without AMX, 2026-12-03: 0.03-0.08x torch). The GEMM depth
     comes in pairs: forward's runs are multiples of C/G deep, backward data's of K/G (backward
     weights' are positions, padded to even); odd ones take the plain path."""
     depth = {"fwd": p.C // p.groups, "bwd_data": p.K // p.groups}.get(p.direction, 2)
-    return p.dtype == BF16 and cpu_has_amx() and depth % 2 == 0
+    return p.dtype == BF16 and cpu_has_native_bf16() and depth % 2 == 0
+
+
+def amx(p: ConvProblem) -> bool:
+    """VNNI blocks on an AMX CPU: the own tile kernels (USE_AMX_KERNEL), AMX-sized group merging
+    and the in-place bf16 forward apply."""
+    return vnni(p) and cpu_has_amx()
 
 
 # ---------------------------------------------------------------------------- geometry
@@ -191,11 +200,15 @@ def reads_in_place(p: ConvProblem) -> bool:
     no right border (2 O <= W). Stride 1: a block of lines is one run of x's positions, the
     staged kernel's depth-3C GEMM on it, its border columns (first, last of each line) apart;
     at least 2 columns, a right pad of 0 or 1. One group; bf16 on the AMX kernel (channels in
-    32s), or f32."""
-    amx = vnni(p) and USE_AMX_KERNEL and p.C % 32 == 0
+    32s) or, without AMX, oneDNN's brgemm on VNNI blocks (even channel counts), or f32. Without
+    AMX, bf16 nchw too: x and y through whole-image SIMD transposes (`transpose_images`), which
+    beats the staged kernel's junk grid positions (rn50_r4: 14 x 14 outputs on a 16 x 16 grid)."""
+    amx_kernel = amx(p) and USE_AMX_KERNEL and p.C % 32 == 0
+    vnni_brgemm = vnni(p) and not cpu_has_amx()
+    layout = p.layout == "nhwc" or (p.layout == "nchw" and vnni_brgemm)
     s, w, o = p.stride[-1], p.in_size[-1], p.out_size[-1]
     fits = 2 * o <= w if s == 2 else s == 1 and w >= 2 and p.pad_after[-1] in (0, 1)
-    return (p.direction == "fwd" and (amx or p.dtype == F32) and p.groups == 1 and p.layout == "nhwc"
+    return (p.direction == "fwd" and (amx_kernel or vnni_brgemm or p.dtype == F32) and p.groups == 1 and layout
             and p.filter[-1] == 3 and p.dilation[-1] == 1 and p.pad_before[-1] == 1 and fits)
 
 
@@ -260,7 +273,7 @@ class _Plan:
     def __init__(self, p: ConvProblem) -> None:
         self.p = p
         self.vnni = vnni(p)
-        self.amx = self.vnni and USE_AMX_KERNEL
+        self.amx = amx(p) and USE_AMX_KERNEL
         U, _, ut = tap_grid(p)
         self.U = U
         self.ps, self.in_place = 1, False
@@ -371,7 +384,7 @@ def merge_factor(p: ConvProblem) -> int:
     16-channel group fills half a tile's depth and a quarter of its 64 columns; merged in pairs
     it runs on the AMX kernel at twice the flops."""
     G, Cg = p.groups, p.C // p.groups
-    if G == 1 or not vnni(p) or Cg % 32 == 0:
+    if G == 1 or not amx(p) or Cg % 32 == 0:
         return 1
     for m in (2, 4):
         if G % m == 0 and (m * Cg) % 32 == 0:
@@ -447,8 +460,13 @@ def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
         odt = F32 if args.post_ops or p.out_dtype not in (p.dtype, F32) else p.out_dtype
         out = plan.out_buffer(ws, (p.N, *p.out_size, p.K), odt)
     x5 = _five(physical(args.x.to(p.dtype), "nhwc")) if plan.in_place else None
+    if x5 is not None and p.layout == "nchw":      # x as dense nhwc images in the staging space
+        S = math.prod(p.in_size)
+        xs = ws[:p.N * S * p.C * p.dtype.itemsize].view(p.dtype).view(p.N, S, p.C)
+        ops.transpose_images(args.x.to(p.dtype).contiguous().view(p.N, p.C, S), xs)
+        x5 = _five(xs.view(p.N, *p.in_size, p.C))
     if x5 is not None and x5.stride(4) == 1 and x5.stride(3) == p.C:
-        ops.conv_fwd_in_place(x5, wp, _five(out), bias, plan.lead, p.stride[-1], **(rows or {}))
+        ops.conv_fwd_in_place(x5, wp, _five(out), bias, plan.lead, p.stride[-1], **(rows or {}), use_amx=plan.amx)
     else:
         ops.conv_fwd(plan.x_stage(ops, args.x, p.C, p.dtype, ws), wp, table, _five(out), bias,
                      _grid9(plan.U, lo, hi), G, Cg, Kg, _block_m(Kg), plan.vnni, plan.amx, plan.ps, **(rows or {}))
@@ -457,7 +475,11 @@ def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     if args.post_ops:
         acc = logical(out, "nhwc").unsqueeze(1)           # (N, 1, K, out..)
         apply_post_ops_block(acc, Block(0, p.N, (0,) * p.ndim, tuple(p.out_size)), 1, None, args.post_ops)
-    y.copy_(logical(out, "nhwc"))
+    if p.layout == "nchw" and out.dtype == y.dtype and y.is_contiguous():
+        S = math.prod(p.out_size)
+        ops.transpose_images(out.view(p.N, S, p.K), y.view(p.N, p.K, S))
+    else:
+        y.copy_(logical(out, "nhwc"))
     return y
 
 
@@ -531,9 +553,13 @@ _RUN = {"fwd": brgemm_fwd, "bwd_data": brgemm_bwd_data, "bwd_weights": brgemm_bw
 # rates (GFLOP/s per core) measured through the solvers on an AMX Xeon (2 cores, 2026-12-01,
 # benchmarks/diag/cpu_brgemm_ab.py; the machine's speed varied 2-3x over the session, the ratios
 # to torch less): bf16 AMX 450-700 forward / backward data (the AMX kernel), ~350 backward weights;
-# bf16 without AMX the avx512_bf16 GEMM ~200; f32 through oneDNN's GEMM per call ~60
+# f32 through oneDNN's GEMM per call ~60. bf16 without AMX (VNNI blocks, avx512_bf16; AMD EPYC,
+# 2 threads, 2026-12-03, rn50 layers): 145-175 per core forward / backward data, 120-150 backward
+# weights (with staging; c3d_small 5.1 ms, rn50_r2 nhwc 6.6-7.3, against solver 13's 8.0 / 9.0-10.2);
+# plain-layout bf16 (odd depths) is torch's scalar loop: ~1 per core
 _BF16_AMX_GFLOPS = {"fwd": 550.0, "bwd_data": 550.0, "bwd_weights": 350.0}
-_BF16_GFLOPS = 200.0
+_BF16_VNNI_GFLOPS = {"fwd": 160.0, "bwd_data": 160.0, "bwd_weights": 150.0}
+_BF16_PLAIN_GFLOPS = 1.0
 # f32 per core by direction: the forward kernel (fwd, bwd_data) measured 77-85 GFLOP/s per core
 # on the rn50 layers with 64-256 channels per group (2 threads, AMX Xeon, 2026-12-01,
 # `benchmarks/diag/cpu_brgemm_ab.py --dtype f32`), scaled down for narrow groups in
@@ -551,6 +577,28 @@ def _f32_narrow(direction: str, Kg: int, Cg: int) -> float:
     return min(1.0, min(Kg, Cg) / 64) ** 0.5
 _GBS_PER_CORE = 8.0       # staging copies
 _CALL_US = 0.6            # per brgemm call
+
+
+def fwd_twin(p: ConvProblem) -> ConvProblem | None:
+    """Stride-1 backward data as the forward of dy with the filter transposed (K <-> C) and
+    rotated by 180 degrees, padded by F - 1 - pad: where that forward reads its input in place
+    (bf16 without AMX; a 3-wide, pad-1 last dim), it computes no junk grid positions, which the
+    phase kernel does (rn50_r4: 16 x 16 per 14 x 14, c3d_small 1.43x); None elsewhere."""
+    if (p.direction != "bwd_data" or p.groups != 1 or any(s != 1 for s in p.stride) or any(d != 1 for d in p.dilation)
+            or not vnni(p) or cpu_has_amx() or p.post_ops):
+        return None
+    pad = [(f - 1 - a, f - 1 - b) for f, a, b in zip(p.filter, p.pad_before, p.pad_after)]
+    if any(a < 0 or b < 0 for a, b in pad):
+        return None
+    q = ConvProblem.create("fwd", p.y_shape, (p.C, p.K, *p.filter), padding=pad, dtype=p.dtype, layout=p.layout,
+                           out_dtype=p.out_dtype)
+    return q if tuple(q.y_shape) == tuple(p.x_shape) and reads_in_place(q) and _Plan(q).in_place else None
+
+
+def twin_weights(p: ConvProblem, w: torch.Tensor) -> torch.Tensor:
+    """The forward twin's filter: W'[c, k] = W[k, c] rotated by 180 degrees, in p's layout."""
+    dims = tuple(range(2, 2 + p.ndim))
+    return to_layout(w.to(p.dtype).transpose(0, 1).flip(dims), p.layout)
 
 
 class _CpuBrgemmBase(Solver):
@@ -575,8 +623,9 @@ class _CpuBrgemmBase(Solver):
         """Bytes the staging copies move: x's phase rows (none where the forward reads x in
         place) and the position-major output."""
         _, _, ut = tap_grid(p)
-        if reads_in_place(p):
-            return p.N * math.prod(p.out_size) * p.K * p.dtype.itemsize
+        if reads_in_place(p):     # nchw: x and y transposed once each
+            return (p.N * math.prod(p.out_size) * p.K * (1 + (p.layout == "nchw"))
+                    + (p.layout == "nchw") * p.N * math.prod(p.in_size) * p.C) * p.dtype.itemsize
         return (len(phase_list(p)) * _stage_rows(p, p.N * ut) * p.C + p.N * ut * p.K) * p.dtype.itemsize
 
     def estimate(self, p: ConvProblem) -> float:
@@ -584,12 +633,17 @@ class _CpuBrgemmBase(Solver):
         _, _, ut = tap_grid(p)
         # positions of the tap grid computed per output (reading x in place: the outputs only)
         junk = 1.0 if reads_in_place(p) else p.N * ut / max(1, p.N * math.prod(p.out_size))
-        gf = _F32_GFLOPS[p.direction] if p.dtype == F32 else (_BF16_AMX_GFLOPS[p.direction] if vnni(p) else _BF16_GFLOPS)
+        if p.dtype == F32:
+            gf = _F32_GFLOPS[p.direction]
+        elif vnni(p):
+            gf = (_BF16_AMX_GFLOPS if amx(p) else _BF16_VNNI_GFLOPS)[p.direction]
+        else:
+            gf = _BF16_PLAIN_GFLOPS
         m = merge_factor(p)            # merged narrow groups: m-fold flops on fuller tiles
         Kg, Cg = m * p.K // p.groups, m * p.C // p.groups
         if p.dtype == F32:
             gf *= _f32_narrow(p.direction, Kg, Cg)
-        if vnni(p):     # AMX tiles are 16 x 16 x 32: narrow groups waste the tile
+        if amx(p):      # AMX tiles are 16 x 16 x 32: narrow groups waste the tile
             gf *= min(1.0, min(Kg if p.direction != "bwd_data" else Cg, 64) / 64) * min(1.0, Cg / 32)
         t = m * p.flops() * junk / (gf * 1e9 * cores) + self._stage_bytes(p) / (_GBS_PER_CORE * 1e9 * cores)
         # brgemm calls: per 128 positions, group and tap; backward weights per WGRAD_CHUNK positions
@@ -602,9 +656,18 @@ class _CpuBrgemmBase(Solver):
         return t * 1e3 + calls * _CALL_US * 1e-3 / cores
 
     def workspace_size(self, p: ConvProblem) -> int:
-        return _Plan(merged(p)[0]).workspace_bytes
+        twin = fwd_twin(p)
+        return _Plan(twin if twin is not None else merged(p)[0]).workspace_bytes
 
     def prepare(self, p: ConvProblem):
+        twin = fwd_twin(p)
+        if twin is not None:
+            tplan = _Plan(twin)
+
+            def invoke_twin(args: ConvArgs) -> torch.Tensor:
+                with workspace(tplan.workspace_bytes) as ws:
+                    return brgemm_fwd(tplan, ConvArgs(x=args.dy, w=twin_weights(p, args.w)), ws)
+            return invoke_twin
         pm, m = merged(p)
         fn, plan = _RUN[p.direction], _Plan(pm)
 

@@ -235,17 +235,19 @@ int64_t lines_per_block(int64_t S2, int64_t lines) {
 
 // y (N, O0, O1, O2, K) = the convolution of x (N, S0, S1, S2, C; positions C apart, channels
 // contiguous) with stride `st` (1 or 2), width 3, pad 1 on the last dim; lead = (s0, s1, d0, d1,
-// p0, p1, F0, F1) for the leading dims. bf16: amx_passes (wp VNNI blocks (1, nkb, Rw, 64)); f32:
-// oneDNN's GEMM per filter row and pass (wp (1, Rw, K)), the same split
+// p0, p1, F0, F1) for the leading dims. bf16 (wp VNNI blocks (1, nkb, Rw, 64)): amx_passes, or
+// without AMX (use_amx false) oneDNN's brgemm per filter row, pass and 64 columns; f32: oneDNN's
+// GEMM per filter row and pass (wp (1, Rw, K)), the same split
 template <typename T, typename TO>
 void fwd_in_place_impl(const at::Tensor& x, const at::Tensor& wp, at::Tensor& y, const float* bias,
-                       at::IntArrayRef lead, int64_t st, const Epilogue& ep) {
-  constexpr bool amx = std::is_same_v<T, at::BFloat16>;
+                       at::IntArrayRef lead, int64_t st, const Epilogue& ep, bool use_amx) {
+  constexpr bool vnni = std::is_same_v<T, at::BFloat16>;
+  const bool amx = vnni && use_amx;
   const int64_t N = x.size(0), S0 = x.size(1), S1 = x.size(2), S2 = x.size(3), C = x.size(4), K = y.size(4);
   const int64_t O0 = y.size(1), O1 = y.size(2), O2 = y.size(3);
   const int64_t s0 = lead[0], s1 = lead[1], d0 = lead[2], d1 = lead[3], p0 = lead[4], p1 = lead[5];
   const int64_t F0 = lead[6], F1 = lead[7];
-  const int64_t nkb = (K + NB - 1) / NB, KP = amx ? nkb * NB : K, Rw = amx ? wp.size(2) : wp.size(1);
+  const int64_t nkb = (K + NB - 1) / NB, KP = vnni ? nkb * NB : K, Rw = vnni ? wp.size(2) : wp.size(1);
   const T* xp = x.data_ptr<T>();
   const T* wpp = wp.data_ptr<T>();
   TO* yp = y.data_ptr<TO>();
@@ -291,7 +293,7 @@ void fwd_in_place_impl(const at::Tensor& x, const at::Tensor& wp, at::Tensor& y,
     std::vector<int64_t> wrow(F0 * F1);
     Pass ps[3] = {pass[0], pass[1], pass[2]};
     [[maybe_unused]] int cfg = -1;
-    if constexpr (amx) cb::brgemm_release(true);   // torch's brgemm reconfigures after us
+    if (amx) cb::brgemm_release(true);   // torch's brgemm reconfigures after us
     for (int64_t w = b0; w < b1; ++w) {
       const int64_t o1 = lb[2 * (w % nlb)], nl = lb[2 * (w % nlb) + 1], o0 = (w / nlb) % O0, n = w / (nlb * O0);
       if (st == 1) {
@@ -312,15 +314,23 @@ void fwd_in_place_impl(const at::Tensor& x, const at::Tensor& wp, at::Tensor& y,
       for (int g = 0; g < ng; ++g) {
         const int p0 = g0[g], np = g0[g + 1] - p0;
         if (ps[p0].M == 0) continue;
-        if constexpr (amx) {
+        if (amx) {
 #ifdef NNPRIM_AMX
-          amx_passes(rows_x.data(), wrow.data(), nr, wpp, ps + p0, bufs + p0, np, Rw, KP, K, cfg);
+          if constexpr (vnni) amx_passes(rows_x.data(), wrow.data(), nr, wpp, ps + p0, bufs + p0, np, Rw, KP, K, cfg);
 #endif
         } else {
           for (int64_t i = 0; i < nr; ++i)
-            for (int p = p0; p < p0 + np; ++p)
-              cb::brgemm(ps[p].M, K, ps[p].depth, ps[p].sa, K, KP, i > 0, rows_x[i] + ps[p].a_off,
-                         wpp + (wrow[i] + ps[p].b_off) * K, bufs[p], false);
+            for (int p = p0; p < p0 + np; ++p) {
+              if constexpr (vnni) {    // row offsets (wrow, b_off: multiples of C) even: whole VNNI pairs
+                for (int64_t kb = 0; kb < nkb; ++kb)
+                  cb::brgemm(ps[p].M, std::min(NB, K - kb * NB), ps[p].depth, ps[p].sa, NB, KP, i > 0,
+                             rows_x[i] + ps[p].a_off, wpp + (kb * Rw + wrow[i] + ps[p].b_off) * NB,
+                             bufs[p] + kb * NB, true);
+              } else {
+                cb::brgemm(ps[p].M, K, ps[p].depth, ps[p].sa, K, KP, i > 0, rows_x[i] + ps[p].a_off,
+                           wpp + (wrow[i] + ps[p].b_off) * K, bufs[p], false);
+              }
+            }
           if (nr == 0)
             for (int p = p0; p < p0 + np; ++p) std::fill(bufs[p], bufs[p] + ps[p].M * KP, 0.f);
         }
@@ -349,8 +359,9 @@ void fwd_in_place_impl(const at::Tensor& x, const at::Tensor& wp, at::Tensor& y,
       }
     }
 #ifdef NNPRIM_AMX
-    if constexpr (amx) _tile_release();
+    if (amx) _tile_release();
 #endif
+    if (vnni && !amx) cb::brgemm_release(true);
   });
 }
 
@@ -476,14 +487,42 @@ void conv_fwd(const at::Tensor& xs, const at::Tensor& wp, const at::Tensor& runs
   }
 }
 
+// dst[n] (B x A, contiguous) = src[n]^T (src (N, A, B), rows B contiguous): nchw <-> nhwc of whole
+// images by fbgemm's SIMD transpose, in slabs of 256 rows (torch's strided copy of a bf16 nchw
+// block ran 2-4x slower)
+void transpose_images(const at::Tensor& src, at::Tensor dst) {
+  TORCH_CHECK(src.dim() == 3 && dst.dim() == 3 && src.stride(2) == 1 && dst.is_contiguous() &&
+              src.scalar_type() == dst.scalar_type() && dst.size(0) == src.size(0) && dst.size(1) == src.size(2) &&
+              dst.size(2) == src.size(1) && (src.element_size() == 2 || src.element_size() == 4),
+              "transpose_images: src (N, A, B) rows contiguous, dst (N, B, A) contiguous, 2- or 4-byte");
+  const int64_t N = src.size(0), A = src.size(1), B = src.size(2), ss0 = src.stride(0), ss1 = src.stride(1);
+  const int64_t SL = 256, nsl = (A + SL - 1) / SL, es = src.element_size();
+  const char* sp = static_cast<const char*>(src.data_ptr());
+  char* dp = static_cast<char*>(dst.data_ptr());
+  at::parallel_for(0, N * nsl, 1, [&](int64_t s, int64_t e) {
+    for (int64_t w = s; w < e; ++w) {
+      const int64_t n = w / nsl, a0 = (w % nsl) * SL, na = std::min(SL, A - a0);
+      const char* src_p = sp + (n * ss0 + a0 * ss1) * es;
+      char* dst_p = dp + (n * A * B + a0) * es;
+      if (es == 2)
+        fbgemm::transpose_simd<uint16_t>(na, B, reinterpret_cast<const uint16_t*>(src_p), ss1,
+                                         reinterpret_cast<uint16_t*>(dst_p), A);
+      else
+        fbgemm::transpose_simd<float>(na, B, reinterpret_cast<const float*>(src_p), ss1, reinterpret_cast<float*>(dst_p),
+                                      A);
+    }
+  });
+}
+
 // the forward of a 3-wide, pad-1 last dim at stride 1 or 2, x read in place (fwd_in_place_impl)
 void conv_fwd_in_place(const at::Tensor& x, const at::Tensor& wp, at::Tensor y, const c10::optional<at::Tensor>& bias,
                        at::IntArrayRef lead, int64_t stride, const c10::optional<at::Tensor>& res, double res_scale,
-                       bool relu, double relu_slope) {
+                       bool relu, double relu_slope, bool use_amx) {
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(x.dim() == 5 && (bf16 || x.scalar_type() == at::kFloat) && wp.scalar_type() == x.scalar_type() &&
-              x.stride(4) == 1 && x.stride(3) == x.size(4) && (!bf16 || x.size(4) % 32 == 0),
-              "conv_fwd_in_place: x (N, S0, S1, S2, C) bf16 (C % 32 == 0) or f32, positions C apart");
+              x.stride(4) == 1 && x.stride(3) == x.size(4) && (!bf16 || x.size(4) % (use_amx ? 32 : 2) == 0),
+              "conv_fwd_in_place: x (N, S0, S1, S2, C) bf16 (C % 32 == 0 on AMX, else even) or f32, "
+              "positions C apart");
   TORCH_CHECK(y.dim() == 5 && y.stride(4) == 1 && y.size(0) == x.size(0) && lead.size() == 8,
               "conv_fwd_in_place: y (N, O0, O1, O2, K), last dim contiguous");
   // no A row reads past x: stride 2 needs 2 O2 <= S2; stride 1 a right pad of 0 or 1, 2+ columns
@@ -499,16 +538,18 @@ void conv_fwd_in_place(const at::Tensor& x, const at::Tensor& wp, at::Tensor y, 
   const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   if (!bf16) {
     TORCH_CHECK(y.scalar_type() == at::kFloat, "conv_fwd_in_place: f32 x, f32 y");
-    fwd_in_place_impl<float, float>(x, wp, y, b, lead, stride, ep);
+    fwd_in_place_impl<float, float>(x, wp, y, b, lead, stride, ep, false);
     return;
   }
+  if (use_amx) {
 #ifdef NNPRIM_AMX
-  TORCH_CHECK(amx_permitted(), "conv_fwd_in_place: AMX not permitted");
-  if (y.scalar_type() == at::kFloat) fwd_in_place_impl<at::BFloat16, float>(x, wp, y, b, lead, stride, ep);
-  else fwd_in_place_impl<at::BFloat16, at::BFloat16>(x, wp, y, b, lead, stride, ep);
+    TORCH_CHECK(amx_permitted(), "conv_fwd_in_place: AMX not permitted");
 #else
-  TORCH_CHECK(false, "conv_fwd_in_place: bf16 needs the AMX build");
+    TORCH_CHECK(false, "conv_fwd_in_place: use_amx needs the AMX build");
 #endif
+  }
+  if (y.scalar_type() == at::kFloat) fwd_in_place_impl<at::BFloat16, float>(x, wp, y, b, lead, stride, ep, use_amx);
+  else fwd_in_place_impl<at::BFloat16, at::BFloat16>(x, wp, y, b, lead, stride, ep, use_amx);
 }
 
 // dw[f, g] (Cg, Kg) = sum over grid positions q: X_ph(f)[q + off_f, g*Cg + c] dy[q, g*Kg + k]
@@ -787,17 +828,19 @@ TORCH_LIBRARY(nnprim_cpu_conv, m) {
         "int Kg, int MB, bool vnni, bool use_amx, int ps, Tensor? res=None, float res_scale=1.0, bool relu=False, "
         "float relu_slope=0.0) -> ()");
   m.def("conv_fwd_in_place(Tensor x, Tensor wp, Tensor(a!) y, Tensor? bias, int[] lead, int stride, "
-        "Tensor? res=None, float res_scale=1.0, bool relu=False, float relu_slope=0.0) -> ()");
+        "Tensor? res=None, float res_scale=1.0, bool relu=False, float relu_slope=0.0, bool use_amx=True) -> ()");
   m.def("conv_wgrad(Tensor xt, Tensor dyg, Tensor taps, Tensor chunks, Tensor(a!) dw, int G, int Cg, int Kg, "
         "bool vnni) -> ()");
   m.def("pack_b(Tensor src3, bool transpose, Tensor index, bool vnni) -> Tensor");
   m.def("pack_b_pairs(Tensor src, int G) -> Tensor");
+  m.def("transpose_images(Tensor src, Tensor(a!) dst) -> ()");
   m.def("stage(Tensor x, Tensor(a!) out, int[] U, int[] stride, int[] pad_before, Tensor phases) -> ()");
 }
 TORCH_LIBRARY_IMPL(nnprim_cpu_conv, CPU, m) {
   m.impl("conv_fwd", &conv_fwd);
   m.impl("conv_fwd_in_place", &conv_fwd_in_place);
   m.impl("conv_wgrad", &conv_wgrad);
+  m.impl("transpose_images", &transpose_images);
   m.impl("pack_b", &pack_b);
   m.impl("pack_b_pairs", &pack_b_pairs);
   m.impl("stage", &stage);

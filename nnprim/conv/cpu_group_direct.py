@@ -38,7 +38,7 @@ from ..args import ConvArgs
 from ..native import NativeLibrary
 from ..problems.conv import ConvProblem, empty_in_layout
 from ..search.solver import Solver, register
-from .cpu_gemm import apply_post_ops_block, cpu_flags, transposed_fwd
+from .cpu_gemm import apply_post_ops_block, cpu_flags, cpu_has_amx, transposed_fwd
 from .cpu_im2col import F32, Block
 
 BF16 = torch.bfloat16
@@ -59,7 +59,10 @@ MAX_GROUP = 64
 # batched GEMMs 0.5-0.6x of torch); bf16 by AVX512-BF16 pairs ran at half that (the kernel alone
 # 2.0-2.7 ms against f32's 1.2-1.3; not profiled: the pair interleave adds 6 instructions per 16
 # positions; the AMX path of solver 80 is faster on this CPU). Scaled by the blocks' lane use.
+# On an AMD EPYC without AMX (2 threads, 2026-12-03) the same bf16 forward ran 1.2-1.5 ms
+# (backward data 1.1-1.8; torch 0.8-1.3), faster than solver 80's VNNI brgemm there (2.0-2.2 ms).
 _GFLOPS_PER_CORE = {torch.float32: 55.0, torch.bfloat16: 27.0}
+_BF16_GFLOPS_PER_CORE_NO_AMX = 80.0
 _GBS_PER_CORE = 8.0       # nhwc copies, post-op passes
 _CALL_MS = 0.02
 _WGRAD_GFLOPS_PER_CORE = 60.0   # grouped_g8, 2 threads: 2.04-2.13 ms (torch 1.16-1.18; im2col + GEMM 3.9)
@@ -175,7 +178,8 @@ class _CpuGroupDirectBase(Solver):
         waste = (-(-Kg // kb) * kb / Kg) * (-(-ow // 16) * 16 / ow) * _LOAD_BOUND[kb]
         if q.dtype == BF16:     # channel pairs: an odd group width wastes its last pair's half
             waste *= -(-q.C // q.groups // 2) * 2 / (q.C // q.groups)
-        compute = q.flops() * waste / (_GFLOPS_PER_CORE[q.dtype] * 1e9 * cores)
+        rate = _BF16_GFLOPS_PER_CORE_NO_AMX if q.dtype == BF16 and not cpu_has_amx() else _GFLOPS_PER_CORE[q.dtype]
+        compute = q.flops() * waste / (rate * 1e9 * cores)
         y_bytes = 4.0 * q.N * q.K * math.prod(q.out_size)
         moved = q.dtype.itemsize * q.N * q.C * math.prod(q.in_size) + y_bytes
         # depthwise and other thin groups stream x and y at memory speed (8 x 128 x 56 x 56

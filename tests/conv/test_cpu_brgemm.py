@@ -78,9 +78,11 @@ def poison(monkeypatch):
 @pytest.fixture(params=["amx", "vnni", "plain"])
 def b_layout(request, monkeypatch):
     """amx: the own AMX forward kernel where it applies; vnni: torch's brgemm on VNNI blocks
-    only; plain: oneDNN's GEMM per call (what CPUs without AMX run)."""
-    if request.param != "plain" and not cpu_brgemm.cpu_has_amx():
-        pytest.skip("no AMX: the VNNI paths do not run here")
+    only (what CPUs with avx512_bf16 and no AMX run); plain: the plain-layout brgemm (odd depths)."""
+    if request.param == "amx" and not cpu_brgemm.cpu_has_amx():
+        pytest.skip("no AMX: the AMX kernel does not run here")
+    if request.param == "vnni" and not cpu_brgemm.cpu_has_native_bf16():
+        pytest.skip("no native bf16: the VNNI path does not run here")
     if request.param == "vnni":
         monkeypatch.setattr(cpu_brgemm, "USE_AMX_KERNEL", False)
     if request.param == "plain":
@@ -199,15 +201,41 @@ def test_row_epilogue_post_ops(shape, chain, dtype, res_dtype, res_kind, b_layou
     check(p, args, CpuBrgemmFwd().prepare(p)(args), reference(p, args))
 
 
+def _in_place_expected(shape: str, dtype: torch.dtype) -> bool:
+    """The IN_PLACE shapes in f32 and on the AMX kernel; bf16 without AMX (oneDNN's brgemm on VNNI
+    blocks) also at channel counts off 32s (even: 6, 66)."""
+    if dtype == torch.float32 or cpu_brgemm.cpu_has_amx():
+        return shape in IN_PLACE
+    return cpu_brgemm.cpu_has_native_bf16() and shape in IN_PLACE + ["2d_3x3_pad", "wide_k70"]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", IN_PLACE)
 def test_in_place_chosen(shape, dtype):
-    """The in-place forward runs where it applies (bf16: on the AMX kernel), and not at nchw."""
+    """The in-place forward runs where it applies (bf16: on the AMX kernel, or VNNI blocks without
+    AMX), and at nchw only for bf16 without AMX (x and y transposed whole)."""
     xs, ws, kw = SHAPES[shape]
     p = ConvProblem.create("fwd", xs, ws, dtype=dtype, layout="nhwc", **kw)
-    amx = cpu_brgemm.vnni(p) and cpu_brgemm.USE_AMX_KERNEL
-    assert cpu_brgemm._Plan(p).in_place == (dtype == torch.float32 or amx)
-    assert not cpu_brgemm._Plan(replace(p, layout="nchw")).in_place
+    assert cpu_brgemm._Plan(p).in_place == _in_place_expected(shape, dtype)
+    nchw = dtype == torch.bfloat16 and not cpu_brgemm.cpu_has_amx() and _in_place_expected(shape, dtype)
+    assert cpu_brgemm._Plan(replace(p, layout="nchw")).in_place == nchw
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", IN_PLACE + ["2d_3x3_pad", "wide_k70", "s1_pad2_staged"])
+@pytest.mark.parametrize("post", ["none", "sum_relu"])
+def test_nchw_forward(shape, dtype, post):
+    """nchw forward (bf16 without AMX: in place between two whole-image transposes; else staged)
+    against float64: outputs poisoned, x sliced (non-contiguous), bias, Sum + ReLU on the f32 block."""
+    xs, ws, kw = SHAPES[shape]
+    y_shape = ConvProblem.create("fwd", xs, ws, dtype=dtype, **kw).y_shape
+    ops = (Sum(torch.randn(y_shape).to(dtype), 0.5), Eltwise("relu")) if post != "none" else ()
+    p = ConvProblem.create("fwd", xs, ws, dtype=dtype, layout="nchw", has_bias=True, post_ops=ops, **kw)
+    _, args = make("fwd", xs, ws, "nchw", dtype, **kw)
+    wide = torch.randn(xs[0], xs[1] + 2, *xs[2:]).to(dtype)
+    wide[:, 1:xs[1] + 1] = args.x
+    args = ConvArgs(x=wide[:, 1:xs[1] + 1], w=args.w, bias=torch.randn(p.K).to(dtype), post_ops=ops)
+    check(p, args, CpuBrgemmFwd().prepare(p)(args), reference(p, args))
 
 
 class _Spy:
@@ -247,7 +275,7 @@ def test_in_place_dispatch(shape, dtype, x_kind, monkeypatch):
     monkeypatch.setattr(cpu_brgemm.LIBRARY, "ops", lambda: _Spy(ops, calls))
     out = CpuBrgemmFwd().prepare(p)(args)
     in_place = cpu_brgemm._Plan(p).in_place
-    assert in_place == (shape in IN_PLACE and (dtype == torch.float32 or cpu_brgemm.cpu_has_amx()))
+    assert in_place == _in_place_expected(shape, dtype)
     assert calls == ["conv_fwd_in_place" if in_place and x_kind == "dense" else "conv_fwd"]
     check(p, args, out, reference(p, args))
 
@@ -273,7 +301,7 @@ def test_runs():
 def test_merge_factor():
     """Narrow groups on AMX merge into tile-deep block-diagonal groups."""
     p = ConvProblem.create("fwd", (8, 128, 28, 28), (128, 16, 3, 3), padding=1, groups=8, dtype=torch.bfloat16)
-    assert cpu_brgemm.merge_factor(p) == (2 if cpu_brgemm.vnni(p) else 1)
+    assert cpu_brgemm.merge_factor(p) == (2 if cpu_brgemm.amx(p) else 1)
     q = ConvProblem.create("fwd", (8, 128, 28, 28), (128, 64, 3, 3), padding=1, groups=2, dtype=torch.bfloat16)
     assert cpu_brgemm.merge_factor(q) == 1
 
@@ -281,3 +309,49 @@ def test_merge_factor():
 def test_not_applicable():
     f16 = ConvProblem.create("fwd", (1, 6, 8, 8), (4, 6, 3, 3), dtype=torch.float16)
     assert not CpuBrgemmFwd().is_applicable(f16)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weights"])
+def test_bf16_without_amx_ranks(direction, monkeypatch):
+    """avx512_bf16 without AMX: even GEMM depths take VNNI blocks (oneDNN's vdpbf16ps brgemm, no
+    AMX kernel, no group merging) and rank ahead of the im2col GEMM; an odd depth would run torch's
+    plain-layout scalar loop and ranks behind it."""
+    from nnprim.conv.cpu_gemm import CpuGemmBwdData, CpuGemmBwdWeights, CpuGemmFwd
+    monkeypatch.setattr(cpu_brgemm, "cpu_has_amx", lambda: False)
+    monkeypatch.setattr(cpu_brgemm, "cpu_has_native_bf16", lambda: True)
+    gemm = {"fwd": CpuGemmFwd, "bwd_data": CpuGemmBwdData, "bwd_weights": CpuGemmBwdWeights}[direction]()
+    ours = SOLVERS[direction]()
+    even = ConvProblem.create(direction, (8, 64, 56, 56), (64, 64, 3, 3), padding=1, dtype=torch.bfloat16,
+                              layout="nhwc")
+    assert cpu_brgemm.vnni(even) and not cpu_brgemm.amx(even)
+    assert not cpu_brgemm._Plan(even).amx and cpu_brgemm._Plan(even).vnni
+    assert ours.estimate(even) < gemm.estimate(even)
+    grouped = ConvProblem.create(direction, (8, 128, 28, 28), (128, 16, 3, 3), padding=1, groups=8,
+                                 dtype=torch.bfloat16)
+    assert cpu_brgemm.merge_factor(grouped) == 1
+    if direction != "bwd_weights":     # backward weights' depth is positions (padded to even)
+        odd = ConvProblem.create(direction, (8, 63, 56, 56), (65, 63, 3, 3), padding=1, dtype=torch.bfloat16,
+                                 layout="nhwc")
+        assert not cpu_brgemm.vnni(odd)
+        assert ours.estimate(odd) > gemm.estimate(odd)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("shape", ["s1_in_place", "s1_in_place_3d", "s1_in_place_1d", "s1_in_place_w2", "wide_k70",
+                                   "2d_3x3_pad", "amx_c64_k40", "s1_pad2_staged", "s2_in_place"])
+def test_bwd_data_forward_twin(shape, layout):
+    """Stride-1 backward data as the in-place forward of dy with the transposed, rotated filter
+    (bf16 without AMX): taken exactly where that forward reads in place, and against float64
+    (dx poisoned, dy sliced from a wider buffer)."""
+    xs, ws, kw = SHAPES[shape]
+    p = ConvProblem.create("bwd_data", xs, ws, dtype=torch.bfloat16, layout=layout, **kw)
+    twin = cpu_brgemm.fwd_twin(p)
+    s1 = all(s == 1 for s in p.stride) and all(d == 1 for d in p.dilation)
+    expect = s1 and cpu_brgemm.cpu_has_native_bf16() and not cpu_brgemm.cpu_has_amx()   # pad (1, 2): twin pad (1, 0)
+    assert (twin is not None) == expect
+    _, args = make("bwd_data", xs, ws, layout, torch.bfloat16, **kw)
+    dy = args.dy
+    wide = torch.randn(dy.shape[0], dy.shape[1] + 2, *dy.shape[2:]).bfloat16()
+    wide[:, 1:dy.shape[1] + 1] = dy
+    args = ConvArgs(x=args.x, w=args.w, dy=wide[:, 1:dy.shape[1] + 1])
+    check(p, args, CpuBrgemmBwdData().prepare(p)(args), reference(p, args))
