@@ -144,7 +144,7 @@ class GluonTile:
     group_m: int = 8
     epilogue: bool = True
     epi_bufs: int = 1   # output staging buffers: 2 lets tile i's TMA store drain under tile i+1's epilogue
-    res_prefetch: bool = True   # a leading Sum copied in during the tile's first K step (False: after its last)
+    res_prefetch: bool = True   # a leading Sum copied in before the tile's wgmmas (False: read after them)
 
     @property
     def BM(self) -> int:
@@ -454,8 +454,10 @@ if gluon is not None:
         STAGES: gl.constexpr = ready.type.shape[0]
         BM: gl.constexpr = BH * BW
         dtype: gl.constexpr = a_bufs.dtype
-        RES_PF: gl.constexpr = (RES_PREFETCH and EPILOGUE and P0_KIND == 1 and not PHASED
-                                and p0_ptr.dtype.element_ty == dtype and dtype.primitive_bitwidth == 16)
+        # a leading Sum in y's (16-bit) dtype goes through the tile's output buffer
+        RES_SMEM: gl.constexpr = (P0_KIND == 1 and not PHASED and p0_ptr.dtype.element_ty == dtype
+                                  and dtype.primitive_bitwidth == 16)
+        RES_PF: gl.constexpr = RES_PREFETCH and EPILOGUE and RES_SMEM
         c2_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BN], dtype)
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                              instr_shape=[16, BN, 16])
@@ -512,7 +514,7 @@ if gluon is not None:
                             syn, syh, syw, bias_ptr,
                             p0_ptr, p1_ptr, p2_ptr, p3_ptr, p0_a, p0_b, p1_a, p1_b, p2_a, p2_b, p3_a, p3_b,
                             HAS_BIAS, P0_KIND, P0_SUB, P0_BC, P1_KIND, P1_SUB, P1_BC,
-                            P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC, BW, EPI_BUFS, PHASED, WARPS, RES_PF)
+                            P2_KIND, P2_SUB, P2_BC, P3_KIND, P3_SUB, P3_BC, BW, EPI_BUFS, PHASED, WARPS, RES_SMEM, RES_PF)
             tcount += 1
         tma.store_wait(0)
 
@@ -566,12 +568,14 @@ if gluon is not None:
                     P1_KIND: gl.constexpr, P1_SUB: gl.constexpr, P1_BC: gl.constexpr,
                     P2_KIND: gl.constexpr, P2_SUB: gl.constexpr, P2_BC: gl.constexpr,
                     P3_KIND: gl.constexpr, P3_SUB: gl.constexpr, P3_BC: gl.constexpr, BW: gl.constexpr,
-                    EPI_BUFS: gl.constexpr, PHASED: gl.constexpr, WARPS: gl.constexpr, RES_PF: gl.constexpr):
+                    EPI_BUFS: gl.constexpr, PHASED: gl.constexpr, WARPS: gl.constexpr, RES_SMEM: gl.constexpr,
+                    RES_PF: gl.constexpr):
         """Epilogue of one tile: bias + post-ops on the f32 accumulator, cast, registers ->
         c_smem (once the store that last read it has: with EPI_BUFS buffers in turn, at most
         EPI_BUFS - 1 stores may still be in flight) -> TMA store (PHASED: into phase row
-        yi's output view). A leading Sum in y's dtype is read through c_smem: RES_PF, the
-        copy `_residual_prefetch` started during the tile's wgmmas, else `_residual`."""
+        yi's output view). RES_SMEM (the consumer's): a leading Sum in y's dtype is read
+        through c_smem: RES_PF, the copy `_residual_prefetch` started before the tile's
+        wgmmas, else `_residual`."""
         acc_layout: gl.constexpr = acc.type.layout
         BM: gl.constexpr = acc.type.shape[0]
         BN: gl.constexpr = acc.type.shape[1]
@@ -585,7 +589,7 @@ if gluon is not None:
         mask = ((oh < OH) & (ow < OW))[:, None] & mask_n[None, :]
         y_off = (n.to(gl.int64) * syn + oh * syh + ow * syw)[:, None] + rn[None, :]
         cs = c_smem._reinterpret(dtype, [BM, BN], c2_layout)
-        if P0_KIND == 1 and p0_ptr.dtype.element_ty == dtype and dtype.primitive_bitwidth == 16 and not PHASED:
+        if RES_SMEM:
             if HAS_BIAS:
                 acc = acc + gl.load(bias_ptr + rn, mask=mask_n, other=0.0).to(gl.float32)[None, :]
             if RES_PF:
