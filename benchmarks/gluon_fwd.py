@@ -6,17 +6,18 @@ For each train problem of nnprim/data/suites/attention_gpu.json with D in --dims
 reference on batch 0 and the query heads of kv head 0, bound 3x cuDNN's error + 6e-3, lse
 too); a compile error or a wrong result is recorded and 126 is not timed on that problem.
 Then 126 (`nnprim.sdpa(..., solver="gluon_flash_fwd")`, its default variant for the problem),
-each of 126's kernel variants through its launcher (`g126_<consumers>_<launch>`: `pp` ping-pong
-or `1c` one 8-warp consumer; `pers` persistent, grid <= #SMs, or `single`, one tile per CTA;
---variants picks them, each checked for correctness first), 110 (`solver="flash_fwd"`) and torch
-SDPA with the CUDNN_ATTENTION and FLASH_ATTENTION backends are timed interleaved
+each of 126's kernel variants through its launcher (`g126_<consumers>_<launch>`: `pp` two
+ping-pong warpgroups, `pp3` three (d64 only) or `1c` one 8-warp consumer; `pers` persistent,
+grid <= #SMs, or `single`, one tile per CTA; --variants picks them, each checked for
+correctness first), 110 (`solver="flash_fwd"`) and torch SDPA with the CUDNN_ATTENTION and
+FLASH_ATTENTION backends are timed interleaved
 (nnprim.search.timing.interleaved_samples: rotating order, CUDA events, warm-up), median ms,
 TFLOP/s (4*B*Hq*Sq*Sk*D, x0.5 causal when Sq == Sk) and the ratio to cuDNN. Writes JSON to
 --out (a .json path, or a directory: gluon_fwd_<date>.json) and prints a table.
 
     export PYTHONPATH=$PWD TRITON_INTERPRET=0
     timeout 300 python3 benchmarks/gluon_fwd.py --out $OUT/gluon.json [--subset a,b] [--rounds 15]
-        [--variants pp_pers,pp_single,1c_pers,1c_single]
+        [--variants pp_pers,pp_single,pp3_pers,pp3_single,1c_pers,1c_single]
 """
 from __future__ import annotations
 
@@ -59,19 +60,30 @@ import sys, torch
 from nnprim.args import AttnArgs
 from nnprim.attention import gluon_fwd
 from nnprim.problems.attention import AttentionProblem
-q = torch.randn(1, 2, 300, 128, device="cuda", dtype=torch.bfloat16)
-k = torch.randn(1, 1, 333, 128, device="cuda", dtype=torch.bfloat16)
+pp, consumers = sys.argv[1] == "1", int(sys.argv[3])
+D = 64 if consumers == 3 else 128
+q = torch.randn(1, 2, 300, D, device="cuda", dtype=torch.bfloat16)
+k = torch.randn(1, 1, 333, D, device="cuda", dtype=torch.bfloat16)
 for causal in (None, "bottom_right"):
     p = AttentionProblem.from_tensors(q, k, k, causal=causal)
-    cfg = gluon_fwd.tile_config(128, sys.argv[1] == "1", sys.argv[2] == "1")
+    cfg = gluon_fwd.tile_config(D, pp, sys.argv[2] == "1", consumers=consumers if pp else None)
     gluon_fwd.gluon_forward(p, AttnArgs(q, k, k), cfg=cfg)
 torch.cuda.synchronize()
 print("SMOKE-OK")
 """
 
 
-VARIANTS = {  # name: (ping-pong, persistent)
-    "pp_pers": (True, True), "pp_single": (True, False), "1c_pers": (False, True), "1c_single": (False, False)}
+VARIANTS = {  # name: (ping-pong, persistent, consumers)
+    "pp_pers": (True, True, 2), "pp_single": (True, False, 2), "pp3_pers": (True, True, 3),
+    "pp3_single": (True, False, 3), "1c_pers": (False, True, 1), "1c_single": (False, False, 1)}
+
+
+def variant_cfg(D: int, name: str) -> dict | None:
+    """The tile config of variant `name` at head dim D (None: three consumers past d64)."""
+    pp, persistent, consumers = VARIANTS[name]
+    if consumers == 3 and D > 64:
+        return None
+    return gluon_fwd.tile_config(D, pp, persistent, consumers=consumers if pp else None)
 
 
 def slice_reference(q, k, v, causal: bool):
@@ -88,7 +100,7 @@ def slice_reference(q, k, v, causal: bool):
     return torch.softmax(s, -1) @ vs, torch.logsumexp(s, -1)
 
 
-def run_problem(p: dict, rounds: int, ok: dict[tuple[bool, bool], bool], variants: list[str]) -> dict:
+def run_problem(p: dict, rounds: int, ok: dict[tuple[bool, bool, int], bool], variants: list[str]) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     B, Hq, Hkv, Sq, Sk, D, causal = p["B"], p["Hq"], p["Hkv"], p["Sq"], p["Sk"], p["D"], p["causal"]
     nc = "bottom_right" if causal else None   # Sq == Sk on the train problems: same as top-left
@@ -106,13 +118,13 @@ def run_problem(p: dict, rounds: int, ok: dict[tuple[bool, bool], bool], variant
 
     pb = AttentionProblem.from_tensors(q, k, v, causal=nc)
     dcfg = gluon_fwd.tile_config(D, problem=pb)
-    default = (dcfg["PINGPONG"], dcfg["PERSISTENT"])
+    default = (dcfg["PINGPONG"], dcfg["PERSISTENT"], dcfg["CONSUMERS"])
     row["gluon_126_default"] = next(n for n, var in VARIANTS.items() if var == default)
 
     def variant(cfg):
         return lambda: gluon_fwd.gluon_forward(pb, AttnArgs(q, k, v), cfg=cfg)[0]
     impls = {"gluon_126": lambda: nnprim.sdpa(q, k, v, causal=nc, solver="gluon_flash_fwd")}
-    impls |= {f"g126_{n}": variant(gluon_fwd.tile_config(D, *VARIANTS[n])) for n in variants}
+    impls |= {f"g126_{n}": variant(variant_cfg(D, n)) for n in variants if variant_cfg(D, n) is not None}
     impls |= {
         "flash_110": lambda: nnprim.sdpa(q, k, v, causal=nc, solver="flash_fwd"),
         "cudnn": peer(SDPBackend.CUDNN_ATTENTION),
@@ -121,7 +133,7 @@ def run_problem(p: dict, rounds: int, ok: dict[tuple[bool, bool], bool], variant
     if not ok.get(default, False):
         row["errors"]["gluon_126"] = "smoke run failed or hung: not run"
     for n in variants:
-        if not ok[VARIANTS[n]]:
+        if not ok[VARIANTS[n]] and f"g126_{n}" in impls:
             row["errors"][f"g126_{n}"] = "smoke run failed or hung: not run"
     ref_o, ref_lse = slice_reference(q, k, v, causal)
     try:
@@ -129,7 +141,7 @@ def run_problem(p: dict, rounds: int, ok: dict[tuple[bool, bool], bool], variant
         row["err_cudnn"] = round(e_c, 6)
     except Exception:  # noqa: BLE001 - no cuDNN for this problem: a plain bound
         e_c = 1e-2
-    for name in (f"g126_{n}" for n in variants):
+    for name in (f"g126_{n}" for n in variants if f"g126_{n}" in impls):
         if name in row["errors"]:
             continue
         try:
@@ -193,8 +205,8 @@ def main() -> int:
     probs = train_problems(a.suite, a.dims, a.subset)
     out = out_path(a.out, "gluon_fwd")
     result = new_result()
-    # all four variants: the default may be any of them
-    why = {n: smoke(SMOKE, ["1" if x else "0" for x in v]) for n, v in VARIANTS.items()}
+    # every variant: the default may be any of them
+    why = {n: smoke(SMOKE, ["1" if v[0] else "0", "1" if v[1] else "0", str(v[2])]) for n, v in VARIANTS.items()}
     result["smoke"] = {n: (w or "ok") for n, w in why.items()}
     print("smoke:", result["smoke"], flush=True)
     ok = {VARIANTS[n]: w is None for n, w in why.items()}

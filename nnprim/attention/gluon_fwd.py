@@ -30,17 +30,21 @@ evens out. `gl.warp_specialize` splits a CTA into
     P_j V_j and the consumer waits for S_{j+1} only (wgmma groups retire in order), so the
     softmax of block j+1 runs while P_j V_j is on the tensor cores; the last block is
     peeled off the loop (ptxas then keeps the wgmma pipeline asynchronous).
-    PINGPONG (default for D <= 128): two 4-warp consumer partitions of 64 rows each whose
-    MMA issue slots alternate through two mbarriers (FA3's inter-warpgroup ping-pong: one
-    warpgroup's softmax runs under the other's GEMMs). Otherwise one 8-warp consumer
-    partition (two warpgroups of 64 rows in lockstep, interleaved by the warp schedulers).
+    PINGPONG (default for D <= 128): CONSUMERS = two (or, at D = 64, three: 192-row tiles
+    with 160 registers a thread, FA3's d64 shape) 4-warp consumer partitions of 64 rows each
+    whose MMA issue slots take turns through one mbarrier each (FA3's inter-warpgroup
+    ping-pong: one warpgroup's softmax runs under the others' GEMMs; at D = 64 the softmax
+    of a 64x128 block takes about as long as its two GEMMs, so a third warpgroup keeps the
+    tensor cores fed). Otherwise one 8-warp consumer partition (two warpgroups of 64 rows in
+    lockstep, interleaved by the warp schedulers).
   - the epilogue: O normalised, written to shared memory and sent by a TMA store. With
     SEPARATE_O (persistent, D <= 128: what fits 227 KB) O has its own buffer, the Q tile is
     released as soon as the tile's last S has retired and the store runs on under the next
     tile (waited for before the buffer is written again); otherwise O goes out through the
     Q tile, which is released once the store has read it.
 Key blocks [0, full) are visible to every row (no masking), [full, hi) are masked per element
-(kv tail and the causal diagonal). Q/K/V/O are read and written through host TMA descriptors
+(kv tail and the causal diagonal). Causal tiles end at multiples of BLOCK_M from the last row,
+so a partial tile is the first and lightest. Q/K/V/O are read and written through host TMA descriptors
 over 4-D [B, H, S, D] views with boxes [1, 1, rows, D], so rows past Sq / Sk load as zeros and
 rows past Sq are never stored, per (b, h), with no descriptor built in the kernel (no
 workspace). lse (B, Hq, Sq) f32 through masked stores.
@@ -91,20 +95,43 @@ def persistent_default(problem) -> bool:
     return not problem.causal or problem.Sk <= 8192
 
 
+def consumers_default(problem, d: int) -> int:
+    """Ping-pong consumers when the caller does not say: three at d64 where the H200 runs of
+    2026-12-03 measured them ahead (results/gluon_fwd_pp3_2026-12-03_s23.json, persistent:
+    s4096 1.186 -> 1.129 ms, s16k causal 2.355 -> 2.299), else two. Short sequences lose to
+    the 192-row tiles' partial tile; causal ones up to s4096 to the masked diagonal blocks,
+    which spill at 160 registers (s4096 causal 0.657 -> 0.710 ms)."""
+    if problem is None or d > 64 or problem.Sq < 4096 or (problem.causal and problem.Sq < 16384):
+        return 2
+    return 3
+
+
 def tile_config(d: int, pingpong: bool | None = None, persistent: bool | None = None,
-                problem=None) -> dict:
-    """Launch constants for head dim d: BLOCK_M = 128 query rows per tile, BLOCK_N keys per
-    ring stage, STAGES (what fits 227 KB of shared memory next to the Q tile), PINGPONG (two
-    4-warp consumer partitions of 64 rows taking turns to issue their MMAs, FA3's schedule)
-    or one 8-warp consumer partition, PERSISTENT (grid = #SMs walking the tiles; default from
-    `problem` by persistent_default, else on), SEPARATE_O (an O buffer of its own when
-    persistent and it fits), num_warps (the default partition's), maxnreg: 168 x 384 threads
-    fills the 64K-register file at one CTA per SM, and setmaxnreg moves the producer
-    warpgroup's registers to the consumers (240 each)."""
+                problem=None, consumers: int | None = None) -> dict:
+    """Launch constants for head dim d: CONSUMERS consumer partitions (1: one 8-warp
+    partition of 128 rows; 2 or 3: ping-pong warpgroups of 64 rows each taking turns to issue
+    their MMAs, FA3's schedule; `pingpong` False means 1, True or None (d <= 128) means
+    `consumers` or consumers_default), BLOCK_M = their rows, BLOCK_N keys per ring stage,
+    STAGES (what fits 227 KB of shared memory next to the Q tiles), PERSISTENT (grid = #SMs
+    walking the tiles; default from `problem` by persistent_default, on for three consumers
+    or without a problem), SEPARATE_O (an O buffer of its
+    own when persistent and it fits), num_warps (the default partition's), maxnreg (the
+    register file split evenly over the warpgroups, producer padded to one: 168 x 384 or
+    128 x 512 threads at one CTA per SM), CONSUMER_REGS (what setmaxnreg gives each consumer
+    warpgroup once the producer has given its registers up: 240 of two, 160 of three, as
+    FA3's)."""
     pp = d <= 128 if pingpong is None else pingpong
-    if persistent is None:
-        persistent = True if problem is None else persistent_default(problem)
-    base = dict(BLOCK_M=128, PINGPONG=pp, PERSISTENT=persistent, num_warps=4 if pp else 8, maxnreg=168)
+    n_c = (consumers or consumers_default(problem, d)) if pp else 1
+    if n_c not in (1, 2, 3) or (n_c == 1 and pp) or (n_c == 3 and d > 64):
+        # three consumers hold a 64x128 f32 score tile, its successor and O in 160 registers:
+        # d64 only (O of d128 alone is 64 of them)
+        raise ValueError(f"tile_config: consumers={consumers} with pingpong={pingpong}, d={d}: needs 2 ping-pong "
+                         "consumers, 3 (d <= 64), or 1 without ping-pong")
+    if persistent is None:   # three consumers: persistent measured ahead at every size they are chosen for
+        persistent = True if problem is None or n_c == 3 else persistent_default(problem)
+    base = dict(BLOCK_M=64 * n_c if pp else 128, PINGPONG=pp, CONSUMERS=n_c, PERSISTENT=persistent,
+                num_warps=4 if pp else 8, maxnreg=128 if n_c == 3 else 168,
+                CONSUMER_REGS=160 if n_c == 3 else 240)
     if d <= 64:
         cfg = base | dict(BLOCK_N=128, STAGES=3)
     elif d <= 128:
@@ -148,10 +175,12 @@ def model_ms(problem, cfg: dict) -> float:
     n_m = math.ceil(problem.Sq / bm)
     shift = 0 if problem.causal != "bottom_right" else problem.Sk - problem.Sq
     blocks = 0
+    rows = bm // cfg.get("CONSUMERS", 1)
+    up = (n_m * bm - problem.Sq) // rows * rows if problem.causal else 0   # causal tiles' shift (_tile_at)
     for m in range(n_m):
         hi = problem.Sk
         if problem.causal:
-            hi = min(hi, min((m + 1) * bm, problem.Sq) + shift)
+            hi = min(hi, min((m + 1) * bm - up, problem.Sq) + shift)
         blocks += math.ceil(max(hi, 0) / bn)
     n_kv = max(blocks / n_m, 1e-3)
     eff = EFF_BY_D.get(problem.D, 0.7)
@@ -168,14 +197,15 @@ def model_ms(problem, cfg: dict) -> float:
 if gluon is not None:
 
     @gluon.jit
-    def _tile_at(t, Sq, Sk, n_m, BH, n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _tile_at(t, Sq, Sk, n_m, BH, n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, ROWS: gl.constexpr,
                  CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
         """(bh, start_m, n_full, n_blocks) of this CTA's tile at loop index t (t = pid,
         pid + grid, ...). Non-causal tiles go (b, h)-major so CTAs running together share a
         head's K/V in L2; causal tiles go q-block-major from the last (heaviest) q block, and a
         persistent CTA walks each round of `grid` tiles in alternating directions (snake) so
         every CTA's sum of tile lengths stays even. Key blocks [0, n_blocks) are visible to some
-        row of the tile, [0, n_full) to every row."""
+        row of the tile, [0, n_full) to every row. A consumer's ROWS-row slab that lies outside
+        [0, Sq) is idle (_idle_slab)."""
         tile = t
         if PERSISTENT and CAUSAL != 0:
             nprog = gl.num_programs(0)
@@ -190,6 +220,12 @@ if gluon is not None:
             pid_m = tile % n_m
             bh = tile // n_m
         start_m = pid_m * BLOCK_M
+        if CAUSAL != 0:
+            # causal tiles shifted up by whole slabs: the spare slabs of a partial tile sit
+            # above row 0 in the first tile, whose rows see the fewest keys, instead of past
+            # Sq in the last and heaviest (their consumers idle either way; no TMA box
+            # starts at a negative row: the first run with such boxes faulted the GPU)
+            start_m -= ((n_m * BLOCK_M - Sq) // ROWS) * ROWS
         if CAUSAL == 2:
             shift = Sk - Sq
         else:
@@ -221,15 +257,19 @@ if gluon is not None:
         it = 0
         tcount = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            bh, start_m, n_full, n_blocks = _tile_at(t, Sq, Sk, n_m, BH, n_tiles, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)
+            bh, start_m, n_full, n_blocks = _tile_at(t, Sq, Sk, n_m, BH, n_tiles, BLOCK_M, BLOCK_N, ROWS, CAUSAL,
+                                                     PERSISTENT)
             b = bh // Hq
             h = bh % Hq
             hk = h // GROUP
             for c in gl.static_range(NUM_C):
                 mbarrier.wait(q_empty.index(c), (tcount & 1) ^ 1)
-                mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [b, h, start_m + c * ROWS, 0], q_ready.index(c),
-                                                q_bufs.index(c))
+                row = start_m + c * ROWS
+                if (row >= 0) & (row < Sq):
+                    mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(q_desc, [b, h, row, 0], q_ready.index(c), q_bufs.index(c))
+                else:   # an idle slab: no load, its consumer only keeps the phases
+                    mbarrier.arrive(q_ready.index(c), count=1)
             for j in range(n_blocks):
                 s = (it + j) % STAGES
                 ph = ((it + j) // STAGES) & 1
@@ -262,9 +302,34 @@ if gluon is not None:
 
     @gluon.jit
     def _turn_end(turn_bars, WG: gl.constexpr, PINGPONG: gl.constexpr):
-        """Ping-pong: hand the tensor cores to the other consumer."""
+        """Ping-pong: hand the tensor cores to the next consumer (0, 1, .., 0: one turn
+        barrier per consumer)."""
         if PINGPONG:
-            mbarrier.arrive(turn_bars.index(1 - WG), count=1)
+            NUM_C: gl.constexpr = turn_bars.type.shape[0]
+            mbarrier.arrive(turn_bars.index((WG + 1) % NUM_C), count=1)
+
+    @gluon.jit
+    def _idle_slab(bars, turn_bars, slot, it, tcount, n_blocks, WG: gl.constexpr, PINGPONG: gl.constexpr):
+        """A consumer whose slab of this tile lies outside [0, Sq) (the spare slabs of a
+        partial tile): no MMAs, loads or stores, but the protocol the others rely on kept --
+        its Q barriers, its MMA turns (passed straight on: the busy consumers ping-pong among
+        themselves), each K / V ring slot released once it has landed. Returns the turn count."""
+        q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
+        STAGES: gl.constexpr = k_ready.type.shape[0]
+        mbarrier.wait(q_ready.index(WG), tcount & 1)
+        mbarrier.arrive(q_empty.index(WG), count=1)
+        if n_blocks > 0:
+            for j in range(n_blocks + 1):   # the busy consumers' turns per tile: n_blocks + 1
+                _turn_begin(turn_bars, slot, WG, PINGPONG)
+                _turn_end(turn_bars, WG, PINGPONG)
+                slot += 1
+                if j < n_blocks:
+                    mbarrier.wait(k_ready.index((it + j) % STAGES), ((it + j) // STAGES) & 1)
+                    mbarrier.arrive(k_empty.index((it + j) % STAGES), count=1)
+                if j > 0:
+                    mbarrier.wait(v_ready.index((it + j - 1) % STAGES), ((it + j - 1) // STAGES) & 1)
+                    mbarrier.arrive(v_empty.index((it + j - 1) % STAGES), count=1)
+        return slot
 
     @gluon.jit
     def _softmax_block(qk, j, m_i, l_i, offs_m, kv_len, shift, qk_scale, BLOCK_N: gl.constexpr,
@@ -279,10 +344,16 @@ if gluon is not None:
         else:
             sc = qk * qk_scale
             if MASKED:
-                offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-                valid = offs_n[None, :] < kv_len
+                # key j * BLOCK_N + c is visible to row m when c < kv_len - j * BLOCK_N and
+                # (causal) c < m + shift + 1 - j * BLOCK_N: one limit per row against the
+                # column constants c (compile-time per thread), one compare per score and no
+                # column-index registers (the 3-consumer d64 kernel spilled with those)
+                cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+                lim = kv_len - j * BLOCK_N
                 if CAUSAL != 0:
-                    valid = valid & (offs_n[None, :] <= offs_m[:, None] + shift)
+                    valid = cols[None, :] < gl.minimum(offs_m + (shift + 1 - j * BLOCK_N), lim)[:, None]
+                else:
+                    valid = cols[None, :] < lim
                 sc = gl.where(valid, sc, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(sc, 1))
             if MASKED:
@@ -302,9 +373,9 @@ if gluon is not None:
                   STORE_LSE: gl.constexpr, INF_AS_ZERO: gl.constexpr, WARPS: gl.constexpr):
         """Consumer WG (WARPS warps, ROWS query rows from start_m + WG * ROWS of each tile):
         QK^T, online softmax, PV, epilogue. Its MMA issue slots (S_0; then S_{j+1} + P_j V_j
-        per block; then the last P V) take turns with the other consumer's under PINGPONG;
-        both consumers take the same number of turns per tile, so the turns alternate across
-        tiles too. The Q tile is released once its last S has retired (SEPARATE_O: the next
+        per block; then the last P V) take turns with the other consumers' under PINGPONG
+        (0, 1, .., 0); every consumer takes the same number of turns per tile, so the cycle
+        runs on across tiles too. The Q tile is released once its last S has retired (SEPARATE_O: the next
         tile's Q loads during the last P V and the epilogue), else after O, written through
         it, has left for global memory."""
         q_ready, q_empty, k_ready, k_empty, v_ready, v_empty = bars
@@ -336,109 +407,117 @@ if gluon is not None:
         it = 0
         tcount = 0
         for t in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-            bh, start_m, n_full, n_blocks = _tile_at(t, Sq, Sk, n_m, BH, n_tiles, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)
+            bh, start_m, n_full, n_blocks = _tile_at(t, Sq, Sk, n_m, BH, n_tiles, BLOCK_M, BLOCK_N, ROWS, CAUSAL,
+                                                     PERSISTENT)
             b = bh // Hq
             h = bh % Hq
             row0 = start_m + WG * ROWS
-            offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
-            m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
-            l_i = gl.zeros([ROWS], gl.float32, row_s)
-            acc = gl.zeros([ROWS, HEAD_D], gl.float32, o_layout)
+            if (row0 < 0) | (row0 >= Sq):
+                slot = _idle_slab(bars, turn_bars, slot, it, tcount, n_blocks, WG, PINGPONG)
+            else:
+                if CAUSAL != 0:   # this slab's own first row: its diagonal starts later
+                    n_full = gl.minimum(gl.maximum(gl.minimum(row0 + shift + 1, Sk), 0) // BLOCK_N, n_blocks)
+                offs_m = row0 + gl.arange(0, ROWS, layout=row_s)
+                m_i = gl.full([ROWS], float("-inf"), gl.float32, row_s)
+                l_i = gl.zeros([ROWS], gl.float32, row_s)
+                acc = gl.zeros([ROWS, HEAD_D], gl.float32, o_layout)
 
-            mbarrier.wait(q_ready.index(WG), tcount & 1)
-            # prologue: S_0 and its softmax. p_cur / alpha: P_j (the PV operand, in registers)
-            # and the factor the accumulator takes before P_j V_j is added
-            p_cur = gl.zeros([ROWS, BLOCK_N], dtype, p_layout)
-            alpha = gl.full([ROWS], 1.0, gl.float32, row_s)
-            if n_blocks > 0:
-                _turn_begin(turn_bars, slot, WG, PINGPONG)
-                qk_tok = _issue_qk(it, q_smem, k_bufs, k_ready, s_layout, ROWS, BLOCK_N, HEAD_D, kv_layout)
-                _turn_end(turn_bars, WG, PINGPONG)
-                slot += 1
-                qk = warpgroup_mma_wait(0, deps=(qk_tok,))
-                mbarrier.arrive(k_empty.index(it % STAGES), count=1)
-                if n_full > 0:
-                    p, alpha, m_i, l_i = _softmax_block(qk, 0, m_i, l_i, offs_m, kv_len, shift, qk_scale,
-                                                        BLOCK_N, False, CAUSAL, SCALE_POS, s_layout)
-                else:
-                    p, alpha, m_i, l_i = _softmax_block(qk, 0, m_i, l_i, offs_m, kv_len, shift, qk_scale,
-                                                        BLOCK_N, True, CAUSAL, SCALE_POS, s_layout)
-                p_cur = gl.convert_layout(p.to(dtype), p_layout)
-            # steady state (FA3's intra-warpgroup overlap): issue S_{j+1} = Q K_{j+1}^T, then
-            # O = alpha O + P_j V_j; wait for S_{j+1} only and run its softmax while P_j V_j is
-            # still on the tensor cores. The last block is peeled off (no S_{j+1}): branch-free
-            # issue/wait pairs let ptxas keep the wgmma pipeline asynchronous.
-            for j in range(n_blocks - 1):
-                s = (it + j) % STAGES
-                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-                _turn_begin(turn_bars, slot, WG, PINGPONG)
-                qk_tok = _issue_qk(it + j + 1, q_smem, k_bufs, k_ready, s_layout, ROWS, BLOCK_N, HEAD_D, kv_layout)
-                mbarrier.wait(v_ready.index(s), ((it + j) // STAGES) & 1)
-                v_smem = v_bufs.index(s)._reinterpret(dtype, [BLOCK_N, HEAD_D], kv_layout)
-                acc_tok = warpgroup_mma(p_cur, v_smem, acc, is_async=True)
-                _turn_end(turn_bars, WG, PINGPONG)
-                slot += 1
-                qk = warpgroup_mma_wait(1, deps=(qk_tok,))      # S_{j+1} done; P_j V_j may run on
-                mbarrier.arrive(k_empty.index((it + j + 1) % STAGES), count=1)
-                if j + 1 < n_full:
-                    p, alpha, m_i, l_i = _softmax_block(qk, j + 1, m_i, l_i, offs_m, kv_len, shift, qk_scale,
-                                                        BLOCK_N, False, CAUSAL, SCALE_POS, s_layout)
-                else:
-                    p, alpha, m_i, l_i = _softmax_block(qk, j + 1, m_i, l_i, offs_m, kv_len, shift, qk_scale,
-                                                        BLOCK_N, True, CAUSAL, SCALE_POS, s_layout)
-                p_next = gl.convert_layout(p.to(dtype), p_layout)
-                # P_j stays live (a dependency) until its product is done
-                acc, p_cur = warpgroup_mma_wait(0, deps=(acc_tok, p_cur))
-                mbarrier.arrive(v_empty.index(s), count=1)
-                p_cur = p_next
-            if SEPARATE_O:
-                mbarrier.arrive(q_empty.index(WG), count=1)   # every S of this tile has retired
-            if n_blocks > 0:
-                j = n_blocks - 1
-                s = (it + j) % STAGES
-                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-                _turn_begin(turn_bars, slot, WG, PINGPONG)
-                mbarrier.wait(v_ready.index(s), ((it + j) // STAGES) & 1)
-                v_smem = v_bufs.index(s)._reinterpret(dtype, [BLOCK_N, HEAD_D], kv_layout)
-                acc_tok = warpgroup_mma(p_cur, v_smem, acc, is_async=True)
-                _turn_end(turn_bars, WG, PINGPONG)
-                slot += 1
-                acc, p_cur = warpgroup_mma_wait(0, deps=(acc_tok, p_cur))
-                mbarrier.arrive(v_empty.index(s), count=1)
+                mbarrier.wait(q_ready.index(WG), tcount & 1)
+                # prologue: S_0 and its softmax. p_cur / alpha: P_j (the PV operand, in registers)
+                # and the factor the accumulator takes before P_j V_j is added
+                p_cur = gl.zeros([ROWS, BLOCK_N], dtype, p_layout)
+                alpha = gl.full([ROWS], 1.0, gl.float32, row_s)
+                if n_blocks > 0:
+                    _turn_begin(turn_bars, slot, WG, PINGPONG)
+                    qk_tok = _issue_qk(it, q_smem, k_bufs, k_ready, s_layout, ROWS, BLOCK_N, HEAD_D, kv_layout)
+                    _turn_end(turn_bars, WG, PINGPONG)
+                    slot += 1
+                    qk = warpgroup_mma_wait(0, deps=(qk_tok,))
+                    mbarrier.arrive(k_empty.index(it % STAGES), count=1)
+                    if n_full > 0:
+                        p, alpha, m_i, l_i = _softmax_block(qk, 0, m_i, l_i, offs_m, kv_len, shift, qk_scale,
+                                                            BLOCK_N, False, CAUSAL, SCALE_POS, s_layout)
+                    else:
+                        p, alpha, m_i, l_i = _softmax_block(qk, 0, m_i, l_i, offs_m, kv_len, shift, qk_scale,
+                                                            BLOCK_N, True, CAUSAL, SCALE_POS, s_layout)
+                    p_cur = gl.convert_layout(p.to(dtype), p_layout)
+                # steady state (FA3's intra-warpgroup overlap): issue S_{j+1} = Q K_{j+1}^T, then
+                # O = alpha O + P_j V_j; wait for S_{j+1} only and run its softmax while P_j V_j is
+                # still on the tensor cores. The last block is peeled off (no S_{j+1}): branch-free
+                # issue/wait pairs let ptxas keep the wgmma pipeline asynchronous.
+                for j in range(n_blocks - 1):
+                    s = (it + j) % STAGES
+                    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                    _turn_begin(turn_bars, slot, WG, PINGPONG)
+                    qk_tok = _issue_qk(it + j + 1, q_smem, k_bufs, k_ready, s_layout, ROWS, BLOCK_N, HEAD_D, kv_layout)
+                    mbarrier.wait(v_ready.index(s), ((it + j) // STAGES) & 1)
+                    v_smem = v_bufs.index(s)._reinterpret(dtype, [BLOCK_N, HEAD_D], kv_layout)
+                    acc_tok = warpgroup_mma(p_cur, v_smem, acc, is_async=True)
+                    _turn_end(turn_bars, WG, PINGPONG)
+                    slot += 1
+                    qk = warpgroup_mma_wait(1, deps=(qk_tok,))      # S_{j+1} done; P_j V_j may run on
+                    mbarrier.arrive(k_empty.index((it + j + 1) % STAGES), count=1)
+                    if j + 1 < n_full:
+                        p, alpha, m_i, l_i = _softmax_block(qk, j + 1, m_i, l_i, offs_m, kv_len, shift, qk_scale,
+                                                            BLOCK_N, False, CAUSAL, SCALE_POS, s_layout)
+                    else:
+                        p, alpha, m_i, l_i = _softmax_block(qk, j + 1, m_i, l_i, offs_m, kv_len, shift, qk_scale,
+                                                            BLOCK_N, True, CAUSAL, SCALE_POS, s_layout)
+                    p_next = gl.convert_layout(p.to(dtype), p_layout)
+                    # P_j stays live (a dependency) until its product is done
+                    acc, p_cur = warpgroup_mma_wait(0, deps=(acc_tok, p_cur))
+                    mbarrier.arrive(v_empty.index(s), count=1)
+                    p_cur = p_next
+                if SEPARATE_O:
+                    mbarrier.arrive(q_empty.index(WG), count=1)   # every S of this tile has retired
+                if n_blocks > 0:
+                    j = n_blocks - 1
+                    s = (it + j) % STAGES
+                    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                    _turn_begin(turn_bars, slot, WG, PINGPONG)
+                    mbarrier.wait(v_ready.index(s), ((it + j) // STAGES) & 1)
+                    v_smem = v_bufs.index(s)._reinterpret(dtype, [BLOCK_N, HEAD_D], kv_layout)
+                    acc_tok = warpgroup_mma(p_cur, v_smem, acc, is_async=True)
+                    _turn_end(turn_bars, WG, PINGPONG)
+                    slot += 1
+                    acc, p_cur = warpgroup_mma_wait(0, deps=(acc_tok, p_cur))
+                    mbarrier.arrive(v_empty.index(s), count=1)
+
+                # epilogue: normalise, TMA store of O (clipped at Sq by the descriptor)
+                inv_l = 1.0 / l_i
+                o = acc * gl.convert_layout(inv_l, row_o)[:, None]
+                if INF_AS_ZERO:
+                    o = gl.where(gl.convert_layout(l_i == 0.0, row_o)[:, None], 0.0, o)
+                if SEPARATE_O:
+                    tma.store_wait(0)          # the previous tile's O has left the buffer
+                o_smem.store(o.to(dtype))
+                fence_async_shared()
+                tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], o_smem4)
+                if STORE_LSE:
+                    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+                    gl.store(LSE + bh.to(gl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
+                if not SEPARATE_O:
+                    tma.store_wait(0)          # O went out through the Q tile: now it may be reloaded
+                    gl.thread_barrier()        # (the store's issuing thread has waited; thread 0 arrives)
+                    mbarrier.arrive(q_empty.index(WG), count=1)
             it += n_blocks
-
-            # epilogue: normalise, TMA store of O (clipped at Sq by the descriptor)
-            inv_l = 1.0 / l_i
-            o = acc * gl.convert_layout(inv_l, row_o)[:, None]
-            if INF_AS_ZERO:
-                o = gl.where(gl.convert_layout(l_i == 0.0, row_o)[:, None], 0.0, o)
-            if SEPARATE_O:
-                tma.store_wait(0)          # the previous tile's O has left the buffer
-            o_smem.store(o.to(dtype))
-            fence_async_shared()
-            tma.async_copy_shared_to_global(o_desc, [b, h, row0, 0], o_smem4)
-            if STORE_LSE:
-                lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-                gl.store(LSE + bh.to(gl.int64) * Sq + offs_m, lse, mask=offs_m < Sq)
-            if not SEPARATE_O:
-                tma.store_wait(0)          # O went out through the Q tile: now it may be reloaded
-                gl.thread_barrier()        # (the store's issuing thread has waited; thread 0 arrives)
-                mbarrier.arrive(q_empty.index(WG), count=1)
             tcount += 1
         tma.store_wait(0)
 
     @gluon.jit(do_not_specialize=["B", "Hq", "Sq", "Sk"])
     def _gluon_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, B, Hq, Sq, Sk, GROUP, qk_scale,
                           HEAD_D: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                          STAGES: gl.constexpr, PINGPONG: gl.constexpr, PERSISTENT: gl.constexpr,
+                          STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                          PERSISTENT: gl.constexpr,
                           SEPARATE_O: gl.constexpr, CAUSAL: gl.constexpr, SCALE_POS: gl.constexpr,
                           STORE_LSE: gl.constexpr, INF_AS_ZERO: gl.constexpr, num_warps: gl.constexpr):
         """Tiles (BLOCK_M query rows of one (b, h)) t = pid, pid + grid, ... of the
         cdiv(Sq, BLOCK_M) * B * Hq: one per CTA (grid = every tile) or persistent (grid <=
         #SMs). Descriptors: 4-D [B, H, S, D] views with boxes [1, 1, rows, D]; O (B, Hq, Sq, D)
-        and lse (B, Hq, Sq) contiguous. PINGPONG: two consumer partitions of num_warps (4) warps
-        and BLOCK_M / 2 rows each; else one of num_warps (8) warps and BLOCK_M rows."""
-        NUM_C: gl.constexpr = 2 if PINGPONG else 1
+        and lse (B, Hq, Sq) contiguous. CONSUMERS 2 or 3: ping-pong consumer partitions of
+        num_warps (4) warps and BLOCK_M / CONSUMERS rows each, CONSUMER_REGS registers a
+        thread; 1: one of num_warps (8) warps and BLOCK_M rows."""
+        NUM_C: gl.constexpr = CONSUMERS
         dtype: gl.constexpr = q_desc.dtype
         n_m = gl.cdiv(Sq, BLOCK_M)
         BH = B * Hq
@@ -457,11 +536,11 @@ if gluon is not None:
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        turn_bars = gl.allocate_shared_memory(gl.int64, [NUM_C, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(NUM_C):
             mbarrier.init(q_ready.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
-        for i in gl.static_range(2):
+        for i in gl.static_range(NUM_C):
             mbarrier.init(turn_bars.index(i), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
@@ -470,22 +549,37 @@ if gluon is not None:
             mbarrier.init(v_empty.index(i), count=NUM_C)
         bars = (q_ready, q_empty, k_ready, k_empty, v_ready, v_empty)
 
-        if PINGPONG:
+        # (a Gluon kernel cannot hold the partitions in variables: each list is written out)
+        if NUM_C == 3:
             gl.warp_specialize([
-                (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH,
-                             n_tiles, qk_scale, 0, True, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O,
-                             SCALE_POS, STORE_LSE, INF_AS_ZERO, num_warps)),
-                (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH,
-                             n_tiles, qk_scale, 1, True, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O,
-                             SCALE_POS, STORE_LSE, INF_AS_ZERO, num_warps)),
+                (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH, n_tiles,
+                             qk_scale, 0, True, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O, SCALE_POS,
+                             STORE_LSE, INF_AS_ZERO, num_warps)),
+                (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH, n_tiles,
+                             qk_scale, 1, True, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O, SCALE_POS,
+                             STORE_LSE, INF_AS_ZERO, num_warps)),
+                (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH, n_tiles,
+                             qk_scale, 2, True, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O, SCALE_POS,
+                             STORE_LSE, INF_AS_ZERO, num_warps)),
                 (_producer, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, bars, Hq, GROUP, Sq, Sk, n_m, BH,
                              n_tiles, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)),
-            ], [num_warps, 1], [240, 24])
+            ], [num_warps, num_warps, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
+        elif NUM_C == 2:
+            gl.warp_specialize([
+                (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH, n_tiles,
+                             qk_scale, 0, True, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O, SCALE_POS,
+                             STORE_LSE, INF_AS_ZERO, num_warps)),
+                (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH, n_tiles,
+                             qk_scale, 1, True, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O, SCALE_POS,
+                             STORE_LSE, INF_AS_ZERO, num_warps)),
+                (_producer, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, bars, Hq, GROUP, Sq, Sk, n_m, BH,
+                             n_tiles, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)),
+            ], [num_warps, 1], [CONSUMER_REGS, 24])
         else:
             gl.warp_specialize([
-                (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH,
-                             n_tiles, qk_scale, 0, False, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O,
-                             SCALE_POS, STORE_LSE, INF_AS_ZERO, num_warps)),
+                (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH, n_tiles,
+                             qk_scale, 0, False, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O, SCALE_POS,
+                             STORE_LSE, INF_AS_ZERO, num_warps)),
                 (_producer, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, bars, Hq, GROUP, Sq, Sk, n_m, BH,
                              n_tiles, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)),
             ], [1], [24])
@@ -493,7 +587,7 @@ if gluon is not None:
         for c in gl.static_range(NUM_C):
             mbarrier.invalidate(q_ready.index(c))
             mbarrier.invalidate(q_empty.index(c))
-        for i in gl.static_range(2):
+        for i in gl.static_range(NUM_C):
             mbarrier.invalidate(turn_bars.index(i))
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(k_ready.index(i))
@@ -560,10 +654,11 @@ class GluonFwdPlan:
         self.p = p = problem
         cfg = dict(cfg or tile_config(p.D, problem=p))
         self.persistent = cfg["PERSISTENT"]
-        self.rows = cfg["BLOCK_M"] // (2 if cfg["PINGPONG"] else 1)
+        self.rows = cfg["BLOCK_M"] // cfg["CONSUMERS"]
         self.block_n = cfg["BLOCK_N"]
         self.n_tiles = triton.cdiv(p.Sq, cfg["BLOCK_M"]) * p.B * p.Hq
         self.o_strides = [p.Hq * p.Sq * p.Dv, p.Sq * p.Dv, p.Dv, 1]
+        cfg.pop("PINGPONG")   # the kernel reads CONSUMERS
         self.options = dict(HEAD_D=p.D, CAUSAL=_CAUSAL_CODE[p.causal], INF_AS_ZERO=p.inf_as_zero, **cfg)
         self.launches: dict[tuple[bool, bool], Launch] = {}
         # TMA strides of (q, k, v) by their stride tuples: what _tma_strides found for

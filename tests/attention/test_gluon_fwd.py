@@ -70,15 +70,27 @@ def test_registry_keeps_choosing_other_solvers_on_cpu():
 
 def test_tile_configs_fit_hopper_shared_memory():
     for d in gluon_fwd.HEAD_DIMS:
-        for pp in (None, False, True):
+        for pp, consumers in ((None, None), (False, None), (True, None), (True, 3)):
+            if consumers == 3 and d > 64:
+                with pytest.raises(ValueError, match="consumers=3"):
+                    gluon_fwd.tile_config(d, pp, consumers=consumers)
+                continue
             for persistent in (None, False, True):
-                c = gluon_fwd.tile_config(d, pp, persistent)
+                c = gluon_fwd.tile_config(d, pp, persistent, consumers=consumers)
                 smem = 2 * ((2 if c["SEPARATE_O"] else 1) * c["BLOCK_M"] * d + 2 * c["STAGES"] * c["BLOCK_N"] * d)
                 assert smem == gluon_fwd.smem_bytes(d, c) <= 227 * 1024
                 # an O buffer of its own only for persistent launches, wherever it fits (d <= 128)
                 assert c["SEPARATE_O"] == (c["PERSISTENT"] and d <= 128)
-                # consumers: two 4-warp partitions (ping-pong) or one of 8 warps; + 1 producer warp
-                assert c["num_warps"] == (4 if c["PINGPONG"] else 8) and c["maxnreg"] * 384 <= 65536
+                # consumers: two or three 4-warp partitions of 64 rows (ping-pong) or one of 8
+                # warps and 128 rows; + 1 producer warp (padded to a warpgroup). The register
+                # file holds maxnreg for every warpgroup at launch and, after setmaxnreg, the
+                # consumers' CONSUMER_REGS next to the producer's 24
+                n = c["CONSUMERS"]
+                assert n == (consumers or (2 if c["PINGPONG"] else 1)) and c["BLOCK_M"] == (64 * n if n > 1 else 128)
+                assert c["num_warps"] == (4 if c["PINGPONG"] else 8)
+                groups = n + 1 if n > 1 else 3
+                assert c["maxnreg"] * 128 * groups <= 65536
+                assert n == 1 or (n * c["CONSUMER_REGS"] + 24) * 128 <= 65536
 
 
 def test_persistent_choice_workspace_and_estimate():
@@ -101,3 +113,21 @@ def test_persistent_choice_workspace_and_estimate():
     d64 = problem(device="cuda", B=1, Hq=32, Hkv=32, Sq=16384, Sk=16384, D=64, Dv=64)
     assert 420 < tflops(d64) < 470
     assert 600 < tflops(long_causal) < 700 and tflops(short) < t[1024]
+
+
+def test_three_consumers_where_measured_ahead():
+    """d64 takes three ping-pong consumers (192-row tiles, persistent) on long sequences
+    (causal from s16k), two elsewhere; an explicit `consumers` or `pingpong` wins."""
+    def cfg(**kw):
+        return gluon_fwd.tile_config(kw.get("D", 64), problem=problem(device="cuda", **kw))
+    long64 = cfg(B=1, Hq=8, Hkv=8, Sq=4096, Sk=4096, D=64, Dv=64)
+    assert long64["CONSUMERS"] == 3 and long64["BLOCK_M"] == 192 and long64["PERSISTENT"]
+    assert cfg(B=1, Hq=8, Hkv=8, Sq=16384, Sk=16384, D=64, Dv=64, causal="top_left")["CONSUMERS"] == 3
+    assert cfg(B=1, Hq=8, Hkv=8, Sq=4096, Sk=4096, D=64, Dv=64, causal="top_left")["CONSUMERS"] == 2
+    assert cfg(B=1, Hq=8, Hkv=8, Sq=1024, Sk=1024, D=64, Dv=64)["CONSUMERS"] == 2
+    assert cfg(B=1, Hq=8, Hkv=8, Sq=4096, Sk=4096, D=128, Dv=128)["CONSUMERS"] == 2
+    assert gluon_fwd.tile_config(64, True, consumers=2)["BLOCK_M"] == 128
+    assert gluon_fwd.tile_config(64, False)["CONSUMERS"] == 1
+    # the plan's TMA box follows the consumers' rows
+    p = problem(device="cuda", B=1, Hq=8, Hkv=8, Sq=4096, Sk=4096, D=64, Dv=64)
+    assert gluon_fwd.GluonFwdPlan(p).rows == 64

@@ -2,9 +2,11 @@
 inputs, NaN-poisoned outputs, against the float64 reference; odd Sq/Sk tails, GQA 4:1 and
 8:1, both causal alignments, d64/d128/d256, B*H above and below the SM count, lse,
 bit-identical output run to run, strided inputs (copied for TMA), the public API. Every
-kernel variant: ping-pong (two 4-warp consumers taking turns) or one 8-warp consumer, each
-launched one tile per CTA (`single`) or persistent (grid <= #SMs walking the tiles; a test
-shrinks the grid to 7 CTAs so each runs many tiles, causal snake rounds included).
+kernel variant: ping-pong (two 4-warp consumers taking turns; three for d64, 192-row tiles,
+whose causal tiles align to the last row) or one 8-warp consumer, each launched one tile per
+CTA (`single`) or persistent (grid <= #SMs walking the tiles; a test shrinks the grid to 7
+CTAs so each runs many tiles, causal snake rounds included). The three-consumer variants run
+the d64 cases only.
 
 A wrong barrier phase shows as a hang, not an error: the smoke tests run small problems of
 each variant in a subprocess with a timeout, and a variant's other tests are skipped when
@@ -40,14 +42,17 @@ from nnprim.args import AttnArgs
 from nnprim.attention import gluon_fwd
 from nnprim.problems.attention import AttentionProblem
 
-pp, persistent = sys.argv[1] == "1", sys.argv[2] == "1"
-for D, Sq, Sk in ((64, 130, 200), (128, 300, 77), (256, 200, 333)):
+pp, persistent, consumers = sys.argv[1] == "1", sys.argv[2] == "1", int(sys.argv[3])
+for D, Sq, Sk in ((64, 130, 200), (64, 450, 301), (128, 300, 77), (256, 200, 333)):
+    if consumers == 3 and D != 64:
+        continue
     q = torch.randn(1, 2, Sq, D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, 1, Sk, D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(1, 1, Sk, D, device="cuda", dtype=torch.bfloat16)
     for causal in (None, "bottom_right"):
         p = AttentionProblem.from_tensors(q, k, v, causal=causal, return_lse=True)
-        o, lse = gluon_fwd.gluon_forward(p, AttnArgs(q, k, v), cfg=gluon_fwd.tile_config(D, pp, persistent))
+        cfg = gluon_fwd.tile_config(D, pp, persistent, consumers=consumers if pp else None)
+        o, lse = gluon_fwd.gluon_forward(p, AttnArgs(q, k, v), cfg=cfg)
         torch.cuda.synchronize()
         if causal is None:
             ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float().expand(1, 2, Sk, D),
@@ -57,24 +62,36 @@ for D, Sq, Sk in ((64, 130, 200), (128, 300, 77), (256, 200, 333)):
 print("SMOKE-OK")
 """
 
-VARIANTS = {  # name: (ping-pong, persistent)
-    "pingpong-persistent": (True, True),
-    "pingpong-single": (True, False),
-    "one_consumer-persistent": (False, True),
-    "one_consumer-single": (False, False),
+VARIANTS = {  # name: (ping-pong, persistent, consumers)
+    "pingpong-persistent": (True, True, 2),
+    "pingpong-single": (True, False, 2),
+    "pingpong3-persistent": (True, True, 3),
+    "pingpong3-single": (True, False, 3),
+    "one_consumer-persistent": (False, True, 1),
+    "one_consumer-single": (False, False, 1),
 }
-_smoke: dict[tuple[bool, bool], str] = {}
+Variant = tuple[bool, bool, int]
+_smoke: dict[Variant, str] = {}
 
 
-def smoke_failure(variant: tuple[bool, bool]) -> str | None:
-    """None when small launches of the variant (ping-pong, persistent) finish correctly in a
-    subprocess within 120 s, else why (a hang is killed with its process)."""
+def tile_cfg(D: int, variant: Variant) -> dict:
+    """The variant's tile config for head dim D; skips the test where the variant has no
+    config (three consumers past d64)."""
+    pp, persistent, consumers = variant
+    if consumers == 3 and D > 64:
+        pytest.skip("three consumers: d64 only")
+    return gluon_fwd.tile_config(D, pp, persistent, consumers=consumers if pp else None)
+
+
+def smoke_failure(variant: Variant) -> str | None:
+    """None when small launches of the variant (ping-pong, persistent, consumers) finish
+    correctly in a subprocess within 120 s, else why (a hang is killed with its process)."""
     if variant not in _smoke:
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.pop("TRITON_INTERPRET", None)
         try:
-            r = subprocess.run([sys.executable, "-c", SMOKE, *("1" if x else "0" for x in variant)], env=env,
-                               capture_output=True, text=True, timeout=120)
+            r = subprocess.run([sys.executable, "-c", SMOKE, *("1" if x else "0" for x in variant[:2]),
+                                str(variant[2])], env=env, capture_output=True, text=True, timeout=120)
             _smoke[variant] = "" if "SMOKE-OK" in r.stdout else f"smoke run failed: {(r.stdout + r.stderr)[-3000:]}"
         except subprocess.TimeoutExpired:
             _smoke[variant] = "smoke run hung for 120 s (deadlock: barrier phases?)"
@@ -82,8 +99,8 @@ def smoke_failure(variant: tuple[bool, bool]) -> str | None:
 
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
-def variant(request) -> tuple[bool, bool]:
-    """(ping-pong, persistent) of a variant whose smoke run passed."""
+def variant(request) -> Variant:
+    """(ping-pong, persistent, consumers) of a variant whose smoke run passed."""
     v = VARIANTS[request.param]
     why = smoke_failure(v)
     if why:
@@ -127,7 +144,7 @@ def run_checked(q, k, v, variant, causal=None, scale=None, inf_as_zero=False):
     B, Hq, Sq, D = q.shape
     o = torch.full((B, Hq, Sq, D), float("nan"), dtype=q.dtype, device=DEV)
     lse = torch.full((B, Hq, Sq), float("nan"), dtype=torch.float32, device=DEV)
-    gluon_fwd.gluon_forward(p, args, out=o, lse_out=lse, cfg=gluon_fwd.tile_config(D, *variant))
+    gluon_fwd.gluon_forward(p, args, out=o, lse_out=lse, cfg=tile_cfg(D, variant))
     torch.cuda.synchronize()
     ro, rl = reference_forward(p, args)
     return p, args, o, lse, ro, rl
@@ -141,6 +158,7 @@ SHAPES = [  # (B, Hq, Hkv, Sq, Sk, D)
     (1, 2, 2, 77, 300, 256),       # d256
     (4, 48, 6, 1024, 1024, 128),   # B*H = 192 > 132 SMs, GQA 8:1: several tiles per persistent CTA
     (2, 16, 16, 2048, 2048, 64),   # several K/V ring wraps
+    (1, 4, 2, 400, 150, 64),       # Sk < Sq: bottom-right rows with no key; 3 tiles of 192 rows, the first partial
     (2, 8, 2, 1100, 900, 256),     # d256, 144 tiles: persistent CTAs reload Q after O left through it
 ]
 
@@ -179,9 +197,10 @@ def test_f16_and_scales(dtype, variant):
 
 
 def test_bit_identical_run_to_run(variant):
-    q, k, v = case(2, 32, 4, 1531, 1531, 128, seed=7)
+    D = 64 if variant[2] == 3 else 128
+    q, k, v = case(2, 32, 4, 1531, 1531, D, seed=7)
     p = AttentionProblem.from_tensors(q, k, v, causal="bottom_right", return_lse=True)
-    cfg = gluon_fwd.tile_config(128, *variant)
+    cfg = tile_cfg(D, variant)
     outs = [gluon_fwd.gluon_forward(p, AttnArgs(q, k, v), cfg=cfg) for _ in range(3)]
     for o, lse in outs[1:]:
         assert torch.equal(o, outs[0][0]) and torch.equal(lse, outs[0][1])
@@ -208,7 +227,7 @@ def test_public_api_forced_solver():
     q, k, v = case(2, 8, 2, 513, 700, 128, seed=9)
     p = AttentionProblem.from_tensors(q, k, v, causal="bottom_right", return_lse=True)
     cfg = gluon_fwd.tile_config(128, problem=p)
-    why = smoke_failure((cfg["PINGPONG"], cfg["PERSISTENT"]))   # the solver's own variant
+    why = smoke_failure((cfg["PINGPONG"], cfg["PERSISTENT"], cfg["CONSUMERS"]))   # the solver's own variant
     if why:
         pytest.skip(why[:500])
     o, lse = nnprim.sdpa(q, k, v, causal="bottom_right", return_lse=True, solver="gluon_flash_fwd")
@@ -218,18 +237,36 @@ def test_public_api_forced_solver():
     assert (lse.double() - rl).abs().max().item() < 1e-3 * max(1.0, rl.abs().max().item())
 
 
+def test_public_api_default_three_consumers():
+    """The solver's own choice at d64 on a long sequence: three consumers, persistent; Sq one
+    slab and 4 rows past a multiple of 192, so the last tile has a busy, a partial and an idle
+    slab, and lse of every row."""
+    q, k, v = case(1, 4, 2, 4100, 4111, 64, seed=31)
+    p = AttentionProblem.from_tensors(q, k, v, return_lse=True)
+    cfg = gluon_fwd.tile_config(64, problem=p)
+    assert cfg["CONSUMERS"] == 3
+    why = smoke_failure((True, cfg["PERSISTENT"], 3))
+    if why:
+        pytest.skip(why[:500])
+    o, lse = nnprim.sdpa(q, k, v, return_lse=True, solver="gluon_flash_fwd")
+    ro, rl = reference_forward(p, AttnArgs(q, k, v))
+    assert_close("o default d64", o, torch_same_dtype(q, k, v, None), ro)
+    assert (lse.double() - rl).abs().max().item() < 1e-3 * max(1.0, rl.abs().max().item())
+
+
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
-@pytest.mark.parametrize("pp", [True, False], ids=["pingpong", "one_consumer"])
-def test_persistent_many_tiles_per_cta(monkeypatch, causal, pp):
+@pytest.mark.parametrize("consumers", [2, 3, 1], ids=["pingpong", "pingpong3", "one_consumer"])
+def test_persistent_many_tiles_per_cta(monkeypatch, causal, consumers):
     """A grid of 7 CTAs over 2 * 4 * 9 = 72 tiles: ten full rounds and a partial one (snake
     order when causal), the ring and the Q/O buffers cycling through many tiles."""
-    why = smoke_failure((pp, True))
+    variant = (consumers > 1, True, consumers)
+    why = smoke_failure(variant)
     if why:
         pytest.skip(why[:500])
     monkeypatch.setattr(gluon_fwd, "sm_count", lambda index: 7)
-    for D in (64, 128, 256):
+    for D in (64,) if consumers == 3 else (64, 128, 256):
         q, k, v = case(2, 4, 2, 1100, 1000 if D != 256 else 700, D, seed=D)
-        p, args, o, lse, ro, rl = run_checked(q, k, v, (pp, True), causal=causal)
+        p, args, o, lse, ro, rl = run_checked(q, k, v, variant, causal=causal)
         rows = ~torch.isneginf(rl)
         assert_close(f"o D={D} {causal}", o[rows], torch_same_dtype(q, k, v, causal)[rows], ro[rows])
         assert (lse[rows].double() - rl[rows]).abs().max().item() < 1e-3 * max(1.0, rl[rows].abs().max().item())
