@@ -57,14 +57,17 @@ from ..search.solver import Solver, register
 from .cpu_gemm import apply_post_ops_block, cpu_has_amx, cpu_has_native_bf16, workspace
 from .cpu_im2col import F32, Block, logical, physical
 from .cpu_tap import phase_list, tap_grid, tap_offsets
+from .cpu_wgrad import cm_rows, own_kernel, wgrad_own, wgrad_segments
 
-LIBRARY = NativeLibrary("nnprim_cpu_conv", VNNI_HELPERS + Path(__file__).with_name("cpu_brgemm_src.cpp").read_text(),
-                        "native CPU convolution")
+_HERE = Path(__file__).parent
+LIBRARY = NativeLibrary("nnprim_cpu_conv", VNNI_HELPERS + (_HERE / "cpu_brgemm_src.cpp").read_text()
+                        + (_HERE / "cpu_wgrad_src.cpp").read_text(), "native CPU convolution")
 BF16 = torch.bfloat16
 NB = 64                   # columns of a VNNI block
 MAX_STAGE_BYTES = 1 << 31
 WGRAD_CHUNK = 512         # positions per backward-weights work item
 USE_AMX_KERNEL = True     # the forward kernels' own AMX micro-kernel where it applies (tests turn it off)
+USE_OWN_WGRAD = True      # cpu_wgrad's bf16 backward-weights kernel where it applies (tests, A/B turn it off)
 _SLACK = 32               # positions past the last tap's reach (the AMX kernel's 32-row blocks)
 
 
@@ -239,6 +242,14 @@ class _Stage:
                   self.phases)
         return out
 
+    def channel_major(self, ops, t: torch.Tensor, channels: int, ws: torch.Tensor) -> torch.Tensor:
+        """bf16 t staged channel-major into ws: the (phases, C, rows) view (cpu_wgrad)."""
+        shape = (len(self.phases), channels, self.rows)
+        out = ws[:math.prod(shape) * 2].view(BF16).view(shape)
+        ops.stage_cm(_logical5(t.to(BF16)), out, _pad3(self.U, 1), _pad3(self.stride, 1), _pad3(self.pad, 0),
+                     self.phases)
+        return out
+
 
 def _weight_source(p: ConvProblem, w: torch.Tensor, rows_fc: bool) -> tuple[torch.Tensor, bool]:
     """(src3, transpose) for pack_b from the weights' physical layout (_row_id numbers its rows).
@@ -284,7 +295,8 @@ class _Plan:
             self.in_place = reads_in_place(p) and self.natural_rows and p.out_dtype in (p.dtype, F32)
             self.lead = _lead(p)
         else:
-            self.x_stage = _Stage(U, p.stride, p.pad_before, phase_list(p), _stage_rows(p, p.N * ut))
+            rows = _stage_rows(p, p.N * ut)
+            self.x_stage = _Stage(U, p.stride, p.pad_before, phase_list(p), cm_rows(rows) if own_kernel(p) else rows)
         if p.direction == "bwd_data":
             A, self.V, self.phases = _bwd_data_geometry(p)
             reach = max((off for taps, *_ in self.phases for off, _ in taps), default=0)
@@ -335,6 +347,14 @@ class _Plan:
     @cached_property
     def chunks(self) -> torch.Tensor:
         return wgrad_chunks(self.p)
+
+    @property
+    def own_wgrad(self) -> bool:       # read per call: the A/B benchmark switches USE_OWN_WGRAD
+        return USE_OWN_WGRAD and self.vnni and own_kernel(self.p)
+
+    @cached_property
+    def segments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return wgrad_segments(self.p)
 
     def _call(self, taps, depth: int, rows_fc: bool, lo, hi, i0):
         p = self.p
@@ -535,9 +555,14 @@ def wgrad_chunks(p: ConvProblem) -> torch.Tensor:
 def brgemm_bwd_weights(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     p, ops = plan.p, LIBRARY.ops()
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
-    xs = plan.x_stage(ops, args.x, p.C, p.dtype, ws)
     dyg = plan.dy_stage(ops, args.dy, p.K, p.dtype, ws[plan.x_stage.nbytes(p.C, p.dtype):])[0]
     odt = p.out_dtype if p.out_dtype in (p.dtype, F32) else F32
+    if plan.own_wgrad:          # avx512_bf16 without AMX: cpu_wgrad's kernel, x channel-major, dw in place
+        xt = plan.x_stage.channel_major(ops, args.x, p.C, ws)
+        dw = empty_in_layout(p.w_shape, p.layout, dtype=odt)
+        wgrad_own(ops, xt, dyg, plan.taps, *plan.segments, dw, p)
+        return dw if odt == p.out_dtype else dw.to(p.out_dtype)
+    xs = plan.x_stage(ops, args.x, p.C, p.dtype, ws)
     F = len(plan.taps)
     out = torch.empty(F, G, Cg, Kg, dtype=odt)
     ops.conv_wgrad(xs, dyg, plan.taps, plan.chunks, out, G, Cg, Kg, plan.vnni)

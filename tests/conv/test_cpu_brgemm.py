@@ -75,16 +75,23 @@ def poison(monkeypatch):
     solver_check.poison_cpu(monkeypatch, cpu_brgemm)
 
 
-@pytest.fixture(params=["amx", "vnni", "plain"])
+@pytest.fixture(params=["amx", "vnni", "vnni_brgemm", "plain"])
 def b_layout(request, monkeypatch):
     """amx: the own AMX forward kernel where it applies; vnni: torch's brgemm on VNNI blocks
-    only (what CPUs with avx512_bf16 and no AMX run); plain: the plain-layout brgemm (odd depths)."""
+    (what CPUs with avx512_bf16 and no AMX run; their backward weights: cpu_wgrad's kernel);
+    vnni_brgemm: backward weights through torch's brgemm too; plain: the plain-layout brgemm
+    (odd depths)."""
     if request.param == "amx" and not cpu_brgemm.cpu_has_amx():
         pytest.skip("no AMX: the AMX kernel does not run here")
-    if request.param == "vnni" and not cpu_brgemm.cpu_has_native_bf16():
+    if request.param.startswith("vnni") and not cpu_brgemm.cpu_has_native_bf16():
         pytest.skip("no native bf16: the VNNI path does not run here")
-    if request.param == "vnni":
+    if request.param.startswith("vnni"):
         monkeypatch.setattr(cpu_brgemm, "USE_AMX_KERNEL", False)
+    if request.param == "vnni_brgemm":
+        if getattr(request.node, "callspec", None) is None or \
+                request.node.callspec.params.get("direction") != "bwd_weights":
+            pytest.skip("vnni_brgemm: backward weights only (the other directions run as vnni)")
+        monkeypatch.setattr(cpu_brgemm, "USE_OWN_WGRAD", False)
     if request.param == "plain":
         monkeypatch.setattr(cpu_brgemm, "vnni", lambda p: False)
     return request.param
