@@ -555,13 +555,13 @@ def wgrad_chunks(p: ConvProblem) -> torch.Tensor:
 def brgemm_bwd_weights(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     p, ops = plan.p, LIBRARY.ops()
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
-    dyg = plan.dy_stage(ops, args.dy, p.K, p.dtype, ws[plan.x_stage.nbytes(p.C, p.dtype):])[0]
     odt = p.out_dtype if p.out_dtype in (p.dtype, F32) else F32
-    if plan.own_wgrad:          # avx512_bf16 without AMX: cpu_wgrad's kernel, x channel-major, dw in place
+    if plan.own_wgrad:     # avx512_bf16 without AMX: cpu_wgrad's kernel; x channel-major, dy packed as it is
         xt = plan.x_stage.channel_major(ops, args.x, p.C, ws)
         dw = empty_in_layout(p.w_shape, p.layout, dtype=odt)
-        wgrad_own(ops, xt, dyg, plan.taps, *plan.segments, dw, p)
+        wgrad_own(ops, xt, _logical5(args.dy.to(BF16)), _pad3(plan.U, 1), plan.taps, *plan.segments, dw, p)
         return dw if odt == p.out_dtype else dw.to(p.out_dtype)
+    dyg = plan.dy_stage(ops, args.dy, p.K, p.dtype, ws[plan.x_stage.nbytes(p.C, p.dtype):])[0]
     xs = plan.x_stage(ops, args.x, p.C, p.dtype, ws)
     F = len(plan.taps)
     out = torch.empty(F, G, Cg, Kg, dtype=odt)

@@ -2,7 +2,8 @@
 native path on such CPUs (`own_kernel`), the C++ in cpu_wgrad_src.cpp.
 
 Reduction over positions: dW_f[g] = sum over valid output positions q of X_{rho_f}[q + off_f, g]^T
-dy[q, g], on cpu_tap's phase grid as before (x staged position-major, dy on the grid). Where
+dy[q, g], on cpu_tap's phase grid as before (x staged channel-major, dy packed straight from its
+own layout into VNNI pairs of grid positions). Where
 torch's brgemm reduced over whole 32-position blocks of the grid (junk columns of the padded
 grid included) in one call per (chunk, tap, 64 columns), our register-blocked vdpbf16ps tile
 reduces over the valid line runs only (`wgrad_segments`), across a chunk's runs and taps
@@ -91,11 +92,13 @@ def dw_strides(dw: torch.Tensor, ndim: int) -> tuple[int, int, int]:
     return st[0], st[1], st[1 + ndim]
 
 
-def wgrad_own(ops, xs: torch.Tensor, dyg: torch.Tensor, taps: torch.Tensor, chunks: torch.Tensor,
+def wgrad_own(ops, xt: torch.Tensor, dy5: torch.Tensor, grid: list[int], taps: torch.Tensor, chunks: torch.Tensor,
               segs: torch.Tensor, dw: torch.Tensor, p: ConvProblem) -> torch.Tensor:
-    """dw (p's weight shape and layout, f32 or bf16) from the staged x and dy (cpu_brgemm)."""
+    """dw (p's weight shape and layout, f32 or bf16) from x staged channel-major (xt) and dy as
+    it is (logical 5-D, on the 3-D `grid` of cpu_tap.tap_grid)."""
     sk, sc, sf = dw_strides(dw, p.ndim)
-    ops.conv_wgrad_vnni(xs, dyg, taps, chunks, segs, dw, sk, sc, sf, p.groups, p.C // p.groups, p.K // p.groups)
+    ops.conv_wgrad_vnni(xt, dy5, grid, taps, chunks, segs, dw, sk, sc, sf, p.groups, p.C // p.groups,
+                        p.K // p.groups)
     return dw
 
 

@@ -74,16 +74,82 @@ WgTile wg_pick(int64_t nv, int64_t mb) {
   }
 }
 
-// xt (P, C, R) bf16: x on the phase grids channel-major (stage_cm); dyg (M, K) bf16: dy on the
-// grid (zero at junk positions and past the grid); taps (F, 2): phase, offset; chunks (nch, 4):
+// xt (P, C, R) bf16: x on the phase grids channel-major (stage_cm); dy (N, K, O0, O1, O2) bf16, any
+// strides, on the grid U (3) of M positions (pack_dy); taps (F, 2): phase, offset; chunks (nch, 4):
 // start, span (both even), first and end segment; segs (nseg, 2): absolute start and length (even)
 // of the valid line runs, sorted and disjoint, each chunk's inside [start, start + span);
 // dw f32 / bf16 with element (k, c, f) at k sk + c sc + f sf: rows k of (c, f) or (f, c).
+// dy (N, K, O0, O1, O2) bf16, any strides, into VNNI blocks on the grid U: dpk (G, nkb, M2, W),
+// row pair q / 2 of grid position q = ((n U0 + o0) U1 + o1) U2 + o2 holding columns k in pairs
+// (position q even, q + 1). Only pairs of the valid lines are written (the segments read no
+// other): a line's own positions, zero for a neighbour position that no line holds. nchw rows
+// (positions contiguous) pair up as 32-bit words: one SIMD transpose per line and block;
+// channels-contiguous rows are interleaved two at a time.
+void pack_dy(const at::Tensor& dy, const int64_t* U, int64_t G, int64_t Kg, int64_t W, int64_t M2, uint16_t* dpk) {
+  const int64_t N = dy.size(0), O0 = dy.size(2), O1 = dy.size(3), O2 = dy.size(4), nkb = (Kg + W - 1) / W;
+  const int64_t ds0 = dy.stride(0), ds1 = dy.stride(1), ds2 = dy.stride(2), ds3 = dy.stride(3), ds4 = dy.stride(4);
+  const int64_t U0 = U[0], U1 = U[1], U2 = U[2], lines = N * O0 * O1;
+  const uint16_t* dp = reinterpret_cast<const uint16_t*>(dy.data_ptr());
+  auto valid = [&](int64_t q) {       // grid position q holds an output
+    const int64_t u2 = q % U2, u1 = (q / U2) % U1, u0 = (q / (U2 * U1)) % U0;
+    return q >= 0 && q < N * U0 * U1 * U2 && u2 < O2 && u1 < O1 && u0 < O0;
+  };
+  const bool words = ds4 == 1 && ds1 % 2 == 0 && O2 > 1;
+  at::parallel_for(0, lines * G * nkb, 8, [&](int64_t s, int64_t e) {
+    for (int64_t w = s; w < e; ++w) {
+      const int64_t gk = w % (G * nkb), l = w / (G * nkb), g = gk / nkb, kb = gk % nkb;
+      const int64_t o1 = l % O1, o0 = (l / O1) % O0, n = l / (O0 * O1);
+      const int64_t a = ((n * U0 + o0) * U1 + o1) * U2, k0 = g * Kg + kb * W, nn = std::min(W, Kg - kb * W);
+      const uint16_t* src = dp + n * ds0 + o0 * ds2 + o1 * ds3 + k0 * ds1;    // (k, o2) at k ds1 + o2 ds4
+      uint16_t* blk = dpk + gk * M2 * W;
+      auto half = [&](int64_t q, int64_t o2) {     // position q's half of its pair (o2 < 0: zero)
+        uint16_t* d = blk + (q / 2) * 2 * W + (q & 1);
+        for (int64_t k = 0; k < nn; ++k) d[2 * k] = o2 >= 0 ? src[k * ds1 + o2 * ds4] : 0;
+        for (int64_t k = nn; k < W; ++k) d[2 * k] = 0;
+      };
+      int64_t o2s = 0, o2e = O2;
+      if (a % 2) {                   // first position odd: pairs with a - 1
+        half(a, 0);
+        if (!valid(a - 1)) half(a - 1, -1);
+        o2s = 1;
+      }
+      if ((O2 - o2s) % 2) {          // last position even: pairs with a + O2
+        half(a + O2 - 1, O2 - 1);
+        if (!valid(a + O2)) half(a + O2, -1);
+        o2e = O2 - 1;
+      }
+      const int64_t np = (o2e - o2s) / 2;
+      if (np == 0) continue;
+      uint16_t* d0 = blk + (a + o2s) * W;       // row pair (a + o2s) / 2
+      if (words) {
+        fbgemm::transpose_simd<float>(nn, np, reinterpret_cast<const float*>(src + o2s), ds1 / 2,
+                                      reinterpret_cast<float*>(d0), W);
+        if (nn < W)
+          for (int64_t i = 0; i < np; ++i) std::memset(d0 + i * 2 * W + 2 * nn, 0, (W - nn) * 4);
+      } else if (ds1 == 1) {
+        for (int64_t i = 0; i < np; ++i) {
+          const int64_t o2 = o2s + 2 * i;
+          interleave_rows(src + o2 * ds4, src + (o2 + 1) * ds4, d0 + i * 2 * W, nn);
+          if (nn < W) std::memset(d0 + i * 2 * W + 2 * nn, 0, (W - nn) * 4);
+        }
+      } else {
+        for (int64_t i = 0; i < np; ++i) {
+          uint16_t* d = d0 + i * 2 * W;
+          for (int64_t k = 0; k < W; ++k) {
+            d[2 * k] = k < nn ? src[k * ds1 + (o2s + 2 * i) * ds4] : 0;
+            d[2 * k + 1] = k < nn ? src[k * ds1 + (o2s + 2 * i + 1) * ds4] : 0;
+          }
+        }
+      }
+    }
+  });
+}
+
 template <typename TO>
-void wgrad_vnni_impl(const at::Tensor& xt, const at::Tensor& dyg, const at::Tensor& taps, const at::Tensor& chunks,
+void wgrad_vnni_impl(const at::Tensor& xt, const at::Tensor& dy, const int64_t* U, int64_t M, const at::Tensor& taps, const at::Tensor& chunks,
                      const at::Tensor& segs, at::Tensor& dw, int64_t sk, int64_t sc, int64_t sf, int64_t G, int64_t Cg,
                      int64_t Kg) {
-  const int64_t C = xt.size(1), R = xt.size(2), M = dyg.size(0), K = dyg.size(1);
+  const int64_t C = xt.size(1), R = xt.size(2);
   const int64_t F = taps.size(0), M2 = (M + 1) / 2 * 2, nch = chunks.size(0);
   const int64_t W = std::min<int64_t>(64, (Kg + 15) / 16 * 16), nkb = (Kg + W - 1) / W, KP = nkb * W;
   const int64_t* tp = taps.data_ptr<int64_t>();
@@ -102,24 +168,10 @@ void wgrad_vnni_impl(const at::Tensor& xt, const at::Tensor& dyg, const at::Tens
       TORCH_CHECK(sp[2 * s] % 2 == 0 && sp[2 * s + 1] % 2 == 0 && sp[2 * s] >= ch[0] &&
                   sp[2 * s] + sp[2 * s + 1] <= ch[0] + ch[1], "conv_wgrad_vnni: segment outside its chunk");
   }
-  // dy in VNNI blocks (G, nkb, M2, W): positions 2i, 2i + 1 interleaved; zero past M and Kg
   thread_local std::vector<uint16_t> dpk_buf;
   thread_local std::vector<float> x_buf;
   uint16_t* dst0 = scratch(dpk_buf, G * nkb * M2 * W);
-  const uint16_t* src = reinterpret_cast<const uint16_t*>(dyg.data_ptr());
-  const int64_t RB = 256, nrb = (M2 + RB - 1) / RB;
-  at::parallel_for(0, G * nkb * nrb, 1, [&](int64_t s, int64_t e) {
-    for (int64_t w = s; w < e; ++w) {
-      const int64_t gk = w / nrb, rb = w % nrb, g = gk / nkb, kb = gk % nkb;
-      const int64_t c0 = g * Kg + kb * W, nn = std::min(W, Kg - kb * W);
-      uint16_t* dst = dst0 + gk * M2 * W;
-      for (int64_t r = rb * RB; r < std::min(M2, (rb + 1) * RB); r += 2) {
-        uint16_t* d = dst + r * W;
-        interleave_rows(r < M ? src + r * K + c0 : nullptr, r + 1 < M ? src + (r + 1) * K + c0 : nullptr, d, nn);
-        if (nn < W) std::memset(d + 2 * nn, 0, (W - nn) * 4);
-      }
-    }
-  });
+  pack_dy(dy, U, G, Kg, W, M2, dst0);
   const uint16_t* bp = dst0;
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(xt.data_ptr());
   // dw's row k is (c, f) (nchw: sf == 1) or (f, c) (channels-last): the tiles accumulate into X
@@ -169,10 +221,10 @@ void wgrad_vnni_impl(const at::Tensor& xt, const at::Tensor& dyg, const at::Tens
 
 // Stage a logical (N, C, S0, S1, S2) bf16 tensor (any strides) onto channel-major phase grids:
 // out[ph, c, ((n U0 + u0) U1 + u1) U2 + u2] = x[n, c, i], i_d = u_d s_d + rho_d - pb_d where inside
-// x, else 0; columns past N prod(U) zero. Channels-contiguous x (nhwc): a grid line at a time, built
-// position-major with its zeros in a small buffer, then one SIMD transpose into the C rows. Else
-// a (phase, c, n) plane at a time (contiguous in out). (Line by line with a memset per channel
-// and line side: 1.7 ms on rn50_r3_3x3s2_nhwc, 0.5 ms on rn50_r4.)
+// x, else 0; columns past N prod(U) zero. Channels-contiguous x (nhwc): a plane of grid lines at a
+// time, built position-major with its zeros in a buffer (in L2), then one SIMD transpose into the
+// C rows. Else a (phase, c, n) plane at a time (contiguous in out). (Line by line, a memset per
+// channel and line side: 1.7 ms on rn50_r3_3x3s2_nhwc, 0.5 ms on rn50_r4.)
 void stage_cm(const at::Tensor& x, at::Tensor out, at::IntArrayRef U, at::IntArrayRef st, at::IntArrayRef pb,
               const at::Tensor& phases) {
   TORCH_CHECK(x.dim() == 5 && out.dim() == 3 && out.is_contiguous() && out.scalar_type() == x.scalar_type() &&
@@ -185,45 +237,50 @@ void stage_cm(const at::Tensor& x, at::Tensor out, at::IntArrayRef U, at::IntArr
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr());
   const int64_t* php = phases.data_ptr<int64_t>();
-  // line l = (n, u0, u1) of phase ph: its source row (null: outside x) and grid columns [a, b) inside x
-  auto line = [&](int64_t ph, int64_t l, int64_t& a, int64_t& b) -> const uint16_t* {
-    const int64_t u1 = l % U1, u0 = (l / U1) % U0, n = l / (U0 * U1), s2 = st[2];
-    const int64_t* rho = php + 3 * ph;
-    const int64_t i0 = u0 * st[0] + rho[0] - pb[0], i1 = u1 * st[1] + rho[1] - pb[1];
+  // grid line (n, u0, u1) of phase ph: its source row (null: outside x), grid columns [a, b) inside x
+  auto line = [&](const int64_t* rho, int64_t n, int64_t u0, int64_t u1, int64_t& a, int64_t& b) -> const uint16_t* {
+    const int64_t i0 = u0 * st[0] + rho[0] - pb[0], i1 = u1 * st[1] + rho[1] - pb[1], s2 = st[2];
     a = b = 0;
     if (i0 < 0 || i0 >= S0 || i1 < 0 || i1 >= S1) return nullptr;
     a = pb[2] > rho[2] ? std::min<int64_t>((pb[2] - rho[2] + s2 - 1) / s2, U2) : 0;
     b = S2 + pb[2] - rho[2] > 0 ? std::clamp<int64_t>((S2 + pb[2] - rho[2] + s2 - 1) / s2, a, U2) : a;
     return xp + n * xs0 + i0 * xs2 + i1 * xs3 + (a * s2 + rho[2] - pb[2]) * xs4;
   };
-  if (xs1 == 1 && C > 1) {
-    at::parallel_for(0, P * L, 4, [&](int64_t s, int64_t e) {
+  if (xs1 == 1 && C > 1) {      // a (phase, n, u0) plane of U1 lines at a time, position-major in tmp
+    at::parallel_for(0, P * N * U0, 1, [&](int64_t s, int64_t e) {
       thread_local std::vector<uint16_t> tmp_buf;
-      uint16_t* tmp = scratch(tmp_buf, U2 * C);
+      uint16_t* tmp = scratch(tmp_buf, U1 * U2 * C);
       for (int64_t w = s; w < e; ++w) {
-        const int64_t ph = w / L, l = w % L;
-        int64_t a, b;
-        const uint16_t* src = line(ph, l, a, b);
-        std::memset(tmp, 0, a * C * 2);
-        std::memset(tmp + b * C, 0, (U2 - b) * C * 2);
-        for (int64_t j = a; j < b; ++j) std::memcpy(tmp + j * C, src + (j - a) * st[2] * xs4, C * 2);   // b > a: src set
-        fbgemm::transpose_simd<uint16_t>(U2, C, tmp, C, op + ph * C * R + l * U2, R);
+        const int64_t ph = w / (N * U0), n = (w / U0) % N, u0 = w % U0;
+        const int64_t* rho = php + 3 * ph;
+        for (int64_t u1 = 0; u1 < U1; ++u1) {
+          uint16_t* t = tmp + u1 * U2 * C;
+          int64_t a, b;
+          const uint16_t* src = line(rho, n, u0, u1, a, b);
+          std::memset(t, 0, a * C * 2);
+          std::memset(t + b * C, 0, (U2 - b) * C * 2);
+          if (st[2] * xs4 == C) std::memcpy(t + a * C, src, (b - a) * C * 2);     // b > a: src set
+          else for (int64_t j = a; j < b; ++j) std::memcpy(t + j * C, src + (j - a) * st[2] * xs4, C * 2);
+        }
+        fbgemm::transpose_simd<uint16_t>(U1 * U2, C, tmp, C, op + ph * C * R + (n * U0 + u0) * U1 * U2, R);
       }
     });
-  } else {
+  } else {                      // a (phase, c, n) plane at a time
     at::parallel_for(0, P * C * N, 1, [&](int64_t s, int64_t e) {
-      for (int64_t w = s; w < e; ++w) {         // w = (ph, c, n)
+      for (int64_t w = s; w < e; ++w) {
         const int64_t ph = w / (C * N), c = (w / N) % C, n = w % N, step = st[2] * xs4;
+        const int64_t* rho = php + 3 * ph;
         uint16_t* dst = op + (ph * C + c) * R + n * U0 * U1 * U2;
-        for (int64_t l = n * U0 * U1; l < (n + 1) * U0 * U1; ++l, dst += U2) {
-          int64_t a, b;
-          const uint16_t* src = line(ph, l, a, b);
-          if (src) src += c * xs1;
-          for (int64_t j = 0; j < a; ++j) dst[j] = 0;
-          if (step == 1 && b > a) std::memcpy(dst + a, src, (b - a) * 2);
-          else for (int64_t j = a; j < b; ++j) dst[j] = src[(j - a) * step];
-          for (int64_t j = b; j < U2; ++j) dst[j] = 0;
-        }
+        for (int64_t u0 = 0; u0 < U0; ++u0)
+          for (int64_t u1 = 0; u1 < U1; ++u1, dst += U2) {
+            int64_t a, b;
+            const uint16_t* src = line(rho, n, u0, u1, a, b);
+            if (src) src += c * xs1;
+            for (int64_t j = 0; j < a; ++j) dst[j] = 0;
+            if (step == 1 && b > a) std::memcpy(dst + a, src, (b - a) * 2);
+            else for (int64_t j = a; j < b; ++j) dst[j] = src[(j - a) * step];
+            for (int64_t j = b; j < U2; ++j) dst[j] = 0;
+          }
       }
     });
   }
@@ -231,24 +288,25 @@ void stage_cm(const at::Tensor& x, at::Tensor out, at::IntArrayRef U, at::IntArr
     for (int64_t pc = 0; pc < P * C; ++pc) std::memset(op + pc * R + L * U2, 0, (R - L * U2) * 2);
 }
 
-void conv_wgrad_vnni(const at::Tensor& xt, const at::Tensor& dyg, const at::Tensor& taps, const at::Tensor& chunks,
-                     const at::Tensor& segs, at::Tensor dw, int64_t sk, int64_t sc, int64_t sf, int64_t G, int64_t Cg,
-                     int64_t Kg) {
+void conv_wgrad_vnni(const at::Tensor& xt, const at::Tensor& dy, at::IntArrayRef U, const at::Tensor& taps,
+                     const at::Tensor& chunks, const at::Tensor& segs, at::Tensor dw, int64_t sk, int64_t sc, int64_t sf,
+                     int64_t G, int64_t Cg, int64_t Kg) {
 #if defined(__AVX512BF16__)
   TORCH_CHECK(xt.dim() == 3 && xt.size(1) == G * Cg && xt.scalar_type() == at::kBFloat16 &&
-              dyg.scalar_type() == at::kBFloat16 && dyg.dim() == 2 && dyg.size(1) == G * Kg,
-              "conv_wgrad_vnni: xt (P, G Cg, rows), dyg (M, G Kg) bf16");
-  TORCH_CHECK(xt.is_contiguous() && dyg.is_contiguous() && taps.is_contiguous() && chunks.is_contiguous() &&
+              dy.scalar_type() == at::kBFloat16 && dy.dim() == 5 && dy.size(1) == G * Kg && U.size() == 3 &&
+              U[0] >= dy.size(2) && U[1] >= dy.size(3) && U[2] >= dy.size(4),
+              "conv_wgrad_vnni: xt (P, G Cg, rows), dy (N, G Kg, O0, O1, O2) bf16 on a grid U >= O");
+  TORCH_CHECK(xt.is_contiguous() && taps.is_contiguous() && chunks.is_contiguous() &&
               segs.is_contiguous() && chunks.dim() == 2 && chunks.size(1) == 4 && segs.dim() == 2 &&
               segs.size(1) == 2 && taps.dim() == 2 && taps.size(1) == 2, "conv_wgrad_vnni: operands");
-  const int64_t F = taps.size(0);
+  const int64_t F = taps.size(0), M = dy.size(0) * U[0] * U[1] * U[2];
   TORCH_CHECK(dw.numel() == G * Kg * Cg * F && dw.is_non_overlapping_and_dense() && sk == Cg * F &&
               ((sc == F && sf == 1) || (sc == 1 && sf == Cg)), "conv_wgrad_vnni: dw rows k of (c, f) or (f, c)");
   if (dw.scalar_type() == at::kFloat)
-    wgrad_vnni_impl<float>(xt, dyg, taps, chunks, segs, dw, sk, sc, sf, G, Cg, Kg);
+    wgrad_vnni_impl<float>(xt, dy, U.data(), M, taps, chunks, segs, dw, sk, sc, sf, G, Cg, Kg);
   else {
     TORCH_CHECK(dw.scalar_type() == at::kBFloat16, "conv_wgrad_vnni: dw f32 or bf16");
-    wgrad_vnni_impl<at::BFloat16>(xt, dyg, taps, chunks, segs, dw, sk, sc, sf, G, Cg, Kg);
+    wgrad_vnni_impl<at::BFloat16>(xt, dy, U.data(), M, taps, chunks, segs, dw, sk, sc, sf, G, Cg, Kg);
   }
 #else
   TORCH_CHECK(false, "conv_wgrad_vnni: built without avx512_bf16");
@@ -257,7 +315,7 @@ void conv_wgrad_vnni(const at::Tensor& xt, const at::Tensor& dyg, const at::Tens
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(nnprim_cpu_conv, m) {
-  m.def("conv_wgrad_vnni(Tensor xt, Tensor dyg, Tensor taps, Tensor chunks, Tensor segs, Tensor(a!) dw, int sk, "
+  m.def("conv_wgrad_vnni(Tensor xt, Tensor dy, int[] U, Tensor taps, Tensor chunks, Tensor segs, Tensor(a!) dw, int sk, "
         "int sc, int sf, int G, int Cg, int Kg) -> ()");
   m.def("stage_cm(Tensor x, Tensor(a!) out, int[] U, int[] stride, int[] pad_before, Tensor phases) -> ()");
 }
