@@ -68,6 +68,7 @@ MAX_STAGE_BYTES = 1 << 31
 WGRAD_CHUNK = 512         # positions per backward-weights work item
 USE_AMX_KERNEL = True     # the forward kernels' own AMX micro-kernel where it applies (tests turn it off)
 USE_OWN_WGRAD = True      # cpu_wgrad's bf16 backward-weights kernel where it applies (tests, A/B turn it off)
+USE_OWN_FWD_TILE = True   # the in-place forward's own vdpbf16ps tile on bf16 without AMX (tests, A/B turn it off)
 _SLACK = 32               # positions past the last tap's reach (the AMX kernel's 32-row blocks)
 
 
@@ -461,11 +462,16 @@ def row_post_ops(p: ConvProblem, post_ops) -> dict | None:
     return None if ops else out
 
 
-def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
+def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor, wp: torch.Tensor | None = None) -> torch.Tensor:
+    """The forward; wp: the weights already in VNNI blocks (the backward data's twin)."""
     p, ops = plan.p, LIBRARY.ops()
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
     table, gather, lo, hi, _ = plan.calls[0]
-    if plan.vnni and plan.natural_rows:     # rows (f, c) in order: channel pairs are 32-bit words
+    if wp is not None:
+        pass
+    elif plan.vnni and plan.natural_rows and G == 1 and not physical(args.w, "nhwc").is_contiguous():
+        wp = ops.pack_taps(args.w.to(p.dtype).flatten(2), False)     # nchw weights: no permuted copy first
+    elif plan.vnni and plan.natural_rows:     # rows (f, c) in order: channel pairs are 32-bit words
         wp = ops.pack_b_pairs(physical(args.w.to(p.dtype), "nhwc").contiguous().view(p.K, -1), G)
     else:
         src, tr = _weight_source(p, args.w, True)
@@ -486,7 +492,8 @@ def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
         ops.transpose_images(args.x.to(p.dtype).contiguous().view(p.N, p.C, S), xs)
         x5 = _five(xs.view(p.N, *p.in_size, p.C))
     if x5 is not None and x5.stride(4) == 1 and x5.stride(3) == p.C:
-        ops.conv_fwd_in_place(x5, wp, _five(out), bias, plan.lead, p.stride[-1], **(rows or {}), use_amx=plan.amx)
+        ops.conv_fwd_in_place(x5, wp, _five(out), bias, plan.lead, p.stride[-1], **(rows or {}), use_amx=plan.amx,
+                              own_tile=USE_OWN_FWD_TILE)
     else:
         ops.conv_fwd(plan.x_stage(ops, args.x, p.C, p.dtype, ws), wp, table, _five(out), bias,
                      _grid9(plan.U, lo, hi), G, Cg, Kg, _block_m(Kg), plan.vnni, plan.amx, plan.ps, **(rows or {}))
@@ -621,7 +628,8 @@ def fwd_twin(p: ConvProblem) -> ConvProblem | None:
 
 
 def twin_weights(p: ConvProblem, w: torch.Tensor) -> torch.Tensor:
-    """The forward twin's filter: W'[c, k] = W[k, c] rotated by 180 degrees, in p's layout."""
+    """The forward twin's filter: W'[c, k] = W[k, c] rotated by 180 degrees, in p's layout (the
+    kernels take it packed by pack_taps(twin=True); this is its reference)."""
     dims = tuple(range(2, 2 + p.ndim))
     return to_layout(w.to(p.dtype).transpose(0, 1).flip(dims), p.layout)
 
@@ -690,8 +698,11 @@ class _CpuBrgemmBase(Solver):
             tplan = _Plan(twin)
 
             def invoke_twin(args: ConvArgs) -> torch.Tensor:
+                # the twin's weights (W transposed, rotated) packed in one pass (in place: rows in
+                # filter order); brgemm_fwd then leaves args.w alone
+                wp = LIBRARY.ops().pack_taps(args.w.to(p.dtype).flatten(2), True)
                 with workspace(tplan.workspace_bytes) as ws:
-                    return brgemm_fwd(tplan, ConvArgs(x=args.dy, w=twin_weights(p, args.w)), ws)
+                    return brgemm_fwd(tplan, ConvArgs(x=args.dy, w=args.w), ws, wp)
             return invoke_twin
         pm, m = merged(p)
         fn, plan = _RUN[p.direction], _Plan(pm)

@@ -362,3 +362,22 @@ def test_bwd_data_forward_twin(shape, layout):
     wide[:, 1:dy.shape[1] + 1] = dy
     args = ConvArgs(x=args.x, w=args.w, dy=wide[:, 1:dy.shape[1] + 1])
     check(p, args, CpuBrgemmBwdData().prepare(p)(args), reference(p, args))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("twin", [False, True])
+@pytest.mark.parametrize("kcf", [(70, 66, (3, 3)), (6, 4, (3,)), (64, 8, (2, 3, 3))])
+def test_pack_taps(kcf, twin, layout):
+    """pack_taps (one pass from any layout) = pack_b_pairs of the rows (f, c) (forward) or of the
+    forward twin's filter (twin_weights: W transposed, rotated by 180 degrees)."""
+    K, C, filt = kcf
+    w = to_layout(torch.randn(K, C, *filt).bfloat16(), layout)
+    ops = cpu_brgemm.LIBRARY.ops()
+    got = ops.pack_taps(w.flatten(2), twin)
+    src = w
+    if twin:
+        p = ConvProblem.create("bwd_data", (1, C, *(5,) * len(filt)), tuple(w.shape), dtype=torch.bfloat16)
+        src = cpu_brgemm.twin_weights(p, w)
+    rows = src.movedim(1, -1).contiguous()            # (K', filt.., C'): rows (f, c) per output channel
+    want = ops.pack_b_pairs(rows.view(rows.shape[0], -1), 1)
+    assert torch.equal(got, want)

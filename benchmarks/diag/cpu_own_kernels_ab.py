@@ -1,8 +1,10 @@
-"""bf16 backward weights on avx512_bf16 without AMX: cpu_wgrad's own kernel ("new") against
-torch's brgemm per chunk ("old", cpu_brgemm.USE_OWN_WGRAD off) and torch, alternated call by
-call in one process (twenty-third session, issue 16). x = median of per-round torch / ours.
+"""bf16 on avx512_bf16 without AMX, our own vdpbf16ps kernels ("new") against the same solvers
+with them switched off ("old": a cpu_brgemm flag, torch's brgemm instead) and torch, alternated
+call by call in one process (twenty-third session, issue 16). x = median of per-round torch / ours.
+--flag USE_OWN_WGRAD (cpu_wgrad's backward weights) or USE_OWN_FWD_TILE (the in-place forward's
+tile: forward, and stride-1 backward data through its forward twin).
 
-  PYTHONPATH=$PWD python benchmarks/diag/cpu_wgrad_ab.py --threads 2 --rounds 15
+  PYTHONPATH=$PWD python benchmarks/diag/cpu_own_kernels_ab.py --flag USE_OWN_WGRAD --mode bwd_weights_bf16
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--mode", default="bwd_weights_bf16")
+    ap.add_argument("--flag", default="USE_OWN_WGRAD", choices=["USE_OWN_WGRAD", "USE_OWN_FWD_TILE"])
     ap.add_argument("--problems", default="")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
@@ -40,7 +43,7 @@ def main() -> None:
         name, ours, peer, check, fl = cs.conv_case(spec, a.mode)
 
         def run(new: bool, ours=ours):
-            cb.USE_OWN_WGRAD = new
+            setattr(cb, a.flag, new)
             return ours()
         fns = {"new": lambda: run(True), "old": lambda: run(False), "torch": peer}
         errs = {k: check(fns[k]()) for k in ("new", "old")}
@@ -63,7 +66,7 @@ def main() -> None:
         print(k, f"{cs.geomean(r[k] for r in recs):.3f}")
     if a.out:
         Path(a.out).write_text(json.dumps(dict(date=time.strftime("%Y-%m-%d %H:%M"), threads=a.threads,
-                                               mode=a.mode, rounds=a.rounds, results=recs), indent=1))
+                                               mode=a.mode, flag=a.flag, rounds=a.rounds, results=recs), indent=1))
 
 
 if __name__ == "__main__":
