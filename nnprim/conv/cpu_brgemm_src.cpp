@@ -202,9 +202,10 @@ BrTile br_pick(int64_t nv, int64_t mb) {
 // Rw rows apart (nkb of them, Kn output columns)
 inline void br_gemm(const at::BFloat16* const* a, const at::BFloat16* const* b, int64_t nb, int64_t M, int64_t sa,
                     int64_t depth, int64_t Kn, int64_t Rw, int64_t KP, float* out) {
-  const at::BFloat16* ak[64];
-  const at::BFloat16* bk[64];
-  TORCH_CHECK(nb <= 64, "br_gemm: at most 64 batch entries");
+  thread_local std::vector<const at::BFloat16*> ab;
+  if (ab.size() < static_cast<size_t>(2 * nb)) ab.resize(2 * nb);
+  const at::BFloat16** ak = ab.data();
+  const at::BFloat16** bk = ab.data() + nb;
   for (int64_t kb = 0; kb * NB < Kn; ++kb) {
     const int64_t nv = (std::min(NB, Kn - kb * NB) + 15) / 16, mbmax = br_rows(nv);
     for (int64_t i = 0; i < nb; ++i) bk[i] = b[i] + kb * Rw * NB;
