@@ -462,20 +462,24 @@ def row_post_ops(p: ConvProblem, post_ops) -> dict | None:
     return None if ops else out
 
 
+def _fwd_weights(plan: _Plan, w: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
+    """The forward's B operand: VNNI blocks (bf16) or plain rows, in the run table's row order."""
+    p, ops = plan.p, LIBRARY.ops()
+    if plan.vnni and plan.natural_rows and p.groups == 1 and not physical(w, "nhwc").is_contiguous():
+        return ops.pack_taps(w.to(p.dtype).flatten(2), False)     # nchw weights: no permuted copy first
+    if plan.vnni and plan.natural_rows:     # rows (f, c) in order: channel pairs are 32-bit words
+        return ops.pack_b_pairs(physical(w.to(p.dtype), "nhwc").contiguous().view(p.K, -1), p.groups)
+    src, tr = _weight_source(p, w, True)
+    return ops.pack_b(src, tr, gather, plan.vnni)
+
+
 def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor, wp: torch.Tensor | None = None) -> torch.Tensor:
     """The forward; wp: the weights already in VNNI blocks (the backward data's twin)."""
     p, ops = plan.p, LIBRARY.ops()
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
     table, gather, lo, hi, _ = plan.calls[0]
-    if wp is not None:
-        pass
-    elif plan.vnni and plan.natural_rows and G == 1 and not physical(args.w, "nhwc").is_contiguous():
-        wp = ops.pack_taps(args.w.to(p.dtype).flatten(2), False)     # nchw weights: no permuted copy first
-    elif plan.vnni and plan.natural_rows:     # rows (f, c) in order: channel pairs are 32-bit words
-        wp = ops.pack_b_pairs(physical(args.w.to(p.dtype), "nhwc").contiguous().view(p.K, -1), G)
-    else:
-        src, tr = _weight_source(p, args.w, True)
-        wp = ops.pack_b(src, tr, gather, plan.vnni)
+    if wp is None:
+        wp = _fwd_weights(plan, args.w, gather)
     bias = args.bias.to(F32).contiguous() if args.bias is not None else None
     y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
     # y written directly, its post-ops (if any) in the row epilogue; else an output buffer

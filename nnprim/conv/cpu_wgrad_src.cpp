@@ -259,7 +259,8 @@ void stage_cm(const at::Tensor& x, at::Tensor out, at::IntArrayRef U, at::IntArr
           const uint16_t* src = line(rho, n, u0, u1, a, b);
           std::memset(t, 0, a * C * 2);
           std::memset(t + b * C, 0, (U2 - b) * C * 2);
-          if (st[2] * xs4 == C) std::memcpy(t + a * C, src, (b - a) * C * 2);     // b > a: src set
+          if (b == a) continue;     // src is null: the line is outside x
+          if (st[2] * xs4 == C) std::memcpy(t + a * C, src, (b - a) * C * 2);
           else for (int64_t j = a; j < b; ++j) std::memcpy(t + j * C, src + (j - a) * st[2] * xs4, C * 2);
         }
         fbgemm::transpose_simd<uint16_t>(U1 * U2, C, tmp, C, op + ph * C * R + (n * U0 + u0) * U1 * U2, R);
