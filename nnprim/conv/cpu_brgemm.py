@@ -57,14 +57,18 @@ from ..search.solver import Solver, register
 from .cpu_gemm import apply_post_ops_block, cpu_has_amx, cpu_has_native_bf16, workspace
 from .cpu_im2col import F32, Block, logical, physical
 from .cpu_tap import phase_list, tap_grid, tap_offsets
+from .cpu_wgrad import cm_rows, own_kernel, wgrad_own, wgrad_segments
 
-LIBRARY = NativeLibrary("nnprim_cpu_conv", VNNI_HELPERS + Path(__file__).with_name("cpu_brgemm_src.cpp").read_text(),
-                        "native CPU convolution")
+_HERE = Path(__file__).parent
+LIBRARY = NativeLibrary("nnprim_cpu_conv", VNNI_HELPERS + (_HERE / "cpu_brgemm_src.cpp").read_text()
+                        + (_HERE / "cpu_wgrad_src.cpp").read_text(), "native CPU convolution")
 BF16 = torch.bfloat16
 NB = 64                   # columns of a VNNI block
 MAX_STAGE_BYTES = 1 << 31
 WGRAD_CHUNK = 512         # positions per backward-weights work item
 USE_AMX_KERNEL = True     # the forward kernels' own AMX micro-kernel where it applies (tests turn it off)
+USE_OWN_WGRAD = True      # cpu_wgrad's bf16 backward-weights kernel where it applies (tests, A/B turn it off)
+USE_OWN_FWD_TILE = True   # the in-place forward's own vdpbf16ps tile on bf16 without AMX (tests, A/B turn it off)
 _SLACK = 32               # positions past the last tap's reach (the AMX kernel's 32-row blocks)
 
 
@@ -239,6 +243,14 @@ class _Stage:
                   self.phases)
         return out
 
+    def channel_major(self, ops, t: torch.Tensor, channels: int, ws: torch.Tensor) -> torch.Tensor:
+        """bf16 t staged channel-major into ws: the (phases, C, rows) view (cpu_wgrad)."""
+        shape = (len(self.phases), channels, self.rows)
+        out = ws[:math.prod(shape) * 2].view(BF16).view(shape)
+        ops.stage_cm(_logical5(t.to(BF16)), out, _pad3(self.U, 1), _pad3(self.stride, 1), _pad3(self.pad, 0),
+                     self.phases)
+        return out
+
 
 def _weight_source(p: ConvProblem, w: torch.Tensor, rows_fc: bool) -> tuple[torch.Tensor, bool]:
     """(src3, transpose) for pack_b from the weights' physical layout (_row_id numbers its rows).
@@ -284,7 +296,8 @@ class _Plan:
             self.in_place = reads_in_place(p) and self.natural_rows and p.out_dtype in (p.dtype, F32)
             self.lead = _lead(p)
         else:
-            self.x_stage = _Stage(U, p.stride, p.pad_before, phase_list(p), _stage_rows(p, p.N * ut))
+            rows = _stage_rows(p, p.N * ut)
+            self.x_stage = _Stage(U, p.stride, p.pad_before, phase_list(p), cm_rows(rows) if own_kernel(p) else rows)
         if p.direction == "bwd_data":
             A, self.V, self.phases = _bwd_data_geometry(p)
             reach = max((off for taps, *_ in self.phases for off, _ in taps), default=0)
@@ -335,6 +348,14 @@ class _Plan:
     @cached_property
     def chunks(self) -> torch.Tensor:
         return wgrad_chunks(self.p)
+
+    @property
+    def own_wgrad(self) -> bool:       # read per call: the A/B benchmark switches USE_OWN_WGRAD
+        return USE_OWN_WGRAD and self.vnni and own_kernel(self.p)
+
+    @cached_property
+    def segments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return wgrad_segments(self.p)
 
     def _call(self, taps, depth: int, rows_fc: bool, lo, hi, i0):
         p = self.p
@@ -441,15 +462,24 @@ def row_post_ops(p: ConvProblem, post_ops) -> dict | None:
     return None if ops else out
 
 
-def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
+def _fwd_weights(plan: _Plan, w: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
+    """The forward's B operand: VNNI blocks (bf16) or plain rows, in the run table's row order."""
+    p, ops = plan.p, LIBRARY.ops()
+    if plan.vnni and plan.natural_rows and p.groups == 1 and not physical(w, "nhwc").is_contiguous():
+        return ops.pack_taps(w.to(p.dtype).flatten(2), False)     # nchw weights: no permuted copy first
+    if plan.vnni and plan.natural_rows:     # rows (f, c) in order: channel pairs are 32-bit words
+        return ops.pack_b_pairs(physical(w.to(p.dtype), "nhwc").contiguous().view(p.K, -1), p.groups)
+    src, tr = _weight_source(p, w, True)
+    return ops.pack_b(src, tr, gather, plan.vnni)
+
+
+def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor, wp: torch.Tensor | None = None) -> torch.Tensor:
+    """The forward; wp: the weights already in VNNI blocks (the backward data's twin)."""
     p, ops = plan.p, LIBRARY.ops()
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
     table, gather, lo, hi, _ = plan.calls[0]
-    if plan.vnni and plan.natural_rows:     # rows (f, c) in order: channel pairs are 32-bit words
-        wp = ops.pack_b_pairs(physical(args.w.to(p.dtype), "nhwc").contiguous().view(p.K, -1), G)
-    else:
-        src, tr = _weight_source(p, args.w, True)
-        wp = ops.pack_b(src, tr, gather, plan.vnni)
+    if wp is None:
+        wp = _fwd_weights(plan, args.w, gather)
     bias = args.bias.to(F32).contiguous() if args.bias is not None else None
     y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
     # y written directly, its post-ops (if any) in the row epilogue; else an output buffer
@@ -466,7 +496,8 @@ def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
         ops.transpose_images(args.x.to(p.dtype).contiguous().view(p.N, p.C, S), xs)
         x5 = _five(xs.view(p.N, *p.in_size, p.C))
     if x5 is not None and x5.stride(4) == 1 and x5.stride(3) == p.C:
-        ops.conv_fwd_in_place(x5, wp, _five(out), bias, plan.lead, p.stride[-1], **(rows or {}), use_amx=plan.amx)
+        ops.conv_fwd_in_place(x5, wp, _five(out), bias, plan.lead, p.stride[-1], **(rows or {}), use_amx=plan.amx,
+                              own_tile=USE_OWN_FWD_TILE)
     else:
         ops.conv_fwd(plan.x_stage(ops, args.x, p.C, p.dtype, ws), wp, table, _five(out), bias,
                      _grid9(plan.U, lo, hi), G, Cg, Kg, _block_m(Kg), plan.vnni, plan.amx, plan.ps, **(rows or {}))
@@ -535,9 +566,14 @@ def wgrad_chunks(p: ConvProblem) -> torch.Tensor:
 def brgemm_bwd_weights(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
     p, ops = plan.p, LIBRARY.ops()
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
-    xs = plan.x_stage(ops, args.x, p.C, p.dtype, ws)
-    dyg = plan.dy_stage(ops, args.dy, p.K, p.dtype, ws[plan.x_stage.nbytes(p.C, p.dtype):])[0]
     odt = p.out_dtype if p.out_dtype in (p.dtype, F32) else F32
+    if plan.own_wgrad:     # avx512_bf16 without AMX: cpu_wgrad's kernel; x channel-major, dy packed as it is
+        xt = plan.x_stage.channel_major(ops, args.x, p.C, ws)
+        dw = empty_in_layout(p.w_shape, p.layout, dtype=odt)
+        wgrad_own(ops, xt, _logical5(args.dy.to(BF16)), _pad3(plan.U, 1), plan.taps, *plan.segments, dw, p)
+        return dw if odt == p.out_dtype else dw.to(p.out_dtype)
+    dyg = plan.dy_stage(ops, args.dy, p.K, p.dtype, ws[plan.x_stage.nbytes(p.C, p.dtype):])[0]
+    xs = plan.x_stage(ops, args.x, p.C, p.dtype, ws)
     F = len(plan.taps)
     out = torch.empty(F, G, Cg, Kg, dtype=odt)
     ops.conv_wgrad(xs, dyg, plan.taps, plan.chunks, out, G, Cg, Kg, plan.vnni)
@@ -596,7 +632,8 @@ def fwd_twin(p: ConvProblem) -> ConvProblem | None:
 
 
 def twin_weights(p: ConvProblem, w: torch.Tensor) -> torch.Tensor:
-    """The forward twin's filter: W'[c, k] = W[k, c] rotated by 180 degrees, in p's layout."""
+    """The forward twin's filter: W'[c, k] = W[k, c] rotated by 180 degrees, in p's layout (the
+    kernels take it packed by pack_taps(twin=True); this is its reference)."""
     dims = tuple(range(2, 2 + p.ndim))
     return to_layout(w.to(p.dtype).transpose(0, 1).flip(dims), p.layout)
 
@@ -665,8 +702,11 @@ class _CpuBrgemmBase(Solver):
             tplan = _Plan(twin)
 
             def invoke_twin(args: ConvArgs) -> torch.Tensor:
+                # the twin's weights (W transposed, rotated) packed in one pass (in place: rows in
+                # filter order); brgemm_fwd then leaves args.w alone
+                wp = LIBRARY.ops().pack_taps(args.w.to(p.dtype).flatten(2), True)
                 with workspace(tplan.workspace_bytes) as ws:
-                    return brgemm_fwd(tplan, ConvArgs(x=args.dy, w=twin_weights(p, args.w)), ws)
+                    return brgemm_fwd(tplan, ConvArgs(x=args.dy, w=args.w), ws, wp)
             return invoke_twin
         pm, m = merged(p)
         fn, plan = _RUN[p.direction], _Plan(pm)

@@ -18,6 +18,8 @@
 #define NNPRIM_AMX 1
 #endif
 #include <type_traits>
+#include <array>
+#include <utility>
 #include <vector>
 
 namespace fbgemm {   // exported by libtorch_cpu (ATen's cpu/utils.h transposes with it)
@@ -146,6 +148,76 @@ inline void emit_row(float* arow, const float* bias, const Epilogue& ep, const c
   else at::vec::convert(arow, dst, Kg);
 }
 
+#if defined(__AVX512BF16__)
+// Batch-reduce bf16 tile on avx512_bf16 (the forward without AMX): c (MB x 16 NV f32, row stride
+// ldc) = sum over i < nb of A_i (MB rows sa apart, depth d: channel pairs broadcast) . B_i (VNNI
+// pairs, 2 NB elements a pair row), accumulated in registers across the batch. torch's brgemm
+// takes one A/B pair a call: the forward's filter rows and passes went through C in memory.
+template <int MB, int NV>
+void br_tile(const at::BFloat16* const* a, const at::BFloat16* const* b, int64_t nb, int64_t sa, int64_t depth,
+             float* c, int64_t ldc) {
+  __m512 acc[MB][NV];
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const uint16_t* ai = reinterpret_cast<const uint16_t*>(a[i]);
+    const uint16_t* bi = reinterpret_cast<const uint16_t*>(b[i]);
+    for (int64_t d = 0; d < depth; d += 2) {
+      __m512bh bv[NV];
+      for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(bi + d * NB + 32 * v);
+      for (int m = 0; m < MB; ++m) {
+        int32_t pair;
+        std::memcpy(&pair, ai + m * sa + d, 4);
+        const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+        for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], av, bv[v]);
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + m * ldc + 16 * v, acc[m][v]);
+}
+
+using BrTile = void (*)(const at::BFloat16* const*, const at::BFloat16* const*, int64_t, int64_t, int64_t, float*,
+                        int64_t);
+template <int NV, int... M>
+constexpr std::array<BrTile, sizeof...(M)> br_table(std::integer_sequence<int, M...>) {
+  return {&br_tile<M + 1, NV>...};
+}
+constexpr int64_t br_rows(int64_t nv) { return nv == 1 ? 16 : 24 / nv; }   // accumulators + B in 32 zmm
+
+BrTile br_pick(int64_t nv, int64_t mb) {
+  static const std::array<BrTile, 16> t1 = br_table<1>(std::make_integer_sequence<int, 16>{});
+  static const std::array<BrTile, 12> t2 = br_table<2>(std::make_integer_sequence<int, 12>{});
+  static const std::array<BrTile, 8> t3 = br_table<3>(std::make_integer_sequence<int, 8>{});
+  static const std::array<BrTile, 6> t4 = br_table<4>(std::make_integer_sequence<int, 6>{});
+  switch (nv) {
+    case 1: return t1[mb - 1];
+    case 2: return t2[mb - 1];
+    case 3: return t3[mb - 1];
+    default: return t4[mb - 1];
+  }
+}
+
+// out (M x KP f32) = sum over i < nb of A_i (M rows sa apart) . B_i, B_i's 64-column VNNI blocks
+// Rw rows apart (nkb of them, Kn output columns)
+inline void br_gemm(const at::BFloat16* const* a, const at::BFloat16* const* b, int64_t nb, int64_t M, int64_t sa,
+                    int64_t depth, int64_t Kn, int64_t Rw, int64_t KP, float* out) {
+  thread_local std::vector<const at::BFloat16*> ab;
+  if (ab.size() < static_cast<size_t>(2 * nb)) ab.resize(2 * nb);
+  const at::BFloat16** ak = ab.data();
+  const at::BFloat16** bk = ab.data() + nb;
+  for (int64_t kb = 0; kb * NB < Kn; ++kb) {
+    const int64_t nv = (std::min(NB, Kn - kb * NB) + 15) / 16, mbmax = br_rows(nv);
+    for (int64_t i = 0; i < nb; ++i) bk[i] = b[i] + kb * Rw * NB;
+    for (int64_t m0 = 0; m0 < M; m0 += mbmax) {
+      const int64_t mb = std::min(mbmax, M - m0);
+      for (int64_t i = 0; i < nb; ++i) ak[i] = a[i] + m0 * sa;
+      br_pick(nv, mb)(ak, bk, nb, sa, depth, out + m0 * KP + kb * NB, KP);
+    }
+  }
+}
+#endif
+
 // The forward at a 3-wide, left-padded-by-1 last dim reading NHWC x in place (no staging; one
 // group; bf16 on the AMX kernel (C a multiple of 32), f32 on oneDNN's GEMM). Output column j of a
 // filter row reads x columns j s - 1, j s, j s + 1; column -1 (and S2) is the pad. The work is
@@ -240,9 +312,12 @@ int64_t lines_per_block(int64_t S2, int64_t lines) {
 // GEMM per filter row and pass (wp (1, Rw, K)), the same split
 template <typename T, typename TO>
 void fwd_in_place_impl(const at::Tensor& x, const at::Tensor& wp, at::Tensor& y, const float* bias,
-                       at::IntArrayRef lead, int64_t st, const Epilogue& ep, bool use_amx) {
+                       at::IntArrayRef lead, int64_t st, const Epilogue& ep, bool use_amx, bool own_tile) {
   constexpr bool vnni = std::is_same_v<T, at::BFloat16>;
   const bool amx = vnni && use_amx;
+#if !defined(__AVX512BF16__)
+  own_tile = false;
+#endif
   const int64_t N = x.size(0), S0 = x.size(1), S1 = x.size(2), S2 = x.size(3), C = x.size(4), K = y.size(4);
   const int64_t O0 = y.size(1), O1 = y.size(2), O2 = y.size(3);
   const int64_t s0 = lead[0], s1 = lead[1], d0 = lead[2], d1 = lead[3], p0 = lead[4], p1 = lead[5];
@@ -317,6 +392,20 @@ void fwd_in_place_impl(const at::Tensor& x, const at::Tensor& wp, at::Tensor& y,
         if (amx) {
 #ifdef NNPRIM_AMX
           if constexpr (vnni) amx_passes(rows_x.data(), wrow.data(), nr, wpp, ps + p0, bufs + p0, np, Rw, KP, K, cfg);
+#endif
+        } else if (vnni && own_tile) {
+#if defined(__AVX512BF16__)
+          if constexpr (vnni) {
+            std::vector<const at::BFloat16*> ai(nr), bi(nr);
+            for (int p = p0; p < p0 + np; ++p) {
+              for (int64_t i = 0; i < nr; ++i) {
+                ai[i] = rows_x[i] + ps[p].a_off;
+                bi[i] = wpp + (wrow[i] + ps[p].b_off) * NB;
+              }
+              if (nr == 0) std::fill(bufs[p], bufs[p] + ps[p].M * KP, 0.f);
+              else br_gemm(ai.data(), bi.data(), nr, ps[p].M, ps[p].sa, ps[p].depth, K, Rw, KP, bufs[p]);
+            }
+          }
 #endif
         } else {
           for (int64_t i = 0; i < nr; ++i)
@@ -517,7 +606,7 @@ void transpose_images(const at::Tensor& src, at::Tensor dst) {
 // the forward of a 3-wide, pad-1 last dim at stride 1 or 2, x read in place (fwd_in_place_impl)
 void conv_fwd_in_place(const at::Tensor& x, const at::Tensor& wp, at::Tensor y, const c10::optional<at::Tensor>& bias,
                        at::IntArrayRef lead, int64_t stride, const c10::optional<at::Tensor>& res, double res_scale,
-                       bool relu, double relu_slope, bool use_amx) {
+                       bool relu, double relu_slope, bool use_amx, bool own_tile) {
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(x.dim() == 5 && (bf16 || x.scalar_type() == at::kFloat) && wp.scalar_type() == x.scalar_type() &&
               x.stride(4) == 1 && x.stride(3) == x.size(4) && (!bf16 || x.size(4) % (use_amx ? 32 : 2) == 0),
@@ -538,7 +627,7 @@ void conv_fwd_in_place(const at::Tensor& x, const at::Tensor& wp, at::Tensor y, 
   const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   if (!bf16) {
     TORCH_CHECK(y.scalar_type() == at::kFloat, "conv_fwd_in_place: f32 x, f32 y");
-    fwd_in_place_impl<float, float>(x, wp, y, b, lead, stride, ep, false);
+    fwd_in_place_impl<float, float>(x, wp, y, b, lead, stride, ep, false, false);
     return;
   }
   if (use_amx) {
@@ -548,8 +637,8 @@ void conv_fwd_in_place(const at::Tensor& x, const at::Tensor& wp, at::Tensor y, 
     TORCH_CHECK(false, "conv_fwd_in_place: use_amx needs the AMX build");
 #endif
   }
-  if (y.scalar_type() == at::kFloat) fwd_in_place_impl<at::BFloat16, float>(x, wp, y, b, lead, stride, ep, use_amx);
-  else fwd_in_place_impl<at::BFloat16, at::BFloat16>(x, wp, y, b, lead, stride, ep, use_amx);
+  if (y.scalar_type() == at::kFloat) fwd_in_place_impl<at::BFloat16, float>(x, wp, y, b, lead, stride, ep, use_amx, own_tile);
+  else fwd_in_place_impl<at::BFloat16, at::BFloat16>(x, wp, y, b, lead, stride, ep, use_amx, own_tile);
 }
 
 // dw[f, g] (Cg, Kg) = sum over grid positions q: X_ph(f)[q + off_f, g*Cg + c] dy[q, g*Kg + k]
@@ -685,6 +774,61 @@ at::Tensor pack_b_pairs(const at::Tensor& src, int64_t G) {
       float* dst = op + w * (rows / 2) * NB;
       if (nn < NB) std::memset(dst, 0, (rows / 2) * NB * sizeof(float));
       fbgemm::transpose_simd<float>(nn, rows / 2, sp + (g * cols + kb * NB) * (rows / 2), rows / 2, dst, NB);
+    }
+  });
+  return out;
+}
+
+// VNNI blocks (1, nkb, F R, 64) of one group's filter w3 (K, C, F) bf16, any strides: forward
+// (twin false) rows (f, c), columns k; the stride-1 backward data's forward twin (twin true) rows
+// (f', k), columns c of the tap f = F - 1 - f' (W transposed, rotated by 180 degrees). One pass,
+// no permuted copies first (nchw rn50_r4: the permuting copy, flip and repack took 1.2 ms).
+at::Tensor pack_taps(const at::Tensor& w3, bool twin) {
+  TORCH_CHECK(w3.dim() == 3 && w3.scalar_type() == at::kBFloat16, "pack_taps: w3 (K, C, F) bf16");
+  const int64_t K = w3.size(0), C = w3.size(1), F = w3.size(2);
+  const int64_t R = twin ? K : C, cols = twin ? C : K, nkb = (cols + NB - 1) / NB;
+  TORCH_CHECK(R % 2 == 0, "pack_taps: an even row channel count");
+  const int64_t sk = w3.stride(0), sc = w3.stride(1), sf = w3.stride(2);
+  const int64_t si = twin ? sk : sc, sj = twin ? sc : sk;     // strides of the row / column channel
+  at::Tensor out = at::empty({1, nkb, F * R, NB}, w3.options());
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w3.data_ptr());
+  uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+  if (!twin && sf == 1 && sc == F) {     // nchw forward: 64 k rows of (c, f) transposed, then c pairs interleaved
+    const int64_t CC = 32, ncc = (C + CC - 1) / CC;
+    at::parallel_for(0, nkb * ncc, 1, [&](int64_t s, int64_t e) {
+      thread_local std::vector<uint16_t> tmp_buf;
+      if (tmp_buf.size() < static_cast<size_t>(CC * F * NB)) tmp_buf.resize(CC * F * NB);
+      uint16_t* tmp = tmp_buf.data();
+      for (int64_t w = s; w < e; ++w) {
+        const int64_t kb = w / ncc, c0 = (w % ncc) * CC, nc = std::min(CC, C - c0), j0 = kb * NB;
+        const int64_t nn = std::min(NB, cols - j0);
+        fbgemm::transpose_simd<uint16_t>(nn, nc * F, wp + j0 * sk + c0 * F, sk, tmp, NB);   // tmp[(c, f)][j]
+        for (int64_t f = 0; f < F; ++f)
+          for (int64_t c = 0; c < nc; c += 2) {
+            uint16_t* d = op + (kb * F * R + f * R + c0 + c) * NB;
+            interleave_rows(tmp + (c * F + f) * NB, tmp + ((c + 1) * F + f) * NB, d, nn);
+            if (nn < NB) std::memset(d + 2 * nn, 0, (NB - nn) * 4);
+          }
+      }
+    });
+    return out;
+  }
+  // items (column block, row pair): its source, 2 x 64 x F elements, is two runs of (j, f) or
+  // (f, j) blocks in nchw / channels-last (read once, in L1)
+  at::parallel_for(0, nkb * (R / 2), 4, [&](int64_t s, int64_t e) {
+    for (int64_t w = s; w < e; ++w) {
+      const int64_t kb = w / (R / 2), i = (w % (R / 2)) * 2, j0 = kb * NB, nn = std::min(NB, cols - j0);
+      const uint16_t* r0 = wp + i * si + j0 * sj;
+      const uint16_t* r1 = r0 + si;
+      for (int64_t fo = 0; fo < F; ++fo) {
+        const int64_t f = twin ? F - 1 - fo : fo;
+        uint16_t* d = op + (kb * F * R + fo * R + i) * NB;
+        for (int64_t j = 0; j < nn; ++j) {
+          d[2 * j] = r0[j * sj + f * sf];
+          d[2 * j + 1] = r1[j * sj + f * sf];
+        }
+        if (nn < NB) std::memset(d + 2 * nn, 0, (NB - nn) * 4);
+      }
     }
   });
   return out;
@@ -828,11 +972,13 @@ TORCH_LIBRARY(nnprim_cpu_conv, m) {
         "int Kg, int MB, bool vnni, bool use_amx, int ps, Tensor? res=None, float res_scale=1.0, bool relu=False, "
         "float relu_slope=0.0) -> ()");
   m.def("conv_fwd_in_place(Tensor x, Tensor wp, Tensor(a!) y, Tensor? bias, int[] lead, int stride, "
-        "Tensor? res=None, float res_scale=1.0, bool relu=False, float relu_slope=0.0, bool use_amx=True) -> ()");
+        "Tensor? res=None, float res_scale=1.0, bool relu=False, float relu_slope=0.0, bool use_amx=True, "
+        "bool own_tile=True) -> ()");
   m.def("conv_wgrad(Tensor xt, Tensor dyg, Tensor taps, Tensor chunks, Tensor(a!) dw, int G, int Cg, int Kg, "
         "bool vnni) -> ()");
   m.def("pack_b(Tensor src3, bool transpose, Tensor index, bool vnni) -> Tensor");
   m.def("pack_b_pairs(Tensor src, int G) -> Tensor");
+  m.def("pack_taps(Tensor w3, bool twin) -> Tensor");
   m.def("transpose_images(Tensor src, Tensor(a!) dst) -> ()");
   m.def("stage(Tensor x, Tensor(a!) out, int[] U, int[] stride, int[] pad_before, Tensor phases) -> ()");
 }
@@ -843,5 +989,6 @@ TORCH_LIBRARY_IMPL(nnprim_cpu_conv, CPU, m) {
   m.impl("transpose_images", &transpose_images);
   m.impl("pack_b", &pack_b);
   m.impl("pack_b_pairs", &pack_b_pairs);
+  m.impl("pack_taps", &pack_taps);
   m.impl("stage", &stage);
 }

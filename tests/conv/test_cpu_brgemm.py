@@ -58,11 +58,13 @@ SHAPES = {
     "s1_in_place_wide": ((1, 32, 6, 37), (16, 32, 3, 3), dict(padding=(2, 1), dilation=(2, 1), stride=(2, 1))),
     "s1_in_place_3d": ((2, 32, 4, 5, 7), (16, 32, 2, 3, 3), dict(stride=(2, 1, 1), padding=1)),
     "s1_in_place_1d": ((2, 32, 45), (20, 32, 3), dict(padding=1)),
+    "s1_in_place_75_rows": ((1, 4, 6, 16, 9), (6, 4, 5, 15, 3), dict(padding=(2, 7, 1))),   # > 64 filter rows
     "s1_pad2_staged": ((1, 32, 5, 6), (16, 32, 3, 3), dict(padding=(1, (1, 2)))),
     "s1_dil2_staged": ((1, 32, 5, 8), (16, 32, 3, 3), dict(padding=1, dilation=(1, 2))),
 }
 IN_PLACE = ["s2_in_place", "s2_in_place_wide", "s2_in_place_3d", "amx_c32_k96_s2", "s1_in_place", "s1_in_place_w2",
-            "s1_in_place_w3_pad0", "s1_in_place_wide", "s1_in_place_3d", "s1_in_place_1d", "amx_c64_k40"]
+            "s1_in_place_w3_pad0", "s1_in_place_wide", "s1_in_place_3d", "s1_in_place_1d", "amx_c64_k40",
+            "s1_in_place_75_rows"]
 # forward shapes the in-place path does not cover (staged): bf16 channels off 32s, groups, a
 # right pad of 2, a dilated or 2-wide last dim, a 1x1, one column
 STAGED = {"2d_3x3_pad": torch.bfloat16, "wide_k70": torch.bfloat16, "g4_c16_merged": torch.bfloat16,
@@ -75,16 +77,23 @@ def poison(monkeypatch):
     solver_check.poison_cpu(monkeypatch, cpu_brgemm)
 
 
-@pytest.fixture(params=["amx", "vnni", "plain"])
+@pytest.fixture(params=["amx", "vnni", "vnni_brgemm", "plain"])
 def b_layout(request, monkeypatch):
     """amx: the own AMX forward kernel where it applies; vnni: torch's brgemm on VNNI blocks
-    only (what CPUs with avx512_bf16 and no AMX run); plain: the plain-layout brgemm (odd depths)."""
+    (what CPUs with avx512_bf16 and no AMX run; their backward weights: cpu_wgrad's kernel);
+    vnni_brgemm: backward weights through torch's brgemm too; plain: the plain-layout brgemm
+    (odd depths)."""
     if request.param == "amx" and not cpu_brgemm.cpu_has_amx():
         pytest.skip("no AMX: the AMX kernel does not run here")
-    if request.param == "vnni" and not cpu_brgemm.cpu_has_native_bf16():
+    if request.param.startswith("vnni") and not cpu_brgemm.cpu_has_native_bf16():
         pytest.skip("no native bf16: the VNNI path does not run here")
-    if request.param == "vnni":
+    if request.param.startswith("vnni"):
         monkeypatch.setattr(cpu_brgemm, "USE_AMX_KERNEL", False)
+    if request.param == "vnni_brgemm":
+        if getattr(request.node, "callspec", None) is None or \
+                request.node.callspec.params.get("direction") != "bwd_weights":
+            pytest.skip("vnni_brgemm: backward weights only (the other directions run as vnni)")
+        monkeypatch.setattr(cpu_brgemm, "USE_OWN_WGRAD", False)
     if request.param == "plain":
         monkeypatch.setattr(cpu_brgemm, "vnni", lambda p: False)
     return request.param
@@ -224,9 +233,12 @@ def test_in_place_chosen(shape, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("shape", IN_PLACE + ["2d_3x3_pad", "wide_k70", "s1_pad2_staged"])
 @pytest.mark.parametrize("post", ["none", "sum_relu"])
-def test_nchw_forward(shape, dtype, post):
+@pytest.mark.parametrize("own_tile", [True, False], ids=["own_tile", "brgemm"])
+def test_nchw_forward(shape, dtype, post, own_tile, monkeypatch):
     """nchw forward (bf16 without AMX: in place between two whole-image transposes; else staged)
-    against float64: outputs poisoned, x sliced (non-contiguous), bias, Sum + ReLU on the f32 block."""
+    against float64: outputs poisoned, x sliced (non-contiguous), bias, Sum + ReLU on the f32 block;
+    bf16 in place through our own vdpbf16ps tile or torch's brgemm."""
+    monkeypatch.setattr(cpu_brgemm, "USE_OWN_FWD_TILE", own_tile)
     xs, ws, kw = SHAPES[shape]
     y_shape = ConvProblem.create("fwd", xs, ws, dtype=dtype, **kw).y_shape
     ops = (Sum(torch.randn(y_shape).to(dtype), 0.5), Eltwise("relu")) if post != "none" else ()
@@ -253,12 +265,14 @@ class _Spy:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("shape", IN_PLACE + list(STAGED))
 @pytest.mark.parametrize("x_kind", ["dense", "strided"])
-def test_in_place_dispatch(shape, dtype, x_kind, monkeypatch):
+@pytest.mark.parametrize("own_tile", [True, False], ids=["own_tile", "brgemm"])
+def test_in_place_dispatch(shape, dtype, x_kind, own_tile, monkeypatch):
     """The kernel that runs: in place exactly where `_Plan.in_place` (and x's positions are C
     apart), staged otherwise (the shapes in STAGED, and x sliced from a wider buffer); the
     result against the float64 reference with bias and a Sum + ReLU row epilogue either way."""
     if STAGED.get(shape, dtype) != dtype:
         pytest.skip("in place at this dtype")
+    monkeypatch.setattr(cpu_brgemm, "USE_OWN_FWD_TILE", own_tile)
     xs, ws, kw = SHAPES[shape]
     y_shape = ConvProblem.create("fwd", xs, ws, dtype=dtype, **kw).y_shape
     post = (Sum(_residual(y_shape, dtype, "dense"), 0.5), Eltwise("relu"))
@@ -355,3 +369,22 @@ def test_bwd_data_forward_twin(shape, layout):
     wide[:, 1:dy.shape[1] + 1] = dy
     args = ConvArgs(x=args.x, w=args.w, dy=wide[:, 1:dy.shape[1] + 1])
     check(p, args, CpuBrgemmBwdData().prepare(p)(args), reference(p, args))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("twin", [False, True])
+@pytest.mark.parametrize("kcf", [(70, 66, (3, 3)), (6, 4, (3,)), (64, 8, (2, 3, 3))])
+def test_pack_taps(kcf, twin, layout):
+    """pack_taps (one pass from any layout) = pack_b_pairs of the rows (f, c) (forward) or of the
+    forward twin's filter (twin_weights: W transposed, rotated by 180 degrees)."""
+    K, C, filt = kcf
+    w = to_layout(torch.randn(K, C, *filt).bfloat16(), layout)
+    ops = cpu_brgemm.LIBRARY.ops()
+    got = ops.pack_taps(w.flatten(2), twin)
+    src = w
+    if twin:
+        p = ConvProblem.create("bwd_data", (1, C, *(5,) * len(filt)), tuple(w.shape), dtype=torch.bfloat16)
+        src = cpu_brgemm.twin_weights(p, w)
+    rows = src.movedim(1, -1).contiguous()            # (K', filt.., C'): rows (f, c) per output channel
+    want = ops.pack_b_pairs(rows.view(rows.shape[0], -1), 1)
+    assert torch.equal(got, want)
