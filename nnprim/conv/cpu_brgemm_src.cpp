@@ -149,6 +149,21 @@ inline void emit_row(float* arow, const float* bias, const Epilogue& ep, const c
 }
 
 #if defined(__AVX512BF16__)
+// One depth pair of a register-blocked vdpbf16ps tile (br_tile here, cpu_wgrad_src.cpp's wg_tile):
+// acc[m] (16 NV f32) += the bf16 pair a[m lda], a[m lda + 1] broadcast . b's VNNI pair row (32 NV
+// elements)
+template <int MB, int NV>
+inline void dpbf16_pair(__m512 (&acc)[MB][NV], const uint16_t* a, int64_t lda, const uint16_t* b) {
+  __m512bh bv[NV];
+  for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + 32 * v);
+  for (int m = 0; m < MB; ++m) {
+    int32_t pair;
+    std::memcpy(&pair, a + m * lda, 4);
+    const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], av, bv[v]);
+  }
+}
+
 // Batch-reduce bf16 tile on avx512_bf16 (the forward without AMX): c (MB x 16 NV f32, row stride
 // ldc) = sum over i < nb of A_i (MB rows sa apart, depth d: channel pairs broadcast) . B_i (VNNI
 // pairs, 2 NB elements a pair row), accumulated in registers across the batch. torch's brgemm
@@ -162,16 +177,7 @@ void br_tile(const at::BFloat16* const* a, const at::BFloat16* const* b, int64_t
   for (int64_t i = 0; i < nb; ++i) {
     const uint16_t* ai = reinterpret_cast<const uint16_t*>(a[i]);
     const uint16_t* bi = reinterpret_cast<const uint16_t*>(b[i]);
-    for (int64_t d = 0; d < depth; d += 2) {
-      __m512bh bv[NV];
-      for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(bi + d * NB + 32 * v);
-      for (int m = 0; m < MB; ++m) {
-        int32_t pair;
-        std::memcpy(&pair, ai + m * sa + d, 4);
-        const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
-        for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], av, bv[v]);
-      }
-    }
+    for (int64_t d = 0; d < depth; d += 2) dpbf16_pair<MB, NV>(acc, ai + d, sa, bi + d * NB);
   }
   for (int m = 0; m < MB; ++m)
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + m * ldc + 16 * v, acc[m][v]);

@@ -35,17 +35,7 @@ void wg_tile(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, con
     for (int v = 0; v < NV; ++v) acc[m][v] = add ? _mm512_loadu_ps(c + m * ldc + 16 * v) : _mm512_setzero_ps();
   for (int64_t s = 0; s < nseg; ++s) {
     const int64_t q1 = segs[2 * s] + segs[2 * s + 1];
-    for (int64_t q = segs[2 * s]; q < q1; q += 2) {
-      const uint16_t* bq = b + (q / 2) * ldb;
-      __m512bh bv[NV];
-      for (int v = 0; v < NV; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(bq + 32 * v);
-      for (int m = 0; m < MB; ++m) {
-        int32_t pair;
-        std::memcpy(&pair, a + m * lda + q, 4);
-        const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
-        for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], av, bv[v]);
-      }
-    }
+    for (int64_t q = segs[2 * s]; q < q1; q += 2) dpbf16_pair<MB, NV>(acc, a + q, lda, b + (q / 2) * ldb);
   }
   for (int m = 0; m < MB; ++m)
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + m * ldc + 16 * v, acc[m][v]);
