@@ -118,7 +118,7 @@ def run_problem(p: dict, rounds: int, ok: dict[tuple[bool, bool, int], bool], va
 
     pb = AttentionProblem.from_tensors(q, k, v, causal=nc)
     dcfg = gluon_fwd.tile_config(D, problem=pb)
-    default = (dcfg["PINGPONG"], dcfg["PERSISTENT"], dcfg["CONSUMERS"])
+    default = (dcfg["CONSUMERS"] > 1, dcfg["PERSISTENT"], dcfg["CONSUMERS"])
     row["gluon_126_default"] = next(n for n, var in VARIANTS.items() if var == default)
 
     def variant(cfg):

@@ -129,7 +129,7 @@ def tile_config(d: int, pingpong: bool | None = None, persistent: bool | None = 
                          "consumers, 3 (d <= 64), or 1 without ping-pong")
     if persistent is None:   # three consumers: persistent measured ahead at every size they are chosen for
         persistent = True if problem is None or n_c == 3 else persistent_default(problem)
-    base = dict(BLOCK_M=64 * n_c if pp else 128, PINGPONG=pp, CONSUMERS=n_c, PERSISTENT=persistent,
+    base = dict(BLOCK_M=64 * n_c if pp else 128, CONSUMERS=n_c, PERSISTENT=persistent,
                 num_warps=4 if pp else 8, maxnreg=128 if n_c == 3 else 168,
                 CONSUMER_REGS=160 if n_c == 3 else 240)
     if d <= 64:
@@ -175,7 +175,7 @@ def model_ms(problem, cfg: dict) -> float:
     n_m = math.ceil(problem.Sq / bm)
     shift = 0 if problem.causal != "bottom_right" else problem.Sk - problem.Sq
     blocks = 0
-    rows = bm // cfg.get("CONSUMERS", 1)
+    rows = bm // cfg["CONSUMERS"]
     up = (n_m * bm - problem.Sq) // rows * rows if problem.causal else 0   # causal tiles' shift (_tile_at)
     for m in range(n_m):
         hi = problem.Sk
@@ -658,7 +658,6 @@ class GluonFwdPlan:
         self.block_n = cfg["BLOCK_N"]
         self.n_tiles = triton.cdiv(p.Sq, cfg["BLOCK_M"]) * p.B * p.Hq
         self.o_strides = [p.Hq * p.Sq * p.Dv, p.Sq * p.Dv, p.Dv, 1]
-        cfg.pop("PINGPONG")   # the kernel reads CONSUMERS
         self.options = dict(HEAD_D=p.D, CAUSAL=_CAUSAL_CODE[p.causal], INF_AS_ZERO=p.inf_as_zero, **cfg)
         self.launches: dict[tuple[bool, bool], Launch] = {}
         # TMA strides of (q, k, v) by their stride tuples: what _tma_strides found for
