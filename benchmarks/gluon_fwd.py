@@ -8,8 +8,9 @@ too); a compile error or a wrong result is recorded and 126 is not timed on that
 Then 126 (`nnprim.sdpa(..., solver="gluon_flash_fwd")`, its default variant for the problem),
 each of 126's kernel variants through its launcher (`g126_<consumers>_<launch>`: `pp` two
 ping-pong warpgroups, `pp3` three (d64 only) or `1c` one 8-warp consumer; `pers` persistent,
-grid <= #SMs, or `single`, one tile per CTA; --variants picks them, each checked for
-correctness first), 110 (`solver="flash_fwd"`) and torch SDPA with the CUDNN_ATTENTION and
+grid <= #SMs, or `single`, one tile per CTA; a suffix `_eN`: N of every 4 exp2s of an unmasked
+block on the FMA pipes, attention/fast_exp2.py; one plan each, as the solver keeps; --variants
+picks them, each checked for correctness first), 110 (`solver="flash_fwd"`) and torch SDPA with the CUDNN_ATTENTION and
 FLASH_ATTENTION backends are timed interleaved
 (nnprim.search.timing.interleaved_samples: rotating order, CUDA events, warm-up), median ms,
 TFLOP/s (4*B*Hq*Sq*Sk*D, x0.5 causal when Sq == Sk) and the ratio to cuDNN. Writes JSON to
@@ -17,7 +18,7 @@ TFLOP/s (4*B*Hq*Sq*Sk*D, x0.5 causal when Sq == Sk) and the ratio to cuDNN. Writ
 
     export PYTHONPATH=$PWD TRITON_INTERPRET=0
     timeout 300 python3 benchmarks/gluon_fwd.py --out $OUT/gluon.json [--subset a,b] [--rounds 15]
-        [--variants pp_pers,pp_single,pp3_pers,pp3_single,1c_pers,1c_single]
+        [--variants pp_pers,pp_single,pp3_pers,pp3_single,1c_pers,1c_single,pp3_pers_e2,...]
 """
 from __future__ import annotations
 
@@ -60,30 +61,42 @@ import sys, torch
 from nnprim.args import AttnArgs
 from nnprim.attention import gluon_fwd
 from nnprim.problems.attention import AttentionProblem
-pp, consumers = sys.argv[1] == "1", int(sys.argv[3])
+pp, consumers, poly = sys.argv[1] == "1", int(sys.argv[3]), int(sys.argv[4])
 D = 64 if consumers == 3 else 128
 q = torch.randn(1, 2, 300, D, device="cuda", dtype=torch.bfloat16)
 k = torch.randn(1, 1, 333, D, device="cuda", dtype=torch.bfloat16)
 for causal in (None, "bottom_right"):
     p = AttentionProblem.from_tensors(q, k, k, causal=causal)
-    cfg = gluon_fwd.tile_config(D, pp, sys.argv[2] == "1", consumers=consumers if pp else None)
+    cfg = gluon_fwd.tile_config(D, pp, sys.argv[2] == "1", consumers=consumers if pp else None, exp2_poly=poly)
     gluon_fwd.gluon_forward(p, AttnArgs(q, k, k), cfg=cfg)
 torch.cuda.synchronize()
 print("SMOKE-OK")
 """
 
 
-VARIANTS = {  # name: (ping-pong, persistent, consumers)
-    "pp_pers": (True, True, 2), "pp_single": (True, False, 2), "pp3_pers": (True, True, 3),
-    "pp3_single": (True, False, 3), "1c_pers": (False, True, 1), "1c_single": (False, False, 1)}
+VARIANTS = {  # name: (ping-pong, persistent, consumers, exp2s of every 4 on the FMA pipes)
+    "pp_pers": (True, True, 2, 0), "pp_single": (True, False, 2, 0), "pp3_pers": (True, True, 3, 0),
+    "pp3_single": (True, False, 3, 0), "1c_pers": (False, True, 1, 0), "1c_single": (False, False, 1, 0)}
+VARIANTS |= {f"{n}_e{k}": v[:3] + (k,) for n, v in list(VARIANTS.items()) for k in (1, 2, 3)}
 
 
 def variant_cfg(D: int, name: str) -> dict | None:
     """The tile config of variant `name` at head dim D (None: three consumers past d64)."""
-    pp, persistent, consumers = VARIANTS[name]
+    pp, persistent, consumers, poly = VARIANTS[name]
     if consumers == 3 and D > 64:
         return None
-    return gluon_fwd.tile_config(D, pp, persistent, consumers=consumers if pp else None)
+    return gluon_fwd.tile_config(D, pp, persistent, consumers=consumers if pp else None, exp2_poly=poly)
+
+
+def default_variant(cfg: dict) -> tuple[bool, bool, int, int]:
+    """The VARIANTS key of a tile config."""
+    return cfg["CONSUMERS"] > 1, cfg["PERSISTENT"], cfg["CONSUMERS"], cfg["EXP2_POLY"]
+
+
+def problem_of(p: dict) -> AttentionProblem:
+    """The suite problem as run_problem builds it (bf16, causal bottom-right)."""
+    return AttentionProblem(direction="fwd", device=DEV, dtype=BF16, B=p["B"], Hq=p["Hq"], Hkv=p["Hkv"], Sq=p["Sq"],
+                            Sk=p["Sk"], D=p["D"], Dv=p["D"], causal="bottom_right" if p["causal"] else None)
 
 
 def slice_reference(q, k, v, causal: bool):
@@ -118,11 +131,12 @@ def run_problem(p: dict, rounds: int, ok: dict[tuple[bool, bool, int], bool], va
 
     pb = AttentionProblem.from_tensors(q, k, v, causal=nc)
     dcfg = gluon_fwd.tile_config(D, problem=pb)
-    default = (dcfg["CONSUMERS"] > 1, dcfg["PERSISTENT"], dcfg["CONSUMERS"])
+    default = default_variant(dcfg)
     row["gluon_126_default"] = next(n for n, var in VARIANTS.items() if var == default)
 
-    def variant(cfg):
-        return lambda: gluon_fwd.gluon_forward(pb, AttnArgs(q, k, v), cfg=cfg)[0]
+    def variant(cfg):   # one plan per variant, as the solver keeps one per problem
+        plan, args = gluon_fwd.GluonFwdPlan(pb, cfg), AttnArgs(q, k, v)
+        return lambda: plan(args)[0]
     impls = {"gluon_126": lambda: nnprim.sdpa(q, k, v, causal=nc, solver="gluon_flash_fwd")}
     impls |= {f"g126_{n}": variant(variant_cfg(D, n)) for n in variants if variant_cfg(D, n) is not None}
     impls |= {
@@ -133,7 +147,7 @@ def run_problem(p: dict, rounds: int, ok: dict[tuple[bool, bool, int], bool], va
     if not ok.get(default, False):
         row["errors"]["gluon_126"] = "smoke run failed or hung: not run"
     for n in variants:
-        if not ok[VARIANTS[n]] and f"g126_{n}" in impls:
+        if not ok.get(VARIANTS[n], False) and f"g126_{n}" in impls:
             row["errors"][f"g126_{n}"] = "smoke run failed or hung: not run"
     ref_o, ref_lse = slice_reference(q, k, v, causal)
     try:
@@ -205,11 +219,14 @@ def main() -> int:
     probs = train_problems(a.suite, a.dims, a.subset)
     out = out_path(a.out, "gluon_fwd")
     result = new_result()
-    # every variant: the default may be any of them
-    why = {n: smoke(SMOKE, ["1" if v[0] else "0", "1" if v[1] else "0", str(v[2])]) for n, v in VARIANTS.items()}
+    # the variants asked for and every problem's default
+    defaults = {default_variant(gluon_fwd.tile_config(p["D"], problem=problem_of(p))) for p in probs}
+    runs = [n for n, v in VARIANTS.items() if n in variants or v in defaults]
+    why = {n: smoke(SMOKE, ["1" if VARIANTS[n][0] else "0", "1" if VARIANTS[n][1] else "0", str(VARIANTS[n][2]),
+                            str(VARIANTS[n][3])]) for n in runs}
     result["smoke"] = {n: (w or "ok") for n, w in why.items()}
     print("smoke:", result["smoke"], flush=True)
-    ok = {VARIANTS[n]: w is None for n, w in why.items()}
+    ok = {VARIANTS[n]: w is None for n, w in why.items()}   # (a variant not run: .get -> False)
     cols = ["gluon_126"] + [f"g126_{n}" for n in variants] + ["flash_110", "cudnn", "flash"]
     print(f"{'problem':28s} " + " ".join(f"{c.replace('gluon_', '').replace('g126_', ''):>9s}" for c in cols)
           + "  TFLOP/s | 126/cudnn 110/cudnn  default")
@@ -225,7 +242,7 @@ def main() -> int:
               f"  {row.get('gluon_126_default', '?')}" + (f"  ERR {row['errors']}" if row.get("errors") else ""),
               flush=True)
         out.write_text(json.dumps(result, indent=1))   # partial results survive a timeout
-    summarise(result, ["gluon_126"] + [f"g126_{n}" for n in VARIANTS] + ["flash_110", "flash"])
+    summarise(result, ["gluon_126"] + [f"g126_{n}" for n in variants] + ["flash_110", "flash"])
     out.write_text(json.dumps(result, indent=1))
     print({k: v for k, v in result.items() if k.startswith(("geomean", "min"))})
     print("wrote", out)
