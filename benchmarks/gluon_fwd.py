@@ -8,9 +8,8 @@ too); a compile error or a wrong result is recorded and 126 is not timed on that
 Then 126 (`nnprim.sdpa(..., solver="gluon_flash_fwd")`, its default variant for the problem),
 each of 126's kernel variants through its launcher (`g126_<consumers>_<launch>`: `pp` two
 ping-pong warpgroups, `pp3` three (d64 only) or `1c` one 8-warp consumer; `pers` persistent,
-grid <= #SMs, or `single`, one tile per CTA; a suffix `_eN`: N of every 4 exp2s of an unmasked
-block on the FMA pipes, attention/fast_exp2.py; one plan each, as the solver keeps; --variants
-picks them, each checked for correctness first), 110 (`solver="flash_fwd"`) and torch SDPA with the CUDNN_ATTENTION and
+grid <= #SMs, or `single`, one tile per CTA; one plan each, as the solver keeps; --variants picks them, each checked for
+correctness first), 110 (`solver="flash_fwd"`) and torch SDPA with the CUDNN_ATTENTION and
 FLASH_ATTENTION backends are timed interleaved
 (nnprim.search.timing.interleaved_samples: rotating order, CUDA events, warm-up), median ms,
 TFLOP/s (4*B*Hq*Sq*Sk*D, x0.5 causal when Sq == Sk) and the ratio to cuDNN. Writes JSON to
@@ -18,7 +17,7 @@ TFLOP/s (4*B*Hq*Sq*Sk*D, x0.5 causal when Sq == Sk) and the ratio to cuDNN. Writ
 
     export PYTHONPATH=$PWD TRITON_INTERPRET=0
     timeout 300 python3 benchmarks/gluon_fwd.py --out $OUT/gluon.json [--subset a,b] [--rounds 15]
-        [--variants pp_pers,pp_single,pp3_pers,pp3_single,1c_pers,1c_single,pp3_pers_e2,...]
+        [--variants pp_pers,pp_single,pp3_pers,pp3_single,1c_pers,1c_single]
 """
 from __future__ import annotations
 
@@ -61,36 +60,35 @@ import sys, torch
 from nnprim.args import AttnArgs
 from nnprim.attention import gluon_fwd
 from nnprim.problems.attention import AttentionProblem
-pp, consumers, poly = sys.argv[1] == "1", int(sys.argv[3]), int(sys.argv[4])
+pp, consumers = sys.argv[1] == "1", int(sys.argv[3])
 D = 64 if consumers == 3 else 128
 q = torch.randn(1, 2, 300, D, device="cuda", dtype=torch.bfloat16)
 k = torch.randn(1, 1, 333, D, device="cuda", dtype=torch.bfloat16)
 for causal in (None, "bottom_right"):
     p = AttentionProblem.from_tensors(q, k, k, causal=causal)
-    cfg = gluon_fwd.tile_config(D, pp, sys.argv[2] == "1", consumers=consumers if pp else None, exp2_poly=poly)
+    cfg = gluon_fwd.tile_config(D, pp, sys.argv[2] == "1", consumers=consumers if pp else None)
     gluon_fwd.gluon_forward(p, AttnArgs(q, k, k), cfg=cfg)
 torch.cuda.synchronize()
 print("SMOKE-OK")
 """
 
 
-VARIANTS = {  # name: (ping-pong, persistent, consumers, exp2s of every 4 on the FMA pipes)
-    "pp_pers": (True, True, 2, 0), "pp_single": (True, False, 2, 0), "pp3_pers": (True, True, 3, 0),
-    "pp3_single": (True, False, 3, 0), "1c_pers": (False, True, 1, 0), "1c_single": (False, False, 1, 0)}
-VARIANTS |= {f"{n}_e{k}": v[:3] + (k,) for n, v in list(VARIANTS.items()) for k in (1, 2, 3)}
+VARIANTS = {  # name: (ping-pong, persistent, consumers)
+    "pp_pers": (True, True, 2), "pp_single": (True, False, 2), "pp3_pers": (True, True, 3),
+    "pp3_single": (True, False, 3), "1c_pers": (False, True, 1), "1c_single": (False, False, 1)}
 
 
 def variant_cfg(D: int, name: str) -> dict | None:
     """The tile config of variant `name` at head dim D (None: three consumers past d64)."""
-    pp, persistent, consumers, poly = VARIANTS[name]
+    pp, persistent, consumers = VARIANTS[name]
     if consumers == 3 and D > 64:
         return None
-    return gluon_fwd.tile_config(D, pp, persistent, consumers=consumers if pp else None, exp2_poly=poly)
+    return gluon_fwd.tile_config(D, pp, persistent, consumers=consumers if pp else None)
 
 
-def default_variant(cfg: dict) -> tuple[bool, bool, int, int]:
+def default_variant(cfg: dict) -> tuple[bool, bool, int]:
     """The VARIANTS key of a tile config."""
-    return cfg["CONSUMERS"] > 1, cfg["PERSISTENT"], cfg["CONSUMERS"], cfg["EXP2_POLY"]
+    return cfg["CONSUMERS"] > 1, cfg["PERSISTENT"], cfg["CONSUMERS"]
 
 
 def problem_of(p: dict) -> AttentionProblem:
@@ -222,8 +220,8 @@ def main() -> int:
     # the variants asked for and every problem's default
     defaults = {default_variant(gluon_fwd.tile_config(p["D"], problem=problem_of(p))) for p in probs}
     runs = [n for n, v in VARIANTS.items() if n in variants or v in defaults]
-    why = {n: smoke(SMOKE, ["1" if VARIANTS[n][0] else "0", "1" if VARIANTS[n][1] else "0", str(VARIANTS[n][2]),
-                            str(VARIANTS[n][3])]) for n in runs}
+    why = {n: smoke(SMOKE, ["1" if VARIANTS[n][0] else "0", "1" if VARIANTS[n][1] else "0", str(VARIANTS[n][2])])
+           for n in runs}
     result["smoke"] = {n: (w or "ok") for n, w in why.items()}
     print("smoke:", result["smoke"], flush=True)
     ok = {VARIANTS[n]: w is None for n, w in why.items()}   # (a variant not run: .get -> False)

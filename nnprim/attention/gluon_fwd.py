@@ -80,7 +80,6 @@ from ..gluon_support import (
 )
 from ..launch import Launch
 from ..search.solver import register
-from .fast_exp2 import exp2_mixed
 from .flash_fwd import PEAK_TBS, PEAK_TFLOPS, FlashBase
 
 _CAUSAL_CODE = {None: 0, "top_left": 1, "bottom_right": 2}
@@ -107,14 +106,8 @@ def consumers_default(problem, d: int) -> int:
     return 3
 
 
-def exp2_poly_default(d: int, consumers: int) -> int:
-    """How many of every 4 exp2s of an unmasked block go to the FMA pipes (fast_exp2): none
-    until the H200 has measured it."""
-    return 0
-
-
 def tile_config(d: int, pingpong: bool | None = None, persistent: bool | None = None,
-                problem=None, consumers: int | None = None, exp2_poly: int | None = None) -> dict:
+                problem=None, consumers: int | None = None) -> dict:
     """Launch constants for head dim d: CONSUMERS consumer partitions (1: one 8-warp
     partition of 128 rows; 2 or 3: ping-pong warpgroups of 64 rows each taking turns to issue
     their MMAs, FA3's schedule; `pingpong` False means 1, True or None (d <= 128) means
@@ -126,8 +119,7 @@ def tile_config(d: int, pingpong: bool | None = None, persistent: bool | None = 
     register file split evenly over the warpgroups, producer padded to one: 168 x 384 or
     128 x 512 threads at one CTA per SM), CONSUMER_REGS (what setmaxnreg gives each consumer
     warpgroup once the producer has given its registers up: 240 of two, 160 of three, as
-    FA3's), EXP2_POLY (`exp2_poly`, else exp2_poly_default: 0-3 of every 4 exp2s of an
-    unmasked block computed on the FMA pipes)."""
+    FA3's)."""
     pp = d <= 128 if pingpong is None else pingpong
     n_c = (consumers or consumers_default(problem, d)) if pp else 1
     if n_c not in (1, 2, 3) or (n_c == 1 and pp) or (n_c == 3 and d > 64):
@@ -135,14 +127,11 @@ def tile_config(d: int, pingpong: bool | None = None, persistent: bool | None = 
         # d64 only (O of d128 alone is 64 of them)
         raise ValueError(f"tile_config: consumers={consumers} with pingpong={pingpong}, d={d}: needs 2 ping-pong "
                          "consumers, 3 (d <= 64), or 1 without ping-pong")
-    if exp2_poly not in (None, 0, 1, 2, 3):
-        raise ValueError(f"tile_config: exp2_poly={exp2_poly}: needs 0-3 (of every 4 exp2s)")
     if persistent is None:   # three consumers: persistent measured ahead at every size they are chosen for
         persistent = True if problem is None or n_c == 3 else persistent_default(problem)
     base = dict(BLOCK_M=64 * n_c if pp else 128, CONSUMERS=n_c, PERSISTENT=persistent,
                 num_warps=4 if pp else 8, maxnreg=128 if n_c == 3 else 168,
-                CONSUMER_REGS=160 if n_c == 3 else 240,
-                EXP2_POLY=exp2_poly_default(d, n_c) if exp2_poly is None else exp2_poly)
+                CONSUMER_REGS=160 if n_c == 3 else 240)
     if d <= 64:
         cfg = base | dict(BLOCK_N=128, STAGES=3)
     elif d <= 128:
@@ -345,14 +334,13 @@ if gluon is not None:
     @gluon.jit
     def _softmax_block(qk, j, m_i, l_i, offs_m, kv_len, shift, qk_scale, BLOCK_N: gl.constexpr,
                        MASKED: gl.constexpr, CAUSAL: gl.constexpr, SCALE_POS: gl.constexpr,
-                       s_layout: gl.constexpr, POLY: gl.constexpr):
-        """(p, alpha, m_new, l_new) of score block j (f32, log2 domain). Unmasked blocks take
-        POLY of every 4 exp2s on the FMA pipes (fast_exp2: the MUFU sets the pace at d64)."""
+                       s_layout: gl.constexpr):
+        """(p, alpha, m_new, l_new) of score block j (f32, log2 domain)."""
         if (not MASKED) and SCALE_POS:
             # unmasked block, positive scale: the max commutes with the scale, one FMA per score
             m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
             m_use = m_new
-            p = exp2_mixed(qk * qk_scale - m_new[:, None], POLY)
+            p = gl.exp2(qk * qk_scale - m_new[:, None])
         else:
             sc = qk * qk_scale
             if MASKED:
@@ -372,10 +360,7 @@ if gluon is not None:
                 m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
             else:
                 m_use = m_new
-            if MASKED:
-                p = gl.exp2(sc - m_use[:, None])
-            else:
-                p = exp2_mixed(sc - m_use[:, None], POLY)
+            p = gl.exp2(sc - m_use[:, None])
         alpha = gl.exp2(m_i - m_use)
         l_new = l_i * alpha + gl.sum(p, 1)
         return p, alpha, m_new, l_new
@@ -385,8 +370,7 @@ if gluon is not None:
                   qk_scale, WG: gl.constexpr, PINGPONG: gl.constexpr, HEAD_D: gl.constexpr,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                   PERSISTENT: gl.constexpr, SEPARATE_O: gl.constexpr, SCALE_POS: gl.constexpr,
-                  STORE_LSE: gl.constexpr, INF_AS_ZERO: gl.constexpr, EXP2_POLY: gl.constexpr,
-                  WARPS: gl.constexpr):
+                  STORE_LSE: gl.constexpr, INF_AS_ZERO: gl.constexpr, WARPS: gl.constexpr):
         """Consumer WG (WARPS warps, ROWS query rows from start_m + WG * ROWS of each tile):
         QK^T, online softmax, PV, epilogue. Its MMA issue slots (S_0; then S_{j+1} + P_j V_j
         per block; then the last P V) take turns with the other consumers' under PINGPONG
@@ -452,11 +436,10 @@ if gluon is not None:
                     mbarrier.arrive(k_empty.index(it % STAGES), count=1)
                     if n_full > 0:
                         p, alpha, m_i, l_i = _softmax_block(qk, 0, m_i, l_i, offs_m, kv_len, shift, qk_scale,
-                                                            BLOCK_N, False, CAUSAL, SCALE_POS, s_layout,
-                                                            EXP2_POLY)
+                                                            BLOCK_N, False, CAUSAL, SCALE_POS, s_layout)
                     else:
                         p, alpha, m_i, l_i = _softmax_block(qk, 0, m_i, l_i, offs_m, kv_len, shift, qk_scale,
-                                                            BLOCK_N, True, CAUSAL, SCALE_POS, s_layout, 0)
+                                                            BLOCK_N, True, CAUSAL, SCALE_POS, s_layout)
                     p_cur = gl.convert_layout(p.to(dtype), p_layout)
                 # steady state (FA3's intra-warpgroup overlap): issue S_{j+1} = Q K_{j+1}^T, then
                 # O = alpha O + P_j V_j; wait for S_{j+1} only and run its softmax while P_j V_j is
@@ -476,11 +459,10 @@ if gluon is not None:
                     mbarrier.arrive(k_empty.index((it + j + 1) % STAGES), count=1)
                     if j + 1 < n_full:
                         p, alpha, m_i, l_i = _softmax_block(qk, j + 1, m_i, l_i, offs_m, kv_len, shift, qk_scale,
-                                                            BLOCK_N, False, CAUSAL, SCALE_POS, s_layout,
-                                                            EXP2_POLY)
+                                                            BLOCK_N, False, CAUSAL, SCALE_POS, s_layout)
                     else:
                         p, alpha, m_i, l_i = _softmax_block(qk, j + 1, m_i, l_i, offs_m, kv_len, shift, qk_scale,
-                                                            BLOCK_N, True, CAUSAL, SCALE_POS, s_layout, 0)
+                                                            BLOCK_N, True, CAUSAL, SCALE_POS, s_layout)
                     p_next = gl.convert_layout(p.to(dtype), p_layout)
                     # P_j stays live (a dependency) until its product is done
                     acc, p_cur = warpgroup_mma_wait(0, deps=(acc_tok, p_cur))
@@ -528,8 +510,7 @@ if gluon is not None:
                           STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                           PERSISTENT: gl.constexpr,
                           SEPARATE_O: gl.constexpr, CAUSAL: gl.constexpr, SCALE_POS: gl.constexpr,
-                          STORE_LSE: gl.constexpr, INF_AS_ZERO: gl.constexpr, EXP2_POLY: gl.constexpr,
-                          num_warps: gl.constexpr):
+                          STORE_LSE: gl.constexpr, INF_AS_ZERO: gl.constexpr, num_warps: gl.constexpr):
         """Tiles (BLOCK_M query rows of one (b, h)) t = pid, pid + grid, ... of the
         cdiv(Sq, BLOCK_M) * B * Hq: one per CTA (grid = every tile) or persistent (grid <=
         #SMs). Descriptors: 4-D [B, H, S, D] views with boxes [1, 1, rows, D]; O (B, Hq, Sq, D)
@@ -573,13 +554,13 @@ if gluon is not None:
             gl.warp_specialize([
                 (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH, n_tiles,
                              qk_scale, 0, True, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O, SCALE_POS,
-                             STORE_LSE, INF_AS_ZERO, EXP2_POLY, num_warps)),
+                             STORE_LSE, INF_AS_ZERO, num_warps)),
                 (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH, n_tiles,
                              qk_scale, 1, True, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O, SCALE_POS,
-                             STORE_LSE, INF_AS_ZERO, EXP2_POLY, num_warps)),
+                             STORE_LSE, INF_AS_ZERO, num_warps)),
                 (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH, n_tiles,
                              qk_scale, 2, True, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O, SCALE_POS,
-                             STORE_LSE, INF_AS_ZERO, EXP2_POLY, num_warps)),
+                             STORE_LSE, INF_AS_ZERO, num_warps)),
                 (_producer, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, bars, Hq, GROUP, Sq, Sk, n_m, BH,
                              n_tiles, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)),
             ], [num_warps, num_warps, 1], [CONSUMER_REGS, CONSUMER_REGS, 24])
@@ -587,10 +568,10 @@ if gluon is not None:
             gl.warp_specialize([
                 (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH, n_tiles,
                              qk_scale, 0, True, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O, SCALE_POS,
-                             STORE_LSE, INF_AS_ZERO, EXP2_POLY, num_warps)),
+                             STORE_LSE, INF_AS_ZERO, num_warps)),
                 (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH, n_tiles,
                              qk_scale, 1, True, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O, SCALE_POS,
-                             STORE_LSE, INF_AS_ZERO, EXP2_POLY, num_warps)),
+                             STORE_LSE, INF_AS_ZERO, num_warps)),
                 (_producer, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, bars, Hq, GROUP, Sq, Sk, n_m, BH,
                              n_tiles, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)),
             ], [num_warps, 1], [CONSUMER_REGS, 24])
@@ -598,7 +579,7 @@ if gluon is not None:
             gl.warp_specialize([
                 (_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, bars, turn_bars, o_desc, LSE, Hq, Sq, Sk, n_m, BH, n_tiles,
                              qk_scale, 0, False, HEAD_D, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT, SEPARATE_O, SCALE_POS,
-                             STORE_LSE, INF_AS_ZERO, EXP2_POLY, num_warps)),
+                             STORE_LSE, INF_AS_ZERO, num_warps)),
                 (_producer, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, bars, Hq, GROUP, Sq, Sk, n_m, BH,
                              n_tiles, BLOCK_M, BLOCK_N, CAUSAL, PERSISTENT)),
             ], [1], [24])

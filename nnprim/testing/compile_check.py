@@ -290,13 +290,9 @@ def _gluon_wgrad_attempts(failures: list[str], report: list[str]) -> None:
                         report)
 
 
-GLUON_ATTENTION = [  # (consumers, persistent, fields[, exp2_poly]) of solver 126 (Gluon, sm_90 only): d64/d128/
-    # d256, causal, GQA, tails; one-tile-per-CTA and persistent launches (SEPARATE_O at d64/d128); one 8-warp
-    # consumer or 2 ping-pong warpgroups, or 3 at d64 (192-row tiles, 160 registers a thread); exp2s
-    # partly on the FMA pipes (fast_exp2)
-    (3, True, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=64, Dv=64, dtype=BF16, return_lse=True), 1),
-    (3, True, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=64, Dv=64, dtype=BF16, causal="bottom_right"), 2),
-    (2, True, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=128, Dv=128, dtype=BF16, return_lse=True), 1),
+GLUON_ATTENTION = [  # (consumers, persistent, fields) of solver 126 (Gluon, sm_90 only): d64/d128/d256,
+    # causal, GQA, tails; one-tile-per-CTA and persistent launches (SEPARATE_O at d64/d128); one 8-warp
+    # consumer or 2 ping-pong warpgroups, or 3 at d64 (192-row tiles, 160 registers a thread)
     (3, True, dict(B=1, Hq=4, Hkv=1, Sq=300, Sk=333, D=64, Dv=64, dtype=BF16, causal="bottom_right",
                    return_lse=True)),
     (3, False, dict(B=1, Hq=4, Hkv=2, Sq=300, Sk=333, D=64, Dv=64, dtype=F16, return_lse=True)),
@@ -334,10 +330,9 @@ def _gluon_attempts(failures: list[str], report: list[str]) -> None:
     if GLUON_ERROR is not None:
         failures.append(f"gluon_flash_fwd: Gluon import failed: {GLUON_ERROR}")
         return
-    for consumers, persistent, fields, *poly in GLUON_ATTENTION:
+    for consumers, persistent, fields in GLUON_ATTENTION:
         p = AttentionProblem(**(dict(direction="fwd", device="cpu") | fields))
-        cfg = gluon_fwd.tile_config(p.D, consumers > 1, persistent, consumers=consumers if consumers > 1 else None,
-                                    exp2_poly=poly[0] if poly else None)
+        cfg = gluon_fwd.tile_config(p.D, consumers > 1, persistent, consumers=consumers if consumers > 1 else None)
         try:
             gluon_fwd.gluon_forward(p, random_args(p, seed=0), cfg=cfg)
         except Exception as e:  # noqa: BLE001 - report every variant that does not compile

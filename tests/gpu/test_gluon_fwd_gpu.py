@@ -6,8 +6,7 @@ kernel variant: ping-pong (two 4-warp consumers taking turns; three for d64, 192
 whose causal tiles align to the last row) or one 8-warp consumer, each launched one tile per
 CTA (`single`) or persistent (grid <= #SMs walking the tiles; a test shrinks the grid to 7
 CTAs so each runs many tiles, causal snake rounds included). The three-consumer variants run
-the d64 cases only. `-polyN` variants take N of every 4 exp2s of an unmasked block on the FMA
-pipes (attention/fast_exp2.py).
+the d64 cases only.
 
 A wrong barrier phase shows as a hang, not an error: the smoke tests run small problems of
 each variant in a subprocess with a timeout, and a variant's other tests are skipped when
@@ -43,7 +42,7 @@ from nnprim.args import AttnArgs
 from nnprim.attention import gluon_fwd
 from nnprim.problems.attention import AttentionProblem
 
-pp, persistent, consumers, poly = sys.argv[1] == "1", sys.argv[2] == "1", int(sys.argv[3]), int(sys.argv[4])
+pp, persistent, consumers = sys.argv[1] == "1", sys.argv[2] == "1", int(sys.argv[3])
 for D, Sq, Sk in ((64, 130, 200), (64, 450, 301), (128, 300, 77), (256, 200, 333)):
     if consumers == 3 and D != 64:
         continue
@@ -52,7 +51,7 @@ for D, Sq, Sk in ((64, 130, 200), (64, 450, 301), (128, 300, 77), (256, 200, 333
     v = torch.randn(1, 1, Sk, D, device="cuda", dtype=torch.bfloat16)
     for causal in (None, "bottom_right"):
         p = AttentionProblem.from_tensors(q, k, v, causal=causal, return_lse=True)
-        cfg = gluon_fwd.tile_config(D, pp, persistent, consumers=consumers if pp else None, exp2_poly=poly)
+        cfg = gluon_fwd.tile_config(D, pp, persistent, consumers=consumers if pp else None)
         o, lse = gluon_fwd.gluon_forward(p, AttnArgs(q, k, v), cfg=cfg)
         torch.cuda.synchronize()
         if causal is None:
@@ -63,28 +62,25 @@ for D, Sq, Sk in ((64, 130, 200), (64, 450, 301), (128, 300, 77), (256, 200, 333
 print("SMOKE-OK")
 """
 
-VARIANTS = {  # name: (ping-pong, persistent, consumers, exp2s of every 4 on the FMA pipes)
-    "pingpong-persistent": (True, True, 2, 0),
-    "pingpong-single": (True, False, 2, 0),
-    "pingpong3-persistent": (True, True, 3, 0),
-    "pingpong3-single": (True, False, 3, 0),
-    "one_consumer-persistent": (False, True, 1, 0),
-    "one_consumer-single": (False, False, 1, 0),
-    "pingpong-persistent-poly1": (True, True, 2, 1),
-    "pingpong3-persistent-poly2": (True, True, 3, 2),
-    "one_consumer-single-poly3": (False, False, 1, 3),
+VARIANTS = {  # name: (ping-pong, persistent, consumers)
+    "pingpong-persistent": (True, True, 2),
+    "pingpong-single": (True, False, 2),
+    "pingpong3-persistent": (True, True, 3),
+    "pingpong3-single": (True, False, 3),
+    "one_consumer-persistent": (False, True, 1),
+    "one_consumer-single": (False, False, 1),
 }
-Variant = tuple[bool, bool, int, int]
+Variant = tuple[bool, bool, int]
 _smoke: dict[Variant, str] = {}
 
 
 def tile_cfg(D: int, variant: Variant) -> dict:
     """The variant's tile config for head dim D; skips the test where the variant has no
     config (three consumers past d64)."""
-    pp, persistent, consumers, poly = variant
+    pp, persistent, consumers = variant
     if consumers == 3 and D > 64:
         pytest.skip("three consumers: d64 only")
-    return gluon_fwd.tile_config(D, pp, persistent, consumers=consumers if pp else None, exp2_poly=poly)
+    return gluon_fwd.tile_config(D, pp, persistent, consumers=consumers if pp else None)
 
 
 def smoke_failure(variant: Variant) -> str | None:
@@ -95,7 +91,7 @@ def smoke_failure(variant: Variant) -> str | None:
         env.pop("TRITON_INTERPRET", None)
         try:
             r = subprocess.run([sys.executable, "-c", SMOKE, *("1" if x else "0" for x in variant[:2]),
-                                str(variant[2]), str(variant[3])], env=env, capture_output=True, text=True, timeout=120)
+                                str(variant[2])], env=env, capture_output=True, text=True, timeout=120)
             _smoke[variant] = "" if "SMOKE-OK" in r.stdout else f"smoke run failed: {(r.stdout + r.stderr)[-3000:]}"
         except subprocess.TimeoutExpired:
             _smoke[variant] = "smoke run hung for 120 s (deadlock: barrier phases?)"
@@ -104,7 +100,7 @@ def smoke_failure(variant: Variant) -> str | None:
 
 @pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
 def variant(request) -> Variant:
-    """(ping-pong, persistent, consumers, exp2 poly) of a variant whose smoke run passed."""
+    """(ping-pong, persistent, consumers) of a variant whose smoke run passed."""
     v = VARIANTS[request.param]
     why = smoke_failure(v)
     if why:
@@ -231,7 +227,7 @@ def test_public_api_forced_solver():
     q, k, v = case(2, 8, 2, 513, 700, 128, seed=9)
     p = AttentionProblem.from_tensors(q, k, v, causal="bottom_right", return_lse=True)
     cfg = gluon_fwd.tile_config(128, problem=p)
-    why = smoke_failure((cfg["CONSUMERS"] > 1, cfg["PERSISTENT"], cfg["CONSUMERS"], cfg["EXP2_POLY"]))  # its own
+    why = smoke_failure((cfg["CONSUMERS"] > 1, cfg["PERSISTENT"], cfg["CONSUMERS"]))   # the solver's own variant
     if why:
         pytest.skip(why[:500])
     o, lse = nnprim.sdpa(q, k, v, causal="bottom_right", return_lse=True, solver="gluon_flash_fwd")
@@ -249,7 +245,7 @@ def test_public_api_default_three_consumers():
     p = AttentionProblem.from_tensors(q, k, v, return_lse=True)
     cfg = gluon_fwd.tile_config(64, problem=p)
     assert cfg["CONSUMERS"] == 3
-    why = smoke_failure((True, cfg["PERSISTENT"], 3, cfg["EXP2_POLY"]))
+    why = smoke_failure((True, cfg["PERSISTENT"], 3))
     if why:
         pytest.skip(why[:500])
     o, lse = nnprim.sdpa(q, k, v, return_lse=True, solver="gluon_flash_fwd")
@@ -263,7 +259,7 @@ def test_public_api_default_three_consumers():
 def test_persistent_many_tiles_per_cta(monkeypatch, causal, consumers):
     """A grid of 7 CTAs over 2 * 4 * 9 = 72 tiles: ten full rounds and a partial one (snake
     order when causal), the ring and the Q/O buffers cycling through many tiles."""
-    variant = (consumers > 1, True, consumers, 0)
+    variant = (consumers > 1, True, consumers)
     why = smoke_failure(variant)
     if why:
         pytest.skip(why[:500])
