@@ -30,7 +30,7 @@ evens out. `gl.warp_specialize` splits a CTA into
     P_j V_j and the consumer waits for S_{j+1} only (wgmma groups retire in order), so the
     softmax of block j+1 runs while P_j V_j is on the tensor cores; the last block is
     peeled off the loop (ptxas then keeps the wgmma pipeline asynchronous).
-    PINGPONG (default for D <= 128): CONSUMERS = two (or, at D = 64, three: 192-row tiles
+    PINGPONG (the default at every head dim): CONSUMERS = two (or, at D = 64, three: 192-row tiles
     with 160 registers a thread, FA3's d64 shape) 4-warp consumer partitions of 64 rows each
     whose MMA issue slots take turns through one mbarrier each (FA3's inter-warpgroup
     ping-pong: one warpgroup's softmax runs under the others' GEMMs; at D = 64 the softmax
@@ -110,8 +110,10 @@ def tile_config(d: int, pingpong: bool | None = None, persistent: bool | None = 
                 problem=None, consumers: int | None = None) -> dict:
     """Launch constants for head dim d: CONSUMERS consumer partitions (1: one 8-warp
     partition of 128 rows; 2 or 3: ping-pong warpgroups of 64 rows each taking turns to issue
-    their MMAs, FA3's schedule; `pingpong` False means 1, True or None (d <= 128) means
-    `consumers` or consumers_default), BLOCK_M = their rows, BLOCK_N keys per ring stage,
+    their MMAs, FA3's schedule; `pingpong` False means 1, True or None means `consumers` or
+    consumers_default; at d256 too, where the H200 run of 2026-12-03 measured two ping-pong
+    warpgroups 8-15 % ahead of one 8-warp consumer from s1024 on, causal s1024 a tie,
+    results/gluon_fwd_variants_2026-12-03_s24.json), BLOCK_M = their rows, BLOCK_N keys per ring stage,
     STAGES (what fits 227 KB of shared memory next to the Q tiles), PERSISTENT (grid = #SMs
     walking the tiles; default from `problem` by persistent_default, on for three consumers
     or without a problem), SEPARATE_O (an O buffer of its
@@ -120,7 +122,7 @@ def tile_config(d: int, pingpong: bool | None = None, persistent: bool | None = 
     128 x 512 threads at one CTA per SM), CONSUMER_REGS (what setmaxnreg gives each consumer
     warpgroup once the producer has given its registers up: 240 of two, 160 of three, as
     FA3's)."""
-    pp = d <= 128 if pingpong is None else pingpong
+    pp = True if pingpong is None else pingpong
     n_c = (consumers or consumers_default(problem, d)) if pp else 1
     if n_c not in (1, 2, 3) or (n_c == 1 and pp) or (n_c == 3 and d > 64):
         # three consumers hold a 64x128 f32 score tile, its successor and O in 160 registers:

@@ -86,7 +86,7 @@ def test_tile_configs_fit_hopper_shared_memory():
                 # file holds maxnreg for every warpgroup at launch and, after setmaxnreg, the
                 # consumers' CONSUMER_REGS next to the producer's 24
                 n = c["CONSUMERS"]
-                assert n == (consumers or (2 if (d <= 128 if pp is None else pp) else 1))
+                assert n == (consumers or (1 if pp is False else 2))   # ping-pong by default at every d
                 assert c["BLOCK_M"] == (64 * n if n > 1 else 128) and c["num_warps"] == (4 if n > 1 else 8)
                 groups = n + 1 if n > 1 else 3
                 assert c["maxnreg"] * 128 * groups <= 65536

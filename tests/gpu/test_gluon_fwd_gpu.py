@@ -254,6 +254,23 @@ def test_public_api_default_three_consumers():
     assert (lse.double() - rl).abs().max().item() < 1e-3 * max(1.0, rl.abs().max().item())
 
 
+@pytest.mark.parametrize("causal", [None, "bottom_right"])
+def test_public_api_default_d256_pingpong(causal):
+    """d256 through the public call on the solver's own choice: two ping-pong warpgroups (the
+    default at every head dim since 2026-12-03), no separate O buffer; tails and GQA."""
+    q, k, v = case(2, 6, 2, 1111, 1234, 256, seed=37)
+    p = AttentionProblem.from_tensors(q, k, v, causal=causal, return_lse=True)
+    cfg = gluon_fwd.tile_config(256, problem=p)
+    assert cfg["CONSUMERS"] == 2 and not cfg["SEPARATE_O"]
+    why = smoke_failure((True, cfg["PERSISTENT"], 2))
+    if why:
+        pytest.skip(why[:500])
+    o, lse = nnprim.sdpa(q, k, v, causal=causal, return_lse=True, solver="gluon_flash_fwd")
+    ro, rl = reference_forward(p, AttnArgs(q, k, v))
+    assert_close(f"o default d256 {causal}", o, torch_same_dtype(q, k, v, causal), ro)
+    assert (lse.double() - rl).abs().max().item() < 1e-3 * max(1.0, rl.abs().max().item())
+
+
 @pytest.mark.parametrize("causal", [None, "top_left", "bottom_right"])
 @pytest.mark.parametrize("consumers", [2, 3, 1], ids=["pingpong", "pingpong3", "one_consumer"])
 def test_persistent_many_tiles_per_cta(monkeypatch, causal, consumers):
