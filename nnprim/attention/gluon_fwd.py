@@ -162,15 +162,22 @@ TILE_OVERHEAD_BLOCKS = {False: 3.0, True: 1.0}   # by cfg["PERSISTENT"]
 # costs 41.4 us of host (results/host_overhead_2026-12-01_s7.json) and its smallest forced
 # calls 0.039-0.045 ms, as flash_fwd's (0.043-0.053; results/regret_2026-12-01_s7.json)
 HOST_FLOOR_MS = 0.04
+# K/V bytes per second the tiles stream through L2: every tile reads all of its visible keys, so
+# query heads of one kv head (GQA) and the query tiles of one head read K/V again, from L2 at
+# best. Fit of the system db's 126 records of GQA decodes (b8 x 32k, b64 x 8k, b16 x 16k Sq 4,
+# b24 x 5000 Sq 2 with 4 and 8 query heads a kv head: measured 2.2-4.5x the HBM-bound estimate,
+# 0.99-1.04x this bound); long training tiles are compute-bound ahead of it
+L2_TBS = 5.8
 
 
 def model_ms(problem, cfg: dict) -> float:
     """Predicted time: flops / (peak * eff_D) * (n_kv + c) / n_kv, where n_kv is the mean
     number of key blocks per tile and c = TILE_OVERHEAD_BLOCKS the per-tile fixed cost (Q load
     and ring fill, epilogue; by launch variant), divided by the SM fill of the last wave (tiles / (waves * 132)),
-    as flash_fwd.roofline_ms; at least the memory time; plus 10 us of launch; at least
-    HOST_FLOOR_MS. Causal halves
-    the flops through problem.flops()."""
+    as flash_fwd.roofline_ms; the flops of whole ROWS-row slabs (a slab's MMAs run all of
+    its rows: a 2-row decode pays 64); at least the HBM time of the problem's bytes and the L2
+    time of the K/V blocks every tile reads (L2_TBS); plus 10 us of launch; at least
+    HOST_FLOOR_MS. Causal halves the flops through problem.flops()."""
     if problem.device != "cuda":
         return problem.flops() / 2e7 + 1.0
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
@@ -188,10 +195,13 @@ def model_ms(problem, cfg: dict) -> float:
     eff = EFF_BY_D.get(problem.D, 0.7)
     t_c = problem.flops() / (PEAK_TFLOPS.get(problem.dtype, 750.0) * 1e12 * eff)
     t_c *= (n_kv + TILE_OVERHEAD_BLOCKS[bool(cfg.get("PERSISTENT"))]) / n_kv
+    t_c *= math.ceil(problem.Sq / rows) * rows / problem.Sq
     tiles = problem.B * problem.Hq * n_m
     fill = tiles / (math.ceil(tiles / 132) * 132)
     t_m = problem.bytes() / (PEAK_TBS * 1e12 * 0.8)
-    return max(max(t_c / max(fill, 0.05), t_m) * 1e3 + 0.01, HOST_FLOOR_MS)
+    kv_bytes = problem.B * problem.Hq * blocks * bn * (problem.D + problem.Dv) * problem.dtype.itemsize
+    t_l2 = kv_bytes / (L2_TBS * 1e12)
+    return max(max(t_c / max(fill, 0.05), t_m, t_l2) * 1e3 + 0.01, HOST_FLOOR_MS)
 
 
 # ---- Gluon kernel ---------------------------------------------------------------------

@@ -131,3 +131,18 @@ def test_three_consumers_where_measured_ahead():
     # the plan's TMA box follows the consumers' rows
     p = problem(device="cuda", B=1, Hq=8, Hkv=8, Sq=4096, Sk=4096, D=64, Dv=64)
     assert gluon_fwd.GluonFwdPlan(p).rows == 64
+
+
+def test_model_counts_kv_rereads():
+    """126's estimate: every tile streams all its visible keys through L2 (GQA decodes measured
+    2.2-4.5x the HBM bound, at this one), and a long training problem stays compute-bound (the
+    L2 term does not move it)."""
+    dec = problem(device="cuda", B=64, Hq=32, Hkv=8, Sq=1, Sk=8192, D=128)
+    cfg = gluon_fwd.tile_config(128, problem=dec)
+    kv = 64 * 32 * 8192 * 256 * 2
+    assert gluon_fwd.model_ms(dec, cfg) >= kv / (gluon_fwd.L2_TBS * 1e12) * 1e3
+    train = problem(device="cuda", B=1, Hq=16, Hkv=16, Sq=16384, Sk=16384, D=128)
+    tcfg = gluon_fwd.tile_config(128, problem=train)
+    t_c = train.flops() / (750e12 * gluon_fwd.EFF_BY_D[128])
+    fill = 2048 / (16 * 132)   # 16 heads x 128 tiles over 132 SMs
+    assert gluon_fwd.model_ms(train, tcfg) == pytest.approx((t_c * (128 + 1) / 128 / fill) * 1e3 + 0.01, rel=0.01)
