@@ -62,7 +62,8 @@ case $STEP in
       --durations=25 -p no:benchmark --ignore=tests/gpu/test_fuzz.py > "$OUT/gpu_${STEP}_$D.log" 2>&1
     grep -E "FAILED|passed|failed" "$OUT/gpu_${STEP}_$D.log" | tail -40 ;;
   gluon_bench)
-    timeout 200 python3 benchmarks/gluon_fwd.py --rounds 6 --variants pp_pers,pp_single,pp3_pers --out "$OUT/gluon_fwd_$D.json" 2>&1 | tail -18
+    timeout 240 python3 benchmarks/gluon_fwd.py --rounds 6 --dims 64,128,256 --variants pp_pers,pp_single,pp3_pers,1c_pers \
+      --out "$OUT/gluon_fwd_$D.json" 2>&1 | tail -22
     timeout 180 python3 benchmarks/gluon_bwd.py --rounds 4 --out "$OUT/gluon_bwd_$D.json" 2>&1 | tail -18
     timeout 150 python3 benchmarks/gluon_conv_probe.py --out "$OUT/gluon_conv_probe_$D.json" 2>&1 | tail -40 ;;
   attn_bwd)
