@@ -116,10 +116,12 @@ from .triton_epilogue import epilogue, plan_epilogue
 
 SMEM_BYTES = 227 * 1024
 GLUON_VS_SOLVER20 = 0.65   # measured time ratio to solver 20 (see GluonImplicitGemmFwd.estimate)
-# host time per call that bounds small problems, on find's clock: the smallest record of 27
-# in the H200 system db is 0.036 ms; through the API its smallest forced calls took 0.051 ms,
-# 15 us more than solver 20's (results/regret_2026-12-01_run2.json)
-HOST_FLOOR_MS = 0.038
+# host time per call that bounds small problems, on find's clock, by direction: the smallest
+# forced calls through the API in the held-out runs since the Gluon host path was cut
+# (results/regret_2026-12-02_s17*.json, _s8): 27 0.0315 ms (Triton 20 0.030 on the same layer),
+# 28 0.028-0.030 (Triton 21 0.031-0.033), 29 0.031-0.032 (Triton 22 0.023-0.032). The flat
+# 0.038 before came from 2026-12-01 (0.051 ms through the API, 15 us over solver 20's)
+HOST_FLOOR_MS = {"fwd": 0.038, "bwd_data": 0.028, "bwd_weights": 0.031}
 # grouped (DIAG) tiles: 64-channel blocks run as rn50_r2_3x3's C = K = 64 layer does; measured
 # resnext_g32 forward / backward data 0.152 ms for 59 GFLOP of dense tile work (390 TFLOP/s, 0.52
 # of the bf16 peak; results/conv_grouped_2026-12-02_s20.json)
@@ -993,20 +995,21 @@ class GluonConvSolver(_IGemmBase):
         d = diag_geometry(fp)
         return 0 if d is None else fp.K * math.prod(fp.filter) * d.CB * fp.dtype.itemsize
 
-    def diag_estimate(self, fp: ConvProblem) -> float | None:
+    def diag_estimate(self, fp: ConvProblem, direction: str) -> float | None:
         """Grouped: the dense work of the block-diagonal tiles (CB / Cg times the grouped
-        FLOPs) at DIAG_EFF of the dense roofline, and at least the host time per call."""
+        FLOPs) at DIAG_EFF of the dense roofline, and at least the host time of a call in
+        `direction` (fp may be a backward's forward view)."""
         d = diag_geometry(fp)
         if d is None:
             return None
-        return max(roofline_ms(fp.flops() * d.CB / d.Cg, fp.bytes(), fp.dtype, DIAG_EFF), HOST_FLOOR_MS)
+        return max(roofline_ms(fp.flops() * d.CB / d.Cg, fp.bytes(), fp.dtype, DIAG_EFF), HOST_FLOOR_MS[direction])
 
     @staticmethod
-    def gluon_price(est: float | None) -> float | None:
+    def gluon_price(est: float | None, direction: str) -> float | None:
         """An implicit-GEMM estimate as the Gluon kernels run it: 0.57-0.62x solver 20's time
         on ResNet-50 1x1/3x3 and UNet 3x3 layers in the H200 probe of 2026-12-01
-        (benchmarks/gluon_conv_probe.py), and at least the host time per call."""
-        return None if est is None else max(est * GLUON_VS_SOLVER20, HOST_FLOOR_MS)
+        (benchmarks/gluon_conv_probe.py), and at least the host time of a call in `direction`."""
+        return None if est is None else max(est * GLUON_VS_SOLVER20, HOST_FLOOR_MS[direction])
 
     def prepare(self, problem):
         return GluonConvPlan(problem)
@@ -1021,8 +1024,8 @@ class GluonImplicitGemmFwd(GluonConvSolver):
 
     def estimate(self, problem) -> float | None:
         if problem.groups > 1:
-            return self.diag_estimate(problem)
-        return self.gluon_price(super().estimate(problem))
+            return self.diag_estimate(problem, "fwd")
+        return self.gluon_price(super().estimate(problem), "fwd")
 
 
 @register
@@ -1040,7 +1043,7 @@ class GluonImplicitGemmBwdData(GluonConvSolver):
         if shape_reasons(problem):
             return None
         if problem.groups > 1:
-            return self.diag_estimate(forward_view(problem))
+            return self.diag_estimate(forward_view(problem), "bwd_data")
         if any(s != 1 for s in problem.stride):
-            return self.gluon_price(super().estimate(problem))
-        return self.gluon_price(super().estimate(forward_view(problem)))
+            return self.gluon_price(super().estimate(problem), "bwd_data")
+        return self.gluon_price(super().estimate(forward_view(problem)), "bwd_data")

@@ -731,8 +731,8 @@ class GluonImplicitGemmBwdWeights(GluonConvSolver):
                 return None
             gm = geom(problem)
             flops = 2.0 * d[0] * d[1] * triton.cdiv(gm.K, d[0]) * gm.taps * gm.N * gm.P
-            return self.gluon_price(roofline_ms(flops, problem.bytes(), problem.dtype, 0.7))
-        return self.gluon_price(super().estimate(problem))
+            return self.gluon_price(roofline_ms(flops, problem.bytes(), problem.dtype, 0.7), "bwd_weights")
+        return self.gluon_price(super().estimate(problem), "bwd_weights")
 
     def prepare(self, problem):
         return GluonWgradPlan(problem)

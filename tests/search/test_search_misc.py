@@ -243,7 +243,7 @@ def test_stride2_bwd_data_pays_a_launch_per_phase():
     floor = implicit_gemm.HOST_FLOOR_MS
     assert ig.estimate(s1) == pytest.approx(floor)
     assert ig.estimate(s2) == pytest.approx(floor + 3 * implicit_gemm.HOST_PER_LAUNCH_MS)
-    assert gl.estimate(s2) == pytest.approx(gluon_conv.HOST_FLOOR_MS)   # one phased launch
+    assert gl.estimate(s2) == pytest.approx(gluon_conv.HOST_FLOOR_MS["bwd_data"])   # one phased launch
 
 
 def test_gluon_flash_fwd_host_floor_is_flash_fwds():
