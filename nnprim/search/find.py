@@ -38,6 +38,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import torch
 
@@ -131,9 +132,17 @@ def candidates(problem, c: Constraints, *, dynamic_only: bool = False) -> tuple[
     raise not_applicable_error(problem, workspace_limit=c.workspace_limit, deterministic=c.deterministic)
 
 
+# When find's correctness check last changed: a "wrong" verdict recorded before it is checked
+# again (2026-12-03: numerics.rel_error judges an output that vanishes in exact arithmetic at its
+# siblings' scale; before, the CPU flash backward solvers were recorded wrong on dq = dk = 0 and
+# the call fell back to the float64 reference for good)
+CHECK_REVISED = datetime(2026, 12, 3, 13, 0, tzinfo=UTC).timestamp()
+
+
 def missing(problem, c: Constraints, dynamic_only: bool = False, db: finddb.FindDb | None = None) -> list[Solver]:
     """Candidates of `problem` (find's, under `c`) that its find-db record (the user db's,
-    or `db`'s) never considered: registered or enabled since its find. Solvers that are not
+    or `db`'s) never considered: registered or enabled since its find, or recorded "wrong"
+    by a check older than CHECK_REVISED. Solvers that are not
     candidates now (not applicable, disabled, over the workspace limit, not deterministic
     when asked, Triton in the interpreter, the reference) are never missing. Empty when the
     db holds no record of the problem (a full find is due then, not an incremental one)."""
@@ -146,7 +155,8 @@ def missing(problem, c: Constraints, dynamic_only: bool = False, db: finddb.Find
     except Exception as e:  # the db is a cache: unreadable means nothing to add
         log.debug("find: cannot read the considered solvers of %s: %s", key, e)
         return []
-    seen = (seen or frozenset()) | {r.solver_id for r in recs}
+    stale = {r.solver_id for r in recs if r.status == "wrong" and r.timestamp < CHECK_REVISED}
+    seen = ((seen or frozenset()) | {r.solver_id for r in recs}) - stale
     try:
         cands, _ = candidates(problem, c, dynamic_only=dynamic_only)
     except NotSupportedError:

@@ -46,6 +46,64 @@ def test_rel_error_nan_aware():
     assert rel_error((a, None), (a, None)) == 0.0
 
 
+def test_rel_error_judges_a_vanishing_output_at_its_siblings_scale():
+    """dq of a one-hot softmax is 0 in exact arithmetic: float64 leaves 1e-15, an f32 kernel 1e-7.
+    Next to an O(1) sibling that is a tiny error, not a ratio of residues; a wrong output of
+    normal size still fails."""
+    zero_ref, dv = torch.full((64,), 1e-16, dtype=torch.float64), torch.randn(64, dtype=torch.float64)
+    near = (zero_ref + 1e-7, dv + 1e-7)
+    assert rel_error(near, (zero_ref, dv)) < 1e-4
+    assert rel_error(zero_ref + 1e-7, zero_ref) > 1e-4          # alone: no sibling to scale by
+    assert rel_error((dv.flip(0), dv), (dv, dv)) > 1.0            # a wrong sibling of equal size
+
+
+def test_one_hot_softmax_backward_runs_a_real_solver(tmp_path, monkeypatch, caplog):
+    """Sq = 1, top-left causal: the query sees key 0 alone, dq = dk = 0 exactly. The CPU flash
+    backward solvers were recorded as wrong by find's check (relative error 1e9) and the call fell
+    back to the float64 reference."""
+    monkeypatch.setenv("NNPRIM_CACHE_DIR", str(tmp_path))
+    nnprim.search.modes.SETTINGS.reload()
+    q = torch.randn(2, 8, 1, 64, requires_grad=True)
+    k = torch.randn(2, 2, 32, 64, requires_grad=True)
+    v = torch.randn(2, 2, 32, 64, requires_grad=True)
+    with caplog.at_level("INFO", logger="nnprim"):
+        nnprim.sdpa(q, k, v, causal="top_left").sum().backward()
+    assert q.grad.abs().max() < 1e-4 and k.grad.abs().max() < 1e-4
+    assert "disagrees with the reference" not in caplog.text
+    assert "falling back to the reference" not in caplog.text
+
+
+def test_wrong_verdicts_older_than_the_check_are_checked_again(tmp_path, monkeypatch):
+    """A user db that recorded the CPU flash backward solvers "wrong" under the old check and
+    the reference as the problem's only "ok" solver (what find wrote): the next call re-checks
+    them and stops running the reference."""
+    from dataclasses import replace
+
+    from nnprim.search import find as find_mod
+    monkeypatch.setenv("NNPRIM_CACHE_DIR", str(tmp_path))
+    nnprim.search.modes.SETTINGS.reload()
+    q = torch.randn(1, 4, 1, 32, requires_grad=True)
+    k = torch.randn(1, 2, 16, 32, requires_grad=True)
+    v = torch.randn(1, 2, 16, 32, requires_grad=True)
+    nnprim.sdpa(q, k, v, causal="top_left").sum().backward()
+    db = finddb.user_db()
+    recs = [r for r in db.all() if r.problem_key.startswith("attn-bwd")]
+    assert recs and all(r.status == "ok" for r in recs)
+    old = find_mod.CHECK_REVISED - 3600.0
+    best = min((r for r in recs if r.family != "reference"), key=lambda r: r.time_ms)
+    ref = nnprim.REGISTRY.get("attn_reference_bwd")
+    forged = [replace(r, status="wrong", timestamp=old) for r in recs] + [
+        replace(best, solver_id=ref.id, solver_name=ref.name, family=ref.family, time_ms=75.0, timestamp=old)]
+    db.replace_problem(best.device, best.solver_set, best.problem_key, forged, [r.solver_id for r in forged])
+    context.context(torch.device("cpu")).clear()
+    nnprim.sdpa(q, k, v, causal="top_left").sum().backward()
+    again = {r.solver_id: r for r in finddb.user_db().all() if r.problem_key == best.problem_key}
+    assert again[best.solver_id].status == "ok" and again[best.solver_id].timestamp > old
+    p = AttentionProblem.from_tensors(q, k, v, causal="top_left", return_lse=True)
+    sols = nnprim.search.immediate.db_solutions(replace(p, direction="bwd"))
+    assert sols and sols[0].family != "reference", sols
+
+
 # ---- explain and strict ---------------------------------------------------------------------
 def test_explain_lists_reasons_and_decision(solvers):
     solvers.add(1000, "t_a", estimate=1.0, workspace=128)
