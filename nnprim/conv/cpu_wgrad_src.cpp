@@ -12,13 +12,7 @@
 #include <utility>
 
 namespace {
-// Grow-only scratch of the calling / worker thread: fresh multi-MiB buffers each call cost a
-// page fault per 4 KiB page (rn50_r4: ~1 ms of 10)
-template <typename T>
-T* scratch(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
+// (scratch(): cpu_brgemm_src.cpp's grow-only thread scratch)
 
 #if defined(__AVX512BF16__)
 using WgTile = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, const int64_t*, int64_t, float*, int64_t,
