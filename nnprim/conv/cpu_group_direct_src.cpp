@@ -76,14 +76,31 @@ struct BF16 {             // a channel pair per step: lanes hold (x[c], x[c+1]) 
 };
 #endif
 
+// The post-ops the forward applies to each output block while it is in registers (f32 y only), after
+// the bias: + res_scale * res (y-shaped, contiguous, f32), then relu with a negative slope.
+struct Epi {
+  const float* res = nullptr;
+  float res_scale = 1.f;
+  bool relu = false;
+  float slope = 0.f;
+  inline __m512 apply(__m512 v, int64_t off, __mmask16 m) const {   // off: the element's index in y
+    if (res) v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, res + off), _mm512_set1_ps(res_scale), v);
+    if (relu) v = _mm512_add_ps(_mm512_max_ps(v, _mm512_setzero_ps()),
+                                _mm512_mul_ps(_mm512_min_ps(v, _mm512_setzero_ps()), _mm512_set1_ps(slope)));
+    return v;
+  }
+};
+
 template <class Y>
-inline void store_row(Y* y, __mmask16 m, __m512 v);
+inline void store_row(Y* y, int64_t off, __mmask16 m, __m512 v, const Epi& ep);
 template <>
-inline void store_row<float>(float* y, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(y, m, v); }
+inline void store_row<float>(float* y, int64_t off, __mmask16 m, __m512 v, const Epi& ep) {
+  _mm512_mask_storeu_ps(y + off, m, ep.apply(v, off, m));
+}
 #ifdef NNPRIM_DIRECT_BF16
 template <>
-inline void store_row<at::BFloat16>(at::BFloat16* y, __mmask16 m, __m512 v) {
-  _mm256_mask_storeu_epi16(y, m, (__m256i)_mm512_cvtneps_pbh(v));
+inline void store_row<at::BFloat16>(at::BFloat16* y, int64_t off, __mmask16 m, __m512 v, const Epi&) {
+  _mm256_mask_storeu_epi16(y + off, m, (__m256i)_mm512_cvtneps_pbh(v));
 }
 #endif
 
@@ -96,7 +113,7 @@ inline void store_row<at::BFloat16>(at::BFloat16* y, __mmask16 m, __m512 v) {
 template <class E, class Y, int KB, int NV, int KWT>
 inline void block(const typename E::T* x, const typename E::WT* wb, const float* bias, Y* y, int64_t Cg, int64_t H,
                   int64_t W, int64_t KH, int64_t KW_, int64_t oh, int64_t ow0, int64_t OH, int64_t OW, int64_t ph,
-                  int64_t pw, int64_t dh, int64_t dw, int64_t nk, int64_t sh) {
+                  int64_t pw, int64_t dh, int64_t dw, int64_t nk, int64_t sh, int64_t yoff, const Epi& ep) {
   constexpr int MAXR = 64;
   const int64_t KW = KWT > 0 ? KWT : KW_;
   int64_t xo[MAXR], wo[MAXR];
@@ -113,6 +130,14 @@ inline void block(const typename E::T* x, const typename E::WT* wb, const float*
     for (int v = 0; v < NV; ++v) {
       const int64_t base = (ow0 + v * 16) * E::SW + kw * dw - pw;
       mk[kw][v] = E::mask(-base, W - base);
+    }
+  const int64_t n_out = OW - ow0;
+  if (ep.res)   // the residual's rows, fetched while the block computes (as in cv_block)
+    for (int64_t j = 0; j < nk; ++j) {
+      const float* r = ep.res + yoff + j * OH * OW + oh * OW + ow0;
+      const int64_t nw = std::min<int64_t>(n_out, NV * 16);
+      for (int64_t q = 0; q < nw; q += 16) _mm_prefetch((const char*)(r + q), _MM_HINT_T0);
+      _mm_prefetch((const char*)(r + nw - 1), _MM_HINT_T0);
     }
   __m512 acc[KB][NV];
 #pragma GCC unroll 8
@@ -142,41 +167,40 @@ inline void block(const typename E::T* x, const typename E::WT* wb, const float*
       }
     }
   }
-  const int64_t n_out = OW - ow0;
 #pragma GCC unroll 8
   for (int j = 0; j < KB; ++j) {
     if (j >= nk) break;
-    Y* yr = y + j * OH * OW + oh * OW + ow0;
+    const int64_t yr = yoff + j * OH * OW + oh * OW + ow0;
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) store_row<Y>(yr + v * 16, lanes(0, n_out - v * 16), acc[j][v]);
+    for (int v = 0; v < NV; ++v) store_row<Y>(y, yr + v * 16, lanes(0, n_out - v * 16), acc[j][v], ep);
   }
 }
 
 template <class E, class Y, int KB, int NV>
 inline void block_kw(const typename E::T* x, const typename E::WT* wb, const float* bias, Y* y, int64_t Cg, int64_t H,
                      int64_t W, int64_t KH, int64_t KW, int64_t oh, int64_t ow0, int64_t OH, int64_t OW, int64_t ph,
-                     int64_t pw, int64_t dh, int64_t dw, int64_t nk, int64_t sh) {
+                     int64_t pw, int64_t dh, int64_t dw, int64_t nk, int64_t sh, int64_t yoff, const Epi& ep) {
   switch (KW) {
-    case 3: return block<E, Y, KB, NV, 3>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh);
-    case 1: return block<E, Y, KB, NV, 1>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh);
-    case 5: return block<E, Y, KB, NV, 5>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh);
-    case 7: return block<E, Y, KB, NV, 7>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh);
-    default: return block<E, Y, KB, NV, 0>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh);
+    case 3: return block<E, Y, KB, NV, 3>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh, yoff, ep);
+    case 1: return block<E, Y, KB, NV, 1>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh, yoff, ep);
+    case 5: return block<E, Y, KB, NV, 5>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh, yoff, ep);
+    case 7: return block<E, Y, KB, NV, 7>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh, yoff, ep);
+    default: return block<E, Y, KB, NV, 0>(x, wb, bias, y, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh, yoff, ep);
   }
 }
 
 template <class E, class Y, int KB>
 inline void row_blocks(const typename E::T* xg, const typename E::WT* wb, const float* bb, Y* yb, int64_t Cg,
                        int64_t H, int64_t W, int64_t KH, int64_t KW, int64_t oh, int64_t OH, int64_t OW, int64_t ph,
-                       int64_t pw, int64_t dh, int64_t dw, int64_t nk, int64_t sh) {
+                       int64_t pw, int64_t dh, int64_t dw, int64_t nk, int64_t sh, int64_t yoff, const Epi& ep) {
   constexpr int NVM = nv_max(KB);
   for (int64_t ow0 = 0; ow0 < OW;) {
     const int64_t nv = std::min<int64_t>(NVM, (OW - ow0 + 15) / 16);
     switch (nv) {
-      case 1: block_kw<E, Y, KB, 1>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh); break;
-      case 2: block_kw<E, Y, KB, (NVM >= 2 ? 2 : 1)>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh); break;
-      case 3: block_kw<E, Y, KB, (NVM >= 3 ? 3 : 1)>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh); break;
-      default: block_kw<E, Y, KB, NVM>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh); break;
+      case 1: block_kw<E, Y, KB, 1>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh, yoff, ep); break;
+      case 2: block_kw<E, Y, KB, (NVM >= 2 ? 2 : 1)>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh, yoff, ep); break;
+      case 3: block_kw<E, Y, KB, (NVM >= 3 ? 3 : 1)>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh, yoff, ep); break;
+      default: block_kw<E, Y, KB, NVM>(xg, wb, bb, yb, Cg, H, W, KH, KW, oh, ow0, OH, OW, ph, pw, dh, dw, nk, sh, yoff, ep); break;
     }
     ow0 += 16 * nv;
   }
@@ -184,7 +208,7 @@ inline void row_blocks(const typename E::T* xg, const typename E::WT* wb, const 
 
 template <class E, class Y, int KB>
 void run(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tensor& y, int64_t G, int64_t Cg, int64_t Kg,
-         at::IntArrayRef pad, at::IntArrayRef dil, int64_t sh) {
+         at::IntArrayRef pad, at::IntArrayRef dil, int64_t sh, const Epi& ep) {
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
   const int64_t K = y.size(1), OH = y.size(2), OW = y.size(3);
   const int64_t KH = wp.size(3), KW = wp.size(4), nkb = wp.size(1), cs = wp.size(2);
@@ -199,7 +223,7 @@ void run(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tensor&
       for (int64_t kb = 0; kb < nkb; ++kb) {
         const int64_t k0 = g * Kg + kb * KB, nk = std::min<int64_t>(KB, Kg - kb * KB);
         row_blocks<E, Y, KB>(xg, wd + (g * nkb + kb) * cs * KH * KW * KB, bd != nullptr ? bd + k0 : nullptr,
-                             yd + (n * K + k0) * OH * OW, Cg, H, W, KH, KW, oh, OH, OW, ph, pw, dh, dw, nk, sh);
+                             yd, Cg, H, W, KH, KW, oh, OH, OW, ph, pw, dh, dw, nk, sh, (n * K + k0) * OH * OW, ep);
       }
     }
   });
@@ -207,39 +231,234 @@ void run(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tensor&
 
 template <class E, class Y>
 void run_kb(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tensor& y, int64_t G, int64_t Cg,
-            int64_t Kg, at::IntArrayRef pad, at::IntArrayRef dil, int64_t sh) {
+            int64_t Kg, at::IntArrayRef pad, at::IntArrayRef dil, int64_t sh, const Epi& ep) {
   switch (wp.size(5)) {
-    case 8: return run<E, Y, 8>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh);
-    case 4: return run<E, Y, 4>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh);
-    case 1: return run<E, Y, 1>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh);
+    case 8: return run<E, Y, 8>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh, ep);
+    case 4: return run<E, Y, 4>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh, ep);
+    case 1: return run<E, Y, 1>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh, ep);
     default: TORCH_CHECK(false, "group_direct_fwd: channel blocks of 8, 4 or 1");
   }
 }
 
+// r[i] lane j -> r[j] lane i (16 x 16 f32): pairs of rows interleaved, then 4 x 4 blocks within
+// 128-bit lanes, then the 128-bit lanes across the 16 rows.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16], u[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 16; i += 4) {   // u[i + e]: column 4q + e of rows i..i+3 in 128-bit lane q
+    u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+#pragma GCC unroll 4
+  for (int e = 0; e < 4; ++e) {
+    const __m512 s0 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0x88), s1 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0xDD);
+    const __m512 s2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0x88), s3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0xDD);
+    r[e] = _mm512_shuffle_f32x4(s0, s2, 0x88);
+    r[8 + e] = _mm512_shuffle_f32x4(s0, s2, 0xDD);
+    r[4 + e] = _mm512_shuffle_f32x4(s1, s3, 0x88);
+    r[12 + e] = _mm512_shuffle_f32x4(s1, s3, 0xDD);
+  }
+}
+
+// Channel-vector kernel (f32, 16 or 32 output channels a group, wp's KB = Kg): a zmm holds 16 output
+// channels of one position, so a block of UR positions of a row x NK vectors keeps UR * NK
+// accumulators while every input channel and tap of the group streams through: per (c, tap) NK
+// weight loads and UR * NK FMAs whose x operand is a broadcast from memory (no masks, no lanes
+// wasted on a partial row, as oneDNN's blocked kernels do). x comes from a zero-padded staging
+// copy of the item's rows (so taps never test bounds); the block is transposed 16 positions at a
+// time into y's channel rows, with the epilogue.
+struct CvGeom {
+  int64_t Cg, KH, KW, Hs, Ws, dh, dw;   // Hs x Ws: the staged plane of one channel
+};
+
+template <int NK, int UR, int SW>
+inline void cv_block(const float* xs, const float* wp, const float* bias, float* y, const CvGeom& g, int64_t r0,
+                     int64_t ow0, int64_t nw, int64_t OHW, int64_t OW, int64_t yoff, const Epi& ep) {
+  // the residual's rows of this block (16 * NK planes apart: no hardware prefetcher follows them)
+  // fetched while the block computes (reading them at the store cost 0.4 ms of grouped_g8's 1.6)
+  // (prefetching y's lines for writing as well: no gain, 31 alternated calls)
+  if (ep.res)
+    for (int64_t i = 0; i < 16 * NK; ++i) {
+      const float* r = ep.res + yoff + i * OHW + ow0;
+      for (int64_t q = 0; q < nw; q += 16) _mm_prefetch((const char*)(r + q), _MM_HINT_T0);   // every line
+      _mm_prefetch((const char*)(r + nw - 1), _MM_HINT_T0);
+    }
+  __m512 acc[UR][NK];
+#pragma GCC unroll 4
+  for (int k = 0; k < NK; ++k) {
+    const __m512 b = bias ? _mm512_loadu_ps(bias + 16 * k) : _mm512_setzero_ps();
+#pragma GCC unroll 32
+    for (int j = 0; j < UR; ++j) acc[j][k] = b;
+  }
+  const int64_t plane = g.Hs * g.Ws;
+  for (int64_t c = 0; c < g.Cg; ++c) {
+    const float* wc = wp + c * g.KH * g.KW * 16 * NK;
+    for (int64_t kh = 0; kh < g.KH; ++kh) {
+      const float* xr = xs + c * plane + (r0 + kh * g.dh) * g.Ws + ow0 * SW;
+      for (int64_t kw = 0; kw < g.KW; ++kw) {
+        const float* wt = wc + (kh * g.KW + kw) * 16 * NK;
+        const float* xt = xr + kw * g.dw;
+        __m512 wv[NK];
+#pragma GCC unroll 4
+        for (int k = 0; k < NK; ++k) wv[k] = _mm512_loadu_ps(wt + 16 * k);
+#pragma GCC unroll 32
+        for (int j = 0; j < UR; ++j) {
+          const __m512 b = _mm512_set1_ps(xt[j * SW]);   // SW constant: offsets immediate
+#pragma GCC unroll 4
+          for (int k = 0; k < NK; ++k) acc[j][k] = _mm512_fmadd_ps(b, wv[k], acc[j][k]);
+        }
+      }
+    }
+  }
+  // positions j0..j0+15 of channel vector k -> 16 channel rows of y
+#pragma GCC unroll 4
+  for (int k = 0; k < NK; ++k)
+#pragma GCC unroll 2
+    for (int j0 = 0; j0 < UR; j0 += 16) {
+      __m512 t[16];
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) t[j] = j0 + j < UR ? acc[j0 + j][k] : _mm512_setzero_ps();
+      transpose16(t);
+      const __mmask16 m = lanes(0, nw - j0);
+      if (!m) break;
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        const int64_t off = yoff + (16 * k + i) * OHW + ow0 + j0;
+        _mm512_mask_storeu_ps(y + off, m, ep.apply(t[i], off, m));
+      }
+    }
+}
+
+// a row's blocks: UR positions (a multiple of 4 up to the most accumulators that fit) at a time
+template <int NK, int SW>
+inline void cv_row(const float* xs, const float* wp, const float* bias, float* y, const CvGeom& g, int64_t r0,
+                   int64_t OW, int64_t OHW, int64_t yoff, const Epi& ep) {
+  constexpr int URM = NK == 1 ? 28 : 12;
+  const int64_t nb = (OW + URM - 1) / URM, per = ((OW + nb - 1) / nb + 3) / 4 * 4;
+  for (int64_t ow0 = 0; ow0 < OW; ow0 += per) {
+    const int64_t nw = std::min(per, OW - ow0);
+#define NNPRIM_CV(U) cv_block<NK, (U <= URM ? U : URM), SW>(xs, wp, bias, y, g, r0, ow0, nw, OHW, OW, yoff, ep)
+    switch (per) {
+      case 4: NNPRIM_CV(4); break;
+      case 8: NNPRIM_CV(8); break;
+      case 12: NNPRIM_CV(12); break;
+      case 16: NNPRIM_CV(16); break;
+      case 20: NNPRIM_CV(20); break;
+      case 24: NNPRIM_CV(24); break;
+      default: NNPRIM_CV(28); break;
+    }
+#undef NNPRIM_CV
+  }
+}
+
+// rows per work item: whole output planes where the items still outnumber the threads 8 to 1 and
+// the staged plane fits in a quarter of L2; bands of rows otherwise
+inline int64_t cv_band(int64_t NG, int64_t OH, int64_t Cg, int64_t Ws, int64_t sh, int64_t reach) {
+  const int64_t threads = at::get_num_threads();
+  int64_t rb = OH;
+  while (rb > 1 && (NG * ((OH + rb - 1) / rb) < 8 * threads || Cg * ((rb - 1) * sh + reach) * Ws * 4 > (256 << 10)))
+    rb = (rb + 1) / 2;
+  return rb;
+}
+
+template <int NK, int SW>
+void run_cv(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tensor& y, int64_t G, int64_t Cg,
+            at::IntArrayRef pad, at::IntArrayRef dil, at::IntArrayRef stride, const Epi& ep) {
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t K = y.size(1), OH = y.size(2), OW = y.size(3), Kg = 16 * NK;
+  const int64_t KH = wp.size(3), KW = wp.size(4);
+  const int64_t ph = pad[0], pw = pad[1], dh = dil[0], dw = dil[1], sh = stride[0], sw = SW;
+  const int64_t URM = NK == 1 ? 28 : 12, nb = (OW + URM - 1) / URM, per = ((OW + nb - 1) / nb + 3) / 4 * 4;
+  // staged columns: every computed position (whole blocks) with its taps
+  const int64_t Ws = ((OW + per - 1) / per * per - 1) * sw + (KW - 1) * dw + 1, reach = (KH - 1) * dh + 1;
+  const int64_t rb = cv_band(N * G, OH, Cg, Ws, sh, reach), nbands = (OH + rb - 1) / rb;
+  const float* xd = x.data_ptr<float>();
+  const float* wd = wp.data_ptr<float>();
+  float* yd = y.data_ptr<float>();
+  at::parallel_for(0, N * G * nbands, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> stage;
+    for (int64_t it = begin; it < end; ++it) {
+      const int64_t band = it % nbands, g = (it / nbands) % G, n = it / (nbands * G);
+      const int64_t oh0 = band * rb, oh1 = std::min(OH, oh0 + rb), ih0 = oh0 * sh - ph;
+      const CvGeom geo{Cg, KH, KW, (oh1 - oh0 - 1) * sh + reach, Ws, dh, dw};
+      if ((int64_t)stage.size() < Cg * geo.Hs * Ws) stage.resize(Cg * geo.Hs * Ws);
+      float* xs = stage.data();
+      // x rows ih0.. of the group's channels, columns -pw.. (zeros outside x)
+      const int64_t c_lo = std::min(std::max<int64_t>(pw, 0), Ws), c_hi = std::max(c_lo, std::min(Ws, W + pw));
+      for (int64_t c = 0; c < Cg; ++c) {
+        const float* xp = xd + ((n * C + g * Cg + c) * H) * W;
+        for (int64_t r = 0; r < geo.Hs; ++r) {
+          float* dst = xs + (c * geo.Hs + r) * Ws;
+          const int64_t ih = ih0 + r;
+          if (ih < 0 || ih >= H) {
+            std::memset(dst, 0, Ws * sizeof(float));
+            continue;
+          }
+          std::memset(dst, 0, c_lo * sizeof(float));
+          std::memcpy(dst + c_lo, xp + ih * W + c_lo - pw, (c_hi - c_lo) * sizeof(float));
+          std::memset(dst + c_hi, 0, (Ws - c_hi) * sizeof(float));
+        }
+      }
+      const float* wg = wd + g * Cg * KH * KW * Kg;
+      const float* bg = bd ? bd + g * Kg : nullptr;
+      for (int64_t oh = oh0; oh < oh1; ++oh)
+        cv_row<NK, SW>(xs, wg, bg, yd, geo, (oh - oh0) * sh, OW, OH * OW, (n * K + g * Kg) * OH * OW + oh * OW, ep);
+    }
+  });
+}
+
 // x (N, C, H, W) contiguous, f32 or bf16; wp (G, ceil(Kg/KB), Cg, KH, KW, KB) f32 for f32 x, or
 // (G, ceil(Kg/KB), ceil(Cg/2), KH, KW, KB) int32 bf16 pairs, KB 8, 4 or 1, (channel 2p in the low half) for bf16 x,
-// zero past Kg / Cg; bias f32; y (N, K, OH, OW) contiguous f32 (or bf16 for bf16 x), every element
-// written; stride (any along columns of rows, 1 or 2 along a row; 2 in f32 only).
+// zero past Kg / Cg; KB = Kg = 16 or 32 (f32): the channel-vector kernel; bias f32; y (N, K, OH, OW)
+// contiguous f32 (or bf16 for bf16 x), every element written; stride (any along columns of rows, 1 or 2
+// along a row; 2 in f32 only); res: y-shaped contiguous f32 (f32 y).
 void group_direct_fwd(const at::Tensor& x, const at::Tensor& wp, const c10::optional<at::Tensor>& bias,
                       at::Tensor& y, int64_t G, int64_t Cg, int64_t Kg, at::IntArrayRef pad, at::IntArrayRef dil,
-                      at::IntArrayRef stride) {
+                      at::IntArrayRef stride, const c10::optional<at::Tensor>& res, double res_scale, bool relu,
+                      double relu_slope) {
   TORCH_CHECK(x.is_contiguous() && wp.is_contiguous() && y.is_contiguous(), "group_direct_fwd: contiguous operands");
   TORCH_CHECK(wp.size(3) <= 64 && wp.size(4) <= 16, "group_direct_fwd: filter at most 64 x 16");
   TORCH_CHECK(!bias.has_value() || bias->scalar_type() == at::kFloat, "group_direct_fwd: f32 bias");
+  const bool cv = wp.size(5) == 16 || wp.size(5) == 32;
   TORCH_CHECK(stride[0] >= 1 && (stride[1] == 1 || (stride[1] == 2 && x.scalar_type() == at::kFloat)),
               "group_direct_fwd: row stride 1 (or 2 in f32)");
+  Epi ep;
+  ep.relu = relu;
+  ep.slope = static_cast<float>(relu_slope);
+  if (res.has_value()) {
+    TORCH_CHECK(res->is_contiguous() && res->sizes() == y.sizes() && res->scalar_type() == at::kFloat &&
+                y.scalar_type() == at::kFloat, "group_direct_fwd: res contiguous f32 like y (f32)");
+    ep.res = res->data_ptr<float>();
+    ep.res_scale = static_cast<float>(res_scale);
+  }
+  TORCH_CHECK(!relu || y.scalar_type() == at::kFloat, "group_direct_fwd: relu on f32 y");
   const float* bd = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   const int64_t sh = stride[0];
   if (x.scalar_type() == at::kFloat) {
     TORCH_CHECK(wp.scalar_type() == at::kFloat && y.scalar_type() == at::kFloat, "group_direct_fwd: f32 w and y");
-    if (stride[1] == 2) return run_kb<F32S2, float>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh);
-    return run_kb<F32, float>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh);
+    if (cv) {
+      TORCH_CHECK(wp.size(1) == 1 && wp.size(5) == Kg, "group_direct_fwd: channel vectors of the whole group");
+      if (stride[1] == 1)
+        return Kg == 16 ? run_cv<1, 1>(x, wp, bd, y, G, Cg, pad, dil, stride, ep)
+                        : run_cv<2, 1>(x, wp, bd, y, G, Cg, pad, dil, stride, ep);
+      return Kg == 16 ? run_cv<1, 2>(x, wp, bd, y, G, Cg, pad, dil, stride, ep)
+                      : run_cv<2, 2>(x, wp, bd, y, G, Cg, pad, dil, stride, ep);
+    }
+    if (stride[1] == 2) return run_kb<F32S2, float>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh, ep);
+    return run_kb<F32, float>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh, ep);
   }
 #ifdef NNPRIM_DIRECT_BF16
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && wp.scalar_type() == at::kInt, "group_direct_fwd: bf16 x, int32 w");
-  if (y.scalar_type() == at::kBFloat16) return run_kb<BF16, at::BFloat16>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh);
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && wp.scalar_type() == at::kInt && !cv, "group_direct_fwd: bf16 x, int32 w");
+  if (y.scalar_type() == at::kBFloat16) return run_kb<BF16, at::BFloat16>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh, ep);
   TORCH_CHECK(y.scalar_type() == at::kFloat, "group_direct_fwd: y f32 or bf16");
-  return run_kb<BF16, float>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh);
+  return run_kb<BF16, float>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh, ep);
 #else
   TORCH_CHECK(false, "group_direct_fwd: bf16 needs AVX512-BF16 (built without it)");
 #endif
@@ -366,19 +585,29 @@ void group_direct_wgrad(const at::Tensor& x, const at::Tensor& dy, at::Tensor& d
 
 // w (K, Cg, KH, KW) contiguous -> the kernel's packed weights (see group_direct_fwd) in blocks of KB
 // output channels, in one pass (the same permutation in torch ops cost ~0.1 ms a call: a tenth of
-// grouped_g8's forward).
-std::vector<int64_t> packed_sizes(const at::Tensor& w, int64_t G, int64_t KB) {
+// grouped_g8's forward). twin: pack the weights of the backward data's forward instead (its K' = C
+// output channels and Cg' = Kg inputs: w'[g*Cg + c, k, f] = w[g*Kg + k, c, F-1-f]), with no
+// transposed, flipped copy of w first.
+std::vector<int64_t> packed_sizes(const at::Tensor& w, int64_t G, int64_t KB, bool twin) {
   TORCH_CHECK(w.dim() == 4 && w.is_contiguous(), "group_direct_pack: contiguous (K, Cg, KH, KW)");
-  TORCH_CHECK(KB == 8 || KB == 4 || KB == 1, "group_direct_pack: blocks of 8, 4 or 1 channels");
+  TORCH_CHECK(KB == 8 || KB == 4 || KB == 1 || ((KB == 16 || KB == 32) && w.scalar_type() == at::kFloat),
+              "group_direct_pack: blocks of 8, 4 or 1 channels (16 or 32 in f32)");
   TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, "group_direct_pack: f32 or bf16");
-  const int64_t Kg = w.size(0) / G, Cg = w.size(1);
+  const int64_t Kg = twin ? w.size(1) : w.size(0) / G, Cg = twin ? w.size(0) / G : w.size(1);
   const int64_t cs = w.scalar_type() == at::kFloat ? Cg : (Cg + 1) / 2;
   return {G, (Kg + KB - 1) / KB, cs, w.size(2), w.size(3), KB};
 }
 
-void pack_into(const at::Tensor& w, int64_t G, int64_t KB, void* out) {
-  const auto sz = packed_sizes(w, G, KB);
-  const int64_t K = w.size(0), Cg = w.size(1), T = w.size(2) * w.size(3), Kg = K / G, nkb = sz[1], cs = sz[2];
+void pack_into(const at::Tensor& w, int64_t G, int64_t KB, bool twin, void* out) {
+  const auto sz = packed_sizes(w, G, KB, twin);
+  const int64_t KH = w.size(2), KW = w.size(3), T = KH * KW, nkb = sz[1], cs = sz[2];
+  const int64_t K = twin ? w.size(1) * G : w.size(0), Cg = twin ? w.size(0) / G : w.size(1), Kg = K / G;
+  // element (k, c, t) of the packed problem's filter within w
+  const auto src_at = [&](int64_t k, int64_t c, int64_t t) {
+    if (!twin) return (k * Cg + c) * T + t;
+    const int64_t g = k / Kg;   // w'[g*Kg' + k', c', t] = w[g*Cg' + c', k', T-1-t]
+    return ((g * Cg + c) * Kg + k % Kg) * T + (T - 1 - t);
+  };
   std::memset(out, 0, sizeof(float) * G * nkb * cs * T * KB);
   if (w.scalar_type() == at::kFloat) {
     const float* src = w.data_ptr<float>();
@@ -386,7 +615,7 @@ void pack_into(const at::Tensor& w, int64_t G, int64_t KB, void* out) {
     for (int64_t k = 0; k < K; ++k) {
       const int64_t g = k / Kg, kk = k % Kg, kb = kk / KB, j = kk % KB;
       for (int64_t c = 0; c < Cg; ++c)
-        for (int64_t t = 0; t < T; ++t) dst[(((g * nkb + kb) * cs + c) * T + t) * KB + j] = src[(k * Cg + c) * T + t];
+        for (int64_t t = 0; t < T; ++t) dst[(((g * nkb + kb) * cs + c) * T + t) * KB + j] = src[src_at(k, c, t)];
     }
     return;
   }
@@ -396,38 +625,40 @@ void pack_into(const at::Tensor& w, int64_t G, int64_t KB, void* out) {
     const int64_t g = k / Kg, kk = k % Kg, kb = kk / KB, j = kk % KB;
     for (int64_t c = 0; c < Cg; ++c)
       for (int64_t t = 0; t < T; ++t)
-        dst[(((g * nkb + kb) * cs + c / 2) * T + t) * KB + j] |= (uint32_t)src[(k * Cg + c) * T + t] << (16 * (c % 2));
+        dst[(((g * nkb + kb) * cs + c / 2) * T + t) * KB + j] |= (uint32_t)src[src_at(k, c, t)] << (16 * (c % 2));
   }
 }
 
-at::Tensor group_direct_pack(const at::Tensor& w, int64_t G, int64_t KB) {
-  auto out = at::empty(packed_sizes(w, G, KB), w.options().dtype(w.scalar_type() == at::kFloat ? at::kFloat : at::kInt));
-  pack_into(w, G, KB, out.data_ptr());
+at::Tensor group_direct_pack(const at::Tensor& w, int64_t G, int64_t KB, bool twin) {
+  auto out = at::empty(packed_sizes(w, G, KB, twin), w.options().dtype(w.scalar_type() == at::kFloat ? at::kFloat : at::kInt));
+  pack_into(w, G, KB, twin, out.data_ptr());
   return out;
 }
 
 // The forward from unpacked weights: packed into the calling thread's buffer (no allocation, no
 // second op call: the separate pack op cost ~0.05 ms a call, 8 % of grouped_g8 at half batch).
 void group_direct_fwd_w(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
-                        at::Tensor& y, int64_t G, int64_t Cg, int64_t Kg, int64_t KB, at::IntArrayRef pad,
-                        at::IntArrayRef dil, at::IntArrayRef stride) {
+                        at::Tensor& y, int64_t G, int64_t Cg, int64_t Kg, int64_t KB, bool twin, at::IntArrayRef pad,
+                        at::IntArrayRef dil, at::IntArrayRef stride, const c10::optional<at::Tensor>& res,
+                        double res_scale, bool relu, double relu_slope) {
   thread_local std::vector<float> buf;
-  const auto sz = packed_sizes(w, G, KB);
+  const auto sz = packed_sizes(w, G, KB, twin);
   int64_t n = 1;
   for (auto v : sz) n *= v;
   if ((int64_t)buf.size() < n) buf.resize(n);
-  pack_into(w, G, KB, buf.data());
+  pack_into(w, G, KB, twin, buf.data());
   const auto wp = at::from_blob(buf.data(), sz, w.options().dtype(w.scalar_type() == at::kFloat ? at::kFloat : at::kInt));
-  group_direct_fwd(x, wp, bias, y, G, Cg, Kg, pad, dil, stride);
+  group_direct_fwd(x, wp, bias, y, G, Cg, Kg, pad, dil, stride, res, res_scale, relu, relu_slope);
 }
 }  // namespace
 
 TORCH_LIBRARY(nnprim_cpu_group, m) {
   m.def("group_direct_fwd(Tensor x, Tensor wp, Tensor? bias, Tensor(a!) y, int G, int Cg, int Kg, int[] pad, "
-        "int[] dil, int[] stride) -> ()");
-  m.def("group_direct_pack(Tensor w, int G, int KB) -> Tensor");
-  m.def("group_direct_fwd_w(Tensor x, Tensor w, Tensor? bias, Tensor(a!) y, int G, int Cg, int Kg, int KB, int[] pad, "
-        "int[] dil, int[] stride) -> ()");
+        "int[] dil, int[] stride, Tensor? res=None, float res_scale=1.0, bool relu=False, float relu_slope=0.0) -> ()");
+  m.def("group_direct_pack(Tensor w, int G, int KB, bool twin=False) -> Tensor");
+  m.def("group_direct_fwd_w(Tensor x, Tensor w, Tensor? bias, Tensor(a!) y, int G, int Cg, int Kg, int KB, bool twin, "
+        "int[] pad, int[] dil, int[] stride, Tensor? res=None, float res_scale=1.0, bool relu=False, "
+        "float relu_slope=0.0) -> ()");
   m.def("group_direct_wgrad(Tensor x, Tensor dy, Tensor(a!) dw, int G, int[] pad, int[] dil) -> ()");
 }
 
