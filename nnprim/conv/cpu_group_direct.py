@@ -72,9 +72,10 @@ MAX_GROUP = 64
 # On an AMD EPYC without AMX (2 threads, 2026-12-03) the same bf16 forward ran 1.2-1.5 ms
 # (backward data 1.1-1.8; torch 0.8-1.3), faster than solver 80's VNNI brgemm there (2.0-2.2 ms).
 _GFLOPS_PER_CORE = {torch.float32: 55.0, torch.bfloat16: 27.0}
-# the f32 channel-vector kernel (vector_block), AMD EPYC 2026-12-03, grouped_g8 forward: 69-83 GFLOP/s
-# on 1 thread, 136-150 on 2 (torch 66-78 / 106-120 alternated; the row kernel 52-58 / 97-122)
-_VECTOR_GFLOPS_PER_CORE = 70.0
+# the channel-vector kernel (vector_block), AMD EPYC 2026-12-03, grouped_g8 forward, kernel alone,
+# alternated with torch: f32 69-83 GFLOP/s on 1 thread, 136-150 on 2 (torch 66-78 / 106-120; the
+# row kernel 52-58 / 97-122); bf16 186 / 302 (torch 148 / 248, the row kernel 126 / 225)
+_VECTOR_GFLOPS_PER_CORE = {torch.float32: 70.0, torch.bfloat16: 150.0}
 _BF16_GFLOPS_PER_CORE_NO_AMX = 80.0
 _GBS_PER_CORE = 8.0       # nhwc copies, post-op passes
 _CALL_MS = 0.02
@@ -82,7 +83,7 @@ _WGRAD_GFLOPS_PER_CORE = 60.0   # grouped_g8, 2 threads: 2.04-2.13 ms (torch 1.1
 MAX_WGRAD_WIDTH = 1024
 _CACHED_GBS_PER_CORE = 16.0   # a post-op pass over an L2-resident chunk of y (read + write)
 POST_OP_CHUNK_BYTES = 2 << 20
-USE_VECTOR_KERNEL = True   # f32 groups of 16 / 32 output channels: the channel-vector kernel
+USE_VECTOR_KERNEL = True   # groups of 16 / 32 output channels: the channel-vector kernel
 
 
 def _four(t: torch.Tensor) -> torch.Tensor:
@@ -98,10 +99,10 @@ def _y_dtype(p: ConvProblem) -> torch.dtype:
 
 def vector_block(p: ConvProblem) -> int:
     """The channel-vector kernel's block (all Kg output channels of a group as one or two zmm,
-    positions of a row as broadcasts: no lane masks) for f32 groups of 16 or 32 output channels,
-    else 0 (the row kernel)."""
+    positions of a row as broadcasts: no lane masks) for groups of 16 or 32 output channels (f32,
+    or bf16 channel pairs on AVX512-BF16), else 0 (the row kernel)."""
     Kg = p.K // p.groups
-    return Kg if USE_VECTOR_KERNEL and p.dtype == F32 and Kg in (16, 32) else 0
+    return Kg if USE_VECTOR_KERNEL and Kg in (16, 32) else 0
 
 
 def epilogue(p: ConvProblem, post_ops) -> dict | None:
@@ -192,8 +193,8 @@ class _CpuGroupDirectBase(Solver):
             reasons.append(f"{p.ndim}D: 1D and 2D only")
         if p.direction != "fwd" and any(s != 1 for s in p.stride):
             reasons.append(f"stride={p.stride}: backward directions at stride 1 only")
-        elif p.stride[-1] > (2 if p.dtype == F32 else 1):
-            reasons.append(f"stride={p.stride}: along a row 1 (or 2 in f32) only")
+        elif p.stride[-1] > (2 if p.dtype == F32 or vector_block(p) else 1):
+            reasons.append(f"stride={p.stride}: along a row 1 (or 2 in f32 or groups of 16 / 32 outputs) only")
         if p.filter[-1] > 16 or (p.ndim == 2 and p.filter[0] > 64):
             reasons.append(f"filter {p.filter}: at most 64 rows x 16 columns")
         if p.direction == "bwd_data" and q is None:
@@ -224,10 +225,14 @@ class _CpuGroupDirectBase(Solver):
         if q.dtype == BF16:     # channel pairs: an odd group width wastes its last pair's half
             waste *= -(-q.C // q.groups // 2) * 2 / (q.C // q.groups)
         rate = _BF16_GFLOPS_PER_CORE_NO_AMX if q.dtype == BF16 and not cpu_has_amx() else _GFLOPS_PER_CORE[q.dtype]
-        if vector_block(q):     # row blocks of a multiple of 4 positions (cv_row)
+        if vector_block(q):     # row blocks of a multiple of 4 positions (cv_per), odd pairs
             urm = 28 if Kg == 16 else 12
             nb = -(-ow // urm)
-            waste, rate = nb * (-(-ow // nb) + 3) // 4 * 4 / ow, _VECTOR_GFLOPS_PER_CORE
+            waste = nb * ((-(-ow // nb) + 3) // 4 * 4) / ow
+            if q.dtype == BF16:
+                waste *= -(-q.C // q.groups // 2) * 2 / (q.C // q.groups)
+            # bf16 measured without AMX only: on AMX CPUs the row kernel's rate (solver 80 ahead)
+            rate = _VECTOR_GFLOPS_PER_CORE[q.dtype] if q.dtype == F32 or not cpu_has_amx() else rate
         compute = q.flops() * waste / (rate * 1e9 * cores)
         y_bytes = 4.0 * q.N * q.K * math.prod(q.out_size)
         moved = q.dtype.itemsize * q.N * q.C * math.prod(q.in_size) + y_bytes

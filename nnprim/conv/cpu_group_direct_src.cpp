@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -267,20 +268,65 @@ inline void transpose16(__m512 r[16]) {
   }
 }
 
-// Channel-vector kernel (f32, 16 or 32 output channels a group, wp's KB = Kg): a zmm holds 16 output
+// Channel-vector kernel (16 or 32 output channels a group, wp's KB = Kg): a zmm holds 16 output
 // channels of one position, so a block of UR positions of a row x NK vectors keeps UR * NK
 // accumulators while every input channel and tap of the group streams through: per (c, tap) NK
 // weight loads and UR * NK FMAs whose x operand is a broadcast from memory (no masks, no lanes
 // wasted on a partial row, as oneDNN's blocked kernels do). x comes from a zero-padded staging
 // copy of the item's rows (so taps never test bounds); the block is transposed 16 positions at a
-// time into y's channel rows, with the epilogue.
-struct CvGeom {
-  int64_t Cg, KH, KW, Hs, Ws, dh, dw;   // Hs x Ws: the staged plane of one channel
+// time into y's channel rows, with the epilogue. f32 (CvF32) by FMA; bf16 (CvBF16) a channel pair
+// per step: x staged as 32-bit words (x[2p], x[2p+1]) of a position, the weights packed in pairs,
+// one vdpbf16ps per position and vector (32 multiply-adds).
+struct CvF32 {
+  using X = float;     // a staged element: one channel of a position
+  using WT = float;
+  static constexpr int STEP = 1;
+  static inline __m512 bcast(const X* x) { return _mm512_set1_ps(*x); }
+  static inline __m512 wload(const WT* w) { return _mm512_loadu_ps(w); }
+  static inline __m512 madd(__m512 acc, __m512 b, __m512 w) { return _mm512_fmadd_ps(b, w, acc); }
+  // staged row q.. of channel c (and c + 1 for pairs): n values of x's row
+  static inline void stage(X* dst, const float* a, const float*, int64_t n) { std::memcpy(dst, a, n * sizeof(float)); }
 };
 
-template <int NK, int UR, int SW>
-inline void cv_block(const float* xs, const float* wp, const float* bias, float* y, const CvGeom& g, int64_t r0,
-                     int64_t ow0, int64_t nw, int64_t OHW, int64_t OW, int64_t yoff, const Epi& ep) {
+#ifdef NNPRIM_DIRECT_BF16
+struct CvBF16 {
+  using X = uint32_t;  // a staged element: the channel pair (low: 2p, high: 2p + 1) of a position
+  using WT = int32_t;
+  static constexpr int STEP = 2;
+  static inline __m512 bcast(const X* x) { return _mm512_castsi512_ps(_mm512_set1_epi32((int)*x)); }
+  static inline __m512 wload(const WT* w) { return _mm512_castsi512_ps(_mm512_loadu_si512(w)); }
+  static inline __m512 madd(__m512 acc, __m512 b, __m512 w) { return _mm512_dpbf16_ps(acc, (__m512bh)b, (__m512bh)w); }
+  // rows a (channel 2p) and b (2p + 1, nullptr past an odd group's end: zero) interleaved
+  static inline void stage(X* dst, const at::BFloat16* a, const at::BFloat16* b, int64_t n) {
+    const auto* a16 = reinterpret_cast<const uint16_t*>(a);
+    const auto* b16 = reinterpret_cast<const uint16_t*>(b);
+    for (int64_t q = 0; q < n; q += 16) {
+      const __mmask16 m = lanes(0, n - q);
+      const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a16 + q));
+      const __m512i hi = b16 ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, b16 + q)) : _mm512_setzero_si512();
+      _mm512_mask_storeu_epi32(dst + q, m, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+    }
+  }
+};
+#endif
+
+// 16 f32 lanes (m) of a y row: f32 with the epilogue, or bf16 rounded once
+inline void cv_store(float* y, int64_t off, __mmask16 m, __m512 v, const Epi& ep) {
+  _mm512_mask_storeu_ps(y + off, m, ep.apply(v, off, m));
+}
+#ifdef NNPRIM_DIRECT_BF16
+inline void cv_store(at::BFloat16* y, int64_t off, __mmask16 m, __m512 v, const Epi&) {
+  _mm256_mask_storeu_epi16(y + off, m, (__m256i)_mm512_cvtneps_pbh(v));
+}
+#endif
+
+struct CvGeom {
+  int64_t Cs, KH, KW, Hs, Ws, dh, dw;   // Cs staged channels (pairs for bf16), each an Hs x Ws plane
+};
+
+template <class E, class Y, int NK, int UR, int SW>
+inline void cv_block(const typename E::X* xs, const typename E::WT* wp, const float* bias, Y* y, const CvGeom& g,
+                     int64_t r0, int64_t ow0, int64_t nw, int64_t OHW, int64_t yoff, const Epi& ep) {
   // the residual's rows of this block (16 * NK planes apart: no hardware prefetcher follows them)
   // fetched while the block computes (reading them at the store cost 0.4 ms of grouped_g8's 1.6)
   // (prefetching y's lines for writing as well: no gain, 31 alternated calls)
@@ -298,21 +344,21 @@ inline void cv_block(const float* xs, const float* wp, const float* bias, float*
     for (int j = 0; j < UR; ++j) acc[j][k] = b;
   }
   const int64_t plane = g.Hs * g.Ws;
-  for (int64_t c = 0; c < g.Cg; ++c) {
-    const float* wc = wp + c * g.KH * g.KW * 16 * NK;
+  for (int64_t c = 0; c < g.Cs; ++c) {
+    const typename E::WT* wc = wp + c * g.KH * g.KW * 16 * NK;
     for (int64_t kh = 0; kh < g.KH; ++kh) {
-      const float* xr = xs + c * plane + (r0 + kh * g.dh) * g.Ws + ow0 * SW;
+      const typename E::X* xr = xs + c * plane + (r0 + kh * g.dh) * g.Ws + ow0 * SW;
       for (int64_t kw = 0; kw < g.KW; ++kw) {
-        const float* wt = wc + (kh * g.KW + kw) * 16 * NK;
-        const float* xt = xr + kw * g.dw;
+        const typename E::WT* wt = wc + (kh * g.KW + kw) * 16 * NK;
+        const typename E::X* xt = xr + kw * g.dw;
         __m512 wv[NK];
 #pragma GCC unroll 4
-        for (int k = 0; k < NK; ++k) wv[k] = _mm512_loadu_ps(wt + 16 * k);
+        for (int k = 0; k < NK; ++k) wv[k] = E::wload(wt + 16 * k);
 #pragma GCC unroll 32
         for (int j = 0; j < UR; ++j) {
-          const __m512 b = _mm512_set1_ps(xt[j * SW]);   // SW constant: offsets immediate
+          const __m512 b = E::bcast(xt + j * SW);   // SW constant: offsets immediate
 #pragma GCC unroll 4
-          for (int k = 0; k < NK; ++k) acc[j][k] = _mm512_fmadd_ps(b, wv[k], acc[j][k]);
+          for (int k = 0; k < NK; ++k) acc[j][k] = E::madd(acc[j][k], b, wv[k]);
         }
       }
     }
@@ -329,22 +375,28 @@ inline void cv_block(const float* xs, const float* wp, const float* bias, float*
       const __mmask16 m = lanes(0, nw - j0);
       if (!m) break;
 #pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i) {
-        const int64_t off = yoff + (16 * k + i) * OHW + ow0 + j0;
-        _mm512_mask_storeu_ps(y + off, m, ep.apply(t[i], off, m));
-      }
+      for (int i = 0; i < 16; ++i) cv_store(y, yoff + (16 * k + i) * OHW + ow0 + j0, m, t[i], ep);
     }
 }
 
-// a row's blocks: UR positions (a multiple of 4 up to the most accumulators that fit) at a time
-template <int NK, int SW>
-inline void cv_row(const float* xs, const float* wp, const float* bias, float* y, const CvGeom& g, int64_t r0,
-                   int64_t OW, int64_t OHW, int64_t yoff, const Epi& ep) {
-  constexpr int URM = NK == 1 ? 28 : 12;
-  const int64_t nb = (OW + URM - 1) / URM, per = ((OW + nb - 1) / nb + 3) / 4 * 4;
+// a row's blocks of `per` positions (cv_per); UR: per as a compile-time constant
+template <int NK>
+constexpr int cv_urm() { return NK == 1 ? 28 : 12; }   // accumulators + NK weights + a broadcast <= 32 zmm
+
+template <int NK>
+inline int64_t cv_per(int64_t OW) {   // positions a block: a multiple of 4, blocks as even as that allows
+  const int64_t nb = (OW + cv_urm<NK>() - 1) / cv_urm<NK>();
+  return ((OW + nb - 1) / nb + 3) / 4 * 4;
+}
+
+template <class E, class Y, int NK, int SW>
+inline void cv_row(const typename E::X* xs, const typename E::WT* wp, const float* bias, Y* y, const CvGeom& g,
+                   int64_t r0, int64_t OW, int64_t OHW, int64_t yoff, const Epi& ep) {
+  constexpr int URM = cv_urm<NK>();
+  const int64_t per = cv_per<NK>(OW);
   for (int64_t ow0 = 0; ow0 < OW; ow0 += per) {
     const int64_t nw = std::min(per, OW - ow0);
-#define NNPRIM_CV(U) cv_block<NK, (U <= URM ? U : URM), SW>(xs, wp, bias, y, g, r0, ow0, nw, OHW, OW, yoff, ep)
+#define NNPRIM_CV(U) cv_block<E, Y, NK, (U <= URM ? U : URM), SW>(xs, wp, bias, y, g, r0, ow0, nw, OHW, yoff, ep)
     switch (per) {
       case 4: NNPRIM_CV(4); break;
       case 8: NNPRIM_CV(8); break;
@@ -360,65 +412,81 @@ inline void cv_row(const float* xs, const float* wp, const float* bias, float* y
 
 // rows per work item: whole output planes where the items still outnumber the threads 8 to 1 and
 // the staged plane fits in a quarter of L2; bands of rows otherwise
-inline int64_t cv_band(int64_t NG, int64_t OH, int64_t Cg, int64_t Ws, int64_t sh, int64_t reach) {
+inline int64_t cv_band(int64_t NG, int64_t OH, int64_t Cs, int64_t Ws, int64_t sh, int64_t reach) {
   const int64_t threads = at::get_num_threads();
   int64_t rb = OH;
-  while (rb > 1 && (NG * ((OH + rb - 1) / rb) < 8 * threads || Cg * ((rb - 1) * sh + reach) * Ws * 4 > (256 << 10)))
+  while (rb > 1 && (NG * ((OH + rb - 1) / rb) < 8 * threads || Cs * ((rb - 1) * sh + reach) * Ws * 4 > (256 << 10)))
     rb = (rb + 1) / 2;
   return rb;
 }
 
-template <int NK, int SW>
+template <class E, class Y, int NK, int SW>
 void run_cv(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tensor& y, int64_t G, int64_t Cg,
             at::IntArrayRef pad, at::IntArrayRef dil, at::IntArrayRef stride, const Epi& ep) {
+  using X = typename E::X;
+  using XIn = std::conditional_t<E::STEP == 2, at::BFloat16, float>;
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  const int64_t K = y.size(1), OH = y.size(2), OW = y.size(3), Kg = 16 * NK;
+  const int64_t K = y.size(1), OH = y.size(2), OW = y.size(3), Kg = 16 * NK, Cs = (Cg + E::STEP - 1) / E::STEP;
   const int64_t KH = wp.size(3), KW = wp.size(4);
-  const int64_t ph = pad[0], pw = pad[1], dh = dil[0], dw = dil[1], sh = stride[0], sw = SW;
-  const int64_t URM = NK == 1 ? 28 : 12, nb = (OW + URM - 1) / URM, per = ((OW + nb - 1) / nb + 3) / 4 * 4;
+  const int64_t ph = pad[0], pw = pad[1], dh = dil[0], dw = dil[1], sh = stride[0], per = cv_per<NK>(OW);
   // staged columns: every computed position (whole blocks) with its taps
-  const int64_t Ws = ((OW + per - 1) / per * per - 1) * sw + (KW - 1) * dw + 1, reach = (KH - 1) * dh + 1;
-  const int64_t rb = cv_band(N * G, OH, Cg, Ws, sh, reach), nbands = (OH + rb - 1) / rb;
-  const float* xd = x.data_ptr<float>();
-  const float* wd = wp.data_ptr<float>();
-  float* yd = y.data_ptr<float>();
+  const int64_t Ws = ((OW + per - 1) / per * per - 1) * SW + (KW - 1) * dw + 1, reach = (KH - 1) * dh + 1;
+  const int64_t rb = cv_band(N * G, OH, Cs, Ws, sh, reach), nbands = (OH + rb - 1) / rb;
+  const XIn* xd = reinterpret_cast<const XIn*>(x.data_ptr());
+  const auto* wd = reinterpret_cast<const typename E::WT*>(wp.data_ptr());
+  Y* yd = reinterpret_cast<Y*>(y.data_ptr());
   at::parallel_for(0, N * G * nbands, 1, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> stage;
+    thread_local std::vector<X> stage;
     for (int64_t it = begin; it < end; ++it) {
       const int64_t band = it % nbands, g = (it / nbands) % G, n = it / (nbands * G);
       const int64_t oh0 = band * rb, oh1 = std::min(OH, oh0 + rb), ih0 = oh0 * sh - ph;
-      const CvGeom geo{Cg, KH, KW, (oh1 - oh0 - 1) * sh + reach, Ws, dh, dw};
-      if ((int64_t)stage.size() < Cg * geo.Hs * Ws) stage.resize(Cg * geo.Hs * Ws);
-      float* xs = stage.data();
-      // x rows ih0.. of the group's channels, columns -pw.. (zeros outside x)
+      const CvGeom geo{Cs, KH, KW, (oh1 - oh0 - 1) * sh + reach, Ws, dh, dw};
+      if ((int64_t)stage.size() < Cs * geo.Hs * Ws) stage.resize(Cs * geo.Hs * Ws);
+      X* xs = stage.data();
+      // x rows ih0.. of the group's channels (pairs), columns -pw.. (zeros outside x)
       const int64_t c_lo = std::min(std::max<int64_t>(pw, 0), Ws), c_hi = std::max(c_lo, std::min(Ws, W + pw));
-      for (int64_t c = 0; c < Cg; ++c) {
-        const float* xp = xd + ((n * C + g * Cg + c) * H) * W;
+      for (int64_t c = 0; c < Cs; ++c) {
+        const XIn* xa = xd + ((n * C + g * Cg + c * E::STEP) * H) * W;
+        const XIn* xb = E::STEP == 2 && c * 2 + 1 < Cg ? xa + H * W : nullptr;
         for (int64_t r = 0; r < geo.Hs; ++r) {
-          float* dst = xs + (c * geo.Hs + r) * Ws;
+          X* dst = xs + (c * geo.Hs + r) * Ws;
           const int64_t ih = ih0 + r;
           if (ih < 0 || ih >= H) {
-            std::memset(dst, 0, Ws * sizeof(float));
+            std::memset(dst, 0, Ws * sizeof(X));
             continue;
           }
-          std::memset(dst, 0, c_lo * sizeof(float));
-          std::memcpy(dst + c_lo, xp + ih * W + c_lo - pw, (c_hi - c_lo) * sizeof(float));
-          std::memset(dst + c_hi, 0, (Ws - c_hi) * sizeof(float));
+          std::memset(dst, 0, c_lo * sizeof(X));
+          const int64_t o = ih * W + c_lo - pw;
+          E::stage(dst + c_lo, xa + o, xb ? xb + o : nullptr, c_hi - c_lo);
+          std::memset(dst + c_hi, 0, (Ws - c_hi) * sizeof(X));
         }
       }
-      const float* wg = wd + g * Cg * KH * KW * Kg;
+      const auto* wg = wd + g * Cs * KH * KW * Kg;
       const float* bg = bd ? bd + g * Kg : nullptr;
       for (int64_t oh = oh0; oh < oh1; ++oh)
-        cv_row<NK, SW>(xs, wg, bg, yd, geo, (oh - oh0) * sh, OW, OH * OW, (n * K + g * Kg) * OH * OW + oh * OW, ep);
+        cv_row<E, Y, NK, SW>(xs, wg, bg, yd, geo, (oh - oh0) * sh, OW, OH * OW, (n * K + g * Kg) * OH * OW + oh * OW, ep);
     }
   });
 }
 
+template <class E, class Y>
+void run_cv_any(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tensor& y, int64_t G, int64_t Cg,
+                int64_t Kg, at::IntArrayRef pad, at::IntArrayRef dil, at::IntArrayRef stride, const Epi& ep) {
+  TORCH_CHECK(wp.size(1) == 1 && wp.size(5) == Kg && (Kg == 16 || Kg == 32),
+              "group_direct_fwd: channel vectors of the whole group (16 or 32)");
+  if (stride[1] == 1)
+    return Kg == 16 ? run_cv<E, Y, 1, 1>(x, wp, bd, y, G, Cg, pad, dil, stride, ep)
+                    : run_cv<E, Y, 2, 1>(x, wp, bd, y, G, Cg, pad, dil, stride, ep);
+  TORCH_CHECK(stride[1] == 2, "group_direct_fwd: row stride 1 or 2");
+  return Kg == 16 ? run_cv<E, Y, 1, 2>(x, wp, bd, y, G, Cg, pad, dil, stride, ep)
+                  : run_cv<E, Y, 2, 2>(x, wp, bd, y, G, Cg, pad, dil, stride, ep);
+}
+
 // x (N, C, H, W) contiguous, f32 or bf16; wp (G, ceil(Kg/KB), Cg, KH, KW, KB) f32 for f32 x, or
 // (G, ceil(Kg/KB), ceil(Cg/2), KH, KW, KB) int32 bf16 pairs, KB 8, 4 or 1, (channel 2p in the low half) for bf16 x,
-// zero past Kg / Cg; KB = Kg = 16 or 32 (f32): the channel-vector kernel; bias f32; y (N, K, OH, OW)
+// zero past Kg / Cg; KB = Kg = 16 or 32: the channel-vector kernel; bias f32; y (N, K, OH, OW)
 // contiguous f32 (or bf16 for bf16 x), every element written; stride (any along columns of rows, 1 or 2
-// along a row; 2 in f32 only); res: y-shaped contiguous f32 (f32 y).
+// along a row; 2 in f32 or the channel-vector kernel only); res: y-shaped contiguous f32 (f32 y).
 void group_direct_fwd(const at::Tensor& x, const at::Tensor& wp, const c10::optional<at::Tensor>& bias,
                       at::Tensor& y, int64_t G, int64_t Cg, int64_t Kg, at::IntArrayRef pad, at::IntArrayRef dil,
                       at::IntArrayRef stride, const c10::optional<at::Tensor>& res, double res_scale, bool relu,
@@ -427,8 +495,8 @@ void group_direct_fwd(const at::Tensor& x, const at::Tensor& wp, const c10::opti
   TORCH_CHECK(wp.size(3) <= 64 && wp.size(4) <= 16, "group_direct_fwd: filter at most 64 x 16");
   TORCH_CHECK(!bias.has_value() || bias->scalar_type() == at::kFloat, "group_direct_fwd: f32 bias");
   const bool cv = wp.size(5) == 16 || wp.size(5) == 32;
-  TORCH_CHECK(stride[0] >= 1 && (stride[1] == 1 || (stride[1] == 2 && x.scalar_type() == at::kFloat)),
-              "group_direct_fwd: row stride 1 (or 2 in f32)");
+  TORCH_CHECK(stride[0] >= 1 && (stride[1] == 1 || (stride[1] == 2 && (cv || x.scalar_type() == at::kFloat))),
+              "group_direct_fwd: row stride 1 (or 2 in f32 or the channel-vector kernel)");
   Epi ep;
   ep.relu = relu;
   ep.slope = static_cast<float>(relu_slope);
@@ -443,22 +511,18 @@ void group_direct_fwd(const at::Tensor& x, const at::Tensor& wp, const c10::opti
   const int64_t sh = stride[0];
   if (x.scalar_type() == at::kFloat) {
     TORCH_CHECK(wp.scalar_type() == at::kFloat && y.scalar_type() == at::kFloat, "group_direct_fwd: f32 w and y");
-    if (cv) {
-      TORCH_CHECK(wp.size(1) == 1 && wp.size(5) == Kg, "group_direct_fwd: channel vectors of the whole group");
-      if (stride[1] == 1)
-        return Kg == 16 ? run_cv<1, 1>(x, wp, bd, y, G, Cg, pad, dil, stride, ep)
-                        : run_cv<2, 1>(x, wp, bd, y, G, Cg, pad, dil, stride, ep);
-      return Kg == 16 ? run_cv<1, 2>(x, wp, bd, y, G, Cg, pad, dil, stride, ep)
-                      : run_cv<2, 2>(x, wp, bd, y, G, Cg, pad, dil, stride, ep);
-    }
+    if (cv) return run_cv_any<CvF32, float>(x, wp, bd, y, G, Cg, Kg, pad, dil, stride, ep);
     if (stride[1] == 2) return run_kb<F32S2, float>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh, ep);
     return run_kb<F32, float>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh, ep);
   }
 #ifdef NNPRIM_DIRECT_BF16
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && wp.scalar_type() == at::kInt && !cv, "group_direct_fwd: bf16 x, int32 w");
-  if (y.scalar_type() == at::kBFloat16) return run_kb<BF16, at::BFloat16>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh, ep);
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && wp.scalar_type() == at::kInt, "group_direct_fwd: bf16 x, int32 w");
+  if (y.scalar_type() == at::kBFloat16)
+    return cv ? run_cv_any<CvBF16, at::BFloat16>(x, wp, bd, y, G, Cg, Kg, pad, dil, stride, ep)
+              : run_kb<BF16, at::BFloat16>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh, ep);
   TORCH_CHECK(y.scalar_type() == at::kFloat, "group_direct_fwd: y f32 or bf16");
-  return run_kb<BF16, float>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh, ep);
+  return cv ? run_cv_any<CvBF16, float>(x, wp, bd, y, G, Cg, Kg, pad, dil, stride, ep)
+            : run_kb<BF16, float>(x, wp, bd, y, G, Cg, Kg, pad, dil, sh, ep);
 #else
   TORCH_CHECK(false, "group_direct_fwd: bf16 needs AVX512-BF16 (built without it)");
 #endif
@@ -590,8 +654,8 @@ void group_direct_wgrad(const at::Tensor& x, const at::Tensor& dy, at::Tensor& d
 // transposed, flipped copy of w first.
 std::vector<int64_t> packed_sizes(const at::Tensor& w, int64_t G, int64_t KB, bool twin) {
   TORCH_CHECK(w.dim() == 4 && w.is_contiguous(), "group_direct_pack: contiguous (K, Cg, KH, KW)");
-  TORCH_CHECK(KB == 8 || KB == 4 || KB == 1 || ((KB == 16 || KB == 32) && w.scalar_type() == at::kFloat),
-              "group_direct_pack: blocks of 8, 4 or 1 channels (16 or 32 in f32)");
+  TORCH_CHECK(KB == 8 || KB == 4 || KB == 1 || KB == 16 || KB == 32,
+              "group_direct_pack: blocks of 8, 4 or 1 channels, or 16 or 32 (the channel-vector kernel)");
   TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, "group_direct_pack: f32 or bf16");
   const int64_t Kg = twin ? w.size(1) : w.size(0) / G, Cg = twin ? w.size(0) / G : w.size(1);
   const int64_t cs = w.scalar_type() == at::kFloat ? Cg : (Cg + 1) / 2;
