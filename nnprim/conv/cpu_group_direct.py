@@ -11,13 +11,14 @@ input channel and tap of its group streams through, one masked load of x per 16 
 (the zero padding is the mask: no staged copy of x) and one broadcast weight per output
 channel feeding an FMA per vector. Weights are packed per call as (G, Kg/KB, Cg, KH, KW, KB),
 in C++ into the calling thread's buffer.
-f32 groups of 16 or 32 output channels take the channel-vector kernel instead (`vector_block`,
-oneDNN's blocked-format scheme on nchw): a zmm holds 16 output channels of one position, a block
+Groups of 16 or 32 output channels take the channel-vector kernel instead (`vector_block`, f32 and
+bf16; oneDNN's blocked-format scheme on nchw): a zmm holds 16 output channels of one position, a block
 of up to 28 (12) positions of a row keeps 28 (24) accumulators, and per input channel and tap a
 weight vector (or two) meets one broadcast of x per position as the FMA's memory operand: no lane
 masks, no lanes lost to a 28-wide row (the row kernel computes 32 for 28). x comes from a
 zero-padded copy of the work item's rows (a group's planes or a band of rows, in L2), the block
-is transposed 16 positions at a time into y's channel rows.
+is transposed 16 positions at a time into y's channel rows (bf16: x staged as channel pairs, one
+vdpbf16ps per position and vector).
 bf16 (on AVX512-BF16) takes a channel pair per step: rows c and c + 1 are interleaved in
 registers (each 32-bit lane a position's pair) and `vdpbf16ps` against the broadcast weight
 pair does 32 multiply-adds into f32 where an FMA does 16; bf16 y is rounded once from f32.
@@ -73,8 +74,8 @@ MAX_GROUP = 64
 # (backward data 1.1-1.8; torch 0.8-1.3), faster than solver 80's VNNI brgemm there (2.0-2.2 ms).
 _GFLOPS_PER_CORE = {torch.float32: 55.0, torch.bfloat16: 27.0}
 # the channel-vector kernel (vector_block), AMD EPYC 2026-12-03, grouped_g8 forward, kernel alone,
-# alternated with torch: f32 69-83 GFLOP/s on 1 thread, 136-150 on 2 (torch 66-78 / 106-120; the
-# row kernel 52-58 / 97-122); bf16 186 / 302 (torch 148 / 248, the row kernel 126 / 225)
+# alternated with torch: f32 69-83 GFLOP/s on 1 thread, 100-150 on 2 (torch 54-76 / 80-118; the
+# row kernel 52-58 / 82-112); bf16 186 / 302 (torch 148 / 248, the row kernel 126 / 225)
 _VECTOR_GFLOPS_PER_CORE = {torch.float32: 70.0, torch.bfloat16: 150.0}
 _BF16_GFLOPS_PER_CORE_NO_AMX = 80.0
 _GBS_PER_CORE = 8.0       # nhwc copies, post-op passes

@@ -2,7 +2,9 @@
 // output row block of 8 channels x 32 positions (or 4 x 48, 1 x 64; <= 16 zmm accumulators, f32)
 // takes every channel and tap of its group from the NCHW planes, with the padding as masked loads. f32 by FMA; bf16 by
 // AVX512-BF16 dot products over channel pairs (x rows c and c+1 interleaved in registers, weights
-// packed in pairs), f32 accumulation either way. Built by nnprim/native.py.
+// packed in pairs), f32 accumulation either way. Groups of 16 / 32 output channels go through the
+// channel-vector kernel instead (run_cv: a zmm of output channels per position, x broadcast from a
+// zero-padded staged copy). Built by nnprim/native.py.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
