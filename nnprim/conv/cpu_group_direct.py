@@ -11,15 +11,25 @@ input channel and tap of its group streams through, one masked load of x per 16 
 (the zero padding is the mask: no staged copy of x) and one broadcast weight per output
 channel feeding an FMA per vector. Weights are packed per call as (G, Kg/KB, Cg, KH, KW, KB),
 in C++ into the calling thread's buffer.
+Groups of 16 or 32 output channels take the channel-vector kernel instead (`vector_block`, f32 and
+bf16; oneDNN's blocked-format scheme on nchw): a zmm holds 16 output channels of one position, a block
+of up to 28 (12) positions of a row keeps 28 (24) accumulators, and per input channel and tap a
+weight vector (or two) meets one broadcast of x per position as the FMA's memory operand: no lane
+masks, no lanes lost to a 28-wide row (the row kernel computes 32 for 28). x comes from a
+zero-padded copy of the work item's rows (a group's planes or a band of rows, in L2), the block
+is transposed 16 positions at a time into y's channel rows (bf16: x staged as channel pairs, one
+vdpbf16ps per position and vector).
 bf16 (on AVX512-BF16) takes a channel pair per step: rows c and c + 1 are interleaved in
 registers (each 32-bit lane a position's pair) and `vdpbf16ps` against the broadcast weight
 pair does 32 multiply-adds into f32 where an FMA does 16; bf16 y is rounded once from f32.
-Bias seeds the accumulators; post-ops run on the f32 output, per chunk of images while it is
-in L2.
+Bias seeds the accumulators; a residual (Sum / Binary add, y-shaped nchw f32) and relu run on each
+output block in registers before its store (`epilogue`; the residual's lines prefetched while the
+block computes), any other chain on the f32 output per chunk of images while it is in L2.
 
 Math: y[n, g*Kg + k, oh, ow] = b + sum_{c, kh, kw} w[g*Kg + k, c, kh, kw] *
 x[n, g*Cg + c, oh + kh*dh - ph, ow + kw*dw - pw] (zero outside x). Backward data at stride 1
-is the forward of dy with the transposed, rotated filter (cpu_gemm.transposed_fwd). Backward
+is the forward of dy with the transposed, rotated filter (cpu_gemm.transposed_fwd), which the
+native packing reads from w itself (twin). Backward
 weights (f32) sums dy[k] * x[c] shifted per tap over every output row: a work item (2 output
 channels, an input channel, up to 3 x 3 taps) keeps 18 vectors of lane partials, reduced at the end.
 Covers f32 and bf16, 1D and 2D, stride 1 (forward: any stride across rows, 2 along a row in f32:
@@ -36,6 +46,7 @@ import torch
 
 from ..args import ConvArgs
 from ..native import NativeLibrary
+from ..post_ops import Binary, Eltwise, Sum
 from ..problems.conv import ConvProblem, empty_in_layout
 from ..search.solver import Solver, register
 from .cpu_gemm import apply_post_ops_block, cpu_flags, cpu_has_amx, transposed_fwd
@@ -62,6 +73,10 @@ MAX_GROUP = 64
 # On an AMD EPYC without AMX (2 threads, 2026-12-03) the same bf16 forward ran 1.2-1.5 ms
 # (backward data 1.1-1.8; torch 0.8-1.3), faster than solver 80's VNNI brgemm there (2.0-2.2 ms).
 _GFLOPS_PER_CORE = {torch.float32: 55.0, torch.bfloat16: 27.0}
+# the channel-vector kernel (vector_block), AMD EPYC 2026-12-03, grouped_g8 forward, kernel alone,
+# alternated with torch: f32 69-83 GFLOP/s on 1 thread, 100-150 on 2 (torch 54-76 / 80-118; the
+# row kernel 52-58 / 82-112); bf16 186 / 302 (torch 148 / 248, the row kernel 126 / 225)
+_VECTOR_GFLOPS_PER_CORE = {torch.float32: 70.0, torch.bfloat16: 150.0}
 _BF16_GFLOPS_PER_CORE_NO_AMX = 80.0
 _GBS_PER_CORE = 8.0       # nhwc copies, post-op passes
 _CALL_MS = 0.02
@@ -69,6 +84,7 @@ _WGRAD_GFLOPS_PER_CORE = 60.0   # grouped_g8, 2 threads: 2.04-2.13 ms (torch 1.1
 MAX_WGRAD_WIDTH = 1024
 _CACHED_GBS_PER_CORE = 16.0   # a post-op pass over an L2-resident chunk of y (read + write)
 POST_OP_CHUNK_BYTES = 2 << 20
+USE_VECTOR_KERNEL = True   # groups of 16 / 32 output channels: the channel-vector kernel
 
 
 def _four(t: torch.Tensor) -> torch.Tensor:
@@ -82,7 +98,37 @@ def _y_dtype(p: ConvProblem) -> torch.dtype:
     return BF16 if p.dtype == BF16 and p.out_dtype == BF16 and not p.post_ops else F32
 
 
-def direct_fwd(p: ConvProblem, args: ConvArgs) -> torch.Tensor:
+def vector_block(p: ConvProblem) -> int:
+    """The channel-vector kernel's block (all Kg output channels of a group as one or two zmm,
+    positions of a row as broadcasts: no lane masks) for groups of 16 or 32 output channels (f32,
+    or bf16 channel pairs on AVX512-BF16), else 0 (the row kernel)."""
+    Kg = p.K // p.groups
+    return Kg if USE_VECTOR_KERNEL and Kg in (16, 32) else 0
+
+
+def epilogue(p: ConvProblem, post_ops) -> dict | None:
+    """The chain as the kernel's block epilogue (res, res_scale, relu, relu_slope): a y-shaped
+    contiguous nchw f32 residual (Sum, or Binary add), then relu, either optional and in that
+    order, on an f32 nchw output; None for any other chain (it runs per chunk of images)."""
+    ops = list(post_ops)
+    out: dict = dict(res=None, res_scale=1.0, relu=False, relu_slope=0.0)
+    if p.layout != "nchw" or p.out_dtype != F32:
+        return None
+    if ops and isinstance(ops[0], (Sum, Binary)):
+        op = ops.pop(0)
+        t = op.tensor
+        if (isinstance(op, Binary) and op.op != "add") or tuple(t.shape) != tuple(p.y_shape) \
+                or t.dtype != F32 or t.device.type != "cpu" or not t.is_contiguous():
+            return None
+        out.update(res=_four(t), res_scale=float(op.scale) if isinstance(op, Sum) else 1.0)
+    if ops and isinstance(ops[0], Eltwise) and ops[0].kind == "relu":
+        out.update(relu=True, relu_slope=float(ops.pop(0).alpha))
+    return None if ops else out
+
+
+def direct_fwd(p: ConvProblem, args: ConvArgs, twin: bool = False) -> torch.Tensor:
+    """twin: p is the backward data's forward (transposed_fwd) and args.w the original filter,
+    packed transposed and rotated by the native packing."""
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
     x = _four(args.x.to(p.dtype).contiguous())
     ydt = _y_dtype(p)
@@ -91,14 +137,18 @@ def direct_fwd(p: ConvProblem, args: ConvArgs) -> torch.Tensor:
     dil = [1, *p.dilation][-2:]
     stride = [1, *p.stride][-2:]
     bias = args.bias.to(F32).contiguous() if args.bias is not None else None
-    ops, w, kb = LIBRARY.ops(), _four(args.w.to(p.dtype)).contiguous(), channel_block(Kg)
+    ops, w = LIBRARY.ops(), _four(args.w.to(p.dtype)).contiguous()
+    kb = vector_block(p) or channel_block(Kg)
     y = y4.view(p.N, p.K, *p.out_size)
-    # with post-ops, chunks of images whose output stays in L2 until the chain has run over it
-    nb = max(1, POST_OP_CHUNK_BYTES // max(1, y[0].numel() * 4)) if args.post_ops else p.N
-    for n0 in range(0, p.N, nb):
-        n1 = min(p.N, n0 + nb)
-        ops.group_direct_fwd_w(x[n0:n1], w, bias, y4[n0:n1], G, Cg, Kg, kb, pad, dil, stride)
-        if args.post_ops:
+    epi = epilogue(p, args.post_ops) if args.post_ops else None
+    if epi is not None or not args.post_ops:
+        ops.group_direct_fwd_w(x, w, bias, y4, G, Cg, Kg, kb, twin, pad, dil, stride, **(epi or {}))
+    else:
+        # chunks of images whose output stays in L2 until the chain has run over it
+        nb = max(1, POST_OP_CHUNK_BYTES // max(1, y[0].numel() * 4))
+        for n0 in range(0, p.N, nb):
+            n1 = min(p.N, n0 + nb)
+            ops.group_direct_fwd_w(x[n0:n1], w, bias, y4[n0:n1], G, Cg, Kg, kb, twin, pad, dil, stride)
             blk = Block(n0, n1, (0,) * p.ndim, tuple(p.out_size))
             apply_post_ops_block(y[n0:n1].unflatten(1, (G, Kg)), blk, G, None, args.post_ops)
     if p.layout == "nchw" and p.out_dtype == ydt:
@@ -109,10 +159,7 @@ def direct_fwd(p: ConvProblem, args: ConvArgs) -> torch.Tensor:
 
 
 def direct_bwd_data(p: ConvProblem, args: ConvArgs) -> torch.Tensor:
-    pf = transposed_fwd(p)
-    G, Kg, nd = p.groups, p.K // p.groups, p.ndim
-    wt = args.w.unflatten(0, (G, Kg)).transpose(1, 2).flip(list(range(3, 3 + nd)))
-    return direct_fwd(pf, ConvArgs(x=args.dy, w=wt.reshape(p.C, Kg, *p.filter)))
+    return direct_fwd(transposed_fwd(p), ConvArgs(x=args.dy, w=args.w), twin=True)
 
 
 def direct_bwd_weights(p: ConvProblem, args: ConvArgs) -> torch.Tensor:
@@ -147,8 +194,8 @@ class _CpuGroupDirectBase(Solver):
             reasons.append(f"{p.ndim}D: 1D and 2D only")
         if p.direction != "fwd" and any(s != 1 for s in p.stride):
             reasons.append(f"stride={p.stride}: backward directions at stride 1 only")
-        elif p.stride[-1] > (2 if p.dtype == F32 else 1):
-            reasons.append(f"stride={p.stride}: along a row 1 (or 2 in f32) only")
+        elif p.stride[-1] > (2 if p.dtype == F32 or vector_block(p) else 1):
+            reasons.append(f"stride={p.stride}: along a row 1 (or 2 in f32 or groups of 16 / 32 outputs) only")
         if p.filter[-1] > 16 or (p.ndim == 2 and p.filter[0] > 64):
             reasons.append(f"filter {p.filter}: at most 64 rows x 16 columns")
         if p.direction == "bwd_data" and q is None:
@@ -179,6 +226,14 @@ class _CpuGroupDirectBase(Solver):
         if q.dtype == BF16:     # channel pairs: an odd group width wastes its last pair's half
             waste *= -(-q.C // q.groups // 2) * 2 / (q.C // q.groups)
         rate = _BF16_GFLOPS_PER_CORE_NO_AMX if q.dtype == BF16 and not cpu_has_amx() else _GFLOPS_PER_CORE[q.dtype]
+        if vector_block(q):     # row blocks of a multiple of 4 positions (cv_per), odd pairs
+            urm = 28 if Kg == 16 else 12
+            nb = -(-ow // urm)
+            waste = nb * ((-(-ow // nb) + 3) // 4 * 4) / ow
+            if q.dtype == BF16:
+                waste *= -(-q.C // q.groups // 2) * 2 / (q.C // q.groups)
+            # bf16 measured without AMX only: on AMX CPUs the row kernel's rate (solver 80 ahead)
+            rate = _VECTOR_GFLOPS_PER_CORE[q.dtype] if q.dtype == F32 or not cpu_has_amx() else rate
         compute = q.flops() * waste / (rate * 1e9 * cores)
         y_bytes = 4.0 * q.N * q.K * math.prod(q.out_size)
         moved = q.dtype.itemsize * q.N * q.C * math.prod(q.in_size) + y_bytes
@@ -226,4 +281,4 @@ class CpuGroupDirectBwdWeights(_CpuGroupDirectBase):
 
 
 __all__ = ["CpuGroupDirectFwd", "CpuGroupDirectBwdData", "CpuGroupDirectBwdWeights", "channel_block", "direct_bwd_data",
-           "direct_bwd_weights", "direct_fwd"]
+           "direct_bwd_weights", "direct_fwd", "epilogue", "vector_block"]

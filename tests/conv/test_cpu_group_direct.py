@@ -2,7 +2,8 @@
 float64 reference: NaN-poisoned outputs, odd sizes and widths past one or two 16-lane vectors,
 output channels per group not a multiple of the 8-channel block (1, 3, 4, 12), dilation,
 asymmetric padding, 1D and 2D, nchw and nhwc, f32 and bf16 (odd group widths: a last channel
-pair with one channel), bias and post-ops."""
+pair with one channel), the f32 channel-vector kernel (16 / 32 output channels a group), bias and
+post-ops (per chunk of images, or in the kernel's block epilogue)."""
 
 import pytest
 import torch
@@ -36,6 +37,13 @@ SHAPES = {
     "g8_s2": ((2, 32, 11, 45), (32, 4, 3, 3), dict(stride=2, padding=1, groups=8)),
     "dw_s2_dil": ((2, 6, 13, 70), (6, 1, 3, 5), dict(stride=(3, 2), padding=(1, 4), dilation=(1, 2), groups=6)),
     "1d_s2": ((2, 8, 67), (12, 2, 5), dict(stride=2, padding=2, groups=4)),
+    # the channel-vector kernel (16 / 32 output channels a group): 32-wide groups at stride 2,
+    # rows of several blocks (63 = 24 + 24 + 15) in bands of rows (2 items), 32 input channels, 1D
+    "g4_k32_s2": ((2, 64, 9, 45), (128, 16, 3, 3), dict(stride=2, padding=1, groups=4)),
+    "g2_k16_bands": ((1, 32, 37, 61), (32, 16, 3, 3), dict(padding=(1, 2), groups=2)),
+    "g2_c32_k16": ((2, 64, 7, 30), (32, 32, 3, 3), dict(padding=(2, 1), dilation=(2, 1), groups=2)),
+    "1d_g2_k16": ((2, 32, 50), (32, 16, 5), dict(padding=((3, 1),), groups=2)),
+    "g2_c3_k16": ((2, 6, 7, 19), (32, 3, 3, 3), dict(padding=1, groups=2)),   # bf16: a lone last channel
 }
 
 
@@ -90,7 +98,7 @@ def test_directions(shape, direction, layout, dtype):
     p, out, ref, reasons = run(direction, xs, ws, layout, dtype=dtype, **kw)
     if reasons:
         # bwd_data: padding past the span (no transposed forward); backward directions: stride 1;
-        # bwd_weights: f32 only; bf16: row stride 1
+        # bwd_weights: f32 only; bf16: row stride 1 outside the channel-vector kernel
         strided = any(st != 1 for st in p.stride)
         assert direction == "bwd_data" or strided or (direction == "bwd_weights" and dtype != torch.float32), reasons
         pytest.skip("; ".join(reasons))
@@ -109,6 +117,38 @@ def test_fwd_bias_post_ops(chunk, dtype, monkeypatch):
            Binary("mul", torch.randn(1, 9, 1, 1, generator=g)), Eltwise("relu", alpha=0.1))
     p, out, ref, _ = run("fwd", xs, ws, "nchw", bias=True, post_ops=ops, dtype=dtype, **kw)
     check(p, out, ref)
+
+
+EPILOGUE_SHAPES = {"vector": ((2, 32, 6, 30), (32, 16, 3, 3), dict(padding=1, groups=2)),
+                   "vector_k32_s2": ((2, 32, 7, 35), (64, 16, 3, 3), dict(stride=2, padding=1, groups=2)),
+                   "rows": ((3, 6, 9, 21), (9, 2, 3, 3), dict(padding=1, groups=3))}
+
+
+@pytest.mark.parametrize("chain", ["sum_relu", "add", "leaky"])
+@pytest.mark.parametrize("shape", list(EPILOGUE_SHAPES))
+def test_fwd_epilogue_in_kernel(shape, chain):
+    """Residual (Sum with a scale, or Binary add) and relu (with a slope) applied per block in the
+    kernel: the chunked torch-op path is not taken."""
+    xs, ws, kw = EPILOGUE_SHAPES[shape]
+    y_shape = ConvProblem.create("fwd", xs, ws, dtype=F32, **kw).y_shape
+    res = torch.randn(y_shape, generator=torch.Generator().manual_seed(5))
+    ops = {"sum_relu": (Sum(res, scale=0.5), Eltwise("relu")), "add": (Binary("add", res),),
+           "leaky": (Eltwise("relu", alpha=0.1),)}[chain]
+    p, out, ref, _ = run("fwd", xs, ws, "nchw", bias=True, post_ops=ops, **kw)
+    assert cpu_group_direct.epilogue(p, ops) is not None
+    assert bool(cpu_group_direct.vector_block(p)) == shape.startswith("vector")
+    check(p, out, ref)
+
+
+@pytest.mark.parametrize("G, K, Cg, kb", [(2, 32, 16, 16), (4, 128, 16, 32), (3, 12, 5, 4), (2, 16, 3, 8)])
+def test_native_twin_packing(G, K, Cg, kb):
+    """twin=True packs the backward data's forward filter (w transposed per group, rotated by
+    180 degrees) from w itself."""
+    w = torch.randn(K, Cg, 3, 2)
+    Kg = K // G
+    wt = w.unflatten(0, (G, Kg)).transpose(1, 2).flip(3, 4).reshape(G * Cg, Kg, 3, 2).contiguous()
+    ops = cpu_group_direct.LIBRARY.ops()
+    assert torch.equal(ops.group_direct_pack(w, G, kb, True), ops.group_direct_pack(wt, G, kb))
 
 
 @pytest.mark.skipif(not BF16_OK, reason="no AVX512-BF16")
