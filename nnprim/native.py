@@ -26,7 +26,7 @@ import torch
 log = logging.getLogger("nnprim")
 ENV = "NNPRIM_CPU_NATIVE"
 # C++ helpers several sources share, prepended to their text (a build compiles one file)
-VNNI_HELPERS = Path(__file__).with_name("native_vnni.h").read_text()
+NATIVE_HELPERS = Path(__file__).with_name("native_helpers.h").read_text()
 
 
 def _avx512() -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import cpu_speed as cs  # noqa: E402
+from ab_rounds import alternate  # noqa: E402
 
 import nnprim.conv.cpu_brgemm as cb  # noqa: E402
 
@@ -47,14 +47,7 @@ def main() -> None:
             return ours()
         fns = {"new": lambda: run(True), "old": lambda: run(False), "torch": peer}
         errs = {k: check(fns[k]()) for k in ("new", "old")}
-        ts: dict[str, list[float]] = {k: [] for k in fns}
-        for i in range(a.rounds):
-            for k in (("new", "torch", "old") if i % 2 == 0 else ("old", "torch", "new")):
-                t0 = time.perf_counter()
-                fns[k]()
-                ts[k].append(time.perf_counter() - t0)
-        med = {k: statistics.median(v) * 1e3 for k, v in ts.items()}
-        x = {k: statistics.median(p / o for p, o in zip(ts["torch"], ts[k])) for k in ("new", "old")}
+        med, x = alternate(fns, a.rounds)
         rec = dict(problem=spec["name"], solver=name, torch_ms=med["torch"], old_ms=med["old"], new_ms=med["new"],
                    x_old=x["old"], x_new=x["new"], gflops_new=fl / med["new"] / 1e6, err_new=errs["new"],
                    err_old=errs["old"])

@@ -47,7 +47,7 @@ import torch
 
 from .. import alloc
 from ..args import AttnArgs
-from ..native import VNNI_HELPERS, NativeLibrary
+from ..native import NATIVE_HELPERS, NativeLibrary
 from ..problems.attention import AttentionProblem
 from ..search.solver import register
 from .cpu_flash import _CpuFlashBase, _native_bf16, cpu_backward, cpu_forward, plan
@@ -538,7 +538,7 @@ TORCH_LIBRARY_IMPL(nnprim_cpu_attn, CompositeExplicitAutograd, m) {
 }
 """
 
-LIBRARY = NativeLibrary("nnprim_cpu_attn", VNNI_HELPERS + SOURCE, "native CPU flash attention")
+LIBRARY = NativeLibrary("nnprim_cpu_attn", NATIVE_HELPERS + SOURCE, "native CPU flash attention")
 # query rows per work item and keys per softmax step: a 128 x 1024 f32 score tile (512 KB, in L2);
 # of (64, 128, 256) x (512, 1024) on the benchmark's problems this was the best or within its
 # noise (benchmarks/attention_cpu.py, 2026-12-01)

@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 
 from ..args import ConvArgs
-from ..native import VNNI_HELPERS, NativeLibrary
+from ..native import NATIVE_HELPERS, NativeLibrary
 from ..post_ops import Binary, Eltwise, Sum
 from ..problems.conv import ConvProblem, empty_in_layout, to_layout
 from ..search.solver import Solver, register
@@ -60,7 +60,7 @@ from .cpu_tap import phase_list, tap_grid, tap_offsets
 from .cpu_wgrad import cm_rows, own_kernel, wgrad_own, wgrad_segments
 
 _HERE = Path(__file__).parent
-LIBRARY = NativeLibrary("nnprim_cpu_conv", VNNI_HELPERS + (_HERE / "cpu_brgemm_src.cpp").read_text()
+LIBRARY = NativeLibrary("nnprim_cpu_conv", NATIVE_HELPERS + (_HERE / "cpu_brgemm_src.cpp").read_text()
                         + (_HERE / "cpu_wgrad_src.cpp").read_text(), "native CPU convolution")
 BF16 = torch.bfloat16
 NB = 64                   # columns of a VNNI block

@@ -100,7 +100,7 @@ inline void amx_block(const at::BFloat16* xp, const at::BFloat16* wg, const int6
 }
 #endif
 
-using nnprim_native::interleave_rows;   // nnprim/native_vnni.h, prepended by nnprim/native.py
+using nnprim_native::interleave_rows;   // nnprim/native_helpers.h, prepended by nnprim/native.py
 
 struct Grid {                   // flat position g = ((n U0 + u0) U1 + u1) U2 + u2, valid in [lo, hi)
   int64_t U0, U1, U2, lo0, lo1, lo2, hi0, hi1, hi2;

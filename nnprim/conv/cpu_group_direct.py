@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 from ..args import ConvArgs
-from ..native import NativeLibrary
+from ..native import NATIVE_HELPERS, NativeLibrary
 from ..post_ops import Binary, Eltwise, Sum
 from ..problems.conv import ConvProblem, empty_in_layout
 from ..search.solver import Solver, register
@@ -53,7 +53,7 @@ from .cpu_gemm import apply_post_ops_block, cpu_flags, cpu_has_amx, transposed_f
 from .cpu_im2col import F32, Block
 
 BF16 = torch.bfloat16
-LIBRARY = NativeLibrary("nnprim_cpu_group", Path(__file__).with_name("cpu_group_direct_src.cpp").read_text(),
+LIBRARY = NativeLibrary("nnprim_cpu_group", NATIVE_HELPERS + Path(__file__).with_name("cpu_group_direct_src.cpp").read_text(),
                         "native CPU grouped convolution")
 _LOAD_BOUND = {8: 1.0, 4: 1.0, 1: 1.25}   # 1-channel blocks: a load of x per NV FMAs
 

@@ -243,32 +243,6 @@ void run_kb(const at::Tensor& x, const at::Tensor& wp, const float* bd, at::Tens
   }
 }
 
-// r[i] lane j -> r[j] lane i (16 x 16 f32): pairs of rows interleaved, then 4 x 4 blocks within
-// 128-bit lanes, then the 128-bit lanes across the 16 rows.
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16], u[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 16; i += 4) {   // u[i + e]: column 4q + e of rows i..i+3 in 128-bit lane q
-    u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
-    u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
-    u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-#pragma GCC unroll 4
-  for (int e = 0; e < 4; ++e) {
-    const __m512 s0 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0x88), s1 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0xDD);
-    const __m512 s2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0x88), s3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0xDD);
-    r[e] = _mm512_shuffle_f32x4(s0, s2, 0x88);
-    r[8 + e] = _mm512_shuffle_f32x4(s0, s2, 0xDD);
-    r[4 + e] = _mm512_shuffle_f32x4(s1, s3, 0x88);
-    r[12 + e] = _mm512_shuffle_f32x4(s1, s3, 0xDD);
-  }
-}
 
 // Channel-vector kernel (16 or 32 output channels a group, wp's KB = Kg): a zmm holds 16 output
 // channels of one position, so a block of UR positions of a row x NK vectors keeps UR * NK
@@ -373,7 +347,7 @@ inline void cv_block(const typename E::X* xs, const typename E::WT* wp, const fl
       __m512 t[16];
 #pragma GCC unroll 16
       for (int j = 0; j < 16; ++j) t[j] = j0 + j < UR ? acc[j0 + j][k] : _mm512_setzero_ps();
-      transpose16(t);
+      nnprim_native::transpose16_regs(t);   // nnprim/native_helpers.h, prepended
       const __mmask16 m = lanes(0, nw - j0);
       if (!m) break;
 #pragma GCC unroll 16

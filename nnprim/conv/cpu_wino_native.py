@@ -19,7 +19,7 @@ NNPRIM_CPU_NATIVE=0, `ops()` returns None and the torch-op transforms run: the r
 to f32 rounding either way."""
 from __future__ import annotations
 
-from ..native import NativeLibrary
+from ..native import NATIVE_HELPERS, NativeLibrary
 
 SOURCE = r"""
 #include <ATen/ATen.h>
@@ -98,30 +98,7 @@ template <> inline __m512 load_row<at::Half>(const at::Half* p, __mmask16 k) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, p));
 }
 
-inline void transpose16_regs(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) {             // per 128-bit lane: pairs of rows interleaved
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {             // r[i + q] lane L: column 4L + q of rows i..i+3
-    const __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
-    const __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
-    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-  }
-  for (int q = 0; q < 4; ++q) {                 // gather lane L of r[q], r[4 + q], .. into row 4L + q
-    const __m512 v1 = _mm512_shuffle_f32x4(r[q], r[4 + q], 0x44), v2 = _mm512_shuffle_f32x4(r[q], r[4 + q], 0xEE);
-    const __m512 w1 = _mm512_shuffle_f32x4(r[8 + q], r[12 + q], 0x44), w2 = _mm512_shuffle_f32x4(r[8 + q], r[12 + q], 0xEE);
-    t[q] = _mm512_shuffle_f32x4(v1, w1, 0x88);
-    t[4 + q] = _mm512_shuffle_f32x4(v1, w1, 0xDD);
-    t[8 + q] = _mm512_shuffle_f32x4(v2, w2, 0x88);
-    t[12 + q] = _mm512_shuffle_f32x4(v2, w2, 0xDD);
-  }
-  for (int i = 0; i < 16; ++i) r[i] = t[i];
-}
+using nnprim_native::transpose16_regs;   // nnprim/native_helpers.h, prepended
 #endif
 
 template <typename T>
@@ -319,7 +296,7 @@ TORCH_LIBRARY_IMPL(nnprim_cpu, CPU, lib) {
 }
 """
 
-LIBRARY = NativeLibrary("nnprim_cpu", SOURCE, "native CPU Winograd transforms")
+LIBRARY = NativeLibrary("nnprim_cpu", NATIVE_HELPERS + SOURCE, "native CPU Winograd transforms")
 
 
 def expected() -> bool:

@@ -1,0 +1,64 @@
+// Helpers shared by the native CPU sources (nnprim/native.py: NATIVE_HELPERS is prepended to the
+// sources that use them): the VNNI interleave (oneDNN's bf16 brgemm takes B with pairs of K rows
+// interleaved) and a 16 x 16 f32 register transpose.
+#include <cstdint>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace nnprim_native {
+#if defined(__AVX512F__)
+// r[i] lane j -> r[j] lane i (16 x 16 f32): pairs of rows interleaved per 128-bit lane, then 4 x 4
+// blocks within the lanes, then the 128-bit lanes across the 16 rows
+inline void transpose16_regs(__m512 r[16]) {
+  __m512 t[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 16; i += 4) {             // r[i + q] lane L: column 4L + q of rows i..i+3
+    const __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+    const __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {                 // gather lane L of r[q], r[4 + q], .. into row 4L + q
+    const __m512 v1 = _mm512_shuffle_f32x4(r[q], r[4 + q], 0x44), v2 = _mm512_shuffle_f32x4(r[q], r[4 + q], 0xEE);
+    const __m512 w1 = _mm512_shuffle_f32x4(r[8 + q], r[12 + q], 0x44), w2 = _mm512_shuffle_f32x4(r[8 + q], r[12 + q], 0xEE);
+    t[q] = _mm512_shuffle_f32x4(v1, w1, 0x88);
+    t[4 + q] = _mm512_shuffle_f32x4(v1, w1, 0xDD);
+    t[8 + q] = _mm512_shuffle_f32x4(v2, w2, 0x88);
+    t[12 + q] = _mm512_shuffle_f32x4(v2, w2, 0xDD);
+  }
+  for (int i = 0; i < 16; ++i) r[i] = t[i];
+}
+#endif
+
+// d[2c] = r0[c], d[2c + 1] = r1[c] for c < n (r0 / r1 null: zeros); n <= 64. The VNNI interleave
+// of two rows, 32 columns per AVX-512 step.
+inline void interleave_rows(const uint16_t* r0, const uint16_t* r1, uint16_t* d, int64_t n) {
+  int64_t c = 0;
+#if defined(__AVX512BW__)
+  if (r0 && r1) {
+    static const __m512i lo = [] { alignas(64) uint16_t ix[32]; for (int i = 0; i < 32; ++i) ix[i] = (i % 2 ? 32 : 0) + i / 2;
+                                   return _mm512_load_si512(ix); }();
+    static const __m512i hi = [] { alignas(64) uint16_t ix[32]; for (int i = 0; i < 32; ++i) ix[i] = (i % 2 ? 32 : 0) + 16 + i / 2;
+                                   return _mm512_load_si512(ix); }();
+    for (; c + 32 <= n; c += 32) {
+      const __m512i a = _mm512_loadu_si512(r0 + c), b = _mm512_loadu_si512(r1 + c);
+      _mm512_storeu_si512(d + 2 * c, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_storeu_si512(d + 2 * c + 32, _mm512_permutex2var_epi16(a, hi, b));
+    }
+  }
+#endif
+  for (; c < n; ++c) {
+    d[2 * c] = r0 ? r0[c] : 0;
+    d[2 * c + 1] = r1 ? r1[c] : 0;
+  }
+}
+}  // namespace nnprim_native
