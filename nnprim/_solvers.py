@@ -45,6 +45,7 @@ _MODULES = (
     "nnprim.attention.decode_quant",
     "nnprim.attention.decode_swap",
     "nnprim.attention.decode_scaled",
+    "nnprim.attention.gluon_decode_quant",
     "nnprim.attention.cpu_flash",
 )
 

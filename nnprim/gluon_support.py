@@ -25,7 +25,7 @@ try:  # Gluon ships with triton >= 3.5; without it the Gluon solvers are not app
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language._core import builtin as _builtin
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
@@ -46,7 +46,7 @@ try:  # Gluon ships with triton >= 3.5; without it the Gluon solvers are not app
                                                   src.handle)
     GLUON_ERROR: str | None = None
 except Exception as e:  # noqa: BLE001 - any import failure makes the solvers not applicable
-    gluon = gl = async_copy = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
+    gluon = gl = async_copy = mma_v2 = fence_async_shared = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = None
     TensorDescriptor = tma_reduce_add = None
     GLUON_ERROR = f"{type(e).__name__}: {e}"
 

@@ -34,3 +34,6 @@ def test_kernels_compile_for_sm90():
     # solver 130 (Gluon backward, d256): every variant compiled, without spills (STACK:0)
     d256 = [line for line in r.stdout.splitlines() if line.startswith("gluon_flash_bwd_d256")]
     assert len(d256) >= 2 and all("STACK:0 " in line or "?" in line for line in d256), r.stdout[-4000:]
+    # solver 133 (Gluon decode on 4-bit codes): every variant compiled, without spills
+    q4 = [line for line in r.stdout.splitlines() if line.startswith("gluon_decode_q4")]
+    assert len(q4) >= 3 and all("STACK:0 " in line or "?" in line for line in q4), r.stdout[-4000:]

@@ -425,6 +425,32 @@ def _gluon_bwd_d256_attempts(failures: list[str], report: list[str]) -> None:
     _report_variants("gluon_flash_bwd_d256", gluon_bwd_d256._gluon_bwd_d256_kernel, report)
 
 
+GLUON_DECODE_Q4 = [  # solver 133 (Gluon, sm_90 only): (K/V signature, D, q dtype, Sq, causal)
+    (("s4", 64, "g", "bfloat16", "g", 1), 128, BF16, 1, None),
+    (("u4", 32, "g", "float16", None, 0), 128, F16, 2, "bottom_right"),
+    (("s4", 64, "h", "float32", None, 1), 64, BF16, 1, None),
+]
+
+
+def _gluon_decode_q4_attempts(failures: list[str], report: list[str]) -> None:
+    """Compile solver 133's kernel through its plan; registers and spills of each variant."""
+    from nnprim.attention import gluon_decode_quant as q4
+    from nnprim.gluon_support import GLUON_ERROR
+    from nnprim.problems.attention import AttentionProblem
+    from nnprim.search.random_args import random_args
+    if GLUON_ERROR is not None:
+        failures.append(f"gluon_decode_q4: Gluon import failed: {GLUON_ERROR}")
+        return
+    for sig, d, dt, sq, causal in GLUON_DECODE_Q4:
+        p = AttentionProblem(direction="fwd", device="cpu", B=2, Hq=8, Hkv=2, Sq=sq, Sk=3000, D=d, Dv=d, dtype=dt,
+                             causal=causal, k_quant=sig, v_quant=sig)
+        try:
+            q4.GluonDecodeQ4().prepare(p)(random_args(p, seed=0))
+        except Exception as e:  # noqa: BLE001 - report every variant that does not compile
+            failures.append(f"gluon_decode_q4 on {p.key()}: {type(e).__name__}: {str(e)[:1500]}")
+    _report_variants("gluon_decode_q4", q4._gluon_decode_q4_kernel, report)
+
+
 def install_compile_only(arch: int = 90) -> list[str]:
     """Make every Triton launch in this process a compile-only warm-up for `arch`; returns
     the list the names of compiled kernels are appended to."""
@@ -485,6 +511,7 @@ def main() -> int:
     _gluon_attempts(failures, gluon_report)
     _gluon_bwd_attempts(failures, gluon_report)
     _gluon_bwd_d256_attempts(failures, gluon_report)
+    _gluon_decode_q4_attempts(failures, gluon_report)
     _gluon_conv_attempts(failures, gluon_report)
     _gluon_wgrad_attempts(failures, gluon_report)
     _stem_attempts(failures, gluon_report)

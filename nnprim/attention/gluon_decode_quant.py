@@ -1,0 +1,613 @@
+"""Decode attention on 4-bit K/V codes with the codes unpacked in registers straight into
+the tensor-core operands (solver 133, Gluon, Hopper).
+
+Why: solvers 122 / 128 (Triton) send each K/V tile through shared memory on its way to the
+mma (cp.async of the codes, then the converted 16-bit tile stored and read back as the
+operand): 4 bytes of shared-memory traffic per 4-bit code, which at the bandwidth roof of
+s4 (~32 codes per clock per SM) is the SM's whole shared-memory bandwidth. Here each
+thread loads, with plain global loads, exactly the bytes its mma fragments hold, unpacks
+them with one `lop3` and one subtraction per two codes into exact 16-bit floats (0x4300 | n
+is bf16 128 + n, 0x6400 | n f16 1024 + n; s4 flips the nibble's sign bit first; 136 / 1032
+subtracted: s4 code v becomes v, u4 code n becomes n - 8, i.e. OFF + code with OFF = 0 / -8)
+and hands them to `mma.sync` (m16n8k16) without touching shared memory. The next key block's codes are
+loaded before the current block is computed (register double buffering).
+
+The offsets come out of the accumulators instead of out of every code:
+
+    K:  s_m,key = sum_g sc[key, g] * (Q_mg . C'_key,g - (OFF + zp[key, g]) * sum(Q_mg))
+    V:  o_m,d   = sum_key P'_m,g(d),key C'_key,d - sum_key P'_m,g(d),key (OFF + zp[key, g(d)])
+        with P'_m,g,key = p_m,key * sc[key, g]
+
+Groups along D (group_size 8..D) use the *expanded* rows of solver 122: the mma's 16 rows
+are (query row m, group g) pairs, row (m, g) of Q holds q_m on the columns of group g (so
+one mma gives every group's partial dot product, the g rows are summed by a shuffle), and
+row (m, g) of P' holds p_m * the V scale of group g (row (m, g) of the output is kept on
+the columns of group g). G * Sq * groups <= 16.
+
+Fragment order. The contraction index of Q K^T (the head dim) may be permuted freely if q
+is permuted the same way, and the output columns of P V likewise if the store follows: so
+the codes stay in KVQuant's layout 0 or 1 and each thread reads contiguous bytes:
+- K (mma B operand, k = head dim, n = keys; lane = 4 r + c): thread (r, c) reads bytes
+  [c D/8, (c+1) D/8) of its keys r + 8 j (one 16-byte load per key at D = 128).
+- V (mma B operand, k = keys, n = head dim): thread (r, c) reads bytes [r Dv/16, (r+1) Dv/16)
+  of keys 2 p and 2 p + 1, p = c + 4 h + 8 t; a `prmt` puts the two keys' nibbles of one
+  column side by side (the fragment pairs two keys).
+The unpacked tensors are reshaped and permuted (register renaming only) into the
+fragments' logical order; `natural_dim_*` give the head-dim column each position holds.
+
+Supported: s4 / u4 K and V (both 4-bit, layout 0 or 1, codes contiguous along D, rows
+order), scales per tensor / head / (key, group) with optional zero points of any kind,
+bf16 or f16 q (the codes' float type follows q), D = Dv in {64, 128}, Sq * G * groups <=
+16, causal (both alignments), kv_lens, splits with the shared combine kernel, return_lse.
+Not here (122 serves them): paged K/V, masks, dropout, f32 q, 8-bit / fp8 / float K or V,
+keys-contiguous storage.
+
+Reading order: helpers -> Gluon kernel -> launcher (`plan`) -> solver (id 133).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ..args import AttnArgs
+from ..errors import NotSupportedError
+from ..gluon_support import gl, gluon, gluon_reasons, mma_v2
+from ..launch import Launch
+from ..quant import NIB1, KVQuant
+from ..search.solver import register
+from . import decode as _dec
+from .decode import DecodeConfig, _DecodeBase, _num_sms
+
+ROWS = 16          # the mma's M: expanded rows (query row, group)
+Q4_BW = 2.1e12     # bytes / s solver 133 reads at on the H200 (estimate)
+HEAD_DIMS = (64, 128)
+NIB_A = (0, 4, 1, 5)   # nibbles of a 32-bit word in K's first unpacked tensor (elements q = 0..3)
+NIB_B = (2, 6, 3, 7)   # ... and in its second
+
+
+def _lop3(signed: bool, f16: bool) -> tuple[int, int, int, str]:
+    """(immediate, LUT, magic, subtraction) of the unpack: lop3 (x & 0x000F000F) ^ c for
+    signed codes (the nibble's sign bit flipped and the magic exponent set in one step),
+    | c for unsigned; then the pair minus magic + 8 (exact): s4 v -> v, u4 n -> n - 8.
+    Leaving the magic's 128 / 1024 in the operands and taking it out of the f32 accumulators
+    measured 3-4x bf16's error on the H200 (7-8e-3 against 2.2e-3; 2026-12-03): the
+    accumulators would hold ~45x the result, and the tensor cores' f32 sums keep fewer bits."""
+    c = (0x43084308 if signed else 0x43004300) + (0x64006400 - 0x43004300 if f16 else 0)
+    return c, (0x6A if signed else 0xEA), (0x64086408 if f16 else 0x43084308), \
+        ("sub.rn.f16x2" if f16 else "sub.rn.bf16x2")
+
+
+def _asm_k(f16: bool, signed: bool) -> str:
+    """A 32-bit word of 8 nibbles ($4) -> 4 registers ($0..$3): register s = nibbles (s, s + 4)
+    as exact 16-bit floats OFF + code (see _lop3)."""
+    c, lut, m, sub = _lop3(signed, f16)
+    lines = ["{ .reg .b32 s1, s2, s3, m;", "shr.u32 s1, $4, 4;", "shr.u32 s2, $4, 8;", "shr.u32 s3, $4, 12;",
+             f"mov.b32 m, {m};"]
+    src = ("$4", "s1", "s2", "s3")
+    for i in range(4):
+        lines += [f"lop3.b32 ${i}, {src[i]}, 0x000F000F, {c}, {lut};", f"{sub} ${i}, ${i}, m;"]
+    return "\n".join(lines) + "\n}"
+
+
+def _asm_v(f16: bool, signed: bool) -> str:
+    """A 32-bit word of an even key ($8) and of the next key ($9) -> 8 registers ($0..$7),
+    register s = (even key's nibble s, odd key's nibble s) as exact 16-bit floats."""
+    c, lut, m, sub = _lop3(signed, f16)
+    lines = ["{ .reg .b32 t0, t1, t2, t3, u0, u1, u2, u3, m;", f"mov.b32 m, {m};",
+             "prmt.b32 t0, $8, $9, 0x5410;", "prmt.b32 u0, $8, $9, 0x7632;"]
+    for x in ("t", "u"):
+        lines += [f"shr.u32 {x}1, {x}0, 4;", f"shr.u32 {x}2, {x}0, 8;", f"shr.u32 {x}3, {x}0, 12;"]
+    for i in range(8):
+        x = "t" if i < 4 else "u"
+        lines += [f"lop3.b32 ${i}, {x}{i % 4}, 0x000F000F, {c}, {lut};", f"{sub} ${i}, ${i}, m;"]
+    return "\n".join(lines) + "\n}"
+
+
+def code_offset(signed: bool) -> float:
+    """OFF: the unpacked value of code v (s4) / n (u4) is OFF + v / OFF + n."""
+    return 0.0 if signed else -8.0
+
+
+if gl is not None:
+    _K_BF16_S = gl.constexpr(_asm_k(False, True))
+    _K_BF16_U = gl.constexpr(_asm_k(False, False))
+    _K_F16_S = gl.constexpr(_asm_k(True, True))
+    _K_F16_U = gl.constexpr(_asm_k(True, False))
+    _V_BF16_S = gl.constexpr(_asm_v(False, True))
+    _V_BF16_U = gl.constexpr(_asm_v(False, False))
+    _V_F16_S = gl.constexpr(_asm_v(True, True))
+    _V_F16_U = gl.constexpr(_asm_v(True, False))
+
+
+def _element(nib: int, layout: int) -> int:
+    """Element (0..7) of a 32-bit word that nibble `nib` holds in KVQuant `layout`."""
+    return NIB1[nib] if layout == 1 else nib
+
+
+def natural_dim_k(k: torch.Tensor, second: bool, D: int, layout: int) -> torch.Tensor:
+    """Head-dim column held at contraction position k (0..D/2-1) of K's first / second
+    unpacked operand: k = 16 i + 8 q1 + 2 c + q0 -> word c * D/32 + i, nibble NIB_A/B[2 q1 + q0]."""
+    q0, c, q1, i = k & 1, (k >> 1) & 3, (k >> 3) & 1, k >> 4
+    nibs = torch.tensor(NIB_B if second else NIB_A, device=k.device)[2 * q1 + q0]
+    elem = torch.tensor([_element(n, layout) for n in range(8)], device=k.device)[nibs]
+    return 8 * (c * (D // 32) + i) + elem
+
+
+def natural_dim_v(n: torch.Tensor, DV: int, layout: int) -> torch.Tensor:
+    """Head-dim column held at output position n (0..Dv-1) of the P V accumulator:
+    n = 64 i + 32 a1 + 16 a0 + 8 q1 + r -> word r * Dv/64 + i, nibble 2 (a0 + 2 a1) + q1."""
+    r, q1, a0, a1, i = n & 7, (n >> 3) & 1, (n >> 4) & 1, (n >> 5) & 1, n >> 6
+    nib = 2 * (a0 + 2 * a1) + q1
+    elem = torch.tensor([_element(x, layout) for x in range(8)], device=n.device)[nib]
+    return 8 * (r * (DV // 64) + i) + elem
+
+
+# ---- Gluon kernel ---------------------------------------------------------------------
+
+if gluon is not None:
+    @gluon.jit
+    def _halves(x, DT: gl.constexpr):
+        """int32 tensor of 16-bit pairs -> (..., 2) tensor of DT (register renaming)."""
+        lo = x.to(gl.int16).to(DT, bitcast=True)
+        hi = (x >> 16).to(gl.int16).to(DT, bitcast=True)
+        return gl.join(lo, hi)
+
+    @gluon.jit
+    def _unpack_k(w, F16: gl.constexpr, SIGNED: gl.constexpr):
+        """K's int32 words -> 4 int32 tensors of value pairs (see _asm_k)."""
+        if F16:
+            asm: gl.constexpr = _K_F16_S if SIGNED else _K_F16_U
+        else:
+            asm: gl.constexpr = _K_BF16_S if SIGNED else _K_BF16_U
+        return gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r", [w], dtype=(gl.int32,) * 4, is_pure=True, pack=1)
+
+    @gluon.jit
+    def _unpack_v(we, wo, F16: gl.constexpr, SIGNED: gl.constexpr):
+        """V's int32 words of even and odd keys -> 8 int32 tensors of key pairs (see _asm_v)."""
+        if F16:
+            asm: gl.constexpr = _V_F16_S if SIGNED else _V_F16_U
+        else:
+            asm: gl.constexpr = _V_BF16_S if SIGNED else _V_BF16_U
+        return gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [we, wo], dtype=(gl.int32,) * 8,
+                                         is_pure=True, pack=1)
+
+    @gluon.jit
+    def _param(ptr, n0, s_n, keys8, g8, last, s_g, GROUPED: gl.constexpr, OTHER: gl.constexpr,
+               L8: gl.constexpr, MMA: gl.constexpr):
+        """(16, BN) f32 scales or zero points of group g8[row % 8] of keys n0 + keys8 (GROUPED),
+        else the scalar at ptr. Rows r and r + 8 of the accumulator live in one thread and
+        share their group: one load of the (8, BN) tile L8, doubled in registers."""
+        if GROUPED:
+            # keys past the chunk: the last row's (finite; their scores are masked)
+            t = gl.load(ptr + (gl.minimum(n0 + keys8, last) * s_n)[None, :] + g8[:, None] * s_g,
+                        mask=(g8[:, None] >= 0), other=OTHER).to(gl.float32)
+            t = gl.permute(gl.join(t, t), (2, 0, 1))
+            return gl.convert_layout(gl.reshape(t, [16, t.shape[2]]), MMA)
+        else:
+            return gl.load(ptr).to(gl.float32)
+
+    @gluon.jit
+    def _gluon_decode_q4_kernel(
+            Q, K, V, KS, KZ, VS, VZ, MASK, LENS, SCALE_PTR, O, LSE, PO, PL, BT,
+            s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
+            s_ksb, s_ksh, s_ksn, s_ksg, s_kzb, s_kzh, s_kzn, s_kzg,
+            s_vsb, s_vsh, s_vsn, s_vsg, s_vzb, s_vzh, s_vzn, s_vzg,
+            s_ob, s_oh, s_oq, s_od,
+            Hq, Hkv, Sq, Sk, scale, SPLITS, s_bt,
+            G: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr,
+            K_NG: gl.constexpr, V_NG: gl.constexpr, K_GROUP: gl.constexpr, V_GROUP: gl.constexpr,
+            K_SC_G: gl.constexpr, K_ZP: gl.constexpr, K_ZP_G: gl.constexpr,
+            V_SC_G: gl.constexpr, V_ZP: gl.constexpr, V_ZP_G: gl.constexpr,
+            K_SIGNED: gl.constexpr, V_SIGNED: gl.constexpr, K_L1: gl.constexpr, V_L1: gl.constexpr,
+            F16: gl.constexpr, ONE_SPLIT: gl.constexpr, CAUSAL: gl.constexpr, HAS_LENS: gl.constexpr,
+            SCALE_FROM_PTR: gl.constexpr, INV_SCALE: gl.constexpr, INF_AS_ZERO: gl.constexpr,
+            WRITE_LSE: gl.constexpr, L8: gl.constexpr):
+        """One program (one warp): KV head (b, hk), key chunk `split`; the G * Sq query
+        rows of hk times NG groups are the mma's 16 rows. Writes o / lse (ONE_SPLIT) or the
+        f32 partials PO (rows, SPLITS, DV) and their lse PL (rows, SPLITS)."""
+        ROWS: gl.constexpr = 16
+        LOG2E: gl.constexpr = 1.4426950408889634
+        LN2: gl.constexpr = 0.6931471805599453
+        DT: gl.constexpr = gl.float16 if F16 else gl.bfloat16
+        K_OFF: gl.constexpr = 0.0 if K_SIGNED else -8.0    # code_offset
+        V_OFF: gl.constexpr = 0.0 if V_SIGNED else -8.0
+        KW: gl.constexpr = D // 32      # 32-bit words per thread and key of K
+        VW: gl.constexpr = DV // 64     # ... of V (per key of a pair)
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+        DOT_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        DOT_B: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        ROW_L: gl.constexpr = gl.SliceLayout(1, MMA)
+        COL_L: gl.constexpr = gl.SliceLayout(0, MMA)
+        # K words [BN keys, 4 (c), D/32]: thread (r, c) holds words c*D/32.. of keys r + 8 j
+        LK: gl.constexpr = gl.BlockedLayout([1, 1, KW], [8, 4, 1], [1, 1, 1], [2, 1, 0])
+        # V words [BN/2 key pairs, 8 (r), DV/64]: thread (r, c) holds words r*DV/64.. of pairs c + 4 h
+        LV: gl.constexpr = gl.BlockedLayout([1, 1, VW], [4, 8, 1], [1, 1, 1], [2, 0, 1])
+        LQ: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [1, 1], [1, 0])
+
+        pid_bh = gl.program_id(0)
+        split = gl.program_id(1)
+        b = pid_bh // Hkv
+        hk = pid_bh % Hkv
+        b64 = b.to(gl.int64)
+        hk64 = hk.to(gl.int64)
+
+        if HAS_LENS:
+            L = gl.minimum(gl.maximum(gl.load(LENS + b).to(gl.int32), 0), Sk)
+        else:
+            L = Sk
+        if CAUSAL == 1:
+            shift = 0
+        else:
+            shift = L - Sq
+        if CAUSAL == 0:
+            kv_end = L
+        else:
+            kv_end = gl.maximum(gl.minimum(L, Sq + shift), 0)
+        n_blocks = gl.cdiv(kv_end, BN)
+        per = gl.cdiv(n_blocks, SPLITS)
+        start = split * per * BN
+        end = gl.minimum(start + per * BN, kv_end)
+
+        if SCALE_FROM_PTR:
+            sc = gl.load(SCALE_PTR).to(gl.float32)
+            if INV_SCALE:
+                sc = 1.0 / sc
+        else:
+            sc = scale
+        qk_scale = sc * LOG2E
+
+        kvb = b64
+        k_row0 = kvb * s_kb + hk64 * s_kh
+        v_row0 = kvb * s_vb + hk64 * s_vh
+        ks_base = KS + kvb * s_ksb + hk64 * s_ksh
+        kz_base = KZ + kvb * s_kzb + hk64 * s_kzh
+        vs_base = VS + kvb * s_vsb + hk64 * s_vsh
+        vz_base = VZ + kvb * s_vzb + hk64 * s_vzh
+        if not K_SC_G:
+            qk_scale = qk_scale * gl.load(ks_base).to(gl.float32)
+
+        # ---- rows x = (m, g): query row m = hl * Sq + qi, group g ----
+        xr = gl.arange(0, ROWS, layout=ROW_L)
+        mr = xr // NG
+        gr = xr % NG
+        row_ok = mr < G * Sq
+        qi_r = mr % Sq
+        if CAUSAL != 0:
+            row_lim = gl.minimum(qi_r + shift + 1, L)
+
+        # ---- Q's two operands: position k of the first / second holds head-dim column
+        # natural_dim_k(k, 0 / 1), masked to the row's K group ----
+        xq = gl.arange(0, ROWS, layout=gl.SliceLayout(1, LQ))
+        kq = gl.arange(0, D // 2, layout=gl.SliceLayout(0, LQ))
+        mq = xq // NG
+        gq = xq % NG
+        q_row = Q + b64 * s_qb + (hk * G + mq // Sq).to(gl.int64) * s_qh + (mq % Sq).to(gl.int64) * s_qs
+        q0 = kq & 1
+        cq = (kq >> 1) & 3
+        q1 = (kq >> 3) & 1
+        iq = kq >> 4
+        word = cq * KW + iq
+        sel = 2 * q1 + q0                                    # NIB_A = (0, 4, 1, 5), NIB_B = (2, 6, 3, 7)
+        nib_a = gl.where(sel == 0, 0, gl.where(sel == 1, 4, gl.where(sel == 2, 1, 5)))
+        nib_b = nib_a + 2
+        if K_L1:   # layout 1: nibble s holds element NIB1[s] = (0, 1, 4, 5, 2, 3, 6, 7)[s]
+            el_a = (nib_a & 1) | ((nib_a & 2) << 1) | ((nib_a & 4) >> 1)
+            el_b = (nib_b & 1) | ((nib_b & 2) << 1) | ((nib_b & 4) >> 1)
+        else:
+            el_a = nib_a
+            el_b = nib_b
+        d_a = 8 * word + el_a
+        d_b = 8 * word + el_b
+        if K_NG > 1:
+            ok_a = (mq < G * Sq)[:, None] & ((d_a // K_GROUP)[None, :] == gq[:, None])
+            ok_b = (mq < G * Sq)[:, None] & ((d_b // K_GROUP)[None, :] == gq[:, None])
+        else:
+            ok_a = (mq < G * Sq)[:, None] & (gq == 0)[:, None] & (d_a >= 0)[None, :]
+            ok_b = (mq < G * Sq)[:, None] & (gq == 0)[:, None] & (d_b >= 0)[None, :]
+        qa = gl.load(q_row[:, None] + d_a[None, :].to(gl.int64) * s_qd, mask=ok_a, other=0.0).to(DT)
+        qb = gl.load(q_row[:, None] + d_b[None, :].to(gl.int64) * s_qd, mask=ok_b, other=0.0).to(DT)
+        qsum = gl.convert_layout(gl.sum(qa.to(gl.float32), axis=1) + gl.sum(qb.to(gl.float32), axis=1), ROW_L)
+        qa = gl.convert_layout(qa, DOT_A)
+        qb = gl.convert_layout(qb, DOT_A)
+
+        # ---- code pointers ----
+        kn = gl.arange(0, BN, layout=gl.SliceLayout(1, gl.SliceLayout(2, LK)))
+        kc = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(0, LK)))
+        ku = gl.arange(0, KW, layout=gl.SliceLayout(0, gl.SliceLayout(0, LK)))
+        k_cols = (kc[:, None] * KW + ku[None, :])[None, :, :]
+        vp = gl.arange(0, BN // 2, layout=gl.SliceLayout(1, gl.SliceLayout(2, LV)))
+        vr = gl.arange(0, 8, layout=gl.SliceLayout(1, gl.SliceLayout(0, LV)))
+        vu = gl.arange(0, VW, layout=gl.SliceLayout(0, gl.SliceLayout(0, LV)))
+        v_cols = (vr[:, None] * VW + vu[None, :])[None, :, :]
+        keys_c = gl.arange(0, BN, layout=COL_L)
+        # int32 offsets within a key block from its first row (loop invariant)
+        KW32 = K.to(gl.pointer_type(gl.int32), bitcast=True)
+        VW32 = V.to(gl.pointer_type(gl.int32), bitcast=True)
+        keys8 = gl.arange(0, BN, layout=gl.SliceLayout(0, L8))
+        x8 = gl.arange(0, 8, layout=gl.SliceLayout(1, L8))
+        if K_NG > 1:
+            gk8 = x8 % NG
+        else:
+            gk8 = gl.where(x8 % NG == 0, 0, -1)
+        if V_NG > 1:
+            gv8 = x8 % NG
+        else:
+            gv8 = gl.where(x8 % NG == 0, 0, -1)
+
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=ROW_L)
+        l_i = gl.zeros([ROWS], gl.float32, layout=ROW_L)
+        zc = gl.zeros([ROWS], gl.float32, layout=ROW_L)
+        acc = gl.zeros([ROWS, DV], gl.float32, layout=MMA)
+
+        # the first block's words; each step loads the next block's before computing its own.
+        # Rows past the chunk are clamped to the cache's last row, not masked (a masked load
+        # zero-fills its registers first): their scores are masked and their probabilities 0.
+        k_w0 = KW32 + k_row0 // 4
+        v_w0 = VW32 + v_row0 // 4
+        s_knw = s_kn // 4
+        s_vnw = s_vn // 4
+        last = Sk - 1
+        kw_ = gl.load(k_w0 + (gl.minimum(start + kn, last) * s_knw)[:, None, None] + k_cols)
+        n_e = start + 2 * vp
+        ve = gl.load(v_w0 + (gl.minimum(n_e, last) * s_vnw)[:, None, None] + v_cols)
+        vo = gl.load(v_w0 + (gl.minimum(n_e + 1, last) * s_vnw)[:, None, None] + v_cols)
+        for n0 in range(start, end, BN):
+            nx = n0 + BN
+            kw_nx = gl.load(k_w0 + (gl.minimum(nx + kn, last) * s_knw)[:, None, None] + k_cols)
+            n_e = nx + 2 * vp
+            ve_nx = gl.load(v_w0 + (gl.minimum(n_e, last) * s_vnw)[:, None, None] + v_cols)
+            vo_nx = gl.load(v_w0 + (gl.minimum(n_e + 1, last) * s_vnw)[:, None, None] + v_cols)
+
+            # ---- K: unpack into the two B operands, s = Q K^T on the codes ----
+            r0, r1, r2, r3 = _unpack_k(kw_, F16, K_SIGNED)
+            # [BN, 4 (c), KW (i), 2 (q0: half), 2 (q1: register)] -> k = 16 i + 8 q1 + 2 c + q0
+            ka = gl.join(_halves(r0, DT), _halves(r1, DT))
+            ka = gl.reshape(gl.permute(ka, (0, 2, 4, 1, 3)), [BN, D // 2])
+            ka = gl.convert_layout(gl.permute(ka, (1, 0)), DOT_B)
+            kb = gl.join(_halves(r2, DT), _halves(r3, DT))
+            kb = gl.reshape(gl.permute(kb, (0, 2, 4, 1, 3)), [BN, D // 2])
+            kb = gl.convert_layout(gl.permute(kb, (1, 0)), DOT_B)
+            s = gl.zeros([ROWS, BN], gl.float32, layout=MMA)
+            s = mma_v2(qa, ka, s)
+            s = mma_v2(qb, kb, s)
+
+            keys = n0 + keys_c
+            keys_ok = keys < end
+            # ---- offsets, zero points and scales per (row, key); groups summed ----
+            if K_ZP:
+                kz = _param(kz_base, n0, s_kzn, keys8, gk8, last, s_kzg, K_ZP_G, 0.0, L8, MMA)
+                s = s - (K_OFF + kz) * qsum[:, None]
+            else:
+                s = s - K_OFF * qsum[:, None]
+            if K_SC_G:
+                s = s * _param(ks_base, n0, s_ksn, keys8, gk8, last, s_ksg, True, 0.0, L8, MMA)
+            if NG > 1:
+                s3 = gl.reshape(s, [ROWS // NG, NG, BN])
+                s = gl.convert_layout(gl.reshape(gl.broadcast(gl.expand_dims(gl.sum(s3, axis=1), 1), s3)[0],
+                                                 [ROWS, BN]), MMA)
+            # ---- online softmax ----
+            s = s * qk_scale
+            valid = keys_ok[None, :] & row_ok[:, None]
+            if CAUSAL != 0:
+                valid = valid & (keys[None, :] < row_lim[:, None])
+            s = gl.where(valid, s, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(s - m_safe[:, None])
+            alpha = gl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            # ---- P' = p * V scale of the row's group; P' V on the codes ----
+            if V_SC_G:
+                p = p * _param(vs_base, n0, s_vsn, keys8, gv8, last, s_vsg, True, 0.0, L8, MMA)
+            p16 = p.to(DT)
+            pf = p16.to(gl.float32)
+            if V_ZP:
+                vz = _param(vz_base, n0, s_vzn, keys8, gv8, last, s_vzg, V_ZP_G, 0.0, L8, MMA)
+                zc = zc * alpha + gl.sum(pf * (V_OFF + vz), axis=1)
+            else:
+                zc = zc * alpha + gl.sum(pf, axis=1) * V_OFF
+            v0, v1, v2, v3, v4, v5, v6, v7 = _unpack_v(ve, vo, F16, V_SIGNED)
+            # register s = q1 + 2 a0 + 4 a1: [BN/2 (p), 8 (r), VW (i), 2 (q0), 2 (q1), 2 (a0), 2 (a1)]
+            vj = gl.join(gl.join(gl.join(_halves(v0, DT), _halves(v1, DT)), gl.join(_halves(v2, DT), _halves(v3, DT))),
+                         gl.join(gl.join(_halves(v4, DT), _halves(v5, DT)), gl.join(_halves(v6, DT), _halves(v7, DT))))
+            vj = gl.reshape(gl.permute(vj, (0, 3, 2, 6, 5, 4, 1)), [BN, DV])
+            vt = gl.convert_layout(vj, DOT_B)
+            acc = mma_v2(gl.convert_layout(p16, DOT_A), vt, acc * alpha[:, None])
+            kw_ = kw_nx
+            ve = ve_nx
+            vo = vo_nx
+
+        # ---- epilogue: offsets, per-tensor scale, each row's group columns ----
+        o_acc = acc - zc[:, None]
+        if not V_SC_G:
+            o_acc = o_acc * gl.load(vs_base).to(gl.float32)
+        has = l_i > 0.0
+        lse = gl.where(has, (m_i + gl.log2(gl.where(has, l_i, 1.0))) * LN2, float("-inf"))
+        nn = gl.arange(0, DV, layout=COL_L)
+        r_ = nn & 7
+        q1_ = (nn >> 3) & 1
+        a_ = (nn >> 4) & 3
+        i_ = nn >> 6
+        nib = 2 * a_ + q1_
+        if V_L1:
+            el = (nib & 1) | ((nib & 2) << 1) | ((nib & 4) >> 1)
+        else:
+            el = nib
+        d_o = 8 * (r_ * VW + i_) + el
+        if V_NG > 1:
+            keep = row_ok[:, None] & ((d_o // V_GROUP)[None, :] == gr[:, None])
+        else:
+            keep = row_ok[:, None] & (gr == 0)[:, None] & (d_o >= 0)[None, :]
+        h = hk * G + mr // Sq
+        if ONE_SPLIT:
+            if INF_AS_ZERO:
+                o = gl.where(has[:, None], o_acc / gl.where(has, l_i, 1.0)[:, None], 0.0)
+            else:
+                o = o_acc / l_i[:, None]
+            o_ptr = O + b64 * s_ob + h.to(gl.int64)[:, None] * s_oh + qi_r.to(gl.int64)[:, None] * s_oq \
+                + d_o.to(gl.int64)[None, :] * s_od
+            gl.store(o_ptr, o.to(O.dtype.element_ty), mask=keep)
+            if WRITE_LSE:
+                gl.store(LSE + (b64 * Hq + h) * Sq + qi_r, lse, mask=row_ok & (gr == 0))
+        else:
+            o = gl.where(has[:, None], o_acc / gl.where(has, l_i, 1.0)[:, None], 0.0)
+            prow = (b64 * Hq + h) * Sq + qi_r
+            gl.store(PO + (prow[:, None] * SPLITS + split) * DV + d_o[None, :], o, mask=keep)
+            gl.store(PL + prow * SPLITS + split, lse, mask=row_ok & (gr == 0))
+else:
+    _gluon_decode_q4_kernel = None
+
+
+# ---- launcher ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Q4Config(DecodeConfig):
+    pass
+
+
+def groups(t: KVQuant, D: int) -> int:
+    """Groups per row the expansion needs (1 without grouped scales / zero points)."""
+    grouped = t.scale_kind == "g" or t.zp_kind == "g"
+    return D // t.group if grouped else 1
+
+
+def sig_groups(qs, D: int) -> int:
+    """groups() from a KVQuant.signature() (problem side)."""
+    if qs is None or (qs[2] != "g" and qs[4] != "g"):
+        return 1
+    return D // qs[1]
+
+
+def param_layout(bn: int):
+    """The (8, bn) tile of scales / zero points: the mma accumulator's rows 0..7 (lane // 4),
+    its keys (2 (lane % 4) + registers)."""
+    regs = [[0, 1]] + [[0, 8 << i] for i in range((bn // 8).bit_length() - 1)]
+    return gl.DistributedLinearLayout(reg_bases=regs, lane_bases=[[0, 2], [0, 4], [1, 0], [2, 0], [4, 0]],
+                                      warp_bases=[], block_bases=[], shape=[8, bn])
+
+
+def default_config(problem) -> Q4Config:
+    return Q4Config(block_n=32, block_m=16, num_warps=1, num_stages=1)
+
+
+def choose_splits(problem, cfg: DecodeConfig, num_sms: int | None = None) -> int:
+    """Key chunks per KV head so that the programs fill the GPU's resident slots once (one
+    warp of <= 255 registers per program: 8 per SM), each chunk >= 4 key blocks; with more
+    KV heads than slots, one chunk each."""
+    if cfg.splits:
+        return cfg.splits
+    sms = num_sms or _num_sms(problem.device)
+    base = problem.B * problem.Hkv
+    keys = problem.Sk if problem.causal != "top_left" else min(problem.Sk, problem.Sq)
+    max_splits = max(1, triton.cdiv(keys, 4 * cfg.block_n))
+    return max(1, min((8 * sms) // base, max_splits, 4096))
+
+
+def workspace_bytes(problem, cfg: DecodeConfig | None = None) -> int:
+    cfg = cfg or default_config(problem)
+    s = choose_splits(problem, cfg)
+    return 0 if s == 1 else problem.B * problem.Hq * problem.Sq * s * (problem.Dv + 1) * 4
+
+
+def plan(problem, args: AttnArgs, cfg: DecodeConfig):
+    """(main launch, combine launch or None, splits) of solver 133 (see decode.plan)."""
+    q, k, v = args.q, args.k, args.v
+    D, Dv = problem.D, problem.Dv
+    for name, t in (("k", k), ("v", v)):   # the kernel reads the codes as 32-bit words
+        d = t.data
+        if d.stride(3) != 1 or any(x % 4 for x in d.stride()[:3]) or d.data_ptr() % 4:
+            raise NotSupportedError(f"gluon_decode_q4: {name}'s codes must be rows of 32-bit words (strides "
+                                    f"{tuple(d.stride())}, address % 4 = {d.data_ptr() % 4})")
+    sk, sks, skz = _dec.kv_strides(k)
+    sv, svs, svz = _dec.kv_strides(v)
+    splits = choose_splits(problem, cfg)
+    so = (problem.Hq * problem.Sq * Dv, problem.Sq * Dv, Dv, 1)
+    kng, vng = groups(k, D), groups(v, Dv)
+    flags = _dec.common_flags(problem)
+    for drop in ("MASK_KIND", "DROPOUT"):
+        flags.pop(drop)
+    scale_val = _dec.scalar_args(problem, args)[0]
+    main = Launch(
+        _gluon_decode_q4_kernel, (problem.B * problem.Hkv, splits),
+        (*q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *so,
+         problem.Hq, problem.Hkv, problem.Sq, problem.Sk, scale_val, splits, _dec.bt_stride(args)),
+        G=problem.group, D=D, DV=Dv, BN=cfg.block_n, NG=max(kng, vng), K_NG=kng, V_NG=vng,
+        K_GROUP=k.group, V_GROUP=v.group,
+        K_SC_G=k.scale_kind == "g", K_ZP=k.zero_points is not None, K_ZP_G=k.zp_kind == "g",
+        V_SC_G=v.scale_kind == "g", V_ZP=v.zero_points is not None, V_ZP_G=v.zp_kind == "g",
+        K_SIGNED=k.dtype == "s4", V_SIGNED=v.dtype == "s4", K_L1=k.layout == 1, V_L1=v.layout == 1,
+        F16=q.dtype == torch.float16, ONE_SPLIT=splits == 1, L8=param_layout(cfg.block_n), **flags,
+        num_warps=1)
+    return main, _dec.combine_launch(problem, splits), splits
+
+
+# ---- solver -----------------------------------------------------------------------------
+
+def _q4_reasons(problem) -> list[str]:
+    """Why 133's kernel does not cover a (device-independent) problem."""
+    reasons = []
+    kq, vq = problem.k_quant, problem.v_quant
+    if kq is None or vq is None or kq[0] not in ("s4", "u4") or vq[0] not in ("s4", "u4"):
+        reasons.append("needs 4-bit (s4 / u4) codes for both K and V")
+        return reasons
+    if "keys" in kq or "keys" in vq:
+        reasons.append("codes stored keys-contiguous: served by 128")
+    if problem.D != problem.Dv or problem.D not in HEAD_DIMS:
+        reasons.append(f"head dims D={problem.D}, Dv={problem.Dv}: needs D = Dv in {HEAD_DIMS}")
+    if problem.dtype not in (torch.bfloat16, torch.float16):
+        reasons.append(f"q dtype {problem.dtype}: needs bf16 / f16")
+    if problem.mask != "none":
+        reasons.append("attention masks: served by 122")
+    if problem.dropout_p > 0:
+        reasons.append("dropout: served by 122")
+    kng, vng = sig_groups(kq, problem.D), sig_groups(vq, problem.Dv)
+    ng = max(kng, vng)
+    for name, n in (("K", kng), ("V", vng)):
+        if n not in (1, ng):
+            reasons.append(f"{name} has {n} groups per row and the other {ng}: needs equal counts or one")
+    if kq[1] < 8 or vq[1] < 8:
+        reasons.append(f"group sizes {kq[1]}, {vq[1]}: needs >= 8")
+    if problem.group * problem.Sq * ng > ROWS:
+        reasons.append(f"G * Sq * groups = {problem.group * problem.Sq * ng} > {ROWS} rows")
+    if problem.page_size:
+        reasons.append("paged K/V: served by 122")
+    if problem.Sk == 0:
+        reasons.append("an empty cache (Sk = 0): served by 122")
+    return reasons
+
+
+@register
+class GluonDecodeQ4(_DecodeBase):
+    """Decode on s4 / u4 K/V with the codes unpacked in registers into mma.sync operands
+    (no shared memory), scales and zero points on the score / probability tiles."""
+    id = 133
+    name = "gluon_decode_q4"
+
+    def not_supported_reasons(self, problem) -> list[str]:
+        reasons = super().not_supported_reasons(problem)
+        reasons += gluon_reasons(problem.device)
+        reasons += _q4_reasons(problem)
+        return reasons
+
+    def row_blocks(self, problem) -> int:
+        return 1
+
+    def workspace_size(self, problem) -> int:
+        return workspace_bytes(problem)
+
+    def estimate(self, problem) -> float:
+        """Bytes read (codes, scales, zero points) at the 2.0-2.14 TB/s it measured on the H200
+        (2026-12-03, s4 / u4 g64, b64 x 8k and b8 x 32k; the main loop issues ~1060
+        instructions per 32 keys with grouped zero points, 820 without grouped parameters)."""
+        t = problem.bytes() / Q4_BW * 1e3
+        host = _dec.HOST_FLOOR_MS if problem.device == "cuda" else 0.0
+        return max(t + _dec._LAUNCH_MS, host)
+
+    def prepare(self, problem):
+        return _dec.DecodePlan(problem, default_config(problem), plan)
+
+
+__all__ = ["GluonDecodeQ4", "code_offset", "natural_dim_k", "natural_dim_v", "plan"]

@@ -1,0 +1,109 @@
+"""Solver 133 (`gluon_decode_q4`: 4-bit K/V unpacked in registers into mma.sync operands) at
+real and odd sizes on the H200, against the float64 reference of the dequantised cache:
+s4 / u4, groups 32 / 64 / 128, per head and per tensor, with and without zero points,
+layouts 0 and 1, D 64 / 128, bf16 and f16 q, GQA 4 and 8, Sq 1-4 causal (both alignments),
+ragged kv_lens (0 included), one split and many. Outputs are poisoned (NaN) before each
+run; the bound is relative to torch's same-dtype SDPA on the same dequantised cache."""
+import pytest
+import torch
+import torch.nn.functional as F
+from gpu_helpers import assert_close
+
+import nnprim
+from nnprim.attention import decode
+from nnprim.quant import quantize_kv
+
+DEV = "cuda"
+SOLVER = "gluon_decode_q4"
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    real = decode._empty
+    monkeypatch.setattr(decode, "_empty", lambda shape, dtype, device: real(shape, dtype, device).fill_(float("nan"))
+                        if dtype.is_floating_point else real(shape, dtype, device))
+
+
+def _ref(q, kq, vq, lens=None, causal=None):
+    kd, vd = kq.dequantize(torch.float64), vq.dequantize(torch.float64)
+    G = q.shape[1] // kd.shape[1]
+    kd, vd = kd.repeat_interleave(G, 1), vd.repeat_interleave(G, 1)
+    Sq, Sk = q.shape[2], kd.shape[2]
+    j = torch.arange(Sk, device=DEV)
+    L = torch.full((q.shape[0],), Sk, device=DEV) if lens is None else lens.long()
+    vis = j[None, None, :] < L[:, None, None]
+    if causal:
+        i = torch.arange(Sq, device=DEV)
+        shift = (L[:, None, None] - Sq) if causal == "bottom_right" else 0
+        vis = vis & (j[None, None, :] <= i[None, :, None] + shift)
+    vis = vis[:, None].expand(-1, 1, Sq, Sk)
+    empty = ~vis.any(-1, keepdim=True)
+    ref = F.scaled_dot_product_attention(q.double(), kd, vd, attn_mask=vis | empty).masked_fill(empty, 0)
+    theirs = F.scaled_dot_product_attention(q, kd.to(q.dtype), vd.to(q.dtype), attn_mask=vis | empty)
+    return ref, theirs.masked_fill(empty, 0)
+
+
+def _quant(x, dt, group, zp, layout):
+    if group in ("head", "tensor"):
+        return quantize_kv(x, dt, scale_per=group, symmetric=not zp, layout=layout)
+    return quantize_kv(x, dt, group_size=group, symmetric=not zp, scale_dtype=torch.bfloat16, layout=layout)
+
+
+CASES = [  # (dtype, group, zero points, layout, D, q dtype)
+    ("s4", 64, False, 1, 128, torch.bfloat16), ("u4", 64, True, 1, 128, torch.bfloat16),
+    ("s4", 32, True, 1, 128, torch.bfloat16), ("u4", 128, False, 1, 128, torch.float16),
+    ("s4", "head", False, 1, 128, torch.bfloat16), ("u4", "tensor", True, 0, 128, torch.bfloat16),
+    ("s4", 64, True, 0, 64, torch.float16), ("u4", 32, False, 1, 64, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}{'-zp' if c[2] else ''}-l{c[3]}-d{c[4]}-"
+                         f"{str(c[5])[6:]}")
+@pytest.mark.parametrize("B,Hq,Hkv,Sk", [(4, 32, 8, 8192), (3, 16, 2, 1037)], ids=str)
+def test_formats(case, B, Hq, Hkv, Sk):
+    dt, group, zp, layout, D, qdt = case
+    g = torch.Generator(device=DEV).manual_seed(Sk + D)
+    q = torch.randn(B, Hq, 1, D, device=DEV, dtype=qdt, generator=g)
+    k = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=qdt, generator=g) * 2
+    v = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=qdt, generator=g)
+    kq, vq = _quant(k, dt, group, zp, layout), _quant(v, dt, group, zp, layout)
+    ng = 1 if group in ("head", "tensor") else D // group
+    if (Hq // Hkv) * ng > 16:
+        pytest.skip("G * groups > 16 rows: not this solver's")
+    ref, theirs = _ref(q, kq, vq)
+    o = nnprim.sdpa(q, kq, vq, solver=SOLVER)
+    assert_close(f"{case} {B}x{Sk}", o, theirs, ref)
+
+
+@pytest.mark.parametrize("causal", [None, "bottom_right", "top_left"])
+@pytest.mark.parametrize("Sq", [1, 2, 4])
+def test_rows_lens_causal(Sq, causal):
+    """G * Sq * groups up to 16 rows, ragged lengths (one 0), lse with splits."""
+    B, Hq, Hkv, Sk, D = 5, 8, 2, 3001, 128
+    g = torch.Generator(device=DEV).manual_seed(Sq)
+    q = torch.randn(B, Hq, Sq, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    group = 128 if Sq == 4 else 64
+    kq, vq = _quant(k, "u4", group, True, 1), _quant(v, "s4", group, False, 1)
+    lens = torch.tensor([Sk, 0, 1, 777, Sk - 5], device=DEV, dtype=torch.int32)
+    ref, theirs = _ref(q, kq, vq, lens, causal)
+    o, lse = nnprim.sdpa(q, kq, vq, solver=SOLVER, kv_lens=lens, causal=causal, return_lse=True,
+                         softmax_inf_as_zero=True)
+    assert_close(f"Sq{Sq} {causal}", o, theirs, ref)
+    o2 = nnprim.sdpa(q, kq, vq, kv_lens=lens, causal=causal, return_lse=True, softmax_inf_as_zero=True,
+                     solver="decode_split_k_quant_grouped")[1]
+    ok = torch.isfinite(o2)
+    assert torch.equal(ok, torch.isfinite(lse))
+    assert torch.allclose(lse[ok], o2[ok], atol=2e-3, rtol=1e-3)
+
+
+def test_default_chooses_among_applicable():
+    """The public call on the suite's s4 decode runs (find may pick 133 or another) and agrees."""
+    q = torch.randn(8, 32, 1, 128, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(8, 8, 32768, 128, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn(8, 8, 32768, 128, device=DEV, dtype=torch.bfloat16)
+    kq, vq = _quant(k, "s4", 64, False, 1), _quant(v, "s4", 64, False, 1)
+    ref, theirs = _ref(q, kq, vq)
+    assert_close("default", nnprim.sdpa(q, kq, vq), theirs, ref)
+    assert_close("forced", nnprim.sdpa(q, kq, vq, solver=SOLVER), theirs, ref)
