@@ -8,9 +8,10 @@ the suite's, plus per-head scales (no scale loads in the key loop) to price thos
 Usage: python benchmarks/diag/decode_swap_sweep.py --out /tmp/sweep.json
        [--formats s4:64,s8:64,s4:head,fp8:head] [--configs 128x4x3,64x4x3:2] [--rounds 100]
 A config is [solver/]BLOCK_N x num_warps x num_stages[:split factor | :=splits][+pin][+asm]
-(solver 128 unless 122/, 131/ or 131k/ lead; the split factor multiplies the solver's own split
+(solver 128 unless 122/, 131/, 131k/ or 133/ lead; the split factor multiplies the solver's own split
 count, =N sets it; +pin keeps 122's PTX conversion where the codes load (code_convert.py),
-+asm converts 8-bit codes by PTX). 131 (`decode_scaled.py`) reads V rows, 131k keys-contiguous
++asm converts 8-bit codes by PTX, +rN caps 133's registers per thread at N). 131 (`decode_scaled.py`) reads
+V rows, 131k keys-contiguous
 V; formats it does not serve are skipped for it.
 Format bf16 times solver 120 (`decode.py`, the bf16 cache itself) with the configs that
 120/ leads (the others are skipped for it)."""
@@ -31,7 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import nnprim  # noqa: E402
 from nnprim.args import AttnArgs  # noqa: E402
 from nnprim.attention import decode as dec  # noqa: E402
-from nnprim.attention import decode_quant, decode_scaled, decode_swap  # noqa: E402
+from nnprim.attention import decode_quant, decode_scaled, decode_swap, gluon_decode_quant  # noqa: E402
 from nnprim.problems.attention import AttentionProblem  # noqa: E402
 from nnprim.quant import KVQuant, quantize_kv  # noqa: E402
 from nnprim.search.solver import REGISTRY  # noqa: E402
@@ -111,15 +112,19 @@ def main() -> None:
                 sid, _, rest = c.rpartition("/")
                 if plain != (sid == "120"):
                     continue
-                mod = {"122": decode_quant, "120": dec, "131": decode_scaled, "131k": decode_scaled}.get(sid, decode_swap)
-                if sid.startswith("131") and REGISTRY.get(131).not_supported_reasons(p):
+                mod = {"122": decode_quant, "120": dec, "131": decode_scaled, "131k": decode_scaled,
+                       "133": gluon_decode_quant}.get(sid, decode_swap)
+                if sid.startswith(("131", "133")) and REGISTRY.get(int(sid[:3])).not_supported_reasons(p):
                     continue
                 rest, *flags = rest.split("+")
                 tiles, _, fac = rest.partition(":")
                 bn, w, st = (int(x) for x in tiles.split("x"))
-                a_ = AttnArgs(q=q, k=kq, v=vr) if sid in ("122", "131") else args   # 122 reads V rows
+                a_ = AttnArgs(q=q, k=kq, v=vr) if sid in ("122", "131", "133") else args   # these read V rows
                 cfg = replace(mod.default_config(p), block_n=bn, num_warps=w, num_stages=st)
-                if flags:
+                regs = [int(f[1:]) for f in flags if f.startswith("r")]
+                if regs:     # 133: a register cap (+r168)
+                    cfg = replace(cfg, maxnreg=regs[0])
+                elif flags:
                     cfg = replace(cfg, pin_convert="pin" in flags, asm_convert=True if "asm" in flags else None)
                 n_split = int(fac[1:]) if fac.startswith("=") else round(mod.choose_splits(p, cfg) * float(fac or 1))
                 cfg = replace(cfg, splits=max(1, n_split))

@@ -465,7 +465,7 @@ else:
 
 @dataclass(frozen=True)
 class Q4Config(DecodeConfig):
-    pass
+    maxnreg: int | None = None    # register cap per thread (more resident warps, maybe spills)
 
 
 def groups(t: KVQuant, D: int) -> int:
@@ -493,17 +493,24 @@ def default_config(problem) -> Q4Config:
     return Q4Config(block_n=32, block_m=16, num_warps=1, num_stages=1)
 
 
+def resident_per_sm(cfg: DecodeConfig) -> int:
+    """One-warp programs an SM holds at once: its 64K registers over 32 lanes x the cap
+    (255 uncapped, allocated in steps of 8)."""
+    regs = getattr(cfg, "maxnreg", None) or 256
+    return 65536 // (32 * (-(-regs // 8) * 8))
+
+
 def choose_splits(problem, cfg: DecodeConfig, num_sms: int | None = None) -> int:
-    """Key chunks per KV head so that the programs fill the GPU's resident slots once (one
-    warp of <= 255 registers per program: 8 per SM), each chunk >= 4 key blocks; with more
-    KV heads than slots, one chunk each."""
+    """Key chunks per KV head so that the programs fill the GPU's resident slots once
+    (`resident_per_sm`), each chunk >= 4 key blocks; with more KV heads than slots, one
+    chunk each."""
     if cfg.splits:
         return cfg.splits
     sms = num_sms or _num_sms(problem.device)
     base = problem.B * problem.Hkv
     keys = problem.Sk if problem.causal != "top_left" else min(problem.Sk, problem.Sq)
     max_splits = max(1, triton.cdiv(keys, 4 * cfg.block_n))
-    return max(1, min((8 * sms) // base, max_splits, 4096))
+    return max(1, min((resident_per_sm(cfg) * sms) // base, max_splits, 4096))
 
 
 def workspace_bytes(problem, cfg: DecodeConfig | None = None) -> int:
@@ -540,7 +547,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         V_SC_G=v.scale_kind == "g", V_ZP=v.zero_points is not None, V_ZP_G=v.zp_kind == "g",
         K_SIGNED=k.dtype == "s4", V_SIGNED=v.dtype == "s4", K_L1=k.layout == 1, V_L1=v.layout == 1,
         F16=q.dtype == torch.float16, ONE_SPLIT=splits == 1, L8=param_layout(cfg.block_n), **flags,
-        num_warps=1)
+        num_warps=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return main, _dec.combine_launch(problem, splits), splits
 
 
