@@ -32,14 +32,14 @@ def as_if_on_hopper() -> None:
     H200 records on a machine without one, so a "no CUDA GPU" answer, alone, is taken back
     (Gluon missing, switched off or the interpreter still count)."""
     from nnprim import gluon_support
-    from nnprim.attention import gluon_fwd
+    from nnprim.attention import gluon_decode_quant, gluon_fwd
     from nnprim.conv import gluon_conv
     real = gluon_support.gluon_reasons
 
     def reasons(device: str) -> list[str]:
         out = real(device)
         return [] if device == "cuda" and len(out) == 1 and "needs a CUDA GPU" in out[0] else out
-    gluon_fwd.gluon_reasons = gluon_conv.gluon_reasons = reasons
+    gluon_fwd.gluon_reasons = gluon_conv.gluon_reasons = gluon_decode_quant.gluon_reasons = reasons
 
 
 def _first_timed(sols, names: set[str]) -> tuple[str | None, str | None, list[str]]:

@@ -147,7 +147,8 @@ def check_strided(p: ConvProblem, shapes, strides) -> None:
 # the host work of one call (plan lookup, output allocation, a Triton launch): the system db's
 # fastest implicit GEMM calls on the H200 took 0.022-0.03 ms in every direction (find's clock)
 HOST_FLOOR_MS = 0.025
-HOST_PER_LAUNCH_MS = 0.013   # each further launch of a call (as Winograd's; stride-2 bwd_data runs one per phase)
+HOST_PER_LAUNCH_MS = 0.013
+GPU_SMS = 132                # an H200's SMs (the estimates price H200 runs)   # each further launch of a call (as Winograd's; stride-2 bwd_data runs one per phase)
 # The native NCHW kernels' efficiency against the NHWC estimate, per direction, and the least
 # time of their backward: the H200 system db (2026-12-02) has the Triton implicit GEMM on NCHW
 # at 3.6x (backward data), 4.8x (backward weights), 2.0x (forward) its estimate at a flat 0.3,
@@ -797,6 +798,10 @@ class _IGemmBase(Solver):
         n_side = {"fwd": gm.Kg, "bwd_data": gm.Cg, "bwd_weights": gm.Cg * gm.taps}[d]
         k_side = {"fwd": gm.Cg * gm.taps, "bwd_data": gm.Kg * gm.taps, "bwd_weights": gm.N * gm.P}[d]
         eff = 0.7 * min(1.0, m_side / 64) * min(1.0, n_side / 64) * min(1.0, k_side / 64)
+        if d != "bwd_weights":   # fewer 128 x 128 output tiles than SMs leave SMs idle (backward
+            # weights splits its long reduction instead)
+            tiles = math.ceil(m_side / 128) * math.ceil(n_side / 128) * problem.groups
+            eff *= min(1.0, tiles / GPU_SMS)
         if d == "fwd" and gm.Cg < 32 and gm.taps > 1:
             eff = min(eff, 0.025)  # flat walk (RGB stems, patchify): gathered K, 14-33 TFLOP/s on the H200
         if d == "bwd_weights" and gm.Cg < 32 and gm.taps > 1 and not is_tma_conv(problem):
