@@ -147,8 +147,8 @@ def check_strided(p: ConvProblem, shapes, strides) -> None:
 # the host work of one call (plan lookup, output allocation, a Triton launch): the system db's
 # fastest implicit GEMM calls on the H200 took 0.022-0.03 ms in every direction (find's clock)
 HOST_FLOOR_MS = 0.025
-HOST_PER_LAUNCH_MS = 0.013
-GPU_SMS = 132                # an H200's SMs (the estimates price H200 runs)   # each further launch of a call (as Winograd's; stride-2 bwd_data runs one per phase)
+HOST_PER_LAUNCH_MS = 0.013   # each further launch of a call (as Winograd's; stride-2 bwd_data runs one per phase)
+GPU_SMS = 132                # an H200's SMs (the estimates price H200 runs)
 # The native NCHW kernels' efficiency against the NHWC estimate, per direction, and the least
 # time of their backward: the H200 system db (2026-12-02) has the Triton implicit GEMM on NCHW
 # at 3.6x (backward data), 4.8x (backward weights), 2.0x (forward) its estimate at a flat 0.3,
