@@ -16,6 +16,8 @@
 #   paged_probe  the flash forward over 16- and 64-key pages per tile config, TMA and pointer loads on the
 #              contiguous cache, and solver 120's split counts on the Sq 4 decode
 #              (benchmarks/diag/paged_prefill_probe.py)
+#   decode_q4  solver 133's GPU module, then its register caps (+r168 / +r128: 12 / 16 warps an SM)
+#              against its default and 122 through the plans, cuDNN interleaved (decode_swap_sweep.py)
 #   fp8        benchmarks/attention_fp8.py (d64/128/256, S 4k-16k)
 #   conv       the conv suite through the public API (run_suites.sh conv), benchmarks/depthwise.py (tile
 #              and walk variants, cuDNN) and benchmarks/nchw_probe.py (layout copies, NCHW solvers)
@@ -115,6 +117,13 @@ case $STEP in
     timeout 500 python3 benchmarks/diag/decode_swap_sweep.py --out "$OUT/decode_sweep_$D.json" \
       --formats s4:64,s8:64,u4:64,fp8:head,s4:head \
       --configs "${CONFIGS:-128x4x3,64x4x3:2,122/32x1x3,122/32x1x3:2,122/64x2x3,122/64x2x3:2}" 2>&1 | grep -v Warn | tail -14 ;;
+  decode_q4)
+    timeout 200 python3 -m pytest -p no:cacheprovider tests/gpu/test_gluon_decode_q4_gpu.py -n 4 -q -rf --tb=short \
+      > "$OUT/gpu_tests_gluon_decode_q4_$D.log" 2>&1
+    tail -3 "$OUT/gpu_tests_gluon_decode_q4_$D.log"
+    timeout 300 python3 benchmarks/diag/decode_swap_sweep.py --out "$OUT/decode_q4_regs_$D.json" --rounds 60 \
+      --formats ${FORMATS:-s4:64,u4:64,s4:head} \
+      --configs "${CONFIGS:-122/32x1x3,133/32x1x1,133/32x1x1+r168,133/32x1x1+r144,133/32x1x1+r128}" 2>&1 | grep -v Warn | tail -8 ;;
   paged_probe)
     timeout 400 python3 benchmarks/diag/paged_prefill_probe.py --out "$OUT/paged_prefill_probe_$D.json" 2>&1 | tail -4 ;;
   fp8)
