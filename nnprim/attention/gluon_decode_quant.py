@@ -40,7 +40,8 @@ order), scales per tensor / head / (key, group) with optional zero points of any
 bf16 or f16 q (the codes' float type follows q), D = Dv in {64, 128}, Sq * G * groups <=
 16, causal (both alignments), kv_lens, splits with the shared combine kernel, return_lse.
 Not here (122 serves them): paged K/V, masks, dropout, f32 q, 8-bit / fp8 / float K or V,
-keys-contiguous storage.
+keys-contiguous storage. As in 122, P' is in q's dtype: with f16 q and V scales below ~1e-4
+it loses precision in f16's subnormals (bf16 q, the usual decode, does not).
 
 Reading order: helpers -> Gluon kernel -> launcher (`plan`) -> solver (id 133).
 """
