@@ -99,3 +99,28 @@ def smoke_test(failure):
     def test_smoke_in_subprocess():
         assert failure() is None, failure()
     return test_smoke_in_subprocess
+
+
+def dequant_reference(q: torch.Tensor, kq, vq, lens: torch.Tensor | None = None, causal=None):
+    """(float64 attention of the dequantised K/V cache, torch's q-dtype SDPA on the same cache)
+    for the quantized decode tests: GQA by repetition, ragged kv_lens, causal True or
+    "bottom_right" (aligned to each entry's length) or "top_left"; rows that see no key are 0."""
+    import torch.nn.functional as F
+    dev = q.device
+    kd, vd = kq.dequantize(torch.float64), vq.dequantize(torch.float64)
+    G = q.shape[1] // kd.shape[1]
+    kd, vd = kd.repeat_interleave(G, 1), vd.repeat_interleave(G, 1)
+    Sq, Sk = q.shape[2], kd.shape[2]
+    j = torch.arange(Sk, device=dev)
+    L = torch.full((q.shape[0],), Sk, device=dev) if lens is None else lens.long()
+    vis = j[None, None, :] < L[:, None, None]
+    if causal:
+        i = torch.arange(Sq, device=dev)
+        shift = 0 if causal == "top_left" else (L[:, None, None] - Sq)
+        vis = vis & (j[None, None, :] <= i[None, :, None] + shift)
+    vis = vis[:, None].expand(-1, 1, Sq, Sk)
+    empty = ~vis.any(-1, keepdim=True)
+    ref = F.scaled_dot_product_attention(q.double(), kd, vd, attn_mask=vis | empty).masked_fill(empty, 0)
+    theirs = F.scaled_dot_product_attention(q, kd.to(q.dtype), vd.to(q.dtype), attn_mask=vis | empty)
+    return ref, theirs.masked_fill(empty, 0)
+

@@ -6,8 +6,7 @@ public choice, vs the float64 reference of the dequantised cache. Outputs are po
 dequantised cache (gpu_helpers.assert_close)."""
 import pytest
 import torch
-import torch.nn.functional as F
-from gpu_helpers import assert_close
+from gpu_helpers import assert_close, dequant_reference
 
 import nnprim
 from nnprim.attention import decode
@@ -37,24 +36,6 @@ def _quant(x, fmt, layout, role):
                        order="keys" if role == "v" else None)
 
 
-def _ref(q, kq, vq, lens=None, causal=False):
-    """float64 attention of the dequantised cache, and torch's bf16 SDPA on the same cache."""
-    kd, vd = kq.dequantize(torch.float64), vq.dequantize(torch.float64)
-    G = q.shape[1] // kd.shape[1]
-    kd, vd = kd.repeat_interleave(G, 1), vd.repeat_interleave(G, 1)
-    Sq, Sk = q.shape[2], kd.shape[2]
-    j = torch.arange(Sk, device=DEV)
-    L = torch.full((q.shape[0],), Sk, device=DEV) if lens is None else lens.long()
-    vis = j[None, None, :] < L[:, None, None]                                     # (B, 1, Sk)
-    if causal:
-        i = torch.arange(Sq, device=DEV)
-        vis = vis & (j[None, None, :] <= i[None, :, None] + (L[:, None, None] - Sq))
-    vis = vis[:, None].expand(-1, 1, Sq, Sk)
-    ref = F.scaled_dot_product_attention(q.double(), kd, vd, attn_mask=vis)
-    theirs = F.scaled_dot_product_attention(q, kd.to(q.dtype), vd.to(q.dtype), attn_mask=vis)
-    return ref, theirs
-
-
 @pytest.mark.parametrize("B,Sk", SHAPES, ids=lambda x: str(x))
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f"{f[0]}-{f[1]}{'-zp' if f[2] else ''}")
 def test_formats_real_sizes(B, Sk, fmt):
@@ -65,7 +46,7 @@ def test_formats_real_sizes(B, Sk, fmt):
     k = torch.randn(B, 8, Sk, 128, device=DEV, dtype=torch.bfloat16, generator=g)
     v = torch.randn(B, 8, Sk, 128, device=DEV, dtype=torch.bfloat16, generator=g)
     kq, vq = _quant(k, fmt, None, None), _quant(v, fmt, None, "v")
-    ref, theirs = _ref(q[:4], _slice(kq, 4), _slice(vq, 4))
+    ref, theirs = dequant_reference(q[:4], _slice(kq, 4), _slice(vq, 4))
     scaled = ("decode_split_k_scaled",) if fmt[0] == "fp8_e4m3" else ()
     for solver in (None, "decode_split_k_quant_grouped", "decode_split_k_quant") + scaled:
         o = nnprim.sdpa(q, kq, vq, solver=solver)
@@ -100,7 +81,7 @@ def test_scaled_codes_real_sizes(fmt, role):
             codes = codes.transpose(2, 3).contiguous().transpose(2, 3)
         return KVQuant(codes, sc, None, "u8")
     kq, vq = q8(k, None), q8(v, role)
-    ref, theirs = _ref(q[:4], _slice(kq, 4), _slice(vq, 4), lens[:4], causal=True)
+    ref, theirs = dequant_reference(q[:4], _slice(kq, 4), _slice(vq, 4), lens[:4], causal=True)
     o = nnprim.sdpa(q, kq, vq, kv_lens=lens, causal="bottom_right", solver="decode_split_k_scaled")
     assert_close(f"131 {fmt} {role}", o[:4], theirs, ref)
 
@@ -126,6 +107,6 @@ def test_layouts_and_v_order_agree(dtype, zp):
         for role in (None, "v"):
             kq = _quant(k, (dtype, 64, zp), layout, None)
             vq = _quant(v, (dtype, 64, zp), layout, role)
-            ref, theirs = _ref(q, kq, vq, lens, causal=True)
+            ref, theirs = dequant_reference(q, kq, vq, lens, causal=True)
             o = nnprim.sdpa(q, kq, vq, kv_lens=lens, causal="bottom_right")
             assert_close(f"{dtype} layout {layout} role {role}", o, theirs, ref)

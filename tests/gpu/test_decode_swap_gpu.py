@@ -7,8 +7,7 @@ relative to torch's same-dtype SDPA error on the same cache (gpu_helpers.assert_
 test_decode_quant_gpu.py."""
 import pytest
 import torch
-import torch.nn.functional as F
-from gpu_helpers import assert_close
+from gpu_helpers import assert_close, dequant_reference
 
 import nnprim
 from nnprim.attention import decode
@@ -46,24 +45,6 @@ def _slice(kv, n):
     return KVQuant(kv.data[:n], s, z, kv.dtype, kv.group_size, kv.layout)
 
 
-def _ref(q, kq, vq, lens=None, causal=False):
-    """float64 attention of the dequantised cache, and torch's same-dtype SDPA on it."""
-    kd, vd = kq.dequantize(torch.float64), vq.dequantize(torch.float64)
-    G = q.shape[1] // kd.shape[1]
-    kd, vd = kd.repeat_interleave(G, 1), vd.repeat_interleave(G, 1)
-    Sq, Sk = q.shape[2], kd.shape[2]
-    j = torch.arange(Sk, device=DEV)
-    L = torch.full((q.shape[0],), Sk, device=DEV) if lens is None else lens.long()
-    vis = j[None, None, :] < L[:, None, None]
-    if causal:
-        i = torch.arange(Sq, device=DEV)
-        vis = vis & (j[None, None, :] <= i[None, :, None] + (L[:, None, None] - Sq))
-    vis = vis[:, None].expand(-1, 1, Sq, Sk)
-    ref = F.scaled_dot_product_attention(q.double(), kd, vd, attn_mask=vis)
-    theirs = F.scaled_dot_product_attention(q, kd.to(q.dtype), vd.to(q.dtype), attn_mask=vis)
-    return ref, theirs
-
-
 def _rand(B, Sq, Sk, dtype, seed):
     g = torch.Generator(device=DEV).manual_seed(seed)
     return (torch.randn(B, 32, Sq, 128, device=DEV, dtype=dtype, generator=g),
@@ -76,7 +57,7 @@ def _rand(B, Sq, Sk, dtype, seed):
 def test_formats_real_sizes(B, Sk, fmt):
     q, k, v = _rand(B, 1, Sk, torch.bfloat16, B + Sk)
     kq, vq = _quant(k, fmt), _quant(v, fmt, role="v")
-    ref, theirs = _ref(q[:4], _slice(kq, 4), _slice(vq, 4))
+    ref, theirs = dequant_reference(q[:4], _slice(kq, 4), _slice(vq, 4))
     for solver in (SOLVER, None):
         o = nnprim.sdpa(q, kq, vq, solver=solver)
         assert_close(f"{fmt} {solver}", o[:4], theirs, ref)
@@ -94,7 +75,7 @@ def test_layouts_v_order_sq4_causal_ragged(dtype, fmt):
     for layout in ((0, 1) if fmt[0] in ("s4", "u4") else (None,)):
         for role in (None, "v"):
             kq, vq = _quant(k, fmt, layout), _quant(v, fmt, layout, role)
-            ref, theirs = _ref(q, kq, vq, lens, causal=True)
+            ref, theirs = dequant_reference(q, kq, vq, lens, causal=True)
             o, lse = nnprim.sdpa(q, kq, vq, kv_lens=lens, causal="bottom_right", return_lse=True, solver=SOLVER)
             assert_close(f"{fmt} {dtype} layout {layout} role {role}", o, theirs, ref)
             assert torch.isfinite(lse).all()
@@ -117,6 +98,6 @@ def test_paged_equals_contiguous(page, fmt):
     kp, vp = to_pages(kq, bt), to_pages(vq, bt)
     o = nnprim.sdpa(q, kp, vp, block_table=bt, kv_lens=lens, solver=SOLVER)
     oc = nnprim.sdpa(q, kq, vq, kv_lens=lens, solver=SOLVER)
-    ref, theirs = _ref(q, kq, vq, lens)
+    ref, theirs = dequant_reference(q, kq, vq, lens)
     assert_close(f"paged {fmt} page {page}", o, theirs, ref)
     assert (o.float() - oc.float()).abs().max() <= 1e-2 * oc.float().abs().max()

@@ -6,8 +6,7 @@ ragged kv_lens (0 included), one split and many. Outputs are poisoned (NaN) befo
 run; the bound is relative to torch's same-dtype SDPA on the same dequantised cache."""
 import pytest
 import torch
-import torch.nn.functional as F
-from gpu_helpers import assert_close
+from gpu_helpers import assert_close, dequant_reference
 
 import nnprim
 from nnprim.attention import decode
@@ -22,25 +21,6 @@ def poison(monkeypatch):
     real = decode._empty
     monkeypatch.setattr(decode, "_empty", lambda shape, dtype, device: real(shape, dtype, device).fill_(float("nan"))
                         if dtype.is_floating_point else real(shape, dtype, device))
-
-
-def _ref(q, kq, vq, lens=None, causal=None):
-    kd, vd = kq.dequantize(torch.float64), vq.dequantize(torch.float64)
-    G = q.shape[1] // kd.shape[1]
-    kd, vd = kd.repeat_interleave(G, 1), vd.repeat_interleave(G, 1)
-    Sq, Sk = q.shape[2], kd.shape[2]
-    j = torch.arange(Sk, device=DEV)
-    L = torch.full((q.shape[0],), Sk, device=DEV) if lens is None else lens.long()
-    vis = j[None, None, :] < L[:, None, None]
-    if causal:
-        i = torch.arange(Sq, device=DEV)
-        shift = (L[:, None, None] - Sq) if causal == "bottom_right" else 0
-        vis = vis & (j[None, None, :] <= i[None, :, None] + shift)
-    vis = vis[:, None].expand(-1, 1, Sq, Sk)
-    empty = ~vis.any(-1, keepdim=True)
-    ref = F.scaled_dot_product_attention(q.double(), kd, vd, attn_mask=vis | empty).masked_fill(empty, 0)
-    theirs = F.scaled_dot_product_attention(q, kd.to(q.dtype), vd.to(q.dtype), attn_mask=vis | empty)
-    return ref, theirs.masked_fill(empty, 0)
 
 
 def _quant(x, dt, group, zp, layout):
@@ -70,7 +50,7 @@ def test_formats(case, B, Hq, Hkv, Sk):
     ng = 1 if group in ("head", "tensor") else D // group
     if (Hq // Hkv) * ng > 16:
         pytest.skip("G * groups > 16 rows: not this solver's")
-    ref, theirs = _ref(q, kq, vq)
+    ref, theirs = dequant_reference(q, kq, vq)
     o = nnprim.sdpa(q, kq, vq, solver=SOLVER)
     assert_close(f"{case} {B}x{Sk}", o, theirs, ref)
 
@@ -87,7 +67,7 @@ def test_rows_lens_causal(Sq, causal):
     group = 128 if Sq == 4 else 64
     kq, vq = _quant(k, "u4", group, True, 1), _quant(v, "s4", group, False, 1)
     lens = torch.tensor([Sk, 0, 1, 777, Sk - 5], device=DEV, dtype=torch.int32)
-    ref, theirs = _ref(q, kq, vq, lens, causal)
+    ref, theirs = dequant_reference(q, kq, vq, lens, causal)
     o, lse = nnprim.sdpa(q, kq, vq, solver=SOLVER, kv_lens=lens, causal=causal, return_lse=True,
                          softmax_inf_as_zero=True)
     assert_close(f"Sq{Sq} {causal}", o, theirs, ref)
@@ -104,6 +84,6 @@ def test_default_chooses_among_applicable():
     k = torch.randn(8, 8, 32768, 128, device=DEV, dtype=torch.bfloat16)
     v = torch.randn(8, 8, 32768, 128, device=DEV, dtype=torch.bfloat16)
     kq, vq = _quant(k, "s4", 64, False, 1), _quant(v, "s4", 64, False, 1)
-    ref, theirs = _ref(q, kq, vq)
+    ref, theirs = dequant_reference(q, kq, vq)
     assert_close("default", nnprim.sdpa(q, kq, vq), theirs, ref)
     assert_close("forced", nnprim.sdpa(q, kq, vq, solver=SOLVER), theirs, ref)
