@@ -1,14 +1,16 @@
 """`nnprim bench --suite NAME|FILE`: run a benchmark suite (the JSON format of
-nnprim/data/suites/), verify each problem, time ours and torch's own op, print a table."""
+nnprim/data/suites/), verify each problem, time ours and torch's own op (alternating, run by run:
+`paired_ms`), print a table."""
 from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
 from ..errors import BadParameterError
-from ..search.timing import bench_ms
+from ..search.timing import bench_ms, interleaved_samples
 from . import cases
 from .plot import plot_rows
 from .problem_args import default_dtype, pick_device
@@ -24,7 +26,8 @@ def add_parser(sub) -> None:
     b.add_argument("--scale", type=int, default=1, help="divide batch sizes by this (quick runs)")
     b.add_argument("--limit", type=int, default=None, help="run only the first N problems")
     b.add_argument("--only", default=None, help="comma list of problem names")
-    b.add_argument("--reps", type=int, default=30, help="timed runs per problem (median; default 30)")
+    b.add_argument("--reps", type=int, default=30, help="timed runs per problem (median; default 30); with the peer, "
+                   "rounds of one run each, alternating")
     b.add_argument("--no-verify", dest="verify", action="store_false")
     b.add_argument("--no-peer", dest="peer", action="store_false", help="skip timing torch's own op")
     b.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
@@ -42,6 +45,15 @@ def _scaled(spec: dict, scale: int, key: str) -> dict:
     s = dict(spec)
     s[key] = max(1, int(s[key]) // scale)
     return s
+
+
+def paired_ms(ours, peer, device: str, reps: int) -> tuple[float, float, float]:
+    """(our median ms, the peer's, the median of the per-round ratios peer / ours): one run of
+    each per round, the order alternating (nnprim.search.timing.interleaved_samples), so a
+    machine whose speed drifts during the run (other jobs, clocks) moves both sides alike."""
+    ours_ms, peer_ms = interleaved_samples([ours, peer], device, rounds=reps, warmup=3)
+    ratio = statistics.median(p / max(o, 1e-9) for o, p in zip(ours_ms, peer_ms))
+    return statistics.median(ours_ms), statistics.median(peer_ms), ratio
 
 
 def run_bench(args) -> int:
@@ -96,11 +108,12 @@ def run_bench(args) -> int:
                     row["rel_err"] = err
                     row["ok"] = bool(err == err and err <= cases.tolerance(dtype))
                     failed += not row["ok"]
-                ms = bench_ms(case.call, device, repeats=args.reps)
-                row.update(ms=ms, tflops=cases.tflops(case.flops, ms), tbps=case.bytes / ms / 1e9)
                 if args.peer and case.peer is not None:
-                    pms = bench_ms(case.peer, device, repeats=args.reps)
-                    row.update(peer_ms=pms, peer_tflops=cases.tflops(case.flops, pms), speedup=pms / ms)
+                    ms, pms, speedup = paired_ms(case.call, case.peer, device, args.reps)
+                    row.update(peer_ms=pms, peer_tflops=cases.tflops(case.flops, pms), speedup=speedup)
+                else:
+                    ms = bench_ms(case.call, device, repeats=args.reps)
+                row.update(ms=ms, tflops=cases.tflops(case.flops, ms), tbps=case.bytes / ms / 1e9)
             except (BadParameterError, NotImplementedError) as e:
                 row["error"] = str(e).splitlines()[0]
                 failed += 1
