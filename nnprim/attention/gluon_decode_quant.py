@@ -524,11 +524,10 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
     """(main launch, combine launch or None, splits) of solver 133 (see decode.plan)."""
     q, k, v = args.q, args.k, args.v
     D, Dv = problem.D, problem.Dv
-    for name, t in (("k", k), ("v", v)):   # the kernel reads the codes as 32-bit words
-        d = t.data
-        if d.stride(3) != 1 or any(x % 4 for x in d.stride()[:3]) or d.data_ptr() % 4:
+    for name, t in (("k", k), ("v", v)):
+        if not words_ok(t.data):
             raise NotSupportedError(f"gluon_decode_q4: {name}'s codes must be rows of 32-bit words (strides "
-                                    f"{tuple(d.stride())}, address % 4 = {d.data_ptr() % 4})")
+                                    f"{tuple(t.data.stride())}, address % 4 = {t.data.data_ptr() % 4})")
     sk, sks, skz = _dec.kv_strides(k)
     sv, svs, svz = _dec.kv_strides(v)
     splits = choose_splits(problem, cfg)
@@ -550,6 +549,29 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         F16=q.dtype == torch.float16, ONE_SPLIT=splits == 1, L8=param_layout(cfg.block_n), **flags,
         num_warps=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return main, _dec.combine_launch(problem, splits), splits
+
+
+def words_ok(d: torch.Tensor) -> bool:
+    """The kernel reads the codes as 32-bit words: unit stride along D, the other strides and
+    the address multiples of 4 bytes."""
+    return d.stride(3) == 1 and not any(x % 4 for x in d.stride()[:3]) and d.data_ptr() % 4 == 0
+
+
+class Q4Plan(_dec.DecodePlan):
+    """133's invoker. Codes a view puts off 32-bit words (an odd byte offset or stride) run
+    solver 122's plan instead, which reads bytes: the same results, 122's speed."""
+
+    def __init__(self, problem, cfg: DecodeConfig):
+        super().__init__(problem, cfg, plan)
+        self.fallback = None
+
+    def __call__(self, args: AttnArgs):
+        if words_ok(args.k.data) and words_ok(args.v.data):
+            return super().__call__(args)
+        if self.fallback is None:
+            from .decode_quant import DecodeSplitKQuantGrouped
+            self.fallback = DecodeSplitKQuantGrouped().prepare(self.problem)
+        return self.fallback(args)
 
 
 # ---- solver -----------------------------------------------------------------------------
@@ -615,7 +637,7 @@ class GluonDecodeQ4(_DecodeBase):
         return max(t + _dec._LAUNCH_MS, host)
 
     def prepare(self, problem):
-        return _dec.DecodePlan(problem, default_config(problem), plan)
+        return Q4Plan(problem, default_config(problem))
 
 
-__all__ = ["GluonDecodeQ4", "code_offset", "natural_dim_k", "natural_dim_v", "plan"]
+__all__ = ["GluonDecodeQ4", "Q4Plan", "code_offset", "natural_dim_k", "natural_dim_v", "plan"]

@@ -134,3 +134,27 @@ def test_splits_fill_resident_slots_once():
     assert q4.choose_splits(_problem(B=64, Sk=8192), cfg, num_sms=132) == 2
     assert q4.choose_splits(_problem(B=256, Sk=8192), cfg, num_sms=132) == 1
     assert q4.choose_splits(_problem(B=1, Hq=4, Hkv=1, Sk=200), cfg, num_sms=132) == 2   # >= 4 key blocks each
+
+
+def test_codes_off_words_run_122():
+    """Codes at an odd byte offset (a view) go to 122's plan, which reads bytes: same results."""
+    from nnprim.args import AttnArgs
+    from nnprim.attention import decode_quant
+    from nnprim.quant import KVQuant
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 1, 64, generator=g)
+    k, v = torch.randn(1, 1, 40, 64, generator=g), torch.randn(1, 1, 40, 64, generator=g)
+    kq, vq = quantize_kv(k, "s4", group_size=32), quantize_kv(v, "u4", group_size=32, symmetric=False)
+
+    def shifted(t: KVQuant) -> KVQuant:
+        buf = torch.empty(t.data.numel() + 1, dtype=torch.uint8)[1:]
+        data = buf.view(t.data.shape)
+        data.copy_(t.data)
+        return KVQuant(data, t.scales, t.zero_points, t.dtype, t.group_size, t.layout)
+    ks, vs = shifted(kq), shifted(vq)
+    assert not q4.words_ok(ks.data) and q4.words_ok(kq.data)
+    p = AttentionProblem(direction="fwd", device="cpu", B=1, Hq=4, Hkv=1, Sq=1, Sk=40, D=64, Dv=64,
+                         dtype=torch.float32, k_quant=ks.signature(), v_quant=vs.signature())
+    o, _ = q4.Q4Plan(p, q4.default_config(p))(AttnArgs(q=q, k=ks, v=vs))
+    ref, _ = decode_quant.decode_quant_forward(p, AttnArgs(q=q, k=kq, v=vq))
+    assert torch.allclose(o, ref, atol=1e-5, rtol=1e-5)
