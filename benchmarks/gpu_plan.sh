@@ -108,9 +108,9 @@ case $STEP in
     timeout 560 python3 benchmarks/attention.py --api --tune-5gemm --out "$OUT/attention_api_tune_$D.json" \
       --subset train_d64_s4096,train_d128_s4096_causal,train_d256_s4096,train_d256_s4096_causal 2>&1 | tail -15 ;;
   decode)
-    # 122 and 128 forced next to the default path, V stored both ways (2026-12-01: 128 1.49x
+    # 122, 128 and 133 forced next to the default path, V stored both ways (2026-12-01: 128 1.49x
     # cuDNN on s4 g32 with keys-contiguous V; 122 2-3x slower on that storage than on rows)
-    timeout 330 python3 benchmarks/decode_formats.py --quick --solvers 122,128 --v-order both \
+    timeout 330 python3 benchmarks/decode_formats.py --quick --solvers 122,128,133 --v-order both \
       --problems decode_b64_k8k,decode_b8_k32k --out "$OUT/decode_formats_$D.json" 2>&1 | tail -40
     timeout 220 python3 benchmarks/paged.py --out "$OUT/paged_$D.json" 2>&1 | tail -20 ;;
   decode_sweep)
