@@ -798,8 +798,9 @@ class _IGemmBase(Solver):
         n_side = {"fwd": gm.Kg, "bwd_data": gm.Cg, "bwd_weights": gm.Cg * gm.taps}[d]
         k_side = {"fwd": gm.Cg * gm.taps, "bwd_data": gm.Kg * gm.taps, "bwd_weights": gm.N * gm.P}[d]
         eff = 0.7 * min(1.0, m_side / 64) * min(1.0, n_side / 64) * min(1.0, k_side / 64)
-        if d != "bwd_weights":   # fewer 128 x 128 output tiles than SMs leave SMs idle (backward
-            # weights splits its long reduction instead)
+        if d != "bwd_weights" and problem.device == "cuda":
+            # fewer 128 x 128 output tiles than SMs leave SMs idle (backward weights splits its
+            # long reduction instead)
             tiles = math.ceil(m_side / 128) * math.ceil(n_side / 128) * problem.groups
             eff *= min(1.0, tiles / GPU_SMS)
         if d == "fwd" and gm.Cg < 32 and gm.taps > 1:
