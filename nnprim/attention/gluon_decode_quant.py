@@ -53,13 +53,14 @@ import torch
 import triton
 
 from ..args import AttnArgs
-from ..errors import NotSupportedError
 from ..gluon_support import gl, gluon, gluon_reasons, mma_v2
 from ..launch import Launch
-from ..quant import NIB1, KVQuant
+from ..quant import NIB1
 from ..search.solver import register
 from . import decode as _dec
+from . import decode_quant
 from .decode import DecodeConfig, _DecodeBase, _num_sms
+from .decode_quant import _groups, _sig_groups
 
 ROWS = 16          # the mma's M: expanded rows (query row, group)
 Q4_BW = 2.1e12     # bytes / s solver 133 reads at on the H200 (estimate)
@@ -196,7 +197,7 @@ if gluon is not None:
             s_ksb, s_ksh, s_ksn, s_ksg, s_kzb, s_kzh, s_kzn, s_kzg,
             s_vsb, s_vsh, s_vsn, s_vsg, s_vzb, s_vzh, s_vzn, s_vzg,
             s_ob, s_oh, s_oq, s_od,
-            Hq, Hkv, Sq, Sk, scale, SPLITS, s_bt,
+            Hq, Hkv, Sq, Sk, scale, SPLITS,
             G: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr,
             K_NG: gl.constexpr, V_NG: gl.constexpr, K_GROUP: gl.constexpr, V_GROUP: gl.constexpr,
             K_SC_G: gl.constexpr, K_ZP: gl.constexpr, K_ZP_G: gl.constexpr,
@@ -469,19 +470,6 @@ class Q4Config(DecodeConfig):
     maxnreg: int | None = None    # register cap per thread (more resident warps, maybe spills)
 
 
-def groups(t: KVQuant, D: int) -> int:
-    """Groups per row the expansion needs (1 without grouped scales / zero points)."""
-    grouped = t.scale_kind == "g" or t.zp_kind == "g"
-    return D // t.group if grouped else 1
-
-
-def sig_groups(qs, D: int) -> int:
-    """groups() from a KVQuant.signature() (problem side)."""
-    if qs is None or (qs[2] != "g" and qs[4] != "g"):
-        return 1
-    return D // qs[1]
-
-
 def param_layout(bn: int):
     """The (8, bn) tile of scales / zero points: the mma accumulator's rows 0..7 (lane // 4),
     its keys (2 (lane % 4) + registers)."""
@@ -524,15 +512,13 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
     """(main launch, combine launch or None, splits) of solver 133 (see decode.plan)."""
     q, k, v = args.q, args.k, args.v
     D, Dv = problem.D, problem.Dv
-    for name, t in (("k", k), ("v", v)):
-        if not words_ok(t.data):
-            raise NotSupportedError(f"gluon_decode_q4: {name}'s codes must be rows of 32-bit words (strides "
-                                    f"{tuple(t.data.stride())}, address % 4 = {t.data.data_ptr() % 4})")
+    if not (words_ok(k.data) and words_ok(v.data)):   # off 32-bit words: 122 reads bytes
+        return decode_quant.plan(problem, args, decode_quant.default_config(problem))
     sk, sks, skz = _dec.kv_strides(k)
     sv, svs, svz = _dec.kv_strides(v)
     splits = choose_splits(problem, cfg)
     so = (problem.Hq * problem.Sq * Dv, problem.Sq * Dv, Dv, 1)
-    kng, vng = groups(k, D), groups(v, Dv)
+    kng, vng = _groups(k, D)[0], _groups(v, Dv)[0]
     flags = _dec.common_flags(problem)
     for drop in ("MASK_KIND", "DROPOUT"):
         flags.pop(drop)
@@ -540,7 +526,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
     main = Launch(
         _gluon_decode_q4_kernel, (problem.B * problem.Hkv, splits),
         (*q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *so,
-         problem.Hq, problem.Hkv, problem.Sq, problem.Sk, scale_val, splits, _dec.bt_stride(args)),
+         problem.Hq, problem.Hkv, problem.Sq, problem.Sk, scale_val, splits),
         G=problem.group, D=D, DV=Dv, BN=cfg.block_n, NG=max(kng, vng), K_NG=kng, V_NG=vng,
         K_GROUP=k.group, V_GROUP=v.group,
         K_SC_G=k.scale_kind == "g", K_ZP=k.zero_points is not None, K_ZP_G=k.zp_kind == "g",
@@ -558,19 +544,20 @@ def words_ok(d: torch.Tensor) -> bool:
 
 
 class Q4Plan(_dec.DecodePlan):
-    """133's invoker. Codes a view puts off 32-bit words (an odd byte offset or stride) run
-    solver 122's plan instead, which reads bytes: the same results, 122's speed."""
+    """133's invoker. Codes off 32-bit words run solver 122's plan, which reads bytes: the same
+    results at 122's speed. Strides are checked once per plan (`plan`); a call checks the two
+    addresses (a view at an odd byte offset keeps its strides)."""
 
     def __init__(self, problem, cfg: DecodeConfig):
         super().__init__(problem, cfg, plan)
         self.fallback = None
 
     def __call__(self, args: AttnArgs):
-        if words_ok(args.k.data) and words_ok(args.v.data):
+        if not (args.k.data.data_ptr() | args.v.data.data_ptr()) & 3:
             return super().__call__(args)
         if self.fallback is None:
-            from .decode_quant import DecodeSplitKQuantGrouped
-            self.fallback = DecodeSplitKQuantGrouped().prepare(self.problem)
+            self.fallback = _dec.DecodePlan(self.problem, decode_quant.default_config(self.problem),
+                                            decode_quant.plan)
         return self.fallback(args)
 
 
@@ -593,7 +580,7 @@ def _q4_reasons(problem) -> list[str]:
         reasons.append("attention masks: served by 122")
     if problem.dropout_p > 0:
         reasons.append("dropout: served by 122")
-    kng, vng = sig_groups(kq, problem.D), sig_groups(vq, problem.Dv)
+    kng, vng = _sig_groups(kq, problem.D), _sig_groups(vq, problem.Dv)
     ng = max(kng, vng)
     for name, n in (("K", kng), ("V", vng)):
         if n not in (1, ng):

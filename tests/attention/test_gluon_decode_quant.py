@@ -137,7 +137,8 @@ def test_splits_fill_resident_slots_once():
 
 
 def test_codes_off_words_run_122():
-    """Codes at an odd byte offset (a view) go to 122's plan, which reads bytes: same results."""
+    """Codes off 32-bit words (an odd byte offset or row stride) go to 122's plan, which reads
+    bytes: same results."""
     from nnprim.args import AttnArgs
     from nnprim.attention import decode_quant
     from nnprim.quant import KVQuant
@@ -158,3 +159,10 @@ def test_codes_off_words_run_122():
     o, _ = q4.Q4Plan(p, q4.default_config(p))(AttnArgs(q=q, k=ks, v=vs))
     ref, _ = decode_quant.decode_quant_forward(p, AttnArgs(q=q, k=kq, v=vq))
     assert torch.allclose(o, ref, atol=1e-5, rtol=1e-5)
+    # rows 33 bytes apart (aligned address, odd stride): the plan itself is 122's
+    wide = torch.zeros(1, 1, 40, 33, dtype=torch.uint8)
+    wide[..., :32] = kq.data
+    kw = KVQuant(wide[..., :32], kq.scales, kq.zero_points, kq.dtype, kq.group_size, kq.layout)
+    assert not q4.words_ok(kw.data)
+    o2, _ = q4.Q4Plan(p, q4.default_config(p))(AttnArgs(q=q, k=kw, v=vq))
+    assert torch.allclose(o2, ref, atol=1e-5, rtol=1e-5)
