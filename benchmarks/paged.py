@@ -2,8 +2,8 @@
 same format's contiguous cache, and torch SDPA with the cuDNN backend on the bf16
 contiguous cache, in one run on the GPU (Hq 32, Hkv 8, D 128).
 
-Decode: B x Sk in {8 x 32k, 64 x 8k}, Sq 1, formats bf16 / s8 g64 / s4 g64 / fp8 (per-tensor
-scale), pages
+Decode: B x Sk in {8 x 32k, 64 x 8k}, Sq 1, formats bf16 / s8 g64 / s4 g64 / u4 g64 / fp8
+(per-tensor scale), pages
 16 / 64 / 256 (target: paged >= 0.95x the contiguous time). Chunked prefill: Sq 2k / 8k
 over a 16k cache, B 2, bf16, causal bottom-right (target: >= 0.9x the contiguous flash
 forward). Pages are shuffled in a pool with spare pages; kv_lens = Sk (full caches) so
@@ -69,7 +69,9 @@ def cudnn_ms(q, k, v, causal: bool, reps: int) -> float | None:
         return None
 
 
-def run_case(name, q, k, v, lens, pages, causal, reps, out):
+def run_case(name, q, k, v, lens, pages, causal, reps, out, forced=()):
+    """The default call on the contiguous cache and on each page size, then each `forced`
+    solver (if it applies) the same way."""
     kw = dict(kv_lens=lens, causal="bottom_right" if causal else None)
     with torch.no_grad():
         t_contig = time_ms(lambda: nnprim.sdpa(q, k, v, **kw), reps=reps)
@@ -84,6 +86,17 @@ def run_case(name, q, k, v, lens, pages, causal, reps, out):
             t = time_ms(call, reps=reps)
             row["paged"][str(page)] = dict(ms=t, vs_contiguous=t_contig / t,
                                            solver=chosen(q, kp, vp, block_table=bt, **kw))
+        for sid in forced:
+            try:
+                f = {"contiguous": time_ms(lambda sid=sid: nnprim.sdpa(q, k, v, solver=sid, **kw), reps=reps)}
+                for page in pages:
+                    kp, vp, bt = paginate(k, v, page)
+                    f[str(page)] = time_ms(lambda sid=sid, kp=kp, vp=vp, bt=bt: nnprim.sdpa(
+                        q, kp, vp, block_table=bt, solver=sid, **kw), reps=reps)
+                row.setdefault("forced", {})[str(sid)] = f
+                print(f"  forced {sid}: " + " ".join(f"{p_}={t_:.4f}" for p_, t_ in f.items()), flush=True)
+            except nnprim.NotSupportedError:
+                pass
         if not isinstance(k, nnprim.KVQuant):
             row["cudnn_bf16_ms"] = cudnn_ms(q, k, v, causal, reps)
     out.append(row)
@@ -97,11 +110,15 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results",
                                                   f"paged_{datetime.date.today()}.json"))
     ap.add_argument("--quick", action="store_true", help="one decode problem, one prefill")
+    ap.add_argument("--formats", default="bf16,s8,s4,u4,fp8", help="decode formats to run (of bf16,s8,s4,u4,fp8)")
+    ap.add_argument("--decode-only", action="store_true", help="no chunked prefill, no append")
+    ap.add_argument("--forced", default="", help="solver ids also timed forced on the decode problems, e.g. 122,133")
     a = ap.parse_args()
     torch.manual_seed(0)
     rows: list[dict] = []
     decode = [(8, 32768), (64, 8192)] if not a.quick else [(8, 32768)]
-    fmts = [None, ("s8", 64), ("s4", 64), ("fp8_e4m3", None)]
+    known = {"bf16": None, "s8": ("s8", 64), "s4": ("s4", 64), "u4": ("u4", 64), "fp8": ("fp8_e4m3", None)}
+    fmts = [known[f] for f in a.formats.split(",")]
     for B, Sk in decode:
         q = torch.randn(B, HQ, 1, D, device=DEV, dtype=torch.bfloat16)
         k = torch.randn(B, HKV, Sk, D, device=DEV, dtype=torch.bfloat16)
@@ -112,12 +129,13 @@ def main() -> None:
             kk = k if f is None else nnprim.quantize_kv(k, f[0], f[1], **extra)
             vv = v if f is None else nnprim.quantize_kv(v, f[0], f[1], **extra)
             name = f"decode_b{B}_k{Sk // 1024}k_{'bf16' if f is None else f[0] + (f'g{f[1]}' if f[1] else '')}"
-            run_case(name, q, kk, vv, lens, (16, 64, 256), False, 50, rows)
+            run_case(name, q, kk, vv, lens, (16, 64, 256), False, 50, rows,
+                     forced=[int(x) for x in a.forced.split(",") if x])
             if f is None:
                 t = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True))  # noqa: B023
                 rows[-1]["torch_default_ms"] = t
         del q, k, v
-    for Sq in ([2048, 8192] if not a.quick else [2048]):
+    for Sq in [] if a.decode_only else [2048, 8192] if not a.quick else [2048]:
         B, Sk = 2, 16384
         q = torch.randn(B, HQ, Sq, D, device=DEV, dtype=torch.bfloat16)
         k = torch.randn(B, HKV, Sk, D, device=DEV, dtype=torch.bfloat16)
@@ -126,7 +144,7 @@ def main() -> None:
         run_case(f"prefill_sq{Sq // 1024}k_k16k_bf16", q, k, v, lens, (16, 64, 256), True, 15, rows)
     # append: one decode step (B 64) and a 2k chunk (B 2) into page-64 pools
     app = []
-    for B, S, fmt in ((64, 1, None), (64, 1, ("s4", 64)), (2, 2048, None)):
+    for B, S, fmt in () if a.decode_only else ((64, 1, None), (64, 1, ("s4", 64)), (2, 2048, None)):
         n = B * 128
         kp = torch.zeros(n, HKV, 64, D, device=DEV, dtype=torch.bfloat16)
         vp = torch.zeros_like(kp)

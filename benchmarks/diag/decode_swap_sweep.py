@@ -114,26 +114,28 @@ def main() -> None:
                     continue
                 mod = {"122": decode_quant, "120": dec, "131": decode_scaled, "131k": decode_scaled,
                        "133": gluon_decode_quant}.get(sid, decode_swap)
-                if sid.startswith(("131", "133")) and REGISTRY.get(int(sid[:3])).not_supported_reasons(p):
+                p_rows = p if plain else replace(p, v_quant=vr.signature())    # V stored as rows
+                if sid.startswith(("131", "133")) and REGISTRY.get(int(sid[:3])).not_supported_reasons(p_rows):
                     continue
                 rest, *flags = rest.split("+")
                 tiles, _, fac = rest.partition(":")
                 bn, w, st = (int(x) for x in tiles.split("x"))
-                a_ = AttnArgs(q=q, k=kq, v=vr) if sid in ("122", "131", "133") else args   # these read V rows
-                cfg = replace(mod.default_config(p), block_n=bn, num_warps=w, num_stages=st)
+                rows = sid in ("122", "131", "131k", "133")     # these read V rows
+                a_, pp = (AttnArgs(q=q, k=kq, v=vr), p_rows) if rows else (args, p)
+                cfg = replace(mod.default_config(pp), block_n=bn, num_warps=w, num_stages=st)
                 regs = [int(f[1:]) for f in flags if f.startswith("r")]
                 if regs:     # 133: a register cap (+r168)
                     cfg = replace(cfg, maxnreg=regs[0])
                 elif flags:
                     cfg = replace(cfg, pin_convert="pin" in flags, asm_convert=True if "asm" in flags else None)
-                n_split = int(fac[1:]) if fac.startswith("=") else round(mod.choose_splits(p, cfg) * float(fac or 1))
+                n_split = int(fac[1:]) if fac.startswith("=") else round(mod.choose_splits(pp, cfg) * float(fac or 1))
                 cfg = replace(cfg, splits=max(1, n_split))
                 try:
-                    planned = mod.plan(p, a_, cfg)
+                    planned = mod.plan(pp, a_, cfg)
                     out = torch.full((B, 32, 1, 128), float("nan"), device=dev, dtype=torch.bfloat16)
-                    dec.run_planned(p, a_, planned, out)
+                    dec.run_planned(pp, a_, planned, out)
                     errs[c] = float((out[:2].float() - ref).norm() / ref.norm())
-                    fns.append(lambda planned=planned, a_=a_, p=p: dec.run_planned(p, a_, planned))
+                    fns.append(lambda planned=planned, a_=a_, pp=pp: dec.run_planned(pp, a_, planned))
                     labels.append(f"{sid or 128}:{rest}:s{cfg.splits}" + "".join("+" + f for f in flags))
                 except Exception as e:  # noqa: BLE001 - a config that does not compile is recorded
                     errs[c] = f"{type(e).__name__}: {str(e)[:160]}"

@@ -38,8 +38,11 @@ fragments' logical order; `natural_dim_*` give the head-dim column each position
 Supported: s4 / u4 K and V (both 4-bit, layout 0 or 1, codes contiguous along D, rows
 order), scales per tensor / head / (key, group) with optional zero points of any kind,
 bf16 or f16 q (the codes' float type follows q), D = Dv in {64, 128}, Sq * G * groups <=
-16, causal (both alignments), kv_lens, splits with the shared combine kernel, return_lse.
-Not here (122 serves them): paged K/V, masks, dropout, f32 q, 8-bit / fp8 / float K or V,
+16, causal (both alignments), kv_lens, splits with the shared combine kernel, return_lse,
+paged K/V of any page size (a block-table entry per 32-key block when the page size is a
+multiple of 32, else one per row). Keys past a chunk's end are never read past its last
+row, so page tails and keys past kv_lens may hold anything (NaN scales included).
+Not here (122 serves them): masks, dropout, f32 q, 8-bit / fp8 / float K or V,
 keys-contiguous storage. As in 122, P' is in q's dtype: with f16 q and V scales below ~1e-4
 it loses precision in f16's subnormals (bf16 q, the usual decode, does not).
 
@@ -112,7 +115,12 @@ def code_offset(signed: bool) -> float:
     return 0.0 if signed else -8.0
 
 
+# warm L2 (and the TLB) with a K / V line of a block further ahead; the dummy output keeps
+# the instruction in the kernel
+_PREFETCH_ASM = "prefetch.global.L2 [$1];\nmov.u32 $0, 0;"
+
 if gl is not None:
+    _PREFETCH = gl.constexpr(_PREFETCH_ASM)
     _K_BF16_S = gl.constexpr(_asm_k(False, True))
     _K_BF16_U = gl.constexpr(_asm_k(False, False))
     _K_F16_S = gl.constexpr(_asm_k(True, True))
@@ -176,19 +184,96 @@ if gluon is not None:
                                          is_pure=True, pack=1)
 
     @gluon.jit
-    def _param(ptr, n0, s_n, keys8, g8, last, s_g, GROUPED: gl.constexpr, OTHER: gl.constexpr,
-               L8: gl.constexpr, MMA: gl.constexpr):
-        """(16, BN) f32 scales or zero points of group g8[row % 8] of keys n0 + keys8 (GROUPED),
-        else the scalar at ptr. Rows r and r + 8 of the accumulator live in one thread and
+    def _page_of(bt_row, n, NPAGES, PAGE: gl.constexpr, ROW32: gl.constexpr):
+        """Page id of key n, clamped into the pool (entries past a sequence's pages may hold
+        anything, and only masked rows read them); int32 when every pool's offsets fit in 32
+        bits (ROW32), else int64."""
+        pg = gl.minimum(gl.maximum(gl.load(bt_row + n // PAGE), 0), NPAGES - 1)
+        if ROW32:
+            return pg
+        else:
+            return pg.to(gl.int64)
+
+    @gluon.jit
+    def _block_page(bt_row, n, hi, NPAGES, PAGE: gl.constexpr, MODE: gl.constexpr, ROW32: gl.constexpr):
+        """The pages of key block n (clamped to hi): (its page, the same) when the block lies in
+        one page (MODE 1), (the page of its first half, of its second) when it spans two (MODE
+        2); zeros otherwise (contiguous, or a page per row)."""
+        if ROW32:
+            zero = n * 0
+        else:
+            zero = n.to(gl.int64) * 0
+        if MODE == 1:
+            pg = _page_of(bt_row, gl.minimum(n, hi), NPAGES, PAGE, ROW32)
+            return pg, pg
+        elif MODE == 2:
+            return (_page_of(bt_row, gl.minimum(n, hi), NPAGES, PAGE, ROW32),
+                    _page_of(bt_row, gl.minimum(n + PAGE, hi), NPAGES, PAGE, ROW32))
+        else:
+            return zero, zero
+
+    @gluon.jit
+    def _rows_ptr(base, rows, rel, s_b, s_n, pg, pg2, n, hi, bt_row, NPAGES, PAGE: gl.constexpr,
+                  MODE: gl.constexpr, ROW32: gl.constexpr):
+        """Pointers to key rows `rows` (clamped into the chunk; `rel`: their place in key block
+        n before clamping): contiguous (MODE 0); in the block's page pg (MODE 1) or its two
+        pages pg / pg2 (MODE 2), one scalar offset per page and block added in the rows' own
+        multiply-add when int32 (ROW32); or through a block-table entry per row (MODE 3)."""
+        if MODE == 0:
+            return base + rows * s_n
+        elif MODE == 1:
+            p0 = (gl.minimum(n, hi) // PAGE) * PAGE
+            return base + (rows * s_n + (pg * s_b - p0 * s_n))
+        elif MODE == 2:
+            p0 = (gl.minimum(n, hi) // PAGE) * PAGE
+            p1 = (gl.minimum(n + PAGE, hi) // PAGE) * PAGE
+            return base + (rows * s_n + gl.where(rel < PAGE, pg * s_b - p0 * s_n, pg2 * s_b - p1 * s_n))
+        else:
+            return base + _page_of(bt_row, rows, NPAGES, PAGE, ROW32) * s_b + (rows % PAGE) * s_n
+
+    @gluon.jit
+    def _load_block(k_w0, v_w0, n, hi, pg, pg2, kn, vp, k_cols, v_cols, s_kbw, s_knw, s_vbw, s_vnw, bt_row, NPAGES,
+                    PAGE: gl.constexpr, MODE: gl.constexpr, ROW32: gl.constexpr):
+        """The int32 words of key block n (rows clamped to hi; pages pg / pg2, see _block_page)
+        each thread's fragments hold: K [BN, 4, D/32], V's even and odd keys [BN/2, 8, DV/64]."""
+        kw = gl.load(_rows_ptr(k_w0, gl.minimum(n + kn, hi), kn, s_kbw, s_knw, pg, pg2, n, hi, bt_row, NPAGES,
+                               PAGE, MODE, ROW32)[:, None, None] + k_cols)
+        e = 2 * vp
+        ve = gl.load(_rows_ptr(v_w0, gl.minimum(n + e, hi), e, s_vbw, s_vnw, pg, pg2, n, hi, bt_row, NPAGES,
+                               PAGE, MODE, ROW32)[:, None, None] + v_cols)
+        vo = gl.load(_rows_ptr(v_w0, gl.minimum(n + e + 1, hi), e + 1, s_vbw, s_vnw, pg, pg2, n, hi, bt_row,
+                               NPAGES, PAGE, MODE, ROW32)[:, None, None] + v_cols)
+        return kw, ve, vo
+
+    @gluon.jit
+    def _prefetch_block(k_w0, v_w0, n, hi, lanes, s_kbw, s_knw, s_vbw, s_vnw, bt_row, NPAGES,
+                        PAGE: gl.constexpr, MODE: gl.constexpr, ROW32: gl.constexpr):
+        """L2 prefetch of key block n's K and V rows (lane i: row i of each): no registers held,
+        so the block can be further ahead than the words' one-block register prefetch (paged
+        caches scatter blocks over the pool, and the first touch of a page is a TLB miss)."""
+        pg, pg2 = _block_page(bt_row, n, hi, NPAGES, PAGE, MODE, ROW32)
+        rows = gl.minimum(n + lanes, hi)
+        kp = _rows_ptr(k_w0, rows, lanes, s_kbw, s_knw, pg, pg2, n, hi, bt_row, NPAGES, PAGE, MODE, ROW32)
+        vp = _rows_ptr(v_w0, rows, lanes, s_vbw, s_vnw, pg, pg2, n, hi, bt_row, NPAGES, PAGE, MODE, ROW32)
+        a = gl.inline_asm_elementwise(_PREFETCH, "=r,l", [kp], dtype=gl.int32, is_pure=False, pack=1)
+        b = gl.inline_asm_elementwise(_PREFETCH, "=r,l", [vp], dtype=gl.int32, is_pure=False, pack=1)
+        return a + b
+
+    @gluon.jit
+    def _param(base, rows8, keys8, s_b, s_n, pg, pg2, n, hi, bt_row, NPAGES, g8, s_g, GROUPED: gl.constexpr,
+               OTHER: gl.constexpr, L8: gl.constexpr, MMA: gl.constexpr, PAGE: gl.constexpr,
+               MODE: gl.constexpr, ROW32: gl.constexpr):
+        """(16, BN) f32 scales or zero points of group g8[row % 8] of key rows `rows8` of block n
+        (clamped into the chunk: page tails and keys past kv_lens may hold NaN) (GROUPED),
+        else the scalar at base. Rows r and r + 8 of the accumulator live in one thread and
         share their group: one load of the (8, BN) tile L8, doubled in registers."""
         if GROUPED:
-            # keys past the chunk: the last row's (finite; their scores are masked)
-            t = gl.load(ptr + (gl.minimum(n0 + keys8, last) * s_n)[None, :] + g8[:, None] * s_g,
-                        mask=(g8[:, None] >= 0), other=OTHER).to(gl.float32)
+            at = _rows_ptr(base, rows8, keys8, s_b, s_n, pg, pg2, n, hi, bt_row, NPAGES, PAGE, MODE, ROW32)
+            t = gl.load(at[None, :] + g8[:, None] * s_g, mask=(g8[:, None] >= 0), other=OTHER).to(gl.float32)
             t = gl.permute(gl.join(t, t), (2, 0, 1))
             return gl.convert_layout(gl.reshape(t, [16, t.shape[2]]), MMA)
         else:
-            return gl.load(ptr).to(gl.float32)
+            return gl.load(base).to(gl.float32)
 
     @gluon.jit
     def _gluon_decode_q4_kernel(
@@ -197,7 +282,7 @@ if gluon is not None:
             s_ksb, s_ksh, s_ksn, s_ksg, s_kzb, s_kzh, s_kzn, s_kzg,
             s_vsb, s_vsh, s_vsn, s_vsg, s_vzb, s_vzh, s_vzn, s_vzg,
             s_ob, s_oh, s_oq, s_od,
-            Hq, Hkv, Sq, Sk, scale, SPLITS,
+            Hq, Hkv, Sq, Sk, scale, SPLITS, s_bt, NPAGES,
             G: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr,
             K_NG: gl.constexpr, V_NG: gl.constexpr, K_GROUP: gl.constexpr, V_GROUP: gl.constexpr,
             K_SC_G: gl.constexpr, K_ZP: gl.constexpr, K_ZP_G: gl.constexpr,
@@ -205,10 +290,13 @@ if gluon is not None:
             K_SIGNED: gl.constexpr, V_SIGNED: gl.constexpr, K_L1: gl.constexpr, V_L1: gl.constexpr,
             F16: gl.constexpr, ONE_SPLIT: gl.constexpr, CAUSAL: gl.constexpr, HAS_LENS: gl.constexpr,
             SCALE_FROM_PTR: gl.constexpr, INV_SCALE: gl.constexpr, INF_AS_ZERO: gl.constexpr,
-            WRITE_LSE: gl.constexpr, L8: gl.constexpr):
+            WRITE_LSE: gl.constexpr, L8: gl.constexpr, PAGE: gl.constexpr, PAGE_MODE: gl.constexpr,
+            ROW32: gl.constexpr, PREFETCH: gl.constexpr):
         """One program (one warp): KV head (b, hk), key chunk `split`; the G * Sq query
         rows of hk times NG groups are the mma's 16 rows. Writes o / lse (ONE_SPLIT) or the
-        f32 partials PO (rows, SPLITS, DV) and their lse PL (rows, SPLITS)."""
+        f32 partials PO (rows, SPLITS, DV) and their lse PL (rows, SPLITS). Paged K/V (PAGE >
+        0): K, V and their grouped parameters are page pools with page strides s_kb, ...; BT is
+        the block table (row stride s_bt) of NPAGES-page pools."""
         ROWS: gl.constexpr = 16
         LOG2E: gl.constexpr = 1.4426950408889634
         LN2: gl.constexpr = 0.6931471805599453
@@ -260,7 +348,11 @@ if gluon is not None:
             sc = scale
         qk_scale = sc * LOG2E
 
-        kvb = b64
+        if PAGE == 0:
+            kvb = b64
+        else:
+            kvb = b64 * 0   # the pages are added per key block (or row)
+        bt_row = BT + b64 * s_bt
         k_row0 = kvb * s_kb + hk64 * s_kh
         v_row0 = kvb * s_vb + hk64 * s_vh
         ks_base = KS + kvb * s_ksb + hk64 * s_ksh
@@ -344,23 +436,31 @@ if gluon is not None:
         acc = gl.zeros([ROWS, DV], gl.float32, layout=MMA)
 
         # the first block's words; each step loads the next block's before computing its own.
-        # Rows past the chunk are clamped to the cache's last row, not masked (a masked load
+        # Rows past the chunk are clamped to its last row (hi), not masked (a masked load
         # zero-fills its registers first): their scores are masked and their probabilities 0.
         k_w0 = KW32 + k_row0 // 4
         v_w0 = VW32 + v_row0 // 4
+        s_kbw = s_kb // 4
+        s_vbw = s_vb // 4
         s_knw = s_kn // 4
         s_vnw = s_vn // 4
-        last = Sk - 1
-        kw_ = gl.load(k_w0 + (gl.minimum(start + kn, last) * s_knw)[:, None, None] + k_cols)
-        n_e = start + 2 * vp
-        ve = gl.load(v_w0 + (gl.minimum(n_e, last) * s_vnw)[:, None, None] + v_cols)
-        vo = gl.load(v_w0 + (gl.minimum(n_e + 1, last) * s_vnw)[:, None, None] + v_cols)
+        hi = gl.maximum(end - 1, 0)
+        # a block's page is loaded one step before its words (two ahead of its compute), so
+        # the block-table read does not add its latency to the words' prefetch
+        lanes = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
+        pg, pg2 = _block_page(bt_row, start, hi, NPAGES, PAGE, PAGE_MODE, ROW32)
+        kw_, ve, vo = _load_block(k_w0, v_w0, start, hi, pg, pg2, kn, vp, k_cols, v_cols, s_kbw, s_knw, s_vbw,
+                                  s_vnw, bt_row, NPAGES, PAGE, PAGE_MODE, ROW32)
+        pg_nx, pg2_nx = _block_page(bt_row, start + BN, hi, NPAGES, PAGE, PAGE_MODE, ROW32)
         for n0 in range(start, end, BN):
             nx = n0 + BN
-            kw_nx = gl.load(k_w0 + (gl.minimum(nx + kn, last) * s_knw)[:, None, None] + k_cols)
-            n_e = nx + 2 * vp
-            ve_nx = gl.load(v_w0 + (gl.minimum(n_e, last) * s_vnw)[:, None, None] + v_cols)
-            vo_nx = gl.load(v_w0 + (gl.minimum(n_e + 1, last) * s_vnw)[:, None, None] + v_cols)
+            pg_nx2, pg2_nx2 = _block_page(bt_row, nx + BN, hi, NPAGES, PAGE, PAGE_MODE, ROW32)
+            kw_nx, ve_nx, vo_nx = _load_block(k_w0, v_w0, nx, hi, pg_nx, pg2_nx, kn, vp, k_cols, v_cols, s_kbw,
+                                              s_knw, s_vbw, s_vnw, bt_row, NPAGES, PAGE, PAGE_MODE, ROW32)
+            if PREFETCH > 0:
+                _prefetch_block(k_w0, v_w0, n0 + PREFETCH * BN, hi, lanes, s_kbw, s_knw, s_vbw, s_vnw, bt_row,
+                                NPAGES, PAGE, PAGE_MODE, ROW32)
+            rows8 = gl.minimum(n0 + keys8, hi)
 
             # ---- K: unpack into the two B operands, s = Q K^T on the codes ----
             r0, r1, r2, r3 = _unpack_k(kw_, F16, K_SIGNED)
@@ -379,12 +479,14 @@ if gluon is not None:
             keys_ok = keys < end
             # ---- offsets, zero points and scales per (row, key); groups summed ----
             if K_ZP:
-                kz = _param(kz_base, n0, s_kzn, keys8, gk8, last, s_kzg, K_ZP_G, 0.0, L8, MMA)
+                kz = _param(kz_base, rows8, keys8, s_kzb, s_kzn, pg, pg2, n0, hi, bt_row, NPAGES, gk8, s_kzg,
+                            K_ZP_G, 0.0, L8, MMA, PAGE, PAGE_MODE, ROW32)
                 s = s - (K_OFF + kz) * qsum[:, None]
             else:
                 s = s - K_OFF * qsum[:, None]
             if K_SC_G:
-                s = s * _param(ks_base, n0, s_ksn, keys8, gk8, last, s_ksg, True, 0.0, L8, MMA)
+                s = s * _param(ks_base, rows8, keys8, s_ksb, s_ksn, pg, pg2, n0, hi, bt_row, NPAGES, gk8, s_ksg,
+                               True, 0.0, L8, MMA, PAGE, PAGE_MODE, ROW32)
             if NG > 1:
                 s3 = gl.reshape(s, [ROWS // NG, NG, BN])
                 s = gl.convert_layout(gl.reshape(gl.broadcast(gl.expand_dims(gl.sum(s3, axis=1), 1), s3)[0],
@@ -403,11 +505,13 @@ if gluon is not None:
             m_i = m_new
             # ---- P' = p * V scale of the row's group; P' V on the codes ----
             if V_SC_G:
-                p = p * _param(vs_base, n0, s_vsn, keys8, gv8, last, s_vsg, True, 0.0, L8, MMA)
+                p = p * _param(vs_base, rows8, keys8, s_vsb, s_vsn, pg, pg2, n0, hi, bt_row, NPAGES, gv8, s_vsg,
+                               True, 0.0, L8, MMA, PAGE, PAGE_MODE, ROW32)
             p16 = p.to(DT)
             pf = p16.to(gl.float32)
             if V_ZP:
-                vz = _param(vz_base, n0, s_vzn, keys8, gv8, last, s_vzg, V_ZP_G, 0.0, L8, MMA)
+                vz = _param(vz_base, rows8, keys8, s_vzb, s_vzn, pg, pg2, n0, hi, bt_row, NPAGES, gv8, s_vzg,
+                            V_ZP_G, 0.0, L8, MMA, PAGE, PAGE_MODE, ROW32)
                 zc = zc * alpha + gl.sum(pf * (V_OFF + vz), axis=1)
             else:
                 zc = zc * alpha + gl.sum(pf, axis=1) * V_OFF
@@ -421,6 +525,10 @@ if gluon is not None:
             kw_ = kw_nx
             ve = ve_nx
             vo = vo_nx
+            pg = pg_nx
+            pg2 = pg2_nx
+            pg_nx = pg_nx2
+            pg2_nx = pg2_nx2
 
         # ---- epilogue: offsets, per-tensor scale, each row's group columns ----
         o_acc = acc - zc[:, None]
@@ -468,6 +576,7 @@ else:
 @dataclass(frozen=True)
 class Q4Config(DecodeConfig):
     maxnreg: int | None = None    # register cap per thread (more resident warps, maybe spills)
+    prefetch: int = 0             # L2 prefetch of the key block this many blocks ahead (0: none)
 
 
 def param_layout(bn: int):
@@ -526,15 +635,33 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
     main = Launch(
         _gluon_decode_q4_kernel, (problem.B * problem.Hkv, splits),
         (*q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *so,
-         problem.Hq, problem.Hkv, problem.Sq, problem.Sk, scale_val, splits),
+         problem.Hq, problem.Hkv, problem.Sq, problem.Sk, scale_val, splits, _dec.bt_stride(args),
+         min(k.shape[0], v.shape[0]) if problem.page_size else 1),
         G=problem.group, D=D, DV=Dv, BN=cfg.block_n, NG=max(kng, vng), K_NG=kng, V_NG=vng,
         K_GROUP=k.group, V_GROUP=v.group,
         K_SC_G=k.scale_kind == "g", K_ZP=k.zero_points is not None, K_ZP_G=k.zp_kind == "g",
         V_SC_G=v.scale_kind == "g", V_ZP=v.zero_points is not None, V_ZP_G=v.zp_kind == "g",
         K_SIGNED=k.dtype == "s4", V_SIGNED=v.dtype == "s4", K_L1=k.layout == 1, V_L1=v.layout == 1,
-        F16=q.dtype == torch.float16, ONE_SPLIT=splits == 1, L8=param_layout(cfg.block_n), **flags,
+        F16=q.dtype == torch.float16, ONE_SPLIT=splits == 1, L8=param_layout(cfg.block_n), PAGE=problem.page_size,
+        PAGE_MODE=page_mode(problem.page_size, cfg.block_n), PREFETCH=getattr(cfg, "prefetch", 0),
+        ROW32=not problem.page_size or pools_fit_int32(k, v),
+        **flags,
         num_warps=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return main, _dec.combine_launch(problem, splits), splits
+
+
+def page_mode(page: int, bn: int) -> int:
+    """How a key block of bn keys finds its rows: 0 contiguous cache, 1 in one page (page a
+    multiple of bn), 2 in two pages (page = bn / 2), 3 a block-table entry per row."""
+    return 0 if not page else 1 if page % bn == 0 else 2 if 2 * page == bn else 3
+
+
+def pools_fit_int32(*pools) -> bool:
+    """Every element offset into the page pools (codes in 32-bit words, grouped scales and
+    zero points) fits in int32, so a key block's page offset joins its rows' multiply-add."""
+    ts = [(p.data, 4) for p in pools] + [(t, 1) for p in pools for t in (p.scales, p.zero_points)
+                                         if t is not None and t.dim() == 4]
+    return all(t.shape[0] * t.stride(0) // unit < 2**31 for t, unit in ts)
 
 
 def words_ok(d: torch.Tensor) -> bool:
@@ -589,8 +716,6 @@ def _q4_reasons(problem) -> list[str]:
         reasons.append(f"group sizes {kq[1]}, {vq[1]}: needs >= 8")
     if problem.group * problem.Sq * ng > ROWS:
         reasons.append(f"G * Sq * groups = {problem.group * problem.Sq * ng} > {ROWS} rows")
-    if problem.page_size:
-        reasons.append("paged K/V: served by 122")
     if problem.Sk == 0:
         reasons.append("an empty cache (Sk = 0): served by 122")
     return reasons
@@ -602,6 +727,7 @@ class GluonDecodeQ4(_DecodeBase):
     (no shared memory), scales and zero points on the score / probability tiles."""
     id = 133
     name = "gluon_decode_q4"
+    paged = True  # any page size: a page id per key block, or per row below the block
 
     def not_supported_reasons(self, problem) -> list[str]:
         reasons = super().not_supported_reasons(problem)

@@ -425,10 +425,13 @@ def _gluon_bwd_d256_attempts(failures: list[str], report: list[str]) -> None:
     _report_variants("gluon_flash_bwd_d256", gluon_bwd_d256._gluon_bwd_d256_kernel, report)
 
 
-GLUON_DECODE_Q4 = [  # solver 133 (Gluon, sm_90 only): (K/V signature, D, q dtype, Sq, causal)
-    (("s4", 64, "g", "bfloat16", "g", 1), 128, BF16, 1, None),
-    (("u4", 32, "g", "float16", None, 0), 128, F16, 2, "bottom_right"),
-    (("s4", 64, "h", "float32", None, 1), 64, BF16, 1, None),
+GLUON_DECODE_Q4 = [  # solver 133 (Gluon, sm_90 only): (K/V signature, D, q dtype, Sq, causal, page size)
+    (("s4", 64, "g", "bfloat16", "g", 1), 128, BF16, 1, None, 0),
+    (("u4", 32, "g", "float16", None, 0), 128, F16, 2, "bottom_right", 0),
+    (("s4", 64, "h", "float32", None, 1), 64, BF16, 1, None, 0),
+    (("u4", 64, "g", "bfloat16", "g", 1), 128, BF16, 1, None, 64),     # a page per key block
+    (("s4", 32, "g", "bfloat16", None, 1), 128, BF16, 1, None, 16),    # two pages per key block
+    (("s4", 128, "g", "bfloat16", "g", 1), 128, BF16, 1, None, 48),   # a page per row
 ]
 
 
@@ -441,13 +444,18 @@ def _gluon_decode_q4_attempts(failures: list[str], report: list[str]) -> None:
     if GLUON_ERROR is not None:
         failures.append(f"gluon_decode_q4: Gluon import failed: {GLUON_ERROR}")
         return
-    for sig, d, dt, sq, causal in GLUON_DECODE_Q4:
-        p = AttentionProblem(direction="fwd", device="cpu", B=2, Hq=8, Hkv=2, Sq=sq, Sk=3000, D=d, Dv=d, dtype=dt,
-                             causal=causal, k_quant=sig, v_quant=sig)
-        try:
-            q4.GluonDecodeQ4().prepare(p)(random_args(p, seed=0))
-        except Exception as e:  # noqa: BLE001 - report every variant that does not compile
-            failures.append(f"gluon_decode_q4 on {p.key()}: {type(e).__name__}: {str(e)[:1500]}")
+    for sig, d, dt, sq, causal, page in GLUON_DECODE_Q4:
+        p = AttentionProblem(direction="fwd", device="cpu", B=2, Hq=8, Hkv=2, Sq=sq, Sk=3072 if page else 3000, D=d,
+                             Dv=d, dtype=dt, causal=causal, k_quant=sig, v_quant=sig, page_size=page)
+        # paged: also the int64 offsets of pools past 2^31 elements (too big to allocate here)
+        for fits in (True, False) if page == 64 else (True,):
+            try:
+                q4.pools_fit_int32, real = (lambda *a, fits=fits: fits), q4.pools_fit_int32
+                q4.GluonDecodeQ4().prepare(p)(random_args(p, seed=0))
+            except Exception as e:  # noqa: BLE001 - report every variant that does not compile
+                failures.append(f"gluon_decode_q4 on {p.key()}: {type(e).__name__}: {str(e)[:1500]}")
+            finally:
+                q4.pools_fit_int32 = real
     _report_variants("gluon_decode_q4", q4._gluon_decode_q4_kernel, report)
 
 

@@ -2,15 +2,19 @@
 real and odd sizes on the H200, against the float64 reference of the dequantised cache:
 s4 / u4, groups 32 / 64 / 128, per head and per tensor, with and without zero points,
 layouts 0 and 1, D 64 / 128, bf16 and f16 q, GQA 4 and 8, Sq 1-4 causal (both alignments),
-ragged kv_lens (0 included), one split and many. Outputs are poisoned (NaN) before each
-run; the bound is relative to torch's same-dtype SDPA on the same dequantised cache."""
+ragged kv_lens (0 included), one split and many; paged pools (page sizes 16-256) against the
+same cache contiguous, bit for bit. Outputs are poisoned (NaN) before each run, and so are
+the scales, zero points and codes past each sequence's length (page tails, unused pages,
+keys past kv_lens); the bound is relative to torch's same-dtype SDPA on the same
+dequantised cache."""
 import pytest
 import torch
 from gpu_helpers import assert_close, dequant_reference
 
 import nnprim
 from nnprim.attention import decode
-from nnprim.quant import quantize_kv
+from nnprim.paged import to_pages
+from nnprim.quant import KVQuant, quantize_kv
 
 DEV = "cuda"
 SOLVER = "gluon_decode_q4"
@@ -87,3 +91,64 @@ def test_default_chooses_among_applicable():
     ref, theirs = dequant_reference(q, kq, vq)
     assert_close("default", nnprim.sdpa(q, kq, vq), theirs, ref)
     assert_close("forced", nnprim.sdpa(q, kq, vq, solver=SOLVER), theirs, ref)
+
+
+def _poison_past(t: KVQuant, valid: torch.Tensor) -> KVQuant:
+    """t with NaN grouped scales / zero points and random codes where `valid` (B or pages, S)
+    is False."""
+    bad = ~valid[:, None, :, None]
+    data = torch.where(bad, torch.randint_like(t.data, 0, 256), t.data)
+    grouped = lambda x: x is not None and x.dim() == 4  # noqa: E731
+    sc = t.scales.masked_fill(bad, float("nan")) if grouped(t.scales) else t.scales
+    zp = t.zero_points.masked_fill(bad, float("nan")) if grouped(t.zero_points) else t.zero_points
+    return KVQuant.trusted(data, sc, zp, t.dtype, t.group_size, t.layout)
+
+
+SK_PAGED = 3000
+PAGED = [  # (dtype, group, zero points, page size)
+    ("s4", 64, False, 64), ("u4", 64, True, 16), ("u4", 32, True, 256), ("s4", "tensor", False, 32),
+    ("s4", 128, True, 48),
+]
+
+
+@pytest.mark.parametrize("case", PAGED, ids=lambda c: f"{c[0]}-{c[1]}{'-zp' if c[2] else ''}-p{c[3]}")
+@pytest.mark.parametrize("Sq", [1, 4])
+def test_paged_equals_contiguous(case, Sq):
+    """Shuffled pages with NaN past each sequence's length: the same bits as the contiguous
+    cache (whose keys past kv_lens are poisoned the same way), both close to the reference."""
+    dt, group, zp, page = case
+    B, Hq, Hkv, D = 4, 32 if Sq == 1 else 8, 8 if Sq == 1 else 4, 128
+    n_pages = -(-SK_PAGED // page)
+    Sk = n_pages * page
+    g = torch.Generator(device=DEV).manual_seed(page + Sq)
+    q = torch.randn(B, Hq, Sq, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    kq, vq = _quant(k, dt, group, zp, 1), _quant(v, dt, group, zp, 1)
+    ng = 1 if group in ("head", "tensor") else D // group
+    if (Hq // Hkv) * Sq * ng > 16:
+        pytest.skip("G * Sq * groups > 16 rows: not this solver's")
+    lens = torch.tensor([Sk, 1, min(page + 1, Sk), Sk - page // 2 - 3], device=DEV, dtype=torch.int32)
+    valid = torch.arange(Sk, device=DEV)[None, :] < lens[:, None].long()
+    kq, vq = _poison_past(kq, valid), _poison_past(vq, valid)
+    bt = torch.randperm(B * n_pages + 3, device=DEV)[:B * n_pages].reshape(B, n_pages).to(torch.int32)
+    kp, vp = to_pages(kq, bt, B * n_pages + 3), to_pages(vq, bt, B * n_pages + 3)
+    used = torch.zeros(B * n_pages + 3, Sk // n_pages, dtype=torch.bool, device=DEV)
+    used[bt.reshape(-1).long()] = valid.reshape(B * n_pages, page)
+    kp, vp = _poison_past(kp, used), _poison_past(vp, used)     # unused pages and page tails
+    bt[1, 1:] = -1      # entries past a sequence's pages may hold anything
+    ref, theirs = dequant_reference(q, _poison_free(kq, valid), _poison_free(vq, valid), lens, "bottom_right")
+    kw = dict(kv_lens=lens, causal="bottom_right", softmax_inf_as_zero=True, solver=SOLVER)
+    o = nnprim.sdpa(q, kp, vp, block_table=bt, **kw)
+    assert_close(f"paged {case} Sq{Sq}", o, theirs, ref)
+    oc = nnprim.sdpa(q, kq, vq, **kw)
+    assert torch.equal(o, oc), "paged and contiguous caches differ"
+
+
+def _poison_free(t: KVQuant, valid: torch.Tensor) -> KVQuant:
+    """The reference's view of a poisoned cache: finite parameters (1, 0) past kv_lens."""
+    bad = ~valid[:, None, :, None]
+    grouped = lambda x: x is not None and x.dim() == 4  # noqa: E731
+    sc = t.scales.masked_fill(bad, 1.0) if grouped(t.scales) else t.scales
+    zp = t.zero_points.masked_fill(bad, 0.0) if grouped(t.zero_points) else t.zero_points
+    return KVQuant.trusted(t.data, sc, zp, t.dtype, t.group_size, t.layout)
