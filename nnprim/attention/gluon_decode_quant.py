@@ -39,9 +39,14 @@ Supported: s4 / u4 K and V (both 4-bit, layout 0 or 1, codes contiguous along D,
 order), scales per tensor / head / (key, group) with optional zero points of any kind,
 bf16 or f16 q (the codes' float type follows q), D = Dv in {64, 128}, Sq * G * groups <=
 16, causal (both alignments), kv_lens, splits with the shared combine kernel, return_lse,
-paged K/V of any page size (a block-table entry per 32-key block when the page size is a
-multiple of 32, else one per row). Keys past a chunk's end are never read past its last
-row, so page tails and keys past kv_lens may hold anything (NaN scales included).
+paged K/V of any page size (`page_mode`: a block-table entry per 32-key block when the page
+size is a multiple of 32, two at page 16, else one per row; the page's offset joins the
+rows' own int32 multiply-add, so a paged block costs the contiguous loop's instructions, 938
+against 929; each entry is read a step before the words it addresses). Keys past a chunk's
+end are never read past its last row, so page tails and keys past kv_lens may hold anything
+(NaN scales included). Besides the words' register prefetch one block ahead, each step
+issues an L2 prefetch of the block two ahead (no registers held): +0-6 % on the contiguous
+cache, +8-16 % on shuffled page pools, where each page's first touch misses the TLB.
 Not here (122 serves them): masks, dropout, f32 q, 8-bit / fp8 / float K or V,
 keys-contiguous storage. As in 122, P' is in q's dtype: with f16 q and V scales below ~1e-4
 it loses precision in f16's subnormals (bf16 q, the usual decode, does not).
@@ -66,7 +71,7 @@ from .decode import DecodeConfig, _DecodeBase, _num_sms
 from .decode_quant import _groups, _sig_groups
 
 ROWS = 16          # the mma's M: expanded rows (query row, group)
-Q4_BW = 2.1e12     # bytes / s solver 133 reads at on the H200 (estimate)
+Q4_BW = 2.25e12    # bytes / s solver 133 reads at on the H200 (estimate)
 HEAD_DIMS = (64, 128)
 NIB_A = (0, 4, 1, 5)   # nibbles of a 32-bit word in K's first unpacked tensor (elements q = 0..3)
 NIB_B = (2, 6, 3, 7)   # ... and in its second
@@ -588,7 +593,7 @@ def param_layout(bn: int):
 
 
 def default_config(problem) -> Q4Config:
-    return Q4Config(block_n=32, block_m=16, num_warps=1, num_stages=1)
+    return Q4Config(block_n=32, block_m=16, num_warps=1, num_stages=1, prefetch=2)
 
 
 def resident_per_sm(cfg: DecodeConfig) -> int:
@@ -742,9 +747,10 @@ class GluonDecodeQ4(_DecodeBase):
         return workspace_bytes(problem)
 
     def estimate(self, problem) -> float:
-        """Bytes read (codes, scales, zero points) at the 2.0-2.14 TB/s it measured on the H200
-        (2026-12-03, s4 / u4 g64, b64 x 8k and b8 x 32k; the main loop issues ~1060
-        instructions per 32 keys with grouped zero points, 820 without grouped parameters)."""
+        """Bytes read (codes, scales, zero points) at the 2.14-2.41 TB/s it measured on the H200
+        through the public call (2026-12-03, with the L2 prefetch: s4 / u4 g64, b64 x 8k and
+        b8 x 32k; paged pools of 16-256 keys 0.94-1.04x of that; the main loop issues 929
+        instructions per 32 keys with grouped zero points at 2 groups, 1015 at 4 groups)."""
         t = problem.bytes() / Q4_BW * 1e3
         host = _dec.HOST_FLOOR_MS if problem.device == "cuda" else 0.0
         return max(t + _dec._LAUNCH_MS, host)
