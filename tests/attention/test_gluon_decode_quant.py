@@ -166,3 +166,21 @@ def test_codes_off_words_run_122():
     assert not q4.words_ok(kw.data)
     o2, _ = q4.Q4Plan(p, q4.default_config(p))(AttnArgs(q=q, k=kw, v=vq))
     assert torch.allclose(o2, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_paged_addressing_modes():
+    """Paged problems apply; how a 32-key block finds its rows per page size; pools whose
+    offsets pass int32 take the int64 variant (meta tensors: the shapes without the memory)."""
+    from nnprim.quant import KVQuant
+    assert q4._q4_reasons(_problem(page_size=16)) == []
+    assert REGISTRY.get("gluon_decode_q4").paged
+    assert [q4.page_mode(p, 32) for p in (0, 32, 64, 256, 16, 48, 8)] == [0, 1, 1, 1, 2, 3, 3]
+
+    def pool(pages: int, zp: bool) -> KVQuant:
+        data = torch.empty(pages, 8, 64, 64, dtype=torch.uint8, device="meta")
+        sc = torch.empty(pages, 8, 64, 2, dtype=torch.bfloat16, device="meta")
+        return KVQuant.trusted(data, sc, sc if zp else None, "u4" if zp else "s4", 64, 1)
+    assert q4.pools_fit_int32(pool(1000, True), pool(1000, False))
+    # codes are addressed in 32-bit words: 2^31 of them (8 GiB) at 32 KiB a page is 262144 pages
+    assert q4.pools_fit_int32(pool(262000, False), pool(1000, False))
+    assert not q4.pools_fit_int32(pool(263000, False), pool(1000, False))
