@@ -57,6 +57,30 @@ _GL_GATHER = 2   # any other group size: gather per element
 
 
 @triton.jit
+def key_chunk(LENS, b, split, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+              HAS_LENS: tl.constexpr):
+    """(L, shift, start, end) of key chunk `split` of sequence b, shared by the decode kernels:
+    L its valid keys (kv_lens clamped into [0, Sk]); query row i sees key j < L with (causal)
+    j <= i + shift (CAUSAL 1: top-left, shift 0; 2: bottom-right, shift L - Sq); [start, end)
+    the chunk's keys: whole BLOCK_N blocks of the visible range, divided evenly over SPLITS."""
+    if HAS_LENS:
+        L = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
+    else:
+        L = Sk
+    if CAUSAL == 1:
+        shift = 0
+    else:
+        shift = L - Sq
+    if CAUSAL == 0:
+        kv_end = L
+    else:
+        kv_end = tl.maximum(tl.minimum(L, Sq + shift), 0)
+    per = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), SPLITS)
+    start = split * per * BLOCK_N
+    return L, shift, start, tl.minimum(start + per * BLOCK_N, kv_end)
+
+
+@triton.jit
 def _group_param(ptr, roff, n_ok, s_g, GROUPED: tl.constexpr, GL: tl.constexpr,
                  GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, OTHER: tl.constexpr):
     """Scale or zero point for a (BLOCK_N, BLOCK_D) tile, broadcastable against it (or
@@ -194,22 +218,7 @@ def _decode_fwd_kernel(
     h = hk * G + hl
 
     # keys visible to row i: j < L and (causal) j <= i + shift
-    if HAS_LENS:
-        L = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
-    else:
-        L = Sk
-    if CAUSAL == 1:
-        shift = 0
-    else:
-        shift = L - Sq
-    if CAUSAL == 0:
-        kv_end = L
-    else:
-        kv_end = tl.maximum(tl.minimum(L, Sq + shift), 0)
-    n_blocks = tl.cdiv(kv_end, BLOCK_N)
-    per = tl.cdiv(n_blocks, SPLITS)
-    start = split * per * BLOCK_N
-    end = tl.minimum(start + per * BLOCK_N, kv_end)
+    L, shift, start, end = key_chunk(LENS, b, split, Sq, Sk, SPLITS, BLOCK_N, CAUSAL, HAS_LENS)
     if CAUSAL != 0:
         row_lim = tl.minimum(qi + shift + 1, L)
 

@@ -192,22 +192,7 @@ def _decode_quant_kernel(
     qi = rows % Sq
     h = hk * G + hl
 
-    if HAS_LENS:
-        L = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
-    else:
-        L = Sk
-    if CAUSAL == 1:
-        shift = 0
-    else:
-        shift = L - Sq
-    if CAUSAL == 0:
-        kv_end = L
-    else:
-        kv_end = tl.maximum(tl.minimum(L, Sq + shift), 0)
-    n_blocks = tl.cdiv(kv_end, BLOCK_N)
-    per = tl.cdiv(n_blocks, SPLITS)
-    start = split * per * BLOCK_N
-    end = tl.minimum(start + per * BLOCK_N, kv_end)
+    L, shift, start, end = _dec.key_chunk(LENS, b, split, Sq, Sk, SPLITS, BLOCK_N, CAUSAL, HAS_LENS)
     if CAUSAL != 0:
         row_lim = tl.minimum(qi + shift + 1, L)
 

@@ -328,22 +328,7 @@ if gluon is not None:
         b64 = b.to(gl.int64)
         hk64 = hk.to(gl.int64)
 
-        if HAS_LENS:
-            L = gl.minimum(gl.maximum(gl.load(LENS + b).to(gl.int32), 0), Sk)
-        else:
-            L = Sk
-        if CAUSAL == 1:
-            shift = 0
-        else:
-            shift = L - Sq
-        if CAUSAL == 0:
-            kv_end = L
-        else:
-            kv_end = gl.maximum(gl.minimum(L, Sq + shift), 0)
-        n_blocks = gl.cdiv(kv_end, BN)
-        per = gl.cdiv(n_blocks, SPLITS)
-        start = split * per * BN
-        end = gl.minimum(start + per * BN, kv_end)
+        L, shift, start, end = _dec.key_chunk(LENS, b, split, Sq, Sk, SPLITS, BN, CAUSAL, HAS_LENS)
 
         if SCALE_FROM_PTR:
             sc = gl.load(SCALE_PTR).to(gl.float32)

@@ -93,15 +93,17 @@ def test_default_chooses_among_applicable():
     assert_close("forced", nnprim.sdpa(q, kq, vq, solver=SOLVER), theirs, ref)
 
 
-def _poison_past(t: KVQuant, valid: torch.Tensor) -> KVQuant:
-    """t with NaN grouped scales / zero points and random codes where `valid` (B or pages, S)
-    is False."""
+def _past(t: KVQuant, valid: torch.Tensor, scale: float = float("nan"), zp: float = float("nan"),
+          codes: bool = True) -> KVQuant:
+    """t with its grouped scales / zero points set to `scale` / `zp` (and, with `codes`, random
+    codes) where `valid` (B or pages, S) is False: NaN poison past each sequence's keys, or the
+    reference's finite view of it (1, 0)."""
     bad = ~valid[:, None, :, None]
-    data = torch.where(bad, torch.randint_like(t.data, 0, 256), t.data)
+    data = torch.where(bad, torch.randint_like(t.data, 0, 256), t.data) if codes else t.data
     grouped = lambda x: x is not None and x.dim() == 4  # noqa: E731
-    sc = t.scales.masked_fill(bad, float("nan")) if grouped(t.scales) else t.scales
-    zp = t.zero_points.masked_fill(bad, float("nan")) if grouped(t.zero_points) else t.zero_points
-    return KVQuant.trusted(data, sc, zp, t.dtype, t.group_size, t.layout)
+    sc = t.scales.masked_fill(bad, scale) if grouped(t.scales) else t.scales
+    zps = t.zero_points.masked_fill(bad, zp) if grouped(t.zero_points) else t.zero_points
+    return KVQuant.trusted(data, sc, zps, t.dtype, t.group_size, t.layout)
 
 
 SK_PAGED = 3000
@@ -130,25 +132,18 @@ def test_paged_equals_contiguous(case, Sq):
         pytest.skip("G * Sq * groups > 16 rows: not this solver's")
     lens = torch.tensor([Sk, 1, min(page + 1, Sk), Sk - page // 2 - 3], device=DEV, dtype=torch.int32)
     valid = torch.arange(Sk, device=DEV)[None, :] < lens[:, None].long()
-    kq, vq = _poison_past(kq, valid), _poison_past(vq, valid)
+    kq, vq = _past(kq, valid), _past(vq, valid)
     bt = torch.randperm(B * n_pages + 3, device=DEV)[:B * n_pages].reshape(B, n_pages).to(torch.int32)
     kp, vp = to_pages(kq, bt, B * n_pages + 3), to_pages(vq, bt, B * n_pages + 3)
     used = torch.zeros(B * n_pages + 3, Sk // n_pages, dtype=torch.bool, device=DEV)
     used[bt.reshape(-1).long()] = valid.reshape(B * n_pages, page)
-    kp, vp = _poison_past(kp, used), _poison_past(vp, used)     # unused pages and page tails
+    kp, vp = _past(kp, used), _past(vp, used)     # unused pages and page tails
     bt[1, 1:] = -1      # entries past a sequence's pages may hold anything
-    ref, theirs = dequant_reference(q, _poison_free(kq, valid), _poison_free(vq, valid), lens, "bottom_right")
+    finite = dict(scale=1.0, zp=0.0, codes=False)
+    ref, theirs = dequant_reference(q, _past(kq, valid, **finite), _past(vq, valid, **finite), lens, "bottom_right")
     kw = dict(kv_lens=lens, causal="bottom_right", softmax_inf_as_zero=True, solver=SOLVER)
     o = nnprim.sdpa(q, kp, vp, block_table=bt, **kw)
     assert_close(f"paged {case} Sq{Sq}", o, theirs, ref)
     oc = nnprim.sdpa(q, kq, vq, **kw)
     assert torch.equal(o, oc), "paged and contiguous caches differ"
 
-
-def _poison_free(t: KVQuant, valid: torch.Tensor) -> KVQuant:
-    """The reference's view of a poisoned cache: finite parameters (1, 0) past kv_lens."""
-    bad = ~valid[:, None, :, None]
-    grouped = lambda x: x is not None and x.dim() == 4  # noqa: E731
-    sc = t.scales.masked_fill(bad, 1.0) if grouped(t.scales) else t.scales
-    zp = t.zero_points.masked_fill(bad, 0.0) if grouped(t.zero_points) else t.zero_points
-    return KVQuant.trusted(t.data, sc, zp, t.dtype, t.group_size, t.layout)
