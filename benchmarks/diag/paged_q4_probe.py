@@ -40,10 +40,18 @@ def paginate(k, v, page: int, seed: int = 0):
     return to_pages(k, bt, n), to_pages(v, bt, n), bt
 
 
+def variant(cfg, spec: str):
+    """133's config for a --prefetch entry: 'N[+nofast][+nolazy]'."""
+    d, *flags = spec.split("+")
+    return replace(cfg, prefetch=int(d), fast_rows="nofast" not in flags, lazy_rescale="nolazy" not in flags)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--prefetch", default="0,2,4")
+    ap.add_argument("--prefetch", default="0,2,4",
+                    help="133 variants: prefetch distances, each optionally +nofast (rows always clamped) and / or "
+                         "+nolazy (acc rescaled every step), e.g. 2,2+nofast,2+nofast+nolazy")
     ap.add_argument("--pages", default="0,16,64,256")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--smoke", action="store_true")
@@ -68,8 +76,7 @@ def main() -> None:
                 p = AttentionProblem.from_tensors(q, kk, vv, kv_lens=lens, block_table=bt)
                 variants = [("122", decode_quant, decode_quant.default_config(p))]
                 if not a.smoke:
-                    variants += [(f"133+pf{d}", gluon_decode_quant,
-                                  replace(gluon_decode_quant.default_config(p), prefetch=int(d)))
+                    variants += [(f"133+pf{d}", gluon_decode_quant, variant(gluon_decode_quant.default_config(p), d))
                                  for d in a.prefetch.split(",")]
                 for lab, mod, cfg in variants:
                     planned = mod.plan(p, args, cfg)

@@ -40,13 +40,25 @@ order), scales per tensor / head / (key, group) with optional zero points of any
 bf16 or f16 q (the codes' float type follows q), D = Dv in {64, 128}, Sq * G * groups <=
 16, causal (both alignments), kv_lens, splits with the shared combine kernel, return_lse,
 paged K/V of any page size (`page_mode`: a block-table entry per 32-key block when the page
-size is a multiple of 32, two at page 16, else one per row; the page's offset joins the
-rows' own int32 multiply-add, so a paged block costs the contiguous loop's instructions, 938
-against 929; each entry is read a step before the words it addresses). Keys past a chunk's
-end are never read past its last row, so page tails and keys past kv_lens may hold anything
-(NaN scales included). Besides the words' register prefetch one block ahead, each step
-issues an L2 prefetch of the block two ahead (no registers held): +0-6 % on the contiguous
-cache, +8-16 % on shuffled page pools, where each page's first touch misses the TLB.
+size is a multiple of 32, two at page 16, else one per row; each entry is read a step before
+the words it addresses). Keys past a chunk's end are never read past its last row, so page
+tails and keys past kv_lens may hold anything (NaN scales included).
+
+The step's instructions (sm_90 SASS per 32 keys, `benchmarks/diag/q4_sass.py`; s4 g64
+contiguous / u4 g64 with zero points / s4 on 64- and 16-key pages): 721 / 766 / 783 / 816,
+from 856 / 941 / 891 / 924 before three changes (2026-12-03):
+- Row and group strides are constants, and while the next block lies wholly inside the
+  chunk the step runs unclamped rows: one 64-bit base per block (per page at page 16), a
+  thread's loads differing by immediates. The last one or two steps run a second copy of
+  the step with rows clamped (no branch inside either loop: a branch there splits the
+  scheduler's window, and an if/else version measured slower than before).
+- The online softmax rescales acc only when some row's max grows by more than 2^8 (p stays
+  <= 256 meanwhile), as FlashAttention-4 does: most steps skip DV / 2 multiplies per thread.
+- Each block's scales and zero points load at the top of its step.
+Measured gain 3-7 % (b8 x 32k, b64 x 8k): the kernel is latency-bound at 8 one-warp programs
+an SM (232 registers), issuing ~40 % of the SM's instruction rate. Besides the words' register
+prefetch one block ahead, each step issues an L2 prefetch of a block further ahead (no
+registers held; `Q4Config.prefetch`): two ahead, one on 16-key pages.
 Not here (122 serves them): masks, dropout, f32 q, 8-bit / fp8 / float K or V,
 keys-contiguous storage. As in 122, P' is in q's dtype: with f16 q and V scales below ~1e-4
 it loses precision in f16's subnormals (bf16 q, the usual decode, does not).
@@ -71,7 +83,7 @@ from .decode import DecodeConfig, _DecodeBase, _num_sms
 from .decode_quant import _groups, _sig_groups
 
 ROWS = 16          # the mma's M: expanded rows (query row, group)
-Q4_BW = 2.25e12    # bytes / s solver 133 reads at on the H200 (estimate)
+Q4_BW = 2.35e12    # bytes / s solver 133 reads at on the H200 (estimate)
 HEAD_DIMS = (64, 128)
 NIB_A = (0, 4, 1, 5)   # nibbles of a 32-bit word in K's first unpacked tensor (elements q = 0..3)
 NIB_B = (2, 6, 3, 7)   # ... and in its second
@@ -265,27 +277,81 @@ if gluon is not None:
         return a + b
 
     @gluon.jit
-    def _param(base, rows8, keys8, s_b, s_n, pg, pg2, n, hi, bt_row, NPAGES, g8, s_g, GROUPED: gl.constexpr,
-               OTHER: gl.constexpr, L8: gl.constexpr, MMA: gl.constexpr, PAGE: gl.constexpr,
-               MODE: gl.constexpr, ROW32: gl.constexpr):
-        """(16, BN) f32 scales or zero points of group g8[row % 8] of key rows `rows8` of block n
-        (clamped into the chunk: page tails and keys past kv_lens may hold NaN) (GROUPED),
-        else the scalar at base. Rows r and r + 8 of the accumulator live in one thread and
-        share their group: one load of the (8, BN) tile L8, doubled in registers."""
+    def _block_base(base, n, pg, pg2, s_b, S_N: gl.constexpr, PAGE: gl.constexpr, MODE: gl.constexpr):
+        """Scalar pointers to the first rows of key block n's halves: both its first row when
+        the block lies in the contiguous cache (MODE 0) or in one page (MODE 1); the first
+        rows of its two pages pg / pg2 (MODE 2). 64-bit: no int32 bound on the pools."""
+        if MODE == 0:
+            a = base + n.to(gl.int64) * S_N
+            return a, a
+        elif MODE == 1:
+            a = base + (pg.to(gl.int64) * s_b + (n % PAGE) * S_N)
+            return a, a
+        else:
+            return base + pg.to(gl.int64) * s_b, base + pg2.to(gl.int64) * s_b
+
+    @gluon.jit
+    def _rows_fast(base, rel, LANE: gl.constexpr, n, pg, pg2, s_b, S_N: gl.constexpr, PAGE: gl.constexpr,
+                   MODE: gl.constexpr):
+        """Pointers to rows n + rel of a key block wholly inside the chunk (no clamp; MODE 0-2).
+        LANE masks the bits of rel that vary across a thread's lanes; the rest varies across its
+        registers and is constant. Written as (block base + the lane's 64-bit offset) + a
+        constant, so a thread's loads share one address register and differ by immediates (an
+        int32 row offset sign-extended per element would be hoisted out of the loop as one
+        64-bit register each)."""
+        a, a2 = _block_base(base, n, pg, pg2, s_b, S_N, PAGE, MODE)
+        lane = rel & LANE
+        c = rel & ~LANE   # (not rel - lane: LLVM folds the mask to a constant, not the difference)
+        if MODE == 2:
+            return (gl.where(c < PAGE, a, a2) + lane.to(gl.int64) * S_N) + (c % PAGE) * S_N
+        else:
+            return (a + lane.to(gl.int64) * S_N) + c * S_N
+
+    @gluon.jit
+    def _load_block_fast(k_w0, v_w0, n, pg, pg2, kn, vp, k_cols, v_cols, s_kbw, s_vbw, K_SNW: gl.constexpr,
+                         V_SNW: gl.constexpr, PAGE: gl.constexpr, MODE: gl.constexpr):
+        """_load_block for a key block wholly inside the chunk (MODE 0-2)."""
+        # lanes: K rows r + 8 j (r = lane // 4), V pairs c + 4 h + 8 t (c = lane % 4)
+        kw = gl.load(_rows_fast(k_w0, kn, 7, n, pg, pg2, s_kbw, K_SNW, PAGE, MODE)[:, None, None] + k_cols)
+        e = 2 * vp
+        ve = gl.load(_rows_fast(v_w0, e, 6, n, pg, pg2, s_vbw, V_SNW, PAGE, MODE)[:, None, None] + v_cols)
+        vo = gl.load(_rows_fast(v_w0, e + 1, 6, n, pg, pg2, s_vbw, V_SNW, PAGE, MODE)[:, None, None] + v_cols)
+        return kw, ve, vo
+
+    @gluon.jit
+    def _param_tile(FAST: gl.constexpr, base, keys8, s_b, S_N: gl.constexpr, pg, pg2, n, hi, bt_row, NPAGES, g8,
+                    S_G: gl.constexpr, GROUPED: gl.constexpr, OTHER: gl.constexpr, PAGE: gl.constexpr,
+                    MODE: gl.constexpr, ROW32: gl.constexpr):
+        """The (8, BN) tile (layout param_layout) of scales or zero points of group g8[row] of
+        key block n's rows, as stored (GROUPED), else the scalar at base. FAST: the block lies
+        wholly inside the chunk; otherwise its rows are clamped into it (page tails and keys
+        past kv_lens may hold NaN)."""
         if GROUPED:
-            at = _rows_ptr(base, rows8, keys8, s_b, s_n, pg, pg2, n, hi, bt_row, NPAGES, PAGE, MODE, ROW32)
-            t = gl.load(at[None, :] + g8[:, None] * s_g, mask=(g8[:, None] >= 0), other=OTHER).to(gl.float32)
+            if FAST:
+                at = _rows_fast(base, keys8, 6, n, pg, pg2, s_b, S_N, PAGE, MODE)
+            else:
+                at = _rows_ptr(base, gl.minimum(n + keys8, hi), keys8, s_b, S_N, pg, pg2, n, hi, bt_row, NPAGES,
+                               PAGE, MODE, ROW32)
+            return gl.load(at[None, :] + g8[:, None] * S_G, mask=g8[:, None] >= 0, other=OTHER)
+        else:
+            return gl.load(base)
+
+    @gluon.jit
+    def _param_rows(t, GROUPED: gl.constexpr, MMA: gl.constexpr):
+        """A _param_tile as f32 on the accumulator's 16 rows (GROUPED): rows r and r + 8 live
+        in one thread and share their group, so the 8-row tile is doubled in registers."""
+        t = t.to(gl.float32)
+        if GROUPED:
             t = gl.permute(gl.join(t, t), (2, 0, 1))
             return gl.convert_layout(gl.reshape(t, [16, t.shape[2]]), MMA)
         else:
-            return gl.load(base).to(gl.float32)
+            return t
 
     @gluon.jit
     def _gluon_decode_q4_kernel(
             Q, K, V, KS, KZ, VS, VZ, MASK, LENS, SCALE_PTR, O, LSE, PO, PL, BT,
-            s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
-            s_ksb, s_ksh, s_ksn, s_ksg, s_kzb, s_kzh, s_kzn, s_kzg,
-            s_vsb, s_vsh, s_vsn, s_vsg, s_vzb, s_vzh, s_vzn, s_vzg,
+            s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_vb, s_vh,
+            s_ksb, s_ksh, s_kzb, s_kzh, s_vsb, s_vsh, s_vzb, s_vzh,
             s_ob, s_oh, s_oq, s_od,
             Hq, Hkv, Sq, Sk, scale, SPLITS, s_bt, NPAGES,
             G: gl.constexpr, D: gl.constexpr, DV: gl.constexpr, BN: gl.constexpr, NG: gl.constexpr,
@@ -296,7 +362,10 @@ if gluon is not None:
             F16: gl.constexpr, ONE_SPLIT: gl.constexpr, CAUSAL: gl.constexpr, HAS_LENS: gl.constexpr,
             SCALE_FROM_PTR: gl.constexpr, INV_SCALE: gl.constexpr, INF_AS_ZERO: gl.constexpr,
             WRITE_LSE: gl.constexpr, L8: gl.constexpr, PAGE: gl.constexpr, PAGE_MODE: gl.constexpr,
-            ROW32: gl.constexpr, PREFETCH: gl.constexpr):
+            ROW32: gl.constexpr, PREFETCH: gl.constexpr,
+            K_SN: gl.constexpr, V_SN: gl.constexpr, KS_SN: gl.constexpr, KS_SG: gl.constexpr,
+            KZ_SN: gl.constexpr, KZ_SG: gl.constexpr, VS_SN: gl.constexpr, VS_SG: gl.constexpr,
+            VZ_SN: gl.constexpr, VZ_SG: gl.constexpr, FAST_ROWS: gl.constexpr, LAZY: gl.constexpr):
         """One program (one warp): KV head (b, hk), key chunk `split`; the G * Sq query
         rows of hk times NG groups are the mma's 16 rows. Writes o / lse (ONE_SPLIT) or the
         f32 partials PO (rows, SPLITS, DV) and their lse PL (rows, SPLITS). Paged K/V (PAGE >
@@ -305,6 +374,7 @@ if gluon is not None:
         ROWS: gl.constexpr = 16
         LOG2E: gl.constexpr = 1.4426950408889634
         LN2: gl.constexpr = 0.6931471805599453
+        RESCALE: gl.constexpr = 8.0
         DT: gl.constexpr = gl.float16 if F16 else gl.bfloat16
         K_OFF: gl.constexpr = 0.0 if K_SIGNED else -8.0    # code_offset
         V_OFF: gl.constexpr = 0.0 if V_SIGNED else -8.0
@@ -432,8 +502,8 @@ if gluon is not None:
         v_w0 = VW32 + v_row0 // 4
         s_kbw = s_kb // 4
         s_vbw = s_vb // 4
-        s_knw = s_kn // 4
-        s_vnw = s_vn // 4
+        s_knw: gl.constexpr = K_SN // 4
+        s_vnw: gl.constexpr = V_SN // 4
         hi = gl.maximum(end - 1, 0)
         # a block's page is loaded one step before its words (two ahead of its compute), so
         # the block-table read does not add its latency to the words' prefetch
@@ -442,83 +512,123 @@ if gluon is not None:
         kw_, ve, vo = _load_block(k_w0, v_w0, start, hi, pg, pg2, kn, vp, k_cols, v_cols, s_kbw, s_knw, s_vbw,
                                   s_vnw, bt_row, NPAGES, PAGE, PAGE_MODE, ROW32)
         pg_nx, pg2_nx = _block_page(bt_row, start + BN, hi, NPAGES, PAGE, PAGE_MODE, ROW32)
-        for n0 in range(start, end, BN):
-            nx = n0 + BN
-            pg_nx2, pg2_nx2 = _block_page(bt_row, nx + BN, hi, NPAGES, PAGE, PAGE_MODE, ROW32)
-            kw_nx, ve_nx, vo_nx = _load_block(k_w0, v_w0, nx, hi, pg_nx, pg2_nx, kn, vp, k_cols, v_cols, s_kbw,
-                                              s_knw, s_vbw, s_vnw, bt_row, NPAGES, PAGE, PAGE_MODE, ROW32)
-            if PREFETCH > 0:
-                _prefetch_block(k_w0, v_w0, n0 + PREFETCH * BN, hi, lanes, s_kbw, s_knw, s_vbw, s_vnw, bt_row,
-                                NPAGES, PAGE, PAGE_MODE, ROW32)
-            rows8 = gl.minimum(n0 + keys8, hi)
-
-            # ---- K: unpack into the two B operands, s = Q K^T on the codes ----
-            r0, r1, r2, r3 = _unpack_k(kw_, F16, K_SIGNED)
-            # [BN, 4 (c), KW (i), 2 (q0: half), 2 (q1: register)] -> k = 16 i + 8 q1 + 2 c + q0
-            ka = gl.join(_halves(r0, DT), _halves(r1, DT))
-            ka = gl.reshape(gl.permute(ka, (0, 2, 4, 1, 3)), [BN, D // 2])
-            ka = gl.convert_layout(gl.permute(ka, (1, 0)), DOT_B)
-            kb = gl.join(_halves(r2, DT), _halves(r3, DT))
-            kb = gl.reshape(gl.permute(kb, (0, 2, 4, 1, 3)), [BN, D // 2])
-            kb = gl.convert_layout(gl.permute(kb, (1, 0)), DOT_B)
-            s = gl.zeros([ROWS, BN], gl.float32, layout=MMA)
-            s = mma_v2(qa, ka, s)
-            s = mma_v2(qb, kb, s)
-
-            keys = n0 + keys_c
-            keys_ok = keys < end
-            # ---- offsets, zero points and scales per (row, key); groups summed ----
-            if K_ZP:
-                kz = _param(kz_base, rows8, keys8, s_kzb, s_kzn, pg, pg2, n0, hi, bt_row, NPAGES, gk8, s_kzg,
-                            K_ZP_G, 0.0, L8, MMA, PAGE, PAGE_MODE, ROW32)
-                s = s - (K_OFF + kz) * qsum[:, None]
+        # two copies of the step: while the next block too lies wholly inside the chunk, every
+        # row is unclamped (FAST: constant offsets from one base per block, no branch in the
+        # loop, so the scheduler moves loads freely); the last one or two steps clamp
+        if FAST_ROWS and PAGE_MODE < 3:
+            mid = start + gl.maximum((end - start) // BN - 1, 0) * BN
+        else:
+            mid = start
+        for phase in gl.static_range(2):
+            if phase == 0:   # FAST
+                lo = start
+                hi_n = mid
             else:
-                s = s - K_OFF * qsum[:, None]
-            if K_SC_G:
-                s = s * _param(ks_base, rows8, keys8, s_ksb, s_ksn, pg, pg2, n0, hi, bt_row, NPAGES, gk8, s_ksg,
-                               True, 0.0, L8, MMA, PAGE, PAGE_MODE, ROW32)
-            if NG > 1:
-                s3 = gl.reshape(s, [ROWS // NG, NG, BN])
-                s = gl.convert_layout(gl.reshape(gl.broadcast(gl.expand_dims(gl.sum(s3, axis=1), 1), s3)[0],
-                                                 [ROWS, BN]), MMA)
-            # ---- online softmax ----
-            s = s * qk_scale
-            valid = keys_ok[None, :] & row_ok[:, None]
-            if CAUSAL != 0:
-                valid = valid & (keys[None, :] < row_lim[:, None])
-            s = gl.where(valid, s, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = gl.exp2(s - m_safe[:, None])
-            alpha = gl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            # ---- P' = p * V scale of the row's group; P' V on the codes ----
-            if V_SC_G:
-                p = p * _param(vs_base, rows8, keys8, s_vsb, s_vsn, pg, pg2, n0, hi, bt_row, NPAGES, gv8, s_vsg,
-                               True, 0.0, L8, MMA, PAGE, PAGE_MODE, ROW32)
-            p16 = p.to(DT)
-            pf = p16.to(gl.float32)
-            if V_ZP:
-                vz = _param(vz_base, rows8, keys8, s_vzb, s_vzn, pg, pg2, n0, hi, bt_row, NPAGES, gv8, s_vzg,
-                            V_ZP_G, 0.0, L8, MMA, PAGE, PAGE_MODE, ROW32)
-                zc = zc * alpha + gl.sum(pf * (V_OFF + vz), axis=1)
-            else:
-                zc = zc * alpha + gl.sum(pf, axis=1) * V_OFF
-            v0, v1, v2, v3, v4, v5, v6, v7 = _unpack_v(ve, vo, F16, V_SIGNED)
-            # register s = q1 + 2 a0 + 4 a1: [BN/2 (p), 8 (r), VW (i), 2 (q0), 2 (q1), 2 (a0), 2 (a1)]
-            vj = gl.join(gl.join(gl.join(_halves(v0, DT), _halves(v1, DT)), gl.join(_halves(v2, DT), _halves(v3, DT))),
-                         gl.join(gl.join(_halves(v4, DT), _halves(v5, DT)), gl.join(_halves(v6, DT), _halves(v7, DT))))
-            vj = gl.reshape(gl.permute(vj, (0, 3, 2, 6, 5, 4, 1)), [BN, DV])
-            vt = gl.convert_layout(vj, DOT_B)
-            acc = mma_v2(gl.convert_layout(p16, DOT_A), vt, acc * alpha[:, None])
-            kw_ = kw_nx
-            ve = ve_nx
-            vo = vo_nx
-            pg = pg_nx
-            pg2 = pg2_nx
-            pg_nx = pg_nx2
-            pg2_nx = pg2_nx2
+                lo = mid
+                hi_n = end
+            for n0 in range(lo, hi_n, BN):
+                nx = n0 + BN
+                pg_nx2, pg2_nx2 = _block_page(bt_row, nx + BN, hi, NPAGES, PAGE, PAGE_MODE, ROW32)
+                if phase == 0:
+                    kw_nx, ve_nx, vo_nx = _load_block_fast(k_w0, v_w0, nx, pg_nx, pg2_nx, kn, vp, k_cols, v_cols,
+                                                           s_kbw, s_vbw, s_knw, s_vnw, PAGE, PAGE_MODE)
+                else:
+                    kw_nx, ve_nx, vo_nx = _load_block(k_w0, v_w0, nx, hi, pg_nx, pg2_nx, kn, vp, k_cols, v_cols,
+                                                      s_kbw, s_knw, s_vbw, s_vnw, bt_row, NPAGES, PAGE, PAGE_MODE,
+                                                      ROW32)
+                if PREFETCH > 0:
+                    _prefetch_block(k_w0, v_w0, n0 + PREFETCH * BN, hi, lanes, s_kbw, s_knw, s_vbw, s_vnw, bt_row,
+                                    NPAGES, PAGE, PAGE_MODE, ROW32)
+                # this block's scales and zero points, loaded before any of its compute
+                if K_ZP:
+                    kz_t = _param_tile(phase == 0, kz_base, keys8, s_kzb, KZ_SN, pg, pg2, n0, hi, bt_row, NPAGES, gk8,
+                                       KZ_SG, K_ZP_G, 0.0, PAGE, PAGE_MODE, ROW32)
+                if K_SC_G:
+                    ks_t = _param_tile(phase == 0, ks_base, keys8, s_ksb, KS_SN, pg, pg2, n0, hi, bt_row, NPAGES, gk8,
+                                       KS_SG, True, 0.0, PAGE, PAGE_MODE, ROW32)
+                if V_SC_G:
+                    vs_t = _param_tile(phase == 0, vs_base, keys8, s_vsb, VS_SN, pg, pg2, n0, hi, bt_row, NPAGES, gv8,
+                                       VS_SG, True, 0.0, PAGE, PAGE_MODE, ROW32)
+                if V_ZP:
+                    vz_t = _param_tile(phase == 0, vz_base, keys8, s_vzb, VZ_SN, pg, pg2, n0, hi, bt_row, NPAGES, gv8,
+                                       VZ_SG, V_ZP_G, 0.0, PAGE, PAGE_MODE, ROW32)
+
+                # ---- K: unpack into the two B operands, s = Q K^T on the codes ----
+                r0, r1, r2, r3 = _unpack_k(kw_, F16, K_SIGNED)
+                # [BN, 4 (c), KW (i), 2 (q0: half), 2 (q1: register)] -> k = 16 i + 8 q1 + 2 c + q0
+                ka = gl.join(_halves(r0, DT), _halves(r1, DT))
+                ka = gl.reshape(gl.permute(ka, (0, 2, 4, 1, 3)), [BN, D // 2])
+                ka = gl.convert_layout(gl.permute(ka, (1, 0)), DOT_B)
+                kb = gl.join(_halves(r2, DT), _halves(r3, DT))
+                kb = gl.reshape(gl.permute(kb, (0, 2, 4, 1, 3)), [BN, D // 2])
+                kb = gl.convert_layout(gl.permute(kb, (1, 0)), DOT_B)
+                s = gl.zeros([ROWS, BN], gl.float32, layout=MMA)
+                s = mma_v2(qa, ka, s)
+                s = mma_v2(qb, kb, s)
+
+                keys = n0 + keys_c
+                keys_ok = keys < end
+                # ---- offsets, zero points and scales per (row, key); groups summed ----
+                if K_ZP:
+                    s = s - (K_OFF + _param_rows(kz_t, K_ZP_G, MMA)) * qsum[:, None]
+                else:
+                    s = s - K_OFF * qsum[:, None]
+                if K_SC_G:
+                    s = s * _param_rows(ks_t, True, MMA)
+                if NG > 1:
+                    s3 = gl.reshape(s, [ROWS // NG, NG, BN])
+                    s = gl.convert_layout(gl.reshape(gl.broadcast(gl.expand_dims(gl.sum(s3, axis=1), 1), s3)[0],
+                                                     [ROWS, BN]), MMA)
+                # ---- online softmax ----
+                s = s * qk_scale
+                valid = keys_ok[None, :] & row_ok[:, None]
+                if CAUSAL != 0:
+                    valid = valid & (keys[None, :] < row_lim[:, None])
+                s = gl.where(valid, s, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(s, axis=1))
+                if LAZY:
+                    # the running max m_i moves only when some row's max passes it by more than
+                    # RESCALE (log2 units): p <= 2^RESCALE meanwhile, and acc / l / zc are
+                    # rescaled in those steps only (most steps skip DV / 2 multiplies per row)
+                    if gl.max((m_new > m_i + RESCALE).to(gl.int32), axis=0) > 0:
+                        alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
+                        acc = acc * alpha[:, None]
+                        l_i = l_i * alpha
+                        zc = zc * alpha
+                        m_i = m_new
+                else:
+                    alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
+                    acc = acc * alpha[:, None]
+                    l_i = l_i * alpha
+                    zc = zc * alpha
+                    m_i = m_new
+                p = gl.exp2(s - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
+                l_i = l_i + gl.sum(p, axis=1)
+                # ---- P' = p * V scale of the row's group; P' V on the codes ----
+                if V_SC_G:
+                    p = p * _param_rows(vs_t, True, MMA)
+                p16 = p.to(DT)
+                pf = p16.to(gl.float32)
+                if V_ZP:
+                    zc = zc + gl.sum(pf * (V_OFF + _param_rows(vz_t, V_ZP_G, MMA)), axis=1)
+                else:
+                    zc = zc + gl.sum(pf, axis=1) * V_OFF
+                v0, v1, v2, v3, v4, v5, v6, v7 = _unpack_v(ve, vo, F16, V_SIGNED)
+                # register s = q1 + 2 a0 + 4 a1: [BN/2 (p), 8 (r), VW (i), 2 (q0), 2 (q1), 2 (a0), 2 (a1)]
+                vj = gl.join(gl.join(gl.join(_halves(v0, DT), _halves(v1, DT)),
+                                     gl.join(_halves(v2, DT), _halves(v3, DT))),
+                             gl.join(gl.join(_halves(v4, DT), _halves(v5, DT)),
+                                     gl.join(_halves(v6, DT), _halves(v7, DT))))
+                vj = gl.reshape(gl.permute(vj, (0, 3, 2, 6, 5, 4, 1)), [BN, DV])
+                vt = gl.convert_layout(vj, DOT_B)
+                acc = mma_v2(gl.convert_layout(p16, DOT_A), vt, acc)
+                kw_ = kw_nx
+                ve = ve_nx
+                vo = vo_nx
+                pg = pg_nx
+                pg2 = pg2_nx
+                pg_nx = pg_nx2
+                pg2_nx = pg2_nx2
 
         # ---- epilogue: offsets, per-tensor scale, each row's group columns ----
         o_acc = acc - zc[:, None]
@@ -567,6 +677,8 @@ else:
 class Q4Config(DecodeConfig):
     maxnreg: int | None = None    # register cap per thread (more resident warps, maybe spills)
     prefetch: int = 0             # L2 prefetch of the key block this many blocks ahead (0: none)
+    fast_rows: bool = True        # unclamped rows (constant offsets) while the next block is whole
+    lazy_rescale: bool = True     # rescale acc only when the running max grows by > 2^8
 
 
 def param_layout(bn: int):
@@ -578,7 +690,11 @@ def param_layout(bn: int):
 
 
 def default_config(problem) -> Q4Config:
-    return Q4Config(block_n=32, block_m=16, num_warps=1, num_stages=1, prefetch=2)
+    """L2 prefetch two blocks ahead, one on 16-key pages: there a block's prefetch reads two
+    block-table entries, and two ahead measured 5-12 % slower than one or none (2026-12-03)."""
+    bn = 32
+    prefetch = 1 if page_mode(problem.page_size, bn) == 2 else 2
+    return Q4Config(block_n=bn, block_m=16, num_warps=1, num_stages=1, prefetch=prefetch)
 
 
 def resident_per_sm(cfg: DecodeConfig) -> int:
@@ -624,7 +740,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
     scale_val = _dec.scalar_args(problem, args)[0]
     main = Launch(
         _gluon_decode_q4_kernel, (problem.B * problem.Hkv, splits),
-        (*q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *so,
+        (*q.stride(), *sk[:2], *sv[:2], *sks[:2], *skz[:2], *svs[:2], *svz[:2], *so,
          problem.Hq, problem.Hkv, problem.Sq, problem.Sk, scale_val, splits, _dec.bt_stride(args),
          min(k.shape[0], v.shape[0]) if problem.page_size else 1),
         G=problem.group, D=D, DV=Dv, BN=cfg.block_n, NG=max(kng, vng), K_NG=kng, V_NG=vng,
@@ -635,6 +751,10 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         F16=q.dtype == torch.float16, ONE_SPLIT=splits == 1, L8=param_layout(cfg.block_n), PAGE=problem.page_size,
         PAGE_MODE=page_mode(problem.page_size, cfg.block_n), PREFETCH=getattr(cfg, "prefetch", 0),
         ROW32=not problem.page_size or pools_fit_int32(k, v),
+        # row and group strides as constants: a key block's loads then differ by immediates
+        K_SN=sk[2], V_SN=sv[2], KS_SN=sks[2], KS_SG=sks[3], KZ_SN=skz[2], KZ_SG=skz[3],
+        VS_SN=svs[2], VS_SG=svs[3], VZ_SN=svz[2], VZ_SG=svz[3],
+        FAST_ROWS=getattr(cfg, "fast_rows", True), LAZY=getattr(cfg, "lazy_rescale", True),
         **flags,
         num_warps=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return main, _dec.combine_launch(problem, splits), splits
@@ -732,10 +852,9 @@ class GluonDecodeQ4(_DecodeBase):
         return workspace_bytes(problem)
 
     def estimate(self, problem) -> float:
-        """Bytes read (codes, scales, zero points) at the 2.14-2.41 TB/s it measured on the H200
-        through the public call (2026-12-03, with the L2 prefetch: s4 / u4 g64, b64 x 8k and
-        b8 x 32k; paged pools of 16-256 keys 0.94-1.04x of that; the main loop issues 929
-        instructions per 32 keys with grouped zero points at 2 groups, 1015 at 4 groups)."""
+        """Bytes read (codes, scales, zero points) at the 2.29-2.47 TB/s it measured on the H200
+        through its plan (2026-12-03, s4 / u4 g64, b8 x 32k and b64 x 8k, cuDNN-free probe;
+        shuffled page pools of 16 / 64 keys at 0.89-0.98x of the contiguous time)."""
         t = problem.bytes() / Q4_BW * 1e3
         host = _dec.HOST_FLOOR_MS if problem.device == "cuda" else 0.0
         return max(t + _dec._LAUNCH_MS, host)

@@ -147,3 +147,22 @@ def test_paged_equals_contiguous(case, Sq):
     oc = nnprim.sdpa(q, kq, vq, **kw)
     assert torch.equal(o, oc), "paged and contiguous caches differ"
 
+
+
+@pytest.mark.parametrize("splits", ["one", "many"])
+def test_running_max_grows(splits):
+    """Scores that grow along the keys (key norms up to 9x) move each row's running max by far
+    more than the kernel's lazy-rescale threshold many times; a chunk's first block holds the
+    smallest scores. One split (B x Hkv fills the GPU) and many."""
+    B, Hq, Hkv, Sk, D = (64, 32, 8, 4099, 128) if splits == "one" else (2, 32, 8, 6000, 128)
+    g = torch.Generator(device=DEV).manual_seed(7)
+    q = torch.randn(B, Hq, 1, D, device=DEV, dtype=torch.bfloat16, generator=g) * 3
+    ramp = torch.linspace(1, 9, Sk, device=DEV).view(1, 1, Sk, 1)
+    k = (torch.randn(B, Hkv, Sk, D, device=DEV, generator=g) * ramp).to(torch.bfloat16)
+    v = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    kq, vq = _quant(k, "s4", 64, False, 1), _quant(v, "u4", 64, True, 1)
+    ref, theirs = dequant_reference(q, kq, vq)
+    o, lse = nnprim.sdpa(q, kq, vq, solver=SOLVER, return_lse=True)
+    assert_close(f"grows {splits}", o, theirs, ref)
+    lse2 = nnprim.sdpa(q, kq, vq, solver="decode_split_k_quant_grouped", return_lse=True)[1]
+    assert torch.allclose(lse, lse2, atol=2e-3, rtol=1e-3)
