@@ -19,6 +19,7 @@ from nnprim.testing.compile_check import _cubin_usage, install_compile_only  # n
 
 install_compile_only()
 import torch  # noqa: E402
+from sass_count import back_edges, disassemble  # noqa: E402
 
 from nnprim.attention import gluon_decode_quant as q4  # noqa: E402
 from nnprim.problems.attention import AttentionProblem  # noqa: E402
@@ -77,33 +78,15 @@ def paths(body: list[str]) -> tuple[list[str], list[str]]:
 
 def loops_with_labels(cubin: bytes) -> list[list[str]]:
     """The MMA loops' instructions (in code order) with 'LABEL L_x_N' lines where their labels are."""
-    import subprocess
-    import tempfile
-
-    from sass_count import NVDISASM
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([NVDISASM, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    labels, instrs = {}, []
-    for ln in sass.splitlines():
-        if m := re.match(r"\s*\.(L_x_\d+):", ln):
-            labels.setdefault(len(instrs), []).append(m.group(1))
-        elif m := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", ln):
-            instrs.append(m.group(1))
-    pos = {name: i for i, names in labels.items() for name in names}
-    found = []
-    for i, ins in enumerate(instrs):
-        m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", ins)
-        if m and pos.get(m.group(1), i + 1) <= i:
-            a = pos[m.group(1)]
-            if any("HMMA" in x for x in instrs[a:i + 1]):
-                found.append((a, i + 1))
+    instrs, labels = disassemble(cubin)
+    at: dict[int, list[str]] = {}
+    for name, i in labels.items():
+        at.setdefault(i, []).append(name)
     loops = []
-    for lo, hi in found:
+    for lo, hi in back_edges(instrs, labels):
         out = []
         for i in range(lo, hi):
-            out += [f"LABEL {name}" for name in labels.get(i, []) if i > lo]
+            out += [f"LABEL {name}" for name in at.get(i, []) if i > lo]
             out.append(instrs[i])
         loops.append(out)
     return loops

@@ -34,9 +34,8 @@ from nnprim.quant import quantize_kv  # noqa: E402
 NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
 
 
-def loop_body(cubin: bytes, needs: str | None = "MMA") -> list[str]:
-    """Instructions of the largest loop (backward branch) holding an instruction that
-    contains `needs` ((H)MMA by default; None: any loop)."""
+def disassemble(cubin: bytes) -> tuple[list[str], dict[str, int]]:
+    """(instructions, label -> index of the instruction it precedes) of a cubin."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
@@ -47,14 +46,30 @@ def loop_body(cubin: bytes, needs: str | None = "MMA") -> list[str]:
             labels[m.group(1)] = len(instrs)
         elif m := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(.*?);", ln):
             instrs.append(m.group(1))
-    best: list[str] = []
+    return instrs, labels
+
+
+def back_edges(instrs: list[str], labels: dict[str, int], needs: str | None = "MMA") -> list[tuple[int, int]]:
+    """[start, end) of each loop (a backward branch) holding an instruction containing `needs`."""
+    out = []
     for i, ins in enumerate(instrs):
         m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", ins)
         if m and labels.get(m.group(1), i + 1) <= i:
-            body = instrs[labels[m.group(1)]:i + 1]
-            if (needs is None or any(needs in x for x in body)) and len(body) > len(best):
-                best = body
-    return best
+            a = labels[m.group(1)]
+            if needs is None or any(needs in x for x in instrs[a:i + 1]):
+                out.append((a, i + 1))
+    return out
+
+
+def loop_body(cubin: bytes, needs: str | None = "MMA") -> list[str]:
+    """Instructions of the largest loop (backward branch) holding an instruction that
+    contains `needs` ((H)MMA by default; None: any loop)."""
+    instrs, labels = disassemble(cubin)
+    loops = back_edges(instrs, labels, needs)
+    if not loops:
+        return []
+    a, b = max(loops, key=lambda r: r[1] - r[0])
+    return instrs[a:b]
 
 
 def count(solver: int, fmt: str, group, zp: bool, role, Sq: int, dtype: torch.dtype, cfg=None) -> str:

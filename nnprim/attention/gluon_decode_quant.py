@@ -45,7 +45,7 @@ the words it addresses). Keys past a chunk's end are never read past its last ro
 tails and keys past kv_lens may hold anything (NaN scales included).
 
 The step's instructions (sm_90 SASS per 32 keys, `benchmarks/diag/q4_sass.py`; s4 g64
-contiguous / u4 g64 with zero points / s4 on 64- and 16-key pages): 721 / 766 / 783 / 816,
+contiguous / u4 g64 with zero points / s4 on 64- and 16-key pages): 721 / 766 / 783 / 830,
 from 856 / 941 / 891 / 924 before three changes (2026-12-03):
 - Row and group strides are constants, and while the next block lies wholly inside the
   chunk the step runs unclamped rows: one 64-bit base per block (per page at page 16), a
@@ -348,6 +348,13 @@ if gluon is not None:
             return t
 
     @gluon.jit
+    def _rescale(acc, l_i, zc, m_i, m_new):
+        """The online softmax's state moved from running max m_i to m_new (rows still at -inf
+        stay there)."""
+        alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
+        return acc * alpha[:, None], l_i * alpha, zc * alpha, m_new
+
+    @gluon.jit
     def _gluon_decode_q4_kernel(
             Q, K, V, KS, KZ, VS, VZ, MASK, LENS, SCALE_PTR, O, LSE, PO, PL, BT,
             s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_vb, s_vh,
@@ -591,17 +598,9 @@ if gluon is not None:
                     # RESCALE (log2 units): p <= 2^RESCALE meanwhile, and acc / l / zc are
                     # rescaled in those steps only (most steps skip DV / 2 multiplies per row)
                     if gl.max((m_new > m_i + RESCALE).to(gl.int32), axis=0) > 0:
-                        alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
-                        acc = acc * alpha[:, None]
-                        l_i = l_i * alpha
-                        zc = zc * alpha
-                        m_i = m_new
+                        acc, l_i, zc, m_i = _rescale(acc, l_i, zc, m_i, m_new)
                 else:
-                    alpha = gl.exp2(m_i - gl.where(m_new == float("-inf"), 0.0, m_new))
-                    acc = acc * alpha[:, None]
-                    l_i = l_i * alpha
-                    zc = zc * alpha
-                    m_i = m_new
+                    acc, l_i, zc, m_i = _rescale(acc, l_i, zc, m_i, m_new)
                 p = gl.exp2(s - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
                 l_i = l_i + gl.sum(p, axis=1)
                 # ---- P' = p * V scale of the row's group; P' V on the codes ----
