@@ -16,11 +16,13 @@
 #   paged_probe  the flash forward over 16- and 64-key pages per tile config, TMA and pointer loads on the
 #              contiguous cache, and solver 120's split counts on the Sq 4 decode
 #              (benchmarks/diag/paged_prefill_probe.py)
-#   decode_q4  solver 133's GPU module, then its register caps (+r168 / +r128: 12 / 16 warps an SM)
-#              against its default and 122 through the plans, cuDNN interleaved (decode_swap_sweep.py)
+#   decode_q4  solver 133's GPU module, then 133 against 122 through the plans and the public call,
+#              cuDNN interleaved (decode_swap_sweep.py; register caps +r200 / +r168 were slower on
+#              2026-12-03: add them to CONFIGS to recheck)
 #   paged_q4   solver 133 on shuffled 16 / 64 / 256-key page pools against the contiguous cache, its L2
-#              prefetch distances and 122 (benchmarks/diag/paged_q4_probe.py), then paged.py's 4-bit rows
-#              through the public API with 122 and 133 forced
+#              prefetch distances (PREFETCH, e.g. 0,1,2,2+nofast+nolazy: the unclamped rows / lazy
+#              rescale switched off) and 122 (benchmarks/diag/paged_q4_probe.py), then paged.py's 4-bit
+#              rows through the public API with 122 and 133 forced
 #   fp8        benchmarks/attention_fp8.py (d64/128/256, S 4k-16k)
 #   conv       the conv suite through the public API (run_suites.sh conv), benchmarks/depthwise.py (tile
 #              and walk variants, cuDNN) and benchmarks/nchw_probe.py (layout copies, NCHW solvers)
@@ -126,9 +128,10 @@ case $STEP in
     tail -3 "$OUT/gpu_tests_gluon_decode_q4_$D.log"
     timeout 300 python3 benchmarks/diag/decode_swap_sweep.py --out "$OUT/decode_q4_regs_$D.json" --rounds 60 \
       --formats ${FORMATS:-s4:64,u4:64,s4:head} \
-      --configs "${CONFIGS:-122/32x1x3,133/32x1x1,133/32x1x1+r168,133/32x1x1+r144,133/32x1x1+r128}" 2>&1 | grep -v Warn | tail -8 ;;
+      --configs "${CONFIGS:-122/32x1x3,133/32x1x1}" 2>&1 | grep -v Warn | tail -8 ;;
   paged_q4)
-    timeout 200 python3 benchmarks/diag/paged_q4_probe.py --out "$OUT/paged_q4_probe_$D.json" 2>&1 | grep -v Warn | tail -6
+    timeout 200 python3 benchmarks/diag/paged_q4_probe.py --prefetch "${PREFETCH:-0,1,2}" --out "$OUT/paged_q4_probe_$D.json" \
+      2>&1 | grep -v Warn | tail -6
     timeout 330 python3 benchmarks/paged.py --formats bf16,s4,u4 --decode-only --forced 122,133 \
       --out "$OUT/paged_q4_$D.json" 2>&1 | grep -v "UserWarn\|warnings.warn" | tail -22 ;;
   paged_probe)
