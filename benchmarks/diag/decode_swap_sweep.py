@@ -35,6 +35,7 @@ from nnprim.attention import decode as dec  # noqa: E402
 from nnprim.attention import decode_quant, decode_scaled, decode_swap, gluon_decode_quant  # noqa: E402
 from nnprim.problems.attention import AttentionProblem  # noqa: E402
 from nnprim.quant import KVQuant, quantize_kv  # noqa: E402
+from nnprim.search import explain  # noqa: E402
 from nnprim.search.solver import REGISTRY  # noqa: E402
 from nnprim.search.timing import interleaved_samples  # noqa: E402
 
@@ -107,7 +108,7 @@ def main() -> None:
             args = AttnArgs(q=q, k=kq, v=vq)
             base_mod = dec if plain else decode_swap
             base_splits = base_mod.choose_splits(p, base_mod.default_config(p))
-            fns, labels, errs = [cudnn], ["cudnn_bf16"], {}
+            fns, labels, errs, chosen = [cudnn], ["cudnn_bf16"], {}, {}
             for c in a.configs.split(","):
                 sid, _, rest = c.rpartition("/")
                 if plain != (sid == "120"):
@@ -147,6 +148,10 @@ def main() -> None:
                         f()
                     lab = f"{sv or 'api'}:{'rows' if vv is vr else 'keys'}"
                     errs[lab] = float((o[:2].float() - ref).norm() / ref.norm())
+                    if sv is None:   # what find chose for the public call, and the times it measured
+                        pa = AttentionProblem.from_tensors(q, kq, vv)
+                        chosen[lab] = dict(decision=explain.decision(pa), find_ms={
+                            r.name: r.measured_ms for r in explain.rows(pa) if r.measured_ms is not None})
                     fns.append(f)
                     labels.append(lab)
                 except Exception as e:  # noqa: BLE001
@@ -154,7 +159,7 @@ def main() -> None:
             samples = interleaved_samples(fns, dev, rounds=a.rounds, warmup=10)
             ms = {lab: statistics.median(s) for lab, s in zip(labels, samples)}
             kvb = nbytes(kq) + nbytes(vq)
-            row = dict(problem=name, format=spec, base_splits=base_splits, kv_bytes=kvb, errors=errs,
+            row = dict(problem=name, format=spec, base_splits=base_splits, kv_bytes=kvb, errors=errs, api=chosen,
                        ms={k2: round(v2, 4) for k2, v2 in ms.items()},
                        x_cudnn={k2: round(ms["cudnn_bf16"] / v2, 3) for k2, v2 in ms.items()},
                        tb_s={k2: round(kvb / v2 / 1e9, 2) for k2, v2 in ms.items()})
@@ -163,6 +168,8 @@ def main() -> None:
             print(f"{name} {spec}: cudnn {ms['cudnn_bf16']:.4f} best {best[1]} {best[0]:.4f} "
                   f"({ms['cudnn_bf16'] / best[0]:.2f}x) " + " ".join(f"{k2}={v2:.4f}" for k2, v2 in ms.items()),
                   flush=True)
+            for lab, c in chosen.items():
+                print(f"  {lab}: {c['decision']}; find " + " ".join(f"{k2}={v2:.4f}" for k2, v2 in c["find_ms"].items()))
             json.dump(res, open(a.out, "w"), indent=1)
     print(f"done in {time.time() - t0:.0f} s")
 
