@@ -17,11 +17,12 @@
 #              contiguous cache, and solver 120's split counts on the Sq 4 decode
 #              (benchmarks/diag/paged_prefill_probe.py)
 #   decode_q4  solver 133's GPU module, then 133 against 122 through the plans and the public call,
-#              cuDNN interleaved (decode_swap_sweep.py; register caps +r200 / +r168 were slower on
-#              2026-12-03: add them to CONFIGS to recheck)
+#              cuDNN interleaved (decode_swap_sweep.py), and the public call's host time against the
+#              plan's (benchmarks/diag/api_vs_plan.py)
 #   paged_q4   solver 133 on shuffled 16 / 64 / 256-key page pools against the contiguous cache, its L2
-#              prefetch distances (PREFETCH, e.g. 0,1,2,2+nofast+nolazy: the unclamped rows / lazy
-#              rescale switched off) and 122 (benchmarks/diag/paged_q4_probe.py), then paged.py's 4-bit
+#              variants (PREFETCH entries N[+ringR][+rC][+nofast][+nolazy]: L2 prefetch distance, cp.async
+#              ring slots, register cap, unclamped rows / lazy rescale off) and 122
+#              (benchmarks/diag/paged_q4_probe.py), then paged.py's 4-bit
 #              rows through the public API with 122 and 133 forced
 #   fp8        benchmarks/attention_fp8.py (d64/128/256, S 4k-16k)
 #   conv       the conv suite through the public API (run_suites.sh conv), benchmarks/depthwise.py (tile
@@ -128,9 +129,12 @@ case $STEP in
     tail -3 "$OUT/gpu_tests_gluon_decode_q4_$D.log"
     timeout 300 python3 benchmarks/diag/decode_swap_sweep.py --out "$OUT/decode_q4_regs_$D.json" --rounds 60 \
       --formats ${FORMATS:-s4:64,u4:64,s4:head} \
-      --configs "${CONFIGS:-122/32x1x3,133/32x1x1}" 2>&1 | grep -v Warn | tail -8 ;;
+      --configs "${CONFIGS:-122/32x1x3,133/32x1x1}" 2>&1 | grep -v Warn | tail -8
+    timeout 90 python3 benchmarks/diag/api_vs_plan.py --formats s4:64,u4:64 --out "$OUT/api_vs_plan_$D.json" 2>&1 \
+      | grep -E "^(api|plan|run_planned|s4|u4)" ;;
   paged_q4)
-    timeout 200 python3 benchmarks/diag/paged_q4_probe.py --prefetch "${PREFETCH:-0,1,2}" --out "$OUT/paged_q4_probe_$D.json" \
+    timeout 200 python3 benchmarks/diag/paged_q4_probe.py --prefetch "${PREFETCH:-2,0+ring2+r168,0+ring3+r168}" \
+      --pages 0,16,64 --out "$OUT/paged_q4_probe_$D.json" \
       2>&1 | grep -v Warn | tail -6
     timeout 330 python3 benchmarks/paged.py --formats bf16,s4,u4 --decode-only --forced 122,133 \
       --out "$OUT/paged_q4_$D.json" 2>&1 | grep -v "UserWarn\|warnings.warn" | tail -22 ;;

@@ -383,21 +383,36 @@ def _tsig(t: torch.Tensor | None):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
+# K / V types the memoised hot path takes: tensors and quantized caches (a KVQuant is frozen
+# and validated when built; its parts' shapes, strides and dtypes are in the signature)
+_KV_FAST = (*_PLAIN, KVQuant)
+
+
+def _kvsig(t) -> tuple:
+    """The part of an sdpa call's memo key that a K or V argument fixes."""
+    if type(t) is KVQuant:
+        return (t.dtype, t.group_size, t.layout, _tsig(t.data), _tsig(t.scales), _tsig(t.zero_points))
+    return (t.shape, t.stride(), t.dtype, t.device)
+
+
 def _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv_lens, softmax_inf_as_zero,
                return_lse, solver, block_table):
-    """The hot path of a plain sdpa call (tensors, no dropout, FP8 or quantized K/V): the raw
+    """The hot path of a plain sdpa call (tensors or KVQuant caches; no dropout or FP8): the raw
     signature is the context's memo key, the options are normalised and validated when it
     is new (kv_lens values too: CPU kv_lens take the general path, checked on every call).
     None when an argument is unhashable (the general path)."""
+    quant = type(k) is KVQuant or type(v) is KVQuant
+    if quant and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v) if type(t) is not KVQuant):
+        return None              # the general path: quantized K/V take the op's gradient rules
     try:
-        sig = ("sdpa", q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape,
-               v.stride(), v.dtype, v.device, _tsig(attn_mask), causal, scale, invert_scale, seed, offset,
-               _tsig(kv_lens), softmax_inf_as_zero, return_lse, solver, _tsig(block_table))
+        sig = ("sdpa", q.shape, q.stride(), q.dtype, q.device, *_kvsig(k), *_kvsig(v), _tsig(attn_mask), causal,
+               scale, invert_scale, seed, offset, _tsig(kv_lens), softmax_inf_as_zero, return_lse, solver,
+               _tsig(block_table))
         hash(sig)
     except TypeError:
         return None
     sv = _solver(solver)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if not quant and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         if block_table is not None:
             return None          # the general path raises its error
         opts = _SDPA_OPTS.get(sig)
@@ -412,7 +427,7 @@ def _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv
     def make():
         opts = _options(attn_mask, causal, scale, invert_scale, 0.0, seed, offset, kv_lens, softmax_inf_as_zero)
         attn_ops._check_counters(seed, offset)
-        attn_ops._check_lens(kv_lens, k, block_table)
+        attn_ops._check_lens(kv_lens, k.data if type(k) is KVQuant else k, block_table)
         return attn_ops.problem("fwd", q, k, v, *opts, return_lse, block_table=block_table)
 
     args = AttnArgs(q=q, k=k, v=v, attn_mask=attn_mask, scale=None if scale is None else float(scale), seed=seed,
@@ -431,7 +446,7 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
     v are page pools (num_pages, Hkv, page_size, D) and kv_lens is required (nnprim.paged).
     FP8 (float8_e4m3fn) q, k, v: the attention of (q * q_descale, k * k_descale,
     v * v_descale), o in out_dtype (default bf16); see nnprim.fp8."""
-    if (type(q) in _PLAIN and type(k) in _PLAIN and type(v) in _PLAIN and _plain(attn_mask) and _plain(kv_lens)
+    if (type(q) in _PLAIN and type(k) in _KV_FAST and type(v) in _KV_FAST and _plain(attn_mask) and _plain(kv_lens)
             and _plain(block_table) and q_descale is None and k_descale is None and v_descale is None
             and out_dtype is None and not _fp8.is_fp8(q.dtype)
             and (kv_lens is None or (kv_lens.is_cuda and not SETTINGS.check_numerics))

@@ -169,3 +169,39 @@ def test_sdpa_spellings_and_paths():
     a = nnprim.sdpa(q, k, v, dropout_p=0.5, seed=1)
     b = nnprim.sdpa(q, k, v, dropout_p=0.5, seed=2)
     assert not torch.equal(a, b)
+
+
+def test_sdpa_quantized_kv_memo(monkeypatch):
+    """KVQuant caches take the memoised path: the same results as the general path (a tensor
+    scale takes it), a new problem
+    when the quantization differs (format, group, layout, zero points), and a q that
+    requires grad still takes the op's path."""
+    from nnprim.ops import attention as attn_ops
+    from nnprim.quant import quantize_kv
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 8, 1, 32, generator=g)
+    k, v = (torch.randn(2, 2, 40, 32, generator=g) for _ in range(2))
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)
+    variants = [dict(dtype="s8", group_size=32), dict(dtype="s4", group_size=16),
+                dict(dtype="u4", group_size=16, symmetric=False), dict(dtype="s4", group_size=16, layout=1),
+                dict(dtype="s4", group_size=8)]
+    outs = []
+    for kw in variants:
+        dt = kw.pop("dtype")
+        kq, vq = quantize_kv(k, dt, **kw), quantize_kv(v, dt, **kw)
+        o = nnprim.sdpa(q, kq, vq)
+        torch.testing.assert_close(o.double(), ref, rtol=0.2, atol=0.2)
+        outs.append(o)
+        # the general path (the op) gives the same bits
+        og = nnprim.sdpa(q, kq, vq, scale=torch.tensor(32 ** -0.5))
+        torch.testing.assert_close(og, o, rtol=1e-5, atol=1e-5)
+    assert all(not torch.equal(a, b) for a, b in zip(outs, outs[1:])), "a quantization reused another's problem"
+    # the memoised path skips the op once the signature is known
+    kq, vq = quantize_kv(k, "s8", group_size=32), quantize_kv(v, "s8", group_size=32)
+    nnprim.sdpa(q, kq, vq)
+    monkeypatch.setattr(attn_ops, "sdpa_forward", lambda *a, **kw: pytest.fail("general path taken"))
+    nnprim.sdpa(q, quantize_kv(k * 2, "s8", group_size=32), vq)
+    monkeypatch.undo()
+    # a q that requires grad takes the general path, which refuses gradients through quantized K/V
+    with pytest.raises(nnprim.NotSupportedError):
+        nnprim.sdpa(q.clone().requires_grad_(), kq, vq)

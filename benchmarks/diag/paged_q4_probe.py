@@ -41,9 +41,17 @@ def paginate(k, v, page: int, seed: int = 0):
 
 
 def variant(cfg, spec: str):
-    """133's config for a --prefetch entry: 'N[+nofast][+nolazy]'."""
+    """133's config for a --prefetch entry: 'N[+nofast][+nolazy][+ringR][+rC]' (prefetch distance,
+    rows always clamped, acc rescaled every step, a cp.async ring of R slots, register cap C)."""
     d, *flags = spec.split("+")
-    return replace(cfg, prefetch=int(d), fast_rows="nofast" not in flags, lazy_rescale="nolazy" not in flags)
+    cfg = replace(cfg, prefetch=int(d), fast_rows="nofast" not in flags, lazy_rescale="nolazy" not in flags,
+                  ring=0, maxnreg=None)
+    for f in flags:
+        if f.startswith("ring"):
+            cfg = replace(cfg, ring=int(f[4:]))
+        elif f.startswith("r"):
+            cfg = replace(cfg, maxnreg=int(f[1:]))
+    return cfg
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 driver, Triton's bundled nvdisasm): instructions per 32-key step, by class.
 
 Usage: TRITON_INTERPRET=0 python benchmarks/diag/q4_sass.py [--cases s4:64:0,u4:64zp:0,s4:64:64,s4:64:16]
-       [--dump CASE_INDEX]   (a case is fmt:group[zp]:page; Hq 32, Hkv 8, D 128, bf16 q, Sq 1)
+       [--dump CASE_INDEX]   (a case is fmt:group[zp]:page[:ringN][:rN]; Hq 32, Hkv 8, D 128, bf16 q, Sq 1)
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import collections
 import os
 import re
 import sys
+from dataclasses import replace
 
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -99,8 +100,21 @@ def classify(op: str) -> str:
     return "other"
 
 
+def case_config(p, opts: list[str]):
+    """133's default config with a case's options: ringN (cp.async ring of N slots), rN (register cap)."""
+    cfg = q4.default_config(p)
+    for o in opts:
+        if o.startswith("ring"):
+            cfg = replace(cfg, ring=int(o[4:]))
+        elif o.startswith("r"):
+            cfg = replace(cfg, maxnreg=int(o[1:]))
+        else:
+            raise SystemExit(f"unknown case option {o!r}")
+    return cfg
+
+
 def compile_case(spec: str):
-    fmt, grp, page = spec.split(":")
+    fmt, grp, page, *opts = spec.split(":")
     zp = grp.endswith("zp")
     group = int(grp.removesuffix("zp"))
     sig = (fmt, group, "g", "bfloat16", "g" if zp else None, 1)
@@ -108,7 +122,7 @@ def compile_case(spec: str):
                          dtype=torch.bfloat16, k_quant=sig, v_quant=sig, page_size=int(page))
     kern = q4._gluon_decode_q4_kernel
     before = {id(ck) for c in kern.device_caches.values() for ck in c[0].values()}
-    q4.GluonDecodeQ4().prepare(p)(random_args(p, seed=0))
+    q4.Q4Plan(p, case_config(p, opts))(random_args(p, seed=0))
     return [ck for c in kern.device_caches.values() for ck in c[0].values() if id(ck) not in before][-1]
 
 

@@ -590,24 +590,38 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig, fold: bool = False) -> tupl
 
 def run_planned(problem, args: AttnArgs, planned: tuple[Launch, Launch | None, int],
                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Allocate o (or take `out`, contiguous), lse and the split partials; launch."""
+    """Allocate o (or take `out`, contiguous), lse and the split partials; launch.
+
+    The partials (f32 o, then lse) share one buffer. Once both launches are compiled with
+    every pointer 16-byte aligned they run by address (`Launch.run_addresses`): no per-launch
+    alignment check and no driver pointer query per tensor argument; a decode step's host
+    time is what a small batch waits for (b8 x 32k: ~110 us on the GPU, 66-125 us of host on
+    the H200's machine, 2026-12-03)."""
     main, combine, splits = planned
     q = args.q
     dev = q.device
     B, Hq, Sq, Dv = problem.B, problem.Hq, problem.Sq, problem.Dv
     o = out if out is not None else _empty((B, Hq, Sq, Dv), q.dtype, dev)
     lse = _empty((B, Hq, Sq), torch.float32, dev) if problem.return_lse else q
-    if splits == 1:
-        po = pl = q
-    else:
-        po = _empty((B * Hq * Sq, splits, Dv), torch.float32, dev)
-        pl = _empty((B * Hq * Sq, splits), torch.float32, dev)
+    n_po = B * Hq * Sq * splits * Dv
+    ws = q if splits == 1 else _empty((n_po + B * Hq * Sq * splits,), torch.float32, dev)
     k, ks, kz = _kv_pointers(args.k, q)
     v, vs, vz = _kv_pointers(args.v, q)
     m4, _ = _mask4(args.attn_mask, q)
     scale_ptr = args.scale.reshape(1) if problem.scale == "tensor" else q
     lens = args.kv_lens if problem.has_kv_lens else q
     bt = args.block_table if problem.page_size else q
+    if main.ready() and (combine is None or combine.ready()):
+        a = [t.data_ptr() for t in (q, k, v, ks, kz, vs, vz, m4, lens, scale_ptr, o, lse, ws)]
+        po = a[12]
+        pl = po if splits == 1 else po + 4 * n_po
+        if not (a[0] | a[1] | a[2] | a[3] | a[4] | a[5] | a[6] | a[7] | a[8] | a[9] | a[10] | a[11] | pl
+                | bt.data_ptr()) & 15:
+            main.run_addresses(*a[:12], po, pl, bt.data_ptr())
+            if combine is not None:
+                combine.run_addresses(po, pl, a[10], a[11])
+            return o, (lse if problem.return_lse else None)
+    po, pl = (q, q) if splits == 1 else (ws[:n_po], ws[n_po:])
     main(q, k, v, ks, kz, vs, vz, m4, lens, scale_ptr, o, lse, po, pl, bt)
     if combine is not None:
         combine(po, pl, o, lse)

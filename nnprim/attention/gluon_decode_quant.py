@@ -9,8 +9,10 @@ thread loads, with plain global loads, exactly the bytes its mma fragments hold,
 them with one `lop3` and one subtraction per two codes into exact 16-bit floats (0x4300 | n
 is bf16 128 + n, 0x6400 | n f16 1024 + n; s4 flips the nibble's sign bit first; 136 / 1032
 subtracted: s4 code v becomes v, u4 code n becomes n - 8, i.e. OFF + code with OFF = 0 / -8)
-and hands them to `mma.sync` (m16n8k16) without touching shared memory. The next key block's codes are
-loaded before the current block is computed (register double buffering).
+and hands them to `mma.sync` (m16n8k16) without converting through shared memory. The next key
+block's words are on their way while the current block is computed: through a cp.async ring
+in shared memory (default; each thread copies the very words it later reads back, so the
+ring needs no barrier between threads) or in registers (`Q4Config.ring = 0`).
 
 The offsets come out of the accumulators instead of out of every code:
 
@@ -55,10 +57,13 @@ from 856 / 941 / 891 / 924 before three changes (2026-12-03):
 - The online softmax rescales acc only when some row's max grows by more than 2^8 (p stays
   <= 256 meanwhile), as FlashAttention-4 does: most steps skip DV / 2 multiplies per thread.
 - Each block's scales and zero points load at the top of its step.
-Measured gain 3-7 % (b8 x 32k, b64 x 8k): the kernel is latency-bound at 8 one-warp programs
-an SM (232 registers), issuing ~40 % of the SM's instruction rate. Besides the words' register
-prefetch one block ahead, each step issues an L2 prefetch of a block further ahead (no
-registers held; `Q4Config.prefetch`): two ahead, one on 16-key pages.
+Measured gain 3-7 % (b8 x 32k, b64 x 8k): the kernel is latency-bound, issuing ~40 % of the
+SM's instruction rate. With the words prefetched in registers it holds 232 registers, 8
+one-warp programs an SM; through the cp.async ring (2026-12-03, twenty-eighth session) 168,
+12 programs an SM, at the same instruction count per step: 5-9 % faster on the contiguous
+cache and 4-19 % on 16- / 64-key pages (`default_config` gives the ring's measured depths).
+An L2 prefetch of a block further ahead (`Q4Config.prefetch`) helped the register version
+and measured slower with the ring.
 Not here (122 serves them): masks, dropout, f32 q, 8-bit / fp8 / float K or V,
 keys-contiguous storage. As in 122, P' is in q's dtype: with f16 q and V scales below ~1e-4
 it loses precision in f16's subnormals (bf16 q, the usual decode, does not).
@@ -73,7 +78,7 @@ import torch
 import triton
 
 from ..args import AttnArgs
-from ..gluon_support import gl, gluon, gluon_reasons, mma_v2
+from ..gluon_support import async_copy, gl, gluon, gluon_reasons, mma_v2
 from ..launch import Launch
 from ..quant import NIB1
 from ..search.solver import register
@@ -83,7 +88,7 @@ from .decode import DecodeConfig, _DecodeBase, _num_sms
 from .decode_quant import _groups, _sig_groups
 
 ROWS = 16          # the mma's M: expanded rows (query row, group)
-Q4_BW = 2.35e12    # bytes / s solver 133 reads at on the H200 (estimate)
+Q4_BW = 2.6e12     # bytes / s solver 133 reads at on the H200 (estimate)
 HEAD_DIMS = (64, 128)
 NIB_A = (0, 4, 1, 5)   # nibbles of a 32-bit word in K's first unpacked tensor (elements q = 0..3)
 NIB_B = (2, 6, 3, 7)   # ... and in its second
@@ -249,18 +254,19 @@ if gluon is not None:
             return base + _page_of(bt_row, rows, NPAGES, PAGE, ROW32) * s_b + (rows % PAGE) * s_n
 
     @gluon.jit
-    def _load_block(k_w0, v_w0, n, hi, pg, pg2, kn, vp, k_cols, v_cols, s_kbw, s_knw, s_vbw, s_vnw, bt_row, NPAGES,
+    def _block_ptrs(k_w0, v_w0, n, hi, pg, pg2, kn, vp, k_cols, v_cols, s_kbw, s_knw, s_vbw, s_vnw, bt_row, NPAGES,
                     PAGE: gl.constexpr, MODE: gl.constexpr, ROW32: gl.constexpr):
-        """The int32 words of key block n (rows clamped to hi; pages pg / pg2, see _block_page)
-        each thread's fragments hold: K [BN, 4, D/32], V's even and odd keys [BN/2, 8, DV/64]."""
-        kw = gl.load(_rows_ptr(k_w0, gl.minimum(n + kn, hi), kn, s_kbw, s_knw, pg, pg2, n, hi, bt_row, NPAGES,
-                               PAGE, MODE, ROW32)[:, None, None] + k_cols)
+        """Pointers to the int32 words of key block n (rows clamped to hi; pages pg / pg2, see
+        _block_page) each thread's fragments hold: K [BN, 4, D/32], V's even and odd keys
+        [BN/2, 8, DV/64]."""
+        kp = _rows_ptr(k_w0, gl.minimum(n + kn, hi), kn, s_kbw, s_knw, pg, pg2, n, hi, bt_row, NPAGES,
+                       PAGE, MODE, ROW32)[:, None, None] + k_cols
         e = 2 * vp
-        ve = gl.load(_rows_ptr(v_w0, gl.minimum(n + e, hi), e, s_vbw, s_vnw, pg, pg2, n, hi, bt_row, NPAGES,
-                               PAGE, MODE, ROW32)[:, None, None] + v_cols)
-        vo = gl.load(_rows_ptr(v_w0, gl.minimum(n + e + 1, hi), e + 1, s_vbw, s_vnw, pg, pg2, n, hi, bt_row,
-                               NPAGES, PAGE, MODE, ROW32)[:, None, None] + v_cols)
-        return kw, ve, vo
+        vep = _rows_ptr(v_w0, gl.minimum(n + e, hi), e, s_vbw, s_vnw, pg, pg2, n, hi, bt_row, NPAGES,
+                        PAGE, MODE, ROW32)[:, None, None] + v_cols
+        vop = _rows_ptr(v_w0, gl.minimum(n + e + 1, hi), e + 1, s_vbw, s_vnw, pg, pg2, n, hi, bt_row,
+                        NPAGES, PAGE, MODE, ROW32)[:, None, None] + v_cols
+        return kp, vep, vop
 
     @gluon.jit
     def _prefetch_block(k_w0, v_w0, n, hi, lanes, s_kbw, s_knw, s_vbw, s_vnw, bt_row, NPAGES,
@@ -308,15 +314,36 @@ if gluon is not None:
             return (a + lane.to(gl.int64) * S_N) + c * S_N
 
     @gluon.jit
-    def _load_block_fast(k_w0, v_w0, n, pg, pg2, kn, vp, k_cols, v_cols, s_kbw, s_vbw, K_SNW: gl.constexpr,
+    def _block_ptrs_fast(k_w0, v_w0, n, pg, pg2, kn, vp, k_cols, v_cols, s_kbw, s_vbw, K_SNW: gl.constexpr,
                          V_SNW: gl.constexpr, PAGE: gl.constexpr, MODE: gl.constexpr):
-        """_load_block for a key block wholly inside the chunk (MODE 0-2)."""
+        """_block_ptrs for a key block wholly inside the chunk (MODE 0-2)."""
         # lanes: K rows r + 8 j (r = lane // 4), V pairs c + 4 h + 8 t (c = lane % 4)
-        kw = gl.load(_rows_fast(k_w0, kn, 7, n, pg, pg2, s_kbw, K_SNW, PAGE, MODE)[:, None, None] + k_cols)
+        kp = _rows_fast(k_w0, kn, 7, n, pg, pg2, s_kbw, K_SNW, PAGE, MODE)[:, None, None] + k_cols
         e = 2 * vp
-        ve = gl.load(_rows_fast(v_w0, e, 6, n, pg, pg2, s_vbw, V_SNW, PAGE, MODE)[:, None, None] + v_cols)
-        vo = gl.load(_rows_fast(v_w0, e + 1, 6, n, pg, pg2, s_vbw, V_SNW, PAGE, MODE)[:, None, None] + v_cols)
-        return kw, ve, vo
+        vep = _rows_fast(v_w0, e, 6, n, pg, pg2, s_vbw, V_SNW, PAGE, MODE)[:, None, None] + v_cols
+        vop = _rows_fast(v_w0, e + 1, 6, n, pg, pg2, s_vbw, V_SNW, PAGE, MODE)[:, None, None] + v_cols
+        return kp, vep, vop
+
+    @gluon.jit
+    def _fetch_block(FAST: gl.constexpr, k_w0, v_w0, n, hi, pg, pg2, kn, vp, k_cols, v_cols, s_kbw, s_knw, s_vbw,
+                     s_vnw, bt_row, NPAGES, PAGE: gl.constexpr, MODE: gl.constexpr, ROW32: gl.constexpr):
+        """The pointers of key block n's words: FAST (MODE 0-2) when the block lies wholly inside
+        the chunk, else with rows clamped to hi."""
+        if FAST:
+            return _block_ptrs_fast(k_w0, v_w0, n, pg, pg2, kn, vp, k_cols, v_cols, s_kbw, s_vbw, s_knw, s_vnw,
+                                    PAGE, MODE)
+        else:
+            return _block_ptrs(k_w0, v_w0, n, hi, pg, pg2, kn, vp, k_cols, v_cols, s_kbw, s_knw, s_vbw, s_vnw,
+                               bt_row, NPAGES, PAGE, MODE, ROW32)
+
+    @gluon.jit
+    def _copy_block(k_slot, ve_slot, vo_slot, kp, vep, vop):
+        """Start key block's words on their way into one ring slot (cp.async; each thread copies
+        the words it later reads back, so no barrier orders the copy and the reads)."""
+        async_copy.async_copy_global_to_shared(k_slot, kp)
+        async_copy.async_copy_global_to_shared(ve_slot, vep)
+        async_copy.async_copy_global_to_shared(vo_slot, vop)
+        async_copy.commit_group()
 
     @gluon.jit
     def _param_tile(FAST: gl.constexpr, base, keys8, s_b, S_N: gl.constexpr, pg, pg2, n, hi, bt_row, NPAGES, g8,
@@ -372,7 +399,8 @@ if gluon is not None:
             ROW32: gl.constexpr, PREFETCH: gl.constexpr,
             K_SN: gl.constexpr, V_SN: gl.constexpr, KS_SN: gl.constexpr, KS_SG: gl.constexpr,
             KZ_SN: gl.constexpr, KZ_SG: gl.constexpr, VS_SN: gl.constexpr, VS_SG: gl.constexpr,
-            VZ_SN: gl.constexpr, VZ_SG: gl.constexpr, FAST_ROWS: gl.constexpr, LAZY: gl.constexpr):
+            VZ_SN: gl.constexpr, VZ_SG: gl.constexpr, FAST_ROWS: gl.constexpr, LAZY: gl.constexpr,
+            RING: gl.constexpr):
         """One program (one warp): KV head (b, hk), key chunk `split`; the G * Sq query
         rows of hk times NG groups are the mma's 16 rows. Writes o / lse (ONE_SPLIT) or the
         f32 partials PO (rows, SPLITS, DV) and their lse PL (rows, SPLITS). Paged K/V (PAGE >
@@ -502,9 +530,12 @@ if gluon is not None:
         zc = gl.zeros([ROWS], gl.float32, layout=ROW_L)
         acc = gl.zeros([ROWS, DV], gl.float32, layout=MMA)
 
-        # the first block's words; each step loads the next block's before computing its own.
+        # Words run AHEAD blocks ahead of the compute: in registers (RING = 0: each step loads
+        # the next block's before computing its own) or through a RING-slot shared-memory ring
+        # of cp.async copies (more bytes in flight per warp, 32 fewer registers held).
         # Rows past the chunk are clamped to its last row (hi), not masked (a masked load
         # zero-fills its registers first): their scores are masked and their probabilities 0.
+        AHEAD: gl.constexpr = RING - 1 if RING > 1 else 1
         k_w0 = KW32 + k_row0 // 4
         v_w0 = VW32 + v_row0 // 4
         s_kbw = s_kb // 4
@@ -512,18 +543,35 @@ if gluon is not None:
         s_knw: gl.constexpr = K_SN // 4
         s_vnw: gl.constexpr = V_SN // 4
         hi = gl.maximum(end - 1, 0)
-        # a block's page is loaded one step before its words (two ahead of its compute), so
-        # the block-table read does not add its latency to the words' prefetch
+        # a block's page is loaded one step before its words, so the block-table read does not
+        # add its latency to the words' prefetch
         lanes = gl.arange(0, 32, layout=gl.BlockedLayout([1], [32], [1], [0]))
         pg, pg2 = _block_page(bt_row, start, hi, NPAGES, PAGE, PAGE_MODE, ROW32)
-        kw_, ve, vo = _load_block(k_w0, v_w0, start, hi, pg, pg2, kn, vp, k_cols, v_cols, s_kbw, s_knw, s_vbw,
-                                  s_vnw, bt_row, NPAGES, PAGE, PAGE_MODE, ROW32)
         pg_nx, pg2_nx = _block_page(bt_row, start + BN, hi, NPAGES, PAGE, PAGE_MODE, ROW32)
-        # two copies of the step: while the next block too lies wholly inside the chunk, every
-        # row is unclamped (FAST: constant offsets from one base per block, no branch in the
-        # loop, so the scheduler moves loads freely); the last one or two steps clamp
+        slot = 0
+        if RING > 1:
+            RS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+            k_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, 4, KW], RS)
+            ve_ring = gl.allocate_shared_memory(gl.int32, [RING, BN // 2, 8, VW], RS)
+            vo_ring = gl.allocate_shared_memory(gl.int32, [RING, BN // 2, 8, VW], RS)
+            for j in gl.static_range(AHEAD):
+                pj, pj2 = _block_page(bt_row, start + j * BN, hi, NPAGES, PAGE, PAGE_MODE, ROW32)
+                kp, vep, vop = _block_ptrs(k_w0, v_w0, start + j * BN, hi, pj, pj2, kn, vp, k_cols, v_cols, s_kbw,
+                                           s_knw, s_vbw, s_vnw, bt_row, NPAGES, PAGE, PAGE_MODE, ROW32)
+                _copy_block(k_ring.index(j), ve_ring.index(j), vo_ring.index(j), kp, vep, vop)
+            pgf, pgf2 = _block_page(bt_row, start + AHEAD * BN, hi, NPAGES, PAGE, PAGE_MODE, ROW32)
+        else:
+            pgf, pgf2 = pg, pg2
+            kp, vep, vop = _block_ptrs(k_w0, v_w0, start, hi, pg, pg2, kn, vp, k_cols, v_cols, s_kbw, s_knw, s_vbw,
+                                       s_vnw, bt_row, NPAGES, PAGE, PAGE_MODE, ROW32)
+            kw_ = gl.load(kp)
+            ve = gl.load(vep)
+            vo = gl.load(vop)
+        # two copies of the step: while the block fetched AHEAD too lies wholly inside the
+        # chunk, every row is unclamped (FAST: constant offsets from one base per block, no
+        # branch in the loop, so the scheduler moves loads freely); the last steps clamp
         if FAST_ROWS and PAGE_MODE < 3:
-            mid = start + gl.maximum((end - start) // BN - 1, 0) * BN
+            mid = start + gl.maximum((end - start) // BN - AHEAD, 0) * BN
         else:
             mid = start
         for phase in gl.static_range(2):
@@ -534,15 +582,27 @@ if gluon is not None:
                 lo = mid
                 hi_n = end
             for n0 in range(lo, hi_n, BN):
-                nx = n0 + BN
-                pg_nx2, pg2_nx2 = _block_page(bt_row, nx + BN, hi, NPAGES, PAGE, PAGE_MODE, ROW32)
-                if phase == 0:
-                    kw_nx, ve_nx, vo_nx = _load_block_fast(k_w0, v_w0, nx, pg_nx, pg2_nx, kn, vp, k_cols, v_cols,
-                                                           s_kbw, s_vbw, s_knw, s_vnw, PAGE, PAGE_MODE)
+                nf = n0 + AHEAD * BN    # the block whose words this step fetches
+                pg_nx2, pg2_nx2 = _block_page(bt_row, n0 + 2 * BN, hi, NPAGES, PAGE, PAGE_MODE, ROW32)
+                if RING > 1:
+                    pgf_nx, pgf2_nx = _block_page(bt_row, nf + BN, hi, NPAGES, PAGE, PAGE_MODE, ROW32)
+                    kp, vep, vop = _fetch_block(phase == 0, k_w0, v_w0, nf, hi, pgf, pgf2, kn, vp, k_cols, v_cols,
+                                                s_kbw, s_knw, s_vbw, s_vnw, bt_row, NPAGES, PAGE, PAGE_MODE, ROW32)
+                    ns = (slot + AHEAD) % RING
+                    _copy_block(k_ring.index(ns), ve_ring.index(ns), vo_ring.index(ns), kp, vep, vop)
+                    async_copy.wait_group(AHEAD)   # this block's group is done
+                    kw_c = k_ring.index(slot).load(LK)
+                    ve_c = ve_ring.index(slot).load(LV)
+                    vo_c = vo_ring.index(slot).load(LV)
                 else:
-                    kw_nx, ve_nx, vo_nx = _load_block(k_w0, v_w0, nx, hi, pg_nx, pg2_nx, kn, vp, k_cols, v_cols,
-                                                      s_kbw, s_knw, s_vbw, s_vnw, bt_row, NPAGES, PAGE, PAGE_MODE,
-                                                      ROW32)
+                    kp, vep, vop = _fetch_block(phase == 0, k_w0, v_w0, nf, hi, pg_nx, pg2_nx, kn, vp, k_cols, v_cols,
+                                                s_kbw, s_knw, s_vbw, s_vnw, bt_row, NPAGES, PAGE, PAGE_MODE, ROW32)
+                    kw_nx = gl.load(kp)
+                    ve_nx = gl.load(vep)
+                    vo_nx = gl.load(vop)
+                    kw_c = kw_
+                    ve_c = ve
+                    vo_c = vo
                 if PREFETCH > 0:
                     _prefetch_block(k_w0, v_w0, n0 + PREFETCH * BN, hi, lanes, s_kbw, s_knw, s_vbw, s_vnw, bt_row,
                                     NPAGES, PAGE, PAGE_MODE, ROW32)
@@ -561,7 +621,7 @@ if gluon is not None:
                                        VZ_SG, V_ZP_G, 0.0, PAGE, PAGE_MODE, ROW32)
 
                 # ---- K: unpack into the two B operands, s = Q K^T on the codes ----
-                r0, r1, r2, r3 = _unpack_k(kw_, F16, K_SIGNED)
+                r0, r1, r2, r3 = _unpack_k(kw_c, F16, K_SIGNED)
                 # [BN, 4 (c), KW (i), 2 (q0: half), 2 (q1: register)] -> k = 16 i + 8 q1 + 2 c + q0
                 ka = gl.join(_halves(r0, DT), _halves(r1, DT))
                 ka = gl.reshape(gl.permute(ka, (0, 2, 4, 1, 3)), [BN, D // 2])
@@ -612,7 +672,7 @@ if gluon is not None:
                     zc = zc + gl.sum(pf * (V_OFF + _param_rows(vz_t, V_ZP_G, MMA)), axis=1)
                 else:
                     zc = zc + gl.sum(pf, axis=1) * V_OFF
-                v0, v1, v2, v3, v4, v5, v6, v7 = _unpack_v(ve, vo, F16, V_SIGNED)
+                v0, v1, v2, v3, v4, v5, v6, v7 = _unpack_v(ve_c, vo_c, F16, V_SIGNED)
                 # register s = q1 + 2 a0 + 4 a1: [BN/2 (p), 8 (r), VW (i), 2 (q0), 2 (q1), 2 (a0), 2 (a1)]
                 vj = gl.join(gl.join(gl.join(_halves(v0, DT), _halves(v1, DT)),
                                      gl.join(_halves(v2, DT), _halves(v3, DT))),
@@ -621,14 +681,21 @@ if gluon is not None:
                 vj = gl.reshape(gl.permute(vj, (0, 3, 2, 6, 5, 4, 1)), [BN, DV])
                 vt = gl.convert_layout(vj, DOT_B)
                 acc = mma_v2(gl.convert_layout(p16, DOT_A), vt, acc)
-                kw_ = kw_nx
-                ve = ve_nx
-                vo = vo_nx
+                if RING > 1:
+                    slot = (slot + 1) % RING
+                    pgf = pgf_nx
+                    pgf2 = pgf2_nx
+                else:
+                    kw_ = kw_nx
+                    ve = ve_nx
+                    vo = vo_nx
                 pg = pg_nx
                 pg2 = pg2_nx
                 pg_nx = pg_nx2
                 pg2_nx = pg2_nx2
 
+        if RING > 1:
+            async_copy.wait_group(0)   # copies past the chunk's end (clamped rows) still in flight
         # ---- epilogue: offsets, per-tensor scale, each row's group columns ----
         o_acc = acc - zc[:, None]
         if not V_SC_G:
@@ -678,6 +745,7 @@ class Q4Config(DecodeConfig):
     prefetch: int = 0             # L2 prefetch of the key block this many blocks ahead (0: none)
     fast_rows: bool = True        # unclamped rows (constant offsets) while the next block is whole
     lazy_rescale: bool = True     # rescale acc only when the running max grows by > 2^8
+    ring: int = 0                 # cp.async ring of this many slots for the words (0: registers)
 
 
 def param_layout(bn: int):
@@ -689,11 +757,20 @@ def param_layout(bn: int):
 
 
 def default_config(problem) -> Q4Config:
-    """L2 prefetch two blocks ahead, one on 16-key pages: there a block's prefetch reads two
-    block-table entries, and two ahead measured 5-12 % slower than one or none (2026-12-03)."""
-    bn = 32
-    prefetch = 1 if page_mode(problem.page_size, bn) == 2 else 2
-    return Q4Config(block_n=bn, block_m=16, num_warps=1, num_stages=1, prefetch=prefetch)
+    """The words through a cp.async ring with one block in flight beyond the one computed
+    (ring 2) under a 168-register cap: 12 programs an SM where the register prefetch's 232
+    registers allowed 8; no L2 prefetch. Measured on the H200 (2026-12-03, b8 x 32k and b64 x
+    8k, s4 / u4 g64): 5-9 % faster than the register prefetch on the contiguous cache, 4-19 %
+    on 16- and 64-key pages; ring 3 and 4 and an L2 prefetch 1-6 % slower than ring 2. Two
+    variants would spill under that cap: zero points on the contiguous cache take ring 3
+    (ring 2 spills 8 bytes and measured 5 % slower), four or more groups a row (group 32 at
+    D 128) take 200 registers (10 programs an SM; 168 spilled 48-96 bytes)."""
+    kq, vq = problem.k_quant, problem.v_quant
+    zp = kq is not None and vq is not None and (kq[4] is not None or vq[4] is not None)
+    ng = max(_sig_groups(kq, problem.D), _sig_groups(vq, problem.Dv)) if kq is not None and vq is not None else 1
+    ring = 3 if zp and not problem.page_size else 2
+    return Q4Config(block_n=32, block_m=16, num_warps=1, num_stages=1, prefetch=0, ring=ring,
+                    maxnreg=200 if ng >= 4 else 168)
 
 
 def resident_per_sm(cfg: DecodeConfig) -> int:
@@ -754,6 +831,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         K_SN=sk[2], V_SN=sv[2], KS_SN=sks[2], KS_SG=sks[3], KZ_SN=skz[2], KZ_SG=skz[3],
         VS_SN=svs[2], VS_SG=svs[3], VZ_SN=svz[2], VZ_SG=svz[3],
         FAST_ROWS=getattr(cfg, "fast_rows", True), LAZY=getattr(cfg, "lazy_rescale", True),
+        RING=getattr(cfg, "ring", 0),
         **flags,
         num_warps=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return main, _dec.combine_launch(problem, splits), splits
@@ -851,9 +929,10 @@ class GluonDecodeQ4(_DecodeBase):
         return workspace_bytes(problem)
 
     def estimate(self, problem) -> float:
-        """Bytes read (codes, scales, zero points) at the 2.29-2.47 TB/s it measured on the H200
-        through its plan (2026-12-03, s4 / u4 g64, b8 x 32k and b64 x 8k, cuDNN-free probe;
-        shuffled page pools of 16 / 64 keys at 0.89-0.98x of the contiguous time)."""
+        """Bytes read (codes, scales, zero points) at the 2.3-2.9 TB/s it measured on the H200
+        through its plan with the cp.async ring (2026-12-03, s4 / u4 g64 and s4 per head, b8 x
+        32k and b64 x 8k, cuDNN in the same run; shuffled page pools of 16-256 keys at
+        0.93-1.04x of the contiguous time)."""
         t = problem.bytes() / Q4_BW * 1e3
         host = _dec.HOST_FLOOR_MS if problem.device == "cuda" else 0.0
         return max(t + _dec._LAUNCH_MS, host)

@@ -168,3 +168,37 @@ def test_running_max_grows(splits):
     assert_close(f"grows {splits}", o, theirs, ref)
     lse2 = nnprim.sdpa(q, kq, vq, solver="decode_split_k_quant_grouped", return_lse=True)[1]
     assert torch.allclose(lse, lse2, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("page", [0, 16, 64, 48])
+def test_ring_equals_registers(page):
+    """The words through the cp.async ring (Q4Config.ring) and through registers: the same bits
+    (same splits), on ragged lengths whose chunks end inside a block and hold fewer blocks
+    than the ring has slots."""
+    from dataclasses import replace
+
+    from nnprim.args import AttnArgs
+    from nnprim.attention import gluon_decode_quant as q4
+    from nnprim.problems.attention import AttentionProblem
+    B, Hq, Hkv, D = 5, 32, 8, 128
+    Sk = 1968 // page * page if page else 1999
+    g = torch.Generator(device=DEV).manual_seed(page)
+    q = torch.randn(B, Hq, 1, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    kq, vq = _quant(k, "u4", 64, True, 1), _quant(v, "s4", 64, False, 1)
+    lens = torch.tensor([Sk, 1, 33, 95, Sk - 17], device=DEV, dtype=torch.int32)
+    bt = None
+    if page:
+        n_pages = Sk // page
+        bt = torch.randperm(B * n_pages, device=DEV).reshape(B, n_pages).to(torch.int32)
+        kq, vq = to_pages(kq, bt, B * n_pages), to_pages(vq, bt, B * n_pages)
+    args = AttnArgs(q=q, k=kq, v=vq, kv_lens=lens, block_table=bt)
+    p = AttentionProblem.from_tensors(q, kq, vq, kv_lens=lens, block_table=bt)
+    outs = []
+    for splits in (1, 7):
+        for ring in (0, 2, 3, 4):
+            cfg = replace(q4.default_config(p), ring=ring, splits=splits, maxnreg=None)
+            outs.append(decode.run_planned(p, args, q4.plan(p, args, cfg))[0])
+        for o in outs[-3:]:
+            assert torch.equal(o, outs[-4]), f"splits {splits}: ring and registers differ"
