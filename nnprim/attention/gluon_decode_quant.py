@@ -763,14 +763,17 @@ def default_config(problem) -> Q4Config:
     8k, s4 / u4 g64): 5-9 % faster than the register prefetch on the contiguous cache, 4-19 %
     on 16- and 64-key pages; ring 3 and 4 and an L2 prefetch 1-6 % slower than ring 2. Two
     variants would spill under that cap: zero points on the contiguous cache take ring 3
-    (ring 2 spills 8 bytes and measured 5 % slower), four or more groups a row (group 32 at
-    D 128) take 200 registers (10 programs an SM; 168 spilled 48-96 bytes)."""
+    (ring 2 spilled 8 bytes and measured 5 % slower), and zero points take 176 registers (11
+    programs an SM: at 168 some variants spilled 8-16 bytes, e.g. 64-bit page offsets or a
+    row per block-table entry); four or more groups a row (group 32 at D 128) take 200 (10
+    programs an SM; 168 spilled 48-96 bytes). The 176 cap is not yet measured on the H200
+    (the zero-point rows above ran at 168)."""
     kq, vq = problem.k_quant, problem.v_quant
     zp = kq is not None and vq is not None and (kq[4] is not None or vq[4] is not None)
     ng = max(_sig_groups(kq, problem.D), _sig_groups(vq, problem.Dv)) if kq is not None and vq is not None else 1
     ring = 3 if zp and not problem.page_size else 2
     return Q4Config(block_n=32, block_m=16, num_warps=1, num_stages=1, prefetch=0, ring=ring,
-                    maxnreg=200 if ng >= 4 else 168)
+                    maxnreg=200 if ng >= 4 else 176 if zp else 168)
 
 
 def resident_per_sm(cfg: DecodeConfig) -> int:

@@ -3,6 +3,7 @@ against KVQuant's own unpacking (which head-dim column each mma position holds, 
 16-bit values), its applicability and split choice. The kernel itself runs in
 tests/gpu/test_gluon_decode_q4_gpu.py; its sm_90 compile in tests/test_compile_sm90.py."""
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -130,10 +131,26 @@ def test_applicability():
 
 def test_splits_fill_resident_slots_once():
     cfg = q4.default_config(_problem())
-    assert q4.choose_splits(_problem(), cfg, num_sms=132) == 16          # 64 KV heads x 16 = 1024 <= 1056
-    assert q4.choose_splits(_problem(B=64, Sk=8192), cfg, num_sms=132) == 2
+    assert cfg.maxnreg == 168 and q4.resident_per_sm(cfg) == 12      # the ring's register cap
+    assert q4.choose_splits(_problem(), cfg, num_sms=132) == 24          # 64 KV heads x 24 = 1536 <= 1584
+    assert q4.choose_splits(_problem(B=64, Sk=8192), cfg, num_sms=132) == 3
     assert q4.choose_splits(_problem(B=256, Sk=8192), cfg, num_sms=132) == 1
     assert q4.choose_splits(_problem(B=1, Hq=4, Hkv=1, Sk=200), cfg, num_sms=132) == 2   # >= 4 key blocks each
+    registers = replace(cfg, ring=0, maxnreg=None)                     # 232 registers: 8 an SM
+    assert q4.resident_per_sm(registers) == 8 and q4.choose_splits(_problem(), registers, num_sms=132) == 16
+
+
+def test_default_config_caps():
+    """Ring depth and register cap per variant (the caps under which their SASS does not spill)."""
+    zp = ("u4", 64, "g", "bfloat16", "g", 1)
+    g32 = ("s4", 32, "g", "bfloat16", None, 1)
+    assert (q4.default_config(_problem()).ring, q4.default_config(_problem()).maxnreg) == (2, 168)
+    c = q4.default_config(_problem(k_quant=zp, v_quant=zp))
+    assert (c.ring, c.maxnreg) == (3, 176)
+    c = q4.default_config(_problem(k_quant=zp, v_quant=zp, page_size=64))
+    assert (c.ring, c.maxnreg) == (2, 176)
+    c = q4.default_config(_problem(Hq=8, k_quant=g32, v_quant=g32))
+    assert (c.ring, c.maxnreg) == (2, 200)
 
 
 def test_codes_off_words_run_122():
