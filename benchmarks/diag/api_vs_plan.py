@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
+from decode_formats import graph_ms  # noqa: E402
 from decode_swap_sweep import quant  # noqa: E402
 
 import nnprim  # noqa: E402
@@ -75,30 +76,10 @@ def kernels(fn, calls: int = 20) -> dict:
     return {k: dict(n=len(v) / calls, us=round(statistics.mean(v), 1)) for k, v in acc.items()}
 
 
-def graph_us(fn, reps: int = 50) -> float | str:
-    try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        g.replay()
-        torch.cuda.synchronize()
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t = []
-        for _ in range(reps):
-            e0.record()
-            g.replay()
-            e1.record()
-            e1.synchronize()
-            t.append(e0.elapsed_time(e1) * 1e3)
-        return round(statistics.median(t), 1)
-    except Exception as ex:  # noqa: BLE001 - recorded
-        return f"{type(ex).__name__}: {str(ex)[:120]}"
+def graph_us(fn, reps: int = 50) -> float | None:
+    """Device time of one call replayed from a CUDA graph (decode_formats.graph_ms), in us."""
+    ms = graph_ms(fn, reps)
+    return None if ms is None else round(ms * 1e3, 1)
 
 
 def main() -> None:
