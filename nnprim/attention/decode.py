@@ -612,12 +612,12 @@ def run_planned(problem, args: AttnArgs, planned: tuple[Launch, Launch | None, i
     lens = args.kv_lens if problem.has_kv_lens else q
     bt = args.block_table if problem.page_size else q
     if main.ready() and (combine is None or combine.ready()):
-        a = [t.data_ptr() for t in (q, k, v, ks, kz, vs, vz, m4, lens, scale_ptr, o, lse, ws)]
+        a = [t.data_ptr() for t in (q, k, v, ks, kz, vs, vz, m4, lens, scale_ptr, o, lse, ws, bt)]
         po = a[12]
         pl = po if splits == 1 else po + 4 * n_po
         if not (a[0] | a[1] | a[2] | a[3] | a[4] | a[5] | a[6] | a[7] | a[8] | a[9] | a[10] | a[11] | pl
-                | bt.data_ptr()) & 15:
-            main.run_addresses(*a[:12], po, pl, bt.data_ptr())
+                | a[13]) & 15:
+            main.run_addresses(*a[:12], po, pl, a[13])
             if combine is not None:
                 combine.run_addresses(po, pl, a[10], a[11])
             return o, (lse if problem.return_lse else None)

@@ -561,7 +561,6 @@ if gluon is not None:
                 _copy_block(k_ring.index(j), ve_ring.index(j), vo_ring.index(j), kp, vep, vop)
             pgf, pgf2 = _block_page(bt_row, start + AHEAD * BN, hi, NPAGES, PAGE, PAGE_MODE, ROW32)
         else:
-            pgf, pgf2 = pg, pg2
             kp, vep, vop = _block_ptrs(k_w0, v_w0, start, hi, pg, pg2, kn, vp, k_cols, v_cols, s_kbw, s_knw, s_vbw,
                                        s_vnw, bt_row, NPAGES, PAGE, PAGE_MODE, ROW32)
             kw_ = gl.load(kp)
