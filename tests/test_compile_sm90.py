@@ -34,6 +34,10 @@ def test_kernels_compile_for_sm90():
     # solver 130 (Gluon backward, d256): every variant compiled, without spills (STACK:0)
     d256 = [line for line in r.stdout.splitlines() if line.startswith("gluon_flash_bwd_d256")]
     assert len(d256) >= 2 and all("STACK:0 " in line or "?" in line for line in d256), r.stdout[-4000:]
-    # solver 133 (Gluon decode on 4-bit codes): every variant compiled, without spills
+    # solver 133 (Gluon decode on 4-bit codes): every variant compiled under its 168-register cap,
+    # spilling at most 96 bytes (group 32; a cap above 168 halves the programs an SM and measured
+    # slower, see gluon_decode_quant.default_config)
     q4 = [line for line in r.stdout.splitlines() if line.startswith("gluon_decode_q4")]
-    assert len(q4) >= 3 and all("STACK:0 " in line or "?" in line for line in q4), r.stdout[-4000:]
+    stacks = [int(w[6:]) for line in q4 for w in line.split() if w.startswith("STACK:")]
+    regs = [int(w[4:]) for line in q4 for w in line.split() if w.startswith("REG:")]
+    assert len(q4) >= 3 and all(s_ <= 96 for s_ in stacks) and all(r_ <= 168 for r_ in regs), r.stdout[-4000:]

@@ -3,7 +3,7 @@ blocks) on the contiguous cache and on shuffled page pools of 16 / 64 / 256 keys
 the same caches, interleaved (one run of each per round, device events), through the plans.
 Every variant's output is compared with 133's on the contiguous cache.
 
-Usage: python benchmarks/diag/paged_q4_probe.py --out PATH [--prefetch 0,2,4] [--smoke]
+Usage: python benchmarks/diag/paged_q4_probe.py --out PATH [--prefetch 0,2,4] [--formats s4g64,u4g32zp] [--smoke]
 (--smoke: CPU compile-only of the 133 variants is not possible; it runs 122 alone under the
 interpreter at a small size to check the script.)"""
 from __future__ import annotations
@@ -28,7 +28,8 @@ from nnprim.quant import quantize_kv  # noqa: E402
 from nnprim.search.timing import interleaved_samples  # noqa: E402
 
 PROBLEMS = {"decode_b8_k32k": (8, 32768), "decode_b64_k8k": (64, 8192)}
-FORMATS = {"s4g64": ("s4", True), "u4g64zp": ("u4", False)}
+FORMATS = {"s4g64": ("s4", True, 64), "u4g64zp": ("u4", False, 64), "s4g32": ("s4", True, 32),
+           "u4g32zp": ("u4", False, 32), "s4g128": ("s4", True, 128), "u4g128zp": ("u4", False, 128)}
 
 
 def paginate(k, v, page: int, seed: int = 0):
@@ -62,6 +63,7 @@ def main() -> None:
                          "+nolazy (acc rescaled every step), e.g. 2,2+nofast,2+nofast+nolazy")
     ap.add_argument("--pages", default="0,16,64,256")
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--formats", default="s4g64,u4g64zp", help=f"of {','.join(FORMATS)}")
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     dev = "cpu" if a.smoke else "cuda"
@@ -74,9 +76,10 @@ def main() -> None:
         k = torch.randn(B, 8, Sk, 128, device=dev, dtype=torch.bfloat16, generator=g)
         v = torch.randn(B, 8, Sk, 128, device=dev, dtype=torch.bfloat16, generator=g)
         lens = torch.full((B,), Sk, device=dev, dtype=torch.int32)
-        for fname, (dt, sym) in FORMATS.items():
-            kq = quantize_kv(k, dt, group_size=64, symmetric=sym, scale_dtype=torch.bfloat16)
-            vq = quantize_kv(v, dt, group_size=64, symmetric=sym, scale_dtype=torch.bfloat16)
+        for fname in a.formats.split(","):
+            dt, sym, gs = FORMATS[fname]
+            kq = quantize_kv(k, dt, group_size=gs, symmetric=sym, scale_dtype=torch.bfloat16)
+            vq = quantize_kv(v, dt, group_size=gs, symmetric=sym, scale_dtype=torch.bfloat16)
             fns, labels, outs = [], [], {}
             for page in (int(x) for x in a.pages.split(",")):
                 kk, vv, bt = (kq, vq, None) if page == 0 else paginate(kq, vq, page)

@@ -760,26 +760,25 @@ def default_config(problem) -> Q4Config:
     (ring 2) under a 168-register cap: 12 programs an SM where the register prefetch's 232
     registers allowed 8; no L2 prefetch. Measured on the H200 (2026-12-03, b8 x 32k and b64 x
     8k, s4 / u4 g64): 5-9 % faster than the register prefetch on the contiguous cache, 4-19 %
-    on 16- and 64-key pages; ring 3 and 4 and an L2 prefetch 1-6 % slower than ring 2. Two
-    variants would spill under that cap: zero points on the contiguous cache take ring 3
-    (ring 2 spilled 8 bytes and measured 5 % slower), and zero points take 176 registers (11
-    programs an SM: at 168 some variants spilled 8-16 bytes, e.g. 64-bit page offsets or a
-    row per block-table entry); four or more groups a row (group 32 at D 128) take 200 (10
-    programs an SM; 168 spilled 48-96 bytes). The 176 cap is not yet measured on the H200
-    (the zero-point rows above ran at 168)."""
+    on 16- and 64-key pages; ring 3 and 4 and an L2 prefetch 1-6 % slower than ring 2. Zero
+    points with fewer than four groups a row on the contiguous cache take ring 3 (u4 g64: 4-5 %
+    faster; g32: 9-11 % slower, 2026-12-04). Every variant keeps the 168 cap even where its
+    SASS spills (zero points 8-16 bytes, group 32 48-96): caps of 176 and 200 were 5-54 %
+    slower on the H200 (2026-12-04, results/paged_q4_caps_2026-12-04_s29.json), as any cap
+    over 168 leaves room for only two warps a register-file quarter (`resident_per_sm`)."""
     kq, vq = problem.k_quant, problem.v_quant
     zp = kq is not None and vq is not None and (kq[4] is not None or vq[4] is not None)
     ng = max(_sig_groups(kq, problem.D), _sig_groups(vq, problem.Dv)) if kq is not None and vq is not None else 1
-    ring = 3 if zp and not problem.page_size else 2
-    return Q4Config(block_n=32, block_m=16, num_warps=1, num_stages=1, prefetch=0, ring=ring,
-                    maxnreg=200 if ng >= 4 else 176 if zp else 168)
+    ring = 3 if zp and ng < 4 and not problem.page_size else 2
+    return Q4Config(block_n=32, block_m=16, num_warps=1, num_stages=1, prefetch=0, ring=ring, maxnreg=168)
 
 
 def resident_per_sm(cfg: DecodeConfig) -> int:
-    """One-warp programs an SM holds at once: its 64K registers over 32 lanes x the cap
-    (255 uncapped, allocated in steps of 8)."""
+    """One-warp programs an SM holds at once. A Hopper SM's 64K registers are four files of 16K,
+    one per scheduler, and a warp lives in one: each holds 16K // (32 lanes x the cap rounded up
+    to 8) warps (255 uncapped). So 168 registers give 3 a quarter, 12 an SM, and 176-232 give 8."""
     regs = getattr(cfg, "maxnreg", None) or 256
-    return 65536 // (32 * (-(-regs // 8) * 8))
+    return 4 * (16384 // (32 * (-(-regs // 8) * 8)))
 
 
 def choose_splits(problem, cfg: DecodeConfig, num_sms: int | None = None) -> int:

@@ -141,16 +141,26 @@ def test_splits_fill_resident_slots_once():
 
 
 def test_default_config_caps():
-    """Ring depth and register cap per variant (the caps under which their SASS does not spill)."""
+    """Ring depth per variant under the one register cap that keeps 12 programs an SM."""
     zp = ("u4", 64, "g", "bfloat16", "g", 1)
     g32 = ("s4", 32, "g", "bfloat16", None, 1)
+    zp32 = ("u4", 32, "g", "bfloat16", "g", 1)
     assert (q4.default_config(_problem()).ring, q4.default_config(_problem()).maxnreg) == (2, 168)
     c = q4.default_config(_problem(k_quant=zp, v_quant=zp))
-    assert (c.ring, c.maxnreg) == (3, 176)
+    assert (c.ring, c.maxnreg) == (3, 168)
     c = q4.default_config(_problem(k_quant=zp, v_quant=zp, page_size=64))
-    assert (c.ring, c.maxnreg) == (2, 176)
+    assert (c.ring, c.maxnreg) == (2, 168)
     c = q4.default_config(_problem(Hq=8, k_quant=g32, v_quant=g32))
-    assert (c.ring, c.maxnreg) == (2, 200)
+    assert (c.ring, c.maxnreg) == (2, 168)
+    c = q4.default_config(_problem(Hq=8, k_quant=zp32, v_quant=zp32))
+    assert (c.ring, c.maxnreg) == (2, 168)
+
+
+def test_resident_per_sm_by_register_file_quarter():
+    """Warps live in one of an SM's four 16K register files: 168 registers give 3 each, 176 two."""
+    def cfg(r):
+        return q4.Q4Config(block_n=32, block_m=16, num_warps=1, num_stages=1, maxnreg=r)
+    assert [q4.resident_per_sm(cfg(r)) for r in (128, 160, 168, 176, 200, 232, None)] == [16, 12, 12, 8, 8, 8, 8]
 
 
 def test_codes_off_words_run_122():
