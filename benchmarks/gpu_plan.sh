@@ -28,6 +28,7 @@
 #   conv       the conv suite through the public API (run_suites.sh conv), benchmarks/depthwise.py (tile
 #              and walk variants, cuDNN) and benchmarks/nchw_probe.py (layout copies, NCHW solvers)
 #   sysdb      nnprim db build-system for the H200 (suites + 90 model layers, about 5 minutes)
+#   sysdb_decode  the same for the quantized decode suite (decode_quant_gpu: 25 problems)
 #   regret     benchmarks/regret.py (60 held-out problems) and benchmarks/first_call.py; the seed-1
 #              problems' kernels are compiled by the sysdb step; another seed compiles from scratch
 #              and did not finish in 240 s (2026-12-01): give it a call of its own
@@ -155,6 +156,12 @@ case $STEP in
   sysdb)
     timeout -s INT 585 python3 -m nnprim db build-system --device cuda --count 90 --workers 14 --time-budget 470 2>&1 \
       | tr '\r' '\n' | tail -5
+    cp nnprim/data/system_finddb.sqlite nnprim/data/system_finddb.tsv "$OUT"/ ;;
+  sysdb_decode)
+    # the quantized decode suite (nnprim/data/suites/decode_quant_gpu.json: 4-bit / 8-bit / fp8,
+    # contiguous and paged) into the shipped db
+    timeout -s INT 420 python3 -m nnprim db build-system --device cuda --suite decode_quant_gpu --models none \
+      --workers 14 --time-budget 330 2>&1 | tr '\r' '\n' | grep -v Warn | tail -30
     cp nnprim/data/system_finddb.sqlite nnprim/data/system_finddb.tsv "$OUT"/ ;;
   regret)
     timeout -s INT 420 python3 benchmarks/regret.py --device cuda --count 60 --seed ${SEED:-1} --workers 14 --time-budget 300 \

@@ -94,3 +94,32 @@ def test_db_text_export_and_model_check(tmp_path):
                        capture_output=True, text=True, timeout=240, env=env)
     assert r.returncode == 0, r.stderr
     assert '"rank_accuracy"' in r.stdout
+
+
+def test_quantized_decode_suite_keys_match_user_calls():
+    """Every problem of the shipped decode_quant_gpu suite (at a small size) has the key of the
+    public call a user makes with quantize_kv's arguments, so the system db's records serve it."""
+    import torch
+
+    from nnprim.cli.problem_args import attn_problem
+    from nnprim.cli.suites import load_suite
+    from nnprim.paged import to_pages
+    from nnprim.problems.attention import AttentionProblem
+    from nnprim.quant import quantize_kv
+    _, specs = load_suite("decode_quant_gpu")
+    sdt = {"bf16": torch.bfloat16, None: None}
+    for spec in specs:
+        spec = dict(spec, B=2, Hq=4, Hkv=2, Sk=128)
+        p = attn_problem(spec, dtype=torch.bfloat16, device="cpu")
+        q = torch.randn(2, 4, spec["Sq"], 128, dtype=torch.bfloat16)
+        kw = dict(symmetric=spec.get("symmetric", True), scale_dtype=sdt[spec.get("scale_dtype")],
+                  scale_per=spec.get("scale_per"))
+        k, v = (quantize_kv(torch.randn(2, 2, 128, 128, dtype=torch.bfloat16), spec["kv_quant"],
+                            spec.get("group_size") or 128, **kw) for _ in range(2))
+        lens = bt = None
+        if spec.get("page_size"):
+            bt = torch.arange(2 * 128 // spec["page_size"], dtype=torch.int32).reshape(2, -1)
+            k, v, lens = to_pages(k, bt), to_pages(v, bt), torch.full((2,), 128, dtype=torch.int32)
+        causal = "bottom_right" if spec["causal"] else None      # the suites' causal on Sq < Sk
+        user = AttentionProblem.from_tensors(q, k, v, causal=causal, kv_lens=lens, block_table=bt)
+        assert p.key() == user.key(), spec["name"]

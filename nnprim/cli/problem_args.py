@@ -76,7 +76,8 @@ def conv_problem(spec: dict, *, dtype: torch.dtype, device: str, direction: str 
 
 
 def attn_problem(spec: dict, *, dtype: torch.dtype, device: str, direction: str = "fwd") -> AttentionProblem:
-    """spec: {B, Hq, Hkv, Sq, Sk, D, Dv, causal, mask, dropout, kv_quant, group_size}."""
+    """spec: {B, Hq, Hkv, Sq, Sk, D, Dv, causal, mask, dropout, kv_quant, group_size, symmetric, scale_dtype,
+    scale_per, layout, order, page_size, kv_lens}; a page_size makes k and v page pools (nnprim.paged)."""
     try:
         B, Hq = int(spec.get("B", 1)), int(spec["Hq"])
         Hkv, Sq = int(spec.get("Hkv") or Hq), int(spec["Sq"])
@@ -95,19 +96,40 @@ def attn_problem(spec: dict, *, dtype: torch.dtype, device: str, direction: str 
     mask = spec.get("mask") or "none"
     if mask not in ("none", "bool", "additive"):
         raise BadParameterError(f"mask={mask!r} must be none, bool or additive")
-    quant = None
-    if spec.get("kv_quant"):
-        q = spec["kv_quant"]
-        if q not in ("s8", "u8", "s4", "u4"):
-            raise BadParameterError(f"kv_quant={q!r} must be s8, u8, s4 or u4")
-        g = int(spec.get("group_size") or D)
-        sdt = str(dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32).replace("torch.", "")
-        quant = (q, g, "g", sdt, "g" if q in ("u8", "u4") else None)
+    quant = _kv_signature(spec, dtype, D), _kv_signature(spec, dtype, Dv)
+    page = int(spec.get("page_size") or 0)
+    if page and (page < 1 or Sk % page):
+        raise BadParameterError(f"attention spec {spec!r}: page_size={page} must divide Sk={Sk}")
     return AttentionProblem(direction=direction, B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D, Dv=Dv, dtype=dtype,
                             device=device, causal=causal, mask=mask,
                             mask_shape=(1, 1, Sq, Sk) if mask != "none" else (),
                             dropout_p=float(spec.get("dropout", 0.0)), return_lse=direction == "bwd",
-                            k_quant=quant, v_quant=quant)
+                            has_kv_lens=bool(page or spec.get("kv_lens")), k_quant=quant[0], v_quant=quant[1],
+                            page_size=page)
+
+
+_SCALE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def _kv_signature(spec: dict, dtype: torch.dtype, d: int) -> tuple | None:
+    """The KVQuant signature a user's `quantize_kv(x, kv_quant, group_size, symmetric, scale_dtype,
+    scale_per=, layout=)` gives a (., ., ., d) cache of `dtype` (quantized from a small sample, so
+    a suite's record matches the user's call exactly); group_size defaults to d, symmetric to
+    false for unsigned codes (a zero point per group), scale_dtype to the cache's 16-bit dtype."""
+    q = spec.get("kv_quant")
+    if not q:
+        return None
+    from ..quant import QUANT_DTYPES, quantize_kv
+    if q not in QUANT_DTYPES:
+        raise BadParameterError(f"kv_quant={q!r} must be one of {QUANT_DTYPES}")
+    sdt = spec.get("scale_dtype")
+    if sdt is not None and sdt not in _SCALE_DTYPES:
+        raise BadParameterError(f"scale_dtype={sdt!r} must be one of {tuple(_SCALE_DTYPES)}")
+    sample_dt = dtype if dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
+    return quantize_kv(torch.randn(2, 2, 8, d, dtype=sample_dt), q, int(spec.get("group_size") or d),
+                       symmetric=bool(spec.get("symmetric", q not in ("u8", "u4"))),
+                       scale_dtype=_SCALE_DTYPES.get(sdt), scale_per=spec.get("scale_per"),
+                       layout=spec.get("layout"), order=spec.get("order")).signature()
 
 
 def add_conv_args(c: argparse.ArgumentParser) -> None:
