@@ -123,3 +123,23 @@ def test_quantized_decode_suite_keys_match_user_calls():
         causal = "bottom_right" if spec["causal"] else None      # the suites' causal on Sq < Sk
         user = AttentionProblem.from_tensors(q, k, v, causal=causal, kv_lens=lens, block_table=bt)
         assert p.key() == user.key(), spec["name"]
+
+
+@pytest.mark.parametrize("fmt", [dict(kv_quant="s4", group_size=32, scale_dtype="bf16"),
+                                 dict(kv_quant="u4", group_size=64, symmetric=False, page_size=16),
+                                 dict(kv_quant="fp8_e4m3", scale_per="tensor", page_size=32),
+                                 dict(page_size=16)])
+def test_bench_case_of_a_quantized_or_paged_spec(fmt):
+    """`nnprim bench` runs a decode_quant_gpu-style spec in its format (the suite's key), checks it
+    against the reference and times torch's SDPA on the bf16 cache as the peer."""
+    import torch
+
+    from nnprim.cli.cases import attn_case
+    from nnprim.cli.problem_args import attn_problem
+    spec = dict(name="t", B=2, Hq=4, Hkv=2, Sq=1, Sk=64, D=64, causal=False, **fmt)
+    case = attn_case(spec, dtype=torch.bfloat16, device="cpu")
+    assert case.problem.key() == attn_problem(spec, dtype=torch.bfloat16, device="cpu").key()
+    assert case.problem.page_size == fmt.get("page_size", 0)
+    assert case.check() < 2e-2 and case.peer is not None
+    ours, peer = case.call(), case.peer()
+    assert ours.shape == peer.shape

@@ -19,7 +19,7 @@ from .suites import load_suite
 
 def add_parser(sub) -> None:
     b = sub.add_parser("bench", help="run a benchmark suite with verification and torch peers")
-    b.add_argument("--suite", required=True, help="suite name (conv_cpu, conv_gpu, attention_gpu) or JSON file")
+    b.add_argument("--suite", required=True, help="suite name (conv_cpu, conv_gpu, attention_gpu, decode_quant_gpu) or JSON file")
     b.add_argument("--dtype", default=None, help="f32, f16 or bf16 (default: bf16 on cuda, f32 on cpu)")
     b.add_argument("--device", default="auto")
     b.add_argument("--direction", default="fwd", help="comma list: fwd,bwd_data,bwd_weights (conv) or fwd,bwd")

@@ -122,29 +122,48 @@ def _as_list(v) -> list:
 def attn_case(spec: dict, *, dtype: torch.dtype, device: str, direction: str = "fwd",
               causal=None, mask: str | None = None, dropout_p: float = 0.0, kv_quant: str | None = None,
               group_size: int | None = None, solver=None, seed: int = 0) -> Case:
-    """spec: {B, Hq, Hkv, Sq, Sk, D, Dv?, causal?, name}."""
+    """spec: {B, Hq, Hkv, Sq, Sk, D, Dv?, causal?, name} and optionally the K/V format of
+    problem_args.attn_problem (kv_quant and quantize_kv's options, page_size: k and v in
+    shuffled page pools with full kv_lens). A quantized or paged case's peer is torch's SDPA on
+    the bf16 cache before quantization (the reference decode is measured against)."""
     from .. import api
+    from ..paged import to_pages
     from ..quant import quantize_kv
-    gen = torch.Generator().manual_seed(seed)
+    from .problem_args import quant_options
     B, Hq, Hkv, Sq, Sk, D = (int(spec[k]) for k in ("B", "Hq", "Hkv", "Sq", "Sk", "D"))
     Dv = int(spec.get("Dv", D))
+    fmt = dict(spec, kv_quant=kv_quant, group_size=group_size) if kv_quant else spec
+    kq_opts, vq_opts = quant_options(fmt, D), quant_options(fmt, Dv)
+    page = int(spec.get("page_size") or 0)
+    gen = torch.Generator().manual_seed(seed)
     if causal is None and spec.get("causal") not in (None, False, "none"):
         causal = "bottom_right" if Sq != Sk else "top_left"
     q = _randn((B, Hq, Sq, D), dtype, device, gen)
     k = _randn((B, Hkv, Sk, D), dtype, device, gen)
     v = _randn((B, Hkv, Sk, Dv), dtype, device, gen)
-    if kv_quant:
-        k = quantize_kv(k, kv_quant, group_size or D)
-        v = quantize_kv(v, kv_quant, group_size or Dv)
+    plain_k, plain_v = k, v
+    if kq_opts is not None:
+        k = quantize_kv(k, kq_opts[0], **kq_opts[1])
+        v = quantize_kv(v, vq_opts[0], **vq_opts[1])
+    kv_lens = block_table = None
+    if page:
+        if Sk % page:
+            raise BadParameterError(f"attention spec {spec!r}: page_size={page} must divide Sk={Sk}")
+        n = B * Sk // page
+        block_table = torch.randperm(n + 1, generator=gen)[:n].reshape(B, -1).to(torch.int32).to(device)
+        k, v = to_pages(k, block_table, n + 1), to_pages(v, block_table, n + 1)
+        kv_lens = torch.full((B,), Sk, dtype=torch.int32, device=device)
     m = None
     if mask == "bool":
         m = torch.rand((B, 1, Sq, Sk), generator=gen).to(device) > 0.2
     elif mask == "additive":
         m = _randn((1, Hq, Sq, Sk), dtype, device, gen)
     opts = dict(attn_mask=m, causal=causal, dropout_p=dropout_p, seed=seed)
+    if page:
+        opts.update(kv_lens=kv_lens, block_table=block_table)
     p = AttentionProblem.from_tensors(q, k, v, direction=direction, return_lse=direction == "bwd", **opts)
     if direction == "fwd":
-        args = AttnArgs(q=q, k=k, v=v, attn_mask=m, seed=seed)
+        args = AttnArgs(q=q, k=k, v=v, attn_mask=m, seed=seed, kv_lens=kv_lens, block_table=block_table)
 
         def call(solver=solver):
             return api.sdpa(q, k, v, solver=solver, **opts)
@@ -166,8 +185,8 @@ def attn_case(spec: dict, *, dtype: torch.dtype, device: str, direction: str = "
         return max(rel_error(a, r) for a, r in zip(outs, refs))
 
     peer = None
-    if not kv_quant and m is None and not dropout_p:
-        peer = _sdpa_peer(q, k, v, causal, None if direction == "fwd" else args.do)
+    if m is None and not dropout_p and (direction == "fwd" or not (kq_opts or page)):
+        peer = _sdpa_peer(q, plain_k, plain_v, causal, None if direction == "fwd" else args.do)
     return Case(name=spec.get("name", p.key()), problem=p, flops=p.flops(), bytes=p.bytes(),
                 call=call, check=check, peer=peer, extra=dict(mode=spec.get("mode")))
 

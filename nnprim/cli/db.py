@@ -161,7 +161,7 @@ def cmd_build_system(args) -> int:
     dev = pick_device(args.device)
     suites = args.suite
     if suites is None:
-        suites = ["conv_gpu", "attention_gpu"] if dev == "cuda" else ["conv_cpu"]
+        suites = ["conv_gpu", "attention_gpu", "decode_quant_gpu"] if dev == "cuda" else ["conv_cpu"]
     models = None if args.models == "none" else (list(FAMILIES) if args.models in (None, "all")
                                                  else args.models.split(","))
     out = args.out or str(finddb.SYSTEM_DB_PATH)
@@ -259,7 +259,8 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_path)
     p = dsub.add_parser("build-system", help="find suite problems and model layers into the system db")
     p.add_argument("--suite", action="append", default=None,
-                   help="suite name or JSON file (repeatable; default conv_gpu + attention_gpu on CUDA, conv_cpu on CPU)")
+                   help="suite name or JSON file (repeatable; default conv_gpu + attention_gpu + decode_quant_gpu on "
+                        "CUDA, conv_cpu on CPU)")
     p.add_argument("--models", default=None, help="held-out families (comma list), 'all' (default) or 'none'")
     p.add_argument("--count", type=int, default=120, help="model layers to generate (default 120)")
     p.add_argument("--seed", type=int, default=1000, help="their seed (benchmarks/regret.py uses others)")

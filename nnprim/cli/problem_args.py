@@ -111,25 +111,33 @@ def attn_problem(spec: dict, *, dtype: torch.dtype, device: str, direction: str 
 _SCALE_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
 
-def _kv_signature(spec: dict, dtype: torch.dtype, d: int) -> tuple | None:
-    """The KVQuant signature a user's `quantize_kv(x, kv_quant, group_size, symmetric, scale_dtype,
-    scale_per=, layout=)` gives a (., ., ., d) cache of `dtype` (quantized from a small sample, so
-    a suite's record matches the user's call exactly); group_size defaults to d, symmetric to
-    false for unsigned codes (a zero point per group), scale_dtype to the cache's 16-bit dtype."""
+def quant_options(spec: dict, d: int) -> tuple[str, dict] | None:
+    """(dtype, keyword arguments of quantize_kv) of a spec's kv_quant fields for head dim d, or
+    None: group_size defaults to d, symmetric to false for unsigned codes (a zero point per
+    group), scale_dtype (bf16 / f16 / f32) to quantize_kv's (the cache's 16-bit dtype)."""
     q = spec.get("kv_quant")
     if not q:
         return None
-    from ..quant import QUANT_DTYPES, quantize_kv
+    from ..quant import QUANT_DTYPES
     if q not in QUANT_DTYPES:
         raise BadParameterError(f"kv_quant={q!r} must be one of {QUANT_DTYPES}")
     sdt = spec.get("scale_dtype")
     if sdt is not None and sdt not in _SCALE_DTYPES:
         raise BadParameterError(f"scale_dtype={sdt!r} must be one of {tuple(_SCALE_DTYPES)}")
+    return q, dict(group_size=int(spec.get("group_size") or d), symmetric=bool(spec.get("symmetric", q not in ("u8", "u4"))),
+                   scale_dtype=_SCALE_DTYPES.get(sdt), scale_per=spec.get("scale_per"), layout=spec.get("layout"),
+                   order=spec.get("order"))
+
+
+def _kv_signature(spec: dict, dtype: torch.dtype, d: int) -> tuple | None:
+    """The KVQuant signature the spec's quantize_kv call gives a (., ., ., d) cache of `dtype`
+    (quantized from a small sample, so a suite's record matches the user's call exactly)."""
+    opts = quant_options(spec, d)
+    if opts is None:
+        return None
+    from ..quant import quantize_kv
     sample_dt = dtype if dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
-    return quantize_kv(torch.randn(2, 2, 8, d, dtype=sample_dt), q, int(spec.get("group_size") or d),
-                       symmetric=bool(spec.get("symmetric", q not in ("u8", "u4"))),
-                       scale_dtype=_SCALE_DTYPES.get(sdt), scale_per=spec.get("scale_per"),
-                       layout=spec.get("layout"), order=spec.get("order")).signature()
+    return quantize_kv(torch.randn(2, 2, 8, d, dtype=sample_dt), opts[0], **opts[1]).signature()
 
 
 def add_conv_args(c: argparse.ArgumentParser) -> None:
