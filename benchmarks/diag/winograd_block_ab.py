@@ -24,6 +24,11 @@ from nnprim.conv import cpu_winograd as cw  # noqa: E402
 from nnprim.problems.conv import to_layout  # noqa: E402
 
 
+def steal_ticks() -> int:
+    """The VM's stolen CPU ticks so far (/proc/stat): another guest's load the PSI figures miss."""
+    return int(Path("/proc/stat").read_text().split()[8])
+
+
 def measure(name: str, spec: dict, sizes: str, rounds: int) -> dict:
     p = conv_problem(spec, dtype=torch.float32, device="cpu", direction="fwd")
     x = to_layout(torch.randn(p.x_shape), p.layout)
@@ -39,6 +44,7 @@ def measure(name: str, spec: dict, sizes: str, rounds: int) -> dict:
     ref = fns["torch"]()
     errs = {k: float((f() - ref).norm() / ref.norm()) for k, f in fns.items()}
     ms = {k: [] for k in fns}
+    stolen = steal_ticks()
     for r in range(rounds + 2):
         order = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]
         for k in order:
@@ -49,7 +55,8 @@ def measure(name: str, spec: dict, sizes: str, rounds: int) -> dict:
     base = ms["default"]
     return dict(problem=name, ms={k: round(statistics.median(t), 2) for k, t in ms.items()},
                 x_vs_default={k: round(statistics.median(b / v for b, v in zip(base, t)), 3) for k, t in ms.items()},
-                rel_err=errs, pressure=Path("/proc/pressure/cpu").read_text().split()[1])
+                rel_err=errs, pressure=Path("/proc/pressure/cpu").read_text().split()[1],
+                steal_ticks=steal_ticks() - stolen)
 
 
 def main() -> None:
@@ -66,7 +73,8 @@ def main() -> None:
     for name in a.problems.split(","):
         row = measure(name, specs[name], a.sizes, a.rounds)
         res["rows"].append(row)
-        print(name, "ms", row["ms"], "x vs default", row["x_vs_default"], row["pressure"], flush=True)
+        print(name, "ms", row["ms"], "x vs default", row["x_vs_default"], row["pressure"], "steal",
+              row["steal_ticks"], flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
 
