@@ -29,6 +29,7 @@
 #              and walk variants, cuDNN) and benchmarks/nchw_probe.py (layout copies, NCHW solvers)
 #   sysdb      nnprim db build-system for the H200 (suites + 90 model layers, about 5 minutes)
 #   sysdb_decode  the same for the quantized decode suite (decode_quant_gpu: 25 problems)
+#   bench_decode  that suite through `nnprim bench` (public calls, torch on the bf16 cache as the peer)
 #   regret     benchmarks/regret.py (60 held-out problems) and benchmarks/first_call.py; the seed-1
 #              problems' kernels are compiled by the sysdb step; another seed compiles from scratch
 #              and did not finish in 240 s (2026-12-01): give it a call of its own
@@ -157,6 +158,11 @@ case $STEP in
     timeout -s INT 585 python3 -m nnprim db build-system --device cuda --count 90 --workers 14 --time-budget 470 2>&1 \
       | tr '\r' '\n' | tail -5
     cp nnprim/data/system_finddb.sqlite nnprim/data/system_finddb.tsv "$OUT"/ ;;
+  bench_decode)
+    # the quantized decode suite through `nnprim bench` (public calls, torch's SDPA on the bf16
+    # cache as the peer in alternating rounds): issue 14's ratios per format and page size
+    timeout 420 python3 -m nnprim bench --suite decode_quant_gpu --reps 40 --json "$OUT/bench_decode_quant_$D.json" \
+      2>&1 | grep -v Warn | tail -30 ;;
   sysdb_decode)
     # the quantized decode suite (nnprim/data/suites/decode_quant_gpu.json: 4-bit / 8-bit / fp8,
     # contiguous and paged) into the shipped db
