@@ -191,53 +191,67 @@ class KVQuant:
             return d.to(torch.float32)
         if not self.is_4bit:
             return d.to(torch.int32)
-        d = _nibbles_to_layout0(d, self.layout)
-        lo = (d & 0x0F).to(torch.int32)
-        hi = ((d >> 4) & 0x0F).to(torch.int32)
-        if self.dtype == "s4":
-            lo = torch.where(lo >= 8, lo - 16, lo)
-            hi = torch.where(hi >= 8, hi - 16, hi)
-        return torch.stack((lo, hi), dim=-1).flatten(-2)
+        q, bias = _nibbles(_nibbles_to_layout0(d, self.layout), self.dtype == "s4", torch.int32)
+        return q - bias if bias else q
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """(q - zero_point) * scale in `dtype`, logical (B, H, S, D)."""
-        q = self.unpack().to(dtype)
+        """(q - zero_point) * scale in `dtype`, logical (B, H, S, D). The codes are converted
+        straight to `dtype` (4-bit ones from their two nibbles, s4 biased by 8 and the bias
+        taken off with the zero point: small integers, exact) and grouped scales / zero points
+        broadcast over their groups: a few passes over the output, as exact as before."""
+        d = self.data
+        bias = 0
+        if self.is_4bit:
+            q, bias = _nibbles(_nibbles_to_layout0(d, self.layout), self.dtype == "s4", dtype)
+        else:
+            q = d.to(dtype)
         g = self.group
+        grouped = [t for t in (self.scales, self.zero_points) if t is not None and t.dim() == 4]
+        if grouped:
+            q = q.unflatten(-1, (-1, g))             # (B, H, S, D / g, g): grouped terms broadcast
 
         def expand(t: torch.Tensor) -> torch.Tensor:
             t = t.to(dtype)
             if t.numel() == 1:
-                return t.reshape(1, 1, 1, 1)
+                return t.reshape((1,) * q.dim())
             if t.dim() == 2:          # per head
-                return t[:, :, None, None]
-            return t.repeat_interleave(g, dim=-1)
+                return t.reshape(*t.shape, *(1,) * (q.dim() - 2))
+            return t.unsqueeze(-1)
 
         if self.zero_points is not None:
-            q = q - expand(self.zero_points)
-        return q * expand(self.scales)
+            q = q - (expand(self.zero_points) + bias) if bias else q - expand(self.zero_points)
+        elif bias:
+            q = q - bias
+        q = q * expand(self.scales)
+        return q.flatten(-2) if grouped else q
 
 
-def _permute_nibbles(data: torch.Tensor, perm: tuple[int, ...]) -> torch.Tensor:
-    """Packed 4-bit codes (..., D // 2) with element e of every 8 moved to nibble perm[e]
-    (nibble k of a 32-bit word: byte k // 2, high half if k odd); keeps data's strides."""
+def _nibbles(data: torch.Tensor, signed: bool, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+    """Layout-0 packed codes (..., D // 2) as `dtype` values (..., D) and the bias to subtract:
+    s4 codes come out as n ^ 8 (0..15) with bias 8 (two's complement without a select)."""
+    if signed:
+        data = data ^ 0x88
+    q = torch.stack((data & 15, data >> 4), dim=-1).flatten(-2).to(dtype)
+    return q, 8 if signed else 0
+
+
+def _swap_word_bytes(data: torch.Tensor) -> torch.Tensor:
+    """Bytes 1 and 2 of every 4-byte word swapped, data's dense strides kept: layout 0 <-> 1
+    of packed 4-bit codes (NIB1 moves elements 2, 3 to nibbles 4, 5 and back: whole bytes)."""
     shape = data.shape
-    b = data.reshape(*shape[:-1], shape[-1] // 4, 4).to(torch.int32)
-    nib = torch.stack((b & 15, b >> 4), dim=-1).flatten(-2)           # (..., words, 8) nibble k
-    out = torch.empty_like(nib)
-    out[..., list(perm)] = nib
-    packed = (out[..., 0::2] | (out[..., 1::2] << 4)).to(torch.uint8).reshape(shape)
+    swapped = data.reshape(*shape[:-1], shape[-1] // 4, 2, 2).transpose(-1, -2).reshape(shape)
     res = torch.empty_like(data)       # dense strides of data (e.g. keys-contiguous) kept
-    res.copy_(packed)
+    res.copy_(swapped)
     return res
 
 
 def _nibbles_to_layout0(data: torch.Tensor, layout: int) -> torch.Tensor:
     # element e of layout 1 sits in nibble NIB1[e]; layout 0 puts it in nibble e
-    return data if layout == 0 else _permute_nibbles(data, NIB1)  # NIB1 is its own inverse
+    return data if layout == 0 else _swap_word_bytes(data)      # an involution
 
 
 def _nibbles_from_layout0(data: torch.Tensor, layout: int) -> torch.Tensor:
-    return data if layout == 0 else _permute_nibbles(data, NIB1)
+    return data if layout == 0 else _swap_word_bytes(data)
 
 
 def _round_up(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
