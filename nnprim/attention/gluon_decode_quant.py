@@ -762,7 +762,7 @@ def default_config(problem) -> Q4Config:
     8k, s4 / u4 g64): 5-9 % faster than the register prefetch on the contiguous cache, 4-19 %
     on 16- and 64-key pages; ring 3 and 4 and an L2 prefetch 1-6 % slower than ring 2. Zero
     points with fewer than four groups a row on the contiguous cache take ring 3 (u4 g64: 4-5 %
-    faster; g32: 9-11 % slower, 2026-12-04). Every variant keeps the 168 cap even where its
+    faster; g32: 11-12 % slower, 2026-12-04). Every variant keeps the 168 cap even where its
     SASS spills (zero points 8-16 bytes, group 32 48-96): caps of 176 and 200 were 3-56 %
     slower on the H200 (2026-12-04, results/paged_q4_caps_2026-12-04_s29.json), as any cap
     over 168 leaves room for only two warps a register-file quarter (`resident_per_sm`)."""
