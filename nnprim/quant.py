@@ -219,7 +219,7 @@ class KVQuant:
             return t.unsqueeze(-1)
 
         if self.zero_points is not None:
-            q = q - (expand(self.zero_points) + bias) if bias else q - expand(self.zero_points)
+            q = q - (expand(self.zero_points) + bias)   # + 0 is exact
         elif bias:
             q = q - bias
         q = q * expand(self.scales)
