@@ -81,6 +81,26 @@ def key_chunk(LENS, b, split, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl.
 
 
 @triton.jit
+def lens_blocks(LENS, bi, B, Sq, Sk, BN: tl.constexpr, CAUSAL: tl.constexpr):
+    """Key blocks of BN keys that sequences `bi` (a vector; those >= B count 0) attend to:
+    kv_lens clamped into [0, Sk], capped at Sq under top-left causal masking (key_chunk)."""
+    L = tl.minimum(tl.maximum(tl.load(LENS + bi, mask=bi < B, other=0).to(tl.int32), 0), Sk)
+    if CAUSAL == 1:
+        L = tl.minimum(L, Sq)
+    return (L + BN - 1) // BN
+
+
+@triton.jit
+def chunk_count(nblk, total, B, SPLITS):
+    """Chunks a sequence of `nblk` key blocks gets when a KV head's B * SPLITS programs are
+    shared in proportion to length (`balanced_counts`): one each, the other B * (SPLITS - 1)
+    by share of the `total` blocks (rounded down, so they never run out), each chunk >= 4
+    blocks where the sequence has them."""
+    share = (nblk.to(tl.int64) * (B * SPLITS - B) // total).to(tl.int32)
+    return tl.minimum(share + 1, tl.maximum((nblk + 3) // 4, 1))
+
+
+@triton.jit
 def _group_param(ptr, roff, n_ok, s_g, GROUPED: tl.constexpr, GL: tl.constexpr,
                  GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, OTHER: tl.constexpr):
     """Scale or zero point for a (BLOCK_N, BLOCK_D) tile, broadcastable against it (or
@@ -331,12 +351,16 @@ def _decode_fwd_kernel(
         tl.store(PL + prow * SPLITS + split, lse, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["n_rows", "s_ob", "s_oh", "s_oq", "Hq", "Sq", "SPLITS"])
-def _decode_combine_kernel(PO, PL, O, LSE, n_rows, s_ob, s_oh, s_oq, s_od, Hq, Sq, SPLITS,
+@triton.jit(do_not_specialize=["n_rows", "s_ob", "s_oh", "s_oq", "Hq", "Hkv", "Sq", "Sk", "SPLITS", "B"])
+def _decode_combine_kernel(PO, PL, O, LSE, LENS, n_rows, s_ob, s_oh, s_oq, s_od, Hq, Hkv, Sq, Sk, SPLITS, B,
                            DV: tl.constexpr, BLOCK_R: tl.constexpr, SC: tl.constexpr, BLOCK_DV: tl.constexpr,
-                           INF_AS_ZERO: tl.constexpr, WRITE_LSE: tl.constexpr):
-    """Merge SPLITS partials of BLOCK_R output rows: LSE = log sum_s exp(lse_s),
+                           INF_AS_ZERO: tl.constexpr, WRITE_LSE: tl.constexpr, BALANCED: tl.constexpr,
+                           BN: tl.constexpr, CAUSAL: tl.constexpr):
+    """Merge the split partials of BLOCK_R output rows: LSE = log sum_s exp(lse_s),
     o = sum_s exp(lse_s - LSE) o_s (NaN, or 0 with INF_AS_ZERO, when every lse_s = -inf).
+    Row r's partials: SPLITS of them at r * SPLITS + s; BALANCED (chunks shared by kv_lens,
+    `balanced_counts`): chunk_count of them at slots first_b + s of its KV head's
+    B * SPLITS, partial row ((hk * B * SPLITS + slot) * G + hl) * Sq + qi.
     The splits are read SC at a time (two passes: the largest lse, then the sums), so the
     [BLOCK_R, SC, BLOCK_DV] tile stays small when SPLITS runs into the thousands; SPLITS
     and the sizes are runtime values (a new split count or shape compiles nothing)."""
@@ -345,32 +369,54 @@ def _decode_combine_kernel(PO, PL, O, LSE, n_rows, s_ob, s_oh, s_oq, s_od, Hq, S
     rows64 = rows.to(tl.int64)
     offs_c = tl.arange(0, SC)
     offs_dv = tl.arange(0, BLOCK_DV)
+    b = rows64 // (Hq * Sq)
+    h = (rows64 // Sq) % Hq
+    qi = rows64 % Sq
+    if BALANCED:
+        G = Hq // Hkv
+        bi = tl.arange(0, 32)
+        total = 0
+        for b0 in range(0, B, 32):
+            total += tl.sum(lens_blocks(LENS, b0 + bi, B, Sq, Sk, BN, CAUSAL), 0)
+        total = tl.maximum(total, 1)
+        first = tl.zeros((BLOCK_R,), tl.int32)
+        n_s = tl.zeros((BLOCK_R,), tl.int32)
+        for b0 in range(0, B, 32):
+            cnt = chunk_count(lens_blocks(LENS, b0 + bi, B, Sq, Sk, BN, CAUSAL), total, B, SPLITS)
+            cnt = tl.where(b0 + bi < B, cnt, 0)
+            first += tl.sum(tl.where((b0 + bi)[None, :] < b[:, None], cnt[None, :], 0), 1)
+            n_s += tl.sum(tl.where((b0 + bi)[None, :] == b[:, None], cnt[None, :], 0), 1)
+        base = ((h // G) * B * SPLITS + first) * (G * Sq) + (h % G) * Sq + qi
+        step = G * Sq
+        n_max = tl.max(tl.where(r_ok, n_s, 0), 0)
+    else:
+        base = rows64 * SPLITS
+        step = 1
+        n_s = tl.zeros((BLOCK_R,), tl.int32) + SPLITS
+        n_max = SPLITS
     mx = tl.full((BLOCK_R,), float("-inf"), tl.float32)
-    for s0 in range(0, SPLITS, SC):
+    for s0 in range(0, n_max, SC):
         offs_s = s0 + offs_c
-        lse_s = tl.load(PL + rows64[:, None] * SPLITS + offs_s[None, :],
-                        mask=r_ok[:, None] & (offs_s < SPLITS)[None, :], other=float("-inf"))
+        ok = r_ok[:, None] & (offs_s[None, :] < n_s[:, None])
+        lse_s = tl.load(PL + base[:, None] + offs_s[None, :] * step, mask=ok, other=float("-inf"))
         mx = tl.maximum(mx, tl.max(lse_s, 1))
     mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
     den = tl.zeros((BLOCK_R,), tl.float32)
     num = tl.zeros((BLOCK_R, BLOCK_DV), tl.float32)
-    for s0 in range(0, SPLITS, SC):
+    for s0 in range(0, n_max, SC):
         offs_s = s0 + offs_c
-        s_ok = offs_s < SPLITS
-        lse_s = tl.load(PL + rows64[:, None] * SPLITS + offs_s[None, :], mask=r_ok[:, None] & s_ok[None, :],
-                        other=float("-inf"))
+        ok = r_ok[:, None] & (offs_s[None, :] < n_s[:, None])
+        idx = base[:, None] + offs_s[None, :] * step
+        lse_s = tl.load(PL + idx, mask=ok, other=float("-inf"))
         w = tl.exp(lse_s - mx_safe[:, None])
         den += tl.sum(w, 1)
-        po = tl.load(PO + (rows64[:, None, None] * SPLITS + offs_s[None, :, None]) * DV + offs_dv[None, None, :],
-                     mask=r_ok[:, None, None] & s_ok[None, :, None] & (offs_dv[None, None, :] < DV), other=0.0)
+        po = tl.load(PO + idx[:, :, None] * DV + offs_dv[None, None, :],
+                     mask=ok[:, :, None] & (offs_dv[None, None, :] < DV), other=0.0)
         num += tl.sum(w[:, :, None] * po, 1)
     if INF_AS_ZERO:
         o = tl.where(den[:, None] > 0.0, num / tl.where(den > 0.0, den, 1.0)[:, None], 0.0)
     else:
         o = num / den[:, None]
-    b = rows64 // (Hq * Sq)
-    h = (rows64 // Sq) % Hq
-    qi = rows64 % Sq
     o_ptr = O + b[:, None] * s_ob + h[:, None] * s_oh + qi[:, None] * s_oq + offs_dv[None, :] * s_od
     tl.store(o_ptr, o.to(O.dtype.element_ty), mask=r_ok[:, None] & (offs_dv[None, :] < DV))
     if WRITE_LSE:
@@ -530,16 +576,20 @@ def scalar_args(problem, args: AttnArgs) -> tuple:
             dropout_scale(problem.dropout_p) if dropout else 1.0)
 
 
+CAUSAL_CODE = {None: 0, "top_left": 1, "bottom_right": 2}
+
+
 def common_flags(problem) -> dict:
     """Constexprs the decode kernels share."""
-    return dict(CAUSAL={None: 0, "top_left": 1, "bottom_right": 2}[problem.causal],
+    return dict(CAUSAL=CAUSAL_CODE[problem.causal],
                 MASK_KIND={"none": 0, "bool": 1, "additive": 2}[problem.mask], HAS_LENS=problem.has_kv_lens,
                 SCALE_FROM_PTR=problem.scale == "tensor", INV_SCALE=problem.invert_scale,
                 DROPOUT=problem.dropout_p > 0, INF_AS_ZERO=problem.inf_as_zero, WRITE_LSE=problem.return_lse)
 
 
-def combine_launch(problem, splits: int) -> Launch | None:
-    """The merge of the split partials (None for one split): o = sum_s exp(lse_s - LSE) o_s."""
+def combine_launch(problem, splits: int, balanced_bn: int = 0) -> Launch | None:
+    """The merge of the split partials (None for one split): o = sum_s exp(lse_s - LSE) o_s.
+    balanced_bn: the main kernel shared its chunks by kv_lens in blocks of this many keys."""
     if splits == 1:
         return None
     n_rows = problem.B * problem.Hq * problem.Sq
@@ -549,9 +599,26 @@ def combine_launch(problem, splits: int) -> Launch | None:
     block_r = 1 << (block_r.bit_length() - 1)
     so = (problem.Hq * problem.Sq * problem.Dv, problem.Sq * problem.Dv, problem.Dv, 1)
     return Launch(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),),
-                  (n_rows, *so, problem.Hq, problem.Sq, splits), DV=problem.Dv, BLOCK_R=block_r, SC=sc,
-                  BLOCK_DV=block_dv,
-                  INF_AS_ZERO=problem.inf_as_zero, WRITE_LSE=problem.return_lse, num_warps=4)
+                  (n_rows, *so, problem.Hq, problem.Hkv, problem.Sq, problem.Sk, splits, problem.B), DV=problem.Dv,
+                  BLOCK_R=block_r, SC=sc, BLOCK_DV=block_dv, INF_AS_ZERO=problem.inf_as_zero,
+                  WRITE_LSE=problem.return_lse, BALANCED=bool(balanced_bn), BN=max(balanced_bn, 1),
+                  CAUSAL=CAUSAL_CODE[problem.causal], num_warps=4)
+
+
+def balanced_counts(kv_lens: torch.Tensor, Sq: int, Sk: int, splits: int, bn: int,
+                    causal: str | None = None) -> torch.Tensor:
+    """Chunks per sequence when a KV head's B * splits programs are shared by length
+    (`chunk_count`; the reference of the kernels' schedule): program p = b' * splits + s
+    of a head serves chunk p - first_b of the sequence b whose slots [first_b, first_b +
+    count_b) hold p, each chunk cdiv(blocks_b, count_b) blocks; programs past the last
+    slot are idle. Counts sum to at most B * splits."""
+    L = kv_lens.to(torch.int64).clamp(0, Sk)
+    if causal == "top_left":
+        L = L.clamp(max=Sq)
+    nblk = (L + bn - 1) // bn
+    B = L.numel()
+    total = max(int(nblk.sum()), 1)
+    return torch.minimum(nblk * (B * splits - B) // total + 1, ((nblk + 3) // 4).clamp(min=1))
 
 
 def plan(problem, args: AttnArgs, cfg: DecodeConfig, fold: bool = False) -> tuple[Launch, Launch | None, int]:
@@ -619,12 +686,12 @@ def run_planned(problem, args: AttnArgs, planned: tuple[Launch, Launch | None, i
                 | a[13]) & 15:
             main.run_addresses(*a[:12], po, pl, a[13])
             if combine is not None:
-                combine.run_addresses(po, pl, a[10], a[11])
+                combine.run_addresses(po, pl, a[10], a[11], a[8])
             return o, (lse if problem.return_lse else None)
     po, pl = (q, q) if splits == 1 else (ws[:n_po], ws[n_po:])
     main(q, k, v, ks, kz, vs, vz, m4, lens, scale_ptr, o, lse, po, pl, bt)
     if combine is not None:
-        combine(po, pl, o, lse)
+        combine(po, pl, o, lse, lens)
     return o, (lse if problem.return_lse else None)
 
 

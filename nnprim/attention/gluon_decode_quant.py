@@ -382,6 +382,48 @@ if gluon is not None:
         return acc * alpha[:, None], l_i * alpha, zc * alpha, m_new
 
     @gluon.jit
+    def _add(a, b):
+        return a + b
+
+    @gluon.jit
+    def _balanced_chunk(LENS, p, B, Sq, Sk, SPLITS, BN: gl.constexpr, CAUSAL: gl.constexpr):
+        """(b, L, shift, start, end) of program p of a KV head's B * SPLITS when the chunks are
+        shared by kv_lens (decode.balanced_counts): with ragged lengths one wave then ends
+        when the mean sequence would, not the longest. Idle programs get an empty chunk."""
+        LB: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        bi = gl.arange(0, 32, layout=LB)
+        total = 0
+        for b0 in range(0, B, 32):
+            total += gl.sum(_dec.lens_blocks(LENS, b0 + bi, B, Sq, Sk, BN, CAUSAL), 0)
+        total = gl.maximum(total, 1)
+        b = 0
+        first = 0
+        carry = 0
+        for b0 in range(0, B, 32):
+            cnt = _dec.chunk_count(_dec.lens_blocks(LENS, b0 + bi, B, Sq, Sk, BN, CAUSAL), total, B, SPLITS)
+            cnt = gl.where(b0 + bi < B, cnt, 0)
+            cum = carry + gl.associative_scan(cnt, 0, _add)
+            before = cum <= p
+            b += gl.sum(before.to(gl.int32), 0)
+            first = gl.maximum(first, gl.max(gl.where(before, cum, 0), 0))
+            carry += gl.sum(cnt, 0)
+        live = b < B
+        b = gl.minimum(b, B - 1)
+        L = gl.minimum(gl.maximum(gl.load(LENS + b).to(gl.int32), 0), Sk)
+        if CAUSAL == 1:
+            shift = 0
+            kv_end = gl.minimum(L, Sq)
+        else:
+            shift = L - Sq
+            kv_end = L
+        nb = (kv_end + BN - 1) // BN
+        per = gl.cdiv(nb, _dec.chunk_count(nb, total, B, SPLITS))
+        start = (p - first) * per * BN
+        end = gl.where(live, gl.minimum(start + per * BN, kv_end), 0)
+        start = gl.where(live, start, 0)
+        return b, L, shift, start, end
+
+    @gluon.jit
     def _gluon_decode_q4_kernel(
             Q, K, V, KS, KZ, VS, VZ, MASK, LENS, SCALE_PTR, O, LSE, PO, PL, BT,
             s_qb, s_qh, s_qs, s_qd, s_kb, s_kh, s_vb, s_vh,
@@ -396,7 +438,7 @@ if gluon is not None:
             F16: gl.constexpr, ONE_SPLIT: gl.constexpr, CAUSAL: gl.constexpr, HAS_LENS: gl.constexpr,
             SCALE_FROM_PTR: gl.constexpr, INV_SCALE: gl.constexpr, INF_AS_ZERO: gl.constexpr,
             WRITE_LSE: gl.constexpr, L8: gl.constexpr, PAGE: gl.constexpr, PAGE_MODE: gl.constexpr,
-            ROW32: gl.constexpr, PREFETCH: gl.constexpr,
+            ROW32: gl.constexpr, PREFETCH: gl.constexpr, BALANCED: gl.constexpr,
             K_SN: gl.constexpr, V_SN: gl.constexpr, KS_SN: gl.constexpr, KS_SG: gl.constexpr,
             KZ_SN: gl.constexpr, KZ_SG: gl.constexpr, VS_SN: gl.constexpr, VS_SG: gl.constexpr,
             VZ_SN: gl.constexpr, VZ_SG: gl.constexpr, FAST_ROWS: gl.constexpr, LAZY: gl.constexpr,
@@ -428,12 +470,15 @@ if gluon is not None:
 
         pid_bh = gl.program_id(0)
         split = gl.program_id(1)
-        b = pid_bh // Hkv
         hk = pid_bh % Hkv
+        if BALANCED:   # chunks shared by kv_lens: b from the schedule, partials in slot p
+            b, L, shift, start, end = _balanced_chunk(LENS, (pid_bh // Hkv) * SPLITS + split, gl.num_programs(0) // Hkv,
+                                                      Sq, Sk, SPLITS, BN, CAUSAL)
+        else:
+            b = pid_bh // Hkv
+            L, shift, start, end = _dec.key_chunk(LENS, b, split, Sq, Sk, SPLITS, BN, CAUSAL, HAS_LENS)
         b64 = b.to(gl.int64)
         hk64 = hk.to(gl.int64)
-
-        L, shift, start, end = _dec.key_chunk(LENS, b, split, Sq, Sk, SPLITS, BN, CAUSAL, HAS_LENS)
 
         if SCALE_FROM_PTR:
             sc = gl.load(SCALE_PTR).to(gl.float32)
@@ -729,9 +774,13 @@ if gluon is not None:
                 gl.store(LSE + (b64 * Hq + h) * Sq + qi_r, lse, mask=row_ok & (gr == 0))
         else:
             o = gl.where(has[:, None], o_acc / gl.where(has, l_i, 1.0)[:, None], 0.0)
-            prow = (b64 * Hq + h) * Sq + qi_r
-            gl.store(PO + (prow[:, None] * SPLITS + split) * DV + d_o[None, :], o, mask=keep)
-            gl.store(PL + prow * SPLITS + split, lse, mask=row_ok & (gr == 0))
+            if BALANCED:   # slot p recomputed from the program ids: nothing held through the loop
+                p_slot = (gl.program_id(0) // Hkv) * SPLITS + gl.program_id(1)
+                prow = (hk64 * (gl.num_programs(0) // Hkv) * SPLITS + p_slot) * (G * Sq) + mr
+            else:
+                prow = ((b64 * Hq + h) * Sq + qi_r) * SPLITS + split
+            gl.store(PO + prow[:, None] * DV + d_o[None, :], o, mask=keep)
+            gl.store(PL + prow, lse, mask=row_ok & (gr == 0))
 else:
     _gluon_decode_q4_kernel = None
 
@@ -745,6 +794,7 @@ class Q4Config(DecodeConfig):
     fast_rows: bool = True        # unclamped rows (constant offsets) while the next block is whole
     lazy_rescale: bool = True     # rescale acc only when the running max grows by > 2^8
     ring: int = 0                 # cp.async ring of this many slots for the words (0: registers)
+    balanced: bool = True         # with kv_lens, chunks shared by length (decode.balanced_counts)
 
 
 def param_layout(bn: int):
@@ -809,6 +859,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
     sk, sks, skz = _dec.kv_strides(k)
     sv, svs, svz = _dec.kv_strides(v)
     splits = choose_splits(problem, cfg)
+    balanced = problem.has_kv_lens and splits > 1 and getattr(cfg, "balanced", True)
     so = (problem.Hq * problem.Sq * Dv, problem.Sq * Dv, Dv, 1)
     kng, vng = _groups(k, D)[0], _groups(v, Dv)[0]
     flags = _dec.common_flags(problem)
@@ -832,10 +883,10 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         K_SN=sk[2], V_SN=sv[2], KS_SN=sks[2], KS_SG=sks[3], KZ_SN=skz[2], KZ_SG=skz[3],
         VS_SN=svs[2], VS_SG=svs[3], VZ_SN=svz[2], VZ_SG=svz[3],
         FAST_ROWS=getattr(cfg, "fast_rows", True), LAZY=getattr(cfg, "lazy_rescale", True),
-        RING=getattr(cfg, "ring", 0),
+        RING=getattr(cfg, "ring", 0), BALANCED=balanced,
         **flags,
         num_warps=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
-    return main, _dec.combine_launch(problem, splits), splits
+    return main, _dec.combine_launch(problem, splits, cfg.block_n if balanced else 0), splits
 
 
 def page_mode(page: int, bn: int) -> int:

@@ -425,8 +425,11 @@ def _gluon_bwd_d256_attempts(failures: list[str], report: list[str]) -> None:
     _report_variants("gluon_flash_bwd_d256", gluon_bwd_d256._gluon_bwd_d256_kernel, report)
 
 
-GLUON_DECODE_Q4 = [  # solver 133 (Gluon, sm_90 only): (K/V signature, D, q dtype, Sq, causal, page size)
+GLUON_DECODE_Q4 = [  # solver 133 (Gluon, sm_90 only): (K/V signature, D, q dtype, Sq, causal, page size);
+    # paged caches and page size -1 (contiguous) with kv_lens: chunks shared by length (BALANCED)
     (("s4", 64, "g", "bfloat16", "g", 1), 128, BF16, 1, None, 0),
+    (("s4", 64, "g", "bfloat16", None, 1), 128, BF16, 1, None, -1),
+    (("u4", 64, "g", "bfloat16", "g", 1), 128, BF16, 1, None, -1),
     (("u4", 32, "g", "float16", None, 0), 128, F16, 2, "bottom_right", 0),
     (("s4", 64, "h", "float32", None, 1), 64, BF16, 1, None, 0),
     (("u4", 64, "g", "bfloat16", "g", 1), 128, BF16, 1, None, 64),     # a page per key block
@@ -445,8 +448,9 @@ def _gluon_decode_q4_attempts(failures: list[str], report: list[str]) -> None:
         failures.append(f"gluon_decode_q4: Gluon import failed: {GLUON_ERROR}")
         return
     for sig, d, dt, sq, causal, page in GLUON_DECODE_Q4:
-        p = AttentionProblem(direction="fwd", device="cpu", B=2, Hq=8, Hkv=2, Sq=sq, Sk=3072 if page else 3000, D=d,
-                             Dv=d, dtype=dt, causal=causal, k_quant=sig, v_quant=sig, page_size=page)
+        p = AttentionProblem(direction="fwd", device="cpu", B=2, Hq=8, Hkv=2, Sq=sq, Sk=3072 if page > 0 else 3000,
+                             D=d, Dv=d, dtype=dt, causal=causal, k_quant=sig, v_quant=sig, page_size=max(page, 0),
+                             has_kv_lens=page != 0)
         # paged: also the int64 offsets of pools past 2^31 elements (too big to allocate here)
         for fits in (True, False) if page == 64 else (True,):
             try:

@@ -83,6 +83,34 @@ def test_rows_lens_causal(Sq, causal):
     assert torch.allclose(lse[ok], o2[ok], atol=2e-3, rtol=1e-3)
 
 
+@pytest.mark.parametrize("page", [0, 16])
+def test_ragged_batch_shares_chunks_by_length(page):
+    """40 sequences (two of the schedule's 32-lane passes), lengths from 0 to Sk, one far longer
+    than the rest: the chunks are shared by length (decode.balanced_counts), so the long one
+    spans more programs than the even split gives it; idle programs write nothing read."""
+    B, Hq, Hkv, Sk, D = 40, 8, 2, 4096, 128
+    g = torch.Generator(device=DEV).manual_seed(3)
+    q = torch.randn(B, Hq, 1, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, Hkv, Sk, D, device=DEV, dtype=torch.bfloat16, generator=g)
+    kq, vq = _quant(k, "s4", 64, False, 1), _quant(v, "u4", 64, True, 1)
+    lens = torch.randint(0, 300, (B,), device=DEV, generator=g).to(torch.int32)
+    lens[7], lens[0], lens[33] = Sk, 0, Sk - 1
+    ref, theirs = dequant_reference(q, kq, vq, lens)
+    kw = dict(kv_lens=lens, return_lse=True, softmax_inf_as_zero=True, solver=SOLVER)
+    if page:
+        M = Sk // page
+        bt = torch.randperm(B * M + 3, device=DEV)[:B * M].reshape(B, M).to(torch.int32)
+        o, lse = nnprim.sdpa(q, to_pages(kq, bt, B * M + 3), to_pages(vq, bt, B * M + 3), block_table=bt, **kw)
+    else:
+        o, lse = nnprim.sdpa(q, kq, vq, **kw)
+    assert_close(f"ragged B{B} p{page}", o, theirs, ref)
+    lse2 = nnprim.sdpa(q, kq, vq, kv_lens=lens, return_lse=True, softmax_inf_as_zero=True,
+                       solver="decode_split_k_quant_grouped")[1]
+    ok = torch.isfinite(lse2)
+    assert torch.equal(ok, torch.isfinite(lse)) and torch.allclose(lse[ok], lse2[ok], atol=2e-3, rtol=1e-3)
+
+
 def test_default_chooses_among_applicable():
     """The public call on the suite's s4 decode runs (find may pick 133 or another) and agrees."""
     q = torch.randn(8, 32, 1, 128, device=DEV, dtype=torch.bfloat16)
