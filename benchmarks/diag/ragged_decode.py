@@ -1,5 +1,5 @@
-"""Decode over ragged kv_lens: solver 133 with its chunks shared by length (Q4Config.balanced,
-decode.balanced_counts) against the even split per sequence, solver 128 and the public call,
+"""Decode over ragged kv_lens: solvers 133 and 128 with their chunks shared by length
+(DecodeConfig.balanced, decode.balanced_counts) against the even split per sequence, and the public call,
 on full, uniform-random and one-long-sequence lengths, contiguous and 16-key pages;
 interleaved (one run of each per round, device events), through the plans. cuDNN (torch's
 SDPA) on the full bf16 cache in the same rounds for scale. Each output is compared with the
@@ -77,7 +77,9 @@ def main() -> None:
                     c133 = gluon_decode_quant.default_config(p)
                     plans = {"133_bal": gluon_decode_quant.plan(p, args, c133),
                              "133_even": gluon_decode_quant.plan(p, args, replace(c133, balanced=False)),
-                             "128": decode_swap.plan(p, args, decode_swap.default_config(p))}
+                             "128_bal": decode_swap.plan(p, args, decode_swap.default_config(p)),
+                             "128_even": decode_swap.plan(p, args, replace(decode_swap.default_config(p),
+                                                                           balanced=False))}
                     fns = {lab: partial(dec.run_planned, p, args, pl) for lab, pl in plans.items()}
                     kw = dict(kv_lens=lens, block_table=bt) if page else dict(kv_lens=lens)
                     fns["api"] = partial(nnprim.sdpa, q, kk, vv, **kw)

@@ -101,6 +101,72 @@ def chunk_count(nblk, total, B, SPLITS):
 
 
 @triton.jit
+def balanced_chunk(LENS, p, B, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(b, L, shift, start, end) of program p of a KV head's B * SPLITS when the chunks are
+    shared by kv_lens (`balanced_counts`): with ragged lengths the wave then ends when the
+    mean sequence would, not the longest. Programs past the last chunk get an empty one.
+    (gluon_decode_quant._balanced_chunk is the Gluon twin.)"""
+    bi = tl.arange(0, 32)
+    total = 0
+    for b0 in range(0, B, 32):
+        total += tl.sum(lens_blocks(LENS, b0 + bi, B, Sq, Sk, BLOCK_N, CAUSAL), 0)
+    total = tl.maximum(total, 1)
+    b = 0
+    first = 0
+    carry = 0
+    for b0 in range(0, B, 32):
+        cnt = tl.where(b0 + bi < B, chunk_count(lens_blocks(LENS, b0 + bi, B, Sq, Sk, BLOCK_N, CAUSAL), total, B,
+                                                SPLITS), 0)
+        cum = carry + tl.cumsum(cnt, 0)
+        before = cum <= p
+        b += tl.sum(before.to(tl.int32), 0)
+        first = tl.maximum(first, tl.max(tl.where(before, cum, 0), 0))
+        carry += tl.sum(cnt, 0)
+    live = b < B
+    b = tl.minimum(b, B - 1)
+    L = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), Sk)
+    if CAUSAL == 1:
+        shift = 0
+        kv_end = tl.minimum(L, Sq)
+    else:
+        shift = L - Sq
+        kv_end = L
+    nb = (kv_end + BLOCK_N - 1) // BLOCK_N
+    per = tl.cdiv(nb, chunk_count(nb, total, B, SPLITS))
+    start = (p - first) * per * BLOCK_N
+    end = tl.where(live, tl.minimum(start + per * BLOCK_N, kv_end), 0)
+    start = tl.where(live, start, 0)
+    return b, L, shift, start, end
+
+
+@triton.jit
+def program_chunk(LENS, pid_bh, split, Hkv, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                  HAS_LENS: tl.constexpr, BALANCED: tl.constexpr):
+    """(b, L, shift, start, end) of the program (pid_bh = b' * Hkv + hk, split): key_chunk of
+    sequence b', or with BALANCED the chunks shared by kv_lens (balanced_chunk)."""
+    if BALANCED:
+        b, L, shift, start, end = balanced_chunk(LENS, (pid_bh // Hkv) * SPLITS + split, tl.num_programs(0) // Hkv,
+                                                 Sq, Sk, SPLITS, BLOCK_N, CAUSAL)
+    else:
+        b = pid_bh // Hkv
+        L, shift, start, end = key_chunk(LENS, b, split, Sq, Sk, SPLITS, BLOCK_N, CAUSAL, HAS_LENS)
+    return b, L, shift, start, end
+
+
+@triton.jit
+def partial_row(rows, b64, hk, split, Hkv, G, Sq, SPLITS, BALANCED: tl.constexpr):
+    """Index of the f32 partial (PO / DV, PL) of query rows `rows` (hl * Sq + qi) of KV head hk:
+    row (b, h, qi) of the output times SPLITS plus the split, or with BALANCED slot p of the
+    head's B * SPLITS (combine reads chunk_count of them from first_b)."""
+    if BALANCED:
+        p = (tl.program_id(0) // Hkv) * SPLITS + split
+        r = (hk.to(tl.int64) * (tl.num_programs(0) // Hkv) * SPLITS + p) * (G * Sq) + rows
+    else:
+        r = ((b64 * Hkv + hk) * (G * Sq) + rows) * SPLITS + split
+    return r
+
+
+@triton.jit
 def _group_param(ptr, roff, n_ok, s_g, GROUPED: tl.constexpr, GL: tl.constexpr,
                  GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, OTHER: tl.constexpr):
     """Scale or zero point for a (BLOCK_N, BLOCK_D) tile, broadcastable against it (or
@@ -204,6 +270,7 @@ def _decode_fwd_kernel(
         G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
         ONE_SPLIT: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LENS: tl.constexpr,
+        BALANCED: tl.constexpr,
         SCALE_FROM_PTR: tl.constexpr, INV_SCALE: tl.constexpr, DROPOUT: tl.constexpr,
         INF_AS_ZERO: tl.constexpr, WRITE_LSE: tl.constexpr,
         KBITS: tl.constexpr, K_SIGNED: tl.constexpr, K_GROUP: tl.constexpr, K_SC_G: tl.constexpr,
@@ -226,8 +293,10 @@ def _decode_fwd_kernel(
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     mblk = tl.program_id(2)
-    b = pid_bh // Hkv
     hk = pid_bh % Hkv
+    # keys visible to row i: j < L and (causal) j <= i + shift
+    b, L, shift, start, end = program_chunk(LENS, pid_bh, split, Hkv, Sq, Sk, SPLITS, BLOCK_N, CAUSAL, HAS_LENS,
+                                            BALANCED)
     b64 = b.to(tl.int64)
     hk64 = hk.to(tl.int64)
 
@@ -236,9 +305,6 @@ def _decode_fwd_kernel(
     hl = rows // Sq
     qi = rows % Sq
     h = hk * G + hl
-
-    # keys visible to row i: j < L and (causal) j <= i + shift
-    L, shift, start, end = key_chunk(LENS, b, split, Sq, Sk, SPLITS, BLOCK_N, CAUSAL, HAS_LENS)
     if CAUSAL != 0:
         row_lim = tl.minimum(qi + shift + 1, L)
 
@@ -346,9 +412,9 @@ def _decode_fwd_kernel(
             tl.store(LSE + (b64 * Hq + h) * Sq + qi, lse, mask=row_ok)
     else:
         o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
-        prow = (b64 * Hq + h) * Sq + qi  # row of the (B, Hq, Sq) output
-        tl.store(PO + (prow[:, None] * SPLITS + split) * DV + offs_dv[None, :], o, mask=row_ok[:, None] & dv_ok)
-        tl.store(PL + prow * SPLITS + split, lse, mask=row_ok)
+        prow = partial_row(rows, b64, hk, split, Hkv, G, Sq, SPLITS, BALANCED)
+        tl.store(PO + prow[:, None] * DV + offs_dv[None, :], o, mask=row_ok[:, None] & dv_ok)
+        tl.store(PL + prow, lse, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["n_rows", "s_ob", "s_oh", "s_oq", "Hq", "Hkv", "Sq", "Sk", "SPLITS", "B"])
@@ -432,6 +498,7 @@ class DecodeConfig:
     num_warps: int = 4   # 1, 2, 4, 8
     num_stages: int = 3  # 1..6
     splits: int = 0      # key chunks per (b, hk): 0 = choose from the problem, else 1..4096
+    balanced: bool = True   # with kv_lens, chunks shared by length (balanced_counts)
 
 
 def _num_sms(device: str) -> int:
@@ -587,9 +654,15 @@ def common_flags(problem) -> dict:
                 DROPOUT=problem.dropout_p > 0, INF_AS_ZERO=problem.inf_as_zero, WRITE_LSE=problem.return_lse)
 
 
-def combine_launch(problem, splits: int, balanced_bn: int = 0) -> Launch | None:
+def balanced_bn(problem, splits: int, cfg: DecodeConfig) -> int:
+    """The key block (cfg.block_n) when the kernels share the chunks by kv_lens (kv_lens, more
+    than one split, cfg.balanced), else 0: the kernels' BALANCED and combine_launch's argument."""
+    return cfg.block_n if problem.has_kv_lens and splits > 1 and cfg.balanced else 0
+
+
+def combine_launch(problem, splits: int, bn: int = 0) -> Launch | None:
     """The merge of the split partials (None for one split): o = sum_s exp(lse_s - LSE) o_s.
-    balanced_bn: the main kernel shared its chunks by kv_lens in blocks of this many keys."""
+    bn > 0: the main kernel shared its chunks by kv_lens in blocks of bn keys (balanced_bn)."""
     if splits == 1:
         return None
     n_rows = problem.B * problem.Hq * problem.Sq
@@ -601,7 +674,7 @@ def combine_launch(problem, splits: int, balanced_bn: int = 0) -> Launch | None:
     return Launch(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),),
                   (n_rows, *so, problem.Hq, problem.Hkv, problem.Sq, problem.Sk, splits, problem.B), DV=problem.Dv,
                   BLOCK_R=block_r, SC=sc, BLOCK_DV=block_dv, INF_AS_ZERO=problem.inf_as_zero,
-                  WRITE_LSE=problem.return_lse, BALANCED=bool(balanced_bn), BN=max(balanced_bn, 1),
+                  WRITE_LSE=problem.return_lse, BALANCED=bn > 0, BN=max(bn, 1),
                   CAUSAL=CAUSAL_CODE[problem.causal], num_warps=4)
 
 
@@ -644,7 +717,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig, fold: bool = False) -> tupl
          bt_stride(args)),
         G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n, PAGE=problem.page_size,
         BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
-        ONE_SPLIT=splits == 1, **common_flags(problem),
+        ONE_SPLIT=splits == 1, BALANCED=bool(balanced_bn(problem, splits, cfg)), **common_flags(problem),
         KBITS=km["BITS"], K_SIGNED=km["SIGNED"], K_GROUP=km["GROUP"], K_SC_G=km["SC_G"], K_ZP=km["ZP"],
         K_ZP_G=km["ZP_G"], K_GL=km["GL"], K_L1=km["L1"],
         VBITS=vm["BITS"], V_SIGNED=vm["SIGNED"], V_GROUP=vm["GROUP"], V_SC_G=vm["SC_G"], V_ZP=vm["ZP"],
@@ -652,7 +725,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig, fold: bool = False) -> tupl
         DOT_DTYPE=dot_dtype, F32_DOT=f32 or interp, **(dict(
             K_FOLD=km["FOLD"], V_FOLD=vm["FOLD"], Q_NORM=q.dtype == torch.bfloat16) if fold else {}),
         num_warps=cfg.num_warps, num_stages=pipeline_stages(cfg.num_stages, problem.page_size))
-    return main, combine_launch(problem, splits), splits
+    return main, combine_launch(problem, splits, balanced_bn(problem, splits, cfg)), splits
 
 
 def run_planned(problem, args: AttnArgs, planned: tuple[Launch, Launch | None, int],

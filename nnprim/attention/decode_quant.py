@@ -156,6 +156,7 @@ def _decode_quant_kernel(
         G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
         ONE_SPLIT: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LENS: tl.constexpr,
+        BALANCED: tl.constexpr,
         SCALE_FROM_PTR: tl.constexpr, INV_SCALE: tl.constexpr, DROPOUT: tl.constexpr,
         INF_AS_ZERO: tl.constexpr, WRITE_LSE: tl.constexpr,
         KBITS: tl.constexpr, K_SIGNED: tl.constexpr, K_GROUP: tl.constexpr, K_NG: tl.constexpr,
@@ -181,8 +182,9 @@ def _decode_quant_kernel(
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     mblk = tl.program_id(2)
-    b = pid_bh // Hkv
     hk = pid_bh % Hkv
+    b, L, shift, start, end = _dec.program_chunk(LENS, pid_bh, split, Hkv, Sq, Sk, SPLITS, BLOCK_N, CAUSAL, HAS_LENS,
+                                                 BALANCED)
     b64 = b.to(tl.int64)
     hk64 = hk.to(tl.int64)
 
@@ -191,8 +193,6 @@ def _decode_quant_kernel(
     hl = rows // Sq
     qi = rows % Sq
     h = hk * G + hl
-
-    L, shift, start, end = _dec.key_chunk(LENS, b, split, Sq, Sk, SPLITS, BLOCK_N, CAUSAL, HAS_LENS)
     if CAUSAL != 0:
         row_lim = tl.minimum(qi + shift + 1, L)
 
@@ -441,9 +441,9 @@ def _decode_quant_kernel(
             tl.store(LSE + (b64 * Hq + h) * Sq + qi, lse, mask=row_ok)
     else:
         o = tl.where(has[:, None], o_acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
-        prow = (b64 * Hq + h) * Sq + qi
-        tl.store(PO + (prow[:, None] * SPLITS + split) * DV + offs_o[None, :], o, mask=row_ok[:, None] & dv_ok)
-        tl.store(PL + prow * SPLITS + split, lse, mask=row_ok)
+        prow = _dec.partial_row(rows, b64, hk, split, Hkv, G, Sq, SPLITS, BALANCED)
+        tl.store(PO + prow[:, None] * DV + offs_o[None, :], o, mask=row_ok[:, None] & dv_ok)
+        tl.store(PL + prow, lse, mask=row_ok)
 
 
 # ---- launcher ---------------------------------------------------------------------
@@ -596,7 +596,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
          problem.Hq, problem.Hkv, problem.Sq, problem.Sk, *_dec.scalar_args(problem, args), splits,
          _dec.bt_stride(args)),
         PAGE=problem.page_size, G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_D=bd, BLOCK_DV=bdv,
-        ONE_SPLIT=splits == 1, **_dec.common_flags(problem),
+        ONE_SPLIT=splits == 1, BALANCED=bool(_dec.balanced_bn(problem, splits, cfg)), **_dec.common_flags(problem),
         KBITS=km["BITS"], K_SIGNED=km["SIGNED"], K_GROUP=km["GROUP"], K_NG=km["NG"], K_BNG=km["BNG"],
         K_SC_G=km["SC_G"], K_ZP=km["ZP"], K_ZP_G=km["ZP_G"], K_ZLOAD=km["ZLOAD"], K_ZOFF=km["ZOFF"],
         V_ZLOAD=vm["ZLOAD"], V_ZOFF=vm["ZOFF"],
@@ -608,7 +608,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         ASM8=can_asm and asm_cfg is True and not (km["FP8"] or vm["FP8"]),
         CVT_PURE=not getattr(cfg, "pin_convert", False), num_warps=cfg.num_warps,
         num_stages=pipeline_stages(cfg.num_stages, problem.page_size))
-    return main, _dec.combine_launch(problem, splits), splits
+    return main, _dec.combine_launch(problem, splits, _dec.balanced_bn(problem, splits, cfg)), splits
 
 
 def decode_quant_forward(problem, args: AttnArgs, cfg: DecodeConfig | None = None,

@@ -349,6 +349,7 @@ def _decode_swap_kernel(
         G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
         ONE_SPLIT: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_LENS: tl.constexpr,
+        BALANCED: tl.constexpr,
         SCALE_FROM_PTR: tl.constexpr, INV_SCALE: tl.constexpr, INF_AS_ZERO: tl.constexpr,
         WRITE_LSE: tl.constexpr,
         KBITS: tl.constexpr, K_SIGNED: tl.constexpr, K_GROUP: tl.constexpr, K_NG: tl.constexpr,
@@ -371,8 +372,9 @@ def _decode_swap_kernel(
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     mblk = tl.program_id(2)
-    b = pid_bh // Hkv
     hk = pid_bh % Hkv
+    b, L, shift, start, end = _dec.program_chunk(LENS, pid_bh, split, Hkv, Sq, Sk, SPLITS, BLOCK_N, CAUSAL, HAS_LENS,
+                                                 BALANCED)
     b64 = b.to(tl.int64)
     hk64 = hk.to(tl.int64)
 
@@ -381,8 +383,6 @@ def _decode_swap_kernel(
     hl = rows // Sq
     qi = rows % Sq
     h = hk * G + hl
-
-    L, shift, start, end = _dec.key_chunk(LENS, b, split, Sq, Sk, SPLITS, BLOCK_N, CAUSAL, HAS_LENS)
     if CAUSAL != 0:
         row_lim = tl.minimum(qi + shift + 1, L)
 
@@ -504,7 +504,10 @@ def _decode_swap_kernel(
     if V_CORR:
         zc3 = tl.reshape(zcor, (BLOCK_M, V_BNG)) if V_BNG > 1 else zcor
     lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * LN2, float("-inf"))
-    prow = (b64 * Hq + h) * Sq + qi
+    if ONE_SPLIT:
+        prow = (b64 * Hq + h) * Sq + qi
+    else:
+        prow = _dec.partial_row(rows, b64, hk, split, Hkv, G, Sq, SPLITS, BALANCED)
     if VBITS == 4:
         for half in tl.static_range(2):
             if half == 0:
@@ -535,7 +538,7 @@ def _decode_swap_kernel(
         if WRITE_LSE:
             tl.store(LSE + prow, lse, mask=row_ok)
     else:
-        tl.store(PL + prow * SPLITS + split, lse, mask=row_ok)
+        tl.store(PL + prow, lse, mask=row_ok)
 
 
 @triton.jit
@@ -552,7 +555,7 @@ def _store_o(o_t, inv_l, has, d, row_ok, prow, b64, h, qi, split, O, PO, s_ob, s
         tl.store(ptr, o.to(O.dtype.element_ty), mask=ok)
     else:
         o = tl.where(has[None, :], o_t * inv_l[None, :], 0.0)
-        tl.store(PO + (prow[None, :] * SPLITS + split) * DV + d[:, None], o, mask=ok)
+        tl.store(PO + prow[None, :] * DV + d[:, None], o, mask=ok)
 
 
 # ---- launcher ---------------------------------------------------------------------
@@ -659,12 +662,13 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         (*q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *smask, *so,
          problem.Hq, problem.Hkv, problem.Sq, problem.Sk, scale, splits, _dec.bt_stride(args)),
         G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_D=bd, BLOCK_DV=bdv,
-        ONE_SPLIT=splits == 1, **{k: v for k, v in _dec.common_flags(problem).items() if k != "DROPOUT"},
+        ONE_SPLIT=splits == 1, BALANCED=bool(_dec.balanced_bn(problem, splits, cfg)),
+        **{k: v for k, v in _dec.common_flags(problem).items() if k != "DROPOUT"},
         **{f"K_{k}" if k != "BITS" else "KBITS": v for k, v in km.items()},
         **{f"V_{k}" if k != "BITS" else "VBITS": v for k, v in vm.items()},
         DOT_DTYPE=dot_dtype, F32_DOT=f32 or interp, ASM4=asm, PAGE=problem.page_size,
         num_warps=cfg.num_warps, num_stages=pipeline_stages(cfg.num_stages, problem.page_size))
-    return main, _dec.combine_launch(problem, splits), splits
+    return main, _dec.combine_launch(problem, splits, _dec.balanced_bn(problem, splits, cfg)), splits
 
 
 def swap_forward(problem, args: AttnArgs, cfg: DecodeConfig | None = None,

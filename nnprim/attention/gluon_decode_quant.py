@@ -794,7 +794,6 @@ class Q4Config(DecodeConfig):
     fast_rows: bool = True        # unclamped rows (constant offsets) while the next block is whole
     lazy_rescale: bool = True     # rescale acc only when the running max grows by > 2^8
     ring: int = 0                 # cp.async ring of this many slots for the words (0: registers)
-    balanced: bool = True         # with kv_lens, chunks shared by length (decode.balanced_counts)
 
 
 def param_layout(bn: int):
@@ -859,7 +858,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
     sk, sks, skz = _dec.kv_strides(k)
     sv, svs, svz = _dec.kv_strides(v)
     splits = choose_splits(problem, cfg)
-    balanced = problem.has_kv_lens and splits > 1 and getattr(cfg, "balanced", True)
+    bal = _dec.balanced_bn(problem, splits, cfg)
     so = (problem.Hq * problem.Sq * Dv, problem.Sq * Dv, Dv, 1)
     kng, vng = _groups(k, D)[0], _groups(v, Dv)[0]
     flags = _dec.common_flags(problem)
@@ -883,10 +882,10 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         K_SN=sk[2], V_SN=sv[2], KS_SN=sks[2], KS_SG=sks[3], KZ_SN=skz[2], KZ_SG=skz[3],
         VS_SN=svs[2], VS_SG=svs[3], VZ_SN=svz[2], VZ_SG=svz[3],
         FAST_ROWS=getattr(cfg, "fast_rows", True), LAZY=getattr(cfg, "lazy_rescale", True),
-        RING=getattr(cfg, "ring", 0), BALANCED=balanced,
+        RING=getattr(cfg, "ring", 0), BALANCED=bool(bal),
         **flags,
         num_warps=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
-    return main, _dec.combine_launch(problem, splits, cfg.block_n if balanced else 0), splits
+    return main, _dec.combine_launch(problem, splits, bal), splits
 
 
 def page_mode(page: int, bn: int) -> int:

@@ -106,3 +106,36 @@ def test_combine_balanced_matches_reference(causal, Sq):
             torch.testing.assert_close(o[b, h][rows_ok].double(), ref[rows_ok], rtol=1e-4, atol=1e-5)
             assert (o[b, h][~rows_ok] == 0).all()   # inf_as_zero: rows with no key
             torch.testing.assert_close(lse[b, h][rows_ok].double(), ref_lse[rows_ok], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("solver", ["120", "122", "128"])
+def test_triton_solvers_balanced_equal_even(solver):
+    """The Triton decode kernels (120 bf16 / f32, 122 and 128 on quantized K/V) with their
+    chunks shared by kv_lens agree with the even split: 33 sequences (two 32-lane passes of
+    the schedule), lengths 0 to Sk, one far longer, and every output written."""
+    from dataclasses import replace
+
+    from nnprim.args import AttnArgs
+    from nnprim.attention import decode_quant, decode_swap
+    from nnprim.quant import quantize_kv
+    g = torch.Generator().manual_seed(11)
+    B, Hq, Hkv, Sk, D = 33, 4, 2, 96, 16
+    q = torch.randn(B, Hq, 2, D, generator=g)
+    k = torch.randn(B, Hkv, Sk, D, generator=g)
+    v = torch.randn(B, Hkv, Sk, D, generator=g)
+    lens = torch.randint(0, 30, (B,), generator=g).to(torch.int32)
+    lens[3], lens[32] = Sk, Sk - 7
+    mod = {"120": dec, "122": decode_quant, "128": decode_swap}[solver]
+    if solver != "120":
+        q = q.to(torch.bfloat16)
+        k, v = quantize_kv(k, "s4", group_size=16), quantize_kv(v, "u4", group_size=16, symmetric=False)
+    args = AttnArgs(q=q, k=k, v=v, kv_lens=lens)
+    p = AttentionProblem.from_tensors(q, k, v, kv_lens=lens, causal="bottom_right", return_lse=True)
+    cfg = replace(mod.default_config(p), block_n=16, splits=3)
+    outs = {}
+    for bal in (True, False):
+        planned = mod.plan(p, args, replace(cfg, balanced=bal))
+        assert (planned[1].options["BALANCED"] if planned[1] else False) == bal
+        outs[bal] = dec.run_planned(p, args, planned)
+    torch.testing.assert_close(outs[True][0].float(), outs[False][0].float(), rtol=2e-3, atol=2e-3, equal_nan=True)
+    torch.testing.assert_close(outs[True][1], outs[False][1], rtol=1e-4, atol=1e-4, equal_nan=True)
