@@ -39,7 +39,7 @@
 #              129 through their plans, 111 and 124 forced, the peers)
 #   d256       solver 130 (gluon_flash_bwd_d256): its GPU tests and the solver-level d256 benchmark
 #              (benchmarks/diag/d256_device.sh)
-#   refind     nnprim db build-system --refind-solver $SOLVERS (default 127) into the shipped db
+#   refind     nnprim db build-system --refind-solver $SOLVERS (default 127) [--refind-key $KEYS] into the shipped db
 #   conv_probes  benchmarks/stem_probe.py, benchmarks/gluon_conv_bwd_probe.py (solver level) and
 #              benchmarks/pointwise_probe.py (the 1x1 layers through the API)
 #   diag       the default-vs-forced clock check and the graphed conv's choices
@@ -90,7 +90,7 @@ case $STEP in
     # find again the system db's problems whose records hold solvers whose kernels changed
     # (SOLVERS, default 127), into the shipped db; copied to OUT
     timeout -s INT 330 python3 -m nnprim db build-system --device cuda --refind-solver "${SOLVERS:-gluon_flash_bwd}" \
-      --workers 12 2>&1 | tr '\r' '\n' | tail -4
+      ${KEYS:+--refind-key "$KEYS"} --workers 12 2>&1 | tr '\r' '\n' | tail -4
     cp nnprim/data/system_finddb.sqlite nnprim/data/system_finddb.tsv "$OUT"/ ;;
   conv_probes)
     # the seventh session's conv solvers at the solver level: stem variants (70-72) and the
