@@ -819,7 +819,10 @@ def default_config(problem) -> Q4Config:
     zp = kq is not None and vq is not None and (kq[4] is not None or vq[4] is not None)
     ng = max(_sig_groups(kq, problem.D), _sig_groups(vq, problem.Dv)) if kq is not None and vq is not None else 1
     ring = 3 if zp and ng < 4 and not problem.page_size else 2
-    return Q4Config(block_n=32, block_m=16, num_warps=1, num_stages=1, prefetch=0, ring=ring, maxnreg=168)
+    # balanced (chunks shared by kv_lens): compiled for sm_90 but not yet run on the H200
+    # (2026-12-04: no device could be had); the Triton decode kernels take it by default
+    return Q4Config(block_n=32, block_m=16, num_warps=1, num_stages=1, prefetch=0, ring=ring, maxnreg=168,
+                    balanced=False)
 
 
 def resident_per_sm(cfg: DecodeConfig) -> int:

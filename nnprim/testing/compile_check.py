@@ -452,14 +452,17 @@ def _gluon_decode_q4_attempts(failures: list[str], report: list[str]) -> None:
                              D=d, Dv=d, dtype=dt, causal=causal, k_quant=sig, v_quant=sig, page_size=max(page, 0),
                              has_kv_lens=page != 0)
         # paged: also the int64 offsets of pools past 2^31 elements (too big to allocate here)
-        for fits in (True, False) if page == 64 else (True,):
+        # with kv_lens also the chunks shared by length (Q4Config.balanced, off by default)
+        for fits, bal in [(f, b) for f in ((True, False) if page == 64 else (True,)) for b in {False, page != 0}]:
+            real, real_cfg = q4.pools_fit_int32, q4.default_config
             try:
-                q4.pools_fit_int32, real = (lambda *a, fits=fits: fits), q4.pools_fit_int32
+                q4.pools_fit_int32 = lambda *a, fits=fits: fits
+                q4.default_config = lambda pr, bal=bal, real_cfg=real_cfg: replace(real_cfg(pr), balanced=bal)
                 q4.GluonDecodeQ4().prepare(p)(random_args(p, seed=0))
             except Exception as e:  # noqa: BLE001 - report every variant that does not compile
                 failures.append(f"gluon_decode_q4 on {p.key()}: {type(e).__name__}: {str(e)[:1500]}")
             finally:
-                q4.pools_fit_int32 = real
+                q4.pools_fit_int32, q4.default_config = real, real_cfg
     _report_variants("gluon_decode_q4", q4._gluon_decode_q4_kernel, report)
 
 

@@ -86,8 +86,9 @@ def test_rows_lens_causal(Sq, causal):
 @pytest.mark.parametrize("page", [0, 16])
 def test_ragged_batch_shares_chunks_by_length(page):
     """40 sequences (two of the schedule's 32-lane passes), lengths from 0 to Sk, one far longer
-    than the rest: the chunks are shared by length (decode.balanced_counts), so the long one
-    spans more programs than the even split gives it; idle programs write nothing read."""
+    than the rest, through the default config and with the chunks shared by length
+    (Q4Config.balanced, decode.balanced_counts: the long one spans more programs than the even
+    split gives it; idle programs write slots nothing reads)."""
     B, Hq, Hkv, Sk, D = 40, 8, 2, 4096, 128
     g = torch.Generator(device=DEV).manual_seed(3)
     q = torch.randn(B, Hq, 1, D, device=DEV, dtype=torch.bfloat16, generator=g)
@@ -98,13 +99,29 @@ def test_ragged_batch_shares_chunks_by_length(page):
     lens[7], lens[0], lens[33] = Sk, 0, Sk - 1
     ref, theirs = dequant_reference(q, kq, vq, lens)
     kw = dict(kv_lens=lens, return_lse=True, softmax_inf_as_zero=True, solver=SOLVER)
+    from dataclasses import replace
+
+    from nnprim.args import AttnArgs
+    from nnprim.attention import gluon_decode_quant as q4
+    from nnprim.problems.attention import AttentionProblem
+    bt = None
+    kk, vv = kq, vq
     if page:
         M = Sk // page
         bt = torch.randperm(B * M + 3, device=DEV)[:B * M].reshape(B, M).to(torch.int32)
-        o, lse = nnprim.sdpa(q, to_pages(kq, bt, B * M + 3), to_pages(vq, bt, B * M + 3), block_table=bt, **kw)
-    else:
-        o, lse = nnprim.sdpa(q, kq, vq, **kw)
+        kk, vv = to_pages(kq, bt, B * M + 3), to_pages(vq, bt, B * M + 3)
+        kw["block_table"] = bt
+    o, lse = nnprim.sdpa(q, kk, vv, **kw)
     assert_close(f"ragged B{B} p{page}", o, theirs, ref)
+    p = AttentionProblem.from_tensors(q, kk, vv, kv_lens=lens, block_table=bt, return_lse=True,
+                                      softmax_inf_as_zero=True)
+    planned = q4.plan(p, AttnArgs(q=q, k=kk, v=vv, kv_lens=lens, block_table=bt),
+                      replace(q4.default_config(p), balanced=True))
+    assert planned[1] is not None and planned[1].options["BALANCED"]
+    ob, lseb = decode.run_planned(p, AttnArgs(q=q, k=kk, v=vv, kv_lens=lens, block_table=bt), planned)
+    assert_close(f"ragged B{B} p{page} balanced", ob, theirs, ref)
+    okb = torch.isfinite(lse)
+    assert torch.equal(okb, torch.isfinite(lseb)) and torch.allclose(lse[okb], lseb[okb], atol=1e-3, rtol=1e-3)
     lse2 = nnprim.sdpa(q, kq, vq, kv_lens=lens, return_lse=True, softmax_inf_as_zero=True,
                        solver="decode_split_k_quant_grouped")[1]
     ok = torch.isfinite(lse2)
