@@ -122,6 +122,13 @@ def balanced_chunk(LENS, p, B, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl
         b += tl.sum(before.to(tl.int32), 0)
         first = tl.maximum(first, tl.max(tl.where(before, cum, 0), 0))
         carry += tl.sum(cnt, 0)
+    return chunk_range(LENS, p, b, first, total, B, Sq, Sk, SPLITS, BLOCK_N, CAUSAL)
+
+
+@triton.jit
+def chunk_range(LENS, p, b, first, total, B, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(b, L, shift, start, end) of program p, chunk p - first of sequence b (b == B: idle, an
+    empty chunk of sequence B - 1); scalars only, so the Gluon twin shares it."""
     live = b < B
     b = tl.minimum(b, B - 1)
     L = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), Sk)

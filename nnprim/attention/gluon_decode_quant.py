@@ -407,21 +407,7 @@ if gluon is not None:
             b += gl.sum(before.to(gl.int32), 0)
             first = gl.maximum(first, gl.max(gl.where(before, cum, 0), 0))
             carry += gl.sum(cnt, 0)
-        live = b < B
-        b = gl.minimum(b, B - 1)
-        L = gl.minimum(gl.maximum(gl.load(LENS + b).to(gl.int32), 0), Sk)
-        if CAUSAL == 1:
-            shift = 0
-            kv_end = gl.minimum(L, Sq)
-        else:
-            shift = L - Sq
-            kv_end = L
-        nb = (kv_end + BN - 1) // BN
-        per = gl.cdiv(nb, _dec.chunk_count(nb, total, B, SPLITS))
-        start = (p - first) * per * BN
-        end = gl.where(live, gl.minimum(start + per * BN, kv_end), 0)
-        start = gl.where(live, start, 0)
-        return b, L, shift, start, end
+        return _dec.chunk_range(LENS, p, b, first, total, B, Sq, Sk, SPLITS, BN, CAUSAL)
 
     @gluon.jit
     def _gluon_decode_q4_kernel(
