@@ -54,6 +54,8 @@ def main() -> None:
     ap.add_argument("--formats", default="s4g64,u4g64zp")
     ap.add_argument("--pages", default="0,16")
     ap.add_argument("--lens", default="full,uniform,onelong")
+    ap.add_argument("--main-only", action="store_true",
+                    help="also time each plan's main kernel without the combine (label X_main)")
     a = ap.parse_args()
     dev = "cuda"
     res = dict(gpu=torch.cuda.get_device_name(), rows=[])
@@ -75,16 +77,19 @@ def main() -> None:
                     args = AttnArgs(q=q, k=kk, v=vv, kv_lens=lens, block_table=bt)
                     p = AttentionProblem.from_tensors(q, kk, vv, kv_lens=lens, block_table=bt)
                     c133 = gluon_decode_quant.default_config(p)
-                    plans = {"133_bal": gluon_decode_quant.plan(p, args, c133),
+                    plans = {"133_bal": gluon_decode_quant.plan(p, args, replace(c133, balanced=True)),
                              "133_even": gluon_decode_quant.plan(p, args, replace(c133, balanced=False)),
                              "128_bal": decode_swap.plan(p, args, decode_swap.default_config(p)),
                              "128_even": decode_swap.plan(p, args, replace(decode_swap.default_config(p),
                                                                            balanced=False))}
                     fns = {lab: partial(dec.run_planned, p, args, pl) for lab, pl in plans.items()}
+                    if a.main_only:
+                        fns.update({f"{lab}_main": partial(dec.run_planned, p, args, (pl[0], None, pl[2]))
+                                    for lab, pl in plans.items()})
                     kw = dict(kv_lens=lens, block_table=bt) if page else dict(kv_lens=lens)
                     fns["api"] = partial(nnprim.sdpa, q, kk, vv, **kw)
                     fns["cudnn_full_bf16"] = cudnn
-                    outs = {lab: f() for lab, f in fns.items() if lab != "cudnn_full_bf16"}
+                    outs = {lab: f() for lab, f in fns.items() if lab != "cudnn_full_bf16" and "_main" not in lab}
                     outs = {lab: (o[0] if isinstance(o, tuple) else o) for lab, o in outs.items()}
                     base = outs["133_even"].float()
                     diff = {lab: float((o.float() - base).abs().max()) for lab, o in outs.items()}

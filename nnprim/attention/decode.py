@@ -81,10 +81,15 @@ def key_chunk(LENS, b, split, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl.
 
 
 @triton.jit
-def lens_blocks(LENS, bi, B, Sq, Sk, BN: tl.constexpr, CAUSAL: tl.constexpr):
-    """Key blocks of BN keys that sequences `bi` (a vector; those >= B count 0) attend to:
-    kv_lens clamped into [0, Sk], capped at Sq under top-left causal masking (key_chunk)."""
-    L = tl.minimum(tl.maximum(tl.load(LENS + bi, mask=bi < B, other=0).to(tl.int32), 0), Sk)
+def clamped_lens(LENS, bi, B, Sk):
+    """kv_lens of sequences `bi` (a vector; those >= B give 0) clamped into [0, Sk]."""
+    return tl.minimum(tl.maximum(tl.load(LENS + bi, mask=bi < B, other=0).to(tl.int32), 0), Sk)
+
+
+@triton.jit
+def visible_blocks(L, Sq, BN: tl.constexpr, CAUSAL: tl.constexpr):
+    """Key blocks of BN keys a sequence of L valid keys attends to: capped at Sq under
+    top-left causal masking (key_chunk)."""
     if CAUSAL == 1:
         L = tl.minimum(L, Sq)
     return (L + BN - 1) // BN
@@ -101,37 +106,45 @@ def chunk_count(nblk, total, B, SPLITS):
 
 
 @triton.jit
-def balanced_chunk(LENS, p, B, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+def balanced_chunk(LENS, p, B, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BB: tl.constexpr):
     """(b, L, shift, start, end) of program p of a KV head's B * SPLITS when the chunks are
     shared by kv_lens (`balanced_counts`): with ragged lengths the wave then ends when the
     mean sequence would, not the longest. Programs past the last chunk get an empty one.
+    The first BB lengths are loaded once and kept (every program of the wave reads the same
+    line: one load, not one per pass, 2026-12-04); batches past BB loop over the rest.
     (gluon_decode_quant._balanced_chunk is the Gluon twin.)"""
-    bi = tl.arange(0, 32)
-    total = 0
-    for b0 in range(0, B, 32):
-        total += tl.sum(lens_blocks(LENS, b0 + bi, B, Sq, Sk, BLOCK_N, CAUSAL), 0)
+    bi = tl.arange(0, BB)
+    lv = clamped_lens(LENS, bi, B, Sk)
+    nb = visible_blocks(lv, Sq, BLOCK_N, CAUSAL)
+    total = tl.sum(nb, 0)
+    for b0 in range(BB, B, BB):
+        total += tl.sum(visible_blocks(clamped_lens(LENS, b0 + bi, B, Sk), Sq, BLOCK_N, CAUSAL), 0)
     total = tl.maximum(total, 1)
-    b = 0
-    first = 0
-    carry = 0
-    for b0 in range(0, B, 32):
-        cnt = tl.where(b0 + bi < B, chunk_count(lens_blocks(LENS, b0 + bi, B, Sq, Sk, BLOCK_N, CAUSAL), total, B,
-                                                SPLITS), 0)
+    cum = tl.cumsum(tl.where(bi < B, chunk_count(nb, total, B, SPLITS), 0), 0)
+    before = cum <= p
+    b = tl.sum(before.to(tl.int32), 0)
+    first = tl.max(tl.where(before, cum, 0), 0)
+    carry = tl.max(cum, 0)
+    L = tl.sum(tl.where(bi == b, lv, 0), 0)
+    for b0 in range(BB, B, BB):
+        lb = clamped_lens(LENS, b0 + bi, B, Sk)
+        cnt = tl.where(b0 + bi < B, chunk_count(visible_blocks(lb, Sq, BLOCK_N, CAUSAL), total, B, SPLITS), 0)
         cum = carry + tl.cumsum(cnt, 0)
         before = cum <= p
         b += tl.sum(before.to(tl.int32), 0)
         first = tl.maximum(first, tl.max(tl.where(before, cum, 0), 0))
+        L += tl.sum(tl.where(b0 + bi == b, lb, 0), 0)
         carry += tl.sum(cnt, 0)
-    return chunk_range(LENS, p, b, first, total, B, Sq, Sk, SPLITS, BLOCK_N, CAUSAL)
+    return chunk_range(p, b, first, L, total, B, Sq, SPLITS, BLOCK_N, CAUSAL)
 
 
 @triton.jit
-def chunk_range(LENS, p, b, first, total, B, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    """(b, L, shift, start, end) of program p, chunk p - first of sequence b (b == B: idle, an
-    empty chunk of sequence B - 1); scalars only, so the Gluon twin shares it."""
+def chunk_range(p, b, first, L, total, B, Sq, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(b, L, shift, start, end) of program p, chunk p - first of sequence b of L clamped
+    valid keys (b == B: idle, an empty chunk of sequence B - 1, L 0); scalars only, so the
+    Gluon twin shares it."""
     live = b < B
     b = tl.minimum(b, B - 1)
-    L = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), Sk)
     if CAUSAL == 1:
         shift = 0
         kv_end = tl.minimum(L, Sq)
@@ -153,7 +166,7 @@ def program_chunk(LENS, pid_bh, split, Hkv, Sq, Sk, SPLITS, BLOCK_N: tl.constexp
     sequence b', or with BALANCED the chunks shared by kv_lens (balanced_chunk)."""
     if BALANCED:
         b, L, shift, start, end = balanced_chunk(LENS, (pid_bh // Hkv) * SPLITS + split, tl.num_programs(0) // Hkv,
-                                                 Sq, Sk, SPLITS, BLOCK_N, CAUSAL)
+                                                 Sq, Sk, SPLITS, BLOCK_N, CAUSAL, BALANCED)
     else:
         b = pid_bh // Hkv
         L, shift, start, end = key_chunk(LENS, b, split, Sq, Sk, SPLITS, BLOCK_N, CAUSAL, HAS_LENS)
@@ -445,17 +458,19 @@ def _decode_combine_kernel(PO, PL, O, LSE, LENS, n_rows, s_ob, s_oh, s_oq, s_od,
     b = rows64 // (Hq * Sq)
     h = (rows64 // Sq) % Hq
     qi = rows64 % Sq
-    if BALANCED:
+    if BALANCED:   # BALANCED: lengths per load (balanced_chunk)
         G = Hq // Hkv
-        bi = tl.arange(0, 32)
-        total = 0
-        for b0 in range(0, B, 32):
-            total += tl.sum(lens_blocks(LENS, b0 + bi, B, Sq, Sk, BN, CAUSAL), 0)
+        bi = tl.arange(0, BALANCED)
+        nb = visible_blocks(clamped_lens(LENS, bi, B, Sk), Sq, BN, CAUSAL)
+        total = tl.sum(nb, 0)
+        for b0 in range(BALANCED, B, BALANCED):
+            total += tl.sum(visible_blocks(clamped_lens(LENS, b0 + bi, B, Sk), Sq, BN, CAUSAL), 0)
         total = tl.maximum(total, 1)
-        first = tl.zeros((BLOCK_R,), tl.int32)
-        n_s = tl.zeros((BLOCK_R,), tl.int32)
-        for b0 in range(0, B, 32):
-            cnt = chunk_count(lens_blocks(LENS, b0 + bi, B, Sq, Sk, BN, CAUSAL), total, B, SPLITS)
+        cnt = tl.where(bi < B, chunk_count(nb, total, B, SPLITS), 0)
+        first = tl.sum(tl.where(bi[None, :] < b[:, None], cnt[None, :], 0), 1)
+        n_s = tl.sum(tl.where(bi[None, :] == b[:, None], cnt[None, :], 0), 1)
+        for b0 in range(BALANCED, B, BALANCED):
+            cnt = chunk_count(visible_blocks(clamped_lens(LENS, b0 + bi, B, Sk), Sq, BN, CAUSAL), total, B, SPLITS)
             cnt = tl.where(b0 + bi < B, cnt, 0)
             first += tl.sum(tl.where((b0 + bi)[None, :] < b[:, None], cnt[None, :], 0), 1)
             n_s += tl.sum(tl.where((b0 + bi)[None, :] == b[:, None], cnt[None, :], 0), 1)
@@ -667,6 +682,17 @@ def balanced_bn(problem, splits: int, cfg: DecodeConfig) -> int:
     return cfg.block_n if problem.has_kv_lens and splits > 1 and cfg.balanced else 0
 
 
+def lens_width(B: int) -> int:
+    """kv_lens the balanced schedule loads at once (the kernels' BALANCED): B rounded up to a
+    power of two in [32, 256]; larger batches loop over the rest."""
+    return min(256, max(32, triton.next_power_of_2(B)))
+
+
+def balanced_width(problem, splits: int, cfg: DecodeConfig) -> int:
+    """The kernels' BALANCED: lens_width when they share the chunks by kv_lens, else 0."""
+    return lens_width(problem.B) if balanced_bn(problem, splits, cfg) else 0
+
+
 def combine_launch(problem, splits: int, bn: int = 0) -> Launch | None:
     """The merge of the split partials (None for one split): o = sum_s exp(lse_s - LSE) o_s.
     bn > 0: the main kernel shared its chunks by kv_lens in blocks of bn keys (balanced_bn)."""
@@ -681,7 +707,7 @@ def combine_launch(problem, splits: int, bn: int = 0) -> Launch | None:
     return Launch(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),),
                   (n_rows, *so, problem.Hq, problem.Hkv, problem.Sq, problem.Sk, splits, problem.B), DV=problem.Dv,
                   BLOCK_R=block_r, SC=sc, BLOCK_DV=block_dv, INF_AS_ZERO=problem.inf_as_zero,
-                  WRITE_LSE=problem.return_lse, BALANCED=bn > 0, BN=max(bn, 1),
+                  WRITE_LSE=problem.return_lse, BALANCED=lens_width(problem.B) if bn else 0, BN=max(bn, 1),
                   CAUSAL=CAUSAL_CODE[problem.causal], num_warps=4)
 
 
@@ -724,7 +750,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig, fold: bool = False) -> tupl
          bt_stride(args)),
         G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n, PAGE=problem.page_size,
         BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
-        ONE_SPLIT=splits == 1, BALANCED=bool(balanced_bn(problem, splits, cfg)), **common_flags(problem),
+        ONE_SPLIT=splits == 1, BALANCED=balanced_width(problem, splits, cfg), **common_flags(problem),
         KBITS=km["BITS"], K_SIGNED=km["SIGNED"], K_GROUP=km["GROUP"], K_SC_G=km["SC_G"], K_ZP=km["ZP"],
         K_ZP_G=km["ZP_G"], K_GL=km["GL"], K_L1=km["L1"],
         VBITS=vm["BITS"], V_SIGNED=vm["SIGNED"], V_GROUP=vm["GROUP"], V_SC_G=vm["SC_G"], V_ZP=vm["ZP"],

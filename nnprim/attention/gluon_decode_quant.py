@@ -386,28 +386,35 @@ if gluon is not None:
         return a + b
 
     @gluon.jit
-    def _balanced_chunk(LENS, p, B, Sq, Sk, SPLITS, BN: gl.constexpr, CAUSAL: gl.constexpr):
+    def _balanced_chunk(LENS, p, B, Sq, Sk, SPLITS, BN: gl.constexpr, CAUSAL: gl.constexpr, BB: gl.constexpr):
         """(b, L, shift, start, end) of program p of a KV head's B * SPLITS when the chunks are
         shared by kv_lens (decode.balanced_counts): with ragged lengths one wave then ends
-        when the mean sequence would, not the longest. Idle programs get an empty chunk."""
-        LB: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-        bi = gl.arange(0, 32, layout=LB)
-        total = 0
-        for b0 in range(0, B, 32):
-            total += gl.sum(_dec.lens_blocks(LENS, b0 + bi, B, Sq, Sk, BN, CAUSAL), 0)
+        when the mean sequence would, not the longest. Idle programs get an empty chunk.
+        The first BB lengths are loaded once (decode.balanced_chunk, the Triton twin)."""
+        LB: gl.constexpr = gl.BlockedLayout([BB // 32], [32], [1], [0])
+        bi = gl.arange(0, BB, layout=LB)
+        lv = _dec.clamped_lens(LENS, bi, B, Sk)
+        nb = _dec.visible_blocks(lv, Sq, BN, CAUSAL)
+        total = gl.sum(nb, 0)
+        for b0 in range(BB, B, BB):
+            total += gl.sum(_dec.visible_blocks(_dec.clamped_lens(LENS, b0 + bi, B, Sk), Sq, BN, CAUSAL), 0)
         total = gl.maximum(total, 1)
-        b = 0
-        first = 0
-        carry = 0
-        for b0 in range(0, B, 32):
-            cnt = _dec.chunk_count(_dec.lens_blocks(LENS, b0 + bi, B, Sq, Sk, BN, CAUSAL), total, B, SPLITS)
-            cnt = gl.where(b0 + bi < B, cnt, 0)
+        cum = gl.associative_scan(gl.where(bi < B, _dec.chunk_count(nb, total, B, SPLITS), 0), 0, _add)
+        before = cum <= p
+        b = gl.sum(before.to(gl.int32), 0)
+        first = gl.max(gl.where(before, cum, 0), 0)
+        carry = gl.max(cum, 0)
+        L = gl.sum(gl.where(bi == b, lv, 0), 0)
+        for b0 in range(BB, B, BB):
+            lb = _dec.clamped_lens(LENS, b0 + bi, B, Sk)
+            cnt = gl.where(b0 + bi < B, _dec.chunk_count(_dec.visible_blocks(lb, Sq, BN, CAUSAL), total, B, SPLITS), 0)
             cum = carry + gl.associative_scan(cnt, 0, _add)
             before = cum <= p
             b += gl.sum(before.to(gl.int32), 0)
             first = gl.maximum(first, gl.max(gl.where(before, cum, 0), 0))
+            L += gl.sum(gl.where(b0 + bi == b, lb, 0), 0)
             carry += gl.sum(cnt, 0)
-        return _dec.chunk_range(LENS, p, b, first, total, B, Sq, Sk, SPLITS, BN, CAUSAL)
+        return _dec.chunk_range(p, b, first, L, total, B, Sq, SPLITS, BN, CAUSAL)
 
     @gluon.jit
     def _gluon_decode_q4_kernel(
@@ -459,7 +466,7 @@ if gluon is not None:
         hk = pid_bh % Hkv
         if BALANCED:   # chunks shared by kv_lens: b from the schedule, partials in slot p
             b, L, shift, start, end = _balanced_chunk(LENS, (pid_bh // Hkv) * SPLITS + split, gl.num_programs(0) // Hkv,
-                                                      Sq, Sk, SPLITS, BN, CAUSAL)
+                                                      Sq, Sk, SPLITS, BN, CAUSAL, BALANCED)
         else:
             b = pid_bh // Hkv
             L, shift, start, end = _dec.key_chunk(LENS, b, split, Sq, Sk, SPLITS, BN, CAUSAL, HAS_LENS)
@@ -805,10 +812,7 @@ def default_config(problem) -> Q4Config:
     zp = kq is not None and vq is not None and (kq[4] is not None or vq[4] is not None)
     ng = max(_sig_groups(kq, problem.D), _sig_groups(vq, problem.Dv)) if kq is not None and vq is not None else 1
     ring = 3 if zp and ng < 4 and not problem.page_size else 2
-    # balanced (chunks shared by kv_lens): compiled for sm_90 but not yet run on the H200
-    # (2026-12-04: no device could be had); the Triton decode kernels take it by default
-    return Q4Config(block_n=32, block_m=16, num_warps=1, num_stages=1, prefetch=0, ring=ring, maxnreg=168,
-                    balanced=False)
+    return Q4Config(block_n=32, block_m=16, num_warps=1, num_stages=1, prefetch=0, ring=ring, maxnreg=168)
 
 
 def resident_per_sm(cfg: DecodeConfig) -> int:
@@ -871,7 +875,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         K_SN=sk[2], V_SN=sv[2], KS_SN=sks[2], KS_SG=sks[3], KZ_SN=skz[2], KZ_SG=skz[3],
         VS_SN=svs[2], VS_SG=svs[3], VZ_SN=svz[2], VZ_SG=svz[3],
         FAST_ROWS=getattr(cfg, "fast_rows", True), LAZY=getattr(cfg, "lazy_rescale", True),
-        RING=getattr(cfg, "ring", 0), BALANCED=bool(bal),
+        RING=getattr(cfg, "ring", 0), BALANCED=_dec.lens_width(problem.B) if bal else 0,
         **flags,
         num_warps=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return main, _dec.combine_launch(problem, splits, bal), splits

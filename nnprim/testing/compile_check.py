@@ -464,7 +464,7 @@ def _gluon_decode_q4_attempts(failures: list[str], report: list[str]) -> None:
                              D=d, Dv=d, dtype=dt, causal=causal, k_quant=sig, v_quant=sig, page_size=max(page, 0),
                              has_kv_lens=page != 0)
         # paged: also the int64 offsets of pools past 2^31 elements (too big to allocate here)
-        # with kv_lens also the chunks shared by length (Q4Config.balanced, off by default)
+        # with kv_lens also the even split (Q4Config.balanced off; on by default)
         for fits, bal in [(f, b) for f in ((True, False) if page == 64 else (True,)) for b in {False, page != 0}]:
             real, real_cfg = q4.pools_fit_int32, q4.default_config
             try:

@@ -88,7 +88,7 @@ def test_ragged_batch_shares_chunks_by_length(page):
     """40 sequences (two of the schedule's 32-lane passes), lengths from 0 to Sk, one far longer
     than the rest, through the default config and with the chunks shared by length
     (Q4Config.balanced, decode.balanced_counts: the long one spans more programs than the even
-    split gives it; idle programs write slots nothing reads)."""
+    split gives it; idle programs write slots nothing reads), by default and with the even split."""
     B, Hq, Hkv, Sk, D = 40, 8, 2, 4096, 128
     g = torch.Generator(device=DEV).manual_seed(3)
     q = torch.randn(B, Hq, 1, D, device=DEV, dtype=torch.bfloat16, generator=g)
@@ -115,11 +115,13 @@ def test_ragged_batch_shares_chunks_by_length(page):
     assert_close(f"ragged B{B} p{page}", o, theirs, ref)
     p = AttentionProblem.from_tensors(q, kk, vv, kv_lens=lens, block_table=bt, return_lse=True,
                                       softmax_inf_as_zero=True)
+    # the default shares chunks by length; the even split (balanced=False) must agree with it
+    assert q4.default_config(p).balanced
     planned = q4.plan(p, AttnArgs(q=q, k=kk, v=vv, kv_lens=lens, block_table=bt),
-                      replace(q4.default_config(p), balanced=True))
-    assert planned[1] is not None and planned[1].options["BALANCED"]
+                      replace(q4.default_config(p), balanced=False))
+    assert planned[1] is not None and not planned[1].options["BALANCED"]
     ob, lseb = decode.run_planned(p, AttnArgs(q=q, k=kk, v=vv, kv_lens=lens, block_table=bt), planned)
-    assert_close(f"ragged B{B} p{page} balanced", ob, theirs, ref)
+    assert_close(f"ragged B{B} p{page} even", ob, theirs, ref)
     okb = torch.isfinite(lse)
     assert torch.equal(okb, torch.isfinite(lseb)) and torch.allclose(lse[okb], lseb[okb], atol=1e-3, rtol=1e-3)
     lse2 = nnprim.sdpa(q, kq, vq, kv_lens=lens, return_lse=True, softmax_inf_as_zero=True,
