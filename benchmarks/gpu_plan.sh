@@ -89,7 +89,10 @@ case $STEP in
   refind)
     # find again the system db's problems whose records hold solvers whose kernels changed
     # (SOLVERS, default 127), into the shipped db; copied to OUT
-    timeout -s INT 330 python3 -m nnprim db build-system --device cuda --refind-solver "${SOLVERS:-gluon_flash_bwd}" \
+    # SOLVERS unset: 127; set but empty (with KEYS): by key only (2026-12-04: `:-` made an empty
+    # SOLVERS refind 127's 36 problems too)
+    SOLVERS=${SOLVERS-gluon_flash_bwd}
+    timeout -s INT 330 python3 -m nnprim db build-system --device cuda ${SOLVERS:+--refind-solver "$SOLVERS"} \
       ${KEYS:+--refind-key "$KEYS"} --workers 12 2>&1 | tr '\r' '\n' | tail -4
     cp nnprim/data/system_finddb.sqlite nnprim/data/system_finddb.tsv "$OUT"/ ;;
   conv_probes)
