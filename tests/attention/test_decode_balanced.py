@@ -5,9 +5,38 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from nnprim.attention import decode as dec
 from nnprim.problems.attention import AttentionProblem
+
+
+@triton.jit
+def _muldiv_kernel(A, K, D, OUT, N: tl.constexpr):
+    i = tl.arange(0, N)
+    tl.store(OUT + i, dec.floor_muldiv(tl.load(A + i), tl.load(K + i), tl.load(D + i)))
+
+
+def test_floor_muldiv_is_exact():
+    """The schedule's division without an int64 `//` (floor_muldiv) equals the exact floor over
+    its range: a <= d up to 2^27 key blocks, k < MAX_BALANCED_SLOTS, results on and next to
+    whole numbers (where an f32 estimate truncates the wrong way)."""
+    g = torch.Generator().manual_seed(0)
+    n = 256
+    d = torch.randint(1, 1 << 27, (n,), generator=g)
+    d[:32] = torch.randint(1, 64, (32,), generator=g)
+    a = (torch.rand(n, generator=g, dtype=torch.float64) * (d + 1)).long().clamp(max=d)
+    a[32:48] = d[32:48]
+    k = torch.randint(1, dec.MAX_BALANCED_SLOTS, (n,), generator=g)
+    k[48:64] = dec.MAX_BALANCED_SLOTS - 1
+    # a * k a multiple of d, or one short of it
+    d[64:96] = k[64:96] * 3
+    a[64:96] = 3 * torch.arange(32)
+    a[80:96] = d[80:96] - 1
+    out = torch.empty(n, dtype=torch.int32)
+    _muldiv_kernel[(1,)](a.int(), k.int(), d.int(), out, N=n)
+    assert torch.equal(out.long(), a * k // d)
 
 
 @pytest.mark.parametrize("seed", range(6))
