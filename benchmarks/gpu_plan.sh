@@ -39,6 +39,9 @@
 #              129 through their plans, 111 and 124 forced, the peers)
 #   d256       solver 130 (gluon_flash_bwd_d256): its GPU tests and the solver-level d256 benchmark
 #              (benchmarks/diag/d256_device.sh)
+#   ragged     decode over ragged kv_lens: 133 / 128 with chunks shared by length against the even
+#              split and the public call (benchmarks/diag/ragged_decode.py), then the public call's
+#              choice and time against 133 / 128 forced (benchmarks/diag/api_choice_ragged.py)
 #   refind     nnprim db build-system --refind-solver $SOLVERS (default 127) [--refind-key $KEYS] into the shipped db
 #   conv_probes  benchmarks/stem_probe.py, benchmarks/gluon_conv_bwd_probe.py (solver level) and
 #              benchmarks/pointwise_probe.py (the 1x1 layers through the API)
@@ -86,6 +89,10 @@ case $STEP in
       --solvers ${SOLVERS:-flash_111,ordered_124} --out "$OUT/gluon_bwd_$D.json" 2>&1 | tail -18 ;;
   d256)
     OUT="$OUT" bash benchmarks/diag/d256_device.sh ;;
+  ragged)
+    NNPRIM_CACHE_DIR=$(mktemp -d) timeout 150 python3 benchmarks/diag/ragged_decode.py --out "$OUT/ragged_decode_$D.json" \
+      --rounds 15 2>&1 | grep -v Warn | cut -c1-170 | tail -26
+    NNPRIM_CACHE_DIR=$(mktemp -d) timeout 90 python3 benchmarks/diag/api_choice_ragged.py 2>&1 | grep -v Warn | tail -6 ;;
   refind)
     # find again the system db's problems whose records hold solvers whose kernels changed
     # (SOLVERS, default 127), into the shipped db; copied to OUT

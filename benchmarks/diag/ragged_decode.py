@@ -102,6 +102,8 @@ def main() -> None:
                     res["rows"].append(row)
                     print(name, fname, f"p{page}", lk, " ".join(f"{x}={y}" for x, y in ms.items()),
                           "maxdiff", round(max(diff.values()), 5), flush=True)
+                    with open(a.out, "w") as f:   # after every row: a run cut short keeps its rows
+                        json.dump(res, f, indent=1)
     res["seconds"] = round(time.time() - t0, 1)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)

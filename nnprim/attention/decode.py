@@ -463,7 +463,8 @@ def _decode_combine_kernel(PO, PL, O, LSE, LENS, n_rows, s_ob, s_oh, s_oq, s_od,
     B * SPLITS, partial row ((hk * B * SPLITS + slot) * G + hl) * Sq + qi.
     The splits are read SC at a time (two passes: the largest lse, then the sums), so the
     [BLOCK_R, SC, BLOCK_DV] tile stays small when SPLITS runs into the thousands; SPLITS
-    and the sizes are runtime values (a new split count or shape compiles nothing)."""
+    and the sizes are runtime values (a new split count or shape compiles nothing; BALANCED,
+    the kv_lens loaded at once, follows B in powers of two from 32 to 256)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = rows < n_rows
     rows64 = rows.to(tl.int64)
