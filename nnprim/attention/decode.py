@@ -57,6 +57,20 @@ _GL_GATHER = 2   # any other group size: gather per element
 
 
 @triton.jit
+def visible_keys(L, Sq, CAUSAL: tl.constexpr):
+    """(shift, kv_end) of a sequence of L >= 0 valid keys: query row i sees key j < kv_end with
+    (causal) j <= i + shift (CAUSAL 1: top-left, shift 0, no key past Sq seen; 2: bottom-right,
+    shift L - Sq). L may be a vector (one per sequence)."""
+    if CAUSAL == 1:
+        shift = 0
+        kv_end = tl.minimum(L, Sq)
+    else:
+        shift = L - Sq
+        kv_end = L
+    return shift, kv_end
+
+
+@triton.jit
 def key_chunk(LENS, b, split, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
               HAS_LENS: tl.constexpr):
     """(L, shift, start, end) of key chunk `split` of sequence b, shared by the decode kernels:
@@ -67,14 +81,7 @@ def key_chunk(LENS, b, split, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl.
         L = tl.minimum(tl.maximum(tl.load(LENS + b).to(tl.int32), 0), Sk)  # clamped: never past the keys
     else:
         L = Sk
-    if CAUSAL == 1:
-        shift = 0
-    else:
-        shift = L - Sq
-    if CAUSAL == 0:
-        kv_end = L
-    else:
-        kv_end = tl.maximum(tl.minimum(L, Sq + shift), 0)
+    shift, kv_end = visible_keys(L, Sq, CAUSAL)
     per = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), SPLITS)
     start = split * per * BLOCK_N
     return L, shift, start, tl.minimum(start + per * BLOCK_N, kv_end)
@@ -88,11 +95,9 @@ def clamped_lens(LENS, bi, B, Sk):
 
 @triton.jit
 def visible_blocks(L, Sq, BN: tl.constexpr, CAUSAL: tl.constexpr):
-    """Key blocks of BN keys a sequence of L valid keys attends to: capped at Sq under
-    top-left causal masking (key_chunk)."""
-    if CAUSAL == 1:
-        L = tl.minimum(L, Sq)
-    return (L + BN - 1) // BN
+    """Key blocks of BN keys a sequence of L valid keys attends to (visible_keys)."""
+    kv_end = visible_keys(L, Sq, CAUSAL)[1]
+    return (kv_end + BN - 1) // BN
 
 
 @triton.jit
@@ -159,12 +164,7 @@ def chunk_range(p, b, first, L, total, B, Sq, SPLITS, BLOCK_N: tl.constexpr, CAU
     Gluon twin shares it."""
     live = b < B
     b = tl.minimum(b, B - 1)
-    if CAUSAL == 1:
-        shift = 0
-        kv_end = tl.minimum(L, Sq)
-    else:
-        shift = L - Sq
-        kv_end = L
+    shift, kv_end = visible_keys(L, Sq, CAUSAL)
     nb = (kv_end + BLOCK_N - 1) // BLOCK_N
     per = tl.cdiv(nb, chunk_count(nb, total, B, SPLITS))
     start = (p - first) * per * BLOCK_N
