@@ -129,8 +129,7 @@ def balanced_chunk(LENS, p, B, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl
     """(b, L, shift, start, end) of program p of a KV head's B * SPLITS when the chunks are
     shared by kv_lens (`balanced_counts`): with ragged lengths the wave then ends when the
     mean sequence would, not the longest. Programs past the last chunk get an empty one.
-    The first BB lengths are loaded once and kept (every program of the wave reads the same
-    line: one load, not one per pass, 2026-12-04); batches past BB loop over the rest.
+    The lengths are read BB at a time: the first BB once for both passes, the rest in loops.
     (gluon_decode_quant._balanced_chunk is the Gluon twin.)"""
     bi = tl.arange(0, BB)
     lv = clamped_lens(LENS, bi, B, Sk)
@@ -463,8 +462,7 @@ def _decode_combine_kernel(PO, PL, O, LSE, LENS, n_rows, s_ob, s_oh, s_oq, s_od,
     B * SPLITS, partial row ((hk * B * SPLITS + slot) * G + hl) * Sq + qi.
     The splits are read SC at a time (two passes: the largest lse, then the sums), so the
     [BLOCK_R, SC, BLOCK_DV] tile stays small when SPLITS runs into the thousands; SPLITS
-    and the sizes are runtime values (a new split count or shape compiles nothing; BALANCED,
-    the kv_lens loaded at once, follows B in powers of two from 32 to 256)."""
+    and the sizes are runtime values (a new split count or shape compiles nothing)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     r_ok = rows < n_rows
     rows64 = rows.to(tl.int64)
@@ -701,15 +699,14 @@ def balanced_bn(problem, splits: int, cfg: DecodeConfig) -> int:
     return cfg.block_n if problem.has_kv_lens and splits > 1 and cfg.balanced and ok else 0
 
 
-def lens_width(B: int) -> int:
-    """kv_lens the balanced schedule loads at once (the kernels' BALANCED): B rounded up to a
-    power of two in [32, 256]; larger batches loop over the rest."""
-    return min(256, max(32, triton.next_power_of_2(B)))
+LENS_PER_LOAD = 32   # kv_lens the balanced schedule loads at once (the kernels' BALANCED)
 
 
 def balanced_width(problem, splits: int, cfg: DecodeConfig) -> int:
-    """The kernels' BALANCED: lens_width when they share the chunks by kv_lens, else 0."""
-    return lens_width(problem.B) if balanced_bn(problem, splits, cfg) else 0
+    """The kernels' BALANCED: LENS_PER_LOAD when they share the chunks by kv_lens, else 0. One
+    width for every batch, so a new batch size compiles nothing: loading B rounded up to a
+    power of two at once (up to 256) instead ran no faster on the H200 (b8 / b64, 2026-12-04)."""
+    return LENS_PER_LOAD if balanced_bn(problem, splits, cfg) else 0
 
 
 def combine_launch(problem, splits: int, bn: int = 0) -> Launch | None:
@@ -726,7 +723,7 @@ def combine_launch(problem, splits: int, bn: int = 0) -> Launch | None:
     return Launch(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),),
                   (n_rows, *so, problem.Hq, problem.Hkv, problem.Sq, problem.Sk, splits, problem.B), DV=problem.Dv,
                   BLOCK_R=block_r, SC=sc, BLOCK_DV=block_dv, INF_AS_ZERO=problem.inf_as_zero,
-                  WRITE_LSE=problem.return_lse, BALANCED=lens_width(problem.B) if bn else 0, BN=max(bn, 1),
+                  WRITE_LSE=problem.return_lse, BALANCED=LENS_PER_LOAD if bn else 0, BN=max(bn, 1),
                   CAUSAL=CAUSAL_CODE[problem.causal], num_warps=4)
 
 

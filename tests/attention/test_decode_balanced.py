@@ -137,19 +137,19 @@ def test_combine_balanced_matches_reference(causal, Sq):
             torch.testing.assert_close(lse[b, h][rows_ok].double(), ref_lse[rows_ok], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("solver,B", [("120", 33), ("122", 33), ("128", 33), ("120", 260)])
+@pytest.mark.parametrize("solver,B", [("120", 33), ("122", 33), ("128", 33), ("120", 9)])
 def test_triton_solvers_balanced_equal_even(solver, B):
     """The Triton decode kernels (120 bf16 / f32, 122 and 128 on quantized K/V) with their
-    chunks shared by kv_lens agree with the even split: 33 sequences (one 64-wide load of the
-    lengths) and 260 (past decode.lens_width's 256: the schedule loops over the rest), lengths
-    0 to Sk, one far longer, and every output written."""
+    chunks shared by kv_lens agree with the even split: 33 sequences (past decode.LENS_PER_LOAD:
+    the schedule loops over the rest) and 9 (one load), lengths 0 to Sk, one far longer, and
+    every output written."""
     from dataclasses import replace
 
     from nnprim.args import AttnArgs
     from nnprim.attention import decode_quant, decode_swap
     from nnprim.quant import quantize_kv
     g = torch.Generator().manual_seed(11)
-    Hq, Hkv, Sk, D = (4, 2, 96, 16) if B < 256 else (2, 1, 48, 16)
+    Hq, Hkv, Sk, D = 4, 2, 96, 16
     q = torch.randn(B, Hq, 2, D, generator=g)
     k = torch.randn(B, Hkv, Sk, D, generator=g)
     v = torch.randn(B, Hkv, Sk, D, generator=g)
@@ -161,7 +161,7 @@ def test_triton_solvers_balanced_equal_even(solver, B):
         k, v = quantize_kv(k, "s4", group_size=16), quantize_kv(v, "u4", group_size=16, symmetric=False)
     args = AttnArgs(q=q, k=k, v=v, kv_lens=lens)
     p = AttentionProblem.from_tensors(q, k, v, kv_lens=lens, causal="bottom_right", return_lse=True)
-    cfg = replace(mod.default_config(p), block_n=16, splits=3 if B < 256 else 2)
+    cfg = replace(mod.default_config(p), block_n=16, splits=3)
     outs = {}
     for bal in (True, False):
         planned = mod.plan(p, args, replace(cfg, balanced=bal))
