@@ -22,7 +22,10 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "bigmem: allocates several GiB; few at a time across xdist workers")
 
 
-BIGMEM_SLOTS = 3   # bigmem tests at once: 8 ran the H200 out of memory, 1 serialised the suite
+# bigmem tests at once: 8 ran the H200 out of memory, 1 serialised the suite; whole decode modules
+# are bigmem, so their 211 tests ran 3 at a time (2026-12-04: 400 s, 42 not started; the rest of
+# the setup time was this wait): NNPRIM_GPU_BIGMEM_SLOTS tries more
+BIGMEM_SLOTS = int(os.environ.get("NNPRIM_GPU_BIGMEM_SLOTS", "3"))
 
 
 @pytest.fixture(autouse=True)
