@@ -6,7 +6,9 @@
 #   tests      tests/gpu on 8 xdist workers (bigmem tests take one of 3 slots); the whole call
 #              (2026-12-03: a cold machine reached the 560 s limit with 15 tests left); on a cold
 #              machine take its halves in two calls: tests_attn (the attention training kernels'
-#              modules) and tests_rest (conv, decode, paged, API, integration, workspace)
+#              modules) and tests_rest (conv, decode, paged, API, integration, workspace);
+#              tests_decode: the four decode / paged modules alone (all bigmem: BIGMEM_SLOTS, default 4,
+#              at once; 3 left 42 of 211 unstarted in 400 s on 15 workers, 2026-12-04)
 #   fuzz       the memory-safety fuzz (benchmarks/fuzz_gpu.sh), incl. compute-sanitizer
 #   attention  benchmarks/attention.py --api on every train problem (fwd, bwd, deterministic bwd)
 #   tune5      tile candidates of the five-GEMM backward solvers 123/124
@@ -61,7 +63,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
 D=$(date +%F)
 case $STEP in
-  tests|tests_attn|tests_rest)
+  tests|tests_attn|tests_rest|tests_decode)
     # -v streams each result and SIGINT makes pytest print its summary, so a run that
     # meets the time limit still names its failures (2026-12-01: 9 min for the suite).
     ATTN="tests/gpu/test_gluon_bwd_gpu.py tests/gpu/test_gluon_bwd_d256_gpu.py tests/gpu/test_gluon_fwd_gpu.py
@@ -70,6 +72,9 @@ case $STEP in
       tests) SEL=(tests/gpu) ;;
       tests_attn) SEL=($ATTN) ;;
       tests_rest) SEL=(tests/gpu); for f in $ATTN; do SEL+=(--ignore="$f"); done ;;
+      tests_decode) SEL=(tests/gpu/test_gluon_decode_q4_gpu.py tests/gpu/test_paged_gpu.py
+                         tests/gpu/test_decode_quant_gpu.py tests/gpu/test_decode_swap_gpu.py)
+                    export NNPRIM_GPU_BIGMEM_SLOTS=${BIGMEM_SLOTS:-4} ;;
     esac
     timeout -s INT 560 python3 -m pytest -p no:cacheprovider "${SEL[@]}" -n 8 --dist load -v -rf --tb=short \
       --durations=25 -p no:benchmark --ignore=tests/gpu/test_fuzz.py > "$OUT/gpu_${STEP}_$D.log" 2>&1
