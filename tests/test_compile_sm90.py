@@ -41,6 +41,7 @@ def test_kernels_compile_for_sm90():
     stacks = [int(w[6:]) for line in q4 for w in line.split() if w.startswith("STACK:")]
     regs = [int(w[4:]) for line in q4 for w in line.split() if w.startswith("REG:")]
     assert len(q4) >= 3 and all(s_ <= 96 for s_ in stacks) and all(r_ <= 168 for r_ in regs), r.stdout[-4000:]
-    # and without subroutine calls (the balanced schedule's int64 `//` was one: its main loop
-    # then lost the uniform datapath, ~8 % slower on the H200, 2026-12-04)
-    assert all("CALLS:0" in line for line in q4 if "CALLS:" in line), r.stdout[-4000:]
+    # every Gluon variant without subroutine calls (133's balanced schedule had an int64 `//`,
+    # one: its main loop then lost the uniform datapath, ~8 % slower on the H200, 2026-12-04)
+    calls = [line for line in r.stdout.splitlines() if "CALLS:" in line and "CALLS:0" not in line]
+    assert not calls, "\n".join(calls)[:4000]

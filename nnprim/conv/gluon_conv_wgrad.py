@@ -437,11 +437,16 @@ if gluon is not None:
     @gluon.jit
     def _sk_range(total, nt):
         """This CTA's steps [lo, hi) of `total` (= tiles * nt, tile-major) and its tiles
-        [t_first, t_last] (an empty range when it has no steps)."""
-        g = gl.program_id(0).to(gl.int64)
+        [t_first, t_last] (an empty range when it has no steps). floor(g * total / G) in int32
+        (total < 2^30, sk_reasons; g <= G <= the SMs): an int64 `//` compiles to a subroutine
+        call, and a kernel with a call loses the uniform datapath in its loops (decode.floor_muldiv)."""
+        g = gl.program_id(0)
         G = gl.num_programs(0)
-        lo = (g * total // G).to(gl.int32)
-        hi = ((g + 1) * total // G).to(gl.int32)
+        t32 = total.to(gl.int32)
+        q = t32 // G
+        r = t32 - q * G
+        lo = g * q + (g * r) // G
+        hi = (g + 1) * q + ((g + 1) * r) // G
         return lo, hi, lo // nt, (hi + nt - 1) // nt - 1
 
     @gluon.jit

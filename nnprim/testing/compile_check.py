@@ -164,23 +164,23 @@ GLUON_CONV = [  # (x, w, options) of solver 27 (Gluon, sm_90 only): 3x3 C=K=64..
 
 
 def _cubin_usage(ck) -> str:
-    """'REG:n STACK:n LOCAL:n CALLS:n' of a compiled kernel (cuobjdump and nvdisasm of its
-    cubin), or '?'. CALLS counts subroutine calls in the SASS (an int64 division is one): a
-    kernel with a call lost the uniform datapath in its main loop (solver 133, 2026-12-04)."""
+    """'REG:n STACK:n LOCAL:n CALLS:n' of a compiled kernel (cuobjdump of its cubin), or '?'.
+    CALLS counts what ptxas turns into subroutine calls, found in the PTX: calls and 64-bit
+    integer division / remainder by a runtime value. A kernel with a call lost the uniform
+    datapath in its main loop (solver 133's int64 `//`: ~8 % slower on the H200, 2026-12-04)."""
+    import re
     import subprocess
     import tempfile
-    bin_dir = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin")
-    cuobjdump, nvdisasm = os.path.join(bin_dir, "cuobjdump"), os.path.join(bin_dir, "nvdisasm")
+    cuobjdump = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "cuobjdump")
     if not os.path.exists(cuobjdump):
         return "?"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(ck.asm["cubin"])
         f.flush()
         out = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
-        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True).stdout \
-            if os.path.exists(nvdisasm) else None
     usage = " ".join(w for w in out.split() if w.startswith(("REG:", "STACK:", "LOCAL:")))
-    return usage if sass is None else f"{usage} CALLS:{sass.count(' CALL.')}"
+    calls = len(re.findall(r"\b(?:call|call\.uni|div\.[su]64|rem\.[su]64)\b", ck.asm.get("ptx", "")))
+    return f"{usage} CALLS:{calls}"
 
 
 def _report_variants(label: str, kernel, report: list[str]) -> None:
