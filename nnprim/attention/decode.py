@@ -468,9 +468,11 @@ def _decode_combine_kernel(PO, PL, O, LSE, LENS, n_rows, s_ob, s_oh, s_oq, s_od,
     rows64 = rows.to(tl.int64)
     offs_c = tl.arange(0, SC)
     offs_dv = tl.arange(0, BLOCK_DV)
-    b = rows64 // (Hq * Sq)
-    h = (rows64 // Sq) % Hq
-    qi = rows64 % Sq
+    # (b, h, qi) by int32 division (n_rows < 2^31): an int64 one is a subroutine call
+    b32 = rows // (Hq * Sq)
+    h32 = (rows // Sq) % Hq
+    qi32 = rows % Sq
+    b, h, qi = b32.to(tl.int64), h32.to(tl.int64), qi32.to(tl.int64)
     if BALANCED:   # BALANCED: lengths per load (balanced_chunk)
         G = Hq // Hkv
         bi = tl.arange(0, BALANCED)
@@ -480,14 +482,15 @@ def _decode_combine_kernel(PO, PL, O, LSE, LENS, n_rows, s_ob, s_oh, s_oq, s_od,
             total += tl.sum(visible_blocks(clamped_lens(LENS, b0 + bi, B, Sk), Sq, BN, CAUSAL), 0)
         total = tl.maximum(total, 1)
         cnt = tl.where(bi < B, chunk_count(nb, total, B, SPLITS), 0)
-        first = tl.sum(tl.where(bi[None, :] < b[:, None], cnt[None, :], 0), 1)
-        n_s = tl.sum(tl.where(bi[None, :] == b[:, None], cnt[None, :], 0), 1)
+        first = tl.sum(tl.where(bi[None, :] < b32[:, None], cnt[None, :], 0), 1)
+        n_s = tl.sum(tl.where(bi[None, :] == b32[:, None], cnt[None, :], 0), 1)
         for b0 in range(BALANCED, B, BALANCED):
             cnt = chunk_count(visible_blocks(clamped_lens(LENS, b0 + bi, B, Sk), Sq, BN, CAUSAL), total, B, SPLITS)
             cnt = tl.where(b0 + bi < B, cnt, 0)
-            first += tl.sum(tl.where((b0 + bi)[None, :] < b[:, None], cnt[None, :], 0), 1)
-            n_s += tl.sum(tl.where((b0 + bi)[None, :] == b[:, None], cnt[None, :], 0), 1)
-        base = ((h // G) * B * SPLITS + first) * (G * Sq) + (h % G) * Sq + qi
+            first += tl.sum(tl.where((b0 + bi)[None, :] < b32[:, None], cnt[None, :], 0), 1)
+            n_s += tl.sum(tl.where((b0 + bi)[None, :] == b32[:, None], cnt[None, :], 0), 1)
+        # partial rows number B * Hq * Sq * SPLITS < 2^31 (the workspace): int32, then int64
+        base = (((h32 // G) * B * SPLITS + first) * (G * Sq) + (h32 % G) * Sq + qi32).to(tl.int64)
         step = G * Sq
         n_max = tl.max(tl.where(r_ok, n_s, 0), 0)
     else:
@@ -695,7 +698,8 @@ MAX_BALANCED_SLOTS = 1 << 20   # B * splits a KV head shares: floor_muldiv exact
 def balanced_bn(problem, splits: int, cfg: DecodeConfig) -> int:
     """The key block (cfg.block_n) when the kernels share the chunks by kv_lens (kv_lens, more
     than one split, cfg.balanced), else 0: the kernels' BALANCED and combine_launch's argument."""
-    ok = problem.B * splits < MAX_BALANCED_SLOTS
+    # the combine kernel numbers the balanced partial rows in int32
+    ok = problem.B * splits < MAX_BALANCED_SLOTS and problem.B * problem.Hq * problem.Sq * splits < 2**31
     return cfg.block_n if problem.has_kv_lens and splits > 1 and cfg.balanced and ok else 0
 
 

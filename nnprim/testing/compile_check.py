@@ -165,10 +165,8 @@ GLUON_CONV = [  # (x, w, options) of solver 27 (Gluon, sm_90 only): 3x3 C=K=64..
 
 def _cubin_usage(ck) -> str:
     """'REG:n STACK:n LOCAL:n CALLS:n' of a compiled kernel (cuobjdump of its cubin), or '?'.
-    CALLS counts what ptxas turns into subroutine calls, found in the PTX: calls and 64-bit
-    integer division / remainder by a runtime value. A kernel with a call lost the uniform
-    datapath in its main loop (solver 133's int64 `//`: ~8 % slower on the H200, 2026-12-04)."""
-    import re
+    CALLS: `ptx_calls`. A kernel with a call lost the uniform datapath in its main loop (solver
+    133's int64 `//`: ~8 % slower on the H200, 2026-12-04)."""
     import subprocess
     import tempfile
     cuobjdump = os.path.join(os.path.dirname(__import__("triton").__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -179,8 +177,14 @@ def _cubin_usage(ck) -> str:
         f.flush()
         out = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
     usage = " ".join(w for w in out.split() if w.startswith(("REG:", "STACK:", "LOCAL:")))
-    calls = len(re.findall(r"\b(?:call|call\.uni|div\.[su]64|rem\.[su]64)\b", ck.asm.get("ptx", "")))
-    return f"{usage} CALLS:{calls}"
+    return f"{usage} CALLS:{ptx_calls(ck)}"
+
+
+def ptx_calls(ck) -> int:
+    """Calls, and 64-bit integer divisions / remainders (a subroutine each in the SASS), in a
+    compiled kernel's PTX."""
+    import re
+    return len(re.findall(r"\b(?:call|div\.[su]64|rem\.[su]64)\b", ck.asm.get("ptx", "")))
 
 
 def _report_variants(label: str, kernel, report: list[str]) -> None:
@@ -484,9 +488,10 @@ def _gluon_decode_q4_attempts(failures: list[str], report: list[str]) -> None:
     _report_variants("gluon_decode_q4", q4._gluon_decode_q4_kernel, report)
 
 
-def install_compile_only(arch: int = 90) -> list[str]:
+def install_compile_only(arch: int = 90, calls: dict[str, int] | None = None) -> list[str]:
     """Make every Triton launch in this process a compile-only warm-up for `arch`; returns
-    the list the names of compiled kernels are appended to."""
+    the list the names of compiled kernels are appended to (and records in `calls`, when
+    given, each kernel's largest `ptx_calls`)."""
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
@@ -505,8 +510,10 @@ def install_compile_only(arch: int = 90) -> list[str]:
     run, names = JITFunction.run, []
 
     def compile_only(self, *args, grid, warmup, **kwargs):
-        run(self, *args, grid=grid, warmup=True, **kwargs)
+        ck = run(self, *args, grid=grid, warmup=True, **kwargs)
         names.append(self.fn.__name__)
+        if calls is not None and ck is not None:
+            calls[self.fn.__name__] = max(calls.get(self.fn.__name__, 0), ptx_calls(ck))
         return None            # no compiled kernel: planned launches never take their fast path
     JITFunction.run = compile_only
     return names
@@ -516,7 +523,8 @@ def main() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         print("unset TRITON_INTERPRET: the kernels must be compiled, not interpreted")
         return 2
-    names = install_compile_only()
+    calls: dict[str, int] = {}
+    names = install_compile_only(calls=calls)
     from nnprim.problems.attention import AttentionProblem
     from nnprim.problems.conv import ConvProblem
     from nnprim.search.random_args import random_args
@@ -552,6 +560,8 @@ def main() -> int:
           + ", ".join(sorted(set(names))))
     for line in gluon_report:
         print(line)
+    print("subroutine calls (ptx_calls) in: " + (", ".join(f"{k}={v}" for k, v in sorted(calls.items()) if v)
+                                                 or "none"))
     for f in failures:
         print("FAILED", f)
     return 1 if failures else 0
