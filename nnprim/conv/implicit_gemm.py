@@ -807,17 +807,17 @@ class _IGemmBase(Solver):
         # tensor-core rate only (the convnext 4x4 / 4 stem, 0.46 GFLOP in 14 MB: 0.047 ms where
         # the capped roofline of its bytes said 0.14, 2026-12-02 held-out run)
         flat = d == "fwd" and gm.Cg < 32 and gm.taps > 1
+        eff_mma = min(eff, 0.025) if flat else eff
         if d == "bwd_weights" and gm.Cg < 32 and gm.taps > 1 and not is_tma_conv(problem):
-            eff = min(eff, 0.033)  # the same gathered (tap, c) columns: rn50_conv1 25 TFLOP/s (issue 13)
+            eff = eff_mma = min(eff, 0.033)  # the same gathered (tap, c) columns: rn50_conv1 25 TFLOP/s (issue 13)
         nchw = problem.layout == "nchw" and gm.taps > 1
         if nchw:   # NCHW indexed natively: channel-strided gathers per tap (NCHW_EFF; 1x1 is a plain GEMM)
             eff *= NCHW_EFF[d]
+            eff_mma *= NCHW_EFF[d]
         launches = bwd_data_launches(problem) if d == "bwd_data" and self.launch_per_phase else 1
         nbytes = problem.bytes() + post_op_bytes(problem)
-        t = roofline_ms(problem.flops(), nbytes, problem.dtype, max(eff, 0.02))
-        if flat:
-            t = max(roofline_ms(problem.flops(), 0.0, problem.dtype, min(eff, 0.025)),
-                    roofline_ms(0.0, nbytes, problem.dtype, max(eff, 0.02)))
+        t = max(roofline_ms(problem.flops(), 0.0, problem.dtype, max(eff_mma, 0.02)),
+                roofline_ms(0.0, nbytes, problem.dtype, max(eff, 0.02)))
         if problem.device != "cuda":
             return t
         floor = HOST_FLOOR_MS + HOST_PER_LAUNCH_MS * (launches - 1)

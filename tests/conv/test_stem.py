@@ -147,3 +147,7 @@ def test_flat_walk_caps_only_the_tensor_core_rate():
     ig, st = REGISTRY.get("implicit_gemm_fwd"), REGISTRY.get("stem_fwd")
     assert ig.estimate(patchify) < 0.06 and ig.estimate(patchify) < st.estimate(patchify)
     assert ig.estimate(rn50) > 3 * st.estimate(rn50)
+    # NCHW's channel-strided gathers keep their price on the capped rate
+    nchw = ConvProblem.create("fwd", (128, 3, 224, 224), (64, 3, 7, 7), dtype=torch.bfloat16,
+                              layout="nchw", padding=3, stride=2, device="cuda")
+    assert ig.estimate(nchw) >= ig.estimate(rn50)
