@@ -54,6 +54,9 @@ from .paging import page_rows, pipeline_stages
 _GL_ROW = 0      # one group per token row (group_size == D)
 _GL_RESHAPE = 1  # power-of-two group: view the tile as (N, D // g, g)
 _GL_GATHER = 2   # any other group size: gather per element
+# kv_lens the balanced schedule reads at once, one width for every batch (a new batch size
+# compiles nothing; reading B rounded up to a power of two at once ran no faster, H200 2026-12-04)
+LENS_PER_LOAD: tl.constexpr = tl.constexpr(32)
 
 
 @triton.jit
@@ -125,17 +128,18 @@ def floor_muldiv(a, k, d):
 
 
 @triton.jit
-def balanced_chunk(LENS, p, B, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, BB: tl.constexpr):
+def balanced_chunk(LENS, p, B, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """(b, L, shift, start, end) of program p of a KV head's B * SPLITS when the chunks are
     shared by kv_lens (`balanced_counts`): with ragged lengths the wave then ends when the
     mean sequence would, not the longest. Programs past the last chunk get an empty one.
-    The lengths are read BB at a time: the first BB once for both passes, the rest in loops.
+    The lengths are read LENS_PER_LOAD at a time: the first ones once for both passes, the
+    rest in loops.
     (gluon_decode_quant._balanced_chunk is the Gluon twin.)"""
-    bi = tl.arange(0, BB)
+    bi = tl.arange(0, LENS_PER_LOAD)
     lv = clamped_lens(LENS, bi, B, Sk)
     nb = visible_blocks(lv, Sq, BLOCK_N, CAUSAL)
     total = tl.sum(nb, 0)
-    for b0 in range(BB, B, BB):
+    for b0 in range(LENS_PER_LOAD, B, LENS_PER_LOAD):
         total += tl.sum(visible_blocks(clamped_lens(LENS, b0 + bi, B, Sk), Sq, BLOCK_N, CAUSAL), 0)
     total = tl.maximum(total, 1)
     cum = tl.cumsum(tl.where(bi < B, chunk_count(nb, total, B, SPLITS), 0), 0)
@@ -144,7 +148,7 @@ def balanced_chunk(LENS, p, B, Sq, Sk, SPLITS, BLOCK_N: tl.constexpr, CAUSAL: tl
     first = tl.max(tl.where(before, cum, 0), 0)
     carry = tl.max(cum, 0)
     L = tl.sum(tl.where(bi == b, lv, 0), 0)
-    for b0 in range(BB, B, BB):
+    for b0 in range(LENS_PER_LOAD, B, LENS_PER_LOAD):
         lb = clamped_lens(LENS, b0 + bi, B, Sk)
         cnt = tl.where(b0 + bi < B, chunk_count(visible_blocks(lb, Sq, BLOCK_N, CAUSAL), total, B, SPLITS), 0)
         cum = carry + tl.cumsum(cnt, 0)
@@ -179,7 +183,7 @@ def program_chunk(LENS, pid_bh, split, Hkv, Sq, Sk, SPLITS, BLOCK_N: tl.constexp
     sequence b', or with BALANCED the chunks shared by kv_lens (balanced_chunk)."""
     if BALANCED:
         b, L, shift, start, end = balanced_chunk(LENS, (pid_bh // Hkv) * SPLITS + split, tl.num_programs(0) // Hkv,
-                                                 Sq, Sk, SPLITS, BLOCK_N, CAUSAL, BALANCED)
+                                                 Sq, Sk, SPLITS, BLOCK_N, CAUSAL)
     else:
         b = pid_bh // Hkv
         L, shift, start, end = key_chunk(LENS, b, split, Sq, Sk, SPLITS, BLOCK_N, CAUSAL, HAS_LENS)
@@ -473,18 +477,18 @@ def _decode_combine_kernel(PO, PL, O, LSE, LENS, n_rows, s_ob, s_oh, s_oq, s_od,
     h32 = (rows // Sq) % Hq
     qi32 = rows % Sq
     b, h, qi = b32.to(tl.int64), h32.to(tl.int64), qi32.to(tl.int64)
-    if BALANCED:   # BALANCED: lengths per load (balanced_chunk)
+    if BALANCED:
         G = Hq // Hkv
-        bi = tl.arange(0, BALANCED)
+        bi = tl.arange(0, LENS_PER_LOAD)
         nb = visible_blocks(clamped_lens(LENS, bi, B, Sk), Sq, BN, CAUSAL)
         total = tl.sum(nb, 0)
-        for b0 in range(BALANCED, B, BALANCED):
+        for b0 in range(LENS_PER_LOAD, B, LENS_PER_LOAD):
             total += tl.sum(visible_blocks(clamped_lens(LENS, b0 + bi, B, Sk), Sq, BN, CAUSAL), 0)
         total = tl.maximum(total, 1)
         cnt = tl.where(bi < B, chunk_count(nb, total, B, SPLITS), 0)
         first = tl.sum(tl.where(bi[None, :] < b32[:, None], cnt[None, :], 0), 1)
         n_s = tl.sum(tl.where(bi[None, :] == b32[:, None], cnt[None, :], 0), 1)
-        for b0 in range(BALANCED, B, BALANCED):
+        for b0 in range(LENS_PER_LOAD, B, LENS_PER_LOAD):
             cnt = chunk_count(visible_blocks(clamped_lens(LENS, b0 + bi, B, Sk), Sq, BN, CAUSAL), total, B, SPLITS)
             cnt = tl.where(b0 + bi < B, cnt, 0)
             first += tl.sum(tl.where((b0 + bi)[None, :] < b32[:, None], cnt[None, :], 0), 1)
@@ -703,16 +707,6 @@ def balanced_bn(problem, splits: int, cfg: DecodeConfig) -> int:
     return cfg.block_n if problem.has_kv_lens and splits > 1 and cfg.balanced and ok else 0
 
 
-LENS_PER_LOAD = 32   # kv_lens the balanced schedule loads at once (the kernels' BALANCED)
-
-
-def balanced_width(problem, splits: int, cfg: DecodeConfig) -> int:
-    """The kernels' BALANCED: LENS_PER_LOAD when they share the chunks by kv_lens, else 0. One
-    width for every batch, so a new batch size compiles nothing: loading B rounded up to a
-    power of two at once (up to 256) instead ran no faster on the H200 (b8 / b64, 2026-12-04)."""
-    return LENS_PER_LOAD if balanced_bn(problem, splits, cfg) else 0
-
-
 def combine_launch(problem, splits: int, bn: int = 0) -> Launch | None:
     """The merge of the split partials (None for one split): o = sum_s exp(lse_s - LSE) o_s.
     bn > 0: the main kernel shared its chunks by kv_lens in blocks of bn keys (balanced_bn)."""
@@ -727,7 +721,7 @@ def combine_launch(problem, splits: int, bn: int = 0) -> Launch | None:
     return Launch(_decode_combine_kernel, (triton.cdiv(n_rows, block_r),),
                   (n_rows, *so, problem.Hq, problem.Hkv, problem.Sq, problem.Sk, splits, problem.B), DV=problem.Dv,
                   BLOCK_R=block_r, SC=sc, BLOCK_DV=block_dv, INF_AS_ZERO=problem.inf_as_zero,
-                  WRITE_LSE=problem.return_lse, BALANCED=LENS_PER_LOAD if bn else 0, BN=max(bn, 1),
+                  WRITE_LSE=problem.return_lse, BALANCED=bn > 0, BN=max(bn, 1),
                   CAUSAL=CAUSAL_CODE[problem.causal], num_warps=4)
 
 
@@ -770,7 +764,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig, fold: bool = False) -> tupl
          bt_stride(args)),
         G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n, PAGE=problem.page_size,
         BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
-        ONE_SPLIT=splits == 1, BALANCED=balanced_width(problem, splits, cfg), **common_flags(problem),
+        ONE_SPLIT=splits == 1, BALANCED=bool(balanced_bn(problem, splits, cfg)), **common_flags(problem),
         KBITS=km["BITS"], K_SIGNED=km["SIGNED"], K_GROUP=km["GROUP"], K_SC_G=km["SC_G"], K_ZP=km["ZP"],
         K_ZP_G=km["ZP_G"], K_GL=km["GL"], K_L1=km["L1"],
         VBITS=vm["BITS"], V_SIGNED=vm["SIGNED"], V_GROUP=vm["GROUP"], V_SC_G=vm["SC_G"], V_ZP=vm["ZP"],

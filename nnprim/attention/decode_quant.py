@@ -596,7 +596,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
          problem.Hq, problem.Hkv, problem.Sq, problem.Sk, *_dec.scalar_args(problem, args), splits,
          _dec.bt_stride(args)),
         PAGE=problem.page_size, G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_D=bd, BLOCK_DV=bdv,
-        ONE_SPLIT=splits == 1, BALANCED=_dec.balanced_width(problem, splits, cfg), **_dec.common_flags(problem),
+        ONE_SPLIT=splits == 1, BALANCED=bool(_dec.balanced_bn(problem, splits, cfg)), **_dec.common_flags(problem),
         KBITS=km["BITS"], K_SIGNED=km["SIGNED"], K_GROUP=km["GROUP"], K_NG=km["NG"], K_BNG=km["BNG"],
         K_SC_G=km["SC_G"], K_ZP=km["ZP"], K_ZP_G=km["ZP_G"], K_ZLOAD=km["ZLOAD"], K_ZOFF=km["ZOFF"],
         V_ZLOAD=vm["ZLOAD"], V_ZOFF=vm["ZOFF"],

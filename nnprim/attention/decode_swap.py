@@ -662,7 +662,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         (*q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *smask, *so,
          problem.Hq, problem.Hkv, problem.Sq, problem.Sk, scale, splits, _dec.bt_stride(args)),
         G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_D=bd, BLOCK_DV=bdv,
-        ONE_SPLIT=splits == 1, BALANCED=_dec.balanced_width(problem, splits, cfg),
+        ONE_SPLIT=splits == 1, BALANCED=bool(_dec.balanced_bn(problem, splits, cfg)),
         **{k: v for k, v in _dec.common_flags(problem).items() if k != "DROPOUT"},
         **{f"K_{k}" if k != "BITS" else "KBITS": v for k, v in km.items()},
         **{f"V_{k}" if k != "BITS" else "VBITS": v for k, v in vm.items()},

@@ -386,11 +386,12 @@ if gluon is not None:
         return a + b
 
     @gluon.jit
-    def _balanced_chunk(LENS, p, B, Sq, Sk, SPLITS, BN: gl.constexpr, CAUSAL: gl.constexpr, BB: gl.constexpr):
+    def _balanced_chunk(LENS, p, B, Sq, Sk, SPLITS, BN: gl.constexpr, CAUSAL: gl.constexpr):
         """(b, L, shift, start, end) of program p of a KV head's B * SPLITS when the chunks are
         shared by kv_lens (decode.balanced_counts): with ragged lengths one wave then ends
         when the mean sequence would, not the longest. Idle programs get an empty chunk.
-        The lengths are read BB at a time (decode.balanced_chunk, the Triton twin)."""
+        The lengths are read decode.LENS_PER_LOAD at a time (decode.balanced_chunk, the Triton twin)."""
+        BB: gl.constexpr = _dec.LENS_PER_LOAD
         LB: gl.constexpr = gl.BlockedLayout([BB // 32], [32], [1], [0])
         bi = gl.arange(0, BB, layout=LB)
         lv = _dec.clamped_lens(LENS, bi, B, Sk)
@@ -466,7 +467,7 @@ if gluon is not None:
         hk = pid_bh % Hkv
         if BALANCED:   # chunks shared by kv_lens: b from the schedule, partials in slot p
             b, L, shift, start, end = _balanced_chunk(LENS, (pid_bh // Hkv) * SPLITS + split, gl.num_programs(0) // Hkv,
-                                                      Sq, Sk, SPLITS, BN, CAUSAL, BALANCED)
+                                                      Sq, Sk, SPLITS, BN, CAUSAL)
         else:
             b = pid_bh // Hkv
             L, shift, start, end = _dec.key_chunk(LENS, b, split, Sq, Sk, SPLITS, BN, CAUSAL, HAS_LENS)
@@ -875,7 +876,7 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
         K_SN=sk[2], V_SN=sv[2], KS_SN=sks[2], KS_SG=sks[3], KZ_SN=skz[2], KZ_SG=skz[3],
         VS_SN=svs[2], VS_SG=svs[3], VZ_SN=svz[2], VZ_SG=svz[3],
         FAST_ROWS=getattr(cfg, "fast_rows", True), LAZY=getattr(cfg, "lazy_rescale", True),
-        RING=getattr(cfg, "ring", 0), BALANCED=_dec.LENS_PER_LOAD if bal else 0,
+        RING=getattr(cfg, "ring", 0), BALANCED=bool(bal),
         **flags,
         num_warps=1, **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}))
     return main, _dec.combine_launch(problem, splits, bal), splits
