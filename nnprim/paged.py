@@ -21,6 +21,7 @@ import torch
 
 from .errors import BadParameterError, NotSupportedError
 from .quant import KVQuant, quantize_kv
+from .search.capture import capturing
 
 
 def pool_shape(name: str, t) -> tuple[int, int, int, int]:
@@ -277,7 +278,7 @@ def append_kv(k_pages, v_pages, block_table: torch.Tensor, kv_lens: torch.Tensor
             raise BadParameterError(f"{name[0]}_new.dtype={new.dtype} must match {name}.dtype={pool.dtype}")
     new_lens = kv_lens + S
     capacity = block_table.shape[1] * P
-    if check and not (dev.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    if check and not capturing(dev):
         lo, hi = int(kv_lens.min()), int(new_lens.max())
         if lo < 0 or hi > capacity:
             raise BadParameterError(f"append_kv: kv_lens (min {lo}) + S_new={S} (max {hi}) must lie in "

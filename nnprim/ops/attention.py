@@ -18,6 +18,7 @@ from ..errors import BadParameterError, NotSupportedError
 from ..paged import check_page_values
 from ..problems.attention import AttentionProblem, check_kv_lens_values
 from ..quant import KVQuant
+from ..search.capture import capturing
 from ..search.context import context
 from ..search.modes import SETTINGS
 from ..warmup import note
@@ -93,8 +94,10 @@ def _check_lens(kv_lens, k: torch.Tensor, block_table=None) -> None:
     """kv_lens (and the pages they use) values are checked on a call signature's first
     call; after that on CPU tensors (no device sync) and with NNPRIM_CHECK_NUMERICS=1. The
     kernels clamp kv_lens to [0, Sk] either way, so a stale value never reads past the
-    keys (a page id out of the pool is the caller's to avoid, as for any index)."""
-    if kv_lens is not None and (kv_lens.device.type == "cpu" or SETTINGS.check_numerics):
+    keys (a page id out of the pool is the caller's to avoid, as for any index). Never while
+    a CUDA graph is captured: no value can be read there."""
+    if kv_lens is not None and (kv_lens.device.type == "cpu"
+                                or SETTINGS.check_numerics and not capturing(kv_lens.device)):
         if block_table is None:
             check_kv_lens_values(kv_lens, k.shape[2])
         elif isinstance(block_table, torch.Tensor) and block_table.dim() == 2:
@@ -106,7 +109,7 @@ def _check_descales(descales) -> None:
     """Descale values (positive, finite) as kv_lens: every call on CPU tensors and with
     NNPRIM_CHECK_NUMERICS=1, else on a call signature's first call."""
     for name, d in zip(_fp8.DESCALE_NAMES, descales):
-        if d is not None and (d.device.type == "cpu" or SETTINGS.check_numerics):
+        if d is not None and (d.device.type == "cpu" or SETTINGS.check_numerics and not capturing(d.device)):
             _fp8.check_descale_values(name, d)
 
 

@@ -13,6 +13,7 @@ from .. import fp8 as _fp8
 from ..errors import BadParameterError, NotSupportedError
 from ..paged import check_block_table, check_page_values, check_pool_params, pool_shape
 from ..quant import KVQuant
+from ..search.capture import capturing
 from .common import check_float_dtype, dtype_name
 
 CAUSAL = (None, "top_left", "bottom_right")
@@ -124,12 +125,14 @@ class AttentionProblem:
                      block_table: torch.Tensor | None = None, q_descale=None, k_descale=None, v_descale=None,
                      out_dtype: torch.dtype | None = None) -> AttentionProblem:
         """Validate a call; `check_values=False` skips the kv_lens (and block_table) value
-        ranges and the descale positivity (a device sync; fake tensors have no values).
+        ranges and the descale positivity (a device sync; fake tensors have no values;
+        skipped too while a CUDA graph is captured on q's device).
         With `block_table`, k and v are page pools (num_pages, Hkv, page_size, D)
         (nnprim.paged)."""
         if direction not in ("fwd", "bwd"):
             raise BadParameterError(f"direction={direction!r} must be 'fwd' or 'bwd'")
         B, Hq, Sq, D = _shape4("q", q)
+        check_values = check_values and not capturing(q.device)   # no value can be read there
         Bk, Hkv, Sk, Dk = _shape4("k", k)
         Bv, Hv, Skv, Dv = _shape4("v", v)
         page_size = 0

@@ -30,6 +30,7 @@ import torch
 from .. import alloc
 from ..errors import BadParameterError, NotSupportedError, NumericsError
 from . import finddb, numerics
+from .capture import capturing
 from .find import PerfResult
 from .find import find as _find
 from .immediate import Constraints, Solution
@@ -55,10 +56,6 @@ class Bound:
 
 def _deterministic() -> bool:
     return SETTINGS.deterministic or torch._C._get_deterministic_algorithms()  # torch.are_deterministic_...
-
-
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 class Context:
@@ -184,9 +181,9 @@ class Context:
         return hit
 
     def decide(self, problem, args=None) -> Decision:
-        capturing = _capturing(self.device)
+        now_capturing = capturing(self.device)
         d = select(problem, self.constraints(problem), lambda s: self.call_path(problem, s), args=args,
-                   capturing=capturing)
+                   capturing=now_capturing)
         if d.would_find:
             self.warn_once(("capture", problem.key()),
                            f"nnprim: {problem.key()} was first called during CUDA graph capture, where no find "
@@ -237,7 +234,8 @@ class Context:
         return self.run_bound(b, args)
 
     def run_bound(self, b: Bound, args):
-        if SETTINGS.check_numerics:
+        checks = SETTINGS.check_numerics and not capturing(self.device)  # the checks read values
+        if checks:
             numerics.check_args(args)
         try:
             if self.is_cuda and torch._C._cuda_getDevice() != self.index:
@@ -248,10 +246,10 @@ class Context:
         except _USER_ERRORS:
             raise
         except Exception as e:
-            if b.forced or SETTINGS.strict or _capturing(self.device):
+            if b.forced or SETTINGS.strict or capturing(self.device):
                 raise
             return self._fall_back(b, args, e)
-        if SETTINGS.check_numerics:
+        if checks:
             numerics.check_outputs(out)
         return out
 

@@ -3,6 +3,7 @@ CUDA-graph capture, a second GPU, the find-db shared by concurrent processes, lo
 fallback when a chosen solver fails."""
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -13,7 +14,6 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 from gpu_helpers import no_reference, rel
 
 import nnprim
@@ -230,26 +230,21 @@ def test_cuda_graph_training_step():
     assert rel(g_graph, conv.weight.grad) < 1e-6
 
 
-def test_new_problem_during_capture_warns_and_runs():
-    """No find can run while capturing: the call takes the heuristic's choice and says so."""
-    x, w, b = _conv_inputs(19, H=13, C=48)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with torch.cuda.stream(s):
-            y0 = F.conv2d(x, w, b, padding=1)  # noqa: F841  (torch warm-up outside the graph)
-        torch.cuda.current_stream().wait_stream(s)
-        try:
-            with torch.cuda.graph(graph):
-                y = nnprim.conv_forward(x, w, b, padding=1)
-        except RuntimeError as e:  # a kernel compiled inside capture may not load there
-            pytest.xfail(f"compiling a new kernel during capture: {e}")
-    assert any("during CUDA graph capture" in str(c.message) for c in caught)
-    graph.replay()
-    ref = F.conv2d(x.double(), w.double(), b.double(), padding=1)
-    assert rel(y, ref) < 1e-2
+@pytest.mark.parametrize("case", ["conv", "sdpa", "decode"])
+def test_new_problem_during_capture_warns_and_runs(case, tmp_path):
+    """No find can run while capturing: the call takes the heuristic's choice and says so,
+    and its kernels compile and load inside the capture (a fresh process with empty Triton
+    and nnprim caches, as a server capturing at start-up has; 2026-12-04 a kernel loaded
+    there invalidated the capture, and the failed capture broke the worker's later tests)."""
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"), NNPRIM_CACHE_DIR=str(tmp_path / "nnprim"))
+    r = subprocess.run([sys.executable, "-m", "nnprim.testing.capture_first_call", case, "1"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+    assert line, r.stderr[-2000:]
+    res = json.loads(line[0][7:])
+    assert res["ok"], res
+    assert res["rel_err"] < 1e-2, res
+    assert res["warned"] or case != "conv", res   # conv's problem is in no shipped record
 
 
 # ---- devices ---------------------------------------------------------------------------------

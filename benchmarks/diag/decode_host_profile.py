@@ -1,0 +1,87 @@
+"""Host time of a quantized decode's public call (b8 x 32k, s4 g64, ragged kv_lens;
+contiguous and 16-key pages): microseconds per call issued back to back without syncs
+(the GPU runs behind), the forced solver's, and where the time goes (cProfile, top
+functions by own time).
+
+Usage: NNPRIM_CACHE_DIR=$(mktemp -d) python benchmarks/diag/decode_host_profile.py [--out F]"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import time
+from functools import partial
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+import nnprim  # noqa: E402
+from nnprim.quant import quantize_kv  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from paged_q4_probe import paginate  # noqa: E402
+
+
+def host_us(fn, calls: int = 300, repeats: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        best = min(best, (t1 - t0) / calls * 1e6)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    dev, B, Sk = "cuda", 8, 32768
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(B, 32, 1, 128, device=dev, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, 8, Sk, 128, device=dev, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, 8, Sk, 128, device=dev, dtype=torch.bfloat16, generator=g)
+    kq = quantize_kv(k, "s4", group_size=64, scale_dtype=torch.bfloat16)
+    vq = quantize_kv(v, "s4", group_size=64, scale_dtype=torch.bfloat16)
+    lens = torch.randint(1, Sk + 1, (B,), generator=torch.Generator().manual_seed(1)).to(torch.int32).to(dev)
+    rows = []
+    for page in (0, 16):
+        kk, vv, bt = (kq, vq, None) if page == 0 else paginate(kq, vq, page)
+        kw = dict(kv_lens=lens) if page == 0 else dict(kv_lens=lens, block_table=bt)
+        fns = {"api": partial(nnprim.sdpa, q, kk, vv, **kw),
+               "api_133": partial(nnprim.sdpa, q, kk, vv, solver="gluon_decode_q4", **kw),
+               "bf16_api": partial(nnprim.sdpa, q, k, v, kv_lens=lens) if page == 0 else None,
+               "torch_sdpa_bf16": partial(torch.nn.functional.scaled_dot_product_attention, q, k, v,
+                                          enable_gqa=True) if page == 0 else None}
+        row = {"page": page}
+        for lab, fn in fns.items():
+            if fn is not None:
+                fn()
+                row[lab] = round(host_us(fn), 1)
+        prof = cProfile.Profile()
+        torch.cuda.synchronize()
+        prof.enable()
+        for _ in range(300):
+            fns["api"]()
+        prof.disable()
+        torch.cuda.synchronize()
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(22)
+        row["profile"] = s.getvalue()[-6000:]
+        print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
+        print(row["profile"][-4500:], flush=True)
+        rows.append(row)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
