@@ -19,8 +19,10 @@ invokers (passed in as `prepare`) and remembers the winner.
    compared with the reference solver's on the same inputs (problems up to REFERENCE_FLOPS;
    larger ones are timed unchecked) (relative norm; f32 1e-4,
    f16 1e-2, bf16 2e-2). A disagreeing candidate is recorded "wrong", logged at WARNING and
-   never chosen. Any exception (MemoryError, torch.cuda.OutOfMemoryError, ...) records
-   it "failed" and find goes on.
+   never chosen. Any other exception records it "failed" and find goes on; running out of
+   memory (MemoryError, torch.cuda.OutOfMemoryError) records nothing (the candidate is timed
+   again by the next find), and when every candidate ran out the error propagates (no
+   reference fallback).
 5. Timing (timing.py): the survivors run in interleaved rounds (one run of each per round,
    device events on a GPU) through `prepare`'s callable, which the context makes the call
    path itself (Context.run_bound around the cached invoker, as the default call runs it);
@@ -289,6 +291,7 @@ def _benchmark(problem, prepare: Prepare, c: Constraints, tensors, exhaustive, d
 
     records: list[finddb.Record] = []
     invokers: dict[int, Invoker] = {}
+    out_of_memory: BaseException | None = None
     # the budget bounds the candidates' runs, not one-time builds: compiling (prepare, first
     # calls: JIT kernels, native libraries) is left out of it, or a cold cache would spend it on
     # the first candidate's build and record that one alone (the README's CPU run, 2026-12-02:
@@ -331,9 +334,14 @@ def _benchmark(problem, prepare: Prepare, c: Constraints, tensors, exhaustive, d
             builds_ms += max(0.0, t1 - t2)
             live.append((s, min(t1, t2)))
         except (MemoryError, torch.cuda.OutOfMemoryError) as e:
+            # not a property of the solver but of this moment's free memory (other processes,
+            # the caller's tensors): no record, so that the next find (incremental, `missing`)
+            # times it again instead of a stored "failed" ruling it out for good
             outcome = "failed"
-            log.warning("find: %s ran out of memory on %s (%s); skipped", s.name, key, type(e).__name__)
-            records.append(rec(s, None, "failed"))
+            log.warning("find: %s ran out of memory on %s (%s); skipped, not recorded", s.name, key,
+                        type(e).__name__)
+            out_of_memory = e
+            considered.remove(s.id)
             if dev == "cuda":
                 torch.cuda.empty_cache()
         except Exception as e:
@@ -356,6 +364,10 @@ def _benchmark(problem, prepare: Prepare, c: Constraints, tensors, exhaustive, d
     if only is not None:
         results.sort(key=lambda r: (r.time_ms, r.solver_id))
         return results, records, considered
+    if not results and out_of_memory is not None:
+        # the float64 reference would need more memory still, and a record of it would make
+        # this moment's shortage the problem's choice for good: the call fails as torch's would
+        raise out_of_memory
     if not results and ref is not None and not SETTINGS.is_disabled(ref.family) and ref not in todo:
         log.warning("find: no candidate succeeded for %s; falling back to the reference %s", key, ref.name)
         t, _ = once_ms(lambda: prepare(ref)(args), dev)

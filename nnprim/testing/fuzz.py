@@ -48,9 +48,11 @@ from nnprim.args import AttnArgs
 from nnprim.attention.reference import reference_backward, reference_forward
 from nnprim.conv import reference as conv_ref
 from nnprim.errors import NotSupportedError
+from nnprim.paged import to_pages
 from nnprim.post_ops import Binary, Eltwise, PostOp, Sum
 from nnprim.problems.attention import AttentionProblem
 from nnprim.problems.conv import ConvProblem, empty_in_layout, layout_of
+from nnprim.quant import KVQuant
 from nnprim.search.random_args import _kv_quant
 from nnprim.search.solver import REGISTRY
 
@@ -127,6 +129,7 @@ class AttnSpec:
     k_quant: tuple | None = None      # KVQuant.signature(): (dtype, group, "t"|"g", scale dtype, None|"t"|"g")
     v_quant: tuple | None = None
     kv_layout: str = "bhsd"           # "bshd": K/V stored (B, Sk, H, D), passed as a permuted view
+    page_size: int = 0                # > 0: K/V as shuffled page pools (nnprim.paged) with a block table
 
     def reduction(self) -> int:
         return self.Sk if self.direction == "fwd" else self.Sk + self.Sq * (self.Hq // self.Hkv)
@@ -258,12 +261,16 @@ def random_attention(rng: random.Random, cpu: bool) -> AttnSpec:
         which = rng.choice(("k", "v", "kv"))
         k_quant = _random_quant(rng, D) if "k" in which else None
         v_quant = _random_quant(rng, Dv) if "v" in which else None
+    dropout_p = rng.choice((0.1, 0.25)) if rng.random() < 0.12 else 0.0
+    # paged caches serve inference: forward only, kv_lens required (DESIGN.md, paged K/V)
+    paged = direction == "fwd" and not dropout_p and rng.random() < 0.25
+    page_size = rng.choice((1, 3, 8, 16, 16, 64, 256) if not cpu else (1, 3, 4, 8, 16)) if paged else 0
     return AttnSpec(direction, B, Hq, Hkv, Sq, Sk, D, Dv, dtype,
                     causal=rng.choice((None, None, "top_left", "bottom_right")), mask=mask, mask_shape=mask_shape,
-                    scale=scale, invert_scale=scale != "default" and rng.random() < 0.3,
-                    dropout_p=rng.choice((0.1, 0.25)) if rng.random() < 0.12 else 0.0,
-                    kv_lens=rng.random() < 0.25, inf_as_zero=rng.random() < 0.3,
-                    return_lse=direction == "fwd" and rng.random() < 0.5, k_quant=k_quant, v_quant=v_quant)
+                    scale=scale, invert_scale=scale != "default" and rng.random() < 0.3, dropout_p=dropout_p,
+                    kv_lens=paged or rng.random() < 0.25, inf_as_zero=rng.random() < 0.3,
+                    return_lse=direction == "fwd" and rng.random() < 0.5, k_quant=k_quant, v_quant=v_quant,
+                    page_size=page_size)
 
 
 def _random_quant(rng: random.Random, d: int) -> tuple:
@@ -296,8 +303,9 @@ def describe(spec: ConvSpec | AttnSpec) -> str:
         return (f"conv{len(spec.x_shape) - 2}d-{spec.direction}-x{'x'.join(map(str, spec.x_shape))}"
                 f"-w{'x'.join(map(str, spec.w_shape))}{g}-{spec.layout}-{spec.dtype}")
     q = "-q" if spec.k_quant or spec.v_quant else ""
+    pg = f"-p{spec.page_size}" if spec.page_size else ""
     return (f"attn-{spec.direction}-b{spec.B}h{spec.Hq}kv{spec.Hkv}-sq{spec.Sq}sk{spec.Sk}-d{spec.D}"
-            f"{'' if spec.Dv == spec.D else f'v{spec.Dv}'}-{spec.dtype}{q}")
+            f"{'' if spec.Dv == spec.D else f'v{spec.Dv}'}-{spec.dtype}{q}{pg}")
 
 
 # ---- huge and degenerate problems ----------------------------------------------------------
@@ -420,7 +428,8 @@ def sanitizer_cases(special: list[Case], rand: list[Case], limit: int = 20) -> l
         if c.nbytes() < 16 * 2 ** 20:
             s = c.spec
             quant = isinstance(s, AttnSpec) and bool(s.k_quant or s.v_quant)
-            buckets.setdefault((c.kind, s.direction, quant), []).append(c)
+            paged = isinstance(s, AttnSpec) and s.page_size > 0
+            buckets.setdefault((c.kind, s.direction, quant, paged), []).append(c)
     keys = sorted(buckets, key=str)
     while len(chosen) < limit and any(buckets[k] for k in keys):
         for k in keys:
@@ -484,11 +493,23 @@ class AttnTensors:
     do: torch.Tensor | None = None
     o: torch.Tensor | None = None
     lse: torch.Tensor | None = None
+    block_table: torch.Tensor | None = None   # paged: k, v are page pools; k_ref, v_ref the contiguous caches
+    k_ref: object = None
+    v_ref: object = None
+    mask_ref: torch.Tensor | None = None
 
     def options(self, s: AttnSpec) -> dict:
-        return dict(attn_mask=self.mask, causal=s.causal, scale=self.scale, invert_scale=s.invert_scale,
+        opts = dict(attn_mask=self.mask, causal=s.causal, scale=self.scale, invert_scale=s.invert_scale,
                     dropout_p=s.dropout_p, seed=self.seed, offset=self.offset, kv_lens=self.kv_lens,
                     softmax_inf_as_zero=s.inf_as_zero)
+        return opts if self.block_table is None else dict(opts, block_table=self.block_table)
+
+    def contiguous(self) -> AttnTensors:
+        """The same call on the contiguous cache (what a paged call must equal: its reference)."""
+        if self.block_table is None:
+            return self
+        return replace(self, k=self.k_ref, v=self.v_ref, mask=self.mask_ref, block_table=None, k_ref=None,
+                       v_ref=None, mask_ref=None)
 
 
 def attention_tensors(s: AttnSpec, device: str, seed: int) -> AttnTensors:
@@ -516,7 +537,52 @@ def attention_tensors(s: AttnSpec, device: str, seed: int) -> AttnTensors:
     kv_lens = None
     if s.kv_lens:
         kv_lens = torch.randint(0, s.Sk + 1, (s.B,), generator=g, device=device, dtype=torch.int32)
-    return AttnTensors(q, k, v, mask, scale, kv_lens, seed=1234 + seed, offset=7 * seed)
+    t = AttnTensors(q, k, v, mask, scale, kv_lens, seed=1234 + seed, offset=7 * seed)
+    return _in_pages(t, s.page_size, seed) if s.page_size else t
+
+
+def _in_pages(t: AttnTensors, page: int, seed: int) -> AttnTensors:
+    """t with K/V moved into shuffled page pools with spare pages. Every pool row no
+    sequence may read (past its kv_lens: page tails, unused pages) is NaN in float pools and
+    in the per-token scales of quantized ones, so a read past kv_lens shows in the output.
+    The block table has a spare last column of -1 (past every sequence's pages)."""
+    B, Sk = t.q.shape[0], t.k.shape[2]
+    M = -(-Sk // page)
+    rng = torch.Generator().manual_seed(seed)
+    n = B * M + int(torch.randint(1, 9, (1,), generator=rng))
+    bt = torch.randperm(n, generator=rng)[:B * M].reshape(B, M).to(torch.int32).to(t.q.device)
+    rows = torch.arange(M * page, device=t.q.device)[None, :] < t.kv_lens.to(t.q.device)[:, None]
+    readable = torch.zeros((n, page), dtype=torch.bool, device=t.q.device)
+    readable[bt.reshape(-1).long()] = rows.reshape(B * M, page)
+    hidden = ~readable[:, None, :, None]
+
+    def pool(cache):
+        pages = to_pages(_pad_keys(cache, M * page), bt, n)
+        for part in ((pages,) if isinstance(pages, torch.Tensor) else (pages.scales,)):
+            if part is not None and part.dim() == 4 and part.is_floating_point():
+                part.masked_fill_(hidden, float("nan"))
+        return pages
+    spare = torch.full((B, 1), -1, dtype=torch.int32, device=t.q.device)
+    mask = t.mask   # a paged call's Sk is the table's (max_pages * page_size): keys past kv_lens padded
+    if mask is not None and mask.shape[-1] != 1:
+        mask = torch.cat([mask, mask.new_zeros((*mask.shape[:-1], (M + 1) * page - Sk))], -1)
+    return replace(t, k=pool(t.k), v=pool(t.v), mask=mask, block_table=torch.cat([bt, spare], 1), k_ref=t.k,
+                   v_ref=t.v, mask_ref=t.mask)
+
+
+def _pad_keys(cache, S: int):
+    """A K/V cache (tensor or KVQuant, (B, H, Sk, X) parts) with random keys appended up to S."""
+    if isinstance(cache, KVQuant):
+        return KVQuant.trusted(*(None if x is None else _pad_keys(x, S) for x in (cache.data, cache.scales,
+                                                                                 cache.zero_points)),
+                               cache.dtype, cache.group_size, cache.layout)
+    if cache.dim() != 4 or cache.shape[2] == S:
+        return cache        # per-tensor / per-head parts have no key axis
+    extra = list(cache.shape)
+    extra[2] = S - cache.shape[2]
+    fill = (torch.randn(extra, device=cache.device).to(cache.dtype) if cache.is_floating_point()
+            else torch.zeros(extra, dtype=cache.dtype, device=cache.device))
+    return torch.cat([cache, fill], 2)
 
 
 # ---- references and comparisons -----------------------------------------------------------
@@ -632,11 +698,12 @@ def conv_checks(s: ConvSpec, p: ConvProblem, t: ConvTensors, sample: bool, rng: 
     return checks
 
 
-def _attn_problem(s: AttnSpec, t: AttnTensors, q, k, v, mask, kv_lens, direction: str) -> AttentionProblem:
+def _attn_problem(s: AttnSpec, t: AttnTensors, q, k, v, mask, kv_lens, direction: str,
+                  block_table: torch.Tensor | None = None) -> AttentionProblem:
     return AttentionProblem.from_tensors(
         q, k, v, attn_mask=mask, causal=s.causal, scale=t.scale, invert_scale=s.invert_scale, dropout_p=s.dropout_p,
         kv_lens=kv_lens, softmax_inf_as_zero=s.inf_as_zero, return_lse=s.return_lse or direction == "bwd",
-        direction=direction, seed=t.seed, offset=t.offset)
+        direction=direction, seed=t.seed, offset=t.offset, block_table=block_table)
 
 
 def _attn_args(t: AttnTensors, q, k, v, mask, kv_lens, do=None, o=None, lse=None) -> AttnArgs:
@@ -649,8 +716,10 @@ def attention_checks(s: AttnSpec, p: AttentionProblem, t: AttnTensors, sample: b
     """Float64 references (whole, or for sampled batch entries x KV heads); for the
     backward, fills t.do, t.o, t.lse first (o and lse from float64, or from the default
     forward call for sampled problems)."""
-    tol = tolerance(s.dtype, s.reduction(), s.direction == "bwd")
-    lse_tol = tolerance("f32", s.Sk)
+    tol = tolerance(s.dtype, s.reduction(), s.direction == "bwd") * _score_growth(s, p, t)
+    # lse in f32 from scores of the inputs as given; quantized K is dequantized into q's dtype
+    # first (as every quantized-cache kernel does), which bounds lse at that dtype's accuracy
+    lse_tol = tolerance(s.dtype if s.k_quant else "f32", s.Sk)
     if s.direction == "bwd":
         g = torch.Generator(device=t.q.device).manual_seed(t.seed)
         t.do = torch.empty((s.B, s.Hq, s.Sq, s.Dv), dtype=t.q.dtype, device=t.q.device).normal_(generator=g)
@@ -683,6 +752,19 @@ def attention_checks(s: AttnSpec, p: AttentionProblem, t: AttnTensors, sample: b
             args = _attn_args(t, q, k, v, mask, lens, *(None if x is None else sub(x) for x in (t.do, t.o, t.lse)))
             checks += _attn_refs(s, ps, args, (sub, kv_sub), tol, lse_tol, f"[b={b}, hkv={hk}]")
     return checks
+
+
+def _score_growth(s: AttnSpec, p: AttentionProblem, t: AttnTensors) -> float:
+    """How much larger than O(1) the scaled scores are (rms / 4, at least 1). A score's
+    rounding error grows with its size and enters P = exp(s - lse) as a relative error:
+    scores of rms 50 (a scale of 3.3 at D 256) cost f32 softmax and its gradients ~3e-5,
+    torch's own f32 math as much (2026-12-04 GPU fuzz, r173). Quantized K: 1."""
+    if not isinstance(t.k, torch.Tensor):
+        return 1.0
+    sc = _attn_args(t, t.q, t.k, t.v, t.mask, t.kv_lens).effective_scale(p.invert_scale)
+    sc = abs(float(sc.double().reshape(()))) if isinstance(sc, torch.Tensor) else abs(sc)
+    q, k = t.q[:, 0, :64].double(), t.k[:, 0, :64].double()
+    return max(1.0, sc * _rms(q @ k.transpose(-1, -2)) / 4)
 
 
 def _attn_refs(s: AttnSpec, p: AttentionProblem, args: AttnArgs, subs, tol: float, lse_tol: float,
@@ -841,8 +923,10 @@ def _run_solvers(case: Case, device: str, res: CaseResult) -> None:
             call = lambda solver: _conv_call(s, t, solver)  # noqa: E731
         else:
             t = attention_tensors(s, device, case.seed)
-            p = _attn_problem(s, t, t.q, t.k, t.v, t.mask, t.kv_lens, s.direction)
-            checks = attention_checks(s, p, t, case.sample, rng)
+            p = _attn_problem(s, t, t.q, t.k, t.v, t.mask, t.kv_lens, s.direction, t.block_table)
+            tc = t.contiguous()   # a paged call's reference: the contiguous cache's
+            pc = p if tc is t else _attn_problem(s, tc, tc.q, tc.k, tc.v, tc.mask, tc.kv_lens, s.direction)
+            checks = attention_checks(s, pc, tc, case.sample, rng)
             call = lambda solver: _attn_call(s, t, solver)  # noqa: E731
     except Exception as e:  # noqa: BLE001 - a broken case (or a fault in the reference) is a finding too
         status = "fault" if any(w in str(e) for w in _FAULT_WORDS) else "error"

@@ -59,20 +59,37 @@ def test_workspace_limit_skips_with_reason(solvers, caplog):
 
 def test_raising_and_memory_error_solvers_are_skipped(solvers, caplog):
     solvers.add(1000, "t_raises", behaviour="raise")
-    solvers.add(1001, "t_oom", behaviour="memory")
+    oom = solvers.add(1001, "t_oom", behaviour="memory")
     solvers.add(1002, "t_prep", behaviour="prepare_fails")
     solvers.add(1003, "t_ok", sleep_ms=2)
     with caplog.at_level(logging.WARNING, logger="nnprim"):
         res = nnprim.find(PROBLEM)
     assert [r.solver for r in res] == ["t_ok"]
     recs = _db_records()
-    assert recs["t_raises"].status == recs["t_oom"].status == recs["t_prep"].status == "failed"
+    assert recs["t_raises"].status == recs["t_prep"].status == "failed"
+    # running out of memory says nothing lasting about the solver: no record, and the next
+    # find times it again (incrementally: the record holds the others)
+    assert "t_oom" not in recs
     text = "\n".join(caplog.messages)
     assert "t_raises" in text and "t_oom" in text and "out of memory" in text
     # the process stays healthy: the chosen solver runs
     a = random_args(PROBLEM)
     y = run(PROBLEM, a)
     torch.testing.assert_close(y, torch.nn.functional.conv2d(a.x, a.w, padding=1))
+    before = oom.calls
+    context.reset()
+    nnprim.find(PROBLEM)
+    assert oom.calls > before
+
+
+def test_every_candidate_out_of_memory_raises_without_a_record(solvers):
+    """A shortage of memory at find time must not make the float64 reference the problem's
+    recorded choice: the call fails as torch's would, and nothing is recorded."""
+    solvers.add(1000, "t_oom_a", behaviour="memory")
+    solvers.add(1001, "t_oom_b", behaviour="memory")
+    with pytest.raises(MemoryError):
+        nnprim.find(PROBLEM)
+    assert _db_records() == {}
 
 
 def test_wrong_solver_is_never_selected(solvers, caplog):
