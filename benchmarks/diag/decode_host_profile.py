@@ -11,6 +11,7 @@ import cProfile
 import io
 import json
 import os
+import pathlib
 import pstats
 import sys
 import time
@@ -20,9 +21,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import nnprim  # noqa: E402
-from nnprim.quant import quantize_kv  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
+from api_choice_ragged import ragged_inputs  # noqa: E402
 from paged_q4_probe import paginate  # noqa: E402
 
 
@@ -43,14 +44,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     a = ap.parse_args()
-    dev, B, Sk = "cuda", 8, 32768
-    g = torch.Generator(device=dev).manual_seed(0)
-    q = torch.randn(B, 32, 1, 128, device=dev, dtype=torch.bfloat16, generator=g)
-    k = torch.randn(B, 8, Sk, 128, device=dev, dtype=torch.bfloat16, generator=g)
-    v = torch.randn(B, 8, Sk, 128, device=dev, dtype=torch.bfloat16, generator=g)
-    kq = quantize_kv(k, "s4", group_size=64, scale_dtype=torch.bfloat16)
-    vq = quantize_kv(v, "s4", group_size=64, scale_dtype=torch.bfloat16)
-    lens = torch.randint(1, Sk + 1, (B,), generator=torch.Generator().manual_seed(1)).to(torch.int32).to(dev)
+    q, k, v, kq, vq, lens = ragged_inputs()
     rows = []
     for page in (0, 16):
         kk, vv, bt = (kq, vq, None) if page == 0 else paginate(kq, vq, page)
@@ -79,8 +73,7 @@ def main() -> None:
         print(row["profile"][-4500:], flush=True)
         rows.append(row)
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(rows, f, indent=1)
+        pathlib.Path(a.out).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,12 @@
 """A problem's first call made inside CUDA-graph capture (its kernels compile and load
 there when the process's caches are empty), replayed and checked against float64:
-    python3 -m nnprim.testing.capture_first_call CASE GUARD
-CASE conv | sdpa | decode; GUARD 0 swaps nnprim.search.capture's relaxed guard for a
-no-op (to show what it prevents). Prints one line `RESULT {json}`. Run by
+    python3 -m nnprim.testing.capture_first_call CASE
+CASE conv | sdpa | decode (kv_lens: its value checks must not read the device there).
+Prints one line `RESULT {json}`. Run by
 tests/gpu/test_integration_gpu.py and benchmarks/diag/capture_first_call.py in fresh
 processes with empty TRITON_CACHE_DIR and NNPRIM_CACHE_DIR."""
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import traceback
@@ -18,7 +17,6 @@ import torch
 import torch.nn.functional as F
 
 import nnprim
-from nnprim.search import capture
 
 
 def _case(case: str) -> tuple[Callable, Callable]:
@@ -51,14 +49,12 @@ def _case(case: str) -> tuple[Callable, Callable]:
 
 
 def main() -> None:
-    case, guard = sys.argv[1], sys.argv[2] == "1"
-    if not guard:
-        capture.relaxed = contextlib.nullcontext
+    case = sys.argv[1]
     fn, ref = _case(case)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
-    res: dict = {"case": case, "guard": guard}
+    res: dict = {"case": case}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:

@@ -237,7 +237,7 @@ def test_new_problem_during_capture_warns_and_runs(case, tmp_path):
     and nnprim caches, as a server capturing at start-up has; 2026-12-04 a kernel loaded
     there invalidated the capture, and the failed capture broke the worker's later tests)."""
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"), NNPRIM_CACHE_DIR=str(tmp_path / "nnprim"))
-    r = subprocess.run([sys.executable, "-m", "nnprim.testing.capture_first_call", case, "1"], env=env,
+    r = subprocess.run([sys.executable, "-m", "nnprim.testing.capture_first_call", case], env=env,
                        capture_output=True, text=True, timeout=300)
     line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     assert line, r.stderr[-2000:]
