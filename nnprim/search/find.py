@@ -16,8 +16,8 @@ invokers (passed in as `prepare`) and remembers the winner.
    budget cut keeps the likely winners.
 3. Inputs: `tensors` (ConvArgs / AttnArgs) or random ones (random_args).
 4. Every candidate is prepared (compiled) first; then each runs once and its output is
-   compared with the reference solver's on the same inputs (problems up to REFERENCE_FLOPS;
-   larger ones are timed unchecked) (relative norm; f32 1e-4,
+   compared with the reference solver's on the same inputs (problems up to REFERENCE_FLOPS
+   and REFERENCE_F64_BYTES; larger ones are timed unchecked) (relative norm; f32 1e-4,
    f16 1e-2, bf16 2e-2). A disagreeing candidate is recorded "wrong", logged at WARNING and
    never chosen. Any other exception records it "failed" and find goes on; running out of
    memory (MemoryError, torch.cuda.OutOfMemoryError) records nothing (the candidate is timed
@@ -37,6 +37,7 @@ invokers (passed in as `prepare`) and remembers the winner.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,10 +62,27 @@ CLOSE_CALL = 0.05  # the two fastest within 5%: measure them again
 # float64 units, about as much as the tests' references; larger problems (a 16k-token attention,
 # a 2^31-element convolution) would spend minutes and gigabytes on it at their first call
 REFERENCE_FLOPS = {"cuda": 2e12, "cpu": 2e10}
+# ... and this much float64 working set (inputs and outputs widened): a 2^31-element attention
+# forward is "only" 5.5e11 FLOP, but its float64 q alone is a 16 GiB block, and its first call ran
+# out of memory in find where 12 other processes shared the GPU (2026-12-04 GPU fuzz)
+REFERENCE_F64_BYTES = {"cuda": 4 << 30, "cpu": 1 << 30}
+
+
+def _f64_bytes(problem) -> int:
+    """Bytes of the reference's float64 inputs and outputs (twice that for an attention
+    backward: the gradients)."""
+    if hasattr(problem, "x_shape"):
+        elems = math.prod(problem.x_shape) + math.prod(problem.w_shape) + math.prod(problem.y_shape)
+    else:
+        p = problem
+        elems = (p.B * p.Hq * p.Sq + p.B * p.Hkv * p.Sk) * (p.D + p.Dv) * (2 if p.direction == "bwd" else 1)
+    return 8 * elems
 
 
 def reference_affordable(problem) -> bool:
-    return problem.flops() <= REFERENCE_FLOPS.get(problem.device, 2e10)
+    dev = problem.device
+    return (problem.flops() <= REFERENCE_FLOPS.get(dev, 2e10)
+            and _f64_bytes(problem) <= REFERENCE_F64_BYTES.get(dev, 1 << 30))
 
 
 @dataclass(frozen=True)

@@ -223,3 +223,13 @@ def test_large_problems_skip_the_float64_check(solvers, monkeypatch):
     wrong = solvers.add(1000, "t_unchecked", behaviour="wrong")
     res = nnprim.find(PROBLEM)
     assert [r.solver for r in res] == ["t_unchecked"] and wrong.calls >= 1
+
+
+def test_reference_check_bounded_by_float64_memory():
+    """Find's float64 check is skipped where its widened tensors would not fit (a cheap
+    problem in FLOPs can still be gigabytes: 1x1 conv over 2^28 input elements)."""
+    from nnprim.search.find import reference_affordable
+    small = ConvProblem.create("fwd", (1, 64, 64, 64), (8, 64, 1, 1), dtype=torch.float32)
+    wide = ConvProblem.create("fwd", (1, 64, 2048, 2048), (1, 64, 1, 1), dtype=torch.float32)
+    assert wide.flops() < 2e10
+    assert reference_affordable(small) and not reference_affordable(wide)
