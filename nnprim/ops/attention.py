@@ -100,7 +100,7 @@ def _check_lens(kv_lens, k: torch.Tensor, block_table=None) -> None:
                                 or SETTINGS.check_numerics and not capturing(kv_lens.device)):
         if block_table is None:
             check_kv_lens_values(kv_lens, k.shape[2])
-        elif isinstance(block_table, torch.Tensor) and block_table.dim() == 2:
+        elif isinstance(block_table, torch.Tensor) and block_table.dim() == 2 and k.dim() == 4:
             check_kv_lens_values(kv_lens, block_table.shape[1] * k.shape[2])
             check_page_values(block_table, kv_lens, k.shape[0], k.shape[2])
 

@@ -133,6 +133,9 @@ class AttentionProblem:
             raise BadParameterError(f"direction={direction!r} must be 'fwd' or 'bwd'")
         B, Hq, Sq, D = _shape4("q", q)
         check_values = check_values and not capturing(q.device)   # no value can be read there
+        if block_table is not None:   # page pools: their own shape's words in the errors
+            pool_shape("k", k)
+            pool_shape("v", v)
         Bk, Hkv, Sk, Dk = _shape4("k", k)
         Bv, Hv, Skv, Dv = _shape4("v", v)
         page_size = 0
