@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
 
 from .api import conv_forward, sdpa
+from .search.capture import capturing
 
 
 class _ConvNd(nn.Module):
@@ -80,5 +82,10 @@ class Attention(nn.Module):
         if p:
             # a fresh dropout pattern per call, reproducible under torch.manual_seed
             seed = int(torch.randint(0, 2**62, (1,)).item())
+            if capturing(x.device):
+                warnings.warn("nnprim.nn.Attention: dropout inside CUDA-graph capture takes its seed on the host "
+                              "once, so every replay of the graph drops the same positions (torch's dropout "
+                              "draws anew per replay); capture the module in eval mode", RuntimeWarning,
+                              stacklevel=2)
         o = sdpa(q, k, v, attn_mask=attn_mask, causal=self.causal, dropout_p=p, seed=seed)
         return self.o_proj(o.transpose(1, 2).reshape(B, S, -1))
