@@ -44,6 +44,11 @@
 #   ragged     decode over ragged kv_lens: 133 / 128 with chunks shared by length against the even
 #              split and the public call (benchmarks/diag/ragged_decode.py), then the public call's
 #              choice and time against 133 / 128 forced (benchmarks/diag/api_choice_ragged.py)
+#   capture    each problem's first call inside CUDA-graph capture in a fresh process (conv, sdpa, decode
+#              with kv_lens; benchmarks/diag/capture_first_call.py), the integration module's capture tests,
+#              and the decode public call's host time (benchmarks/diag/decode_host_profile.py)
+#   fuzz_huge  the fuzz's huge cases alone, no other process on the GPU (2026-12-04: the 2^31-element
+#              attention ran out of memory in its default call while 12 fuzz shards shared the GPU)
 #   refind     nnprim db build-system --refind-solver $SOLVERS (default 127) [--refind-key $KEYS] into the shipped db
 #   conv_probes  benchmarks/stem_probe.py, benchmarks/gluon_conv_bwd_probe.py (solver level) and
 #              benchmarks/pointwise_probe.py (the 1x1 layers through the API)
@@ -98,6 +103,16 @@ case $STEP in
     NNPRIM_CACHE_DIR=$(mktemp -d) timeout 150 python3 benchmarks/diag/ragged_decode.py --out "$OUT/ragged_decode_$D.json" \
       --rounds 15 2>&1 | grep -v Warn | cut -c1-170 | tail -26
     NNPRIM_CACHE_DIR=$(mktemp -d) timeout 90 python3 benchmarks/diag/api_choice_ragged.py 2>&1 | grep -v Warn | tail -6 ;;
+  capture)
+    timeout 200 python3 benchmarks/diag/capture_first_call.py --out "$OUT/capture_first_call_$D.json" 2>&1 | cut -c1-600
+    timeout 150 python3 -m pytest -p no:cacheprovider -q tests/gpu/test_integration_gpu.py -k "capture or graph" -n 4 \
+      2>&1 | tail -3
+    NNPRIM_CACHE_DIR=$(mktemp -d) timeout 150 python3 benchmarks/diag/decode_host_profile.py \
+      --out "$OUT/decode_host_profile_$D.json" 2>&1 | grep "^{" ;;
+  fuzz_huge)
+    NNPRIM_CACHE_DIR=$(mktemp -d) NNPRIM_FUZZ_SUBSET=huge timeout 500 python3 -m pytest -q -p no:cacheprovider \
+      tests/gpu/test_fuzz.py -rfE --tb=line > "$OUT/fuzz_huge_$D.log" 2>&1
+    tail -8 "$OUT/fuzz_huge_$D.log" | cut -c1-400 ;;
   refind)
     # find again the system db's problems whose records hold solvers whose kernels changed
     # (SOLVERS, default 127), into the shipped db; copied to OUT
