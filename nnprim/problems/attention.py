@@ -133,14 +133,12 @@ class AttentionProblem:
             raise BadParameterError(f"direction={direction!r} must be 'fwd' or 'bwd'")
         B, Hq, Sq, D = _shape4("q", q)
         check_values = check_values and not capturing(q.device)   # no value can be read there
-        if block_table is not None:   # page pools: their own shape's words in the errors
-            pool_shape("k", k)
-            pool_shape("v", v)
+        page_size = 0
+        if block_table is not None:   # first: page pools get their own shape's words in the errors
+            page_size, num_pages = _paged(q, k, v, block_table, kv_lens, direction)
         Bk, Hkv, Sk, Dk = _shape4("k", k)
         Bv, Hv, Skv, Dv = _shape4("v", v)
-        page_size = 0
         if block_table is not None:
-            page_size, num_pages = _paged(q, k, v, block_table, kv_lens, direction)
             Bk = Bv = B
             Sk = Skv = block_table.shape[1] * page_size
         fp8 = _fp8.check_inputs(q, k, v)
