@@ -23,6 +23,8 @@ from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import alloc
+from .errors import NotSupportedError
+from .limits import grid_reasons
 
 try:  # Gluon's host descriptor (it carries the shared-memory layout) launches the same way
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
@@ -174,6 +176,11 @@ class Launch:
     def __init__(self, kernel, grid: tuple[int, ...], tail: tuple, **options):
         self.kernel = kernel
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        # the driver answers a grid beyond CUDA's limits with "invalid argument" at launch;
+        # solvers refuse such problems, and a plan that slips through says why here
+        over = grid_reasons((axis, getattr(kernel, "__name__", str(kernel)), n) for axis, n in enumerate(self.grid))
+        if over:
+            raise NotSupportedError("; ".join(over))
         self.tail = tuple(tail)
         self.options = options
         self.compiled = None

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from ..launch import Launch, interpreting
+from ..limits import GRID_AXIS_MAX, fits_int32
 from ..problems.conv import to_layout
 
 BA = 64   # tile rows: channels (to NHWC) or pixels (to NCHW)
@@ -28,11 +29,17 @@ BB = 64
 
 
 @triton.jit
-def _transpose_kernel(src_ptr, dst_ptr, A, B, BA: tl.constexpr, BB: tl.constexpr):
-    """dst[n, b, a] = src[n, a, b] for each image n (program_id(2)); src, dst contiguous."""
-    ra = tl.program_id(0) * BA + tl.arange(0, BA)
-    rb = tl.program_id(1) * BB + tl.arange(0, BB)
-    base = tl.program_id(2).to(tl.int64) * A * B
+def _transpose_kernel(src_ptr, dst_ptr, A, B, TA, TB, BA: tl.constexpr, BB: tl.constexpr):
+    """dst[n, b, a] = src[n, a, b] for each image n; src, dst contiguous. One grid axis of
+    n * TA * TB programs (TA, TB: tiles along a, b), tiles of one image consecutive: axes 1
+    and 2 allow 65535 programs, fewer than a 4096 x 4096 image's 64-pixel tiles."""
+    pid = tl.program_id(0)
+    tiles = TA * TB
+    img = pid // tiles
+    t = pid - img * tiles
+    ra = (t % TA) * BA + tl.arange(0, BA)
+    rb = (t // TA) * BB + tl.arange(0, BB)
+    base = img.to(tl.int64) * A * B
     m = (ra < A)[:, None] & (rb < B)[None, :]
     v = tl.load(src_ptr + base + ra[:, None] * B + rb[None, :], mask=m)
     tl.store(dst_ptr + base + rb[None, :] * A + ra[:, None], v, mask=m)
@@ -47,15 +54,18 @@ class Transpose:
     def __init__(self, shape: tuple[int, ...], to: str):
         self.shape, self.to = tuple(shape), to
         nd = len(shape)
-        # the kernel indexes within an image in int32
-        self.runs = nd >= 3 and math.prod(shape[1:]) < 2 ** 31
+        # the kernel indexes within an image in int32, and its programs on grid axis 0
+        self.runs = nd >= 3 and fits_int32(math.prod(shape[1:]))
         if not self.runs:
             return
         n, c, *sp = shape
         p = math.prod(sp)
         a, b = (c, p) if to == "nhwc" else (p, c)      # each image's [a, b] matrix -> [b, a]
-        self.launch = Launch(_transpose_kernel, (triton.cdiv(a, BA), triton.cdiv(b, BB), n), (a, b, BA, BB),
-                             num_warps=4)
+        ta, tb = triton.cdiv(a, BA), triton.cdiv(b, BB)
+        self.runs = n * ta * tb <= GRID_AXIS_MAX[0]
+        if not self.runs:
+            return
+        self.launch = Launch(_transpose_kernel, (n * ta * tb,), (a, b, ta, tb, BA, BB), num_warps=4)
         self.phys_shape = (n, *sp, c)                  # NHWC memory order
         self.to_logical = (0, nd - 1, *range(1, nd - 1))
         self.nchw_strides = tuple(math.prod(shape[i + 1:]) for i in range(nd))

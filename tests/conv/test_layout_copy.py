@@ -41,3 +41,22 @@ def test_planned_copy_reused_and_fallbacks():
     assert torch.equal(one(c1), c1)
     m = torch.randn(3, 4)                                 # below 3 dims: returned as it is
     assert Transpose((3, 4), "nchw")(m) is m
+
+
+@pytest.mark.parametrize("to", ["nhwc", "nchw"])
+def test_huge_image_grid_within_cuda_limits(to):
+    """A 4096 x 4096 image has 262144 64-pixel tiles, beyond grid axes 1 and 2's 65535 (the
+    H200 fuzz's NCHW 2^31-element conv failed with "invalid argument", 2026-12-04): the
+    copy's programs all lie on axis 0."""
+    tr = Transpose((8, 16, 4096, 4096), to)
+    assert tr.runs
+    gx, gy, gz = tr.launch.grid
+    assert gx == 8 * 262144 and gy == gz == 1
+
+
+def test_launch_beyond_grid_limits_is_refused():
+    from nnprim.conv.layout_copy import _transpose_kernel
+    from nnprim.errors import NotSupportedError
+    from nnprim.launch import Launch
+    with pytest.raises(NotSupportedError, match="grid axis 1"):
+        Launch(_transpose_kernel, (1, 70000, 1), ())
