@@ -174,11 +174,27 @@ class Context:
         with self.lock:
             hit = self.chosen.get(problem)
             if hit is None:
-                with self.guard():
-                    d = self.decide(problem, args)
-                hit = Bound(problem, d.solver, self.invoker_for(problem, d.solver), False)
+                hit = self._bind_chosen(problem, args)
                 self.chosen[problem] = hit
         return hit
+
+    def _bind_chosen(self, problem, args) -> Bound:
+        """The chosen solver with its invoker. A plan that fails (a limit the solver's
+        applicability check missed) excludes that solver for the problem, as a failed run
+        does, and the next choice is planned (NNPRIM_STRICT=1 raises instead)."""
+        while True:
+            with self.guard():
+                d = self.decide(problem, args)
+            try:
+                return Bound(problem, d.solver, self.invoker_for(problem, d.solver), False)
+            except Exception as e:
+                if SETTINGS.strict or isinstance(e, (BadParameterError, NumericsError)):
+                    raise
+                key = problem.key()
+                self.failed[key] = self.failed.get(key, frozenset()) | {d.solver.id}
+                self.warn_once(("plan", key, d.solver.id),
+                               f"nnprim: solver {d.solver.name} (id {d.solver.id}) could not be planned for "
+                               f"{key}: {type(e).__name__}: {e}; choosing again (NNPRIM_STRICT=1 raises instead)")
 
     def decide(self, problem, args=None) -> Decision:
         now_capturing = capturing(self.device)

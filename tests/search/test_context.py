@@ -123,3 +123,20 @@ def test_deterministic_choices_kept_apart(solvers, monkeypatch):
     context.reset()
     nnprim.set_deterministic(True)
     assert resolve(PROBLEM).name == "t_det" and fast.prepares == 1  # both records in the db, kept apart
+
+
+def test_chosen_solver_that_cannot_be_planned_is_excluded(solvers):
+    """A plan that fails (e.g. a launch grid beyond CUDA's limits that the solver's
+    applicability check missed) is not the user's error: the next choice runs, with a warning."""
+    solvers.add(1000, "t_unplannable", behaviour="prepare_fails", estimate=1e-6)
+    solvers.add(1001, "t_ok", estimate=1.0)
+    nnprim.set_find_mode("fast")
+    args = random_args(PROBLEM)
+    with pytest.warns(RuntimeWarning, match=r"t_unplannable \(id 1000\) could not be planned.*cannot compile"):
+        y = run(PROBLEM, args)
+    assert chosen(PROBLEM).solver.name == "t_ok"
+    assert torch.allclose(y, chosen(PROBLEM).invoker(args))
+    context.reset()          # a fresh process: strict raises the plan's error
+    nnprim.set_strict(True)
+    with pytest.raises(RuntimeError, match="cannot compile"):
+        run(PROBLEM, args)
