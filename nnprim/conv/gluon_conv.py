@@ -886,8 +886,12 @@ class GluonConvPlan:
                 addr = self.epi.addresses(ptrs, yp)
                 if addr is not None:
                     last = self._table(xl.device).data_ptr() if self.phased else yp
-                    wd = self._packed(wl) if self.diag else channels_last(wl)
-                    launch.run_keyed_addresses((xp, wd.data_ptr(), yp), lambda: self._descs(xl, wd, yl), *addr, last)
+                    # the filter's address is wl's (its channels-last view is a permute,
+                    # built only when the descriptors are)
+                    wd = self._packed(wl) if self.diag else wl
+                    launch.run_keyed_addresses((xp, wd.data_ptr(), yp),
+                                               lambda: self._descs(xl, wd if self.diag else channels_last(wl), yl),
+                                               *addr, last)
                     return yl
         # physical NHWC views (the logical tensors are (N, C, H, W) in channels-last memory)
         x = channels_last(args.dy if self.bwd else args.x)

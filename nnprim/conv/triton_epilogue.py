@@ -15,6 +15,7 @@ Not supported: more than MAX_POST_OPS post-ops, Binary broadcasts other than
 scalar / per channel / full (solvers report it in not_supported_reasons)."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -196,8 +197,9 @@ class EpiloguePlan:
     has_bias: bool
     ops: tuple[tuple[int, int, int, float, float], ...]   # MAX_POST_OPS x (KIND, SUB, BC, alpha, beta)
 
-    @property
+    @functools.cached_property
     def needs_tensors(self) -> bool:
+        # read twice on every planned call (pointers, addresses): computed once
         return self.has_bias or any(o[0] in (1, 3) for o in self.ops)
 
     def scalars(self) -> tuple[float, ...]:
