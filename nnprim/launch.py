@@ -67,6 +67,11 @@ def _hooked() -> bool:
     return h is not None and bool(getattr(h, "calls", True))
 
 
+def int_width(v: int) -> int:
+    """The integer type Triton passes a scalar argument as: 0 i32, 1 i64, 2 u64."""
+    return 0 if -2 ** 31 <= v < 2 ** 31 else 1 if -2 ** 63 <= v < 2 ** 63 else 2
+
+
 def aligned16(*ts) -> int:
     """A bit per argument: its tensor's data pointer is 16-byte aligned (None and
     non-tensors count as aligned). Part of a plan key."""
@@ -171,9 +176,10 @@ class Launch:
     """kernel[grid](*ptrs, *tail, **options), planned once. `options` holds the launch
     options (num_warps, num_stages) and any constexprs not in the tail."""
 
-    __slots__ = ("kernel", "grid", "tail", "options", "compiled", "align", "fast", "full_tail", "tma", "all_aligned")
+    __slots__ = ("kernel", "grid", "tail", "options", "compiled", "align", "fast", "full_tail", "tma", "all_aligned",
+                 "counters_at")
 
-    def __init__(self, kernel, grid: tuple[int, ...], tail: tuple, **options):
+    def __init__(self, kernel, grid: tuple[int, ...], tail: tuple, *, counters_at: int | None = None, **options):
         self.kernel = kernel
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         # the driver answers a grid beyond CUDA's limits with "invalid argument" at launch;
@@ -189,6 +195,26 @@ class Launch:
         self.tma: _HostTMA | None = None
         self.fast = not interpreting()
         self.all_aligned = False
+        # tail[counters_at], tail[counters_at + 1]: the dropout seed and offset, which change
+        # on every call (`with_counters`); the kernel must not specialise on them
+        self.counters_at = counters_at
+
+    def with_counters(self, seed: int, offset: int) -> Launch:
+        """This launch with the dropout counters (seed, offset) in its tail: itself when they
+        are its own, else a copy that shares the compiled kernel (the kernels list seed and
+        offset in `do_not_specialize`; a plan keyed by them re-planned, and took Triton's JIT
+        path, on every dropout call). Plans key the counters' integer widths (`int_width`):
+        a kernel compiled for an i32 seed cannot take a 64-bit one."""
+        i = self.counters_at
+        if i is None or (self.tail[i] == seed and self.tail[i + 1] == offset):
+            return self
+        new = Launch.__new__(Launch)
+        for name in Launch.__slots__:
+            setattr(new, name, getattr(self, name))
+        new.tail = self.tail[:i] + (seed, offset) + self.tail[i + 2:]
+        if self.full_tail is not None:
+            new.full_tail = new.tail + self.full_tail[len(self.tail):]
+        return new
 
     def ready(self) -> bool:
         """Launches by address (`run_addresses`, `run_keyed_addresses`) may run: compiled

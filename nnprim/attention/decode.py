@@ -41,7 +41,7 @@ from triton.runtime.errors import OutOfResources
 from .. import alloc
 from ..args import AttnArgs
 from ..dropout import dropout_keep, dropout_scale, dropout_threshold
-from ..launch import Launch, interpreting
+from ..launch import Launch, int_width, interpreting
 from ..limits import grid_reasons
 from ..quant import KVQuant
 from ..search.solver import Solver, register
@@ -685,6 +685,12 @@ def scalar_args(problem, args: AttnArgs) -> tuple:
             dropout_scale(problem.dropout_p) if dropout else 1.0)
 
 
+def counters_at(problem, head: tuple) -> int | None:
+    """The tail index of the dropout seed when the tail is `head` + scalar_args (+ ...):
+    the counters are set per call (`Launch.with_counters`)."""
+    return len(head) + 1 if problem.dropout_p > 0 else None
+
+
 CAUSAL_CODE = {None: 0, "top_left": 1, "bottom_right": 2}
 
 
@@ -757,11 +763,11 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig, fold: bool = False) -> tupl
     # 131: f16 mmas, which hold every s8 / u8 / e4m3 code exactly (bf16 q scaled per row: Q_NORM)
     half = tl.float16 if fold else tl.bfloat16
     dot_dtype = tl.float32 if (f32 or interp) else (half if q.dtype == torch.bfloat16 else tl.float16)
+    head = (*q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *smask, *so,
+            problem.Hq, problem.Hkv, problem.Sq, problem.Sk)
     main = Launch(
         _decode_fwd_kernel, (problem.B * problem.Hkv, splits, nm),
-        (*q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *smask, *so,
-         problem.Hq, problem.Hkv, problem.Sq, problem.Sk, *scalar_args(problem, args), splits,
-         bt_stride(args)),
+        (*head, *scalar_args(problem, args), splits, bt_stride(args)), counters_at=counters_at(problem, head),
         G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n, PAGE=problem.page_size,
         BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_DV=max(16, triton.next_power_of_2(Dv)),
         ONE_SPLIT=splits == 1, BALANCED=bool(balanced_bn(problem, splits, cfg)), **common_flags(problem),
@@ -786,6 +792,8 @@ def run_planned(problem, args: AttnArgs, planned: tuple[Launch, Launch | None, i
     the H200's machine, 2026-12-03)."""
     main, combine, splits = planned
     q = args.q
+    if problem.dropout_p > 0:
+        main = main.with_counters(args.seed, args.offset)
     dev = q.device
     B, Hq, Sq, Dv = problem.B, problem.Hq, problem.Sq, problem.Dv
     o = out if out is not None else _empty((B, Hq, Sq, Dv), q.dtype, dev)
@@ -834,8 +842,8 @@ class DecodePlan:
         m = args.attn_mask
         key = (args.q.stride(), kv_strides(args.k), kv_strides(args.v),
                None if m is None else (m.shape, m.stride()),
-               None if isinstance(args.scale, torch.Tensor) else args.scale, args.seed, args.offset,
-               bt_stride(args))
+               None if isinstance(args.scale, torch.Tensor) else args.scale, int_width(args.seed),
+               int_width(args.offset), bt_stride(args))
         planned = self.plans.get(key)
         if planned is None:
             if len(self.plans) >= 64:

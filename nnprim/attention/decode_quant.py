@@ -590,11 +590,11 @@ def plan(problem, args: AttnArgs, cfg: DecodeConfig):
     asm_cfg = getattr(cfg, "asm_convert", None)
     vjoin = bool(getattr(cfg, "v_join", False))
     dot_dtype = tl.float32 if (f32 or interp) else (tl.bfloat16 if q.dtype == torch.bfloat16 else tl.float16)
+    head = (*q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *smask, *so, problem.Hq, problem.Hkv, problem.Sq, problem.Sk)
     main = Launch(
         _decode_quant_kernel, (problem.B * problem.Hkv, splits, nm),
-        (*q.stride(), *sk, *sv, *sks, *skz, *svs, *svz, *smask, *so,
-         problem.Hq, problem.Hkv, problem.Sq, problem.Sk, *_dec.scalar_args(problem, args), splits,
-         _dec.bt_stride(args)),
+        (*head, *_dec.scalar_args(problem, args), splits, _dec.bt_stride(args)),
+        counters_at=_dec.counters_at(problem, head),
         PAGE=problem.page_size, G=problem.group, D=D, DV=Dv, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_D=bd, BLOCK_DV=bdv,
         ONE_SPLIT=splits == 1, BALANCED=bool(_dec.balanced_bn(problem, splits, cfg)), **_dec.common_flags(problem),
         KBITS=km["BITS"], K_SIGNED=km["SIGNED"], K_GROUP=km["GROUP"], K_NG=km["NG"], K_BNG=km["BNG"],

@@ -691,6 +691,11 @@ def backward_plan(problem, args, cfg: configs.TileConfig, *, use_tma: bool,
     in_strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     dkdv_tail = (*in_strides, *sdk, *sdv, *ms, Hq, Hkv, Sq, Sk, problem.group, D, Dv, *scalars)
     dq_tail = (*in_strides, *sdq, *ms, Hq, Sq, Sk, problem.group, D, Dv, *scalars)
+    if problem.dropout_p > 0:    # (seed, offset) set per call: Launch.with_counters
+        common["counters_at"] = len(dkdv_tail) - 4
+        dq_at = len(dq_tail) - 4
+    else:
+        dq_at = None
     PRE_M = 64 if not interp else 16
     BM, BN = cfg.block_m, cfg.block_n
     dcfg = dq_cfg or cfg
@@ -716,7 +721,7 @@ def backward_plan(problem, args, cfg: configs.TileConfig, *, use_tma: bool,
         dkdv = [(Launch(_flash_bwd_dkdv_kernel, kv_grid, dkdv_tail, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD,
                         BLOCK_DV=BDV, **common), _DKDV)]
     q_grid = (triton.cdiv(Sq, dcfg.block_n), B * Hq)
-    dcommon = dict(common, num_warps=dcfg.num_warps, num_stages=dcfg.num_stages)
+    dcommon = dict(common, num_warps=dcfg.num_warps, num_stages=dcfg.num_stages, counters_at=dq_at)
     if dq_split:
         dq = [(Launch(_flash_bwd_dq_split_kernel, q_grid, dq_tail, BLOCK_M=dcfg.block_n, BLOCK_N=dcfg.block_m,
                       HALF=half, DQW=C1 if half else C0, **chunks, **dcommon), _DQ)
@@ -749,11 +754,14 @@ def _buffers(problem, args, out=None) -> dict[str, torch.Tensor]:
                 kvl=args.kv_lens if args.kv_lens is not None else q)
 
 
-def _run_stage(launches, bufs: dict[str, torch.Tensor], checked: bool = False):
-    """Launch a stage; `checked`: the plan key fixed every pointer's alignment."""
+def _run_stage(launches, bufs: dict[str, torch.Tensor], checked: bool = False, counters: tuple | None = None):
+    """Launch a stage; `checked`: the plan key fixed every pointer's alignment; `counters`:
+    this call's dropout (seed, offset), where the plan was made for another call's."""
     ck = None
     for launch, names in launches:
         ptrs = tuple(bufs[n] for n in names)
+        if counters is not None:
+            launch = launch.with_counters(*counters)
         ck = launch.run_aligned(*ptrs) if checked else launch(*ptrs)
     return ck
 
@@ -813,8 +821,9 @@ class BackwardPlan:
                 dq_cfg=self.dq_cfg, dq_split=self.dq_split)
         bufs = _buffers(self.problem, args)
         try:
+            counters = (args.seed, args.offset) if self.problem.dropout_p > 0 else None
             for _, launches in stages:
-                _run_stage(launches, bufs, checked=True)
+                _run_stage(launches, bufs, checked=True, counters=counters)
         except OutOfResources:
             self.cfg, self.dq_cfg = configs.shrink(self.cfg), None
             self.plans.clear()

@@ -294,9 +294,10 @@ def plan(problem, args, cfg: configs.TileConfig, *, ordered: bool,
     sdk, sdv = _contiguous_strides(B, Hkv, Sk, D), _contiguous_strides(B, Hkv, Sk, Dv)
     tail = (*q.stride(), *k.stride(), *v.stride(), *do.stride(), *sdk, *sdv, *ms,
             Hq, Hkv, Sq, Sk, problem.group, D, Dv, scale, seed, offset, threshold, inv_keep)
+    counters_at = len(tail) - 4 if problem.dropout_p > 0 else None     # Launch.with_counters
     pre = Launch(_pre_kernel, (triton.cdiv(Sq, BM), B * Hq), (*o.stride(), *do.stride(), Hq, Sq, D, Dv),
                  BLOCK_M=BM, BLOCK_D=BD, BLOCK_DV=BDV, ORDERED=ordered)
-    main = Launch(_bwd_kernel, (triton.cdiv(Sk, BN), B * Hkv), tail, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD,
+    main = Launch(_bwd_kernel, (triton.cdiv(Sk, BN), B * Hkv), tail, counters_at=counters_at, BLOCK_M=BM, BLOCK_N=BN, BLOCK_D=BD,
                   BLOCK_DV=BDV, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **flags)
     CM = 16 if interp else max(16, min(64, 8192 // BD))
     cast = Launch(_cast_kernel, (triton.cdiv(Sq, CM), B * Hq), (Sq, D, scale), BLOCK_M=CM, BLOCK_D=BD,
@@ -335,10 +336,13 @@ def _buffers(problem, args, cfg: configs.TileConfig, ordered: bool, out=None) ->
                 kvl=args.kv_lens if args.kv_lens is not None else q)
 
 
-def _run(stages, bufs: dict[str, torch.Tensor], checked: bool = False) -> None:
+def _run(stages, bufs: dict[str, torch.Tensor], checked: bool = False, counters: tuple | None = None) -> None:
+    """`counters`: this call's dropout (seed, offset) (flash_bwd._run_stage)."""
     for _, launches in stages:
         for launch, names in launches:
             ptrs = tuple(bufs[n] for n in names)
+            if counters is not None:
+                launch = launch.with_counters(*counters)
             launch.run_aligned(*ptrs) if checked else launch(*ptrs)
 
 
@@ -383,7 +387,8 @@ class AtomicPlan:
                                             use_tma=use_tma)
         bufs = _buffers(self.problem, args, self.cfg, self.ordered)
         try:
-            _run(stages, bufs, checked=True)
+            _run(stages, bufs, checked=True,
+                 counters=(args.seed, args.offset) if self.problem.dropout_p > 0 else None)
         except OutOfResources:
             self.cfg = configs.shrink(self.cfg)
             self.plans.clear()

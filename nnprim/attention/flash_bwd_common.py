@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..launch import aligned16
+from ..launch import aligned16, int_width
 from .flash_fwd import _dot
 
 
@@ -135,9 +135,10 @@ def _delta_rows(O, DO, LSE, DELTA, pid_m, pid_bh, sob, soh, sos, sod, sdb, sdh, 
 
 def plan_key(args) -> tuple:
     """What a backward plan specialises on besides the problem: the strides, the per-call
-    scalars and every pointer's 16-byte alignment (the invokers of 111, 123 and 124)."""
+    scalars (of the dropout counters only their integer widths: `Launch.with_counters` sets
+    them per call) and every pointer's 16-byte alignment (the invokers of 111, 123 and 124)."""
     m = args.attn_mask
     return (args.q.stride(), args.k.stride(), args.v.stride(), args.o.stride(), args.do.stride(),
             None if m is None else (m.shape, m.stride()),
-            None if isinstance(args.scale, torch.Tensor) else args.scale, args.seed, args.offset,
+            None if isinstance(args.scale, torch.Tensor) else args.scale, int_width(args.seed), int_width(args.offset),
             aligned16(args.q, args.k, args.v, args.do, args.o, args.lse, m, args.kv_lens, args.scale))

@@ -34,7 +34,7 @@ from triton.runtime.errors import OutOfResources
 
 from .. import alloc
 from ..dropout import dropout_keep, dropout_scale, dropout_threshold
-from ..launch import Launch, aligned16, ensure_allocator, interpreting
+from ..launch import Launch, aligned16, ensure_allocator, int_width, interpreting
 from ..limits import grid_reasons
 from ..search.solver import Solver, register
 from . import configs
@@ -403,15 +403,17 @@ def dropout_args(problem, args) -> tuple[int, int, int, float]:
 
 
 def _fwd_plan(problem, args, *, use_tma: bool, with_lse: bool):
-    """(scalar tail, constexpr flags) of one forward launch: every kernel argument but the
-    pointers, fixed by the problem, the input strides and the per-call scalars."""
+    """(scalar tail, constexpr flags, the tail index of the dropout seed) of one forward
+    launch: every kernel argument but the pointers, fixed by the problem, the input strides
+    and the per-call scalars."""
     q, k, v = args.q, args.k, args.v
     _, ms = mask_view(problem, args.attn_mask)
     scale, scale_t = scale_args(problem, args)
     seed, offset, threshold, inv_keep = dropout_args(problem, args)
     o_strides = (problem.Hq * problem.Sq * problem.Dv, problem.Sq * problem.Dv, problem.Dv, 1)
-    tail = (*q.stride(), *k.stride(), *v.stride(), *o_strides, *ms,
-            problem.Hq, problem.Sq, problem.Sk, problem.group, problem.D, problem.Dv, scale, seed, offset,
+    head = (*q.stride(), *k.stride(), *v.stride(), *o_strides, *ms,
+            problem.Hq, problem.Sq, problem.Sk, problem.group, problem.D, problem.Dv, scale)
+    tail = (*head, seed, offset,
             threshold, inv_keep, 0 if args.block_table is None else args.block_table.stride(0), k.shape[0])
     flags = dict(
         BLOCK_D=block_d(problem.D), BLOCK_DV=block_d(problem.Dv),
@@ -421,7 +423,7 @@ def _fwd_plan(problem, args, *, use_tma: bool, with_lse: bool):
         INF_AS_ZERO=problem.inf_as_zero, STORE_LSE=with_lse, USE_TMA=use_tma,
         UPCAST=interpreting() and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
         SCALE_POS=scale_t is None and scale > 0, PAGE=problem.page_size)
-    return tail, flags
+    return tail, flags, len(head)
 
 
 def _pointers(problem, args, o, lse):
@@ -453,7 +455,7 @@ def forward_launch(problem, args, *, use_tma: bool | None = None,
         use_tma = tma_ok(q, args.k, args.v) and not problem.page_size
     if use_tma:
         ensure_allocator(q.device)
-    tail, flags = _fwd_plan(problem, args, use_tma=use_tma, with_lse=lse is not None)
+    tail, flags, _ = _fwd_plan(problem, args, use_tma=use_tma, with_lse=lse is not None)
     ptrs = _pointers(problem, args, o, lse)
 
     def launch(cfg: configs.TileConfig):
@@ -482,7 +484,7 @@ def flash_forward(problem, args, cfg: configs.TileConfig, *, use_tma: bool | Non
 
 class ForwardPlan:
     """The solver's invoker: one planned `Launch` per set of input strides and per-call
-    scalars (scale value, dropout seed/offset) and TMA eligibility; a call allocates
+    scalars (scale value; the dropout seed/offset are set per call) and TMA eligibility; a call allocates
     o (and lse) and launches."""
 
     def __init__(self, problem, cfg: configs.TileConfig):
@@ -495,14 +497,16 @@ class ForwardPlan:
         q, k, v, m = args.q, args.k, args.v, args.attn_mask
         bt = args.block_table
         return (q.stride(), k.stride(), v.stride(), None if m is None else (m.shape, m.stride()),
-                None if isinstance(args.scale, torch.Tensor) else args.scale, args.seed, args.offset,
-                aligned16(q, k, v, m, args.kv_lens, args.scale, bt), None if bt is None else (bt.stride(0), k.shape[0]))
+                None if isinstance(args.scale, torch.Tensor) else args.scale, int_width(args.seed),
+                int_width(args.offset), aligned16(q, k, v, m, args.kv_lens, args.scale, bt),
+                None if bt is None else (bt.stride(0), k.shape[0]))
 
     def _plan(self, args) -> Launch:
         p, cfg = self.problem, self.cfg
         use_tma = use_tma_for(p, args, cfg.block_n)
-        tail, flags = _fwd_plan(p, args, use_tma=use_tma, with_lse=p.return_lse)
-        return Launch(_flash_fwd_kernel, _grid(p, cfg), tail, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        tail, flags, at = _fwd_plan(p, args, use_tma=use_tma, with_lse=p.return_lse)
+        return Launch(_flash_fwd_kernel, _grid(p, cfg), tail, counters_at=at if p.dropout_p > 0 else None,
+                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       num_warps=cfg.num_warps, num_stages=pipeline_stages(cfg.num_stages, p.page_size),
                       WS=cfg.warp_specialize and use_tma and not p.page_size, **flags)
 
@@ -517,7 +521,7 @@ class ForwardPlan:
         o = alloc.empty((p.B, p.Hq, p.Sq, p.Dv), q.dtype, q.device)
         lse = alloc.empty((p.B, p.Hq, p.Sq), torch.float32, q.device) if p.return_lse else None
         try:
-            launch.run_aligned(*_pointers(p, args, o, lse))
+            launch.with_counters(args.seed, args.offset).run_aligned(*_pointers(p, args, o, lse))
         except OutOfResources:
             self.cfg = configs.shrink(self.cfg)
             self.plans.clear()

@@ -49,7 +49,7 @@ from triton.runtime.errors import OutOfResources
 from .. import fp8
 from ..dropout import dropout_keep
 from ..errors import NotSupportedError
-from ..launch import Launch, aligned16, ensure_allocator, interpreting
+from ..launch import Launch, aligned16, ensure_allocator, int_width, interpreting
 from ..search.solver import register
 from . import configs
 from .flash_fwd import (
@@ -150,7 +150,7 @@ def _fp8_inner(acc, l_i, m_i, q, k_ptrs, vt_ptrs, k_desc, vt_desc, mask_ptrs, st
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["Hq", "Sq", "Sk"])  # sizes: no recompile per shape (as solver 110)
+@triton.jit(do_not_specialize=["Hq", "Sq", "Sk", "seed", "offset"])  # sizes, RNG: no recompile (as solver 110)
 def _flash_fwd_fp8_kernel(
         Q, K, V, O, LSE, MASK, SCALE, KVLENS, DQ, DK, DV,
         sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
@@ -331,7 +331,7 @@ def _v_strides(problem, v: torch.Tensor, transposed: bool) -> tuple[int, ...]:
 
 
 def _plan_parts(problem, args, use_tma: bool, with_lse: bool):
-    """(scalar tail, constexpr flags) of one launch."""
+    """(scalar tail, Launch keywords: constexpr flags and `counters_at`) of one launch."""
     q, k = args.q, args.k
     _, ms = mask_view(problem, args.attn_mask)
     scale, scale_t = scale_args(problem, args)
@@ -348,7 +348,8 @@ def _plan_parts(problem, args, use_tma: bool, with_lse: bool):
         HAS_KVLENS=args.kv_lens is not None, DROPOUT=problem.dropout_p > 0,
         INF_AS_ZERO=problem.inf_as_zero, STORE_LSE=with_lse,
         HAS_DQ=dq is not None, HAS_DK=dk is not None, HAS_DV=dv is not None,
-        USE_TMA=use_tma, EMULATE=interpreting(), SCALE_POS=scale_t is None and scale > 0)
+        USE_TMA=use_tma, EMULATE=interpreting(), SCALE_POS=scale_t is None and scale > 0,
+        counters_at=len(tail) - 4 if problem.dropout_p > 0 else None)   # (seed, offset): Launch.with_counters
     return tail, flags
 
 
@@ -385,7 +386,8 @@ class Fp8ForwardPlan:
         q, k, v, m = args.q, args.k, args.v, args.attn_mask
         ds = (args.q_descale, args.k_descale, args.v_descale)
         return (q.stride(), k.stride(), v.stride(), None if m is None else (m.shape, m.stride()),
-                None if isinstance(args.scale, torch.Tensor) else args.scale, args.seed, args.offset,
+                None if isinstance(args.scale, torch.Tensor) else args.scale, int_width(args.seed),
+                int_width(args.offset),
                 tuple(d if not isinstance(d, torch.Tensor) else (d.shape, d.stride()) for d in ds),
                 aligned16(q, k, v, m, args.kv_lens, args.scale, *ds))
 
@@ -416,7 +418,7 @@ class Fp8ForwardPlan:
                                                                   device=q.device)
         v_read = transposed_v(args.v) if use_tma else args.v
         try:
-            launch.run_aligned(*_pointers(p, args, v_read, o, lse))
+            launch.with_counters(args.seed, args.offset).run_aligned(*_pointers(p, args, v_read, o, lse))
         except OutOfResources:
             self.cfg = shrink(self.cfg)
             self.plans.clear()
