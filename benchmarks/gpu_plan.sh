@@ -49,6 +49,9 @@
 #              and the decode public call's host time (benchmarks/diag/decode_host_profile.py)
 #   fuzz_huge  the fuzz's huge cases alone, no other process on the GPU (2026-12-04: the 2^31-element
 #              attention ran out of memory in its default call while 12 fuzz shards shared the GPU)
+#   dropout    per-call dropout counters and device seeds (thirty-third session): tests/gpu/test_dropout_plans_gpu.py,
+#              the integration module's dropout / capture tests, benchmarks/diag/dropout_host.py (host us
+#              with and without dropout) and the GPU fuzz's dropout cases
 #   refind     nnprim db build-system --refind-solver $SOLVERS (default 127) [--refind-key $KEYS] into the shipped db
 #   conv_probes  benchmarks/stem_probe.py, benchmarks/gluon_conv_bwd_probe.py (solver level) and
 #              benchmarks/pointwise_probe.py (the 1x1 layers through the API)
@@ -109,6 +112,14 @@ case $STEP in
       2>&1 | tail -3
     NNPRIM_CACHE_DIR=$(mktemp -d) timeout 150 python3 benchmarks/diag/decode_host_profile.py \
       --out "$OUT/decode_host_profile_$D.json" 2>&1 | grep "^{" ;;
+  dropout)
+    timeout 200 python3 -m pytest -p no:cacheprovider -q tests/gpu/test_dropout_plans_gpu.py tests/gpu/test_integration_gpu.py \
+      -k "dropout or capture or graph or each_call" -n 4 -rf --tb=short 2>&1 | tail -6
+    NNPRIM_CACHE_DIR=$(mktemp -d) timeout 120 python3 benchmarks/diag/dropout_host.py --out "$OUT/dropout_host_$D.json" \
+      2>&1 | grep "^{"
+    NNPRIM_CACHE_DIR=$(mktemp -d) timeout 200 python3 -c "import sys; from nnprim.testing import fuzz
+sys.exit(fuzz.run([c for c in fuzz.suite('gpu') if getattr(c.spec, 'dropout_p', 0)], 'cuda', '$OUT/fuzz_dropout_$D.jsonl'))" \
+      > "$OUT/fuzz_dropout_$D.log" 2>&1; echo "fuzz rc $?"; python3 -m nnprim.testing.fuzz summary "$OUT/fuzz_dropout_$D.jsonl" | tail -12 ;;
   fuzz_huge)
     NNPRIM_CACHE_DIR=$(mktemp -d) NNPRIM_FUZZ_SUBSET=huge timeout 500 python3 -m pytest -q -p no:cacheprovider \
       tests/gpu/test_fuzz.py -rfE --tb=line > "$OUT/fuzz_huge_$D.log" 2>&1

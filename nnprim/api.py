@@ -17,7 +17,7 @@ import torch
 
 from . import fp8 as _fp8
 from .args import AttnArgs, ConvArgs
-from .errors import BadParameterError
+from .errors import BadParameterError, NotSupportedError
 from .ops import _PLAIN, eager
 from .ops import attention as attn_ops
 from .ops import conv as conv_ops
@@ -347,10 +347,24 @@ def _scale(scale) -> tuple[float | None, torch.Tensor | None]:
     raise BadParameterError(f"scale={scale!r} must be None, a float or a one-element tensor")
 
 
-def _counter(name: str, v) -> int:
+def _counter(name: str, v) -> int | torch.Tensor:
+    if name == "seed" and isinstance(v, torch.Tensor):
+        return v            # a device seed (nnprim.dropout): checked against q's device by the problem
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**63:
-        raise BadParameterError(f"{name}={v!r} must be a non-negative int below 2**63")
+        raise BadParameterError(f"{name}={v!r} must be a non-negative int below 2**63"
+                                + (" or a one-element int64 tensor on q's device" if name == "seed" else ""))
     return v
+
+
+def _op_taking(op, opts: tuple):
+    """`op` (the dispatcher's nnprim op: torch.compile, tensor subclasses, autograd through
+    quantized K/V) when its schema can take `opts`: its seed is an int, so a device seed is
+    an eager call's (nn.Attention draws an int seed while compiling)."""
+    if isinstance(opts[7], torch.Tensor):
+        raise NotSupportedError("seed as a tensor (a device seed) is taken by eager calls on plain tensors; "
+                                "under torch.compile, tensor subclasses or quantized K/V with gradients "
+                                "pass an int seed")
+    return op
 
 
 def _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv_lens, softmax_inf_as_zero):
@@ -451,7 +465,7 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
             and out_dtype is None and not _fp8.is_fp8(q.dtype)
             and (kv_lens is None or (kv_lens.is_cuda and not SETTINGS.check_numerics))
             and (scale is None or type(scale) in (int, float)) and type(dropout_p) in (int, float)
-            and dropout_p == 0 and _fast_path_open()):
+            and dropout_p == 0 and type(seed) is int and _fast_path_open()):
         out = _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv_lens,
                          softmax_inf_as_zero, return_lse, solver, block_table)
         if out is not None:
@@ -477,21 +491,20 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
     if block_table is not None:
         check_tensor("block_table", block_table)
         if grad:
-            from .errors import NotSupportedError
             raise NotSupportedError("gradients through paged K/V (block_table) are not supported: paged caches "
                                     "serve inference; call sdpa under torch.no_grad()")
     if fp8 or block_table is not None:
         # the op's trailing optional arguments: block_table, then the FP8 ones
         extra = (block_table, *fp8) if fp8 else (block_table,)
         fn = attn_ops.sdpa_forward if eager(q, kd, vd, ks, kz, vs, vz, attn_mask, opts[1], kv_lens, block_table,
-                                            *fp8[:3]) else _ops.sdpa_forward
+                                            *fp8[:3]) else _op_taking(_ops.sdpa_forward, opts)
         o, lse = fn(q, kd, vd, ks, kz, vs, vz, kspec, vspec, *opts, return_lse, solver, *extra)
         return (o, lse) if return_lse else o
     direct = eager(q, kd, vd, ks, kz, vs, vz, attn_mask, opts[1], kv_lens)
     if direct and grad and not (kspec or vspec):
         o, lse = attn_ops.SdpaFunction.apply(q, kd, vd, opts[0], opts[1], opts[2], opts[3:], solver)
     else:
-        fn = attn_ops.sdpa_forward if direct and not grad else _ops.sdpa_forward
+        fn = attn_ops.sdpa_forward if direct and not grad else _op_taking(_ops.sdpa_forward, opts)
         o, lse = fn(q, kd, vd, ks, kz, vs, vz, kspec, vspec, *opts, return_lse or grad, solver)
     return (o, lse) if return_lse else o
 
@@ -504,10 +517,10 @@ def sdpa_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     """(dq, dk, dv) of sdpa given do, the forward output o and its lse."""
     for name, t in (("do", do), ("q", q), ("k", k), ("v", v), ("o", o), ("lse", lse)):
         if isinstance(t, KVQuant):
-            from .errors import NotSupportedError
             raise NotSupportedError("sdpa_backward with quantized K/V is not supported: "
                                     "quantized K/V have no gradient; dequantize first")
         check_tensor(name, t)
     opts = _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv_lens, softmax_inf_as_zero)
-    fn = attn_ops._sdpa_backward if eager(do, q, k, v, o, lse, attn_mask, opts[1], kv_lens) else _ops.sdpa_backward
+    fn = attn_ops._sdpa_backward if eager(do, q, k, v, o, lse, attn_mask, opts[1], kv_lens) else \
+        _op_taking(_ops.sdpa_backward, opts)
     return tuple(fn(do, q, k, v, o, lse, *opts, _solver(solver)))

@@ -20,6 +20,11 @@ Two implementations:
   split into 16-bit halves).
 - `dropout_keep`: a `@triton.jit` helper that kernels import and call on a tile of rows
   and columns; the uint32 values are compared as int64 (no signedness traps).
+
+The seed is an int or a *device seed*: a one-element int64 tensor on q's device whose value
+the kernels read (`dropout_keep` loads it). A CUDA graph that refills it on replay (a
+captured `torch.randint` or `seed.random_()`) drops new positions on every replay, where an
+int seed is baked into the captured launch. `seed_value` reads either on the host.
 """
 from __future__ import annotations
 
@@ -62,6 +67,25 @@ def _mul_hi_lo(const: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return hi & _M32, lo & _M32
 
 
+def is_device_seed(seed) -> bool:
+    return isinstance(seed, torch.Tensor)
+
+
+def seed_value(seed) -> int:
+    """The seed as an int (a device seed's value: a host sync on a GPU tensor, for the CPU
+    solvers and the float64 reference)."""
+    return int(seed.reshape(()).item()) if isinstance(seed, torch.Tensor) else seed
+
+
+def check_device_seed(seed: torch.Tensor, device: torch.device) -> None:
+    """A device seed: one int64 element on `device` (its value is not read: no sync)."""
+    if seed.dtype != torch.int64 or seed.numel() != 1:
+        raise BadParameterError(f"seed must be an int or a one-element int64 tensor, got a {seed.dtype} tensor "
+                                f"of shape {tuple(seed.shape)}")
+    if seed.device != device:
+        raise BadParameterError(f"seed is on {seed.device} but q is on {device}")
+
+
 def philox_randint(seed: int, counter: torch.Tensor) -> torch.Tensor:
     """Triton's `tl.randint(seed, counter)` for an int64 counter tensor: the first uint32
     word of Philox4x32-10, returned as int64 values in [0, 2**32)."""
@@ -102,7 +126,7 @@ def _wrap64(v: int) -> int:
 def dropout_keep_block(seed: int, offset: int, b, h, rows, cols, Hq: int, Sq: int, Sk: int,
                        threshold: int) -> torch.Tensor:
     """Torch twin of the Triton `dropout_keep`: bool keep flags for broadcastable indices."""
-    r = philox_randint(seed, dropout_counter(offset, b, h, rows, cols, Hq, Sq, Sk))
+    r = philox_randint(seed_value(seed), dropout_counter(offset, b, h, rows, cols, Hq, Sq, Sk))
     return r >= threshold
 
 
@@ -131,7 +155,10 @@ def dropout_keep(seed, offset, b, h, rows, cols, Hq, Sq, Sk, threshold):
     broadcast against each other (e.g. offs_m[:, None], offs_n[None, :], or the transpose
     in a backward kernel that walks keys as rows). `b`, `h` (query head) are scalars;
     `threshold` = dropout_threshold(p) passed as an int. The counter is built in int64, so
-    `tl.randint` uses both counter words exactly as the torch implementation does."""
+    `tl.randint` uses both counter words exactly as the torch implementation does. `seed`:
+    an int, or a pointer to a device seed (loaded here; the kernel compiles once per kind)."""
+    if seed.dtype.is_ptr():
+        seed = tl.load(seed)
     base = (tl.cast(b, tl.int64) * Hq + tl.cast(h, tl.int64)) * Sq
     counter = (base + tl.cast(rows, tl.int64)) * Sk + tl.cast(cols, tl.int64) + tl.cast(offset, tl.int64)
     r = tl.randint(seed, counter)

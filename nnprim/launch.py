@@ -67,8 +67,12 @@ def _hooked() -> bool:
     return h is not None and bool(getattr(h, "calls", True))
 
 
-def int_width(v: int) -> int:
-    """The integer type Triton passes a scalar argument as: 0 i32, 1 i64, 2 u64."""
+def int_width(v) -> int:
+    """The type Triton passes a scalar argument as: 0 i32, 1 i64, 2 u64; a tensor (a device
+    seed: a pointer) 3, or 4 when its address is not 16-byte aligned (pointers specialise on
+    that)."""
+    if isinstance(v, torch.Tensor):
+        return 3 if v.data_ptr() & 15 == 0 else 4
     return 0 if -2 ** 31 <= v < 2 ** 31 else 1 if -2 ** 63 <= v < 2 ** 63 else 2
 
 
@@ -203,10 +207,11 @@ class Launch:
         """This launch with the dropout counters (seed, offset) in its tail: itself when they
         are its own, else a copy that shares the compiled kernel (the kernels list seed and
         offset in `do_not_specialize`; a plan keyed by them re-planned, and took Triton's JIT
-        path, on every dropout call). Plans key the counters' integer widths (`int_width`):
-        a kernel compiled for an i32 seed cannot take a 64-bit one."""
+        path, on every dropout call). Plans key the counters' kinds (`int_width`): a kernel
+        compiled for an i32 seed cannot take a 64-bit one, nor an int a device seed."""
         i = self.counters_at
-        if i is None or (self.tail[i] == seed and self.tail[i + 1] == offset):
+        if i is None or (self.tail[i] is seed or type(seed) is int and self.tail[i] == seed) \
+                and self.tail[i + 1] == offset:
             return self
         new = Launch.__new__(Launch)
         for name in Launch.__slots__:

@@ -8,7 +8,9 @@ from nnprim import nn as nnp
 
 
 def test_attention_dropout_warns_inside_capture(monkeypatch):
-    """Its dropout seed is drawn on the host: a captured graph would replay one mask."""
+    """Where its dropout seed is an int drawn on the host (not a CUDA tensor's eager call: there
+    the seed is a device seed, tests/gpu/test_integration_gpu.py) a captured graph would
+    replay one mask."""
     torch.manual_seed(0)
     attn = nnprim.nn.Attention(32, num_heads=4, num_kv_heads=2, dropout=0.1).train()
     x = torch.randn(2, 5, 32)

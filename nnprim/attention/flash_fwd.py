@@ -397,7 +397,8 @@ def scale_args(problem, args) -> tuple[float, torch.Tensor | None]:
 
 def dropout_args(problem, args) -> tuple[int, int, int, float]:
     if problem.dropout_p > 0:
-        return (int(args.seed), int(args.offset), dropout_threshold(problem.dropout_p),
+        seed = args.seed if isinstance(args.seed, torch.Tensor) else int(args.seed)   # a device seed: a pointer
+        return (seed, int(args.offset), dropout_threshold(problem.dropout_p),
                 dropout_scale(problem.dropout_p))
     return 0, 0, 0, 1.0
 

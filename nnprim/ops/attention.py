@@ -14,6 +14,7 @@ import torch
 
 from .. import fp8 as _fp8
 from ..args import AttnArgs
+from ..dropout import check_device_seed
 from ..errors import BadParameterError, NotSupportedError
 from ..paged import check_page_values
 from ..problems.attention import AttentionProblem, check_kv_lens_values
@@ -85,9 +86,15 @@ def _tkey(t: torch.Tensor | None):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
-def _check_counters(seed: int, offset: int) -> None:
-    if seed < 0 or offset < 0:
-        raise BadParameterError(f"seed={seed} and offset={offset} must be non-negative")
+def _check_counters(seed, offset: int, device: torch.device | None = None) -> None:
+    """Every call (the memo skips the problem's checks): an int seed must be >= 0; a device
+    seed one int64 element on q's device (its value is the caller's: reading it would sync)."""
+    if isinstance(seed, torch.Tensor):
+        check_device_seed(seed, device if device is not None else seed.device)
+    elif seed < 0:
+        raise BadParameterError(f"seed={seed} must be non-negative")
+    if offset < 0:
+        raise BadParameterError(f"offset={offset} must be non-negative")
 
 
 def _check_lens(kv_lens, k: torch.Tensor, block_table=None) -> None:
@@ -119,7 +126,7 @@ def sdpa_forward(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_qu
                  return_lse, solver, block_table=None, q_descale=None, k_descale=None, v_descale=None,
                  out_dtype=None):
     """The forward's implementation (the op's arguments): (o, lse or None)."""
-    _check_counters(seed, offset)
+    _check_counters(seed, offset, q.device)
     _check_lens(kv_lens, k, block_table)
     descales = (q_descale, k_descale, v_descale)
     quant = (None if k_quant == "" and v_quant == "" and k_scales is None and k_zero_points is None
@@ -190,7 +197,7 @@ def _bwd_problem(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal, 
 @torch.library.impl(LIB, "sdpa_backward", "CompositeExplicitAutograd")
 def _sdpa_backward(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p,
                    seed, offset, softmax_inf_as_zero, solver):
-    _check_counters(seed, offset)
+    _check_counters(seed, offset, q.device)
     _check_lens(kv_lens, k)
     key = ("bwd", q.shape, q.stride(), q.dtype, (k.shape, k.stride(), k.dtype, k.device),
            (v.shape, v.stride(), v.dtype, v.device), (do.shape, do.stride(), do.dtype, do.device),

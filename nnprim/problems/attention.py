@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .. import fp8 as _fp8
+from ..dropout import check_device_seed
 from ..errors import BadParameterError, NotSupportedError
 from ..paged import check_block_table, check_page_values, check_pool_params, pool_shape
 from ..quant import KVQuant
@@ -202,9 +203,14 @@ class AttentionProblem:
             raise BadParameterError(f"scale={scale!r} must be None, a float or a one-element tensor")
         if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
             raise BadParameterError(f"dropout_p={dropout_p!r} must be a float in [0, 1)")
+        if isinstance(seed, torch.Tensor):
+            check_device_seed(seed, q.device)
         for name, val in (("seed", seed), ("offset", offset)):
+            if isinstance(val, torch.Tensor) and name == "seed":
+                continue
             if isinstance(val, bool) or not isinstance(val, int) or val < 0 or val >= 2**63:
-                raise BadParameterError(f"{name}={val!r} must be a non-negative int below 2**63")
+                raise BadParameterError(f"{name}={val!r} must be a non-negative int below 2**63"
+                                        + (" or a one-element int64 tensor on q's device" if name == "seed" else ""))
         if kv_lens is not None:
             if not isinstance(kv_lens, torch.Tensor) or kv_lens.dtype not in (torch.int32, torch.int64):
                 raise BadParameterError(f"kv_lens must be an int32/int64 tensor, got {getattr(kv_lens, 'dtype', kv_lens)!r}")

@@ -247,6 +247,45 @@ def test_new_problem_during_capture_warns_and_runs(case, tmp_path):
     assert res["warned"] or case != "conv", res   # conv's problem is in no shipped record
 
 
+def test_dropout_device_seed_draws_anew_per_graph_replay():
+    """A device seed refilled inside the graph (as nn.Attention's torch.randint is) drops new
+    positions on every replay, each the int seed's mask; an int seed would be baked in."""
+    q, k, v, _ = _attn_inputs(31)
+    seed = torch.zeros(1, dtype=torch.int64, device=DEV)
+    with torch.no_grad():
+        nnprim.sdpa(q, k, v, dropout_p=0.2, seed=seed, causal="top_left")    # find outside the capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            seed.random_(0, 2 ** 62)
+            out = nnprim.sdpa(q, k, v, dropout_p=0.2, seed=seed, causal="top_left")
+        outs = []
+        for _ in range(2):
+            g.replay()
+            torch.cuda.synchronize()
+            ref = nnprim.sdpa(q, k, v, dropout_p=0.2, seed=int(seed.item()), causal="top_left")
+            assert rel(out, ref) < 1e-6
+            outs.append(out.clone())
+    assert not torch.equal(outs[0], outs[1])
+
+
+def test_attention_module_dropout_in_a_graph_redraws_without_warning():
+    torch.manual_seed(0)
+    attn = nnprim.nn.Attention(256, num_heads=4, num_kv_heads=2, dropout=0.2).to(DEV, torch.bfloat16).train()
+    x = torch.randn(2, 96, 256, device=DEV, dtype=torch.bfloat16)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        attn(x)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = attn(x)
+        g.replay()
+        first = y.clone()
+        g.replay()
+    assert not torch.equal(first, y)
+
+
 # ---- devices ---------------------------------------------------------------------------------
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_second_gpu_while_current_is_first():
