@@ -52,6 +52,9 @@
 #   dropout    per-call dropout counters and device seeds (thirty-third session): tests/gpu/test_dropout_plans_gpu.py,
 #              the integration module's dropout / capture tests, benchmarks/diag/dropout_host.py (host us
 #              with and without dropout) and the GPU fuzz's dropout cases
+#   autograd_host  sdpa forward + backward through autograd: host us of each part, autograd's device
+#              thread against the calling thread, cProfile (benchmarks/diag/attn_autograd_host.py; 2026-12-04:
+#              592 us of host against 37 + 146 us called directly, torch's 287)
 #   refind     nnprim db build-system --refind-solver $SOLVERS (default 127) [--refind-key $KEYS] into the shipped db
 #   conv_probes  benchmarks/stem_probe.py, benchmarks/gluon_conv_bwd_probe.py (solver level) and
 #              benchmarks/pointwise_probe.py (the 1x1 layers through the API)
@@ -120,6 +123,9 @@ case $STEP in
     NNPRIM_CACHE_DIR=$(mktemp -d) timeout 200 python3 -c "import sys; from nnprim.testing import fuzz
 sys.exit(fuzz.run([c for c in fuzz.suite('gpu') if getattr(c.spec, 'dropout_p', 0)], 'cuda', '$OUT/fuzz_dropout_$D.jsonl'))" \
       > "$OUT/fuzz_dropout_$D.log" 2>&1; echo "fuzz rc $?"; python3 -m nnprim.testing.fuzz summary "$OUT/fuzz_dropout_$D.jsonl" | tail -12 ;;
+  autograd_host)
+    NNPRIM_CACHE_DIR=$(mktemp -d) timeout 150 python3 benchmarks/diag/attn_autograd_host.py \
+      --out "$OUT/attn_autograd_host_$D.json" 2>&1 | grep -v Warn | cut -c1-160 | head -45 ;;
   fuzz_huge)
     NNPRIM_CACHE_DIR=$(mktemp -d) NNPRIM_FUZZ_SUBSET=huge timeout 500 python3 -m pytest -q -p no:cacheprovider \
       tests/gpu/test_fuzz.py -rfE --tb=line > "$OUT/fuzz_huge_$D.log" 2>&1

@@ -55,12 +55,14 @@ def measure(sh: dict, seeds) -> dict:
                            generator=g).requires_grad_() for _ in range(3))
     do = torch.randn_like(q)
 
+    # without dropout the seed stays 0, as callers pass it (a new seed per call would miss the
+    # public call's memo, whose key holds it: 90 against 37 us on the H200, 2026-12-04)
     def fwd(p):
         with torch.no_grad():
-            return nnprim.sdpa(q, k, v, causal="top_left", dropout_p=p, seed=next(seeds))
+            return nnprim.sdpa(q, k, v, causal="top_left", dropout_p=p, seed=next(seeds) if p else 0)
 
     def fwd_bwd(p):
-        o = nnprim.sdpa(q, k, v, causal="top_left", dropout_p=p, seed=next(seeds))
+        o = nnprim.sdpa(q, k, v, causal="top_left", dropout_p=p, seed=next(seeds) if p else 0)
         o.backward(do)
 
     row = dict(shape=sh)

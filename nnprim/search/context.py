@@ -309,6 +309,7 @@ def _with_triton_runtime(ctx: Context, inv: Invoker) -> Invoker:
             return inv(args)
         finally:
             var.reset(token)
+    invoker.__wrapped__ = inv   # the solver's own invoker (its plans), for tests and diagnostics
     return invoker
 
 
