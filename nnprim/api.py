@@ -356,17 +356,6 @@ def _counter(name: str, v) -> int | torch.Tensor:
     return v
 
 
-def _op_taking(op, opts: tuple):
-    """`op` (the dispatcher's nnprim op: torch.compile, tensor subclasses, autograd through
-    quantized K/V) when its schema can take `opts`: its seed is an int, so a device seed is
-    an eager call's (nn.Attention draws an int seed while compiling)."""
-    if isinstance(opts[7], torch.Tensor):
-        raise NotSupportedError("seed as a tensor (a device seed) is taken by eager calls on plain tensors; "
-                                "under torch.compile, tensor subclasses or quantized K/V with gradients "
-                                "pass an int seed")
-    return op
-
-
 def _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv_lens, softmax_inf_as_zero):
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
         raise BadParameterError(f"dropout_p={dropout_p!r} must be a float in [0, 1)")
@@ -497,15 +486,17 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
         # the op's trailing optional arguments: block_table, then the FP8 ones
         extra = (block_table, *fp8) if fp8 else (block_table,)
         fn = attn_ops.sdpa_forward if eager(q, kd, vd, ks, kz, vs, vz, attn_mask, opts[1], kv_lens, block_table,
-                                            *fp8[:3]) else _op_taking(_ops.sdpa_forward, opts)
-        o, lse = fn(q, kd, vd, ks, kz, vs, vz, kspec, vspec, *opts, return_lse, solver, *extra)
+                                            *fp8[:3]) else _ops.sdpa_forward
+        opts, kw = attn_ops.split_seed(opts, 7)     # a device seed: the op's seed_tensor
+        o, lse = fn(q, kd, vd, ks, kz, vs, vz, kspec, vspec, *opts, return_lse, solver, *extra, **kw)
         return (o, lse) if return_lse else o
     direct = eager(q, kd, vd, ks, kz, vs, vz, attn_mask, opts[1], kv_lens)
     if direct and grad and not (kspec or vspec):
         o, lse = attn_ops.SdpaFunction.apply(q, kd, vd, opts[0], opts[1], opts[2], opts[3:], solver)
     else:
-        fn = attn_ops.sdpa_forward if direct and not grad else _op_taking(_ops.sdpa_forward, opts)
-        o, lse = fn(q, kd, vd, ks, kz, vs, vz, kspec, vspec, *opts, return_lse or grad, solver)
+        fn = attn_ops.sdpa_forward if direct and not grad else _ops.sdpa_forward
+        opts, kw = attn_ops.split_seed(opts, 7)
+        o, lse = fn(q, kd, vd, ks, kz, vs, vz, kspec, vspec, *opts, return_lse or grad, solver, **kw)
     return (o, lse) if return_lse else o
 
 
@@ -521,6 +512,6 @@ def sdpa_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                                     "quantized K/V have no gradient; dequantize first")
         check_tensor(name, t)
     opts = _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv_lens, softmax_inf_as_zero)
-    fn = attn_ops._sdpa_backward if eager(do, q, k, v, o, lse, attn_mask, opts[1], kv_lens) else \
-        _op_taking(_ops.sdpa_backward, opts)
-    return tuple(fn(do, q, k, v, o, lse, *opts, _solver(solver)))
+    fn = attn_ops._sdpa_backward if eager(do, q, k, v, o, lse, attn_mask, opts[1], kv_lens) else _ops.sdpa_backward
+    opts, kw = attn_ops.split_seed(opts, 7)
+    return tuple(fn(do, q, k, v, o, lse, *opts, _solver(solver), **kw))

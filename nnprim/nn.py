@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 from torch import nn
 
 from .api import conv_forward, sdpa
-from .search.capture import capturing
 
 
 class _ConvNd(nn.Module):
@@ -80,16 +78,13 @@ class Attention(nn.Module):
         p = self.dropout if self.training else 0.0
         seed = 0
         if p:
-            # a fresh dropout pattern per call, reproducible under torch.manual_seed; on a GPU a
-            # device seed drawn by the GPU's generator, so that each replay of a captured CUDA
-            # graph draws anew (as torch's dropout does); the compiled path's op takes an int
-            if x.is_cuda and not torch.compiler.is_compiling():
+            # a fresh dropout pattern per call, reproducible under torch.manual_seed. On a GPU
+            # and under torch.compile a device seed (nnprim.dropout) drawn on x's device: each
+            # replay of a captured CUDA graph draws anew (as torch's dropout does) and a compiled
+            # graph needs no break for a host value; in eager CPU calls an int
+            if x.is_cuda or torch.compiler.is_compiling():
                 seed = torch.randint(0, 2**62, (1,), device=x.device)
             else:
                 seed = int(torch.randint(0, 2**62, (1,)).item())
-                if capturing(x.device):
-                    warnings.warn("nnprim.nn.Attention: dropout inside CUDA-graph capture under torch.compile takes "
-                                  "its seed on the host once, so every replay drops the same positions",
-                                  RuntimeWarning, stacklevel=2)
         o = sdpa(q, k, v, attn_mask=attn_mask, causal=self.causal, dropout_p=p, seed=seed)
         return self.o_proj(o.transpose(1, 2).reshape(B, S, -1))

@@ -31,10 +31,11 @@ _OPTIONS = ("Tensor? attn_mask, Tensor? scale_tensor, Tensor? kv_lens, str causa
 LIB.define("sdpa_forward(Tensor q, Tensor k, Tensor v, Tensor? k_scales, Tensor? k_zero_points, "
            "Tensor? v_scales, Tensor? v_zero_points, str k_quant, str v_quant, " + _OPTIONS +
            ", bool return_lse, str? solver, Tensor? block_table=None, Tensor? q_descale=None, "
-           "Tensor? k_descale=None, Tensor? v_descale=None, ScalarType? out_dtype=None) -> (Tensor, Tensor)",
+           "Tensor? k_descale=None, Tensor? v_descale=None, ScalarType? out_dtype=None, Tensor? seed_tensor=None) "
+           "-> (Tensor, Tensor)",
            tags=_TAGS)
 LIB.define("sdpa_backward(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, " + _OPTIONS +
-           ", str? solver) -> (Tensor, Tensor, Tensor)", tags=_TAGS)
+           ", str? solver, Tensor? seed_tensor=None) -> (Tensor, Tensor, Tensor)", tags=_TAGS)
 
 
 # ---- quantized K/V as op arguments --------------------------------------------------------
@@ -124,8 +125,11 @@ def _check_descales(descales) -> None:
 def sdpa_forward(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask,
                  scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero,
                  return_lse, solver, block_table=None, q_descale=None, k_descale=None, v_descale=None,
-                 out_dtype=None):
-    """The forward's implementation (the op's arguments): (o, lse or None)."""
+                 out_dtype=None, seed_tensor=None):
+    """The forward's implementation (the op's arguments): (o, lse or None). `seed_tensor`: a
+    device seed (nnprim.dropout) in place of the int `seed`."""
+    if seed_tensor is not None:
+        seed = seed_tensor
     _check_counters(seed, offset, q.device)
     _check_lens(kv_lens, k, block_table)
     descales = (q_descale, k_descale, v_descale)
@@ -164,10 +168,11 @@ def _sdpa_forward(*args):
 def _sdpa_forward_fake(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask,
                        scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p, seed, offset,
                        softmax_inf_as_zero, return_lse, solver, block_table=None, q_descale=None, k_descale=None,
-                       v_descale=None, out_dtype=None):
+                       v_descale=None, out_dtype=None, seed_tensor=None):
     p = problem("fwd", q, _kv(k, k_scales, k_zero_points, k_quant, checked=True),
                 _kv(v, v_scales, v_zero_points, v_quant, checked=True), attn_mask, scale_tensor, kv_lens, causal,
-                scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, check_values=False,
+                scale, invert_scale, dropout_p, seed if seed_tensor is None else seed_tensor, offset,
+                softmax_inf_as_zero, return_lse, check_values=False,
                 block_table=block_table, descales=(q_descale, k_descale, v_descale), out_dtype=out_dtype)
     o = q.new_empty((p.B, p.Hq, p.Sq, p.Dv), dtype=p.result_dtype)
     lse = q.new_empty((p.B, p.Hq, p.Sq) if return_lse else (0,), dtype=torch.float32)
@@ -196,7 +201,9 @@ def _bwd_problem(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal, 
 
 @torch.library.impl(LIB, "sdpa_backward", "CompositeExplicitAutograd")
 def _sdpa_backward(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p,
-                   seed, offset, softmax_inf_as_zero, solver):
+                   seed, offset, softmax_inf_as_zero, solver, seed_tensor=None):
+    if seed_tensor is not None:
+        seed = seed_tensor
     _check_counters(seed, offset, q.device)
     _check_lens(kv_lens, k)
     key = ("bwd", q.shape, q.stride(), q.dtype, (k.shape, k.stride(), k.dtype, k.device),
@@ -214,9 +221,9 @@ def _sdpa_backward(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal
 
 @torch.library.register_fake("nnprim::sdpa_backward", lib=LIB)
 def _sdpa_backward_fake(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale,
-                        dropout_p, seed, offset, softmax_inf_as_zero, solver):
+                        dropout_p, seed, offset, softmax_inf_as_zero, solver, seed_tensor=None):
     _bwd_problem(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal, scale, invert_scale, dropout_p,
-                 seed, offset, softmax_inf_as_zero, check_values=False)
+                 seed if seed_tensor is None else seed_tensor, offset, softmax_inf_as_zero, check_values=False)
     return torch.empty_like(q, memory_format=torch.contiguous_format), \
         torch.empty_like(k, memory_format=torch.contiguous_format), \
         torch.empty_like(v, memory_format=torch.contiguous_format)
@@ -250,22 +257,34 @@ def _save(ctx, q, k, v, o, lse, quantized: bool, attn_mask, scale_tensor, kv_len
     ctx.options = options
 
 
+def split_seed(options: tuple, at: int) -> tuple[tuple, dict]:
+    """(options with an int seed at `at`, the op's keyword for a device seed): the op schema's
+    `seed` is an int, a device seed travels as `seed_tensor`."""
+    seed = options[at]
+    if isinstance(seed, torch.Tensor):
+        return options[:at] + (0,) + options[at + 1:], {"seed_tensor": seed}
+    return options, {}
+
+
 def _grads(ctx, do, backward):
     q, k, v, o, lse, attn_mask, scale_tensor, kv_lens = ctx.saved_tensors
-    return backward(do.contiguous(), q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, *ctx.options, None)
+    options, kw = split_seed(ctx.options, 4)
+    return backward(do.contiguous(), q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, *options, None, **kw)
 
 
 def _setup(ctx, inputs, output) -> None:
     (q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask, scale_tensor, kv_lens,
      causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, solver,
      *rest) = inputs
+    if len(rest) > 5 and rest[5] is not None:   # (block_table, the FP8 arguments, seed_tensor)
+        seed = rest[5]
     _save(ctx, q, k, v, *output, bool(k_quant or v_quant), attn_mask, scale_tensor, kv_lens,
           (causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero),
           paged=bool(rest) and rest[0] is not None)
 
 
 def _backward(ctx, do, dlse):
-    return tuple(_grads(ctx, do, torch.ops.nnprim.sdpa_backward)) + (None,) * 23
+    return tuple(_grads(ctx, do, torch.ops.nnprim.sdpa_backward)) + (None,) * 24
 
 
 torch.library.register_autograd("nnprim::sdpa_forward", _backward, setup_context=_setup, lib=LIB)

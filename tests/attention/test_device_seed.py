@@ -1,7 +1,7 @@
 """A device seed (nnprim.dropout): `seed` as a one-element int64 tensor on q's device drops
 exactly the positions of the same int seed, in every solver family (the Triton kernels load
 it: TRITON_INTERPRET=1 here, compiled in tests/gpu), forward and backward through autograd;
-bad seeds are refused by name; the dispatcher's op (whose schema takes an int) refuses one."""
+bad seeds are refused by name; the dispatcher's op takes one as `seed_tensor`."""
 from __future__ import annotations
 
 import pytest
@@ -59,11 +59,29 @@ def test_bad_device_seeds_are_refused_by_name():
             nnprim.sdpa(q, k, v, dropout_p=0.1, seed=bad)
 
 
-def test_the_dispatcher_op_takes_an_int_seed():
-    q, k, v = _qkv(grad=True)
-    kq, vq = nnprim.quantize_kv(k.detach(), "s8", 8), nnprim.quantize_kv(v.detach(), "s8", 8)
-    with pytest.raises(nnprim.NotSupportedError, match="seed as a tensor"):
-        nnprim.sdpa(q, kq, vq, dropout_p=0.1, seed=torch.tensor([5]))
+def test_the_dispatcher_op_takes_a_device_seed():
+    """The op (torch.compile, tensor subclasses) takes it as `seed_tensor`, forward and backward."""
+    q, k, v = _qkv()
+    seed = torch.tensor([SEED])
+    want = nnprim.sdpa(q, k, v, dropout_p=0.3, seed=SEED)
+    o, lse = torch.ops.nnprim.sdpa_forward(q, k, v, None, None, None, None, "", "", None, None, None, "", None,
+                                           False, 0.3, 0, 0, False, True, None, seed_tensor=seed)
+    assert torch.equal(o, want)
+    do = torch.randn_like(o)
+    got = torch.ops.nnprim.sdpa_backward(do, q, k, v, o, lse, None, None, None, "", None, False, 0.3, 0, 0,
+                                         False, None, seed_tensor=seed)
+    ref = nnprim.sdpa_backward(do, q, k, v, o, lse, dropout_p=0.3, seed=SEED)
+    for g, r in zip(got, ref):
+        assert torch.equal(g, r)
+    qg = q.clone().requires_grad_()
+    compiled = torch.compile(lambda a, s: nnprim.sdpa(a, k, v, dropout_p=0.3, seed=s), backend="eager",
+                             fullgraph=True)
+    y = compiled(qg, seed)
+    assert torch.allclose(y, want, atol=1e-6)
+    y.backward(do)
+    qr = q.clone().requires_grad_()
+    nnprim.sdpa(qr, k, v, dropout_p=0.3, seed=SEED).backward(do)
+    assert torch.allclose(qg.grad, qr.grad, atol=1e-6)
 
 
 def test_a_bad_device_seed_after_a_good_call_is_refused():
