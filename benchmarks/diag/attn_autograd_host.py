@@ -16,7 +16,6 @@ import json
 import os
 import pstats
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -24,17 +23,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import nnprim  # noqa: E402
 
-
-def host_us(fn, n: int = 50) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return round((t1 - t0) / n * 1e6, 1)
+sys.path.insert(0, os.path.dirname(__file__))
+from host_clock import host_us  # noqa: E402
 
 
 def profile(fn, n: int = 50, top: int = 25) -> str:

@@ -14,7 +14,6 @@ import os
 import pathlib
 import pstats
 import sys
-import time
 from functools import partial
 
 import torch
@@ -24,20 +23,8 @@ import nnprim  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from api_choice_ragged import ragged_inputs  # noqa: E402
+from host_clock import host_us  # noqa: E402
 from paged_q4_probe import paginate  # noqa: E402
-
-
-def host_us(fn, calls: int = 300, repeats: int = 5) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        best = min(best, (t1 - t0) / calls * 1e6)
-    return best
 
 
 def main() -> None:
@@ -58,7 +45,7 @@ def main() -> None:
         for lab, fn in fns.items():
             if fn is not None:
                 fn()
-                row[lab] = round(host_us(fn), 1)
+                row[lab] = host_us(fn, calls=300)
         prof = cProfile.Profile()
         torch.cuda.synchronize()
         prof.enable()

@@ -13,27 +13,16 @@ import itertools
 import json
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import nnprim  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(__file__))
+from host_clock import host_us  # noqa: E402
+
 SHAPES = [dict(B=4, H=16, S=512, D=64), dict(B=2, H=16, S=2048, D=128)]
-
-
-def host_us(fn, calls: int = 100, repeats: int = 5) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        best = min(best, (t1 - t0) / calls * 1e6)
-    return best
 
 
 def event_ms(fn, reps: int = 30) -> float:
@@ -70,7 +59,7 @@ def measure(sh: dict, seeds) -> dict:
         for p in (0.0, 0.1):
             call = functools.partial(fn, p)
             call(), call()                   # find, compile
-            row[f"{name}_p{p}_host_us"] = round(host_us(call), 1)
+            row[f"{name}_p{p}_host_us"] = host_us(call)
             row[f"{name}_p{p}_ms"] = round(event_ms(call), 4)
     return row
 
