@@ -29,12 +29,14 @@ int seed is baked into the captured launch. `seed_value` reads either on the hos
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
 from .errors import BadParameterError
+from .native import NativeLibrary
 
 _M32 = 0xFFFFFFFF
 _KEY_A = 0x9E3779B9
@@ -65,10 +67,6 @@ def _mul_hi_lo(const: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     hi = (p_hi + (p_lo >> 16)) >> 16          # floor(const * x / 2**32)
     lo = ((p_hi & 0xFFFF) << 16) + p_lo       # == const * x  (mod 2**32) after masking
     return hi & _M32, lo & _M32
-
-
-def is_device_seed(seed) -> bool:
-    return isinstance(seed, torch.Tensor)
 
 
 def seed_value(seed) -> int:
@@ -123,10 +121,36 @@ def _wrap64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
+_NATIVE = NativeLibrary("nnprim_cpu_dropout", (Path(__file__).with_name("dropout_src.cpp")).read_text(),
+                        "native CPU dropout mask")
+
+
+def _column_range(cols) -> tuple[int, int] | None:
+    """(first, count) when `cols` is a run of consecutive key indices along the last dim only
+    (how the CPU solvers and the reference index a block)."""
+    if not isinstance(cols, torch.Tensor) or cols.dim() == 0 or cols.numel() != cols.shape[-1]:
+        return None
+    flat = cols.reshape(-1)
+    c0, n = int(flat[0]), flat.numel()
+    if not torch.equal(flat, torch.arange(c0, c0 + n, dtype=flat.dtype, device=flat.device)):
+        return None
+    return c0, n
+
+
 def dropout_keep_block(seed: int, offset: int, b, h, rows, cols, Hq: int, Sq: int, Sk: int,
                        threshold: int) -> torch.Tensor:
-    """Torch twin of the Triton `dropout_keep`: bool keep flags for broadcastable indices."""
-    r = philox_randint(seed_value(seed), dropout_counter(offset, b, h, rows, cols, Hq, Sq, Sk))
+    """Torch twin of the Triton `dropout_keep`: bool keep flags for broadcastable indices. On
+    the CPU a block of consecutive key columns takes the native loop (dropout_src.cpp)."""
+    seed = seed_value(seed)
+    span = _column_range(cols)
+    if span is not None and cols.device.type == "cpu":
+        native = _NATIVE.ops()
+        if native is not None:
+            bases = dropout_counter(offset, b, h, rows, 0, Hq, Sq, Sk)
+            if bases.dim() == cols.dim() and bases.shape[-1] == 1:
+                flags = native.keep_rows(_wrap64(seed), bases.reshape(-1), span[0], span[1], threshold)
+                return flags.view(*bases.shape[:-1], span[1])
+    r = philox_randint(seed, dropout_counter(offset, b, h, rows, cols, Hq, Sq, Sk))
     return r >= threshold
 
 

@@ -113,3 +113,23 @@ def test_mask_is_pure_function_of_indices():
     shifted = dropout_keep_mask(5, 9 + Sk, B, Hq, Sq, Sk, p)
     assert torch.equal(shifted.reshape(-1)[:-Sk], full.reshape(-1)[Sk:])
     assert dropout_keep_mask(5, 9, B, Hq, Sq, Sk, 0.0).all()
+
+
+@pytest.mark.parametrize("seed,offset", [(0, 0), (12345, 2**40 + 7), (2**62 + 5, 2**63 - 40), (2**63 + 9, 3),
+                                         (2**32 - 1, 2**32 - 20)])
+def test_native_block_equals_the_torch_ops(seed, offset):
+    """The CPU's native Philox (dropout_src.cpp) gives the torch-op twin's flags bit for bit,
+    counters wrapping past 2**63 included; other column patterns take the torch ops."""
+    from nnprim.dropout import _NATIVE, dropout_counter
+    if _NATIVE.ops() is None:
+        pytest.skip("no native build on this machine")
+    Hq, Sq, Sk, thr = 6, 37, 53, dropout_threshold(0.3)
+    b = torch.arange(2).view(-1, 1, 1, 1, 1)
+    h = (torch.arange(1, 3).view(1, -1, 1, 1) * 3 + torch.arange(3).view(1, 1, -1, 1)).unsqueeze(-1)
+    i = torch.arange(5, 21).view(1, 1, 1, -1, 1)
+    j = torch.arange(7, 50).view(1, 1, 1, 1, -1)
+    got = dropout_keep_block(seed, offset, b, h, i, j, Hq, Sq, Sk, thr)
+    want = philox_randint(seed, dropout_counter(offset, b, h, i, j, Hq, Sq, Sk)) >= thr
+    assert got.shape == want.shape and torch.equal(got, want)
+    odd = j[..., ::2]                                      # not consecutive: the torch ops
+    assert torch.equal(dropout_keep_block(seed, offset, b, h, i, odd, Hq, Sq, Sk, thr), want[..., ::2])
