@@ -14,7 +14,8 @@ Conv modes (nnprim/data/suites/conv_cpu.json):
   bwd_weights_bf16/_f32    backward weights       vs torch.nn.grad.conv*d_weight
   bwd_bf16, bwd_f32        both backward passes   vs torch's autograd (dx and dw)
   fused_f32                conv+bias+Sum+ReLU     vs torch eager conv(bias) + res, relu
-Attention modes: attn_fwd / attn_fwd_bwd, f32 and bf16, vs F.scaled_dot_product_attention.
+Attention modes: attn_fwd / attn_fwd_bwd, f32 and bf16, vs F.scaled_dot_product_attention;
+attn_fwd_drop / attn_fwd_bwd_drop the same with dropout 0.1 (each side its own mask).
 
   PYTHONUNBUFFERED=1 python benchmarks/cpu_speed.py --out benchmarks/results/cpu_speed_DATE.json
 """
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nnprim.args import AttnArgs, ConvArgs  # noqa: E402
+from nnprim.attention.reference import reference_forward  # noqa: E402
 from nnprim.post_ops import Eltwise, Sum  # noqa: E402
 from nnprim.problems.attention import AttentionProblem  # noqa: E402
 from nnprim.problems.conv import ConvProblem, to_layout  # noqa: E402
@@ -154,7 +156,47 @@ def conv_case(spec: dict, mode: str):
             lambda o: max(rel_err(o[0], ref[0]), rel_err(o[1], ref[1])), 2 * p.flops())
 
 
+DROP_P = 0.1        # the *_drop attention modes
+
+
+def attn_drop_case(spec: dict, dt: torch.dtype, mode: str):
+    """attn_fwd_drop / attn_fwd_bwd_drop: dropout 0.1, a new seed per call; checked against the
+    float64 reference with the same seed (torch's SDPA draws its own mask: no error for it)."""
+    B, H, S, D = spec["B"], spec["H"], spec["S"], spec["D"]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, S, D, generator=g).to(dt) for _ in range(3))
+    do = torch.randn(B, H, S, D, generator=g).to(dt)
+    bwd = mode == "attn_fwd_bwd_drop"
+    pf = AttentionProblem.from_tensors(q, k, v, dropout_p=DROP_P, return_lse=bwd)
+    nf, fwd = invoker(pf)
+    nb, bwd_inv = invoker(pf.with_direction("bwd")) if bwd else ("", None)
+    seeds = iter(range(1, 1 << 30))
+    ref_o, _ = reference_forward(pf, AttnArgs(q=q, k=k, v=v, seed=7))
+    flops = 4.0 * B * H * S * S * D * (3.5 if bwd else 1.0)
+
+    def ours(seed=None):
+        a = AttnArgs(q=q, k=k, v=v, seed=next(seeds) if seed is None else seed)
+        o, lse = fwd(a)
+        if bwd:
+            bwd_inv(AttnArgs(q=q, k=k, v=v, o=o, lse=lse, do=do, seed=a.seed))
+        return "ours", o
+
+    def peer():
+        if not bwd:
+            return "torch", F.scaled_dot_product_attention(q, k, v, dropout_p=DROP_P)
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        o = F.scaled_dot_product_attention(qq, kk, vv, dropout_p=DROP_P)
+        torch.autograd.grad(o, (qq, kk, vv), do)
+        return "torch", o.detach()
+
+    def check(out) -> float:   # ours: the forward at seed 7 against the reference's mask
+        return rel_err(ours(7)[1], ref_o) if out[0] == "ours" else float("nan")
+    return nf + (f"+{nb}" if bwd else ""), ours, peer, check, flops
+
+
 def attn_case(spec: dict, dt: torch.dtype, mode: str):
+    if mode.endswith("_drop"):
+        return attn_drop_case(spec, dt, mode)
     B, H, S, D = spec["B"], spec["H"], spec["S"], spec["D"]
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, S, D, generator=g).to(dt) for _ in range(3))
@@ -234,7 +276,7 @@ def main() -> None:
         for spec in ATTN:
             for dn, dt in (("f32", F32), ("bf16", BF16)):
                 lbl = dict(problem=f"S{spec['S']}_D{spec['D']}", mode=f"{m}_{dn}")
-                with torch.set_grad_enabled(m != "attn_fwd"):
+                with torch.set_grad_enabled(m in ("attn_fwd_bwd", "attn_fwd_bwd_drop")):
                     recs.append(run_case(lbl, attn_case(spec, dt, m), max(3, a.rounds // 2), print))
     summary = {}
     for m in dict.fromkeys(r["mode"] for r in recs):
