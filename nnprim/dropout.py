@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .errors import BadParameterError
-from .native import NativeLibrary
+from .native import NATIVE_HELPERS, NativeLibrary
 
 _M32 = 0xFFFFFFFF
 _KEY_A = 0x9E3779B9
@@ -121,7 +121,7 @@ def _wrap64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-_NATIVE = NativeLibrary("nnprim_cpu_dropout", (Path(__file__).with_name("dropout_src.cpp")).read_text(),
+_NATIVE = NativeLibrary("nnprim_cpu_dropout", NATIVE_HELPERS + Path(__file__).with_name("dropout_src.cpp").read_text(),
                         "native CPU dropout mask")
 
 

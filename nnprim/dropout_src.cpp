@@ -9,25 +9,7 @@
 #include <cstdint>
 
 namespace {
-constexpr uint32_t KEY_A = 0x9E3779B9u, KEY_B = 0xBB67AE85u;
-constexpr uint32_t ROUND_A = 0xD2511F53u, ROUND_B = 0xCD9E8D57u;
-
-inline uint32_t philox_first(uint32_t k0, uint32_t k1, uint64_t counter) {
-  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
-#pragma GCC unroll 10
-  for (int r = 0; r < 10; ++r) {
-    const uint64_t pb = static_cast<uint64_t>(ROUND_B) * c2, pa = static_cast<uint64_t>(ROUND_A) * c0;
-    const uint32_t n0 = static_cast<uint32_t>(pb >> 32) ^ c1 ^ k0;
-    const uint32_t n2 = static_cast<uint32_t>(pa >> 32) ^ c3 ^ k1;
-    c1 = static_cast<uint32_t>(pb);
-    c3 = static_cast<uint32_t>(pa);
-    c0 = n0;
-    c2 = n2;
-    k0 += KEY_A;
-    k1 += KEY_B;
-  }
-  return c0;
-}
+using nnprim_native::philox_first;
 
 // out[r, j] = philox(seed, bases[r] + c0 + j) >= threshold  (counters wrap mod 2**64)
 at::Tensor keep_rows(int64_t seed, const at::Tensor& bases, int64_t c0, int64_t nc, int64_t threshold) {

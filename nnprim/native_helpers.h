@@ -61,4 +61,46 @@ inline void interleave_rows(const uint16_t* r0, const uint16_t* r1, uint16_t* d,
     d[2 * c + 1] = r1 ? r1[c] : 0;
   }
 }
+// Philox4x32-10 as Triton's tl.randint: key = (k0, k1) (the seed's words), counter words = (counter
+// lo, counter hi, 0, 0); the first output word (nnprim.dropout's definition of the keep flags)
+inline uint32_t philox_first(uint32_t k0, uint32_t k1, uint64_t counter) {
+  constexpr uint32_t KEY_A = 0x9E3779B9u, KEY_B = 0xBB67AE85u, ROUND_A = 0xD2511F53u, ROUND_B = 0xCD9E8D57u;
+  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32), c2 = 0, c3 = 0;
+#pragma GCC unroll 10
+  for (int r = 0; r < 10; ++r) {
+    const uint64_t pb = static_cast<uint64_t>(ROUND_B) * c2, pa = static_cast<uint64_t>(ROUND_A) * c0;
+    const uint32_t n0 = static_cast<uint32_t>(pb >> 32) ^ c1 ^ k0;
+    const uint32_t n2 = static_cast<uint32_t>(pa >> 32) ^ c3 ^ k1;
+    c1 = static_cast<uint32_t>(pb);
+    c3 = static_cast<uint32_t>(pa);
+    c0 = n0;
+    c2 = n2;
+    k0 += KEY_A;
+    k1 += KEY_B;
+  }
+  return c0;
+}
+
+// A call's dropout: element (b, h, i, j) is kept iff philox(seed, offset + ((b Hq + h) Sq + i) Sk + j)
+// >= threshold (threshold 0: no dropout); kept probabilities are scaled by inv_keep
+struct Dropout {
+  uint32_t k0 = 0, k1 = 0;
+  uint64_t offset = 0, threshold = 0;
+  float inv_keep = 1.f;
+  Dropout() = default;
+  Dropout(int64_t seed, int64_t off, int64_t thr, double inv)
+      : k0(static_cast<uint32_t>(static_cast<uint64_t>(seed))),
+        k1(static_cast<uint32_t>(static_cast<uint64_t>(seed) >> 32)),
+        offset(static_cast<uint64_t>(off)), threshold(static_cast<uint64_t>(thr)), inv_keep(static_cast<float>(inv)) {}
+  bool on() const { return threshold != 0; }
+  // the counter of (row, key 0): row = (b Hq + h) Sq + i
+  uint64_t row_base(int64_t row, int64_t Sk) const {
+    return offset + static_cast<uint64_t>(row) * static_cast<uint64_t>(Sk);
+  }
+  // the factor of key j of a row whose counter base is `base`: 0 or inv_keep
+  float factor(uint64_t base, int64_t j) const {
+    return philox_first(k0, k1, base + static_cast<uint64_t>(j)) >= threshold ? inv_keep : 0.f;
+  }
+};
+
 }  // namespace nnprim_native

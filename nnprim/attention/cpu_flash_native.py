@@ -33,10 +33,11 @@ the same SIMD transpose): f32 through brgemm's plain path (oneDNN's GEMM); bf16 
 the forward's K, the rows of K, Q and dO in pairs (an odd query or key tail padded with zeros).
 
 Covers: f32 and bf16, GQA/MQA, causal (both alignments), no mask, float scale (inverted or
-not), softmax_inf_as_zero, return_lse, last dims contiguous (any other strides). Rows that
-see no key: lse = -inf, o = NaN (0 with softmax_inf_as_zero), zero gradients, as solvers
-115/116. Everything else (masks, dropout, kv_lens, f16, quantized / paged / FP8 K/V) stays
-with 115/116.
+not), softmax_inf_as_zero, return_lse, dropout (nnprim.dropout's keep flags computed per
+row of each tile: the forward scales the kept P before P V, the backward takes them in dV and
+dS), last dims contiguous (any other strides). Rows that see no key: lse = -inf, o = NaN (0
+with softmax_inf_as_zero), zero gradients, as solvers 115/116. Everything else (masks,
+kv_lens, f16, quantized / paged / FP8 K/V) stays with 115/116.
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ import torch
 
 from .. import alloc
 from ..args import AttnArgs
+from ..dropout import dropout_scale, dropout_threshold, seed_value
 from ..native import NATIVE_HELPERS, NativeLibrary
 from ..problems.attention import AttentionProblem
 from ..search.solver import register
@@ -143,7 +145,7 @@ inline void scale_row(float* a, int64_t n, float f) {
 template <typename T>
 void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o,
                     at::Tensor& lse, double scale_d, int64_t causal, bool inf_as_zero, int64_t QB, int64_t KB,
-                    bool use_vnni, bool keys_as_rows) {
+                    bool use_vnni, bool keys_as_rows, const nnprim_native::Dropout& drop) {
   // q (B, Hq, Sq, D), k (B, Hkv, Sk, D), v (B, Hkv, Sk, Dv): last dims contiguous
   const int64_t B = q.size(0), Hq = q.size(1), Sq = q.size(2), D = q.size(3);
   const int64_t Hkv = k.size(1), Sk = k.size(2), Dv = v.size(3), G = Hq / Hkv;
@@ -273,6 +275,15 @@ void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
             if (mi == NEG_INF) std::fill(srow, srow + width, 0.f);
             else sum = exp_row(srow, srow, n, width, scale, mi);
           }
+          if (drop.on() && mi != NEG_INF) {   // l sums the kept and the dropped; P V takes the kept, scaled
+            const uint64_t base = drop.row_base(bhq * Sq + r0 + i, Sk) + static_cast<uint64_t>(k0);
+            if constexpr (BF) {
+              T* prow = P.data() + i * KB;
+              for (int64_t j = 0; j < n; ++j) prow[j] = static_cast<T>(static_cast<float>(prow[j]) * drop.factor(base, j));
+            } else {
+              for (int64_t j = 0; j < n; ++j) srow[j] *= drop.factor(base, j);
+            }
+          }
           if (alpha != 1.f) scale_row(acc.data() + i * DvP, Dv, alpha);
           l[i] = l[i] * alpha + sum;
           m[i] = mi;
@@ -317,7 +328,8 @@ inline void to_t_transposed(const float* x, int64_t rows, int64_t cols, int64_t 
 template <typename T>
 void flash_bwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
                     const at::Tensor& lse, const at::Tensor& delta, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
-                    double scale_d, int64_t causal, int64_t QB, int64_t KB, bool use_vnni) {
+                    double scale_d, int64_t causal, int64_t QB, int64_t KB, bool use_vnni,
+                    const nnprim_native::Dropout& drop) {
   // q, dout (B, Hq, Sq, D / Dv), k, v (B, Hkv, Sk, D / Dv): last dims contiguous; lse, delta
   // (B, Hq, Sq) f32 contiguous (delta 0 on rows that see no key); dq, dk, dv f32 contiguous
   const int64_t B = q.size(0), Hq = q.size(1), Sq = q.size(2), D = q.size(3);
@@ -429,6 +441,14 @@ void flash_bwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
               if (l == NEG_INF) n = 0;
               const fVec vs(scale), vl(l), vd(di);
               int64_t j = 0;
+              if (drop.on()) {   // dV takes the kept P (scaled); dS = P (dP kept, scaled - D)
+                const uint64_t base = drop.row_base(bhq * Sq + r0 + i, Sk) + static_cast<uint64_t>(k0);
+                for (; j < n; ++j) {
+                  const float p = std::exp(srow[j] * scale - l), f = drop.factor(base, j);
+                  srow[j] = p * f;
+                  prow[j] = p * (prow[j] * f - di);
+                }
+              }
               for (; j + fVec::size() <= n; j += fVec::size()) {   // P = exp(scale S - lse), dS = P (dP - D)
                 fVec p = at::vec::fmsub(fVec::loadu(srow + j), vs, vl).exp_u20();
                 p.store(srow + j);
@@ -490,32 +510,36 @@ void flash_bwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 
 void flash_bwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& dout,
                const at::Tensor& lse, const at::Tensor& delta, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
-               double scale, int64_t causal, int64_t q_block, int64_t kv_block, bool use_vnni) {
+               double scale, int64_t causal, int64_t q_block, int64_t kv_block, bool use_vnni, int64_t seed,
+               int64_t offset, int64_t threshold, double inv_keep) {
+  const nnprim_native::Dropout drop(seed, offset, threshold, inv_keep);
   TORCH_CHECK(!use_vnni || (kv_block % NB == 0 && q_block % 2 == 0), "flash_bwd: VNNI needs 64-key blocks, even q blocks");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1 && dout.stride(3) == 1,
               "last dims must be contiguous");
   TORCH_CHECK(lse.is_contiguous() && delta.is_contiguous() && dq.is_contiguous() && dk.is_contiguous() &&
               dv.is_contiguous(), "lse, delta, dq, dk, dv: contiguous");
   if (q.scalar_type() == at::kBFloat16)
-    flash_bwd_impl<at::BFloat16>(q, k, v, dout, lse, delta, dq, dk, dv, scale, causal, q_block, kv_block, use_vnni);
+    flash_bwd_impl<at::BFloat16>(q, k, v, dout, lse, delta, dq, dk, dv, scale, causal, q_block, kv_block, use_vnni,
+                                 drop);
   else if (q.scalar_type() == at::kFloat)
-    flash_bwd_impl<float>(q, k, v, dout, lse, delta, dq, dk, dv, scale, causal, q_block, kv_block, false);
+    flash_bwd_impl<float>(q, k, v, dout, lse, delta, dq, dk, dv, scale, causal, q_block, kv_block, false, drop);
   else
     TORCH_CHECK(false, "flash_bwd: bf16 or f32");
 }
 
 void flash_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& o, at::Tensor& lse,
                double scale, int64_t causal, bool inf_as_zero, int64_t q_block, int64_t kv_block, bool use_vnni,
-               bool keys_as_rows) {
+               bool keys_as_rows, int64_t seed, int64_t offset, int64_t threshold, double inv_keep) {
+  const nnprim_native::Dropout drop(seed, offset, threshold, inv_keep);
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "last dims must be contiguous");
   TORCH_CHECK(o.is_contiguous() && lse.is_contiguous() && o.scalar_type() == q.scalar_type(),
               "o: contiguous, q's dtype");
   TORCH_CHECK(kv_block % NB == 0 && q_block > 0, "kv_block must be a multiple of 64");
   if (q.scalar_type() == at::kBFloat16)
     flash_fwd_impl<at::BFloat16>(q, k, v, o, lse, scale, causal, inf_as_zero, q_block, kv_block, use_vnni,
-                                 keys_as_rows);
+                                 keys_as_rows, drop);
   else if (q.scalar_type() == at::kFloat)
-    flash_fwd_impl<float>(q, k, v, o, lse, scale, causal, inf_as_zero, q_block, kv_block, false, keys_as_rows);
+    flash_fwd_impl<float>(q, k, v, o, lse, scale, causal, inf_as_zero, q_block, kv_block, false, keys_as_rows, drop);
   else
     TORCH_CHECK(false, "flash_fwd: bf16 or f32");
 }
@@ -525,9 +549,11 @@ bool vnni_packs() { return cb::could_pack(at::kBFloat16); }
 TORCH_LIBRARY(nnprim_cpu_attn, m) {
   m.def("vnni_packs() -> bool");
   m.def("flash_fwd(Tensor q, Tensor k, Tensor v, Tensor(a!) o, Tensor(b!) lse, float scale, int causal, "
-        "bool inf_as_zero, int q_block, int kv_block, bool use_vnni, bool keys_as_rows=False) -> ()");
+        "bool inf_as_zero, int q_block, int kv_block, bool use_vnni, bool keys_as_rows=False, int seed=0, "
+        "int offset=0, int threshold=0, float inv_keep=1.0) -> ()");
   m.def("flash_bwd(Tensor q, Tensor k, Tensor v, Tensor dout, Tensor lse, Tensor delta, Tensor(a!) dq, "
-        "Tensor(b!) dk, Tensor(c!) dv, float scale, int causal, int q_block, int kv_block, bool use_vnni=False) -> ()");
+        "Tensor(b!) dk, Tensor(c!) dv, float scale, int causal, int q_block, int kv_block, bool use_vnni=False, "
+        "int seed=0, int offset=0, int threshold=0, float inv_keep=1.0) -> ()");
 }
 TORCH_LIBRARY_IMPL(nnprim_cpu_attn, CPU, m) {
   m.impl("flash_fwd", &flash_fwd);
@@ -561,8 +587,8 @@ def scope_reasons(problem: AttentionProblem) -> list[str]:
     reasons = []
     if problem.dtype not in (torch.float32, torch.bfloat16):
         reasons.append(f"dtype {problem.dtype}: bf16 or f32 only (cpu_flash_fwd covers f16)")
-    for what, on in (("masks", problem.mask != "none"), ("dropout", problem.dropout_p > 0),
-                     ("kv_lens", problem.has_kv_lens), ("quantized K/V", bool(problem.k_quant or problem.v_quant)),
+    for what, on in (("masks", problem.mask != "none"), ("kv_lens", problem.has_kv_lens),
+                     ("quantized K/V", bool(problem.k_quant or problem.v_quant)),
                      ("paged K/V", bool(problem.page_size)), ("FP8", problem.fp8),
                      ("a tensor scale", problem.scale == "tensor")):
         if on:
@@ -571,6 +597,16 @@ def scope_reasons(problem: AttentionProblem) -> list[str]:
         reasons.append(f"odd head dims D={problem.D}, Dv={problem.Dv} in bf16 (VNNI pairs)")
     reasons += LIBRARY.missing_reasons()
     return reasons
+
+
+def _dropout(problem: AttentionProblem, args: AttnArgs) -> tuple[int, int, int, float]:
+    """(seed as int64 bits, offset, threshold, 1 / (1 - p)) of the kernels' dropout (threshold 0: none)."""
+    if problem.dropout_p <= 0:
+        return 0, 0, 0, 1.0
+    seed = seed_value(args.seed) & (2 ** 64 - 1)
+    seed = seed - 2 ** 64 if seed >= 2 ** 63 else seed
+    offset = args.offset - 2 ** 64 if args.offset >= 2 ** 63 else args.offset
+    return seed, offset, dropout_threshold(problem.dropout_p), dropout_scale(problem.dropout_p)
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -623,7 +659,7 @@ def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLO
         kv_block = KV_BLOCK_VNNI if packs else KV_BLOCK     # AMX's block; avx512_bf16 alone keeps 1024
     vnni = vnni and vnni_packs(ops)
     ops.flash_fwd(q, k, v, o, lse, scale, _CAUSAL[problem.causal], problem.inf_as_zero, q_block, kv_block, vnni,
-                  by_keys)
+                  by_keys, *_dropout(problem, args))
     return o, lse
 
 
@@ -641,7 +677,8 @@ def backward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = BWD_
     dk, dv = _empty(tuple(k.shape)), _empty(tuple(v.shape))
     vnni = (vnni and problem.dtype == torch.bfloat16 and q_block % 2 == 0 and kv_block % 64 == 0
             and vnni_packs(ops))
-    ops.flash_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, _CAUSAL[problem.causal], q_block, kv_block, vnni)
+    ops.flash_bwd(q, k, v, do, lse, delta, dq, dk, dv, scale, _CAUSAL[problem.causal], q_block, kv_block, vnni,
+                  *_dropout(problem, args))
     return tuple(t if t.dtype == r.dtype else t.to(r.dtype) for t, r in ((dq, args.q), (dk, args.k), (dv, args.v)))
 
 

@@ -103,7 +103,7 @@ def test_scope_and_selection(monkeypatch):
     s = REGISTRY.get("cpu_flash_fwd_native")
     q, k, v = (rnd(1, 2, 64, 32, dtype=torch.bfloat16, seed=i) for i in range(3))
     assert s.is_applicable(AttentionProblem.from_tensors(q, k, v))
-    for kw, why in ((dict(attn_mask=torch.ones(64, 64, dtype=torch.bool)), "masks"), (dict(dropout_p=0.1), "dropout"),
+    for kw, why in ((dict(attn_mask=torch.ones(64, 64, dtype=torch.bool)), "masks"),
                     (dict(kv_lens=torch.tensor([10])), "kv_lens")):
         assert any(why in r for r in s.not_supported_reasons(AttentionProblem.from_tensors(q, k, v, **kw)))
     assert not s.is_applicable(AttentionProblem.from_tensors(q.half(), k.half(), v.half()))
@@ -173,6 +173,57 @@ def torch_grads(q, k, v, do, causal):
     o = torch.nn.functional.scaled_dot_product_attention(qa, ka.repeat_interleave(G, 1), va.repeat_interleave(G, 1),
                                                          attn_mask=mask)
     return [g.nan_to_num() for g in torch.autograd.grad(o, (qa, ka, va), do)]
+
+
+DROP = dict(dropout_p=0.3, seed=2 ** 40 + 77, offset=2 ** 33 + 5)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("blocks", [BLOCKS[0], BLOCKS[3]], ids=["default", "tiny"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("causal", [None, "bottom_right"])
+def test_dropout_forward_against_reference(causal, dtype, blocks, layout):
+    """The keep flags of nnprim.dropout per tile row: the kept P scaled before P V, lse of all."""
+    if dtype == torch.float32 and layout == "plain":
+        pytest.skip("f32 has no VNNI layout")
+    q, k, v = rnd(2, 4, 70, 64, dtype=dtype, seed=1), rnd(2, 2, 130, 64, dtype=dtype, seed=2), \
+        rnd(2, 2, 130, 48, dtype=dtype, seed=3)
+    p = AttentionProblem.from_tensors(q, k, v, return_lse=True, causal=causal, dropout_p=DROP["dropout_p"])
+    assert REGISTRY.get("cpu_flash_fwd_native").is_applicable(p)
+    a = AttnArgs(q, k, v, seed=DROP["seed"], offset=DROP["offset"])
+    o, lse = cfn.forward(p, a, cfn.LIBRARY.ops(), *blocks, vnni=layout == "vnni", by_keys=layout == "keys")
+    ro, rl = reference_forward(p, a)
+    check(o, lse, ro, rl, dtype)
+    plain, _ = reference_forward(AttentionProblem.from_tensors(q, k, v, return_lse=True, causal=causal), a)
+    assert (o.double() - plain).abs().max() > 0.1                # the mask did apply
+
+
+@pytest.mark.parametrize("layout", ["vnni", "plain"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("causal", [None, "top_left"])
+def test_dropout_backward_against_reference(causal, dtype, layout):
+    if dtype == torch.float32 and layout == "vnni":
+        pytest.skip("f32 has no VNNI layout")
+    q, k, v, do = (rnd(1, h, S, d, dtype=dtype, seed=i) for i, (h, S, d) in
+                   enumerate(((4, 70, 64), (2, 130, 64), (2, 130, 48), (4, 70, 48))))
+    p = AttentionProblem.from_tensors(q, k, v, causal=causal, direction="bwd", return_lse=True,
+                                      dropout_p=DROP["dropout_p"])
+    assert REGISTRY.get("cpu_flash_bwd_native").is_applicable(p)
+    a0 = AttnArgs(q, k, v, seed=DROP["seed"], offset=DROP["offset"])
+    o, lse = reference_forward(p, a0)
+    a = AttnArgs(q, k, v, do=do, o=o.to(dtype), lse=lse.float(), seed=DROP["seed"], offset=DROP["offset"])
+    got = cfn.backward(p, a, cfn.LIBRARY.ops(), vnni=layout == "vnni")
+    for name, x, r in zip(("dq", "dk", "dv"), got, reference_backward(p, a)):
+        assert torch.isfinite(x).all(), name
+        err = ((x.double() - r).norm() / r.norm()).item()
+        assert err < (2e-6 if dtype == torch.float32 else 1.5e-2), (name, err)
+
+
+def test_dropout_through_the_public_api_matches_the_torch_op_solvers():
+    q, k, v = (rnd(1, 2, 40, 32, dtype=torch.float32, seed=i).requires_grad_() for i in range(3))
+    o = nnprim.sdpa(q, k, v, dropout_p=0.2, seed=9, solver="cpu_flash_fwd_native")
+    ref = nnprim.sdpa(q, k, v, dropout_p=0.2, seed=9, solver="cpu_flash_fwd")
+    assert torch.allclose(o, ref, atol=1e-5)
 
 
 def test_autograd_through_the_public_api():
