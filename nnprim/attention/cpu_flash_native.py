@@ -231,6 +231,7 @@ void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   float* lp = lse.data_ptr<float>();
   at::parallel_for(0, B * Hq * nqb, 1, [&](int64_t s, int64_t e) {
     std::vector<float> S(QB * KB), acc(QB * DvP), m(QB), l(QB), St(keys_as_rows ? KB * QB : 0);
+    std::vector<float> keep(drop.on() ? KB : 0);        // a row's dropout factors
     std::vector<T> P(BF ? QB * KB : 0), qt(keys_as_rows ? D * QB : 0);
     for (int64_t w = s; w < e; ++w) {
       const int64_t bhq = w / nqb, r0 = (w % nqb) * QB;
@@ -276,12 +277,12 @@ void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
             else sum = exp_row(srow, srow, n, width, scale, mi);
           }
           if (drop.on() && mi != NEG_INF) {   // l sums the kept and the dropped; P V takes the kept, scaled
-            const uint64_t base = drop.row_base(bhq * Sq + r0 + i, Sk) + static_cast<uint64_t>(k0);
+            drop.factors(drop.row_base(bhq * Sq + r0 + i, Sk) + static_cast<uint64_t>(k0), n, keep.data());
             if constexpr (BF) {
               T* prow = P.data() + i * KB;
-              for (int64_t j = 0; j < n; ++j) prow[j] = static_cast<T>(static_cast<float>(prow[j]) * drop.factor(base, j));
+              for (int64_t j = 0; j < n; ++j) prow[j] = static_cast<T>(static_cast<float>(prow[j]) * keep[j]);
             } else {
-              for (int64_t j = 0; j < n; ++j) srow[j] *= drop.factor(base, j);
+              for (int64_t j = 0; j < n; ++j) srow[j] *= keep[j];
             }
           }
           if (alpha != 1.f) scale_row(acc.data() + i * DvP, Dv, alpha);
@@ -367,6 +368,7 @@ void flash_bwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     std::vector<T> kw(vnni ? nkb * D * NB : 0), vw(vnni ? nkb * Dv * NB : 0), kr(vnni ? ndk * SkE * NB : 0),
         qr(vnni ? G * ndk * SqE * NB : 0), dor(vnni ? G * ndv * SqE * NB : 0);
     std::vector<float> S((QB + 1) * KB), dP((QB + 1) * KB), dka(KB * D), dva(KB * Dv);
+    std::vector<float> keep(drop.on() ? KB : 0);        // a row's dropout factors
     // rows [0, n) of src (row stride ld, cols columns) in pairs, 64-column blocks of R rows: dst
     // [cols/64][R][64] (R even; rows past n zero)
     auto pairs = [&](const T* src, int64_t ld, int64_t n, int64_t cols, int64_t R, T* dst) {
@@ -442,9 +444,14 @@ void flash_bwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
               const fVec vs(scale), vl(l), vd(di);
               int64_t j = 0;
               if (drop.on()) {   // dV takes the kept P (scaled); dS = P (dP kept, scaled - D)
-                const uint64_t base = drop.row_base(bhq * Sq + r0 + i, Sk) + static_cast<uint64_t>(k0);
+                drop.factors(drop.row_base(bhq * Sq + r0 + i, Sk) + static_cast<uint64_t>(k0), n, keep.data());
+                for (; j + fVec::size() <= n; j += fVec::size()) {
+                  const fVec p = at::vec::fmsub(fVec::loadu(srow + j), vs, vl).exp_u20(), f = fVec::loadu(keep.data() + j);
+                  (p * f).store(srow + j);
+                  (p * (fVec::loadu(prow + j) * f - vd)).store(prow + j);
+                }
                 for (; j < n; ++j) {
-                  const float p = std::exp(srow[j] * scale - l), f = drop.factor(base, j);
+                  const float p = std::exp(srow[j] * scale - l), f = keep[j];
                   srow[j] = p * f;
                   prow[j] = p * (prow[j] * f - di);
                 }
