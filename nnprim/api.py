@@ -429,7 +429,7 @@ def _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv
 
     def make():
         opts = _options(attn_mask, causal, scale, invert_scale, 0.0, seed, offset, kv_lens, softmax_inf_as_zero)
-        attn_ops._check_counters(seed, offset)
+        attn_ops._check_counters(seed, offset, q.device)
         attn_ops._check_lens(kv_lens, k.data if type(k) is KVQuant else k, block_table)
         return attn_ops.problem("fwd", q, k, v, *opts, return_lse, block_table=block_table)
 

@@ -112,10 +112,10 @@ def dropout_counter(offset: int, b, h, rows, cols, Hq: int, Sq: int, Sk: int) ->
     b, h, rows, cols = t(b), t(h), t(rows), t(cols)
     dev = next((x.device for x in (b, h, rows, cols) if x.dim() > 0), b.device)
     b, h, rows, cols = (x.to(dev) for x in (b, h, rows, cols))
-    return ((b * Hq + h) * Sq + rows) * Sk + cols + _wrap64(offset)
+    return ((b * Hq + h) * Sq + rows) * Sk + cols + wrap64(offset)
 
 
-def _wrap64(v: int) -> int:
+def wrap64(v: int) -> int:
     """v mod 2**64 as a signed int64 value."""
     v &= (1 << 64) - 1
     return v - (1 << 64) if v >= 1 << 63 else v
@@ -148,7 +148,7 @@ def dropout_keep_block(seed: int, offset: int, b, h, rows, cols, Hq: int, Sq: in
         if native is not None:
             bases = dropout_counter(offset, b, h, rows, 0, Hq, Sq, Sk)
             if bases.dim() == cols.dim() and bases.shape[-1] == 1:
-                flags = native.keep_rows(_wrap64(seed), bases.reshape(-1), span[0], span[1], threshold)
+                flags = native.keep_rows(wrap64(seed), bases.reshape(-1), span[0], span[1], threshold)
                 return flags.view(*bases.shape[:-1], span[1])
     r = philox_randint(seed, dropout_counter(offset, b, h, rows, cols, Hq, Sq, Sk))
     return r >= threshold

@@ -87,7 +87,6 @@ struct Dropout {
   uint32_t k0 = 0, k1 = 0;
   uint64_t offset = 0, threshold = 0;
   float inv_keep = 1.f;
-  Dropout() = default;
   Dropout(int64_t seed, int64_t off, int64_t thr, double inv)
       : k0(static_cast<uint32_t>(static_cast<uint64_t>(seed))),
         k1(static_cast<uint32_t>(static_cast<uint64_t>(seed) >> 32)),

@@ -48,7 +48,7 @@ import torch
 
 from .. import alloc
 from ..args import AttnArgs
-from ..dropout import dropout_scale, dropout_threshold, seed_value
+from ..dropout import dropout_scale, dropout_threshold, seed_value, wrap64
 from ..native import NATIVE_HELPERS, NativeLibrary
 from ..problems.attention import AttentionProblem
 from ..search.solver import register
@@ -610,10 +610,8 @@ def _dropout(problem: AttentionProblem, args: AttnArgs) -> tuple[int, int, int, 
     """(seed as int64 bits, offset, threshold, 1 / (1 - p)) of the kernels' dropout (threshold 0: none)."""
     if problem.dropout_p <= 0:
         return 0, 0, 0, 1.0
-    seed = seed_value(args.seed) & (2 ** 64 - 1)
-    seed = seed - 2 ** 64 if seed >= 2 ** 63 else seed
-    offset = args.offset - 2 ** 64 if args.offset >= 2 ** 63 else args.offset
-    return seed, offset, dropout_threshold(problem.dropout_p), dropout_scale(problem.dropout_p)
+    return (wrap64(seed_value(args.seed)), wrap64(args.offset), dropout_threshold(problem.dropout_p),
+            dropout_scale(problem.dropout_p))
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:

@@ -404,7 +404,7 @@ def dropout_args(problem, args) -> tuple[int, int, int, float]:
 
 
 def _fwd_plan(problem, args, *, use_tma: bool, with_lse: bool):
-    """(scalar tail, constexpr flags, the tail index of the dropout seed) of one forward
+    """(scalar tail, constexpr flags, the tail index of the dropout seed or None) of one forward
     launch: every kernel argument but the pointers, fixed by the problem, the input strides
     and the per-call scalars."""
     q, k, v = args.q, args.k, args.v
@@ -424,7 +424,7 @@ def _fwd_plan(problem, args, *, use_tma: bool, with_lse: bool):
         INF_AS_ZERO=problem.inf_as_zero, STORE_LSE=with_lse, USE_TMA=use_tma,
         UPCAST=interpreting() and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
         SCALE_POS=scale_t is None and scale > 0, PAGE=problem.page_size)
-    return tail, flags, len(head)
+    return tail, flags, len(head) if problem.dropout_p > 0 else None
 
 
 def _pointers(problem, args, o, lse):
@@ -506,8 +506,7 @@ class ForwardPlan:
         p, cfg = self.problem, self.cfg
         use_tma = use_tma_for(p, args, cfg.block_n)
         tail, flags, at = _fwd_plan(p, args, use_tma=use_tma, with_lse=p.return_lse)
-        return Launch(_flash_fwd_kernel, _grid(p, cfg), tail, counters_at=at if p.dropout_p > 0 else None,
-                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        return Launch(_flash_fwd_kernel, _grid(p, cfg), tail, counters_at=at, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       num_warps=cfg.num_warps, num_stages=pipeline_stages(cfg.num_stages, p.page_size),
                       WS=cfg.warp_specialize and use_tma and not p.page_size, **flags)
 

@@ -87,11 +87,11 @@ def _tkey(t: torch.Tensor | None):
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
-def _check_counters(seed, offset: int, device: torch.device | None = None) -> None:
+def _check_counters(seed, offset: int, device: torch.device) -> None:
     """Every call (the memo skips the problem's checks): an int seed must be >= 0; a device
     seed one int64 element on q's device (its value is the caller's: reading it would sync)."""
     if isinstance(seed, torch.Tensor):
-        check_device_seed(seed, device if device is not None else seed.device)
+        check_device_seed(seed, device)
     elif seed < 0:
         raise BadParameterError(f"seed={seed} must be non-negative")
     if offset < 0:

@@ -203,11 +203,11 @@ class AttentionProblem:
             raise BadParameterError(f"scale={scale!r} must be None, a float or a one-element tensor")
         if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
             raise BadParameterError(f"dropout_p={dropout_p!r} must be a float in [0, 1)")
-        if isinstance(seed, torch.Tensor):
+        counters = (("seed", seed), ("offset", offset))
+        if isinstance(seed, torch.Tensor):     # a device seed (nnprim.dropout)
             check_device_seed(seed, q.device)
-        for name, val in (("seed", seed), ("offset", offset)):
-            if isinstance(val, torch.Tensor) and name == "seed":
-                continue
+            counters = counters[1:]
+        for name, val in counters:
             if isinstance(val, bool) or not isinstance(val, int) or val < 0 or val >= 2**63:
                 raise BadParameterError(f"{name}={val!r} must be a non-negative int below 2**63"
                                         + (" or a one-element int64 tensor on q's device" if name == "seed" else ""))

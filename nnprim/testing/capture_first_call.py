@@ -51,8 +51,6 @@ def _case(case: str) -> tuple[Callable, Callable]:
 def main() -> None:
     case = sys.argv[1]
     fn, ref = _case(case)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     res: dict = {"case": case}
     with warnings.catch_warnings(record=True) as caught:
