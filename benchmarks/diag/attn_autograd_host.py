@@ -10,11 +10,8 @@ thread: what the device thread costs, and a cProfile that sees our backward).
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
 import os
-import pstats
 import sys
 
 import torch
@@ -24,19 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import nnprim  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from host_clock import host_us  # noqa: E402
-
-
-def profile(fn, n: int = 50, top: int = 25) -> str:
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(n):
-        fn()
-    pr.disable()
-    torch.cuda.synchronize()
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
-    return s.getvalue()
+from host_clock import host_us, profile_text  # noqa: E402
 
 
 def main() -> None:
@@ -68,7 +53,7 @@ def main() -> None:
         row["backward_only_calling_thread"] = host_us(lambda: kept.backward(do, retain_graph=True))
         row["fwd_bwd_autograd_calling_thread"] = host_us(ours)
         row["torch_fwd_bwd_calling_thread"] = host_us(torchs)
-        prof = profile(ours)
+        prof = profile_text(ours)
     finally:
         torch.autograd.set_multithreading_enabled(True)
     print(json.dumps(row), flush=True)

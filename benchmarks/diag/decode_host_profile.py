@@ -7,12 +7,9 @@ Usage: NNPRIM_CACHE_DIR=$(mktemp -d) python benchmarks/diag/decode_host_profile.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
 import os
 import pathlib
-import pstats
 import sys
 from functools import partial
 
@@ -23,7 +20,7 @@ import nnprim  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from api_choice_ragged import ragged_inputs  # noqa: E402
-from host_clock import host_us  # noqa: E402
+from host_clock import host_us, profile_text  # noqa: E402
 from paged_q4_probe import paginate  # noqa: E402
 
 
@@ -46,16 +43,7 @@ def main() -> None:
             if fn is not None:
                 fn()
                 row[lab] = host_us(fn, calls=300)
-        prof = cProfile.Profile()
-        torch.cuda.synchronize()
-        prof.enable()
-        for _ in range(300):
-            fns["api"]()
-        prof.disable()
-        torch.cuda.synchronize()
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(22)
-        row["profile"] = s.getvalue()[-6000:]
+        row["profile"] = profile_text(fns["api"], calls=300, top=22)[-6000:]
         print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
         print(row["profile"][-4500:], flush=True)
         rows.append(row)

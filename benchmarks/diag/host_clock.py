@@ -1,7 +1,11 @@
 """The host clock of the host-time diagnostics: microseconds per call of calls issued back to
-back without syncs (the GPU runs behind), the best of several repeats."""
+back without syncs (the GPU runs behind), the best of several repeats; and a cProfile of such
+calls (own time first)."""
 from __future__ import annotations
 
+import cProfile
+import io
+import pstats
 import time
 
 import torch
@@ -20,3 +24,17 @@ def host_us(fn, calls: int = 100, repeats: int = 5, warmup: int = 3) -> float:
         torch.cuda.synchronize()
         best = min(best, (t1 - t0) / calls * 1e6)
     return round(best, 1)
+
+
+def profile_text(fn, calls: int = 50, top: int = 25) -> str:
+    """pstats of `calls` calls of fn, by own time, `top` rows."""
+    pr = cProfile.Profile()
+    torch.cuda.synchronize()
+    pr.enable()
+    for _ in range(calls):
+        fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    return s.getvalue()
