@@ -55,6 +55,10 @@
 #   autograd_host  sdpa forward + backward through autograd: host us of each part, autograd's device
 #              thread against the calling thread, cProfile (benchmarks/diag/attn_autograd_host.py; 2026-12-04:
 #              592 us of host against 37 + 146 us called directly, torch's 287)
+#   autograd_parts  what autograd itself costs around sdpa's backward: direct, through the Function,
+#              autograd.grad on the device thread and the calling thread, torch's SDPA and a trivial
+#              Function of the same arity (benchmarks/diag/autograd_parts.py; 2026-12-04: the host of the
+#              H200 machine moved 2x between calls, our fwd+bwd 2.0-2.8x torch's)
 #   refind     nnprim db build-system --refind-solver $SOLVERS (default 127) [--refind-key $KEYS] into the shipped db
 #   conv_probes  benchmarks/stem_probe.py, benchmarks/gluon_conv_bwd_probe.py (solver level) and
 #              benchmarks/pointwise_probe.py (the 1x1 layers through the API)
@@ -125,7 +129,10 @@ sys.exit(fuzz.run([c for c in fuzz.suite('gpu') if getattr(c.spec, 'dropout_p', 
       > "$OUT/fuzz_dropout_$D.log" 2>&1; echo "fuzz rc $?"; python3 -m nnprim.testing.fuzz summary "$OUT/fuzz_dropout_$D.jsonl" | tail -12 ;;
   autograd_host)
     NNPRIM_CACHE_DIR=$(mktemp -d) timeout 150 python3 benchmarks/diag/attn_autograd_host.py \
-      --out "$OUT/attn_autograd_host_$D.json" 2>&1 | grep -v Warn | cut -c1-160 | head -45 ;;
+      --out "$OUT/attn_autograd_host_$D.json" --trace "$OUT/attn_autograd_trace_$D.json" 2>&1 | grep -v Warn | cut -c1-200 | head -90 ;;
+  autograd_parts)
+    NNPRIM_CACHE_DIR=$(mktemp -d) timeout 150 python3 benchmarks/diag/autograd_parts.py --profile \
+      --out "$OUT/autograd_parts_$D.json" 2>&1 | grep -v Warn | tail -2 ;;
   fuzz_huge)
     NNPRIM_CACHE_DIR=$(mktemp -d) NNPRIM_FUZZ_SUBSET=huge timeout 500 python3 -m pytest -q -p no:cacheprovider \
       tests/gpu/test_fuzz.py -rfE --tb=line > "$OUT/fuzz_huge_$D.log" 2>&1

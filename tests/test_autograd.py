@@ -46,6 +46,29 @@ def test_sdpa_gradcheck_dropout_kv_lens():
     assert torch.autograd.gradcheck(f, (q, k, v))
 
 
+def test_sdpa_backward_memoised_by_the_forward_call():
+    """The autograd backward of a memoised forward call is keyed by that call: the same
+    gradients as sdpa_backward called directly, on repeated calls and for a gradient that
+    reaches o non-contiguous (through a transpose)."""
+    from nnprim.search.context import context
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 4, 9, 8, generator=g) for _ in range(3))
+    w = torch.randn(2, 9, 4, 8, generator=g)
+    o, lse = nnprim.sdpa(q, k, v, causal="top_left", return_lse=True)
+    do = w.transpose(1, 2)
+    keyed = lambda: {key for key in context("cpu").calls if type(key) is tuple and key[0] == "bwd_of"}
+    before = keyed()
+    want = nnprim.sdpa_backward(do, q, k, v, o, lse, causal="top_left")
+    for _ in range(3):
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        og = nnprim.sdpa(qg, kg, vg, causal="top_left")
+        (og.transpose(1, 2) * w).sum().backward()
+        for got, ref in zip((qg.grad, kg.grad, vg.grad), want):
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    assert len(keyed() - before) == 1
+
+
 def test_nn_modules_train_step():
     torch.manual_seed(0)
     conv = nnprim.nn.Conv2d(3, 4, 3, padding=1, post_ops=[nnprim.Eltwise("relu")])

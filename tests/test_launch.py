@@ -74,3 +74,40 @@ def test_launches_by_address_only_when_ready(monkeypatch):
                                                                             (("enc:q",), (8192, 6))]
     monkeypatch.setattr(L, "_hooked", lambda: True)
     assert not ln.ready()
+
+
+class _Run:
+    """A stand-in for Triton's CudaLauncher: its C launcher and scratch sizes."""
+
+    def __init__(self, scratch: int = 0):
+        self.global_scratch_size, self.profile_scratch_size = scratch, 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.calls: list = []
+        self.launch = lambda *a: self.calls.append(("raw", a))
+
+    def __call__(self, *a):
+        self.calls.append(("wrapper", a))
+
+
+class _Compiled:
+    def __init__(self, scratch: int = 0):
+        self.run, self.function, self.packed_metadata = _Run(scratch), "fn", "meta"
+
+
+def test_direct_launch_skips_the_wrapper_only_without_scratch(monkeypatch):
+    """A planned kernel that needs no scratch goes to the C launcher with the arguments
+    Triton's wrapper would give it; one with global scratch keeps the wrapper (which
+    allocates that scratch per launch)."""
+    monkeypatch.setattr(L, "_stream", lambda: 7)
+    for scratch, kind in ((0, "raw"), (256, "wrapper")):
+        c = _Compiled(scratch)
+        ln = L.Launch.__new__(L.Launch)
+        ln.grid, ln.full_tail, ln.tma, ln.direct = (4, 2, 1), ("t", 3), None, L._direct(c)
+        ln._fast(c, (1024, 2048))
+        (got, args), = c.run.calls
+        assert got == kind
+        if kind == "raw":
+            assert args == (4, 2, 1, 7, "fn", False, True, None, None, "meta", None, None, None, 1024, 2048, "t", 3)
+        else:
+            assert args == (4, 2, 1, 7, "fn", "meta", None, None, None, 1024, 2048, "t", 3)
+    assert L._direct(object()) is None       # another Triton's launcher: the wrapper path

@@ -11,30 +11,35 @@ import time
 import torch
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def host_us(fn, calls: int = 100, repeats: int = 5, warmup: int = 3) -> float:
     for _ in range(warmup):
         fn()
     best = float("inf")
     for _ in range(repeats):
-        torch.cuda.synchronize()
+        _sync()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         t1 = time.perf_counter()
-        torch.cuda.synchronize()
+        _sync()
         best = min(best, (t1 - t0) / calls * 1e6)
     return round(best, 1)
 
 
-def profile_text(fn, calls: int = 50, top: int = 25) -> str:
-    """pstats of `calls` calls of fn, by own time, `top` rows."""
+def profile_text(fn, calls: int = 50, top: int = 25, sort: str = "tottime") -> str:
+    """pstats of `calls` calls of fn, by `sort` (own time), `top` rows."""
     pr = cProfile.Profile()
-    torch.cuda.synchronize()
+    _sync()
     pr.enable()
     for _ in range(calls):
         fn()
     pr.disable()
-    torch.cuda.synchronize()
+    _sync()
     s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    pstats.Stats(pr, stream=s).sort_stats(sort).print_stats(top)
     return s.getvalue()
