@@ -360,6 +360,9 @@ def _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
         raise BadParameterError(f"dropout_p={dropout_p!r} must be a float in [0, 1)")
     sc, sct = _scale(scale)
+    for name, t in (("attn_mask", attn_mask), ("kv_lens", kv_lens)):
+        if t is not None:
+            check_tensor(name, t)
     return (attn_mask, sct, kv_lens, normalize_causal(causal) or "", sc, bool(invert_scale), float(dropout_p),
             _counter("seed", seed), _counter("offset", offset), bool(softmax_inf_as_zero))
 

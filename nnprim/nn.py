@@ -7,6 +7,14 @@ import torch
 from torch import nn
 
 from .api import conv_forward, sdpa
+from .errors import BadParameterError
+from .problems.attention import normalize_causal
+
+
+def _positive(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise BadParameterError(f"{name}={v!r} must be a positive int")
+    return v
 
 
 class _ConvNd(nn.Module):
@@ -17,6 +25,16 @@ class _ConvNd(nn.Module):
                  device=None, dtype=None) -> None:
         super().__init__()
         ks = (kernel_size,) * self.ndim if isinstance(kernel_size, int) else tuple(kernel_size)
+        # torch.nn.ConvNd's checks, as nnprim errors (the rest, stride / padding / dilation,
+        # conv_forward checks against the input)
+        _positive("in_channels", in_channels)
+        _positive("out_channels", out_channels)
+        _positive("groups", groups)
+        if len(ks) != self.ndim or not all(isinstance(k, int) and not isinstance(k, bool) and k > 0 for k in ks):
+            raise BadParameterError(f"kernel_size={kernel_size!r} must be a positive int or {self.ndim} of them")
+        for name, c in (("in_channels", in_channels), ("out_channels", out_channels)):
+            if c % groups:
+                raise BadParameterError(f"{name}={c} must be divisible by groups={groups}")
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         self.post_ops = tuple(post_ops)
         kw = dict(device=device, dtype=dtype)
@@ -57,9 +75,20 @@ class Attention(nn.Module):
                  head_dim: int | None = None, bias: bool = True, causal=None, dropout: float = 0.0,
                  device=None, dtype=None) -> None:
         super().__init__()
+        _positive("embed_dim", embed_dim)
+        _positive("num_heads", num_heads)
         self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads or num_heads
-        self.head_dim = head_dim or embed_dim // num_heads
+        self.num_kv_heads = _positive("num_kv_heads", num_kv_heads or num_heads)
+        if num_heads % self.num_kv_heads:
+            raise BadParameterError(f"num_heads={num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
+        if head_dim is None and embed_dim % num_heads:
+            raise BadParameterError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads} "
+                                    "(or give head_dim)")
+        self.head_dim = _positive("head_dim", head_dim or embed_dim // num_heads)
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise BadParameterError(f"dropout={dropout!r} must be a float in [0, 1)")
+        normalize_causal(causal)     # raises for a bad value now, not at the first forward
+        self.embed_dim = embed_dim
         self.causal, self.dropout = causal, dropout
         kw = dict(bias=bias, device=device, dtype=dtype)
         self.q_proj = nn.Linear(embed_dim, num_heads * self.head_dim, **kw)
@@ -69,8 +98,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
                 attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        B, S, _ = x.shape
         mem = x if memory is None else memory
+        for name, t in (("x", x), ("memory", mem)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[-1] != self.embed_dim or \
+                    t.shape[0] != x.shape[0]:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise BadParameterError(f"{name} {got} must be (B, S, embed_dim={self.embed_dim})"
+                                        + (f" with x's B={x.shape[0]}" if name == "memory" else ""))
+        B, S, _ = x.shape
         Sk = mem.shape[1]
         q = self.q_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(mem).view(B, Sk, self.num_kv_heads, self.head_dim).transpose(1, 2)

@@ -147,6 +147,9 @@ def _bwd_problem(direction: str, dy, t, shape, stride, padding, dilation, groups
         shape = tuple(int(v) for v in shape)
     except (TypeError, ValueError):
         raise BadParameterError(f"{'x' if other == 'w' else 'w'}_shape={shape!r} must be a sequence of ints") from None
+    if len(shape) != dy.dim():
+        raise BadParameterError(f"{'x' if other == 'w' else 'w'}_shape={shape} has {len(shape)} dims but dy has "
+                                f"{dy.dim()} (shape {tuple(dy.shape)})")
     x_shape, w_shape = (shape, tuple(t.shape)) if direction == "bwd_data" else (tuple(t.shape), shape)
     layout = layout_of(dy) if direction == "bwd_data" else layout_of(t)
     p = ConvProblem.create(direction, x_shape, w_shape, dtype=dy.dtype, layout=layout, device=dy.device.type,
