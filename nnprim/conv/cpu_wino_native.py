@@ -26,7 +26,9 @@ SOURCE = r"""
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <utility>
 #include <vector>
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -231,6 +233,159 @@ void output_rows(const float* Mp, const float* bias, float* y, int64_t sn, int64
   });
 }
 
+// ---- the fused forward: per group of tile rows, V and M stay in this core's cache ----------
+// c (MB x 16 NV f32, row stride ldc) = a (MB rows lda apart, depth C) . b (C rows ldb apart, 16 NV
+// columns): the accumulators stay in registers over the whole depth
+template <int MB, int NV>
+void f32_tile(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t C, float* c, int64_t ldc) {
+  v16 acc[MB][NV];
+  for (int i = 0; i < MB; ++i)
+    for (int v = 0; v < NV; ++v) acc[i][v] = v16{};
+  for (int64_t k = 0; k < C; ++k) {
+    v16 bv[NV];
+    for (int v = 0; v < NV; ++v) std::memcpy(&bv[v], b + k * ldb + L * v, sizeof(v16));
+    for (int i = 0; i < MB; ++i) {
+#ifdef NNPRIM_WINO_AVX512
+      const __m512 s = _mm512_set1_ps(a[i * lda + k]);
+      for (int v = 0; v < NV; ++v) acc[i][v] = (v16)_mm512_fmadd_ps(s, (__m512)bv[v], (__m512)acc[i][v]);
+#else
+      const float s = a[i * lda + k];
+      for (int v = 0; v < NV; ++v) acc[i][v] += s * bv[v];
+#endif
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int v = 0; v < NV; ++v) std::memcpy(c + i * ldc + L * v, &acc[i][v], sizeof(v16));
+}
+
+using F32Tile = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+template <int NV, int... M>
+constexpr std::array<F32Tile, sizeof...(M)> f32_table(std::integer_sequence<int, M...>) {
+  return {&f32_tile<M + 1, NV>...};
+}
+
+// c (G x K, row stride K) = a (G x C) . b (C x K), K a multiple of 16: row blocks of at most 6 (the
+// accumulators and B's 4 vectors in 32 registers), split evenly (no 1- or 2-row tail)
+void f32_gemm(const float* a, const float* b, float* c, int64_t G, int64_t C, int64_t K) {
+  static const std::array<F32Tile, 6> t1 = f32_table<1>(std::make_integer_sequence<int, 6>{});
+  static const std::array<F32Tile, 6> t2 = f32_table<2>(std::make_integer_sequence<int, 6>{});
+  static const std::array<F32Tile, 6> t3 = f32_table<3>(std::make_integer_sequence<int, 6>{});
+  static const std::array<F32Tile, 6> t4 = f32_table<4>(std::make_integer_sequence<int, 6>{});
+  const int64_t nt = (G + 5) / 6;
+  for (int64_t k0 = 0; k0 < K; k0 += 4 * L) {
+    const int nv = (int)std::min<int64_t>(4, (K - k0) / L);
+    const auto& tab = nv == 4 ? t4 : nv == 3 ? t3 : nv == 2 ? t2 : t1;
+    for (int64_t i = 0, g0 = 0; i < nt; ++i) {
+      const int64_t mb = G / nt + (i < G % nt);
+      tab[mb - 1](a + g0 * C, C, b + k0, K, C, c + g0 * K + k0, K);
+      g0 += mb;
+    }
+  }
+}
+
+// y block (nb, K, rows, cols; any strides) = A^T [sum_c (B^T d B) U] A (+ bias) of the staged
+// images P (nb, Hp, Wp, C), tile rows [r0 / m, r0 / m + thn); U (A*A, C, K) contiguous, K % 16 == 0.
+// Work items are groups of R whole tile rows: their V (A*A, G, C) and M (A*A, G, K), G = R*TW,
+// live in a per-thread scratch (sized to stay in L2) instead of memory-sized buffers between
+// three passes; an nchw y (sw == 1) is written through output_rows' 16 x 16 transposes
+template <int A>
+void fused_rows(const float* P, const float* U, const float* bias, float* y, int64_t sn, int64_t sk, int64_t sh,
+                int64_t sw, int64_t Hp, int64_t Wp, int64_t C, int64_t K, int64_t r0, int64_t nb, int64_t thn,
+                int64_t TW, int64_t rows, int64_t cols, int64_t R) {
+  constexpr int M = A - 2;
+  const int64_t nq = nb * thn, groups = (nq + R - 1) / R;
+  const bool nchw = sw == 1 && sk != 1;
+  at::parallel_for(0, groups, 1, [&](int64_t q0, int64_t q1) {
+    thread_local std::vector<float> scratch;
+    const int64_t G = R * TW;
+    const size_t need = (size_t)A * A * G * (C + K) + (size_t)M * TW * M * L;
+    if (scratch.size() < need) scratch.resize(need);
+    float* V = scratch.data();
+    float* Mt = V + (size_t)A * A * G * C;
+    float* loc = Mt + (size_t)A * A * G * K;
+    v16 d[A * A], h[A * A], z[M * A], o[M * M];
+    for (int64_t grp = q0; grp < q1; ++grp) {
+      const int64_t qa = grp * R, qb = std::min(nq, qa + R), g = (qb - qa) * TW;
+      for (int64_t t = 0; t < g; ++t) {                       // input transform into V
+        const int64_t q = qa + t / TW, n = q / thn, th = q % thn, tw = t % TW;
+        const float* base = P + ((n * Hp + r0 + M * th) * Wp + M * tw) * C;
+        for (int64_t c0 = 0; c0 < C; c0 += L) {
+          const int nc = (int)std::min<int64_t>(L, C - c0);
+          for (int i = 0; i < A; ++i)
+            for (int j = 0; j < A; ++j) d[i * A + j] = load(base + (i * Wp + j) * C + c0, nc);
+          for (int j = 0; j < A; ++j) bt<A>(d + j, A, h + j, A);
+          for (int i = 0; i < A; ++i) bt<A>(h + i * A, 1, d + i * A, 1);
+          for (int e = 0; e < A * A; ++e) store(V + ((int64_t)e * g + t) * C + c0, d[e], nc);
+        }
+      }
+      for (int e = 0; e < A * A; ++e)                           // the A*A GEMMs
+        f32_gemm(V + (int64_t)e * g * C, U + (int64_t)e * C * K, Mt + (int64_t)e * g * K, g, C, K);
+      for (int64_t qq = qa; qq < qb; ++qq) {                    // output transform, tile row by row
+        const int64_t n = qq / thn, th = qq % thn, tb = (qq - qa) * TW;
+        const int64_t Rv = std::min<int64_t>(M, rows - M * th);
+        if (Rv <= 0) continue;
+        for (int64_t k0 = 0; k0 < K; k0 += L) {
+          const v16 b = bias ? load(bias + k0, L) : v16{};
+          for (int64_t tw = 0; tw < TW; ++tw) {
+            const int64_t S = std::min<int64_t>(M, cols - M * tw);
+            if (S <= 0) continue;
+            v16 mm[A * A];
+            for (int e = 0; e < A * A; ++e) mm[e] = load(Mt + ((int64_t)e * g + tb + tw) * K + k0, L);
+            for (int j = 0; j < A; ++j) at<A>(mm + j, A, z + j, A);
+            for (int r = 0; r < M; ++r) at<A>(z + r * A, 1, o + r * M, 1);
+            for (int r = 0; r < Rv; ++r)
+              for (int s2 = 0; s2 < M; ++s2) {
+                if (nchw) {
+                  store(loc + ((r * TW + tw) * M + s2) * L, o[r * M + s2] + b, L);
+                } else if (s2 < S) {
+                  float* dst = y + n * sn + (M * th + r) * sh + (M * tw + s2) * sw + k0 * sk;
+                  const v16 val = o[r * M + s2] + b;
+                  if (sk == 1) {
+                    store(dst, val, L);
+                  } else {
+                    float tmp[L];
+                    std::memcpy(tmp, &val, sizeof(tmp));
+                    for (int c = 0; c < L; ++c) dst[c * sk] = tmp[c];
+                  }
+                }
+              }
+          }
+          if (nchw)
+            for (int r = 0; r < Rv; ++r) {
+              float* row = y + n * sn + (M * th + r) * sh + k0 * sk;
+              const float* src = loc + r * TW * M * L;
+              for (int64_t c0 = 0; c0 < cols; c0 += L)
+                transpose16<float>(src + c0 * L, L, row + c0, sk, (int)std::min<int64_t>(L, cols - c0), L);
+            }
+        }
+      }
+    }
+  });
+}
+
+void wino_fused(const at::Tensor& P, const at::Tensor& U, const std::optional<at::Tensor>& bias, const at::Tensor& y,
+                int64_t m, int64_t r0, int64_t thn, int64_t TW, int64_t R) {
+  TORCH_CHECK(P.dim() == 4 && P.is_contiguous() && P.scalar_type() == at::kFloat, "P: contiguous f32 (nb, Hp, Wp, C)");
+  TORCH_CHECK(m == 4 || m == 2, "m must be 2 or 4");
+  const int64_t a = m + 2, nb = P.size(0), Hp = P.size(1), Wp = P.size(2), C = P.size(3);
+  TORCH_CHECK(U.dim() == 3 && U.is_contiguous() && U.scalar_type() == at::kFloat && U.size(0) == a * a &&
+              U.size(1) == C, "U: contiguous f32 (alpha^2, C, K)");
+  const int64_t K = U.size(2);
+  TORCH_CHECK(K % L == 0, "K must be a multiple of 16");
+  TORCH_CHECK(y.dim() == 4 && y.scalar_type() == at::kFloat && y.size(0) == nb && y.size(1) == K,
+              "y: f32 (nb, K, rows, cols)");
+  TORCH_CHECK(y.size(2) <= m * thn && y.size(3) <= m * TW, "y larger than the tiles");
+  TORCH_CHECK(r0 + m * thn + 2 <= Hp && m * TW + 2 <= Wp && R >= 1, "tiles outside P");
+  const float* b = nullptr;
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == K, "bias: f32 (K)");
+    b = bias->data_ptr<float>();
+  }
+  auto fn = m == 4 ? fused_rows<6> : fused_rows<4>;
+  fn(P.data_ptr<float>(), U.data_ptr<float>(), b, y.data_ptr<float>(), y.stride(0), y.stride(1), y.stride(2),
+     y.stride(3), Hp, Wp, C, K, r0, nb, thn, TW, y.size(2), y.size(3), R);
+}
+
 void wino_input(const at::Tensor& P, const at::Tensor& V, int64_t m, int64_t r0, int64_t thn, int64_t TW) {
   TORCH_CHECK(P.dim() == 4 && P.is_contiguous() && P.scalar_type() == at::kFloat, "P: contiguous f32 (nb, Hp, Wp, C)");
   TORCH_CHECK(V.is_contiguous() && V.scalar_type() == at::kFloat, "V: contiguous f32");
@@ -288,11 +443,13 @@ TORCH_LIBRARY(nnprim_cpu, lib) {
   lib.def("wino_input(Tensor P, Tensor(a!) V, int m, int r0, int thn, int TW) -> ()");
   lib.def("wino_output(Tensor Mp, Tensor? bias, Tensor(a!) y, int m, int thn, int TW) -> ()");
   lib.def("wino_stage(Tensor x, Tensor(a!) P, int pt, int pl) -> ()");
+  lib.def("wino_fused(Tensor P, Tensor U, Tensor? bias, Tensor(a!) y, int m, int r0, int thn, int TW, int R) -> ()");
 }
 TORCH_LIBRARY_IMPL(nnprim_cpu, CPU, lib) {
   lib.impl("wino_input", &wino_input);
   lib.impl("wino_output", &wino_output);
   lib.impl("wino_stage", &wino_stage);
+  lib.impl("wino_fused", &wino_fused);
 }
 """
 

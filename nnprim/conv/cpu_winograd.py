@@ -78,6 +78,14 @@ from .winograd_math import VARIANTS, Transform
 BLOCK_BYTES = 8 << 20          # f32 transform buffers (T, V, M, Z) per block on 1 thread (20 % faster
                                # than whole batches); 2x this per thread on more (2 threads: 16 and 32
                                # MiB equally fast, 4 MiB 1.7x slower: fewer, larger OpenMP regions)
+# The fused pass (native wino_fused): each core runs input transform, GEMMs and output transform
+# for a group of tile rows whose V and M (alpha^2 x tiles x (C + K) f32) fit this budget, reading
+# all of U (alpha^2 x C x K f32) per group; so only where U stays in a core's L2. The blocked
+# passes move V and M through memory, which two cores share: rn50_r2_3x3 f32 on this 2-core EPYC
+# spent 2x the CPU time in its transforms on two threads as on one (2026-12-04, perf)
+FUSED_GROUP_BYTES = 256 << 10
+FUSED_U_BYTES = 1 << 20
+USE_FUSED = True                 # tests and A/B runs turn it off
 MIN_TILES = 128                # per block where 4x BLOCK_BYTES allow: (64 x C) . (C x K) GEMMs run
                                # ~15 % slower than (128 x C) ones (rn50_r4: 8 images of 16 tiles)
 MAX_PAD = 2
@@ -189,6 +197,7 @@ class WinoPlan:
     thb: int
     workers: int    # Python workers, each on one core (1: torch's threads inside each op)
     native: bool    # native transforms expected when planned: they write nchw f32 outputs in place
+    fused: bool = False   # the native fused pass per group of tile rows (`fuses`)
 
     def work(self, t: int) -> tuple[WinoBlock, ...]:
         """Worker t's contiguous share of the blocks (balance211)."""
@@ -238,6 +247,13 @@ def _aligned(n: int) -> int:
     return -(-n // 16) * 16     # 64-byte aligned f32 buffers
 
 
+def fuses(p: ConvProblem, m: int) -> bool:
+    """Whether the fused native pass serves p at F(m): its GEMM tile needs K % 16 == 0 and U
+    within FUSED_U_BYTES (larger filters amortise U over the blocked passes' thousands of tiles)."""
+    a = m + 2
+    return USE_FUSED and p.K % 16 == 0 and a * a * p.C * p.K * 4 <= FUSED_U_BYTES and native.expected()
+
+
 def make_plan(p: ConvProblem, m: int, block_bytes: int | None = None, workers: int = 1,
               min_tiles: int | None = None) -> WinoPlan:
     """Blocks of whole images, or of tile rows of one image, each with at most
@@ -270,7 +286,8 @@ def make_plan(p: ConvProblem, m: int, block_bytes: int | None = None, workers: i
         nb = -(-p.N // -(-p.N // nb))    # even split
         thb = TH
         blocks = [WinoBlock(n, min(p.N, n + nb), 0, TH) for n in range(0, p.N, nb)]
-    return WinoPlan(p, m, TH, TW, tuple(blocks), nb, thb, min(workers, len(blocks)), native.expected())
+    return WinoPlan(p, m, TH, TW, tuple(blocks), nb, thb, min(workers, len(blocks)), native.expected(),
+                    fuses(p, m) and workers == 1)
 
 
 # ---- invoker --------------------------------------------------------------------------------
@@ -360,12 +377,12 @@ def wino_fwd(plan: WinoPlan, args: ConvArgs, ws: torch.Tensor, transposed: bool 
     shared, bufs = _carve(plan, ws)
     x = to_layout(args.x, p.layout)
     w = args.w.transpose(0, 1) if transposed else args.w
-    # U = G w G^T as (alpha^2, K, C): one mm reading w as (9, K*C)
-    w9 = shared["w"].view(K, C, 3, 3)
-    w9.copy_(w)
-    U = shared["u"].view(a * a, K, C)
-    torch.mm(filter_matrix(VARIANTS[m], transposed), w9.view(K * C, 9).t(), out=U.view(a * a, K * C))
-    Ut = U.transpose(1, 2)                                   # (alpha^2, C, K)
+    # U = G w G^T as (alpha^2, C, K) (the GEMMs' right operands, K contiguous): one mm reading
+    # w as (9, C*K)
+    w9 = shared["w"].view(C, K, 3, 3)
+    w9.copy_(w.transpose(0, 1))
+    Ut = shared["u"].view(a * a, C, K)
+    torch.mm(filter_matrix(VARIANTS[m], transposed), w9.view(C * K, 9).t(), out=Ut.view(a * a, C * K))
     bias = args.bias.to(F32) if args.bias is not None else None
     y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
     ops = list(args.post_ops)
@@ -418,10 +435,38 @@ def _blocks(plan: WinoPlan, x: torch.Tensor, y: torch.Tensor, Ut: torch.Tensor, 
         if staged != (blk.n0, blk.n1):
             P = _stage(plan, x, blk, buf["stage"], staged is None)
             staged = (blk.n0, blk.n1)
+        if plan.fused and native.ops() is not None:
+            _fused_block(plan, P, blk, y, Ut, bias, ops, buf)
+            continue
         # the alpha^2 GEMMs, M[e] logical (nb, K, thn, TW)
         Mp = buf["m"][:a * a * tiles * K].view(a * a, tiles, K)
         torch.bmm(_input_transform(plan, P, blk, buf), Ut, out=Mp)
         _output_transform(plan, Mp, blk, y, bias, ops, buf)
+
+
+def _y_block(plan: WinoPlan, blk: WinoBlock, y: torch.Tensor, buf: dict[str, torch.Tensor]):
+    """(what the native output writes, y's block, y's block as a Block): y's block itself, or
+    (out_dtype != f32) the f32 block in y's order, whose cast is then a contiguous copy."""
+    p, m = plan.p, plan.m
+    OH, OW = p.out_size
+    r0, r1 = m * blk.th0, min(m * blk.th1, OH)
+    ydst = y[blk.n0:blk.n1, :, r0:r1]
+    order = NHWC if p.layout == "nhwc" else (0, 1, 2, 3)
+    Yb = _phys_buffer(buf["y"], (blk.nb, p.K, (blk.th1 - blk.th0) * m, plan.TW * m), order)[:, :, :r1 - r0, :OW] \
+        if "y" in buf else ydst
+    return Yb, ydst, Block(blk.n0, blk.n1, (r0, 0), (r1, OW))
+
+
+def _fused_block(plan: WinoPlan, P: torch.Tensor, blk: WinoBlock, y: torch.Tensor, Ut: torch.Tensor,
+                 bias: torch.Tensor | None, ops: list, buf: dict[str, torch.Tensor]) -> None:
+    """The block's input transform, GEMMs and output transform in one native pass over groups
+    of tile rows (cpu_wino_native's wino_fused), then the post-ops."""
+    p, m, a = plan.p, plan.m, plan.alpha
+    Yb, ydst, yblk = _y_block(plan, blk, y, buf)
+    rows = max(1, FUSED_GROUP_BYTES // (plan.TW * a * a * (p.C + p.K) * 4))
+    native.ops().wino_fused(P.permute(0, 2, 3, 1), Ut, None if bias is None else bias.contiguous(), Yb, m,
+                            m * blk.th0, blk.th1 - blk.th0, plan.TW, rows)
+    _finish_block(p, Yb, ydst, yblk, ops)
 
 
 def _output_transform(plan: WinoPlan, Mp: torch.Tensor, blk: WinoBlock, y: torch.Tensor,
@@ -438,11 +483,9 @@ def _output_transform(plan: WinoPlan, Mp: torch.Tensor, blk: WinoBlock, y: torch
     ydst = y[blk.n0:blk.n1, :, r0:r1]
     nat = native.ops()
     if nat is not None:          # A^T M A (+ bias) per tile in registers, tails cut (cpu_wino_native.py)
-        # the f32 block (out_dtype != f32) in y's order: the cast is then a contiguous copy
-        order = NHWC if p.layout == "nhwc" else (0, 1, 2, 3)
-        Yb = _phys_buffer(buf["y"], (nb, K, thn * m, TW * m), order)[:, :, :r1 - r0, :OW] if "y" in buf else ydst
+        Yb, ydst, yblk = _y_block(plan, blk, y, buf)
         nat.wino_output(Mp, None if bias is None else bias.contiguous(), Yb, m, thn, TW)
-        _finish_block(p, Yb, ydst, Block(blk.n0, blk.n1, (r0, 0), (r1, OW)), ops)
+        _finish_block(p, Yb, ydst, yblk, ops)
         return
     M = Mp.view(a, a, nb, thn, TW, K).permute(0, 1, 2, 5, 3, 4)
     if bias is not None:

@@ -114,6 +114,39 @@ def test_dtypes(layout):
     run((1, 4, 6, 5), 3, layout, 1, 2, dtype=torch.float16, bias=True, post=_chain, block_bytes=1)
 
 
+FUSED_CASES = {   # x shape, K (a multiple of 16), padding, block_bytes
+    "tails": ((2, 19, 7, 37), 32, 1, None),
+    "asym_k16": ((1, 5, 9, 10), 16, ((2, 0), (1, 2)), None),
+    "row_blocks": ((3, 5, 13, 7), 48, 1, 1),
+}
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("case", list(FUSED_CASES))
+def test_fused_pass(case, layout, m, winograd_transforms, monkeypatch):
+    """K a multiple of 16 and a small U: the fused native pass (input transform, GEMMs and
+    output transform per group of tile rows) with bias and the post-op chain, against float64;
+    on the torch-op path the same plan runs the blocked passes."""
+    monkeypatch.setattr(cw, "MIN_TILES", 1)
+    xs, K, pad, bb = FUSED_CASES[case]
+    calls = []
+    fused = cw._fused_block
+    monkeypatch.setattr(cw, "_fused_block", lambda *a: calls.append(1) or fused(*a))
+    _, plan = run(xs, K, layout, pad, m, bias=True, post=_chain, block_bytes=bb)
+    assert plan.fused
+    assert bool(calls) == (winograd_transforms == "native")
+    run(xs, K, layout, pad, m, dtype=torch.bfloat16, block_bytes=bb)
+
+
+def test_fused_only_for_small_filters():
+    def fuses(x, w):
+        return cw.fuses(ConvProblem.create("fwd", x, w, dtype=torch.float32), 4)
+    assert fuses((1, 64, 8, 8), (64, 64, 3, 3)) == cw.native.expected()
+    assert not fuses((1, 64, 8, 8), (40, 64, 3, 3))        # K % 16
+    assert not fuses((1, 256, 8, 8), (256, 256, 3, 3))     # U 9.4 MB
+
+
 @pytest.mark.parametrize("planned_native", [True, False])
 def test_nchw_output_block_either_way(planned_native, poison, monkeypatch):
     """A plan made without the native transforms keeps an f32 block for nchw outputs
