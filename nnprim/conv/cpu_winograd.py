@@ -80,11 +80,13 @@ BLOCK_BYTES = 8 << 20          # f32 transform buffers (T, V, M, Z) per block on
                                # MiB equally fast, 4 MiB 1.7x slower: fewer, larger OpenMP regions)
 # The fused pass (native wino_fused): each core runs input transform, GEMMs and output transform
 # for a group of tile rows whose V and M (alpha^2 x tiles x (C + K) f32) fit this budget, reading
-# all of U (alpha^2 x C x K f32) per group; so only where U stays in a core's L2. The blocked
-# passes move V and M through memory, which two cores share: rn50_r2_3x3 f32 on this 2-core EPYC
-# spent 2x the CPU time in its transforms on two threads as on one (2026-12-04, perf)
+# all of U (alpha^2 x C x K f32) per group. The blocked passes move V and M through memory, which
+# two cores share: rn50_r2_3x3 f32 on this 2-core EPYC (1 MiB L2 a core, 32 MiB L3) spent 2x the
+# CPU time in its transforms on two threads as on one (2026-12-04, perf); fused, its forward went
+# 9.0 -> 4.7 ms, a C = K = 128 28x28 layer (U 2.4 MiB) 7.7 -> 4.8-5.1; at C = K = 256 (U 9.4 MiB,
+# re-read per group of 4-8 tiles) no gain (7.5-9.7 against 7.6-8.0 ms): those stay blocked
 FUSED_GROUP_BYTES = 256 << 10
-FUSED_U_BYTES = 1 << 20
+FUSED_U_BYTES = 4 << 20
 USE_FUSED = True                 # tests and A/B runs turn it off
 MIN_TILES = 128                # per block where 4x BLOCK_BYTES allow: (64 x C) . (C x K) GEMMs run
                                # ~15 % slower than (128 x C) ones (rn50_r4: 8 images of 16 tiles)
