@@ -11,7 +11,9 @@ transposed in registers (AVX-512; plain loops elsewhere): `wino_stage` copies an
 (f32/bf16/f16) into the zero-padded channels-last f32 buffer, and `wino_output` writes an
 nchw y by tile rows, each run of 16 filters through a (m, row, 16) scratch (rn50_r2_3x3,
 2 threads, EPYC: staging 1.0-1.35 -> 0.45-0.55 ms, output + copy 2.3-3.3 -> 1.3-1.8 ms,
-as the nhwc output's).
+as the nhwc output's). `wino_fused` chains the three for one group of tile rows at a time per
+core (input transform, the alpha^2 GEMMs on an f32 register tile, output transform), so V and M
+never leave the core's cache (cpu_winograd.fuses says where: small U).
 
 The source below is built once per machine (nnprim/native.py) and loaded as torch ops
 (`torch.ops.nnprim_cpu.*`). Where that fails (no compiler, another platform) or
