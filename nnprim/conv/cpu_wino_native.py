@@ -239,10 +239,14 @@ void output_rows(const float* Mp, const float* bias, float* y, int64_t sn, int64
 // c (MB x 16 NV f32, row stride ldc) = a (MB rows lda apart, depth C) . b (C rows ldb apart, 16 NV
 // columns): the accumulators stay in registers over the whole depth
 template <int MB, int NV>
-void f32_tile(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t C, float* c, int64_t ldc) {
+void f32_tile(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t C, float* c, int64_t ldc,
+              bool add) {
   v16 acc[MB][NV];
   for (int i = 0; i < MB; ++i)
-    for (int v = 0; v < NV; ++v) acc[i][v] = v16{};
+    for (int v = 0; v < NV; ++v) {
+      if (add) std::memcpy(&acc[i][v], c + i * ldc + L * v, sizeof(v16));
+      else acc[i][v] = v16{};
+    }
   for (int64_t k = 0; k < C; ++k) {
     v16 bv[NV];
     for (int v = 0; v < NV; ++v) std::memcpy(&bv[v], b + k * ldb + L * v, sizeof(v16));
@@ -260,15 +264,15 @@ void f32_tile(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t 
     for (int v = 0; v < NV; ++v) std::memcpy(c + i * ldc + L * v, &acc[i][v], sizeof(v16));
 }
 
-using F32Tile = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+using F32Tile = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, bool);
 template <int NV, int... M>
 constexpr std::array<F32Tile, sizeof...(M)> f32_table(std::integer_sequence<int, M...>) {
   return {&f32_tile<M + 1, NV>...};
 }
 
-// c (G x K, row stride K) = a (G x C) . b (C x K), K a multiple of 16: row blocks of at most 6 (the
-// accumulators and B's 4 vectors in 32 registers), split evenly (no 1- or 2-row tail)
-void f32_gemm(const float* a, const float* b, float* c, int64_t G, int64_t C, int64_t K) {
+// c (G x K, row stride K) (+)= a (G x C) . b (C x K), K a multiple of 16: row blocks of at most 6
+// (the accumulators and B's 4 vectors in 32 registers), split evenly (no 1- or 2-row tail)
+void f32_gemm(const float* a, const float* b, float* c, int64_t G, int64_t C, int64_t K, bool add) {
   static const std::array<F32Tile, 6> t1 = f32_table<1>(std::make_integer_sequence<int, 6>{});
   static const std::array<F32Tile, 6> t2 = f32_table<2>(std::make_integer_sequence<int, 6>{});
   static const std::array<F32Tile, 6> t3 = f32_table<3>(std::make_integer_sequence<int, 6>{});
@@ -279,23 +283,24 @@ void f32_gemm(const float* a, const float* b, float* c, int64_t G, int64_t C, in
     const auto& tab = nv == 4 ? t4 : nv == 3 ? t3 : nv == 2 ? t2 : t1;
     for (int64_t i = 0, g0 = 0; i < nt; ++i) {
       const int64_t mb = G / nt + (i < G % nt);
-      tab[mb - 1](a + g0 * C, C, b + k0, K, C, c + g0 * K + k0, K);
+      tab[mb - 1](a + g0 * C, C, b + k0, K, C, c + g0 * K + k0, K, add);
       g0 += mb;
     }
   }
 }
 
-// y block (nb, K, rows, cols; any strides) = A^T [sum_c (B^T d B) U] A (+ bias) of the staged
-// images P (nb, Hp, Wp, C), tile rows [r0 / m, r0 / m + thn); U (A*A, C, K) contiguous, K % 16 == 0.
+// y block (no, K, rows, cols; any strides) = A^T [sum_fd sum_c (B^T d_{n+fd} B) U_fd] A (+ bias) of
+// the staged images P (no + taps - 1, Hp, Wp, C), tile rows [r0 / m, r0 / m + thn); U (taps, A*A, C,
+// K) contiguous, K % 16 == 0. taps 3: a 3-D problem's depth taps, its depth slices the images.
 // Work items are groups of R whole tile rows: their V (A*A, G, C) and M (A*A, G, K), G = R*TW,
 // live in a per-thread scratch (sized to stay in L2) instead of memory-sized buffers between
 // three passes; an nchw y (sw == 1) is written through output_rows' 16 x 16 transposes
 template <int A>
 void fused_rows(const float* P, const float* U, const float* bias, float* y, int64_t sn, int64_t sk, int64_t sh,
                 int64_t sw, int64_t Hp, int64_t Wp, int64_t C, int64_t K, int64_t r0, int64_t nb, int64_t thn,
-                int64_t TW, int64_t rows, int64_t cols, int64_t R) {
+                int64_t TW, int64_t rows, int64_t cols, int64_t R, int64_t taps) {
   constexpr int M = A - 2;
-  const int64_t nq = nb * thn, groups = (nq + R - 1) / R;
+  const int64_t nq = nb * thn, groups = (nq + R - 1) / R;     // nb: output images
   const bool nchw = sw == 1 && sk != 1;
   at::parallel_for(0, groups, 1, [&](int64_t q0, int64_t q1) {
     thread_local std::vector<float> scratch;
@@ -308,20 +313,23 @@ void fused_rows(const float* P, const float* U, const float* bias, float* y, int
     v16 d[A * A], h[A * A], z[M * A], o[M * M];
     for (int64_t grp = q0; grp < q1; ++grp) {
       const int64_t qa = grp * R, qb = std::min(nq, qa + R), g = (qb - qa) * TW;
-      for (int64_t t = 0; t < g; ++t) {                       // input transform into V
-        const int64_t q = qa + t / TW, n = q / thn, th = q % thn, tw = t % TW;
-        const float* base = P + ((n * Hp + r0 + M * th) * Wp + M * tw) * C;
-        for (int64_t c0 = 0; c0 < C; c0 += L) {
-          const int nc = (int)std::min<int64_t>(L, C - c0);
-          for (int i = 0; i < A; ++i)
-            for (int j = 0; j < A; ++j) d[i * A + j] = load(base + (i * Wp + j) * C + c0, nc);
-          for (int j = 0; j < A; ++j) bt<A>(d + j, A, h + j, A);
-          for (int i = 0; i < A; ++i) bt<A>(h + i * A, 1, d + i * A, 1);
-          for (int e = 0; e < A * A; ++e) store(V + ((int64_t)e * g + t) * C + c0, d[e], nc);
+      for (int64_t fd = 0; fd < taps; ++fd) {
+        for (int64_t t = 0; t < g; ++t) {                     // input transform into V
+          const int64_t q = qa + t / TW, n = q / thn + fd, th = q % thn, tw = t % TW;
+          const float* base = P + ((n * Hp + r0 + M * th) * Wp + M * tw) * C;
+          for (int64_t c0 = 0; c0 < C; c0 += L) {
+            const int nc = (int)std::min<int64_t>(L, C - c0);
+            for (int i = 0; i < A; ++i)
+              for (int j = 0; j < A; ++j) d[i * A + j] = load(base + (i * Wp + j) * C + c0, nc);
+            for (int j = 0; j < A; ++j) bt<A>(d + j, A, h + j, A);
+            for (int i = 0; i < A; ++i) bt<A>(h + i * A, 1, d + i * A, 1);
+            for (int e = 0; e < A * A; ++e) store(V + ((int64_t)e * g + t) * C + c0, d[e], nc);
+          }
         }
+        const float* Uf = U + fd * A * A * C * K;
+        for (int e = 0; e < A * A; ++e)                         // the A*A GEMMs (+ the earlier taps')
+          f32_gemm(V + (int64_t)e * g * C, Uf + (int64_t)e * C * K, Mt + (int64_t)e * g * K, g, C, K, fd > 0);
       }
-      for (int e = 0; e < A * A; ++e)                           // the A*A GEMMs
-        f32_gemm(V + (int64_t)e * g * C, U + (int64_t)e * C * K, Mt + (int64_t)e * g * K, g, C, K);
       for (int64_t qq = qa; qq < qb; ++qq) {                    // output transform, tile row by row
         const int64_t n = qq / thn, th = qq % thn, tb = (qq - qa) * TW;
         const int64_t Rv = std::min<int64_t>(M, rows - M * th);
@@ -366,16 +374,17 @@ void fused_rows(const float* P, const float* U, const float* bias, float* y, int
 }
 
 void wino_fused(const at::Tensor& P, const at::Tensor& U, const std::optional<at::Tensor>& bias, const at::Tensor& y,
-                int64_t m, int64_t r0, int64_t thn, int64_t TW, int64_t R) {
+                int64_t m, int64_t r0, int64_t thn, int64_t TW, int64_t R, int64_t taps) {
   TORCH_CHECK(P.dim() == 4 && P.is_contiguous() && P.scalar_type() == at::kFloat, "P: contiguous f32 (nb, Hp, Wp, C)");
   TORCH_CHECK(m == 4 || m == 2, "m must be 2 or 4");
   const int64_t a = m + 2, nb = P.size(0), Hp = P.size(1), Wp = P.size(2), C = P.size(3);
-  TORCH_CHECK(U.dim() == 3 && U.is_contiguous() && U.scalar_type() == at::kFloat && U.size(0) == a * a &&
-              U.size(1) == C, "U: contiguous f32 (alpha^2, C, K)");
-  const int64_t K = U.size(2);
+  TORCH_CHECK(taps >= 1 && taps <= nb, "taps: 1 .. images");
+  TORCH_CHECK(U.dim() == 4 && U.is_contiguous() && U.scalar_type() == at::kFloat && U.size(0) == taps &&
+              U.size(1) == a * a && U.size(2) == C, "U: contiguous f32 (taps, alpha^2, C, K)");
+  const int64_t K = U.size(3), no = nb - taps + 1;
   TORCH_CHECK(K % L == 0, "K must be a multiple of 16");
-  TORCH_CHECK(y.dim() == 4 && y.scalar_type() == at::kFloat && y.size(0) == nb && y.size(1) == K,
-              "y: f32 (nb, K, rows, cols)");
+  TORCH_CHECK(y.dim() == 4 && y.scalar_type() == at::kFloat && y.size(0) == no && y.size(1) == K,
+              "y: f32 (images - taps + 1, K, rows, cols)");
   TORCH_CHECK(y.size(2) <= m * thn && y.size(3) <= m * TW, "y larger than the tiles");
   TORCH_CHECK(r0 + m * thn + 2 <= Hp && m * TW + 2 <= Wp && R >= 1, "tiles outside P");
   const float* b = nullptr;
@@ -385,7 +394,7 @@ void wino_fused(const at::Tensor& P, const at::Tensor& U, const std::optional<at
   }
   auto fn = m == 4 ? fused_rows<6> : fused_rows<4>;
   fn(P.data_ptr<float>(), U.data_ptr<float>(), b, y.data_ptr<float>(), y.stride(0), y.stride(1), y.stride(2),
-     y.stride(3), Hp, Wp, C, K, r0, nb, thn, TW, y.size(2), y.size(3), R);
+     y.stride(3), Hp, Wp, C, K, r0, no, thn, TW, y.size(2), y.size(3), R, taps);
 }
 
 void wino_input(const at::Tensor& P, const at::Tensor& V, int64_t m, int64_t r0, int64_t thn, int64_t TW) {
@@ -445,7 +454,8 @@ TORCH_LIBRARY(nnprim_cpu, lib) {
   lib.def("wino_input(Tensor P, Tensor(a!) V, int m, int r0, int thn, int TW) -> ()");
   lib.def("wino_output(Tensor Mp, Tensor? bias, Tensor(a!) y, int m, int thn, int TW) -> ()");
   lib.def("wino_stage(Tensor x, Tensor(a!) P, int pt, int pl) -> ()");
-  lib.def("wino_fused(Tensor P, Tensor U, Tensor? bias, Tensor(a!) y, int m, int r0, int thn, int TW, int R) -> ()");
+  lib.def("wino_fused(Tensor P, Tensor U, Tensor? bias, Tensor(a!) y, int m, int r0, int thn, int TW, int R, "
+          "int taps) -> ()");
 }
 TORCH_LIBRARY_IMPL(nnprim_cpu, CPU, lib) {
   lib.impl("wino_input", &wino_input);

@@ -255,9 +255,11 @@ def _aligned(n: int) -> int:
 
 def fuses(p: ConvProblem, m: int) -> bool:
     """Whether the fused native pass serves p at F(m): its GEMM tile needs K % 16 == 0 and U
-    within FUSED_U_BYTES (larger filters amortise U over the blocked passes' thousands of tiles)."""
+    (three of them for a 3-D problem's depth taps) within FUSED_U_BYTES (larger filters
+    amortise U over the blocked passes' thousands of tiles)."""
     a = m + 2
-    return USE_FUSED and p.K % 16 == 0 and a * a * p.C * p.K * 4 <= FUSED_U_BYTES and native.expected()
+    taps = 3 if p.ndim == 3 else 1
+    return USE_FUSED and p.K % 16 == 0 and taps * a * a * p.C * p.K * 4 <= FUSED_U_BYTES and native.expected()
 
 
 def make_plan(p: ConvProblem, m: int, block_bytes: int | None = None, workers: int = 1,
@@ -467,12 +469,20 @@ def _fused_block(plan: WinoPlan, P: torch.Tensor, blk: WinoBlock, y: torch.Tenso
                  bias: torch.Tensor | None, ops: list, buf: dict[str, torch.Tensor]) -> None:
     """The block's input transform, GEMMs and output transform in one native pass over groups
     of tile rows (cpu_wino_native's wino_fused), then the post-ops."""
-    p, m, a = plan.p, plan.m, plan.alpha
+    p = plan.p
     Yb, ydst, yblk = _y_block(plan, blk, y, buf)
-    rows = max(1, FUSED_GROUP_BYTES // (plan.TW * a * a * (p.C + p.K) * 4))
-    native.ops().wino_fused(P.permute(0, 2, 3, 1), Ut, None if bias is None else bias.contiguous(), Yb, m,
-                            m * blk.th0, blk.th1 - blk.th0, plan.TW, rows)
+    _fused_call(plan, P, blk, Yb, Ut.unsqueeze(0), bias)
     _finish_block(p, Yb, ydst, yblk, ops)
+
+
+def _fused_call(plan: WinoPlan, P: torch.Tensor, blk: WinoBlock, Yb: torch.Tensor, U: torch.Tensor,
+                bias: torch.Tensor | None) -> None:
+    """wino_fused over the block's tile rows: U (taps, alpha^2, C, K); taps 3 sums a 3-D
+    problem's depth taps (P's images are its depth slices, Yb's the output slices)."""
+    p, a = plan.p, plan.alpha
+    rows = max(1, FUSED_GROUP_BYTES // (plan.TW * a * a * (p.C + p.K) * 4))
+    native.ops().wino_fused(P.permute(0, 2, 3, 1), U, None if bias is None else bias.contiguous(), Yb, plan.m,
+                            plan.m * blk.th0, blk.th1 - blk.th0, plan.TW, rows, U.shape[0])
 
 
 def _output_transform(plan: WinoPlan, Mp: torch.Tensor, blk: WinoBlock, y: torch.Tensor,
@@ -673,7 +683,8 @@ def make_plan3(p: ConvProblem, m: int, block_bytes: int | None = None) -> Wino3P
     rows = max(1, min(TH, block_bytes // row))
     per = -(-TH // -(-TH // rows))       # even split
     blocks = tuple(WinoBlock(0, Dp, t, min(TH, t + per)) for t in range(0, TH, per))
-    return Wino3Plan(p, WinoPlan(p2, m, TH, TW, blocks, Dp, per, 1, native.expected()), p.pad_before[0])
+    return Wino3Plan(p, WinoPlan(p2, m, TH, TW, blocks, Dp, per, 1, native.expected(), fuses(p, m)),
+                     p.pad_before[0])
 
 
 def _carve3(plan3: Wino3Plan, ws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -712,10 +723,10 @@ def wino_fwd3(plan3: Wino3Plan, args: ConvArgs, ws: torch.Tensor, transposed: bo
     x = to_layout(args.x, p.layout)
     w = args.w.transpose(0, 1) if transposed else args.w
     gk = filter_matrix(VARIANTS[m], transposed)
+    Ut = U.view(3, a * a, C, K)                              # U_fd = G w_fd G^T, K contiguous
     for fd in range(3):
-        w9[fd].copy_(w[:, :, 2 - fd if transposed else fd])
-        torch.mm(gk, w9[fd].view(K * C, 9).t(), out=U[fd].view(a * a, K * C))
-    Ut = U.transpose(2, 3)                                   # (3, alpha^2, C, K)
+        w9[fd].view(C, K, 3, 3).copy_(w[:, :, 2 - fd if transposed else fd].transpose(0, 1))
+        torch.mm(gk, w9[fd].view(C * K, 9).t(), out=Ut[fd].view(a * a, C * K))
     bias = args.bias.to(F32) if args.bias is not None else None
     y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
     for n in range(p.N):
@@ -723,6 +734,11 @@ def wino_fwd3(plan3: Wino3Plan, args: ConvArgs, ws: torch.Tensor, transposed: bo
         ys = y[n].transpose(0, 1)                            # (Do, K, OH, OW) pseudo-images
         ops = _pseudo_image_ops(args.post_ops, n)
         for blk in plan.blocks:
+            if plan.fused and native.ops() is not None:     # the depth taps summed in the fused pass
+                Yb, ydst, yblk = _y_block(plan, WinoBlock(0, Do, blk.th0, blk.th1), ys, buf)
+                _fused_call(plan, P, blk, Yb, Ut, bias)
+                _finish_block(plan.p, Yb, ydst, yblk, ops)
+                continue
             T = (blk.th1 - blk.th0) * plan.TW
             V = _input_transform(plan, P, blk, buf)          # (alpha^2, Dp*T, C)
             Mp = buf["m"][:a * a * Do * T * K].view(a * a, Do * T, K)

@@ -204,6 +204,9 @@ CASES3 = {   # 3-D: x shape, K, padding (2-D Winograd over (H, W), depth taps as
     "odd_asym": ((2, 3, 4, 7, 9), 5, ((1, 0), (0, 2), (1, 1))),
     "pad2": ((1, 4, 3, 5, 6), 3, 2),
     "wide": ((1, 17, 3, 5, 18), 18, 1),
+    # K (and for backward data C) multiples of 16: the fused pass sums the depth taps
+    "fused_fwd": ((2, 3, 4, 7, 9), 16, ((1, 0), (0, 2), (1, 1))),
+    "fused_both": ((1, 16, 3, 5, 18), 32, 1),
 }
 
 
@@ -233,11 +236,12 @@ def test_3d_all_directions(case, layout, m):
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("dtype,out_dtype", [(torch.float32, None), (torch.bfloat16, None),
                                              (torch.bfloat16, torch.float32)])
-def test_3d_post_ops(layout, dtype, out_dtype):
+@pytest.mark.parametrize("case", ["odd_asym", "fused_fwd"])
+def test_3d_post_ops(layout, dtype, out_dtype, case):
     """The chain on each block of the 3-D forward: a full residual, per-channel, per-depth and
-    per-tensor operands, eltwise ops; bias; tiny blocks (one tile row each)."""
+    per-tensor operands, eltwise ops; bias; tiny blocks (one tile row each); blocked and fused."""
     from nnprim.post_ops import Binary, Eltwise, Sum
-    xs, K, pad = CASES3["odd_asym"]
+    xs, K, pad = CASES3[case]
     g = torch.Generator().manual_seed(7)
     x, w = rnd(xs, dtype, layout, g), rnd((K, xs[1], 3, 3, 3), dtype, layout, g)
     b = torch.randn(K, generator=g)
