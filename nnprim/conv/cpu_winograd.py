@@ -48,6 +48,7 @@ Fused pass (`fuses`: K % 16 == 0 and U within FUSED_U_BYTES, the native library 
 block, one native call runs the input transform, the alpha^2 GEMMs (an f32 register tile, V's
 values broadcast against U's rows) and the output transform (+ bias) for each group of tile rows
 on one core, V and M in that core's cache; the post-op chain then runs on the block as above.
+3-D: the three depth taps' transforms and GEMMs accumulate into M in the same pass.
 Threads: one worker on torch's threads (each op and the bmm are parallel). `workers=2`
 (prepare_with) runs the blocks on two Python workers of one thread each: measured 1.5-2x
 slower on this 2-core machine, kept for experiments. Many small ops are this solver's
