@@ -445,7 +445,7 @@ def _blocks(plan: WinoPlan, x: torch.Tensor, y: torch.Tensor, Ut: torch.Tensor, 
             P = _stage(plan, x, blk, buf["stage"], staged is None)
             staged = (blk.n0, blk.n1)
         if plan.fused and native.ops() is not None:
-            _fused_block(plan, P, blk, y, Ut, bias, ops, buf)
+            _fused_block(plan, P, blk, blk, y, Ut.unsqueeze(0), bias, ops, buf)
             continue
         # the alpha^2 GEMMs, M[e] logical (nb, K, thn, TW)
         Mp = buf["m"][:a * a * tiles * K].view(a * a, tiles, K)
@@ -466,24 +466,18 @@ def _y_block(plan: WinoPlan, blk: WinoBlock, y: torch.Tensor, buf: dict[str, tor
     return Yb, ydst, Block(blk.n0, blk.n1, (r0, 0), (r1, OW))
 
 
-def _fused_block(plan: WinoPlan, P: torch.Tensor, blk: WinoBlock, y: torch.Tensor, Ut: torch.Tensor,
-                 bias: torch.Tensor | None, ops: list, buf: dict[str, torch.Tensor]) -> None:
-    """The block's input transform, GEMMs and output transform in one native pass over groups
-    of tile rows (cpu_wino_native's wino_fused), then the post-ops."""
-    p = plan.p
-    Yb, ydst, yblk = _y_block(plan, blk, y, buf)
-    _fused_call(plan, P, blk, Yb, Ut.unsqueeze(0), bias)
-    _finish_block(p, Yb, ydst, yblk, ops)
-
-
-def _fused_call(plan: WinoPlan, P: torch.Tensor, blk: WinoBlock, Yb: torch.Tensor, U: torch.Tensor,
-                bias: torch.Tensor | None) -> None:
-    """wino_fused over the block's tile rows: U (taps, alpha^2, C, K); taps 3 sums a 3-D
-    problem's depth taps (P's images are its depth slices, Yb's the output slices)."""
+def _fused_block(plan: WinoPlan, P: torch.Tensor, blk: WinoBlock, out: WinoBlock, y: torch.Tensor,
+                 U: torch.Tensor, bias: torch.Tensor | None, ops: list, buf: dict[str, torch.Tensor]) -> None:
+    """Input transform, GEMMs and output transform of the block's tile rows in one native pass
+    over groups of tile rows (cpu_wino_native's wino_fused), then the post-ops on y's block
+    `out`. U (taps, alpha^2, C, K): taps 3 sums a 3-D problem's depth taps (P's images are its
+    depth slices, out's the output slices)."""
     p, a = plan.p, plan.alpha
+    Yb, ydst, yblk = _y_block(plan, out, y, buf)
     rows = max(1, FUSED_GROUP_BYTES // (plan.TW * a * a * (p.C + p.K) * 4))
     native.ops().wino_fused(P.permute(0, 2, 3, 1), U, None if bias is None else bias.contiguous(), Yb, plan.m,
                             plan.m * blk.th0, blk.th1 - blk.th0, plan.TW, rows, U.shape[0])
+    _finish_block(p, Yb, ydst, yblk, ops)
 
 
 def _output_transform(plan: WinoPlan, Mp: torch.Tensor, blk: WinoBlock, y: torch.Tensor,
@@ -495,15 +489,15 @@ def _output_transform(plan: WinoPlan, Mp: torch.Tensor, blk: WinoBlock, y: torch
     OH, OW = p.out_size
     at, nt_out = PROGRAMS[m][1], PROGRAMS[m][3]
     nb, thn = blk.nb, blk.th1 - blk.th0
-    r0 = m * blk.th0
-    r1 = min(m * blk.th1, OH)
-    ydst = y[blk.n0:blk.n1, :, r0:r1]
     nat = native.ops()
     if nat is not None:          # A^T M A (+ bias) per tile in registers, tails cut (cpu_wino_native.py)
         Yb, ydst, yblk = _y_block(plan, blk, y, buf)
         nat.wino_output(Mp, None if bias is None else bias.contiguous(), Yb, m, thn, TW)
         _finish_block(p, Yb, ydst, yblk, ops)
         return
+    r0 = m * blk.th0
+    r1 = min(m * blk.th1, OH)
+    ydst = y[blk.n0:blk.n1, :, r0:r1]
     M = Mp.view(a, a, nb, thn, TW, K).permute(0, 1, 2, 5, 3, 4)
     if bias is not None:
         M[1, 1].add_(bias.view(1, K, 1, 1))
@@ -736,9 +730,7 @@ def wino_fwd3(plan3: Wino3Plan, args: ConvArgs, ws: torch.Tensor, transposed: bo
         ops = _pseudo_image_ops(args.post_ops, n)
         for blk in plan.blocks:
             if plan.fused and native.ops() is not None:     # the depth taps summed in the fused pass
-                Yb, ydst, yblk = _y_block(plan, WinoBlock(0, Do, blk.th0, blk.th1), ys, buf)
-                _fused_call(plan, P, blk, Yb, Ut, bias)
-                _finish_block(plan.p, Yb, ydst, yblk, ops)
+                _fused_block(plan, P, blk, WinoBlock(0, Do, blk.th0, blk.th1), ys, Ut, bias, ops, buf)
                 continue
             T = (blk.th1 - blk.th0) * plan.TW
             V = _input_transform(plan, P, blk, buf)          # (alpha^2, Dp*T, C)
