@@ -30,6 +30,7 @@ SOURCE = r"""
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -397,6 +398,102 @@ void wino_fused(const at::Tensor& P, const at::Tensor& U, const std::optional<at
      y.stride(3), Hp, Wp, C, K, r0, no, thn, TW, y.size(2), y.size(3), R, taps);
 }
 
+// U (alpha^2, C, K) = G w G^T of the 3 x 3 filters w (logical (K, C, 3, 3), any strides; flipped:
+// the 180-degree rotated filters), G (alpha, 3): 16 filters (k) at a time in registers, two
+// separable passes (alpha * 9 + alpha^2 * 3 FMAs a lane), U's K rows written once. The torch
+// path (a transposing copy, then a (alpha^2 x 9) . (9 x C K) mm) ran 1.5 / 3.2 ms at C = K = 256
+// (F(2,3) / F(4,3), 2 threads, EPYC): MKL's sgemm at depth 9 is its scaling pass, not FMAs
+template <typename T>
+void filter_rows(const T* w, const float* G, float* U, int64_t A, int64_t C, int64_t K, int64_t sk, int64_t sc,
+                 int64_t sr, int64_t ss, bool flipped) {
+#ifdef NNPRIM_WINO_AVX512
+  const bool gather = sk > 0 && sk * (L - 1) < (1ll << 31);    // 32-bit lane offsets
+  const __m512i lanes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32((int)(gather ? sk : 0)));
+#endif
+  // items (16 filters, a run of 64 channels), the channels innermost: each filter row's channels
+  // are read in order (c outermost, nchw filters' 9 KB row stride put the 16 rows in 4 L1 sets)
+  constexpr int64_t CRUN = 64;
+  const int64_t kbs = (K + L - 1) / L, cruns = (C + CRUN - 1) / CRUN;
+  at::parallel_for(0, kbs * cruns, 1, [&](int64_t i0, int64_t i1) {
+    v16 wv[9], t[6 * 3];
+    float tmp[L];
+    for (int64_t item = i0; item < i1; ++item)
+      for (int64_t c = (item % cruns) * CRUN, k0 = (item / cruns) * L, ce = std::min(C, c + CRUN); c < ce; ++c) {
+        const int nk = (int)std::min<int64_t>(L, K - k0);
+        for (int r = 0; r < 3; ++r)
+          for (int s2 = 0; s2 < 3; ++s2) {
+            const T* src = w + k0 * sk + c * sc + (flipped ? 2 - r : r) * sr + (flipped ? 2 - s2 : s2) * ss;
+#ifdef NNPRIM_WINO_AVX512
+            if constexpr (std::is_same_v<T, float>) {
+              if (gather) {
+                wv[r * 3 + s2] = (v16)_mm512_mask_i32gather_ps(_mm512_setzero_ps(), (__mmask16)((1u << nk) - 1),
+                                                               lanes, src, 4);
+                continue;
+              }
+            }
+#endif
+            for (int l = 0; l < L; ++l) tmp[l] = l < nk ? static_cast<float>(src[l * sk]) : 0.f;
+            std::memcpy(&wv[r * 3 + s2], tmp, sizeof(tmp));
+          }
+        for (int64_t i = 0; i < A; ++i)               // t[i][s] = sum_r G[i][r] w[r][s]
+          for (int s2 = 0; s2 < 3; ++s2)
+            t[i * 3 + s2] = G[i * 3] * wv[s2] + G[i * 3 + 1] * wv[3 + s2] + G[i * 3 + 2] * wv[6 + s2];
+        for (int64_t i = 0; i < A; ++i)               // U[i][j] = sum_s t[i][s] G[j][s]
+          for (int64_t j = 0; j < A; ++j) {
+            const v16 u = t[i * 3] * G[j * 3] + t[i * 3 + 1] * G[j * 3 + 1] + t[i * 3 + 2] * G[j * 3 + 2];
+            store(U + ((i * A + j) * C + c) * K + k0, u, nk);
+          }
+      }
+  });
+}
+
+void wino_filter(const at::Tensor& w, const at::Tensor& G, const at::Tensor& U, bool flipped) {
+  TORCH_CHECK(w.dim() == 4 && w.size(2) == 3 && w.size(3) == 3, "w: (K, C, 3, 3)");
+  TORCH_CHECK(G.dim() == 2 && G.size(1) == 3 && G.size(0) <= 6 && G.is_contiguous() &&
+              G.scalar_type() == at::kFloat, "G: contiguous f32 (alpha <= 6, 3)");
+  const int64_t A = G.size(0), K = w.size(0), C = w.size(1);
+  TORCH_CHECK(U.is_contiguous() && U.scalar_type() == at::kFloat && U.numel() == A * A * C * K,
+              "U: contiguous f32 (alpha^2, C, K)");
+  const float* g = G.data_ptr<float>();
+  float* u = U.data_ptr<float>();
+  const int64_t sk = w.stride(0), sc = w.stride(1), sr = w.stride(2), ss = w.stride(3);
+  switch (w.scalar_type()) {
+    case at::kFloat: filter_rows(w.data_ptr<float>(), g, u, A, C, K, sk, sc, sr, ss, flipped); break;
+    case at::kBFloat16: filter_rows(w.data_ptr<at::BFloat16>(), g, u, A, C, K, sk, sc, sr, ss, flipped); break;
+    case at::kHalf: filter_rows(w.data_ptr<at::Half>(), g, u, A, C, K, sk, sc, sr, ss, flipped); break;
+    default: TORCH_CHECK(false, "w: f32, bf16 or f16");
+  }
+}
+
+// Mp (E, T, K) (+)= V (E, T, C) . U (E, C, K), the blocked pass's alpha^2 GEMMs on the f32
+// register tile: no packing copies and no zero fill of Mp (MKL's sgemm spent ~35 % of its time
+// there on rn50_r4's 36 (128 x 256) . (256 x 256) products; here 10-15 % faster than torch.bmm at
+// 1 and 2 threads). Rows within an e contiguous (V and Mp may be slices along T). Work items are
+// (e, a run of at most 48 rows): U[e]'s column blocks stay in L2 across the run's row tiles
+inline bool rows_dense(const at::Tensor& t) { return t.dim() == 3 && t.stride(2) == 1 && t.stride(1) == t.size(2); }
+
+void wino_gemm(const at::Tensor& V, const at::Tensor& U, const at::Tensor& Mp, bool add) {
+  TORCH_CHECK(rows_dense(V) && V.scalar_type() == at::kFloat, "V: f32 (E, T, C), rows contiguous");
+  TORCH_CHECK(U.dim() == 3 && U.is_contiguous() && U.scalar_type() == at::kFloat && U.size(0) == V.size(0) &&
+              U.size(1) == V.size(2), "U: contiguous f32 (E, C, K)");
+  TORCH_CHECK(rows_dense(Mp) && Mp.scalar_type() == at::kFloat && Mp.size(0) == V.size(0) &&
+              Mp.size(1) == V.size(1) && Mp.size(2) == U.size(2), "Mp: f32 (E, T, K), rows contiguous");
+  const int64_t E = V.size(0), T = V.size(1), C = V.size(2), K = U.size(2), sv = V.stride(0), sm = Mp.stride(0);
+  TORCH_CHECK(K % L == 0, "K must be a multiple of 16");
+  constexpr int64_t RUN = 48;
+  const int64_t runs = (T + RUN - 1) / RUN;
+  const float* v = V.data_ptr<float>();
+  const float* u = U.data_ptr<float>();
+  float* mp = Mp.data_ptr<float>();
+  at::parallel_for(0, E * runs, 1, [&](int64_t w0, int64_t w1) {
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t e = w / runs, t0 = (w % runs) * RUN, t1 = std::min(T, t0 + RUN);
+      f32_gemm(v + e * sv + t0 * C, u + e * C * K, mp + e * sm + t0 * K, t1 - t0, C, K, add);
+    }
+  });
+}
+
 void wino_input(const at::Tensor& P, const at::Tensor& V, int64_t m, int64_t r0, int64_t thn, int64_t TW) {
   TORCH_CHECK(P.dim() == 4 && P.is_contiguous() && P.scalar_type() == at::kFloat, "P: contiguous f32 (nb, Hp, Wp, C)");
   TORCH_CHECK(V.is_contiguous() && V.scalar_type() == at::kFloat, "V: contiguous f32");
@@ -454,6 +551,8 @@ TORCH_LIBRARY(nnprim_cpu, lib) {
   lib.def("wino_input(Tensor P, Tensor(a!) V, int m, int r0, int thn, int TW) -> ()");
   lib.def("wino_output(Tensor Mp, Tensor? bias, Tensor(a!) y, int m, int thn, int TW) -> ()");
   lib.def("wino_stage(Tensor x, Tensor(a!) P, int pt, int pl) -> ()");
+  lib.def("wino_filter(Tensor w, Tensor G, Tensor(a!) U, bool flipped) -> ()");
+  lib.def("wino_gemm(Tensor V, Tensor U, Tensor(a!) Mp, bool add) -> ()");
   lib.def("wino_fused(Tensor P, Tensor U, Tensor? bias, Tensor(a!) y, int m, int r0, int thn, int TW, int R, "
           "int taps) -> ()");
 }
@@ -462,6 +561,8 @@ TORCH_LIBRARY_IMPL(nnprim_cpu, CPU, lib) {
   lib.impl("wino_output", &wino_output);
   lib.impl("wino_stage", &wino_stage);
   lib.impl("wino_fused", &wino_fused);
+  lib.impl("wino_gemm", &wino_gemm);
+  lib.impl("wino_filter", &wino_filter);
 }
 """
 

@@ -90,7 +90,7 @@ BLOCK_BYTES = 8 << 20          # f32 transform buffers (T, V, M, Z) per block on
 # CPU time in its transforms on two threads as on one (2026-12-04, perf); fused, its forward went
 # 9.0 -> 4.7 ms, a C = K = 128 28x28 layer (U 2.4 MiB) 7.7 -> 4.8-5.1; at C = K = 256 (U 9.4 MiB,
 # re-read per group of 4-8 tiles) no gain (7.5-9.7 against 7.6-8.0 ms): those stay blocked
-FUSED_GROUP_BYTES = 256 << 10
+FUSED_GROUP_BYTES = 1 << 20
 FUSED_U_BYTES = 4 << 20
 USE_FUSED = True                 # tests and A/B runs turn it off
 MIN_TILES = 128                # per block where 4x BLOCK_BYTES allow: (64 x C) . (C x K) GEMMs run
@@ -388,10 +388,8 @@ def wino_fwd(plan: WinoPlan, args: ConvArgs, ws: torch.Tensor, transposed: bool 
     w = args.w.transpose(0, 1) if transposed else args.w
     # U = G w G^T as (alpha^2, C, K) (the GEMMs' right operands, K contiguous): one mm reading
     # w as (9, C*K)
-    w9 = shared["w"].view(C, K, 3, 3)
-    w9.copy_(w.transpose(0, 1))
     Ut = shared["u"].view(a * a, C, K)
-    torch.mm(filter_matrix(VARIANTS[m], transposed), w9.view(C * K, 9).t(), out=Ut.view(a * a, C * K))
+    _filter_transform(m, w, transposed, shared["w"], Ut)
     bias = args.bias.to(F32) if args.bias is not None else None
     y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
     ops = list(args.post_ops)
@@ -449,8 +447,39 @@ def _blocks(plan: WinoPlan, x: torch.Tensor, y: torch.Tensor, Ut: torch.Tensor, 
             continue
         # the alpha^2 GEMMs, M[e] logical (nb, K, thn, TW)
         Mp = buf["m"][:a * a * tiles * K].view(a * a, tiles, K)
-        torch.bmm(_input_transform(plan, P, blk, buf), Ut, out=Mp)
+        _gemms(_input_transform(plan, P, blk, buf), Ut, Mp, False)
         _output_transform(plan, Mp, blk, y, bias, ops, buf)
+
+
+def _filter_transform(m: int, w: torch.Tensor, flipped: bool, buf: torch.Tensor, U: torch.Tensor) -> None:
+    """U (alpha^2, C, K) = G w G^T of w (logical (K, C, 3, 3); flipped: rotated by 180
+    degrees): natively (cpu_wino_native.wino_filter, 2x faster), else a transposing copy into
+    buf (C K 9 f32) and one mm reading it as (9, C K)."""
+    nat = native.ops()
+    if nat is not None:
+        nat.wino_filter(w, _g_matrix(m), U, flipped)
+        return
+    K, C = w.shape[:2]
+    w9 = buf[:C * K * 9].view(C, K, 3, 3)
+    w9.copy_(w.transpose(0, 1))
+    torch.mm(filter_matrix(VARIANTS[m], flipped), w9.view(C * K, 9).t(), out=U.view(U.shape[0], C * K))
+
+
+@lru_cache(maxsize=4)
+def _g_matrix(m: int) -> torch.Tensor:
+    return torch.tensor(VARIANTS[m].G, dtype=F32)
+
+
+def _gemms(V: torch.Tensor, U: torch.Tensor, Mp: torch.Tensor, add: bool) -> None:
+    """Mp (alpha^2, T, K) (+)= V (alpha^2, T, C) . U (alpha^2, C, K): the native register tile
+    where K % 16 == 0 (no packing, no zero fill), else torch.bmm / baddbmm."""
+    nat = native.ops()
+    if nat is not None and U.shape[-1] % 16 == 0:
+        nat.wino_gemm(V, U, Mp, add)
+    elif add:
+        Mp.baddbmm_(V, U)
+    else:
+        torch.bmm(V, U, out=Mp)
 
 
 def _y_block(plan: WinoPlan, blk: WinoBlock, y: torch.Tensor, buf: dict[str, torch.Tensor]):
@@ -474,10 +503,20 @@ def _fused_block(plan: WinoPlan, P: torch.Tensor, blk: WinoBlock, out: WinoBlock
     depth slices, out's the output slices)."""
     p, a = plan.p, plan.alpha
     Yb, ydst, yblk = _y_block(plan, out, y, buf)
-    rows = max(1, FUSED_GROUP_BYTES // (plan.TW * a * a * (p.C + p.K) * 4))
+    rows = _group_rows(out.nb * (blk.th1 - blk.th0), plan.TW * a * a * (p.C + p.K) * 4)
     native.ops().wino_fused(P.permute(0, 2, 3, 1), U, None if bias is None else bias.contiguous(), Yb, plan.m,
                             plan.m * blk.th0, blk.th1 - blk.th0, plan.TW, rows, U.shape[0])
     _finish_block(p, Yb, ydst, yblk, ops)
+
+
+def _group_rows(tile_rows: int, row_bytes: int) -> int:
+    """Tile rows per group of the fused pass: V and M within FUSED_GROUP_BYTES, in a multiple
+    of torch's threads of groups (each thread takes whole groups: rn50_r4 F(2x2) at 9 rows a
+    group, 7 groups on 2 threads, ran 7.0 ms against 5.5 at 4 rows, 14 groups)."""
+    rows = max(1, min(tile_rows, FUSED_GROUP_BYTES // row_bytes))
+    threads = max(1, torch.get_num_threads())
+    groups = math.ceil(math.ceil(tile_rows / rows) / threads) * threads
+    return -(-tile_rows // groups)
 
 
 def _output_transform(plan: WinoPlan, Mp: torch.Tensor, blk: WinoBlock, y: torch.Tensor,
@@ -717,11 +756,9 @@ def wino_fwd3(plan3: Wino3Plan, args: ConvArgs, ws: torch.Tensor, transposed: bo
     w9, U, buf = _carve3(plan3, ws)
     x = to_layout(args.x, p.layout)
     w = args.w.transpose(0, 1) if transposed else args.w
-    gk = filter_matrix(VARIANTS[m], transposed)
     Ut = U.view(3, a * a, C, K)                              # U_fd = G w_fd G^T, K contiguous
     for fd in range(3):
-        w9[fd].view(C, K, 3, 3).copy_(w[:, :, 2 - fd if transposed else fd].transpose(0, 1))
-        torch.mm(gk, w9[fd].view(C * K, 9).t(), out=Ut[fd].view(a * a, C * K))
+        _filter_transform(m, w[:, :, 2 - fd if transposed else fd], transposed, w9[fd], Ut[fd])
     bias = args.bias.to(F32) if args.bias is not None else None
     y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
     for n in range(p.N):
@@ -735,9 +772,8 @@ def wino_fwd3(plan3: Wino3Plan, args: ConvArgs, ws: torch.Tensor, transposed: bo
             T = (blk.th1 - blk.th0) * plan.TW
             V = _input_transform(plan, P, blk, buf)          # (alpha^2, Dp*T, C)
             Mp = buf["m"][:a * a * Do * T * K].view(a * a, Do * T, K)
-            torch.bmm(V[:, :Do * T], Ut[0], out=Mp)
-            for fd in (1, 2):
-                Mp.baddbmm_(V[:, fd * T:(fd + Do) * T], Ut[fd])
+            for fd in range(3):
+                _gemms(V[:, fd * T:(fd + Do) * T], Ut[fd], Mp, fd > 0)
             _output_transform(plan, Mp, WinoBlock(0, Do, blk.th0, blk.th1), ys, bias, ops, buf)
     return y
 

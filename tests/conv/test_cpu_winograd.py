@@ -121,14 +121,18 @@ FUSED_CASES = {   # x shape, K (a multiple of 16), padding, block_bytes
 }
 
 
+@pytest.mark.parametrize("group_bytes", [1, None])
 @pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 @pytest.mark.parametrize("case", list(FUSED_CASES))
-def test_fused_pass(case, layout, m, winograd_transforms, monkeypatch):
+def test_fused_pass(case, layout, m, group_bytes, winograd_transforms, monkeypatch):
     """K a multiple of 16 and a small U: the fused native pass (input transform, GEMMs and
-    output transform per group of tile rows) with bias and the post-op chain, against float64;
-    on the torch-op path the same plan runs the blocked passes."""
+    output transform per group of tile rows; group_bytes 1: one tile row a group) with bias and
+    the post-op chain, against float64; on the torch-op path the same plan runs the blocked
+    passes."""
     monkeypatch.setattr(cw, "MIN_TILES", 1)
+    if group_bytes is not None:
+        monkeypatch.setattr(cw, "FUSED_GROUP_BYTES", group_bytes)
     xs, K, pad, bb = FUSED_CASES[case]
     calls = []
     fused = cw._fused_block
@@ -137,6 +141,93 @@ def test_fused_pass(case, layout, m, winograd_transforms, monkeypatch):
     assert plan.fused
     assert bool(calls) == (winograd_transforms == "native")
     run(xs, K, layout, pad, m, dtype=torch.bfloat16, block_bytes=bb)
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_blocked_gemms_on_the_register_tile(layout, m, monkeypatch):
+    """K a multiple of 16 without the fused pass: the blocked alpha^2 GEMMs on the native
+    register tile (wino_gemm; torch.bmm on the torch-op path), tails, row blocks, bias + chain."""
+    monkeypatch.setattr(cw, "USE_FUSED", False)
+    monkeypatch.setattr(cw, "MIN_TILES", 1)
+    calls = []
+    if cw.native.ops() is not None:
+        nat = cw.native.ops()
+
+        class Spy:
+            def __getattr__(self, name):
+                return getattr(nat, name)
+
+            def wino_gemm(self, *a):
+                calls.append(1)
+                return nat.wino_gemm(*a)
+        monkeypatch.setattr(cw.native, "ops", lambda: Spy())
+    _, plan = run((2, 19, 7, 37), 32, layout, 1, m, bias=True, post=_chain)
+    assert not plan.fused
+    _, plan = run((3, 5, 13, 7), 48, layout, ((0, 2), (1, 0)), m, block_bytes=1)
+    assert len(plan.blocks) > 1
+    assert bool(calls) == (cw.native.ops() is not None and isinstance(cw.native.ops(), Spy))
+
+
+@pytest.mark.parametrize("threads,tile_rows,row_bytes,want", [
+    (2, 56, 229376, 4),       # rn50_r4 F(2x2) at 1 MiB: 14 groups of 4
+    (2, 63, 1 << 20, 1),      # one row fills the budget
+    (2, 9, 100, 5),           # all rows fit: split in two for the two threads
+    (2, 7, 300 << 10, 2),     # 3 rows fit: 3 groups -> 4 groups of 2
+    (1, 7, 300 << 10, 3),
+    (4, 10, 1 << 18, 3),      # 4 rows fit: 3 groups -> 4 groups of 3
+])
+def test_group_rows_fill_the_threads(threads, tile_rows, row_bytes, want, monkeypatch):
+    monkeypatch.setattr(cw, "FUSED_GROUP_BYTES", 1 << 20)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    assert cw._group_rows(tile_rows, row_bytes) == want
+
+
+def _u_f64(w: torch.Tensor, m: int, flipped: bool) -> torch.Tensor:
+    g = torch.tensor(VARIANTS[m].G, dtype=torch.float64)
+    wf = w.double().flip(2, 3) if flipped else w.double()
+    return torch.einsum("ar,bs,kcrs->abck", g, g, wf).reshape((m + 2) ** 2, w.shape[1], w.shape[0])
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("view", ["nchw", "nhwc", "transposed"])
+def test_native_filter_transform(view, dtype, m):
+    """wino_filter: U (alpha^2, C, K) = G w G^T of any-strided filters (the backward data's
+    transposed view, flipped), K with a 16-lane tail, against float64 on a poisoned U."""
+    nat = cw.native.ops()
+    if nat is None:
+        pytest.skip("no C++ compiler: the native transforms are not built")
+    g = torch.Generator().manual_seed(m)
+    K, C = 37, 70
+    base = torch.randn(C, K, 3, 3, generator=g) if view == "transposed" else torch.randn(K, C, 3, 3, generator=g)
+    w = base.transpose(0, 1) if view == "transposed" else to_layout(base, view)
+    w = w.to(dtype)
+    for flipped in (False, True):
+        U = torch.full(((m + 2) ** 2, C, K), float("nan"))
+        nat.wino_filter(w, cw._g_matrix(m), U, flipped)
+        exp = _u_f64(w, m, flipped)
+        assert not torch.isnan(U).any()
+        assert ((U.double() - exp).norm() / exp.norm()).item() < 1e-6
+
+
+def test_native_gemm_on_row_slices():
+    """wino_gemm on V / Mp slices along the tile dimension (the 3-D depth taps), with add."""
+    nat = cw.native.ops()
+    if nat is None:
+        pytest.skip("no C++ compiler: the native transforms are not built")
+    g = torch.Generator().manual_seed(5)
+    V = torch.randn(16, 150, 37, generator=g)
+    U = torch.randn(16, 37, 48, generator=g)
+    Mp = torch.full((16, 130, 48), float("nan"))
+    nat.wino_gemm(V[:, 3:103], U, Mp[:, 10:110], False)
+    nat.wino_gemm(V[:, 50:150], U, Mp[:, 10:110], True)
+    exp = torch.bmm(V[:, 3:103].double(), U.double()) + torch.bmm(V[:, 50:150].double(), U.double())
+    got = Mp[:, 10:110].double()
+    assert ((got - exp).norm() / exp.norm()).item() < 1e-6
+    assert torch.isnan(Mp[:, :10]).all() and torch.isnan(Mp[:, 110:]).all()
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        nat.wino_gemm(V, torch.randn(16, 37, 40), torch.empty(16, 150, 40), False)
 
 
 def test_fused_only_for_small_filters():
