@@ -138,20 +138,33 @@ def _plain(t) -> bool:
 
 def _fast_path_open() -> bool:
     """Whether a call may take its memoised signature straight to the bound solver: eager
-    (no compiler tracing, no dispatch mode) and no autocast (which casts the inputs)."""
-    return not (torch._C._is_any_autocast_enabled() or torch.compiler.is_compiling()
-                or torch._C._len_torch_dispatch_stack())
+    (no compiler tracing, no dispatch mode). Under autocast the forward calls cast their
+    inputs first (_autocast_plain), as the general path does, and key the cast tensors."""
+    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack())
+
+
+def _autocast_plain(device_type: str, *ts):
+    """_autocast of the plain tensors among ts (the rest, e.g. KVQuant caches, as they are);
+    ts unchanged outside autocast (one cheap check: the hot path's case)."""
+    if not torch._C._is_any_autocast_enabled() or not torch.is_autocast_enabled(device_type):
+        return ts
+    dt = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dt) if type(t) in _PLAIN and t.dtype != dt and t.is_floating_point() else t for t in ts)
 
 
 def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
                  stride=1, padding=0, dilation=1, groups: int = 1, post_ops=(),
                  out_dtype: torch.dtype | None = None, solver=None) -> torch.Tensor:
     """y = post_ops(conv(x, w) + bias), cast to out_dtype, in x's layout."""
-    if post_ops and type(x) in _PLAIN and type(w) in _PLAIN and _plain(bias) and _fast_path_open():
+    fast = type(x) in _PLAIN and type(w) in _PLAIN and _plain(bias) and _fast_path_open()
+    if fast:    # autocast: the cast inputs are what the signature keys (a ResNet under autocast
+        # took the general path, ~2x the host time of the memoised call)
+        x, w, bias = _autocast_plain(x.device.type, x, w, bias)
+    if post_ops and fast:
         y = _fused_fast(x, w, bias, stride, padding, dilation, groups, post_ops, out_dtype, solver)
         if y is not None:
             return y
-    if not post_ops and type(x) in _PLAIN and type(w) in _PLAIN and _plain(bias) and _fast_path_open():
+    if not post_ops and fast:
         # the hot path: the raw call signature is the context's memo key (the arguments are
         # normalised and validated once, when the signature is new)
         try:
@@ -458,6 +471,7 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
             and (kv_lens is None or (kv_lens.is_cuda and not SETTINGS.check_numerics))
             and (scale is None or type(scale) in (int, float)) and type(dropout_p) in (int, float)
             and dropout_p == 0 and type(seed) is int and _fast_path_open()):
+        q, k, v = _autocast_plain(q.device.type, q, k, v)
         out = _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv_lens,
                          softmax_inf_as_zero, return_lse, solver, block_table)
         if out is not None:

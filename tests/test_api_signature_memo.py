@@ -111,12 +111,44 @@ def test_fused_conv_memo_agrees_and_validates():
     torch.testing.assert_close(rg.grad.double(), (ref(r) > 0).double(), rtol=0, atol=0)
 
 
-def test_conv_autocast_takes_the_general_path():
+def test_conv_autocast_on_the_hot_path(monkeypatch):
+    """Under autocast the inputs are cast first and the cast call is memoised like any other
+    (a model trained under autocast called the general path for every conv): the same
+    result as the explicitly cast call, gradients into the f32 leaves, one problem build."""
+    from nnprim import api
     x, w, b = _xw()
-    nnprim.conv_forward(x, w, b, padding=1)
+    exp = nnprim.conv_forward(x.bfloat16(), w.bfloat16(), b.bfloat16(), padding=1)
+    builds = []
+    raw = api._raw_fwd_problem
+    monkeypatch.setattr(api, "_raw_fwd_problem", lambda *a: builds.append(1) or raw(*a))
+    for _ in range(3):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = nnprim.conv_forward(x, w, b, padding=1)
+        assert y.dtype == torch.bfloat16 and torch.equal(y, exp)
+    assert len(builds) <= 1
+    wg, bg = w.clone().requires_grad_(), b.clone().requires_grad_()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = nnprim.conv_forward(x, w, b, padding=1)
-    assert y.dtype == torch.bfloat16
+        y = nnprim.conv_forward(x, wg, bg, padding=1)
+    assert torch.equal(y, exp)
+    y.float().sum().backward()
+    assert wg.grad.dtype == torch.float32 and bg.grad.dtype == torch.float32
+    ref_w = torch.nn.grad.conv2d_weight(x.double(), w.shape, torch.ones_like(exp, dtype=torch.double), padding=1)
+    torch.testing.assert_close(wg.grad.double(), ref_w, rtol=2e-2, atol=2e-2 * ref_w.abs().max().item())
+
+
+def test_sdpa_autocast_on_the_hot_path():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 5, 16, generator=g) for _ in range(3))
+    exp = nnprim.sdpa(q.bfloat16(), k.bfloat16(), v.bfloat16(), causal="top_left")
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            o = nnprim.sdpa(q, k, v, causal="top_left")
+        assert o.dtype == torch.bfloat16 and torch.equal(o, exp)
+    qg = q.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        o = nnprim.sdpa(qg, k, v, causal="top_left")
+    o.float().sum().backward()
+    assert qg.grad is not None and qg.grad.dtype == torch.float32 and torch.isfinite(qg.grad).all()
 
 
 def test_conv_forced_solver_spellings():
@@ -205,3 +237,20 @@ def test_sdpa_quantized_kv_memo(monkeypatch):
     # a q that requires grad takes the general path, which refuses gradients through quantized K/V
     with pytest.raises(nnprim.NotSupportedError):
         nnprim.sdpa(q.clone().requires_grad_(), kq, vq)
+
+
+def test_conv_backward_keyed_by_the_forward_call():
+    """The backward of a memoised forward runs under keys of that call and dy's strides: grads
+    of repeated calls, with dy in y's layout and in another, equal the float64 ones."""
+    x, w, b = _xw()
+    xd, wd, bd = (t.double().requires_grad_() for t in (x, w, b))
+    yd = F.conv2d(xd, wd, bd, padding=1)
+    for dy_layout in (CL, torch.contiguous_format, CL):
+        g = torch.Generator().manual_seed(3)
+        dy = torch.randn(yd.shape, generator=g).contiguous(memory_format=dy_layout)
+        xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, b))
+        y = nnprim.conv_forward(xg, wg, bg, padding=1)
+        y.backward(dy)
+        ref = torch.autograd.grad(yd, (xd, wd, bd), dy.double(), retain_graph=True)
+        for got, exp in zip((xg.grad, wg.grad, bg.grad), ref):
+            torch.testing.assert_close(got.double(), exp, rtol=1e-4, atol=1e-4)
