@@ -1,5 +1,6 @@
 """Find: fastest first, workspace limit, failures skipped, wrong results never chosen,
 disabled families never run, budget, and the clear error when nothing applies."""
+import dataclasses
 import logging
 import time
 
@@ -233,3 +234,34 @@ def test_reference_check_bounded_by_float64_memory():
     wide = ConvProblem.create("fwd", (1, 64, 2048, 2048), (1, 64, 1, 1), dtype=torch.float32)
     assert wide.flops() < 2e10
     assert reference_affordable(small) and not reference_affordable(wide)
+
+
+def test_reference_check_bounded_by_free_gpu_memory(monkeypatch):
+    """On a GPU the float64 check takes at most a quarter of the free memory (a training step's
+    first call finds beside the model's activations)."""
+    from nnprim.search import find as find_mod
+    p = ConvProblem.create("fwd", (8, 64, 64, 64), (64, 64, 3, 3), dtype=torch.float32)
+    p = dataclasses.replace(p, device="cuda")
+    need = find_mod._f64_bytes(p)
+    monkeypatch.setattr(find_mod, "_free_bytes", lambda dev: 8 * need)
+    assert find_mod.reference_affordable(p)
+    monkeypatch.setattr(find_mod, "_free_bytes", lambda dev: 2 * need)
+    assert not find_mod.reference_affordable(p)
+
+
+def test_reference_out_of_memory_times_the_candidates_unchecked(solvers, monkeypatch, caplog):
+    """The float64 check running out of memory is find's own shortage: the candidates are
+    timed unchecked and the call goes on (it raised into the caller's call before)."""
+    from nnprim.search.ranking import reference_solver
+    ref = reference_solver(PROBLEM)
+
+    def no_memory(self, p):
+        def run(args):
+            raise MemoryError("float64 check")
+        return run
+    monkeypatch.setattr(type(ref), "prepare", no_memory)
+    solvers.add(1000, "t_fast")
+    with caplog.at_level(logging.WARNING, logger="nnprim"):
+        res = nnprim.find(PROBLEM)
+    assert res[0].solver == "t_fast"
+    assert any("float64 check" in m and "out of memory" in m for m in caplog.messages)
