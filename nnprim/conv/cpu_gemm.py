@@ -699,18 +699,36 @@ def _pointwise_fwd(plan: Plan, args: ConvArgs) -> torch.Tensor:
     bias = None if args.bias is None else args.bias.to(p.out_dtype)
     y = empty_in_layout(p.y_shape, p.layout, dtype=p.out_dtype)
     P = math.prod(p.out_size)
+    ops = tuple(args.post_ops)
+    # a leading residual add: y starts as scale * residual (+ bias) and the GEMM accumulates
+    # into it (beta 1), two fewer passes over y (rn50_r3_1x1 f32 fused: 5.2-5.6 -> 5.05-5.45 ms)
+    init = p.out_dtype == F32 and _fusable_residual(p, ops)
+    if init:
+        op, ops = ops[0], ops[1:]
+        scale = op.scale if isinstance(op, Sum) else 1.0
+        if bias is not None:
+            torch.add(bias.view(1, p.K, *([1] * p.ndim)), op.tensor, alpha=scale, out=y)
+            bias = None
+        else:
+            torch.mul(op.tensor, scale, out=y)
     if p.layout == "nchw":
-        torch.matmul(w2, x.reshape(p.N, p.C, P), out=y.view(p.N, p.K, P))
+        y3, x3 = y.view(p.N, p.K, P), x.reshape(p.N, p.C, P)
+        if init:
+            y3.baddbmm_(w2.expand(p.N, p.K, p.C), x3)
+        else:
+            torch.matmul(w2, x3, out=y3)
     else:
         xr, yr = physical(x, "nhwc").reshape(-1, p.C), physical(y, "nhwc").view(-1, p.K)
-        if bias is not None:
+        if init:
+            yr.addmm_(xr, w2.t())
+        elif bias is not None:
             torch.addmm(bias, xr, w2.t(), out=yr)
             bias = None
         else:
             torch.mm(xr, w2.t(), out=yr)
-    if bias is not None or args.post_ops:
+    if bias is not None or ops:
         blk = Block(0, p.N, (0,) * p.ndim, tuple(p.out_size))
-        apply_post_ops_block(y.unflatten(1, (1, p.K)), blk, 1, bias, args.post_ops)
+        apply_post_ops_block(y.unflatten(1, (1, p.K)), blk, 1, bias, ops)
     return y
 
 

@@ -416,7 +416,10 @@ def test_pointwise_one_gemm(poison, layout, bias, x_shape, K):
     y_shape = (x_shape[0], K, *x_shape[2:])
     res = to_layout(torch.randn(y_shape, generator=torch.Generator().manual_seed(5)), layout)
     chain = (Sum(res, 0.5), Binary("mul", torch.rand(1, K, *([1] * (len(x_shape) - 2))) + 0.5), Eltwise("relu"))
-    for ops in ((), chain):
+    # a leading residual add in y's layout starts y (the GEMM accumulates into it); in the
+    # other layout it is added afterwards
+    other = to_layout(res.contiguous(), "nchw" if layout == "nhwc" else "nhwc")
+    for ops in ((), chain, (Binary("add", res), Eltwise("relu")), (Sum(other, 2.0),)):
         p, args = make("fwd", x_shape, w_shape, layout=layout, bias=bias, post_ops=ops)
         assert make_plan(p).pointwise and make_plan(p).workspace_bytes() == 0
         check(p, args)
