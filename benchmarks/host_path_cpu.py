@@ -96,7 +96,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: the thread's CPU time (time.thread_time), steadier on a shared machine")
-    ap.add_argument("--profile", default="", help="cProfile this row (conv, sdpa, sdpa_fb, conv_fb)")
+    ap.add_argument("--profile", default="", help="cProfile this row (conv, conv_ac, sdpa, sdpa_fb, conv_fb, "
+                    "conv_fb_ac)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     for s in (_NoopConv(), _NoopAttn()):
@@ -125,8 +126,24 @@ def main() -> None:
             fn(qg, kg, vg).backward(do)
         return run
 
+    def autocast(fn):     # the forward under torch.autocast (bf16), as mixed-precision training calls it
+        def run():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return fn()
+        return run
+
+    def conv_fb_ac(fn):
+        def run():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = fn(xg, wg, bg, padding=1)
+            y.backward(gy.bfloat16())
+        return run
+
     rows = {
         "conv": (lambda: nnprim.conv_forward(x, w, b, padding=1), lambda: F.conv2d(x, w, b, padding=1)),
+        "conv_ac": (autocast(lambda: nnprim.conv_forward(x, w, b, padding=1)),
+                    autocast(lambda: F.conv2d(x, w, b, padding=1))),
+        "conv_fb_ac": (conv_fb_ac(nnprim.conv_forward), conv_fb_ac(F.conv2d)),
         "sdpa": (lambda: nnprim.sdpa(q, k, v), lambda: F.scaled_dot_product_attention(q, k, v)),
         "conv_fb": (conv_fb(nnprim.conv_forward), conv_fb(F.conv2d)),
         "sdpa_fb": (sdpa_fb(nnprim.sdpa), sdpa_fb(F.scaled_dot_product_attention)),
@@ -135,6 +152,7 @@ def main() -> None:
     from nnprim.search.context import context
     rows["conv_fb"][0]()
     rows["sdpa_fb"][0]()
+    rows["conv_fb_ac"][0]()
     used = {b.solver.name for b in context("cpu").calls.values()}
     assert used == {"noop_conv", "noop_attn"}, used
     if a.profile:

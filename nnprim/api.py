@@ -157,8 +157,8 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
                  out_dtype: torch.dtype | None = None, solver=None) -> torch.Tensor:
     """y = post_ops(conv(x, w) + bias), cast to out_dtype, in x's layout."""
     fast = type(x) in _PLAIN and type(w) in _PLAIN and _plain(bias) and _fast_path_open()
-    if fast:    # autocast: the cast inputs are what the signature keys (a ResNet under autocast
-        # took the general path, ~2x the host time of the memoised call)
+    if fast and torch._C._is_any_autocast_enabled():  # the cast inputs are what the signature keys
+        # (a ResNet under autocast took the general path, ~2x the host time of the memoised call)
         x, w, bias = _autocast_plain(x.device.type, x, w, bias)
     if post_ops and fast:
         y = _fused_fast(x, w, bias, stride, padding, dilation, groups, post_ops, out_dtype, solver)
@@ -471,7 +471,8 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
             and (kv_lens is None or (kv_lens.is_cuda and not SETTINGS.check_numerics))
             and (scale is None or type(scale) in (int, float)) and type(dropout_p) in (int, float)
             and dropout_p == 0 and type(seed) is int and _fast_path_open()):
-        q, k, v = _autocast_plain(q.device.type, q, k, v)
+        if torch._C._is_any_autocast_enabled():
+            q, k, v = _autocast_plain(q.device.type, q, k, v)
         out = _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv_lens,
                          softmax_inf_as_zero, return_lse, solver, block_table)
         if out is not None:
