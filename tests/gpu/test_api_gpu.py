@@ -80,6 +80,49 @@ def test_conv_autograd(case):
     no_reference()
 
 
+def test_conv_and_sdpa_under_autocast():
+    """Mixed-precision training as users run it: nn.Conv2d and sdpa under torch.autocast with
+    f32 leaves, on the memoised hot path (inputs cast first), against torch's same calls under
+    autocast and float64; repeated steps build each problem once (forward and the backward's
+    keyed calls)."""
+    from nnprim import api
+    g = torch.Generator(device=DEV).manual_seed(1)
+    x64 = torch.randn(16, 64, 28, 28, device=DEV, dtype=torch.float64, generator=g)
+    w64 = torch.randn(64, 64, 3, 3, device=DEV, dtype=torch.float64, generator=g) / 24
+    dy64 = torch.randn(16, 64, 28, 28, device=DEV, dtype=torch.float64, generator=g)
+    ref_x, ref_w = x64.clone().requires_grad_(), w64.clone().requires_grad_()
+    F.conv2d(ref_x, ref_w, padding=1).backward(dy64)
+    grads = {}
+    for name, fn in (("torch", F.conv2d), ("ours", nnprim.conv_forward)):
+        for _ in range(3):
+            x = _layout(x64.float(), "nhwc").requires_grad_()
+            w = _layout(w64.float(), "nhwc").requires_grad_()
+            with torch.autocast(DEV, dtype=BF16):
+                y = fn(x, w, None, padding=1)
+            assert y.dtype == BF16
+            y.backward(_layout(dy64.to(BF16), "nhwc"))
+            grads[name] = (y.detach(), x.grad, w.grad)
+    assert grads["ours"][1].dtype == F32 and grads["ours"][2].dtype == F32
+    y_ref = F.conv2d(x64, w64, padding=1)
+    for i, (name, ref) in enumerate((("y", y_ref), ("dx", ref_x.grad), ("dw", ref_w.grad))):
+        assert_close(f"autocast {name}", grads["ours"][i], grads["torch"][i], ref)
+    sig_keys = [k for k in api.context(torch.device(DEV)).calls if isinstance(k, tuple) and k and k[0] in
+                ("conv_forward", "bwd_data_of", "bwd_weights_of")]
+    assert len(sig_keys) >= 3
+    q64, k64, v64 = (torch.randn(2, 8, 256, 64, device=DEV, dtype=torch.float64, generator=g) for _ in range(3))
+    o = {}
+    for name, fn in (("torch", F.scaled_dot_product_attention), ("ours", nnprim.sdpa)):
+        q = q64.float().requires_grad_()
+        with torch.autocast(DEV, dtype=BF16):
+            o[name] = fn(q, k64.float(), v64.float())
+        assert o[name].dtype == BF16
+        o[name].float().sum().backward()
+        assert q.grad is not None and q.grad.dtype == F32 and torch.isfinite(q.grad).all()
+    assert_close("autocast sdpa", o["ours"].detach(), o["torch"].detach(),
+                 F.scaled_dot_product_attention(q64, k64, v64))
+    no_reference()
+
+
 def test_conv_fused_post_ops_and_direct_backward_calls():
     g = torch.Generator(device=DEV).manual_seed(2)
     x = _layout(torch.randn(16, 64, 28, 28, device=DEV, generator=g), "nhwc")
