@@ -284,7 +284,8 @@ def _keyed_grads(ctx, dy):
     when new): that key and dy's strides fix both backward problems (dy comes in y's shape,
     cast to x's dtype and layout), so they key the backward calls' memo entries and a call
     skips building their 12-field keys (the backward runs on autograd's device thread, where
-    Python runs cold: ~0.3 ms of host per conv of a ResNet-50 step, 2026-12-04)."""
+    Python runs cold; a ResNet-50 step under autocast spent ~0.3 ms of host a conv, forward and
+    backward together, beyond torch's on the H200, 2026-12-04)."""
     x, w = ctx.saved_tensors
     x_shape, dtype, layout = ctx.x_meta
     stride, padding, dilation, groups = ctx.conf
