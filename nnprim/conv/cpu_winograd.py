@@ -88,8 +88,9 @@ BLOCK_BYTES = 8 << 20          # f32 transform buffers (T, V, M, Z) per block on
 # all of U (alpha^2 x C x K f32) per group. The blocked passes move V and M through memory, which
 # two cores share: rn50_r2_3x3 f32 on this 2-core EPYC (1 MiB L2 a core, 32 MiB L3) spent 2x the
 # CPU time in its transforms on two threads as on one (2026-12-04, perf); fused, its forward went
-# 9.0 -> 4.7 ms, a C = K = 128 28x28 layer (U 2.4 MiB) 7.7 -> 4.8-5.1; at C = K = 256 (U 9.4 MiB,
-# re-read per group of 4-8 tiles) no gain (7.5-9.7 against 7.6-8.0 ms): those stay blocked
+# 9.0 -> 4.7 ms, a C = K = 128 28x28 layer (U 2.4 MiB) 7.7 -> 4.8-5.1. Groups of 1 MiB (was 256
+# KiB: 4-8 tiles re-reading U each) serve C = K = 256 too: rn50_r4 F(2x2) (U 4 MiB) fused 5.5 ms
+# against 6.5 blocked (F(4x4) blocked 6.0-6.4), 2 threads, 2026-12-04; larger U stays blocked
 FUSED_GROUP_BYTES = 1 << 20
 FUSED_U_BYTES = 4 << 20
 USE_FUSED = True                 # tests and A/B runs turn it off
@@ -386,8 +387,7 @@ def wino_fwd(plan: WinoPlan, args: ConvArgs, ws: torch.Tensor, transposed: bool 
     shared, bufs = _carve(plan, ws)
     x = to_layout(args.x, p.layout)
     w = args.w.transpose(0, 1) if transposed else args.w
-    # U = G w G^T as (alpha^2, C, K) (the GEMMs' right operands, K contiguous): one mm reading
-    # w as (9, C*K)
+    # U = G w G^T as (alpha^2, C, K): the GEMMs' right operands, K contiguous
     Ut = shared["u"].view(a * a, C, K)
     _filter_transform(m, w, transposed, shared["w"], Ut)
     bias = args.bias.to(F32) if args.bias is not None else None
@@ -516,7 +516,7 @@ def _group_rows(tile_rows: int, row_bytes: int) -> int:
     rows = max(1, min(tile_rows, FUSED_GROUP_BYTES // row_bytes))
     threads = max(1, torch.get_num_threads())
     groups = math.ceil(math.ceil(tile_rows / rows) / threads) * threads
-    return -(-tile_rows // groups)
+    return math.ceil(tile_rows / groups)
 
 
 def _output_transform(plan: WinoPlan, Mp: torch.Tensor, blk: WinoBlock, y: torch.Tensor,
