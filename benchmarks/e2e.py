@@ -12,7 +12,8 @@ and under torch.compile, each pair built with the same initial weights and data.
   torch SDPA on the bf16 cache.
 
 Per row: median step time (CUDA events, after warm-up), images/s or tokens/s, peak
-memory, and for training the loss curve; the note compares the curves.
+memory (the whole run's, and after the warm-up steps: nnprim's first steps run its finds), and
+for training the loss curve; the note compares the curves.
 
     python3 benchmarks/e2e.py --models resnet50,llama,decode --modes eager,compile --out $OUT/e2e.json
 """
@@ -39,6 +40,7 @@ DRY = "--dry" in sys.argv  # a CPU run of the script itself at toy sizes
 if DRY:
     DEV = "cpu"
 ROWS: list[dict] = []
+STEADY: dict = {}        # timed_steps' peak memory since its warm-up (record reads it)
 
 
 def save(path: str) -> None:
@@ -52,6 +54,10 @@ def timed_steps(step, steps: int, warm: int) -> tuple[list[float], list[float]]:
     """(losses of every step, ms of the steps after `warm`)."""
     losses, times = [], []
     for i in range(steps):
+        if i == warm and DEV == "cuda":   # the steady-state peak: after the first steps' finds
+            torch.cuda.synchronize()
+            STEADY["base"] = torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
         if DEV == "cuda":
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
@@ -70,18 +76,23 @@ def timed_steps(step, steps: int, warm: int) -> tuple[list[float], list[float]]:
 
 
 def _reset_peak() -> None:
+    STEADY.clear()
     if DEV == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
 
 def record(model: str, impl: str, mode: str, unit: str, per_step: float, losses, times, extra=None):
     ms = statistics.median(times)
+    steady = torch.cuda.max_memory_allocated() if DEV == "cuda" else None
+    whole = max(steady, STEADY.get("base", 0)) if steady is not None else None
+    gb = (lambda b: None if b is None else round(b / 2**30, 2))  # noqa: E731
     row = dict(model=model, impl=impl, mode=mode, step_ms=round(ms, 3), throughput=round(per_step / ms * 1e3, 1),
-               unit=unit, peak_mem_gb=round(torch.cuda.max_memory_allocated() / 2**30, 2) if DEV == "cuda" else None,
+               unit=unit, peak_mem_gb=gb(whole), steady_peak_mem_gb=gb(steady),
                losses=[round(v, 5) for v in losses], **(extra or {}))
     ROWS.append(row)
     print(f"{model:<9} {impl:<7} {mode:<8} {ms:9.2f} ms/step  {row['throughput']:>10} {unit}  "
-          f"peak {row['peak_mem_gb']} GB  loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
+          f"peak {row['peak_mem_gb']} GB (after warm-up {row['steady_peak_mem_gb']})  "
+          f"loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
     return row
 
 
