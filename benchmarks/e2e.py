@@ -40,7 +40,6 @@ DRY = "--dry" in sys.argv  # a CPU run of the script itself at toy sizes
 if DRY:
     DEV = "cpu"
 ROWS: list[dict] = []
-STEADY: dict = {}        # timed_steps' peak memory since its warm-up (record reads it)
 
 
 def save(path: str) -> None:
@@ -50,13 +49,14 @@ def save(path: str) -> None:
         json.dump(dict(meta=meta, rows=ROWS), f, indent=1)
 
 
-def timed_steps(step, steps: int, warm: int) -> tuple[list[float], list[float]]:
-    """(losses of every step, ms of the steps after `warm`)."""
-    losses, times = [], []
+def timed_steps(step, steps: int, warm: int) -> tuple[list[float], list[float], int]:
+    """(losses of every step, ms of the steps after `warm`, peak bytes of the warm-up steps);
+    the peak memory stats restart after the warm-up (nnprim's first steps run its finds)."""
+    losses, times, warm_peak = [], [], 0
     for i in range(steps):
-        if i == warm and DEV == "cuda":   # the steady-state peak: after the first steps' finds
+        if i == warm and DEV == "cuda":
             torch.cuda.synchronize()
-            STEADY["base"] = torch.cuda.max_memory_allocated()
+            warm_peak = torch.cuda.max_memory_allocated()
             torch.cuda.reset_peak_memory_stats()
         if DEV == "cuda":
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -72,19 +72,20 @@ def timed_steps(step, steps: int, warm: int) -> tuple[list[float], list[float]]:
         losses.append(float(loss))
         if i >= warm:
             times.append(ms)
-    return losses, times
+    return losses, times, warm_peak
 
 
 def _reset_peak() -> None:
-    STEADY.clear()
     if DEV == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
 
-def record(model: str, impl: str, mode: str, unit: str, per_step: float, losses, times, extra=None):
+def record(model: str, impl: str, mode: str, unit: str, per_step: float, losses, times, warm_peak: int,
+           extra=None):
+    """warm_peak: timed_steps' peak bytes of the warm-up (the stats count the steps after it)."""
     ms = statistics.median(times)
     steady = torch.cuda.max_memory_allocated() if DEV == "cuda" else None
-    whole = max(steady, STEADY.get("base", 0)) if steady is not None else None
+    whole = max(steady, warm_peak) if steady is not None else None
     gb = (lambda b: None if b is None else round(b / 2**30, 2))  # noqa: E731
     row = dict(model=model, impl=impl, mode=mode, step_ms=round(ms, 3), throughput=round(per_step / ms * 1e3, 1),
                unit=unit, peak_mem_gb=gb(whole), steady_peak_mem_gb=gb(steady),
@@ -141,8 +142,8 @@ def bench_resnet50(modes, steps: int, warm: int, batch: int, res: int) -> None:
                 opt.step()
                 return loss.detach()
             _reset_peak()
-            losses, times = timed_steps(step, steps, warm)
-            record("resnet50", impl, mode, "img/s", batch, losses, times, dict(batch=batch))
+            losses, times, warm_peak = timed_steps(step, steps, warm)
+            record("resnet50", impl, mode, "img/s", batch, losses, times, warm_peak, dict(batch=batch))
             del m, opt, fwd
 
 
@@ -249,8 +250,8 @@ def bench_llama(modes, steps: int, warm: int, batch: int, seq: int) -> None:
                 opt.step()
                 return loss.detach()
             _reset_peak()
-            losses, times = timed_steps(step, steps, warm)
-            record("llama", impl, mode, "tok/s", batch * seq, losses, times, dict(batch=batch, seq=seq))
+            losses, times, warm_peak = timed_steps(step, steps, warm)
+            record("llama", impl, mode, "tok/s", batch * seq, losses, times, warm_peak, dict(batch=batch, seq=seq))
             del m, opt, fwd
 
 
@@ -276,8 +277,8 @@ def bench_decode(modes, steps: int, warm: int, batch: int, ctx: int) -> None:
                 ref = logits.float()
             err = float((logits.float() - ref).norm() / ref.norm())
             _reset_peak()
-            losses, times = timed_steps(lambda i, fwd=fwd, kv=kv: fwd(tokens, pos, kv)[0, 0, 0], steps, warm)
-            record("decode", impl, mode, "tok/s", batch, [err], times, dict(batch=batch, context=ctx,
+            _, times, warm_peak = timed_steps(lambda i, fwd=fwd, kv=kv: fwd(tokens, pos, kv)[0, 0, 0], steps, warm)
+            record("decode", impl, mode, "tok/s", batch, [err], times, warm_peak, dict(batch=batch, context=ctx,
                                                                               rel_err_vs_torch=round(err, 5)))
 
 

@@ -114,12 +114,14 @@ def _post_ops(post_ops, rank: int, K: int) -> tuple[PostOp, ...]:
 
 
 def _autocast(device_type: str, *ts):
-    """Inside torch.autocast, floating inputs in the autocast dtype, as torch casts them for
-    its own convolution and attention (both run in lower precision there)."""
+    """Inside torch.autocast, floating tensors in the autocast dtype, as torch casts them for
+    its own convolution and attention (both run in lower precision there); anything else
+    (None, a KVQuant cache) as it is."""
     if not torch.is_autocast_enabled(device_type):
         return ts
     dt = torch.get_autocast_dtype(device_type)
-    return tuple(t.to(dt) if t is not None and t.dtype != dt and t.is_floating_point() else t for t in ts)
+    return tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.dtype != dt and t.is_floating_point() else t
+                 for t in ts)
 
 
 def _needs_grad(*ts) -> bool:
@@ -139,17 +141,8 @@ def _plain(t) -> bool:
 def _fast_path_open() -> bool:
     """Whether a call may take its memoised signature straight to the bound solver: eager
     (no compiler tracing, no dispatch mode). Under autocast the forward calls cast their
-    inputs first (_autocast_plain), as the general path does, and key the cast tensors."""
+    inputs first (_autocast), as the general path does, and key the cast tensors."""
     return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack())
-
-
-def _autocast_plain(device_type: str, *ts):
-    """_autocast of the plain tensors among ts (the rest, e.g. KVQuant caches, as they are);
-    ts unchanged outside autocast (one cheap check: the hot path's case)."""
-    if not torch._C._is_any_autocast_enabled() or not torch.is_autocast_enabled(device_type):
-        return ts
-    dt = torch.get_autocast_dtype(device_type)
-    return tuple(t.to(dt) if type(t) in _PLAIN and t.dtype != dt and t.is_floating_point() else t for t in ts)
 
 
 def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -159,7 +152,7 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     fast = type(x) in _PLAIN and type(w) in _PLAIN and _plain(bias) and _fast_path_open()
     if fast and torch._C._is_any_autocast_enabled():  # the cast inputs are what the signature keys
         # (a ResNet under autocast took the general path, ~2x the host time of the memoised call)
-        x, w, bias = _autocast_plain(x.device.type, x, w, bias)
+        x, w, bias = _autocast(x.device.type, x, w, bias)
     if post_ops and fast:
         y = _fused_fast(x, w, bias, stride, padding, dilation, groups, post_ops, out_dtype, solver)
         if y is not None:
@@ -472,7 +465,7 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
             and (scale is None or type(scale) in (int, float)) and type(dropout_p) in (int, float)
             and dropout_p == 0 and type(seed) is int and _fast_path_open()):
         if torch._C._is_any_autocast_enabled():
-            q, k, v = _autocast_plain(q.device.type, q, k, v)
+            q, k, v = _autocast(q.device.type, q, k, v)
         out = _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv_lens,
                          softmax_inf_as_zero, return_lse, solver, block_table)
         if out is not None:

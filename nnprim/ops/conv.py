@@ -274,36 +274,25 @@ class ConvFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        dx, dw, db = _grads(ctx, dy, _conv_backward_data, _conv_backward_weights) if ctx.key is None \
-            else _keyed_grads(ctx, dy)
+        if ctx.key is None:
+            dx, dw, db = _grads(ctx, dy, _conv_backward_data, _conv_backward_weights)
+        else:
+            dx, dw, db = _grads(ctx, dy, functools.partial(_keyed_backward, "bwd_data", ctx.key),
+                                functools.partial(_keyed_backward, "bwd_weights", ctx.key))
         return dx, dw, db, None
 
 
-def _keyed_grads(ctx, dy):
-    """_grads of a forward memoised under `ctx.key` (the public call's signature, validated
-    when new): that key and dy's strides fix both backward problems (dy comes in y's shape,
-    cast to x's dtype and layout), so they key the backward calls' memo entries and a call
-    skips building their 12-field keys (the backward runs on autograd's device thread, where
-    Python runs cold; a ResNet-50 step under autocast spent ~0.3 ms of host a conv, forward and
-    backward together, beyond torch's on the H200, 2026-12-04)."""
-    x, w = ctx.saved_tensors
-    x_shape, dtype, layout = ctx.x_meta
-    stride, padding, dilation, groups = ctx.conf
-    dy = to_layout(dy if dy.dtype == dtype else dy.to(dtype), layout)
-    ctxt, st = context(dy.device), dy.stride()
-    dx = dw = db = None
-    if ctx.needs_input_grad[0]:
-        dx = ctxt.call(("bwd_data_of", ctx.key, st),
-                       lambda: _bwd_problem("bwd_data", dy, w, x_shape, stride, padding, dilation, groups, None),
-                       ConvArgs(dy=dy, w=w))
-    if ctx.needs_input_grad[1]:
-        dw = ctxt.call(("bwd_weights_of", ctx.key, st),
-                       lambda: _bwd_problem("bwd_weights", dy, x, ctx.w_shape, stride, padding, dilation, groups,
-                                            None),
-                       ConvArgs(dy=dy, x=x))
-    if ctx.needs_input_grad[2]:
-        db = bias_grad(dy)
-    return dx, dw, db
+def _keyed_backward(direction: str, key, dy, t, shape, stride, padding, dilation, groups, out_dtype, solver):
+    """A backward call (as _conv_backward_data / _weights) of a forward memoised under `key`
+    (the public call's signature, validated when new): that key and dy's strides fix the
+    problem (dy comes in y's shape, cast to x's dtype and layout), so they key the memo entry
+    and a call skips building the 12-field key (the backward runs on autograd's device
+    thread, where Python runs cold; a ResNet-50 step under autocast spent ~0.3 ms of host a
+    conv, forward and backward together, beyond torch's on the H200, 2026-12-04)."""
+    args = ConvArgs(dy=dy, w=t) if direction == "bwd_data" else ConvArgs(dy=dy, x=t)
+    return context(dy.device).call(
+        ("of", direction, key, dy.stride()),
+        lambda: _bwd_problem(direction, dy, t, shape, stride, padding, dilation, groups, out_dtype), args, solver)
 
 
 _SUM_DIMS = {3: [0, 2], 4: [0, 2, 3], 5: [0, 2, 3, 4]}
