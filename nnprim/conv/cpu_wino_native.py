@@ -401,8 +401,9 @@ void wino_fused(const at::Tensor& P, const at::Tensor& U, const std::optional<at
 // U (alpha^2, C, K) = G w G^T of the 3 x 3 filters w (logical (K, C, 3, 3), any strides; flipped:
 // the 180-degree rotated filters), G (alpha, 3): 16 filters (k) at a time in registers, two
 // separable passes (alpha * 9 + alpha^2 * 3 FMAs a lane), U's K rows written once. The torch
-// path (a transposing copy, then a (alpha^2 x 9) . (9 x C K) mm) ran 1.5 / 3.2 ms at C = K = 256
-// (F(2,3) / F(4,3), 2 threads, EPYC): MKL's sgemm at depth 9 is its scaling pass, not FMAs
+// path (a transposing copy, then a (alpha^2 x 9) . (9 x C K) mm) ran 0.44-0.67 / 0.78-0.97 ms at
+// C = K = 256 (F(2,3) / F(4,3), 2 threads, EPYC), this one 0.29-0.39 / 0.50-0.53 (the AVX-512
+// gather of f32 taps: 0.37-0.44 / 0.64-0.76 with scalar loads)
 template <typename T>
 void filter_rows(const T* w, const float* G, float* U, int64_t A, int64_t C, int64_t K, int64_t sk, int64_t sc,
                  int64_t sr, int64_t ss, bool flipped) {
