@@ -60,6 +60,25 @@ def test_against_reference(case, layout, chunk, monkeypatch):
 
 
 @pytest.mark.skipif(not RUNS, reason="needs the native library and avx512_bf16")
+@pytest.mark.parametrize("threads", [1, 3, 5])
+@pytest.mark.parametrize("case", ["3d_g4", "c1_k1", "odd_w_g2_dil"])
+def test_threads_split_by_rows(case, threads, monkeypatch):
+    """Each thread's run of (group, column block, row block, tap) items, cut by rows: any
+    thread count, including more threads than row blocks (c1_k1: one row a tap)."""
+    solver_check.poison_cpu(monkeypatch, cpu_brgemm)
+    monkeypatch.setattr(cpu_wgrad, "own_kernel", lambda p: p.dtype == torch.bfloat16)
+    xs, ws, kw = CASES[case]
+    p, args = solver_check.random_case("bwd_weights", xs, ws, dtype=torch.bfloat16, **kw)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = CpuBrgemmBwdWeights().prepare(p)(args)
+    finally:
+        torch.set_num_threads(before)
+    _check(p, args, out)
+
+
+@pytest.mark.skipif(not RUNS, reason="needs the native library and avx512_bf16")
 def test_f32_output():
     xs, ws, kw = CASES["odd_w_g2_dil"]
     p, args = solver_check.random_case("bwd_weights", xs, ws, dtype=torch.bfloat16, out_dtype=torch.float32, **kw)
