@@ -21,6 +21,7 @@ from .errors import BadParameterError, NotSupportedError
 from .ops import _PLAIN, eager
 from .ops import attention as attn_ops
 from .ops import conv as conv_ops
+from .ops import transforms_active as _transforms_active
 from .ops.attention import quant_parts
 from .ops.conv import bias_grad, post_op_spec
 from .post_ops import Binary, Eltwise, PostOp, Sum, apply_post_ops
@@ -142,7 +143,7 @@ def _fast_path_open() -> bool:
     """Whether a call may take its memoised signature straight to the bound solver: eager
     (no compiler tracing, no dispatch mode). Under autocast the forward calls cast their
     inputs first (_autocast), as the general path does, and key the cast tensors."""
-    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack())
+    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or _transforms_active())
 
 
 def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -176,7 +177,7 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
                     conf = (st, pad, dl, groups, out_dtype, _solver(solver), sig)
                     if len(_GRAD_CONFS) < 4096:
                         _GRAD_CONFS[sig] = conf
-                return conv_ops.ConvFunction.apply(x, w, bias, conf)
+                return conv_ops.conv_function(x, w, bias, conf)
             return context(x.device).call(sig, lambda: _raw_fwd_problem(x, w, bias, stride, padding, dilation, groups,
                                                                     out_dtype),
                                           ConvArgs(x=x, w=w, bias=bias), _solver(solver))
@@ -193,11 +194,11 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     if _needs_grad(x, w, bias, *post_tensors):
         if ops:  # the chain in torch on the f32 (f64) accumulator, so that its gradient is exact
             acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-            y = (conv_ops.ConvFunction.apply(x, w, bias, (st, pad, dl, groups, acc, solver)) if direct else
+            y = (conv_ops.conv_function(x, w, bias, (st, pad, dl, groups, acc, solver)) if direct else
                  _ops.conv_forward(x, w, bias, st, pad, dl, groups, "", [], acc, solver))
             return apply_post_ops(y, ops).to(out_dtype or x.dtype)
         if direct:
-            return conv_ops.ConvFunction.apply(x, w, bias, (st, pad, dl, groups, out_dtype, solver))
+            return conv_ops.conv_function(x, w, bias, (st, pad, dl, groups, out_dtype, solver))
     fn = conv_ops._conv_forward if direct else _ops.conv_forward
     return fn(x, w, bias, st, pad, dl, groups, spec, post_tensors, out_dtype, solver)
 
@@ -430,10 +431,12 @@ def _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv
         opts = _SDPA_OPTS.get(sig)
         if opts is None:
             opts = _options(attn_mask, causal, scale, invert_scale, 0.0, seed, offset, kv_lens, softmax_inf_as_zero)
-            opts = (*opts, ("sdpa_grad", sig))    # the forward's memo key (its problem returns lse)
+            # the memo holds the options the signature fixes, never this call's tensors: the
+            # mask and kv_lens go with each call (the same shapes, other values)
+            opts = (None, opts[1], None, *opts[3:], ("sdpa_grad", sig))    # the forward's memo key
             if len(_SDPA_OPTS) < 4096:
                 _SDPA_OPTS[sig] = opts
-        o, lse = attn_ops.SdpaFunction.apply(q, k, v, opts[0], opts[1], opts[2], opts[3:10], sv, opts[10])
+        o, lse = attn_ops.sdpa_function(q, k, v, attn_mask, opts[1], kv_lens, opts[3:10], sv, opts[10])
         return (o, lse) if return_lse else o
 
     def make():
@@ -503,7 +506,7 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
         return (o, lse) if return_lse else o
     direct = eager(q, kd, vd, ks, kz, vs, vz, attn_mask, opts[1], kv_lens)
     if direct and grad and not (kspec or vspec):
-        o, lse = attn_ops.SdpaFunction.apply(q, kd, vd, opts[0], opts[1], opts[2], opts[3:], solver)
+        o, lse = attn_ops.sdpa_function(q, kd, vd, opts[0], opts[1], opts[2], opts[3:], solver)
     else:
         fn = attn_ops.sdpa_forward if direct and not grad else _ops.sdpa_forward
         opts, kw = attn_ops.split_seed(opts, 7)

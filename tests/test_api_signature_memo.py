@@ -203,6 +203,29 @@ def test_sdpa_spellings_and_paths():
     assert not torch.equal(a, b)
 
 
+@pytest.mark.parametrize("kind", ["bool", "additive"])
+def test_sdpa_grad_path_takes_each_calls_mask(kind):
+    """Gradient calls of one signature with masks of equal shape and other values: each call
+    its own mask, forward and backward (the memo once held the first call's mask)."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=g) for _ in range(3))
+    keep = [torch.ones(8, 8, dtype=torch.bool), torch.ones(8, 8, dtype=torch.bool).tril(),
+            torch.rand(8, 8, generator=g) > 0.3]
+    for m in keep:
+        m[:, 0] = True       # no fully masked row
+    masks = keep if kind == "bool" else [torch.zeros(8, 8).masked_fill(~m, -1e4) for m in keep]
+    for m in masks:
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        o = nnprim.sdpa(qg, kg, vg, attn_mask=m)
+        o.backward(torch.ones_like(o))
+        qr, kr, vr = (t.double().requires_grad_() for t in (q, k, v))
+        r = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=m if kind == "bool" else m.double())
+        r.backward(torch.ones_like(r))
+        torch.testing.assert_close(o.double(), r, rtol=1e-4, atol=1e-4)
+        for ours, ref in ((qg, qr), (kg, kr), (vg, vr)):
+            torch.testing.assert_close(ours.grad.double(), ref.grad, rtol=1e-4, atol=1e-4)
+
+
 def test_sdpa_quantized_kv_memo(monkeypatch):
     """KVQuant caches take the memoised path: the same results as the general path (a tensor
     scale takes it), a new problem

@@ -23,7 +23,7 @@ from ..search.capture import capturing
 from ..search.context import context
 from ..search.modes import SETTINGS
 from ..warmup import note
-from . import LIB
+from . import LIB, c_apply, transforms_active, unwrap
 from . import TAGS as _TAGS
 
 _OPTIONS = ("Tensor? attn_mask, Tensor? scale_tensor, Tensor? kv_lens, str causal, float? scale, "
@@ -322,6 +322,18 @@ class SdpaFunction(torch.autograd.Function):
     def backward(ctx, do, dlse):
         grads = _grads(ctx, do, _sdpa_backward) if ctx.key is None or do is None else _keyed_grads(ctx, do)
         return (*grads, None, None, None, None, None, None)
+
+
+_SDPA_APPLY = c_apply(SdpaFunction)
+
+
+def sdpa_function(q, k, v, attn_mask, scale_tensor, kv_lens, options, solver, key=None):
+    """SdpaFunction.apply(...), straight to C++ outside functorch transforms."""
+    if transforms_active():
+        return SdpaFunction.apply(q, k, v, attn_mask, scale_tensor, kv_lens, options, solver, key)
+    return _SDPA_APPLY(unwrap(q), unwrap(k), unwrap(v), None if attn_mask is None else unwrap(attn_mask),
+                       None if scale_tensor is None else unwrap(scale_tensor),
+                       None if kv_lens is None else unwrap(kv_lens), options, solver, key)
 
 
 def _keyed_grads(ctx, do):

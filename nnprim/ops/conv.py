@@ -18,7 +18,7 @@ from ..problems.common import check_float_dtype
 from ..problems.conv import ConvProblem, empty_in_layout, layout_of, to_layout
 from ..search.context import context
 from ..warmup import note
-from . import LIB
+from . import LIB, c_apply, transforms_active, unwrap
 from . import TAGS as _TAGS
 
 LIB.define("conv_forward(Tensor x, Tensor w, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
@@ -280,6 +280,16 @@ class ConvFunction(torch.autograd.Function):
             dx, dw, db = _grads(ctx, dy, functools.partial(_keyed_backward, "bwd_data", ctx.key),
                                 functools.partial(_keyed_backward, "bwd_weights", ctx.key))
         return dx, dw, db, None
+
+
+_CONV_APPLY = c_apply(ConvFunction)
+
+
+def conv_function(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, conf: tuple) -> torch.Tensor:
+    """ConvFunction.apply(x, w, bias, conf), straight to C++ outside functorch transforms."""
+    if transforms_active():
+        return ConvFunction.apply(x, w, bias, conf)
+    return _CONV_APPLY(unwrap(x), unwrap(w), None if bias is None else unwrap(bias), conf)
 
 
 def _keyed_backward(direction: str, key, dy, t, shape, stride, padding, dilation, groups, out_dtype, solver):
