@@ -134,6 +134,9 @@ def test_world_of_one_is_plain_attention(tmp_path):
         o1.sum().backward()
         for a, b in zip(want, (o1, lse1, q.grad, k.grad, v.grad)):
             assert rel(a, b.detach()) < 1e-6
+        _, lse = context_parallel_sdpa(q, k, v, causal=True, return_lse=True)
+        with pytest.raises(nnprim.NotSupportedError, match="lse"):     # not silently dropped
+            lse.sum().backward()
     finally:
         dist.destroy_process_group()
 

@@ -161,12 +161,17 @@ class _RingAttention(torch.autograd.Function):
         o, lse = ring_forward(q, k, v, plan, ring)
         ctx.plan, ctx.ring = plan, ring
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
         return o, lse
 
     @staticmethod
-    def backward(ctx, do, _dlse):
+    def backward(ctx, do, dlse):
+        if dlse is not None:
+            raise NotSupportedError("context_parallel_sdpa: a gradient through the returned lse is not "
+                                    "supported (use lse.detach(), or nnprim.sdpa on one device)")
         q, k, v, o, lse = ctx.saved_tensors
+        if do is None:
+            return None, None, None, None, None
         dq, dk, dv = ring_backward(do.contiguous(), q, k, v, o, lse, ctx.plan, ctx.ring)
         return dq, dk, dv, None, None
 

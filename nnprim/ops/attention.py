@@ -10,6 +10,8 @@ Autograd of sdpa_forward: (dq, dk, dv) = sdpa_backward(do, q, k, v, o, lse) with
 same options; lse is not differentiable."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import fp8 as _fp8
@@ -239,10 +241,11 @@ def fp8_grad_error(named) -> NotSupportedError:
 
 def _save(ctx, q, k, v, o, lse, quantized: bool, attn_mask, scale_tensor, kv_lens, options,
           paged: bool = False) -> None:
-    ctx.mark_non_differentiable(lse)
-    # lse has no gradient: without this autograd fills a zero tensor for it on every backward
-    # (an allocation and a kernel launch, ~35 us of host on the H200's machine)
+    # an output nothing used gets None, not a zero tensor (an allocation and a kernel launch,
+    # ~35 us of host on the H200's machine for the lse a training step never uses)
     ctx.set_materialize_grads(False)
+    if lse.numel() == 0:
+        ctx.mark_non_differentiable(lse)
     if not any(ctx.needs_input_grad[:3]):
         return
     if _fp8.is_fp8(q.dtype):
@@ -277,6 +280,38 @@ def _grads(ctx, do, backward):
     return backward(do.contiguous(), q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, *options, None, **kw)
 
 
+def with_lse_grads(ctx, grads, dlse):
+    """(dq, dk, dv) plus the gradient that flows in through lse (None: none did).
+
+    lse_i = logsumexp_j S_ij with S = s q k^T + mask, so d lse_i / d S_ij = P_ij (the softmax
+    before dropout): dq_i += s dlse_i sum_j P_ij k_j, which is attention with k as the values,
+    and dk_j += s sum_i P_ij dlse_i q_i, the P^T dO product a backward computes as dv, here
+    with dO = dlse q and k as the values (its dq and dk are not used). An extra forward and
+    backward, run only when lse's gradient is wanted (merging partial attentions)."""
+    if dlse is None:
+        return grads
+    q, k, v, o, lse, attn_mask, scale_tensor, kv_lens = ctx.saved_tensors
+    causal, scale, invert, _p, seed, offset, _inf_zero = ctx.options
+    opts = (attn_mask, scale_tensor, kv_lens, causal, scale, invert, 0.0, 0, 0, True)
+    if scale_tensor is not None:
+        s = scale_tensor.float().reshape(())
+    else:
+        s = torch.tensor(scale if scale is not None else q.shape[-1] ** -0.5, dtype=torch.float32,
+                         device=q.device)
+    if invert:
+        s = 1.0 / s
+    dlse = dlse.float().masked_fill(lse == -math.inf, 0.0)        # rows with no key: no gradient
+    ops = torch.ops.nnprim
+    pk, _ = ops.sdpa_forward(q, k, k, None, None, None, None, "", "", *opts, False, None)
+    dq_lse = (s * dlse).unsqueeze(-1) * pk.float()
+    do_lse = ((s * dlse).unsqueeze(-1) * q.float()).to(q.dtype)
+    _, _, dk_lse = ops.sdpa_backward(do_lse, q, k, k, torch.zeros_like(q), lse, *opts, None)
+    dq, dk, dv = grads
+    dq = dq_lse.to(q.dtype) if dq is None else (dq.float() + dq_lse).to(dq.dtype)
+    dk = dk_lse.to(k.dtype) if dk is None else (dk.float() + dk_lse.float()).to(dk.dtype)
+    return dq, dk, dv
+
+
 def _setup(ctx, inputs, output) -> None:
     (q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_quant, v_quant, attn_mask, scale_tensor, kv_lens,
      causal, scale, invert_scale, dropout_p, seed, offset, softmax_inf_as_zero, return_lse, solver,
@@ -289,7 +324,7 @@ def _setup(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, do, dlse):
-    return tuple(_grads(ctx, do, torch.ops.nnprim.sdpa_backward)) + (None,) * 24
+    return tuple(with_lse_grads(ctx, _grads(ctx, do, torch.ops.nnprim.sdpa_backward), dlse)) + (None,) * 24
 
 
 torch.library.register_autograd("nnprim::sdpa_forward", _backward, setup_context=_setup, lib=LIB)
@@ -321,7 +356,7 @@ class SdpaFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dlse):
         grads = _grads(ctx, do, _sdpa_backward) if ctx.key is None or do is None else _keyed_grads(ctx, do)
-        return (*grads, None, None, None, None, None, None)
+        return (*with_lse_grads(ctx, grads, dlse), None, None, None, None, None, None)
 
 
 _SDPA_APPLY = c_apply(SdpaFunction)
