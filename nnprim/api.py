@@ -466,7 +466,8 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
             and out_dtype is None and not _fp8.is_fp8(q.dtype)
             and (kv_lens is None or (kv_lens.is_cuda and not SETTINGS.check_numerics))
             and (scale is None or type(scale) in (int, float)) and type(dropout_p) in (int, float)
-            and dropout_p == 0 and type(seed) is int and _fast_path_open()):
+            and dropout_p == 0 and type(seed) is int and (attn_mask is None or not attn_mask.requires_grad)
+            and _fast_path_open()):
         if torch._C._is_any_autocast_enabled():
             q, k, v = _autocast(q.device.type, q, k, v)
         out = _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv_lens,
@@ -484,6 +485,8 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
         q, kd, vd = _autocast(q.device.type, q, kd, vd)
     opts = _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv_lens, softmax_inf_as_zero)
     solver = _solver(solver)
+    if torch.is_grad_enabled():
+        attn_ops.no_grad_through(opts[0], opts[1])
     grad = _needs_grad(q, kd, vd, *fp8[:3])
     if fp8 and grad:
         if _fp8.is_fp8(q.dtype) or _fp8.is_fp8(kd.dtype) or _fp8.is_fp8(vd.dtype):

@@ -101,3 +101,28 @@ def test_forced_solver_not_applicable_says_why():
     with pytest.raises(NotSupportedError) as e:
         nnprim.sdpa(q, k, v, solver="ConvReference")
     assert "ConvReference" in str(e.value) and "serves conv" in str(e.value)
+
+
+@pytest.mark.parametrize("qkv_grad", [True, False])
+def test_no_silent_none_gradient_for_mask_or_scale(qkv_grad):
+    """sdpa's gradients are q's, k's and v's: a mask or tensor scale asking for one raises,
+    whether or not q, k, v ask too (the memoised path as well as the general one)."""
+    qg = q.clone().requires_grad_(qkv_grad)
+    mask = torch.zeros(5, 7, requires_grad=True)
+    for _ in range(2):
+        with pytest.raises(NotSupportedError, match="attn_mask requires grad"):
+            nnprim.sdpa(qg, k, v, attn_mask=mask)
+    with pytest.raises(NotSupportedError, match="scale requires grad"):
+        nnprim.sdpa(qg, k, v, scale=torch.tensor(0.5, requires_grad=True))
+    with torch.no_grad():
+        nnprim.sdpa(qg, k, v, attn_mask=mask)
+
+
+def test_double_backward_raises():
+    qg = q.clone().requires_grad_()
+    with pytest.raises(NotSupportedError, match="double backward"):
+        torch.autograd.grad(nnprim.sdpa(qg, k, v).sum(), qg, create_graph=True)
+    x = torch.randn(1, 3, 6, 6, requires_grad=True)
+    w = torch.randn(2, 3, 3, 3)
+    with pytest.raises(NotSupportedError, match="double backward"):
+        torch.autograd.grad(nnprim.conv_forward(x, w, padding=1).sum(), x, create_graph=True)

@@ -239,8 +239,24 @@ def fp8_grad_error(named) -> NotSupportedError:
                              "differentiable; call sdpa under torch.no_grad() or use bf16/f16/f32 inputs")
 
 
+def no_grad_through(attn_mask, scale_tensor) -> None:
+    """Gradients are q's, k's and v's: a mask or scale that asks for one gets an error, not None."""
+    for name, t in (("attn_mask", attn_mask), ("scale", scale_tensor)):
+        if t is not None and t.requires_grad:
+            raise NotSupportedError(f"{name} requires grad: sdpa's gradients are q's, k's and v's (detach "
+                                    f"{name}, or compute the scores in torch to learn it)")
+
+
+def no_double_backward(name: str) -> None:
+    """In a backward: create_graph=True (grad mode on) would get first-order gradients that
+    carry no graph, so a second derivative would be silently missing."""
+    if torch.is_grad_enabled():
+        raise NotSupportedError(f"double backward (create_graph=True) through {name} is not supported")
+
+
 def _save(ctx, q, k, v, o, lse, quantized: bool, attn_mask, scale_tensor, kv_lens, options,
           paged: bool = False) -> None:
+    no_grad_through(attn_mask, scale_tensor)     # (autograd saves only when gradients are wanted)
     # an output nothing used gets None, not a zero tensor (an allocation and a kernel launch,
     # ~35 us of host on the H200's machine for the lse a training step never uses)
     ctx.set_materialize_grads(False)
@@ -355,6 +371,7 @@ class SdpaFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dlse):
+        no_double_backward("nnprim.sdpa")
         grads = _grads(ctx, do, _sdpa_backward) if ctx.key is None or do is None else _keyed_grads(ctx, do)
         return (*with_lse_grads(ctx, grads, dlse), None, None, None, None, None, None)
 

@@ -274,6 +274,9 @@ class ConvFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        if torch.is_grad_enabled():     # create_graph=True: these gradients would carry no graph
+            raise NotSupportedError("double backward (create_graph=True) through nnprim.conv_forward is not "
+                                    "supported")
         if ctx.key is None:
             dx, dw, db = _grads(ctx, dy, _conv_backward_data, _conv_backward_weights)
         else:
