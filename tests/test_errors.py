@@ -126,3 +126,11 @@ def test_double_backward_raises():
     w = torch.randn(2, 3, 3, 3)
     with pytest.raises(NotSupportedError, match="double backward"):
         torch.autograd.grad(nnprim.conv_forward(x, w, padding=1).sum(), x, create_graph=True)
+
+
+def test_backward_o_and_do_in_q_dtype():
+    lse = torch.zeros(1, 4, 5)
+    with pytest.raises(BadParameterError, match="o.dtype"):
+        nnprim.sdpa_backward(q, q, k, v, q.bfloat16(), lse)
+    with pytest.raises(BadParameterError, match="do.dtype"):
+        nnprim.sdpa_backward(q.bfloat16(), q, k, v, q, lse)

@@ -67,7 +67,11 @@ def tap_grid(p: ConvProblem) -> tuple[tuple[int, ...], tuple[int, ...], int]:
 
 
 def phase_list(p: ConvProblem) -> list[tuple[int, ...]]:
-    return list(itertools.product(*(range(s) for s in p.stride)))
+    """The phases of x (residues of the padded input positions mod the stride) that filter
+    taps read: at most prod(min(filter, stride)), not prod(stride) (a stride of 10^6 made
+    that a list of 10^12 before any solver ran)."""
+    return list(itertools.product(*(sorted({f * d % s for f in range(n)})
+                                     for n, d, s in zip(p.filter, p.dilation, p.stride))))
 
 
 def tap_offsets(p: ConvProblem) -> list[tuple[int, int]]:

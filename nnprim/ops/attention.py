@@ -192,6 +192,8 @@ def _bwd_problem(do, q, k, v, o, lse, attn_mask, scale_tensor, kv_lens, causal, 
             raise BadParameterError(f"{name} shape {tuple(t.shape)} must be (B, Hq, Sq, Dv)={want}")
         if t.device != q.device:
             raise BadParameterError(f"{name} is on {t.device} but q is on {q.device}")
+        if t.dtype != q.dtype:
+            raise BadParameterError(f"{name}.dtype={t.dtype} must be q's dtype ({q.dtype})")
     if tuple(lse.shape) != want[:3]:
         raise BadParameterError(f"lse shape {tuple(lse.shape)} must be (B, Hq, Sq)={want[:3]}")
     if lse.dtype not in (torch.float32, torch.float64):
@@ -245,13 +247,6 @@ def no_grad_through(attn_mask, scale_tensor) -> None:
         if t is not None and t.requires_grad:
             raise NotSupportedError(f"{name} requires grad: sdpa's gradients are q's, k's and v's (detach "
                                     f"{name}, or compute the scores in torch to learn it)")
-
-
-def no_double_backward(name: str) -> None:
-    """In a backward: create_graph=True (grad mode on) would get first-order gradients that
-    carry no graph, so a second derivative would be silently missing."""
-    if torch.is_grad_enabled():
-        raise NotSupportedError(f"double backward (create_graph=True) through {name} is not supported")
 
 
 def _save(ctx, q, k, v, o, lse, quantized: bool, attn_mask, scale_tensor, kv_lens, options,
@@ -371,9 +366,14 @@ class SdpaFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dlse):
-        no_double_backward("nnprim.sdpa")
         grads = _grads(ctx, do, _sdpa_backward) if ctx.key is None or do is None else _keyed_grads(ctx, do)
-        return (*with_lse_grads(ctx, grads, dlse), None, None, None, None, None, None)
+        grads = with_lse_grads(ctx, grads, dlse)
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                           for t in (do, dlse, *ctx.saved_tensors[:3])):
+            # create_graph=True: even a torch-op solver's gradients leave out lse's and o's
+            # dependence on q, k, v (saved detached), so a second derivative would be wrong
+            raise NotSupportedError("double backward (create_graph=True) through nnprim.sdpa is not supported")
+        return (*grads, None, None, None, None, None, None)
 
 
 _SDPA_APPLY = c_apply(SdpaFunction)

@@ -18,7 +18,7 @@ from ..problems.common import check_float_dtype
 from ..problems.conv import ConvProblem, empty_in_layout, layout_of, to_layout
 from ..search.context import context
 from ..warmup import note
-from . import LIB, c_apply, transforms_active, unwrap
+from . import LIB, c_apply, check_double_backward, transforms_active, unwrap
 from . import TAGS as _TAGS
 
 LIB.define("conv_forward(Tensor x, Tensor w, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
@@ -274,14 +274,13 @@ class ConvFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        if torch.is_grad_enabled():     # create_graph=True: these gradients would carry no graph
-            raise NotSupportedError("double backward (create_graph=True) through nnprim.conv_forward is not "
-                                    "supported")
         if ctx.key is None:
             dx, dw, db = _grads(ctx, dy, _conv_backward_data, _conv_backward_weights)
         else:
             dx, dw, db = _grads(ctx, dy, functools.partial(_keyed_backward, "bwd_data", ctx.key),
                                 functools.partial(_keyed_backward, "bwd_weights", ctx.key))
+        if torch.is_grad_enabled():     # create_graph=True
+            check_double_backward("nnprim.conv_forward", (dx, dw), (dy, *ctx.saved_tensors))
         return dx, dw, db, None
 
 

@@ -5,6 +5,7 @@ rounding the exact result to bf16 (one rounding: the contract's f32 accumulation
 import pytest
 import torch
 
+import nnprim
 from nnprim.conv import cpu_tap
 from nnprim.conv.cpu_tap import CpuTapBwdWeights, tap_bwd_weights
 from nnprim.conv.reference import reference
@@ -170,3 +171,43 @@ def test_dy_channel_major(shape, monkeypatch):
     err = ((out.double() - ref).norm() / ref.norm()).item()
     one_rounding = ((ref.to(torch.bfloat16).double() - ref).norm() / ref.norm()).item()
     assert err <= 1.5 * one_rounding + 1e-6, (err, one_rounding)
+
+
+def test_phases_are_the_ones_taps_read():
+    """Only the residues filter taps hit are staged: a stride far past the filter costs
+    nothing (a 10^12-phase list once built before any solver ran)."""
+    p = ConvProblem.create("fwd", (1, 2, 8, 8), (2, 2, 3, 3), stride=10 ** 6, dtype=torch.float32)
+    assert cpu_tap.phase_list(p) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
+    p = ConvProblem.create("fwd", (1, 2, 9, 9), (2, 2, 2, 3), stride=(5, 4), dilation=(1, 2), dtype=torch.float32)
+    assert cpu_tap.phase_list(p) == [(0, 0), (0, 2), (1, 0), (1, 2)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("direction", ["fwd", "bwd_data", "bwd_weights"])
+def test_stride_past_the_filter(direction, dtype):
+    """Every CPU solver that applies, forced through the public call, on a stride that skips
+    input positions (phases no tap reads): against float64."""
+    from nnprim.search.solver import REGISTRY
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(2, 4, 11, 13, generator=g).to(dtype), torch.randn(6, 2, 2, 3, generator=g).to(dtype)
+    kw = dict(stride=(5, 4), dilation=(1, 2), padding=1, groups=2)
+    y = torch.nn.functional.conv2d(x.double(), w.double(), **kw)
+    dy = torch.randn(y.shape, generator=g).to(dtype)
+    ran = []
+    for s in REGISTRY.all("conv"):
+        if "cpu" not in s.devices or s.family == "noop" or direction not in s.directions:
+            continue
+        try:
+            if direction == "fwd":
+                out, ref = nnprim.conv_forward(x, w, solver=s.name, **kw), y
+            elif direction == "bwd_data":
+                out = nnprim.conv_backward_data(dy, w, x.shape, solver=s.name, **kw)
+                ref = torch.nn.grad.conv2d_input(x.shape, w.double(), dy.double(), **kw)
+            else:
+                out = nnprim.conv_backward_weights(dy, x, w.shape, solver=s.name, **kw)
+                ref = torch.nn.grad.conv2d_weight(x.double(), w.shape, dy.double(), **kw)
+        except nnprim.NotSupportedError:
+            continue
+        ran.append(s.name)
+        assert ((out.double() - ref).norm() / ref.norm()).item() < (1e-5 if dtype == torch.float32 else 1e-2), s.name
+    assert len(ran) >= 2, ran
