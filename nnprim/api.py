@@ -95,6 +95,15 @@ def _post_ops(post_ops, rank: int, K: int) -> tuple[PostOp, ...]:
         raise BadParameterError(f"post_ops={post_ops!r} must be a sequence of Sum, Eltwise, Binary") from None
     out: list[PostOp] = []
     for i, op in enumerate(ops):
+        if isinstance(op, Sum):
+            check_tensor(f"post_ops[{i}].tensor", op.tensor)
+            if isinstance(op.scale, bool) or not isinstance(op.scale, (int, float)):
+                raise BadParameterError(f"post_ops[{i}].scale={op.scale!r} must be a real number")
+        if isinstance(op, Eltwise):
+            for name in ("alpha", "beta"):
+                a = getattr(op, name)
+                if isinstance(a, bool) or not isinstance(a, (int, float)):
+                    raise BadParameterError(f"post_ops[{i}].{name}={a!r} must be a real number")
         if isinstance(op, (Sum, Eltwise)):
             out.append(op)
             continue
@@ -164,7 +173,7 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
         try:
             sig = ("conv_forward", x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
                    None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
-                   stride, padding, dilation, groups, out_dtype, solver)
+                   stride, padding, dilation, groups, out_dtype, solver, *_arg_types(stride, padding, dilation, groups))
             hash(sig)
         except TypeError:   # unhashable arguments (lists): the general path
             sig = None
@@ -241,7 +250,7 @@ def _fused_fast(x, w, bias, stride, padding, dilation, groups, post_ops, out_dty
         return None
     sig = ("conv_forward_post", x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
-           chain, stride, padding, dilation, groups, out_dtype, solver)
+           chain, stride, padding, dilation, groups, out_dtype, solver, *_arg_types(stride, padding, dilation, groups))
     try:
         hash(sig)
     except TypeError:   # unhashable arguments (lists): the general path
@@ -278,16 +287,23 @@ def _bwd_sig(name: str, dy, t, shape, stride, padding, dilation, groups, out_dty
     argument is unhashable (a list: the general path)."""
     try:
         sig = (name, dy.shape, dy.stride(), dy.dtype, dy.device, t.shape, t.stride(), t.dtype, t.device,
-               shape, stride, padding, dilation, groups, out_dtype, solver)
+               shape, stride, padding, dilation, groups, out_dtype, solver, *_arg_types(stride, padding, dilation, groups))
         hash(sig)
     except TypeError:
         return None
     return sig
 
 
+def _arg_types(stride, padding, dilation, groups) -> tuple:
+    """What a memo key adds to the raw arguments: their types (True == 1 == 1.0 hash alike,
+    and a call with groups=True must be validated, not served as groups=1's)."""
+    return type(stride), type(padding), type(dilation), type(groups)
+
+
 def _raw_bwd_problem(direction: str, dy, t, shape, stride, padding, dilation, groups, out_dtype):
     """The validated problem of a backward call from its raw arguments."""
-    filt = t.shape[2:] if direction == "bwd_data" else _shape("w_shape", shape)[2:]
+    shape = _shape("x_shape" if direction == "bwd_data" else "w_shape", shape)
+    filt = t.shape[2:] if direction == "bwd_data" else shape[2:]
     nd_like = dy if direction == "bwd_data" else t
     st, pad, dl = _conv_args(nd_like, filt, stride, padding, dilation)
     return conv_ops._bwd_problem(direction, dy, t, shape, st, pad, dl, groups, out_dtype)
@@ -420,7 +436,7 @@ def _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv
     try:
         sig = ("sdpa", q.shape, q.stride(), q.dtype, q.device, *_kvsig(k), *_kvsig(v), _tsig(attn_mask), causal,
                scale, invert_scale, seed, offset, _tsig(kv_lens), softmax_inf_as_zero, return_lse, solver,
-               _tsig(block_table))
+               _tsig(block_table), type(causal), type(offset))
         hash(sig)
     except TypeError:
         return None

@@ -101,6 +101,12 @@ def test_forced_solver_not_applicable_says_why():
     with pytest.raises(NotSupportedError) as e:
         nnprim.sdpa(q, k, v, solver="ConvReference")
     assert "ConvReference" in str(e.value) and "serves conv" in str(e.value)
+    dy = torch.randn(2, 6, 6, 6)
+    for call in (lambda: nnprim.conv_forward(x, w, solver="flash_fwd"), lambda: nnprim.conv_forward(x, w, solver=110),
+                 lambda: nnprim.conv_backward_weights(dy, x, w.shape, solver="decode_split_k"),
+                 lambda: nnprim.conv_backward_data(dy, w, x.shape, solver="gluon_flash_fwd")):
+        with pytest.raises(NotSupportedError, match="serves attention"):     # not an AttributeError
+            call()
 
 
 @pytest.mark.parametrize("qkv_grad", [True, False])
@@ -122,10 +128,25 @@ def test_double_backward_raises():
     qg = q.clone().requires_grad_()
     with pytest.raises(NotSupportedError, match="double backward"):
         torch.autograd.grad(nnprim.sdpa(qg, k, v).sum(), qg, create_graph=True)
-    x = torch.randn(1, 3, 6, 6, requires_grad=True)
-    w = torch.randn(2, 3, 3, 3)
-    with pytest.raises(NotSupportedError, match="double backward"):
-        torch.autograd.grad(nnprim.conv_forward(x, w, padding=1).sum(), x, create_graph=True)
+
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_conv_double_backward_right_or_raises(dtype):
+    """conv under create_graph=True: a solver built of torch ops gives gradients with a graph,
+    and the second derivative must equal torch's; a native kernel's raise instead."""
+    g = torch.Generator().manual_seed(0)
+    xs, ws = torch.randn(1, 3, 6, 6, generator=g, dtype=dtype), torch.randn(2, 3, 3, 3, generator=g, dtype=dtype)
+    second = []
+    for conv in (nnprim.conv_forward, torch.nn.functional.conv2d):
+        xg, wg = xs.clone().requires_grad_(), ws.clone().requires_grad_()
+        try:
+            (gx,) = torch.autograd.grad((conv(xg, wg, padding=1) ** 2).sum(), xg, create_graph=True)
+        except NotSupportedError as e:
+            assert conv is nnprim.conv_forward and "double backward" in str(e)
+            return
+        second.append(torch.autograd.grad(gx.sum(), wg))
+    torch.testing.assert_close(second[0], second[1])
 
 
 def test_backward_o_and_do_in_q_dtype():
@@ -134,3 +155,31 @@ def test_backward_o_and_do_in_q_dtype():
         nnprim.sdpa_backward(q, q, k, v, q.bfloat16(), lse)
     with pytest.raises(BadParameterError, match="do.dtype"):
         nnprim.sdpa_backward(q.bfloat16(), q, k, v, q, lse)
+
+
+def test_post_op_fields_checked():
+    """A Sum without a tensor, or non-numeric scale / alpha / beta: BadParameterError naming
+    the field (they reached AttributeError, a torch schema error or every solver failing)."""
+    for op, needle in ((nnprim.Sum(3.0), "post_ops[0].tensor"), (nnprim.Sum(None), "post_ops[0].tensor"),
+                       (nnprim.Sum(torch.randn(2, 6, 6, 6), scale="a"), "post_ops[0].scale"),
+                       (nnprim.Eltwise("relu", alpha="a"), "post_ops[0].alpha"),
+                       (nnprim.Eltwise("clip", beta=None), "post_ops[0].beta")):
+        for grad in (False, True):
+            with torch.set_grad_enabled(grad), pytest.raises(BadParameterError, match=needle.replace("[", r"\[")):
+                nnprim.conv_forward(x.clone().requires_grad_(grad), w, post_ops=[op])
+
+
+def test_memoised_calls_validate_what_differs():
+    """The hot path's memo keys its raw arguments: a call equal to a validated one but with
+    other types (True == 1 == 1.0) or a non-int shape entry is validated, not served."""
+    dy = torch.randn(2, 6, 6, 6)
+    nnprim.conv_forward(x, w)
+    nnprim.conv_backward_data(dy, w, (2, 4, 8, 8))
+    for kw in (dict(groups=1.0), dict(groups=True), dict(stride=True), dict(padding=0.0)):
+        with pytest.raises(BadParameterError):
+            nnprim.conv_forward(x, w, **kw)
+    for shape in ((2, 4, 8.5, 8), "2488"):
+        with pytest.raises(BadParameterError, match="x_shape"):
+            nnprim.conv_backward_data(dy, w, shape)
+    with pytest.raises(BadParameterError, match="w_shape"):
+        nnprim.conv_backward_weights(dy, x, (6, 4, 3.0, 3))

@@ -162,7 +162,7 @@ class Context:
         the find mode (a find runs on `args` when one is due)."""
         if solver is not None:
             s = REGISTRY.get(solver)
-            reasons = s.not_supported_reasons(problem)
+            reasons = s.reasons(problem)
             if reasons:
                 raise NotSupportedError(f"solver {s.name} (id {s.id}) cannot run {problem.key()}: "
                                         + "; ".join(reasons))
@@ -385,7 +385,7 @@ def _device_of(args) -> torch.device:
 def workspace_size(problem, solver) -> int:
     """Workspace bytes `solver` (name, id or Solver) needs for `problem`; error if not applicable."""
     s = REGISTRY.get(solver)
-    reasons = s.not_supported_reasons(problem)
+    reasons = s.reasons(problem)
     if reasons:
         raise NotSupportedError(f"solver {s.name} (id {s.id}) cannot run {problem.key()}: " + "; ".join(reasons))
     return int(s.workspace_size(problem))

@@ -75,8 +75,17 @@ class Solver:
             reasons.append("paged K/V (block_table) are not supported")
         return reasons
 
+    def reasons(self, problem) -> list[str]:
+        """not_supported_reasons for any problem: one of the other primitive is answered here
+        (subclasses' checks read fields only their primitive's problems have; a conv call
+        forcing an attention solver raised AttributeError)."""
+        kind = "conv" if type(problem).__name__ == "ConvProblem" else "attention"
+        if kind != self.primitive:
+            return [f"serves {self.primitive}, not {kind}"]
+        return self.not_supported_reasons(problem)
+
     def is_applicable(self, problem) -> bool:
-        return not self.not_supported_reasons(problem)
+        return not self.reasons(problem)
 
     def workspace_size(self, problem) -> int:
         return 0
