@@ -173,7 +173,8 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
         try:
             sig = ("conv_forward", x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
                    None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
-                   stride, padding, dilation, groups, out_dtype, solver, *_arg_types(stride, padding, dilation, groups))
+                   stride, padding, dilation, groups, out_dtype, solver,
+                   type(stride), type(padding), type(dilation), type(groups))     # see _arg_types
             hash(sig)
         except TypeError:   # unhashable arguments (lists): the general path
             sig = None
