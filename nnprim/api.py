@@ -27,7 +27,7 @@ from .ops.conv import bias_grad, post_op_spec
 from .post_ops import Binary, Eltwise, PostOp, Sum, apply_post_ops
 from .problems.attention import normalize_causal
 from .problems.common import check_tensor
-from .problems.conv import _named_padding, _padding
+from .problems.conv import ConvProblem, _named_padding, _padding, empty_in_layout, layout_of, to_layout
 from .quant import KVQuant
 from .search.context import context
 from .search.modes import SETTINGS
@@ -163,34 +163,38 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     if fast and torch._C._is_any_autocast_enabled():  # the cast inputs are what the signature keys
         # (a ResNet under autocast took the general path, ~2x the host time of the memoised call)
         x, w, bias = _autocast(x.device.type, x, w, bias)
-    if post_ops and fast:
-        y = _fused_fast(x, w, bias, stride, padding, dilation, groups, post_ops, out_dtype, solver)
-        if y is not None:
-            return y
-    if not post_ops and fast:
-        # the hot path: the raw call signature is the context's memo key (the arguments are
-        # normalised and validated once, when the signature is new)
-        try:
-            sig = ("conv_forward", x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
-                   None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
-                   stride, padding, dilation, groups, out_dtype, solver,
-                   type(stride), type(padding), type(dilation), type(groups))     # see _arg_types
-            hash(sig)
-        except TypeError:   # unhashable arguments (lists): the general path
-            sig = None
-        if sig is not None:
-            if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
-                                            or (bias is not None and bias.requires_grad)):
-                conf = _GRAD_CONFS.get(sig)
-                if conf is None:
-                    st, pad, dl = _conv_args(x, w.shape[2:], stride, padding, dilation)
-                    conf = (st, pad, dl, groups, out_dtype, _solver(solver), sig)
-                    if len(_GRAD_CONFS) < 4096:
-                        _GRAD_CONFS[sig] = conf
-                return conv_ops.conv_function(x, w, bias, conf)
-            return context(x.device).call(sig, lambda: _raw_fwd_problem(x, w, bias, stride, padding, dilation, groups,
-                                                                    out_dtype),
-                                          ConvArgs(x=x, w=w, bias=bias), _solver(solver))
+    try:
+        if post_ops and fast:
+            y = _fused_fast(x, w, bias, stride, padding, dilation, groups, post_ops, out_dtype, solver)
+            if y is not None:
+                return y
+        if not post_ops and fast:
+            # the hot path: the raw call signature is the context's memo key (the arguments are
+            # normalised and validated once, when the signature is new)
+            try:
+                sig = ("conv_forward", x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
+                       None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+                       stride, padding, dilation, groups, out_dtype, solver,
+                       type(stride), type(padding), type(dilation), type(groups))     # see _arg_types
+                hash(sig)
+            except TypeError:   # unhashable arguments (lists): the general path
+                sig = None
+            if sig is not None:
+                if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
+                                                or (bias is not None and bias.requires_grad)):
+                    conf = _GRAD_CONFS.get(sig)
+                    if conf is None:
+                        st, pad, dl = _conv_args(x, w.shape[2:], stride, padding, dilation)
+                        conf = (st, pad, dl, groups, out_dtype, _solver(solver), sig)
+                        if len(_GRAD_CONFS) < 4096:
+                            _GRAD_CONFS[sig] = conf
+                    return conv_ops.conv_function(x, w, bias, conf)
+                return context(x.device).call(sig, lambda: _raw_fwd_problem(x, w, bias, stride, padding, dilation, groups,
+                                                                        out_dtype),
+                                              ConvArgs(x=x, w=w, bias=bias), _solver(solver))
+    except BadParameterError:
+        if not _empty_batch(x):     # an empty batch is validated and served below
+            raise
     check_tensor("x", x)
     check_tensor("w", w)
     if bias is not None:
@@ -200,6 +204,8 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     ops = _post_ops(post_ops, x.dim(), w.shape[0]) if post_ops else ()
     spec, post_tensors = post_op_spec(ops) if ops else ("", [])
     solver = _solver(solver)
+    if _empty_batch(x):
+        return _empty_batch_forward(x, w, bias, st, pad, dl, groups, ops, post_tensors, out_dtype)
     direct = eager(x, w, bias, *post_tensors)
     if _needs_grad(x, w, bias, *post_tensors):
         if ops:  # the chain in torch on the f32 (f64) accumulator, so that its gradient is exact
@@ -211,6 +217,45 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
             return conv_ops.conv_function(x, w, bias, (st, pad, dl, groups, out_dtype, solver))
     fn = conv_ops._conv_forward if direct else _ops.conv_forward
     return fn(x, w, bias, st, pad, dl, groups, spec, post_tensors, out_dtype, solver)
+
+
+def _empty_batch(t) -> bool:
+    """A conv operand with no images (N = 0), which torch serves with an empty result."""
+    return isinstance(t, torch.Tensor) and t.dim() in (3, 4, 5) and t.shape[0] == 0
+
+
+def _one_image(t: torch.Tensor) -> tuple[int, ...]:
+    return (1, *t.shape[1:])
+
+
+def _joined(out: torch.Tensor, *inputs) -> torch.Tensor:
+    """out, joined to the inputs that need gradients (which get zeros: out has no elements)."""
+    need = [t for t in inputs if t is not None and t.requires_grad]
+    if not (need and torch.is_grad_enabled()):
+        return out
+    return out + sum(t.sum() for t in need) * 0
+
+
+def _empty_batch_problem(direction: str, dy, t, shape, st, pad, dl, groups, out_dtype, n: int) -> ConvProblem:
+    """The problem of a backward call with no image, validated as one image's (dy given one)."""
+    if n != 0:
+        raise BadParameterError(f"{'x' if direction == 'bwd_data' else 'w'}_shape has N={n} but dy has none")
+    dy1 = dy.new_empty(_one_image(dy))
+    return conv_ops._bwd_problem(direction, to_layout(dy1, layout_of(dy)), t, shape, st, pad, dl, groups, out_dtype)
+
+
+def _empty_batch_forward(x, w, bias, st, pad, dl, groups, ops, post_tensors, out_dtype) -> torch.Tensor:
+    """conv_forward of an empty batch: validated as one image would be (shapes, bias, post-ops),
+    y empty in x's layout, joined to x, w, bias and the post-op tensors for autograd."""
+    nd = x.dim() - 2
+    p = ConvProblem.create("fwd", _one_image(x), tuple(w.shape), dtype=x.dtype, layout=layout_of(x),
+                           device=x.device.type, stride=st, padding=conv_ops._pairs(pad, nd), dilation=dl,
+                           groups=groups, out_dtype=out_dtype, has_bias=bias is not None)
+    if bias is not None and tuple(bias.shape) != (p.K,):
+        raise BadParameterError(f"bias shape {tuple(bias.shape)} must be (K,)=({p.K},)")
+    y = empty_in_layout((0, *p.y_shape[1:]), p.layout, dtype=p.out_dtype, device=x.device)
+    y = _joined(y, x, w, bias, *post_tensors)
+    return apply_post_ops(y, ops).to(p.out_dtype) if ops else y
 
 
 _NUMBERS = (float, int)
@@ -317,12 +362,20 @@ def conv_backward_data(dy: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int]
     if type(dy) in _PLAIN and type(w) in _PLAIN and _fast_path_open():
         sig = _bwd_sig("conv_backward_data", dy, w, x_shape, stride, padding, dilation, groups, out_dtype, solver)
         if sig is not None:
-            return context(dy.device).call(
-                sig, lambda: _raw_bwd_problem("bwd_data", dy, w, x_shape, stride, padding, dilation, groups, out_dtype),
-                ConvArgs(dy=dy, w=w), _solver(solver))
+            try:
+                return context(dy.device).call(
+                    sig, lambda: _raw_bwd_problem("bwd_data", dy, w, x_shape, stride, padding, dilation, groups,
+                                                  out_dtype), ConvArgs(dy=dy, w=w), _solver(solver))
+            except BadParameterError:
+                if not _empty_batch(dy):
+                    raise
     check_tensor("dy", dy)
     check_tensor("w", w)
     st, pad, dl = _conv_args(dy, w.shape[2:], stride, padding, dilation)
+    if _empty_batch(dy):
+        xs = _shape("x_shape", x_shape)
+        p = _empty_batch_problem("bwd_data", dy, w, [1, *xs[1:]], st, pad, dl, groups, out_dtype, xs[0])
+        return _joined(empty_in_layout((0, *p.x_shape[1:]), p.layout, dtype=p.out_dtype, device=dy.device), dy, w)
     fn = conv_ops._conv_backward_data if eager(dy, w) else _ops.conv_backward_data
     return fn(dy, w, _shape("x_shape", x_shape), st, pad, dl, groups, out_dtype, _solver(solver))
 
@@ -334,14 +387,21 @@ def conv_backward_weights(dy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[i
     if type(dy) in _PLAIN and type(x) in _PLAIN and _fast_path_open():
         sig = _bwd_sig("conv_backward_weights", dy, x, w_shape, stride, padding, dilation, groups, out_dtype, solver)
         if sig is not None:
-            return context(dy.device).call(
-                sig, lambda: _raw_bwd_problem("bwd_weights", dy, x, w_shape, stride, padding, dilation, groups,
-                                          out_dtype),
-                ConvArgs(dy=dy, x=x), _solver(solver))
+            try:
+                return context(dy.device).call(
+                    sig, lambda: _raw_bwd_problem("bwd_weights", dy, x, w_shape, stride, padding, dilation, groups,
+                                                  out_dtype), ConvArgs(dy=dy, x=x), _solver(solver))
+            except BadParameterError:
+                if not _empty_batch(dy):
+                    raise
     check_tensor("dy", dy)
     check_tensor("x", x)
     ws = _shape("w_shape", w_shape)
     st, pad, dl = _conv_args(x, ws[2:], stride, padding, dilation)
+    if _empty_batch(dy) and _empty_batch(x):    # no image: a zero gradient
+        x1 = to_layout(x.new_empty(_one_image(x)), layout_of(x))
+        p = _empty_batch_problem("bwd_weights", dy, x1, ws, st, pad, dl, groups, out_dtype, 0)
+        return _joined(empty_in_layout(p.w_shape, p.layout, dtype=p.out_dtype, device=dy.device).zero_(), dy, x)
     fn = conv_ops._conv_backward_weights if eager(dy, x) else _ops.conv_backward_weights
     return fn(dy, x, ws, st, pad, dl, groups, out_dtype, _solver(solver))
 
@@ -468,6 +528,35 @@ def _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv
     return (o, lse) if return_lse else o
 
 
+def _no_queries(q) -> bool:
+    """An sdpa call with no query rows (B = 0 or Sq = 0), which torch serves with an empty o."""
+    return isinstance(q, torch.Tensor) and q.dim() == 4 and (q.shape[0] == 0 or q.shape[2] == 0)
+
+
+def _no_queries_sdpa(q, k, v, attn_mask, kv_lens, return_lse):
+    """o (and lse) with no rows, after the shape checks that do not need a row; joined to q,
+    k, v for autograd."""
+    if k.dim() != 4 or v.dim() != 4:
+        raise BadParameterError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be 4-D (B, H, S, D)")
+    (B, Hq, Sq, D), (Bk, Hkv, Sk, Dk), (Bv, Hv, Skv, Dv) = q.shape, k.shape, v.shape
+    if not (B == Bk == Bv) or Hkv != Hv or Sk != Skv or D != Dk or Hkv == 0 or Hq % Hkv:
+        raise BadParameterError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not agree: "
+                                "equal B, k and v of equal heads and keys, Hq a multiple of Hkv, equal D")
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise BadParameterError(f"q, k, v dtypes {q.dtype}, {k.dtype}, {v.dtype} must be one floating dtype")
+    for name, t in (("attn_mask", attn_mask), ("kv_lens", kv_lens)):
+        if t is not None:
+            check_tensor(name, t)
+    if attn_mask is not None:
+        try:
+            torch.broadcast_shapes(tuple(attn_mask.shape), (B, Hq, Sq, Sk))
+        except RuntimeError:
+            raise BadParameterError(f"attn_mask shape {tuple(attn_mask.shape)} is not broadcastable to "
+                                    f"(B, Hq, Sq, Sk)={(B, Hq, Sq, Sk)}") from None
+    o = _joined(q.new_empty((B, Hq, Sq, Dv)), q, k, v)
+    return (o, q.new_empty((B, Hq, Sq), dtype=torch.float32)) if return_lse else o
+
+
 def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal=None, scale=None,
          invert_scale: bool = False, dropout_p: float = 0.0, seed: int = 0, offset: int = 0,
          kv_lens: torch.Tensor | None = None, softmax_inf_as_zero: bool = False,
@@ -487,13 +576,20 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
             and _fast_path_open()):
         if torch._C._is_any_autocast_enabled():
             q, k, v = _autocast(q.device.type, q, k, v)
-        out = _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv_lens,
-                         softmax_inf_as_zero, return_lse, solver, block_table)
+        try:
+            out = _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv_lens,
+                             softmax_inf_as_zero, return_lse, solver, block_table)
+        except BadParameterError:
+            if not _no_queries(q):        # validated and served below
+                raise
+            out = None
         if out is not None:
             return out
     check_tensor("q", q)
     kd, ks, kz, kspec = _kv("k", k)
     vd, vs, vz, vspec = _kv("v", v)
+    if _no_queries(q) and not (kspec or vspec) and block_table is None:
+        return _no_queries_sdpa(q, kd, vd, attn_mask, kv_lens, return_lse)
     fp8 = _fp8_args(q, (q_descale, k_descale, v_descale), out_dtype)
     q_fp8 = _fp8.is_fp8(q.dtype)
     if not fp8 and q_fp8:
