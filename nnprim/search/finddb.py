@@ -126,6 +126,7 @@ class FindDb:
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._pid = -1
+        self._ident: tuple[int, int] | None = None     # (device, inode) of the file the connection opened
         self._reported: set[str] = set()
 
     def __repr__(self) -> str:
@@ -139,6 +140,13 @@ class FindDb:
         self._reported.add(what)
         log.warning(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+    def _file_id(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
 
     def _open_file(self) -> sqlite3.Connection:
         if self.readonly:
@@ -165,6 +173,7 @@ class FindDb:
         except BaseException:
             conn.close()
             raise
+        self._ident = self._file_id()
         return conn
 
     def _open(self) -> sqlite3.Connection:
@@ -173,6 +182,7 @@ class FindDb:
             conn.executescript(_SCHEMA)
             return conn
         for attempt in range(40):
+            found = None if self.readonly else self._file_id()
             try:
                 return self._open_file()
             except sqlite3.Error as e:
@@ -182,7 +192,7 @@ class FindDb:
                 if self.readonly:
                     raise
                 if _is_corrupt(e):
-                    self._move_aside(e)
+                    self._move_aside(e, found)
                     continue
                 self._to_memory(e)
                 return self._open()
@@ -198,7 +208,14 @@ class FindDb:
                                   "using an in-memory find-db for this process")
         self.in_memory = True
 
-    def _move_aside(self, why: BaseException) -> None:
+    def _move_aside(self, why: BaseException, ident: tuple[int, int] | None) -> None:
+        """Move the corrupt file `ident` (the one this process found corrupt) aside; when the
+        path holds another file by now (another process moved it aside and rebuilt it), that
+        healthy file stays and is reopened (moving it lost its records)."""
+        self.close()
+        if ident is not None and self._file_id() != ident:
+            log.debug("find-db %s was replaced since it read as corrupt here (%s); reopening", self.path, why)
+            return
         dest = f"{self.path}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         self._warn_once("corrupt", f"nnprim find-db {self.path} is corrupt or unreadable ({why}); "
                                    f"moved aside to {dest} and rebuilt")
@@ -217,6 +234,9 @@ class FindDb:
                 pass
 
     def _connection(self) -> sqlite3.Connection:
+        if (self._conn is not None and self._pid == os.getpid() and not self.in_memory and not self.readonly
+                and self._file_id() != self._ident):
+            self.close()      # moved aside (or replaced) by another process: its writes would be lost there
         if self._conn is None or self._pid != os.getpid():
             self._conn = self._open()
             self._pid = os.getpid()
@@ -258,7 +278,7 @@ class FindDb:
                         return op(None) if not write else None
                     if _is_corrupt(e) and not recovered and not self.in_memory:
                         recovered = True
-                        self._move_aside(e)
+                        self._move_aside(e, self._ident)
                         continue
                     if not self.in_memory and isinstance(e, sqlite3.OperationalError) and write:
                         # e.g. "attempt to write a readonly database", disk full: keep going in memory

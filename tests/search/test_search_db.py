@@ -100,6 +100,46 @@ def test_corrupt_file_is_moved_aside_and_rebuilt(clean):
     assert any(p.name.startswith("finddb.sqlite.corrupt-") for p in cache.iterdir())
 
 
+def test_corrupt_file_rebuilt_by_another_process_is_kept(tmp_path):
+    """Two connections (as two processes) on a file whose pages go bad: the first to hit it
+    moves it aside and rebuilds; the second, hitting the corruption on its old connection,
+    must reopen the rebuilt file, not move it aside too (its records were lost that way)."""
+    path = str(tmp_path / "finddb.sqlite")
+    db0 = finddb.FindDb(path)
+    db0.write([_rec(f"old{i}", 1000 + j) for i in range(200) for j in range(5)])
+    db0.close()
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    with open(path, "r+b") as f:
+        for off in range(4096 * 2, os.path.getsize(path), 4096):
+            f.seek(off + 50)
+            f.write(os.urandom(500))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        b = finddb.FindDb(path)
+        b._run(lambda c: None)                 # B opened the file before anyone saw it corrupt
+        a = finddb.FindDb(path)
+        a.write([_rec("A", 1000)])             # A: corrupt, moved aside, rebuilt
+        b.lookup("cpu:test", finddb.SOLVER_SET_VERSION, "old3")
+        b.write([_rec("B", 1000)])
+        a.write([_rec("A2", 1000)])
+    keys = {r[0] for r in sqlite3.connect(path).execute("SELECT problem_key FROM records")}
+    assert {"A", "B", "A2"} <= keys
+    assert len([p for p in os.listdir(tmp_path) if p.endswith(tuple("0123456789"))]) == 1   # one move aside
+
+
+def test_a_connection_follows_its_file(tmp_path):
+    """A file moved aside under an open connection: the next write goes to the file at the
+    path, not to the moved one."""
+    path = str(tmp_path / "finddb.sqlite")
+    db = finddb.FindDb(path)
+    db.write([_rec("first", 1000)])
+    os.replace(path, path + ".elsewhere")
+    db.write([_rec("second", 1000)])
+    assert [r[0] for r in sqlite3.connect(path).execute("SELECT problem_key FROM records")] == ["second"]
+
+
 def test_corrupt_pages_midway(clean, solvers):
     """A valid db whose pages are overwritten later: recovered while nnprim is in use."""
     solvers.add(1000, "t_fast")
@@ -147,7 +187,7 @@ def test_readonly_db_file_falls_back_to_memory(clean):
     db.close()
     db2 = finddb.FindDb(path)
     db2._conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
-    db2._pid = os.getpid()
+    db2._pid, db2._ident = os.getpid(), db2._file_id()
     with pytest.warns(RuntimeWarning, match="not writable"):
         db2.write([_rec("k2", 1001)])
     assert db2.in_memory
