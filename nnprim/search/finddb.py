@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import sqlite3
@@ -92,6 +93,27 @@ class Record:
 
     def row(self) -> tuple:
         return tuple(getattr(self, c) for c in _COLUMNS)
+
+
+def checked_record(r: Record, where: str) -> Record:
+    """r, its fields' types and values checked (imports: a bad value must not reach the db)."""
+    for c in ("device", "solver_set", "problem_key", "class_key", "solver_name", "family", "status"):
+        v = getattr(r, c)
+        if not isinstance(v, str) or (c in ("device", "solver_set", "problem_key") and not v):
+            raise ValueError(f"{where}: {c}={v!r} must be a non-empty string" if c in ("device", "solver_set",
+                             "problem_key") else f"{where}: {c}={v!r} must be a string")
+    if r.status not in STATUSES:
+        raise ValueError(f"{where}: status {r.status!r} is not one of {STATUSES}")
+    for c in ("solver_id", "workspace"):
+        v = getattr(r, c)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{where}: {c}={v!r} must be a non-negative int")
+    t = r.time_ms
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0):
+        raise ValueError(f"{where}: time_ms={t!r} must be a non-negative number or null")
+    if isinstance(r.timestamp, bool) or not isinstance(r.timestamp, (int, float)):
+        raise ValueError(f"{where}: timestamp={r.timestamp!r} must be a number")
+    return r
 
 
 def _ids_text(ids) -> str:
@@ -432,15 +454,25 @@ class FindDb:
         return len(recs)
 
     def import_json(self, path: str | os.PathLike) -> int:
+        """Merge a JSON export ({"records": [...]} or a list of records), every field checked
+        first: nothing is written when one record is bad (a string time once broke every
+        later call of that problem)."""
         with open(path) as f:
-            data = json.load(f)
-        rows = data["records"] if isinstance(data, dict) else data
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not JSON ({e})") from None
+        rows = data.get("records") if isinstance(data, dict) else data
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: expected a list of records or {{\"records\": [...]}}")
         recs = []
         for i, r in enumerate(rows):
-            try:
-                recs.append(Record(**{c: r[c] for c in _COLUMNS}))
-            except (KeyError, TypeError) as e:
-                raise ValueError(f"{path}: record {i} lacks field {e}") from None
+            if not isinstance(r, dict):
+                raise ValueError(f"{path}: record {i} is not an object")
+            missing = [c for c in _COLUMNS if c not in r]
+            if missing:
+                raise ValueError(f"{path}: record {i} lacks field(s) {missing}")
+            recs.append(checked_record(Record(**{c: r[c] for c in _COLUMNS}), f"{path}: record {i}"))
         self.write(recs)
         return len(recs)
 
@@ -486,8 +518,7 @@ class FindDb:
                                        d["status"], now))
                 except ValueError as e:
                     raise ValueError(f"{path}:{i}: {e}") from None
-                if recs[-1].status not in STATUSES:
-                    raise ValueError(f"{path}:{i}: status {recs[-1].status!r} is not one of {STATUSES}")
+                checked_record(recs[-1], f"{path}:{i}")
         self.write(recs)
         return len(recs)
 

@@ -238,6 +238,33 @@ def test_export_import_clear(clean):
     assert [r.problem_key for r in db.all()] == ["b"]
 
 
+@pytest.mark.parametrize("bad", [dict(time_ms="fast"), dict(time_ms=-1.0), dict(status="great"),
+                                 dict(solver_id="7"), dict(solver_id=True), dict(problem_key=None),
+                                 dict(workspace=1.5), "not a record"])
+def test_import_json_checks_every_record(clean, bad):
+    """A bad field in a JSON import is refused with the record's index, and nothing of the
+    file is written (a string time once broke every later call of that problem)."""
+    db = finddb.user_db()
+    db.write([_rec("a", 1000), _rec("b", 1001)])
+    out = clean / "dump.json"
+    db.export_json(out)
+    import json
+    data = json.loads(out.read_text())
+    if isinstance(bad, dict):
+        data["records"][1].update(bad)
+    else:
+        data["records"][1] = bad
+    out.write_text(json.dumps(data))
+    db.delete()
+    with pytest.raises(ValueError, match="record 1"):
+        db.import_json(out)
+    assert db.count() == 0
+    for top in ("5", "null", '{"records": 5}', "[1, 2"):
+        out.write_text(top)
+        with pytest.raises(ValueError):
+            db.import_json(out)
+
+
 def test_system_db_consulted_after_user_db(solvers, clean, monkeypatch):
     solvers.add(1000, "t_a")
     solvers.add(1001, "t_b")
