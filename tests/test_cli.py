@@ -46,6 +46,26 @@ def test_bad_arguments_exit_2(args, needle):
     assert "Traceback" not in r.stderr
 
 
+def test_bad_values_and_paths_exit_2_in_one_line(tmp_path, capsys):
+    """Found by fuzzing: these ended in a traceback (or ran with a default in place of 0)."""
+    from nnprim.cli import main
+    conv = ["conv", "-c", "3", "-k", "4", "--spatial", "8,8", "--filter", "3,3"]
+    cases = [(["conv", "-c", "-3", "-k", "4", "--spatial", "8,8", "--filter", "3,3"], "positive int"),
+             ([*conv, "-g", "0"], "positive int"), ([*conv, "--time", "--reps", "0"], "positive int"),
+             ([*conv, "--json", str(tmp_path / "no" / "r.json")], "No such file"),
+             (["attn", "--hq", "2", "--sq", "4", "-d", "8", "--sk", "0"], "positive int"),
+             (["bench", "--suite", str(tmp_path)], "Is a directory"),
+             (["bench", "--suite", "conv_cpu", "--only", "nosuch"], "nosuch"),
+             (["db", "import", str(tmp_path)], "Is a directory")]
+    for args, needle in cases:
+        try:
+            rc = main(args)
+        except SystemExit as e:
+            rc = e.code
+        err = capsys.readouterr().err
+        assert rc == 2 and needle in err and "Traceback" not in err, (args, rc, err)
+
+
 def test_bench_small_suite(tmp_path):
     out = tmp_path / "b.json"
     r = run("bench", "--suite", "conv_cpu", "--scale", "8", "--limit", "2", "--reps", "1", "--json", str(out))

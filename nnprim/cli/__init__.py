@@ -43,11 +43,16 @@ def main(argv: list[str] | None = None) -> int:
                             format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
-    except (BadParameterError, NotSupportedError) as e:
+    except (BadParameterError, NotSupportedError, ValueError) as e:
+        # ValueError: a file that is not an export (db import) and the like
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"nnprim: error: {first}", file=sys.stderr)
         if args.verbose:
             print(str(e), file=sys.stderr)
+        return 2
+    except OSError as e:          # a path that is missing, a directory, not writable
+        print(f"nnprim: error: {e.strerror or e}: {e.filename}" if e.filename else f"nnprim: error: {e}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -13,7 +13,7 @@ from ..errors import BadParameterError
 from ..search.timing import bench_ms, interleaved_samples
 from . import cases
 from .plot import plot_rows
-from .problem_args import default_dtype, pick_device
+from .problem_args import default_dtype, pick_device, positive_int
 from .suites import load_suite
 
 
@@ -23,10 +23,10 @@ def add_parser(sub) -> None:
     b.add_argument("--dtype", default=None, help="f32, f16 or bf16 (default: bf16 on cuda, f32 on cpu)")
     b.add_argument("--device", default="auto")
     b.add_argument("--direction", default="fwd", help="comma list: fwd,bwd_data,bwd_weights (conv) or fwd,bwd")
-    b.add_argument("--scale", type=int, default=1, help="divide batch sizes by this (quick runs)")
-    b.add_argument("--limit", type=int, default=None, help="run only the first N problems")
+    b.add_argument("--scale", type=positive_int, default=1, help="divide batch sizes by this (quick runs)")
+    b.add_argument("--limit", type=positive_int, default=None, help="run only the first N problems")
     b.add_argument("--only", default=None, help="comma list of problem names")
-    b.add_argument("--reps", type=int, default=30, help="timed runs per problem (median; default 30); with the peer, "
+    b.add_argument("--reps", type=positive_int, default=30, help="timed runs per problem (median; default 30); with the peer, "
                    "rounds of one run each, alternating")
     b.add_argument("--no-verify", dest="verify", action="store_false")
     b.add_argument("--no-peer", dest="peer", action="store_false", help="skip timing torch's own op")
@@ -81,7 +81,11 @@ def run_bench(args) -> int:
         if d not in valid:
             raise BadParameterError(f"--direction {d!r} is not one of {valid} for a {kind} suite")
     if args.only:
-        names = set(args.only.split(","))
+        names = {n for n in args.only.split(",") if n}
+        unknown = sorted(names - {p.get("name") for p in probs})
+        if unknown:
+            raise BadParameterError(f"--only names {unknown} are not in the suite "
+                                    f"({', '.join(str(p.get('name')) for p in probs)})")
         probs = [p for p in probs if p.get("name") in names]
     probs = probs[: args.limit] if args.limit else probs
     rows, failed = [], 0

@@ -88,9 +88,13 @@ def cmd_import(args) -> int:
             else db.import_json(args.file)
     except (ValueError, KeyError) as e:
         raise BadParameterError(f"{args.file} is not a find-db export: {e}") from None
+    target = args.into or finddb.user_db_path()
+    if db.in_memory:        # the file could not be written: the records went to this process's memory only
+        print(f"nnprim: error: find-db {target} is not writable; nothing was imported", file=sys.stderr)
+        return 2
     if args.into:
         db.seal()
-    print(f"imported {n} records into {args.into or finddb.user_db_path()}")
+    print(f"imported {n} records into {target}")
     return 0
 
 

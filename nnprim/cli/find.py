@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from .problem_args import add_problem_parsers, problem_from_args, suite_problems
+from .problem_args import add_problem_parsers, positive_int, problem_from_args, suite_problems
 
 
 # ---- the command ------------------------------------------------------------------------------
@@ -46,7 +46,7 @@ def add_parser(sub) -> None:
     s.add_argument("--dtype", default=None, help="f32, f16 or bf16 (default bf16 on cuda, f32 on cpu)")
     s.add_argument("--device", default="auto")
     s.add_argument("--direction", default=None, help="comma list (default fwd; attention train: fwd,bwd)")
-    s.add_argument("--limit", type=int, default=None, help="only the first N problems")
+    s.add_argument("--limit", type=positive_int, default=None, help="only the first N problems")
     s.set_defaults(func=run_find, kind="suite")
     for p in fsub.choices.values():
         p.add_argument("--workspace-limit", type=int, default=None, help="bytes; solvers needing more are skipped")

@@ -37,6 +37,17 @@ def pick_device(s: str) -> str:
     return s
 
 
+def positive_int(s: str) -> int:
+    """argparse type: an int >= 1 (a 0 once fell back to the flag's default, -3 reached torch)."""
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {v}")
+    return v
+
+
 def ints(s: str) -> list[int]:
     try:
         return [int(v) for v in s.replace("x", ",").split(",") if v]
@@ -142,15 +153,15 @@ def _kv_signature(spec: dict, dtype: torch.dtype, d: int) -> tuple | None:
 
 def add_conv_args(c: argparse.ArgumentParser) -> None:
     """Flags describing one convolution problem."""
-    c.add_argument("-n", "--batch", type=int, default=1)
-    c.add_argument("-c", "--channels", type=int, required=True, help="input channels C")
-    c.add_argument("-k", "--out-channels", type=int, required=True, help="output channels K")
+    c.add_argument("-n", "--batch", type=positive_int, default=1)
+    c.add_argument("-c", "--channels", type=positive_int, required=True, help="input channels C")
+    c.add_argument("-k", "--out-channels", type=positive_int, required=True, help="output channels K")
     c.add_argument("--spatial", type=ints, required=True, help="input size, e.g. 56,56 (1-3 dims)")
     c.add_argument("--filter", type=ints, required=True, help="filter size, e.g. 3,3")
     c.add_argument("--stride", type=ints, default=[1])
     c.add_argument("--pad", type=ints, default=[0], help="padding per dim, or before,after pairs as 2*nd ints")
     c.add_argument("--dilation", type=ints, default=[1])
-    c.add_argument("-g", "--groups", type=int, default=1)
+    c.add_argument("-g", "--groups", type=positive_int, default=1)
     c.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw")
     c.add_argument("--direction", choices=("fwd", "bwd_data", "bwd_weights"), default="fwd")
     c.add_argument("--bias", action="store_true")
@@ -160,18 +171,18 @@ def add_conv_args(c: argparse.ArgumentParser) -> None:
 
 def add_attn_args(a: argparse.ArgumentParser) -> None:
     """Flags describing one attention problem."""
-    a.add_argument("-b", "--batch", type=int, default=1)
-    a.add_argument("--hq", type=int, required=True, help="query heads")
-    a.add_argument("--hkv", type=int, default=None, help="key/value heads (default hq)")
-    a.add_argument("--sq", type=int, required=True)
-    a.add_argument("--sk", type=int, default=None, help="keys (default sq)")
-    a.add_argument("-d", "--head-dim", type=int, required=True)
-    a.add_argument("--dv", type=int, default=None)
+    a.add_argument("-b", "--batch", type=positive_int, default=1)
+    a.add_argument("--hq", type=positive_int, required=True, help="query heads")
+    a.add_argument("--hkv", type=positive_int, default=None, help="key/value heads (default hq)")
+    a.add_argument("--sq", type=positive_int, required=True)
+    a.add_argument("--sk", type=positive_int, default=None, help="keys (default sq)")
+    a.add_argument("-d", "--head-dim", type=positive_int, required=True)
+    a.add_argument("--dv", type=positive_int, default=None)
     a.add_argument("--causal", choices=("none", "top_left", "bottom_right"), default="none")
     a.add_argument("--mask", choices=("none", "bool", "additive"), default="none")
     a.add_argument("--dropout", type=float, default=0.0)
     a.add_argument("--kv-quant", choices=("s8", "u8", "s4", "u4"), default=None)
-    a.add_argument("--group-size", type=int, default=None)
+    a.add_argument("--group-size", type=positive_int, default=None)
     a.add_argument("--direction", choices=("fwd", "bwd"), default="fwd")
     a.add_argument("--dtype", default=None, help="f32, f16 or bf16 (default: bf16 on cuda, f32 on cpu)")
     a.add_argument("--device", default="auto", help="auto, cpu or cuda")

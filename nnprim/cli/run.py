@@ -7,14 +7,23 @@ import json
 
 from ..search.timing import bench_ms
 from . import cases
-from .problem_args import add_attn_args, add_conv_args, attn_spec, conv_spec, default_dtype, parse_dtype, pick_device
+from .problem_args import (
+    add_attn_args,
+    add_conv_args,
+    attn_spec,
+    conv_spec,
+    default_dtype,
+    parse_dtype,
+    pick_device,
+    positive_int,
+)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--solver", default=None, help="force a solver by name or id")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip the float64 check")
     p.add_argument("--time", action="store_true", help="time the call (median of repeats)")
-    p.add_argument("--reps", type=int, default=30, help="timed repeats (default 30)")
+    p.add_argument("--reps", type=positive_int, default=30, help="timed repeats (default 30)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the result as JSON")
 
 
