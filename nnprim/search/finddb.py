@@ -316,7 +316,13 @@ class FindDb:
         if conn is None:
             return []
         cur = conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM records {where}", params)
-        return [Record(*row) for row in cur.fetchall()]
+        out = []
+        for row in cur.fetchall():
+            try:
+                out.append(checked_record(Record(*row), "find-db record"))
+            except ValueError as e:     # written by an older import that did not check: skipped
+                log.warning("%s; skipped", e)
+        return out
 
     def lookup(self, device: str, solver_set: str, problem_key: str) -> list[Record]:
         return self._run(lambda c: self._records(

@@ -265,6 +265,19 @@ def test_import_json_checks_every_record(clean, bad):
             db.import_json(out)
 
 
+def test_malformed_rows_are_skipped_when_read(tmp_path):
+    """A row an older, unchecked import wrote (a text time): skipped with a log line, the
+    others served (it raised in every later call of its problem)."""
+    path = str(tmp_path / "finddb.sqlite")
+    db = finddb.FindDb(path)
+    db.write([_rec("k", 1000), _rec("k", 1001)])
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE records SET time_ms='fast' WHERE solver_id=1001")
+    conn.commit()
+    conn.close()
+    assert [r.solver_id for r in db.lookup("cpu:test", finddb.SOLVER_SET_VERSION, "k")] == [1000]
+
+
 def test_system_db_consulted_after_user_db(solvers, clean, monkeypatch):
     solvers.add(1000, "t_a")
     solvers.add(1001, "t_b")
