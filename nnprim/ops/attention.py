@@ -315,8 +315,9 @@ def with_lse_grads(ctx, grads, dlse):
     ops = torch.ops.nnprim
     pk, _ = ops.sdpa_forward(q, k, k, None, None, None, None, "", "", *opts, False, None)
     dq_lse = (s * dlse).unsqueeze(-1) * pk.float()
-    do_lse = ((s * dlse).unsqueeze(-1) * q.float()).to(q.dtype)
-    _, _, dk_lse = ops.sdpa_backward(do_lse, q, k, k, torch.zeros_like(q), lse, *opts, None)
+    do_lse = ((s * dlse).unsqueeze(-1) * q.float()).to(q.dtype).contiguous()
+    o0 = torch.zeros(q.shape, dtype=q.dtype, device=q.device)      # contiguous, as a forward's o
+    _, _, dk_lse = ops.sdpa_backward(do_lse, q, k, k, o0, lse, *opts, None)
     dq, dk, dv = grads
     dq = dq_lse.to(q.dtype) if dq is None else (dq.float() + dq_lse).to(dq.dtype)
     dk = dk_lse.to(k.dtype) if dk is None else (dk.float() + dk_lse.float()).to(dk.dtype)
