@@ -202,6 +202,8 @@ class FindDb:
         if self.in_memory:
             conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
             conn.executescript(_SCHEMA)
+            if self.path is not None:
+                self._copy_readable_file(conn)
             return conn
         for attempt in range(40):
             found = None if self.readonly else self._file_id()
@@ -224,6 +226,25 @@ class FindDb:
                 self._to_memory(e)
                 return self._open()
         raise sqlite3.OperationalError(f"find-db {self.path} stayed locked")
+
+    def _copy_readable_file(self, conn: sqlite3.Connection) -> None:
+        """The memory db that stands in for a file this process cannot write starts with the
+        file's records when it can read them (a read-only cache dir once hid every record)."""
+        if not os.path.isfile(self.path):
+            return
+        uri = Path(self.path).as_uri() + "?mode=ro&immutable=1"
+        try:
+            src = sqlite3.connect(uri, uri=True)
+            try:
+                for table in ("records", "considered"):
+                    rows = src.execute(f"SELECT * FROM {table}").fetchall()
+                    if rows:
+                        conn.executemany(f"INSERT OR REPLACE INTO {table} VALUES "
+                                         f"({', '.join('?' * len(rows[0]))})", rows)
+            finally:
+                src.close()
+        except sqlite3.Error as e:
+            log.debug("find-db %s not readable either: %s", self.path, e)
 
     def _to_memory(self, why: BaseException) -> None:
         self._warn_once("memory", f"nnprim find-db {self.path} is not writable ({why}); "

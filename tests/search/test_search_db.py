@@ -194,6 +194,25 @@ def test_readonly_db_file_falls_back_to_memory(clean):
     assert [r.solver_id for r in db2.lookup("cpu:test", finddb.SOLVER_SET_VERSION, "k2")] == [1001]
 
 
+def test_unwritable_file_is_still_read(tmp_path, monkeypatch):
+    """A db the process can read but not open for writing (a read-only cache dir: WAL set-up
+    fails): the in-memory stand-in starts with the file's records."""
+    path = tmp_path / "finddb.sqlite"
+    db = finddb.FindDb(path)
+    db.write([_rec("k", 1000)])
+    db.close()
+
+    def refuse(self):
+        raise sqlite3.OperationalError("unable to open database file")
+    monkeypatch.setattr(finddb.FindDb, "_open_file", refuse)
+    db2 = finddb.FindDb(path)
+    with pytest.warns(RuntimeWarning, match="not writable"):
+        assert [r.solver_id for r in db2.lookup("cpu:test", finddb.SOLVER_SET_VERSION, "k")] == [1000]
+    assert db2.in_memory
+    db2.write([_rec("k2", 1001)])
+    assert {r.problem_key for r in db2.all()} == {"k", "k2"}
+
+
 def test_writer_killed_mid_write_leaves_readable_db(tmp_path):
     path = str(tmp_path / "finddb.sqlite")
     db = finddb.FindDb(path)
