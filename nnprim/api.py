@@ -21,6 +21,7 @@ from .errors import BadParameterError, NotSupportedError
 from .ops import _PLAIN, eager
 from .ops import attention as attn_ops
 from .ops import conv as conv_ops
+from .ops import tracing_state as _tracing_state
 from .ops import transforms_active as _transforms_active
 from .ops.attention import quant_parts
 from .ops.conv import bias_grad, post_op_spec
@@ -152,7 +153,8 @@ def _fast_path_open() -> bool:
     """Whether a call may take its memoised signature straight to the bound solver: eager
     (no compiler tracing, no dispatch mode). Under autocast the forward calls cast their
     inputs first (_autocast), as the general path does, and key the cast tensors."""
-    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or _transforms_active())
+    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or _transforms_active()
+                or _tracing_state() is not None)
 
 
 def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,

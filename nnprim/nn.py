@@ -4,10 +4,11 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .api import conv_forward, sdpa
-from .errors import BadParameterError
+from .errors import BadParameterError, NotSupportedError
 from .problems.attention import normalize_causal
 
 
@@ -21,10 +22,17 @@ class _ConvNd(nn.Module):
     ndim: int
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
-                 dilation=1, groups: int = 1, bias: bool = True, post_ops=(),
+                 dilation=1, groups: int = 1, bias: bool = True, padding_mode: str = "zeros", post_ops=(),
                  device=None, dtype=None) -> None:
         super().__init__()
         ks = (kernel_size,) * self.ndim if isinstance(kernel_size, int) else tuple(kernel_size)
+        if padding_mode not in _PAD_MODES:
+            raise BadParameterError(f"padding_mode={padding_mode!r} is not one of {_PAD_MODES}")
+        if padding_mode != "zeros" and isinstance(padding, str):
+            raise NotSupportedError(f"padding={padding!r} with padding_mode={padding_mode!r}: give the padding as "
+                                    "ints")
+        self.padding_mode = padding_mode
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, ks
         # torch.nn.ConvNd's checks, as nnprim errors (the rest, stride / padding / dilation,
         # conv_forward checks against the input)
         _positive("in_channels", in_channels)
@@ -51,8 +59,40 @@ class _ConvNd(nn.Module):
             nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.padding_mode != "zeros":    # as torch.nn.ConvNd: pad in that mode, then no padding
+            x = F.pad(x, _pad_pairs(self.padding, self.ndim), mode=self.padding_mode)
+            return conv_forward(x, self.weight, self.bias, stride=self.stride, padding=0, dilation=self.dilation,
+                                groups=self.groups, post_ops=self.post_ops)
         return conv_forward(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
                             dilation=self.dilation, groups=self.groups, post_ops=self.post_ops)
+
+    def extra_repr(self) -> str:
+        s = (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+             f"padding={self.padding}")
+        if self.dilation != 1:
+            s += f", dilation={self.dilation}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
+        if self.bias is None:
+            s += ", bias=False"
+        if self.padding_mode != "zeros":
+            s += f", padding_mode={self.padding_mode!r}"
+        if self.post_ops:
+            s += f", post_ops={self.post_ops!r}"
+        return s
+
+
+_PAD_MODES = ("zeros", "reflect", "replicate", "circular")
+
+
+def _pad_pairs(padding, nd: int) -> list[int]:
+    """F.pad's list (last dim first, before then after) of conv padding: an int, one int per
+    dim, or a (before, after) pair per dim."""
+    p = [padding] * nd if isinstance(padding, int) else list(padding)
+    if len(p) != nd:
+        raise BadParameterError(f"padding={padding!r} must be an int or {nd} of them")
+    pairs = [(v, v) if isinstance(v, int) else tuple(v) for v in p]
+    return [e for pair in reversed(pairs) for e in pair]
 
 
 class Conv1d(_ConvNd):
@@ -122,4 +162,4 @@ class Attention(nn.Module):
             else:
                 seed = int(torch.randint(0, 2**62, (1,)).item())
         o = sdpa(q, k, v, attn_mask=attn_mask, causal=self.causal, dropout_p=p, seed=seed)
-        return self.o_proj(o.transpose(1, 2).reshape(B, S, -1))
+        return self.o_proj(o.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))

@@ -183,3 +183,13 @@ def test_memoised_calls_validate_what_differs():
             nnprim.conv_backward_data(dy, w, shape)
     with pytest.raises(BadParameterError, match="w_shape"):
         nnprim.conv_backward_weights(dy, x, (6, 4, 3.0, 3))
+
+
+def test_search_entry_points_check_the_problem():
+    p = nnprim.ConvProblem.from_tensors(x, w, direction="fwd", padding=1)
+    for call in (lambda: nnprim.find("junk"), lambda: nnprim.get_solutions(42), lambda: nnprim.explain(42),
+                 lambda: nnprim.workspace_size(42, "CpuGemmFwd"), lambda: nnprim.compile(None, "CpuGemmFwd")):
+        with pytest.raises(BadParameterError, match="ConvProblem or an AttentionProblem"):
+            call()
+    with pytest.raises(BadParameterError, match="tensors=42"):
+        nnprim.find(p, tensors=42)

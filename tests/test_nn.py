@@ -1,5 +1,6 @@
 """nnprim.nn modules: dropout seeds under torch.compile (no graph break for a host value,
 a fresh mask per call); on CUDA, CUDA-graph replays in tests/gpu/test_integration_gpu.py."""
+import pytest
 import torch
 import torch._dynamo.testing
 
@@ -27,3 +28,37 @@ def test_attention_dropout_eager_is_reproducible_under_manual_seed():
     torch.manual_seed(1)
     assert torch.equal(a, attn(x))
     assert torch.equal(attn.eval()(x), attn(x))                 # eval: no dropout
+
+
+@pytest.mark.parametrize("mode", ["zeros", "reflect", "replicate", "circular"])
+def test_conv_padding_modes_and_repr_as_torch(mode):
+    """padding_mode as torch.nn.ConvNd (pad in the mode, then convolve unpadded), and the same
+    repr fields."""
+    a = nnprim.nn.Conv2d(4, 6, 3, padding=(1, 2), padding_mode=mode)
+    b = torch.nn.Conv2d(4, 6, 3, padding=(1, 2), padding_mode=mode)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 4, 9, 8)
+    torch.testing.assert_close(a(x), b(x), rtol=1e-5, atol=1e-5)
+    assert repr(a).startswith("Conv2d(4, 6, kernel_size=(3, 3), stride=1, padding=(1, 2)")
+    assert (mode != "zeros") == ("padding_mode" in repr(a))
+    with pytest.raises(nnprim.BadParameterError, match="padding_mode"):
+        nnprim.nn.Conv1d(4, 6, 3, padding_mode="mirror")
+
+
+def test_attention_of_an_empty_sequence():
+    assert nnprim.nn.Attention(16, 4)(torch.randn(2, 0, 16)).shape == (2, 0, 16)
+
+
+def test_jit_trace_records_the_ops():
+    """torch.jit.trace of a cold call: the op is recorded (it once crashed the process while
+    tracing nnprim's own code and running a find)."""
+    import warnings
+    x, w, q = torch.randn(1, 4, 8, 8), torch.randn(6, 4, 3, 3), torch.randn(1, 2, 5, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tc = torch.jit.trace(lambda a, b: nnprim.conv_forward(a, b, padding=1), (torch.randn(1, 4, 8, 8), w))
+        ts = torch.jit.trace(lambda t: nnprim.sdpa(t, t, t, causal=True), (torch.randn(1, 2, 5, 8),))
+    assert "nnprim::conv_forward" in str(tc.graph) and "nnprim::sdpa_forward" in str(ts.graph)
+    torch.testing.assert_close(tc(x, w), torch.nn.functional.conv2d(x, w, padding=1), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ts(q), torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True),
+                               rtol=1e-4, atol=1e-5)

@@ -19,13 +19,15 @@ LIB = Library("nnprim", "DEF")
 TAGS = (torch.Tag.needs_fixed_stride_order,)
 unwrap = torch._C._functorch.unwrap_if_dead
 transforms_active = torch._C._are_functorch_transforms_active
+tracing_state = torch._C._get_tracing_state     # torch.jit.trace: the op is what it records
 
 
 def eager(*tensors) -> bool:
     """Whether a public call may run the implementations directly, skipping the dispatcher
     (its Python autograd and redispatch cost ~10 us a call): plain tensors or parameters,
     no compiler tracing and no dispatch mode (FakeTensor, proxies, FlopCounter...)."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or transforms_active():
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or transforms_active()
+            or tracing_state() is not None):
         return False
     for t in tensors:
         if t is not None and type(t) not in _PLAIN:

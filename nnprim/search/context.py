@@ -220,9 +220,10 @@ class Context:
             res = _find(problem, lambda s: self.call_path(problem, s), c, tensors=tensors,
                         exhaustive=exhaustive, refind=refind, dynamic_only=dynamic_only, record=record,
                         progress=progress, timer=timer)
-            best = REGISTRY.get(res[0].solver_id)
-            self.chosen[problem] = Bound(problem, best, self.invoker_for(problem, best), False)
-            self.calls.clear()
+            if workspace_limit is None:      # a find under another limit leaves the calls' choice be
+                best = REGISTRY.get(res[0].solver_id)
+                self.chosen[problem] = Bound(problem, best, self.invoker_for(problem, best), False)
+                self.calls.clear()
         return res
 
     # ---- running ------------------------------------------------------------------------------
@@ -338,8 +339,16 @@ def context(device) -> Context:
     return ctx
 
 
+def check_problem(problem) -> None:
+    """The search entry points take a ConvProblem or an AttentionProblem (their from_tensors)."""
+    if type(problem).__name__ not in ("ConvProblem", "AttentionProblem"):
+        raise BadParameterError(f"problem={problem!r} must be a ConvProblem or an AttentionProblem "
+                                "(nnprim.ConvProblem.from_tensors, nnprim.AttentionProblem.from_tensors)")
+
+
 def for_problem(problem) -> Context:
     """The context a problem without tensors runs in (its device type; CUDA: the current device)."""
+    check_problem(problem)
     return context(problem.device)
 
 
@@ -370,12 +379,15 @@ def find(problem, tensors=None, workspace_limit: int | None = None, exhaustive: 
     limit = check_limit(workspace_limit)
     if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
         raise BadParameterError(f"count={count!r} must be None or a positive int")
+    check_problem(problem)
     ctx = for_problem(problem) if tensors is None else context(_device_of(tensors))
     res = ctx.find(problem, tensors, limit, exhaustive=exhaustive, **kw)
     return res if count is None else res[:count]
 
 
 def _device_of(args) -> torch.device:
+    if not hasattr(args, "__dict__"):
+        raise BadParameterError(f"tensors={args!r} must be a ConvArgs or an AttnArgs")
     for v in vars(args).values():
         if isinstance(v, torch.Tensor):
             return v.device
@@ -384,6 +396,7 @@ def _device_of(args) -> torch.device:
 
 def workspace_size(problem, solver) -> int:
     """Workspace bytes `solver` (name, id or Solver) needs for `problem`; error if not applicable."""
+    check_problem(problem)
     s = REGISTRY.get(solver)
     reasons = s.reasons(problem)
     if reasons:

@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 
 from . import finddb, learned
-from .context import for_problem
+from .context import check_problem, for_problem
 from .immediate import usable
 from .modes import SETTINGS
 from .ranking import heuristic_order, skip_reason
@@ -139,6 +139,7 @@ _STDOUT = object()
 
 def explain(problem, file=_STDOUT) -> str:
     """Print (to `file`, default sys.stdout; None prints nothing) and return the explanation."""
+    check_problem(problem)
     lines = [f"problem: {problem.key()}", f"class:   {problem.class_key()}",
              f"device:  {for_problem(problem).fingerprint}",
              f"limit:   workspace {for_problem(problem).workspace_limit()} B",

@@ -135,7 +135,9 @@ def from_db(problem, c: Constraints, dynamic_only: bool = False) -> list[PerfRes
         if s is None or (dynamic_only and s.long_compile):
             continue
         out.append(PerfResult(s.name, s.family, float(r.time_ms), int(r.workspace), s.id))
-    out.sort(key=lambda x: (x.time_ms, x.solver_id))
+    # the float64 reference, recorded where a find had nothing else under its limit, serves
+    # last: another record's solver wins however fast the reference timed on a tiny problem
+    out.sort(key=lambda x: (x.family == "reference", x.time_ms, x.solver_id))
     return out
 
 
@@ -248,12 +250,20 @@ def find(problem, prepare: Prepare, c: Constraints, *, tensors=None, exhaustive:
     if record and records:
         try:
             db = finddb.user_db()
-            if dynamic_only and not refind:  # keep the records of the long-compile solvers it skipped
-                redone = {r.solver_id for r in records}
-                kept = [r for r in db.lookup(c.fingerprint, finddb.SOLVER_SET_VERSION, key)
-                        if r.solver_id not in redone and getattr(REGISTRY.find_id(r.solver_id), "long_compile", False)]
-                records = records + kept
-                considered = considered + [r.solver_id for r in kept]
+            redone = {r.solver_id for r in records}
+
+            def skipped(r: finddb.Record) -> bool:
+                """Recorded, and left out of this find by its own constraints: kept. The
+                long-compile solvers dynamic_hybrid skips; those over a workspace limit
+                tighter than the one they were timed under (a find with workspace_limit=0
+                once erased the faster solvers' records and the default calls' choice)."""
+                if dynamic_only and not refind and getattr(REGISTRY.find_id(r.solver_id), "long_compile", False):
+                    return True
+                return c.workspace_limit is not None and r.workspace > c.workspace_limit
+            kept = [r for r in db.lookup(c.fingerprint, finddb.SOLVER_SET_VERSION, key)
+                    if r.solver_id not in redone and skipped(r)]
+            records = records + kept
+            considered = considered + [r.solver_id for r in kept]
             db.replace_problem(c.fingerprint, finddb.SOLVER_SET_VERSION, key, records, considered=considered)
         except Exception as e:  # the db is a cache: a failure to record must not fail find
             log.warning("find: could not record results for %s: %s", problem.key(), e)

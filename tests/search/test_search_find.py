@@ -58,6 +58,21 @@ def test_workspace_limit_skips_with_reason(solvers, caplog):
         nnprim.find(PROBLEM, workspace_limit=-1)
 
 
+def test_a_find_under_a_tighter_limit_keeps_the_record_and_the_choice(solvers):
+    """A one-off find with a small workspace_limit: the solvers it skipped for the limit keep
+    their records, and the default calls' choice stays (it once erased both: the default call
+    then ran a solver 130x slower)."""
+    solvers.add(1000, "t_fast_big_ws", workspace=1 << 30)
+    assert nnprim.find(PROBLEM)[0].solver == "t_fast_big_ws"
+    solvers.add(1001, "t_slow_no_ws", sleep_ms=5, workspace=0)
+    for refind in (False, True):      # nothing usable under the limit recorded: benchmarked either way
+        assert [r.solver for r in nnprim.find(PROBLEM, workspace_limit=0, refind=refind)] == ["t_slow_no_ws"]
+    assert set(_db_records()) == {"t_fast_big_ws", "t_slow_no_ws"}
+    assert nnprim.get_solutions(PROBLEM)[0].solver == "t_fast_big_ws"
+    assert PROBLEM not in context.for_problem(PROBLEM).chosen or chosen(PROBLEM).solver.name == "t_fast_big_ws"
+    assert resolve(PROBLEM).name == "t_fast_big_ws"      # what a default call runs
+
+
 def test_raising_and_memory_error_solvers_are_skipped(solvers, caplog):
     solvers.add(1000, "t_raises", behaviour="raise")
     oom = solvers.add(1001, "t_oom", behaviour="memory")
