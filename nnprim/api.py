@@ -357,20 +357,32 @@ def _raw_bwd_problem(direction: str, dy, t, shape, stride, padding, dilation, gr
     return conv_ops._bwd_problem(direction, dy, t, shape, st, pad, dl, groups, out_dtype)
 
 
+def _bwd_hot(direction: str, dy, t, shape, stride, padding, dilation, groups, out_dtype, solver):
+    """A backward call on its memoised signature; None where the general path takes it
+    (unhashable arguments, or an empty batch, which the memo's validation refuses)."""
+    sig = _bwd_sig("conv_backward_data" if direction == "bwd_data" else "conv_backward_weights", dy, t, shape,
+                   stride, padding, dilation, groups, out_dtype, solver)
+    if sig is None:
+        return None
+    args = ConvArgs(dy=dy, w=t) if direction == "bwd_data" else ConvArgs(dy=dy, x=t)
+    try:
+        return context(dy.device).call(
+            sig, lambda: _raw_bwd_problem(direction, dy, t, shape, stride, padding, dilation, groups, out_dtype), args,
+            _solver(solver))
+    except BadParameterError:
+        if not _empty_batch(dy):
+            raise
+    return None
+
+
 def conv_backward_data(dy: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], *, stride=1,
                        padding=0, dilation=1, groups: int = 1, solver=None,
                        out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """dx = the gradient of conv(x, w) with respect to x, given dy (x's layout = dy's)."""
     if type(dy) in _PLAIN and type(w) in _PLAIN and _fast_path_open():
-        sig = _bwd_sig("conv_backward_data", dy, w, x_shape, stride, padding, dilation, groups, out_dtype, solver)
-        if sig is not None:
-            try:
-                return context(dy.device).call(
-                    sig, lambda: _raw_bwd_problem("bwd_data", dy, w, x_shape, stride, padding, dilation, groups,
-                                                  out_dtype), ConvArgs(dy=dy, w=w), _solver(solver))
-            except BadParameterError:
-                if not _empty_batch(dy):
-                    raise
+        out = _bwd_hot("bwd_data", dy, w, x_shape, stride, padding, dilation, groups, out_dtype, solver)
+        if out is not None:
+            return out
     check_tensor("dy", dy)
     check_tensor("w", w)
     st, pad, dl = _conv_args(dy, w.shape[2:], stride, padding, dilation)
@@ -387,15 +399,9 @@ def conv_backward_weights(dy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[i
                           out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """dw = the gradient of conv(x, w) with respect to w, given dy."""
     if type(dy) in _PLAIN and type(x) in _PLAIN and _fast_path_open():
-        sig = _bwd_sig("conv_backward_weights", dy, x, w_shape, stride, padding, dilation, groups, out_dtype, solver)
-        if sig is not None:
-            try:
-                return context(dy.device).call(
-                    sig, lambda: _raw_bwd_problem("bwd_weights", dy, x, w_shape, stride, padding, dilation, groups,
-                                                  out_dtype), ConvArgs(dy=dy, x=x), _solver(solver))
-            except BadParameterError:
-                if not _empty_batch(dy):
-                    raise
+        out = _bwd_hot("bwd_weights", dy, x, w_shape, stride, padding, dilation, groups, out_dtype, solver)
+        if out is not None:
+            return out
     check_tensor("dy", dy)
     check_tensor("x", x)
     ws = _shape("w_shape", w_shape)
