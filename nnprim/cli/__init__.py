@@ -43,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
                             format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
-    except (BadParameterError, NotSupportedError, ValueError) as e:
-        # ValueError: a file that is not an export (db import) and the like
+    except (BadParameterError, NotSupportedError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"nnprim: error: {first}", file=sys.stderr)
         if args.verbose:

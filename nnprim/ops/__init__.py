@@ -11,8 +11,6 @@ tracing. In eager mode the public functions call the same implementations direct
 import torch
 from torch.library import Library
 
-from ..errors import NotSupportedError
-
 LIB = Library("nnprim", "DEF")
 # the compiler must hand the ops their inputs in the eager strides (a layout is part of a
 # convolution problem: inductor would otherwise pass NCHW where the model runs NHWC)
@@ -36,16 +34,6 @@ def eager(*tensors) -> bool:
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-
-
-def check_double_backward(name: str, grads, sources) -> None:
-    """In a backward under create_graph=True (grad mode on): a solver built of torch ops gives
-    gradients with a graph (a second derivative works); a native kernel's have none, and the
-    second derivative would be silently missing, so that raises."""
-    if any(t is not None and t.requires_grad for t in sources) and \
-            any(g is not None and g.grad_fn is None for g in grads):
-        raise NotSupportedError(f"double backward (create_graph=True) through {name} is not supported by "
-                                "the solver that ran; a float64 call (the reference solvers) supports it")
 
 
 def c_apply(fn: type[torch.autograd.Function]):

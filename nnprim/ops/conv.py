@@ -18,7 +18,7 @@ from ..problems.common import check_float_dtype
 from ..problems.conv import ConvProblem, empty_in_layout, layout_of, to_layout
 from ..search.context import context
 from ..warmup import note
-from . import LIB, c_apply, check_double_backward, transforms_active, unwrap
+from . import LIB, c_apply, transforms_active, unwrap
 from . import TAGS as _TAGS
 
 LIB.define("conv_forward(Tensor x, Tensor w, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
@@ -282,6 +282,16 @@ class ConvFunction(torch.autograd.Function):
         if torch.is_grad_enabled():     # create_graph=True
             check_double_backward("nnprim.conv_forward", (dx, dw), (dy, *ctx.saved_tensors))
         return dx, dw, db, None
+
+
+def check_double_backward(name: str, grads, sources) -> None:
+    """In a backward under create_graph=True (grad mode on): a solver built of torch ops gives
+    gradients with a graph (a second derivative works); a native kernel's have none, and the
+    second derivative would be silently missing, so that raises."""
+    if any(t is not None and t.requires_grad for t in sources) and \
+            any(g is not None and g.grad_fn is None for g in grads):
+        raise NotSupportedError(f"double backward (create_graph=True) through {name} is not supported by "
+                                "the solver that ran; a float64 call (the reference solvers) supports it")
 
 
 _CONV_APPLY = c_apply(ConvFunction)

@@ -59,10 +59,9 @@ class Solver:
     def not_supported_reasons(self, problem) -> list[str]:
         """Why this solver cannot run `problem` (empty list = applicable). Subclasses
         extend the list: `reasons = super().not_supported_reasons(p)`."""
-        reasons = []
-        kind = "conv" if type(problem).__name__ == "ConvProblem" else "attention"
-        if kind != self.primitive:
-            return [f"serves {self.primitive}, not {kind}"]
+        reasons = self._other_primitive(problem)
+        if reasons:
+            return reasons
         if problem.direction not in self.directions:
             reasons.append(f"direction {problem.direction} not in {sorted(self.directions)}")
         if problem.device not in self.devices:
@@ -75,14 +74,15 @@ class Solver:
             reasons.append("paged K/V (block_table) are not supported")
         return reasons
 
+    def _other_primitive(self, problem) -> list[str]:
+        kind = "conv" if type(problem).__name__ == "ConvProblem" else "attention"
+        return [] if kind == self.primitive else [f"serves {self.primitive}, not {kind}"]
+
     def reasons(self, problem) -> list[str]:
         """not_supported_reasons for any problem: one of the other primitive is answered here
         (subclasses' checks read fields only their primitive's problems have; a conv call
         forcing an attention solver raised AttributeError)."""
-        kind = "conv" if type(problem).__name__ == "ConvProblem" else "attention"
-        if kind != self.primitive:
-            return [f"serves {self.primitive}, not {kind}"]
-        return self.not_supported_reasons(problem)
+        return self._other_primitive(problem) or self.not_supported_reasons(problem)
 
     def is_applicable(self, problem) -> bool:
         return not self.reasons(problem)
