@@ -30,6 +30,7 @@ from .problems.attention import normalize_causal
 from .problems.common import check_tensor
 from .problems.conv import ConvProblem, _named_padding, _padding, empty_in_layout, layout_of, to_layout
 from .quant import KVQuant
+from .search import numerics
 from .search.context import context
 from .search.modes import SETTINGS
 from .search.solver import Solver
@@ -211,14 +212,30 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     direct = eager(x, w, bias, *post_tensors)
     if _needs_grad(x, w, bias, *post_tensors):
         if ops:  # the chain in torch on the f32 (f64) accumulator, so that its gradient is exact
-            acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-            y = (conv_ops.conv_function(x, w, bias, (st, pad, dl, groups, acc, solver)) if direct else
-                 _ops.conv_forward(x, w, bias, st, pad, dl, groups, "", [], acc, solver))
-            return apply_post_ops(y, ops).to(out_dtype or x.dtype)
+            return _chain_with_grad(x, w, bias, st, pad, dl, groups, ops, spec, post_tensors, out_dtype, solver,
+                                    direct)
         if direct:
             return conv_ops.conv_function(x, w, bias, (st, pad, dl, groups, out_dtype, solver))
     fn = conv_ops._conv_forward if direct else _ops.conv_forward
     return fn(x, w, bias, st, pad, dl, groups, spec, post_tensors, out_dtype, solver)
+
+
+def _chain_with_grad(x, w, bias, st, pad, dl, groups, ops, spec, post_tensors, out_dtype, solver,
+                     direct: bool) -> torch.Tensor:
+    """conv_forward with post-ops when a gradient is needed: the conv to the f32 (f64)
+    accumulator through autograd, the chain in torch on it; validated (post-op tensors, out_dtype)
+    and scanned (NNPRIM_CHECK_NUMERICS) as the fused call is."""
+    p = conv_ops.fwd_problem(x, w, bias, st, pad, dl, groups, spec, post_tensors, out_dtype)
+    if SETTINGS.check_numerics:
+        for i, t in enumerate(post_tensors):
+            numerics.check_tensor(f"post_ops[{i}].tensor", t, "input")
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    y = (conv_ops.conv_function(x, w, bias, (st, pad, dl, groups, acc, solver)) if direct else
+         _ops.conv_forward(x, w, bias, st, pad, dl, groups, "", [], acc, solver))
+    y = apply_post_ops(y, ops).to(p.out_dtype)
+    if SETTINGS.check_numerics:
+        numerics.check_tensor("out", y, "output")
+    return y
 
 
 def _empty_batch(t) -> bool:
@@ -421,6 +438,8 @@ def conv_backward_bias(dy: torch.Tensor) -> torch.Tensor:
         raise BadParameterError(f"dy has {dy.dim()} dims (shape {tuple(dy.shape)}); expected 3, 4 or 5")
     if not dy.is_floating_point():
         raise BadParameterError(f"dy.dtype={dy.dtype} must be floating point")
+    if SETTINGS.check_numerics:
+        numerics.check_tensor("dy", dy, "input")
     return bias_grad(dy)
 
 

@@ -2,10 +2,12 @@
 of the problem key (seed, offset, scale value)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
+from .errors import BadParameterError
 from .post_ops import PostOp
 from .quant import KVQuant
 
@@ -45,3 +47,14 @@ class AttnArgs:
         if self.scale is None:
             return D ** -0.5
         return 1.0 / self.scale if invert else self.scale
+
+    def scale_value(self, invert: bool) -> float:
+        """The multiplier applied to q.k as a Python float (a tensor scale read once, in float64,
+        and inverted there); a zero or non-finite value of a tensor scale raises, as a float
+        scale's does when the problem is made."""
+        if self.scale is None:
+            return self.q.shape[-1] ** -0.5
+        s = float(self.scale.to(torch.float64).reshape(())) if isinstance(self.scale, torch.Tensor) else float(self.scale)
+        if not math.isfinite(s) or s == 0:
+            raise BadParameterError(f"scale={s!r} (a tensor's value) must be finite and non-zero")
+        return 1.0 / s if invert else s

@@ -8,8 +8,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .api import conv_forward, sdpa
-from .errors import BadParameterError, NotSupportedError
+from .errors import BadParameterError
 from .problems.attention import normalize_causal
+from .problems.conv import _named_padding, _padding
 
 
 def _positive(name: str, v) -> int:
@@ -25,12 +26,12 @@ class _ConvNd(nn.Module):
                  dilation=1, groups: int = 1, bias: bool = True, padding_mode: str = "zeros", post_ops=(),
                  device=None, dtype=None) -> None:
         super().__init__()
-        ks = (kernel_size,) * self.ndim if isinstance(kernel_size, int) else tuple(kernel_size)
+        try:
+            ks = (kernel_size,) * self.ndim if isinstance(kernel_size, int) else tuple(kernel_size)
+        except TypeError:
+            raise BadParameterError(f"kernel_size={kernel_size!r} must be a positive int or {self.ndim} of them") from None
         if padding_mode not in _PAD_MODES:
             raise BadParameterError(f"padding_mode={padding_mode!r} is not one of {_PAD_MODES}")
-        if padding_mode != "zeros" and isinstance(padding, str):
-            raise NotSupportedError(f"padding={padding!r} with padding_mode={padding_mode!r}: give the padding as "
-                                    "ints")
         self.padding_mode = padding_mode
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, ks
         # torch.nn.ConvNd's checks, as nnprim errors (the rest, stride / padding / dilation,
@@ -44,6 +45,13 @@ class _ConvNd(nn.Module):
             if c % groups:
                 raise BadParameterError(f"{name}={c} must be divisible by groups={groups}")
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        # padding_mode pads with F.pad: torch's strings resolve to pairs here ('same': stride 1)
+        self._mode_pads = None
+        if padding_mode != "zeros":
+            pads = (_named_padding(padding, _per_dim("stride", stride, self.ndim),
+                                   _per_dim("dilation", dilation, self.ndim), list(ks))
+                    if isinstance(padding, str) else padding)
+            self._mode_pads = _pad_pairs(pads, self.ndim)
         self.post_ops = tuple(post_ops)
         kw = dict(device=device, dtype=dtype)
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *ks, **kw))
@@ -60,7 +68,11 @@ class _ConvNd(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.padding_mode != "zeros":    # as torch.nn.ConvNd: pad in that mode, then no padding
-            x = F.pad(x, _pad_pairs(self.padding, self.ndim), mode=self.padding_mode)
+            try:
+                x = F.pad(x, self._mode_pads, mode=self.padding_mode)
+            except RuntimeError as e:      # e.g. reflect: a pad as large as the input
+                raise BadParameterError(f"padding={self.padding!r} with padding_mode={self.padding_mode!r} on an "
+                                        f"input of shape {tuple(x.shape)}: {e}") from None
             return conv_forward(x, self.weight, self.bias, stride=self.stride, padding=0, dilation=self.dilation,
                                 groups=self.groups, post_ops=self.post_ops)
         return conv_forward(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
@@ -85,14 +97,22 @@ class _ConvNd(nn.Module):
 _PAD_MODES = ("zeros", "reflect", "replicate", "circular")
 
 
+def _per_dim(name: str, v, nd: int) -> tuple[int, ...]:
+    t = (v,) * nd if isinstance(v, int) and not isinstance(v, bool) else tuple(v) if isinstance(v, (tuple, list)) else ()
+    if len(t) != nd or not all(isinstance(e, int) and not isinstance(e, bool) and e > 0 for e in t):
+        raise BadParameterError(f"{name}={v!r} must be a positive int or {nd} of them")
+    return t
+
+
 def _pad_pairs(padding, nd: int) -> list[int]:
     """F.pad's list (last dim first, before then after) of conv padding: an int, one int per
     dim, or a (before, after) pair per dim."""
-    p = [padding] * nd if isinstance(padding, int) else list(padding)
-    if len(p) != nd:
-        raise BadParameterError(f"padding={padding!r} must be an int or {nd} of them")
-    pairs = [(v, v) if isinstance(v, int) else tuple(v) for v in p]
-    return [e for pair in reversed(pairs) for e in pair]
+    if isinstance(padding, int) and padding == 0:      # 'valid'
+        return [0] * (2 * nd)
+    before, after = _padding(padding, nd)       # validated as conv_forward's padding
+    if min(before + after) < 0:
+        raise BadParameterError(f"padding={padding!r} must not be negative")
+    return [e for pair in reversed(list(zip(before, after))) for e in pair]
 
 
 class Conv1d(_ConvNd):

@@ -1,5 +1,7 @@
 """Bad input: each invalid call raises the right error type with a message naming the
 argument and value."""
+import math
+
 import pytest
 import torch
 
@@ -193,3 +195,48 @@ def test_search_entry_points_check_the_problem():
             call()
     with pytest.raises(BadParameterError, match="tensors=42"):
         nnprim.find(p, tensors=42)
+
+
+def test_post_ops_validated_on_the_gradient_path():
+    """With a gradient needed the chain runs in torch on the f32 accumulator: its tensors and
+    out_dtype are still checked as the fused call checks them (a (1, 6, 1, 1) Sum, an N=2
+    Binary, an int tensor and out_dtype=int32 were accepted)."""
+    bad = (dict(post_ops=[nnprim.Sum(torch.randn(1, 6, 1, 1))]),
+           dict(post_ops=[nnprim.Binary("add", torch.randn(4, 6, 6, 6))]),
+           dict(post_ops=[nnprim.Binary("add", torch.ones(6, dtype=torch.int64))]),
+           dict(post_ops=[nnprim.Sum(torch.randn(2, 6, 6, 6, device="meta"))]),
+           dict(post_ops=[nnprim.Eltwise("relu")], out_dtype=torch.int32),
+           dict(post_ops=[nnprim.Eltwise("relu")], out_dtype=torch.float64))
+    for kw in bad:
+        for grad in (False, True):
+            with pytest.raises(BadParameterError):
+                nnprim.conv_forward(x.clone().requires_grad_(grad), w, **kw)
+
+
+def test_check_numerics_on_the_gradient_path(monkeypatch):
+    from nnprim.errors import NumericsError
+    from nnprim.search.modes import SETTINGS
+    monkeypatch.setattr(SETTINGS, "check_numerics", True)
+    res = torch.randn(2, 6, 6, 6)
+    res[0, 0, 0, 0] = math.nan
+    xg = x.clone().requires_grad_()
+    with pytest.raises(NumericsError, match=r"post_ops\[0\].tensor"):
+        nnprim.conv_forward(xg, w, post_ops=[nnprim.Sum(res)])
+    with pytest.raises(NumericsError, match="'out'"):
+        nnprim.conv_forward(xg, w, post_ops=[nnprim.Eltwise("log")])
+    with pytest.raises(NumericsError, match="'dy'"):
+        nnprim.conv_backward_bias(res)
+
+
+@pytest.mark.parametrize("padding", [((1.5, 1), (0, 0)), ((True, 0), (0, 0)), ((1, "2"), (0, 0))])
+def test_padding_pairs_are_ints(padding):
+    with pytest.raises(BadParameterError, match="padding"):
+        nnprim.conv_forward(x, w, padding=padding)
+
+
+def test_tensor_scale_value_checked():
+    q = torch.randn(1, 2, 5, 8)
+    for s in (torch.tensor(0.0), torch.tensor([0.0]), torch.tensor(math.nan), torch.tensor(math.inf)):
+        for invert in (False, True):
+            with pytest.raises(BadParameterError, match="scale"):
+                nnprim.sdpa(q, q, q, scale=s, invert_scale=invert)

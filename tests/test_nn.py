@@ -62,3 +62,22 @@ def test_jit_trace_records_the_ops():
     torch.testing.assert_close(tc(x, w), torch.nn.functional.conv2d(x, w, padding=1), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(ts(q), torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True),
                                rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("padding", ["same", "valid"])
+def test_conv_named_padding_with_a_mode(padding):
+    """torch.nn takes 'same' / 'valid' with any padding_mode (they were NotSupportedError)."""
+    a = nnprim.nn.Conv2d(4, 6, (3, 4), padding=padding, padding_mode="reflect", dilation=(1, 2))
+    b = torch.nn.Conv2d(4, 6, (3, 4), padding=padding, padding_mode="reflect", dilation=(1, 2))
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 4, 9, 10)
+    torch.testing.assert_close(a(x), b(x), rtol=1e-5, atol=1e-5)
+
+
+def test_conv_module_bad_arguments():
+    with pytest.raises(nnprim.BadParameterError, match="kernel_size"):
+        nnprim.nn.Conv2d(4, 6, kernel_size=2.5)
+    with pytest.raises(nnprim.BadParameterError, match="padding"):
+        nnprim.nn.Conv2d(4, 6, 3, padding=1.5, padding_mode="reflect")
+    with pytest.raises(nnprim.BadParameterError, match="padding"):       # reflect: a pad as large as x
+        nnprim.nn.Conv2d(4, 6, 3, padding=9, padding_mode="reflect")(torch.randn(1, 4, 8, 8))

@@ -133,11 +133,7 @@ def _chunks(problem: AttentionProblem, pl: Plan):
 
 def _scale(problem: AttentionProblem, args: AttnArgs) -> float:
     """Multiplier of q.k (a tensor scale is read once and inverted in float64)."""
-    if args.scale is None:
-        return problem.D ** -0.5
-    s = float(args.scale.to(torch.float64).reshape(())) if isinstance(args.scale, torch.Tensor) \
-        else float(args.scale)
-    return 1.0 / s if problem.invert_scale else s
+    return args.scale_value(problem.invert_scale)
 
 
 class _Ctx:
@@ -151,7 +147,7 @@ class _Ctx:
         self.lens = args.kv_lens.tolist() if args.kv_lens is not None else None
         self.kv_lens = args.kv_lens.to(torch.int64) if args.kv_lens is not None else None
         m = args.attn_mask
-        self.mask = None if m is None else m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))
+        self.mask = None if m is None else _log2_safe(m.reshape((1,) * (4 - m.dim()) + tuple(m.shape)))
         self.thr = dropout_threshold(problem.dropout_p) if problem.dropout_p > 0 else None
 
     def shift(self, L: int) -> int:
@@ -242,6 +238,47 @@ def _keys_f32(t, bs: slice, hs: slice, c0: int, c1: int) -> torch.Tensor:
     else:
         t = t[bs, hs, c0:c1].to(F32)
     return t.reshape(-1, t.shape[2], t.shape[3])
+
+
+def _log2_safe(m: torch.Tensor) -> torch.Tensor:
+    """An additive mask whose finite values survive the log2 domain: values below -FMAX / log2(e)
+    (f32 / bf16 finfo.min, a common "masked" value) overflowed to -inf there, a row of them then
+    fully masked (NaN) where torch gives the softmax of equal scores; they are raised to that
+    bound (a copy, only when there are any). -inf stays."""
+    if m.dtype == torch.bool or m.dtype == torch.float16:
+        return m
+    lo = -torch.finfo(F32).max / LOG2E
+    low = (m < lo) & (m > _NEG_INF)
+    return m.masked_fill(low, lo) if bool(low.any()) else m
+
+
+# |lse| past this: its f32 ulp (2^-9 at 2^14) shows in exp2(s - lse), whose rows no longer sum to 1
+_LOOSE_LSE = 2.0 ** 14
+
+
+def _normalisers(ctx: _Ctx, pl: Plan, qb: torch.Tensor, k: torch.Tensor, lse2: torch.Tensor, dead: torch.Tensor,
+                 bs: slice, hs: slice, r0: int, r1: int,
+                 buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(lse2, 1 / row sums or None) for the backward's P = exp2(s - lse2) / sum. Where |lse| is so
+    large (a huge finite additive mask: -1e9) that the f32 lse lost its log-sum term (P rows summed
+    to up to Sk) or is off by more than exp2's range (-1e30), those rows take their own max and
+    sum, recomputed over the keys in one online pass; None when no row is such (the common case:
+    no extra pass)."""
+    loose = (lse2.abs() > _LOOSE_LSE * LOG2E) & ~dead
+    if not bool(loose.any()):
+        return lse2, None
+    N, M = qb.shape[0], qb.shape[1]
+    nb, nh, G, nr = bs.stop - bs.start, hs.stop - hs.start, ctx.p.group, r1 - r0
+    m = torch.full_like(lse2, _NEG_INF)
+    z = torch.zeros_like(lse2)
+    for c0, c1, needs_vis in _blocks(ctx, pl, bs, r0, r1):
+        s = _nt(qb, _keys_f32(k, bs, hs, c0, c1), out=_tile(buf, N, M, c1 - c0))
+        ctx.mask_tile(s.view(nb, nh, G, nr, c1 - c0), bs, hs, r0, r1, c0, c1, needs_vis)
+        mn = torch.maximum(m, s.amax(-1, keepdim=True))
+        safe = torch.where(torch.isneginf(mn), torch.zeros_like(mn), mn)
+        z = z * torch.exp2(m - safe) + s.sub_(safe).exp2_().sum(-1, keepdim=True)
+        m = mn
+    return torch.where(loose, m, lse2), torch.where(loose, 1.0 / z, torch.ones_like(z))
 
 
 def _blocks(ctx: _Ctx, pl: Plan, bs: slice, r0: int, r1: int):
@@ -432,9 +469,12 @@ def _backward_whole(problem: AttentionProblem, args: AttnArgs, pl: Plan, ctx: _C
         dead = lse_b == _NEG_INF
         di = (dob * ob).sum(dim=-1, keepdim=True).masked_fill_(dead, 0.0)
         lse2 = (lse_b * LOG2E).masked_fill_(dead, float("inf"))
+        lse2, rz = _normalisers(ctx, pl, qb, k, lse2, dead, bs, hs, 0, Sq, sbuf)
         s = _nt(qb, _keys_f32(k, bs, hs, c0, c1), out=_tile(sbuf, N, M, nc))
         ctx.mask_tile(s.view(nb, nh, G, Sq, nc), bs, hs, 0, Sq, c0, c1, needs_vis)
         p = s.sub_(lse2).exp2_()
+        if rz is not None:
+            p.mul_(rz)
         dp = _nt(dob, _keys_f32(v, bs, hs, c0, c1), out=_tile(dpbuf, N, M, nc))
         h = _tile(hbuf, N, M, nc).copy_(p)                                  # P in bf16
         dv[bs, hs, c0:c1] = _bmm_bf16(h.transpose(1, 2), _rows_all(args.do, Hkv, bs, hs)).view(nb, nh, nc, Dv)
@@ -489,6 +529,7 @@ def cpu_backward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = No
             dead = lse_b == _NEG_INF
             di = (dob * ob).sum(dim=-1, keepdim=True).masked_fill_(dead, 0.0)
             lse2 = (lse_b * LOG2E).masked_fill_(dead, float("inf"))
+            lse2, rz = _normalisers(ctx, pl, qb, k, lse2, dead, bs, hs, r0, r1, sbuf)
             dq_acc = torch.zeros((N, M, D), dtype=F32, device=dev)
             fresh = N == 1 and _onednn()        # _nt returns new tensors
             if fresh:
@@ -500,6 +541,8 @@ def cpu_backward(problem: AttentionProblem, args: AttnArgs, pl: Plan | None = No
                 s = _nt(qb, kb, out=_tile(sbuf, N, M, nc))
                 ctx.mask_tile(s.view(nb, nh, G, nr, nc), bs, hs, r0, r1, c0, c1, needs_vis)
                 p = s.sub_(lse2).exp2_()
+                if rz is not None:
+                    p.mul_(rz)
                 dp = _nt(dob, vb, out=_tile(dpbuf, N, M, nc))
                 if drop:
                     keep = ctx.keep_tile(bs, hs, r0, r1, c0, c1).view(N, M, -1)

@@ -651,7 +651,7 @@ def forward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = Q_BLO
     """(o in q's dtype, lse f32) of one call. vnni=False: the plain-layout bf16 path that CPUs
     without AMX take (tests run it everywhere); by_keys: `keys_as_rows` (None: as it decides);
     kv_block None: KV_BLOCK_VNNI where K / V are packed in VNNI blocks, else KV_BLOCK."""
-    scale = float(args.effective_scale(problem.invert_scale))
+    scale = args.scale_value(problem.invert_scale)
     q, k, v = (_last_dim_contiguous(t) for t in (args.q, args.k, args.v))
     k = _even_rows(k)       # the VNNI packing reads K rows as 32-bit words (pairs of d)
     if scale < 0:           # the kernel's row max assumes scale > 0: the sign goes into q
@@ -673,7 +673,7 @@ def backward(problem: AttentionProblem, args: AttnArgs, ops, q_block: int = BWD_
     """(dq, dk, dv) in q's, k's, v's dtypes from args.do, args.o, args.lse. bf16 takes VNNI blocks
     where `vnni_packs` (and the blocks keep the pairs: even query blocks, 64-key multiples);
     vnni=False: the plain layout (tests)."""
-    scale = float(args.effective_scale(problem.invert_scale))
+    scale = args.scale_value(problem.invert_scale)
     q, k, v, do = (_even_rows(_last_dim_contiguous(t)) for t in (args.q, args.k, args.v, args.do))
     lse = args.lse.float().contiguous()
     # D_i = rowsum(dO * O), 0 on rows that see no key (their o is NaN or 0)

@@ -6,6 +6,7 @@ N, K, *out (y); `layout` says how they sit in memory ("nchw" = contiguous,
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -72,6 +73,17 @@ def _tuple(name: str, v: IntOrSeq, nd: int) -> tuple[int, ...]:
     return t
 
 
+def _is_index(v) -> bool:
+    """An integer (int, numpy / torch integer scalars), not a bool, float or string."""
+    if isinstance(v, bool):
+        return False
+    try:
+        operator.index(v)
+    except TypeError:
+        return False
+    return True
+
+
 def _padding(v, nd: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if isinstance(v, (int,)) and not isinstance(v, bool):
         return (v,) * nd, (v,) * nd
@@ -86,11 +98,11 @@ def _padding(v, nd: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
         if isinstance(e, int) and not isinstance(e, bool):
             before.append(e)
             after.append(e)
-        elif isinstance(e, (tuple, list)) and len(e) == 2:
-            before.append(int(e[0]))
-            after.append(int(e[1]))
+        elif isinstance(e, (tuple, list)) and len(e) == 2 and all(_is_index(v) for v in e):
+            before.append(operator.index(e[0]))
+            after.append(operator.index(e[1]))
         else:
-            raise BadParameterError(f"padding={v!r}: entry {e!r} must be an int or a (before, after) pair")
+            raise BadParameterError(f"padding={v!r}: entry {e!r} must be an int or a (before, after) pair of ints")
     return tuple(before), tuple(after)
 
 

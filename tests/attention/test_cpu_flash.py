@@ -155,6 +155,49 @@ def test_scale(scale, invert, blocks):
     check(q, k, v, scale=scale, invert_scale=invert, causal="bottom_right")
 
 
+def _against_float64(q, k, v, mask, **opts):
+    """nnprim.sdpa (cpu_flash_fwd) and its autograd against softmax(q k^T / sqrt(D) + mask) v
+    written out in float64 (torch's own SDPA backward, f32 or float64, has these rows' P summing
+    to Sk). The rows under a huge mask have q = 0, so that their scores are the mask exactly in
+    any precision (with q.k below the mask's ulp, f32 and float64 would differ by design)."""
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    ref = torch.softmax(qd @ kd.transpose(-1, -2) / q.shape[-1] ** 0.5 + mask.double(), -1) @ vd
+    do = rnd(*ref.shape, seed=27, dtype=q.dtype)
+    ref_grads = torch.autograd.grad(ref, (qd, kd, vd), do.double())
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    o = nnprim.sdpa(qg, kg, vg, attn_mask=mask, solver="cpu_flash_fwd", **opts)
+    assert rel_err(o, ref.detach()) < TOL[q.dtype]
+    for g, r in zip(torch.autograd.grad(o, (qg, kg, vg), do), ref_grads):
+        assert rel_err(g, r, floor=0.1) < BWD_TOL[q.dtype]
+
+
+def _huge_rows(dtype, value, seed):
+    q, k, v = (rnd(1, 2, 4, 8, seed=seed, dtype=dtype), rnd(1, 2, 6, 8, seed=seed + 1, dtype=dtype),
+               rnd(1, 2, 6, 8, seed=seed + 2, dtype=dtype))
+    mask = torch.zeros(1, 1, 4, 6, dtype=dtype)
+    mask[..., 1, :] = value            # every key: the softmax of equal scores, not a masked row
+    mask[..., 2, :3] = value           # some keys: those get 0
+    q[:, :, 1:3] = 0
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("value", [-1e9, -1e30])
+def test_huge_finite_mask_rows(value, blocks):
+    """A row whose keys all carry a huge finite additive mask ((1 - m) * -1e9 padding): its f32
+    lse lost the log-sum term, so the backward's exp2(s - lse) summed to Sk (dv Sk times too
+    large; torch's CPU flash backward does the same) until renormalised."""
+    _against_float64(*_huge_rows(torch.float32, value, 21))
+    check(*_huge_rows(torch.float32, value, 21)[:3], attn_mask=_huge_rows(torch.float32, value, 21)[3])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_finfo_min_mask_row(dtype):
+    """A row of finfo.min (Hugging Face's masking value): x log2(e) overflowed to -inf, the row
+    came out NaN (0 with softmax_inf_as_zero); torch gives the softmax of equal scores."""
+    for inf_as_zero in (False, True):
+        _against_float64(*_huge_rows(dtype, torch.finfo(dtype).min, 24), softmax_inf_as_zero=inf_as_zero)
+
+
 @pytest.mark.parametrize("name", list(BWD_CASES))
 def test_reference_backward_cases(name, blocks):
     c = dict(B=2, Hq=4, Hkv=4, Sq=6, Sk=7, D=8, Dv=8, causal=None, mask=None, scale=None, invert=False,
