@@ -54,10 +54,11 @@ from ..native import NATIVE_HELPERS, NativeLibrary
 from ..post_ops import Binary, Eltwise, Sum
 from ..problems.conv import ConvProblem, empty_in_layout, to_layout
 from ..search.solver import Solver, register
+from . import cpu_wgrad  # own_kernel read through the module (tests patch it there)
 from .cpu_gemm import apply_post_ops_block, cpu_has_amx, cpu_has_native_bf16, workspace
 from .cpu_im2col import F32, Block, logical, physical
 from .cpu_tap import phase_list, tap_grid, tap_offsets
-from .cpu_wgrad import cm_rows, own_kernel, wgrad_own, wgrad_segments
+from .cpu_wgrad import cm_rows, wgrad_own, wgrad_segments
 
 _HERE = Path(__file__).parent
 LIBRARY = NativeLibrary("nnprim_cpu_conv", NATIVE_HELPERS + (_HERE / "cpu_brgemm_src.cpp").read_text()
@@ -297,7 +298,8 @@ class _Plan:
             self.lead = _lead(p)
         else:
             rows = _stage_rows(p, p.N * ut)
-            self.x_stage = _Stage(U, p.stride, p.pad_before, phase_list(p), cm_rows(rows) if own_kernel(p) else rows)
+            cm = cpu_wgrad.own_kernel(p)
+            self.x_stage = _Stage(U, p.stride, p.pad_before, phase_list(p), cm_rows(rows) if cm else rows)
         if p.direction == "bwd_data":
             A, self.V, self.phases = _bwd_data_geometry(p)
             reach = max((off for taps, *_ in self.phases for off, _ in taps), default=0)
@@ -351,7 +353,7 @@ class _Plan:
 
     @property
     def own_wgrad(self) -> bool:       # read per call: the A/B benchmark switches USE_OWN_WGRAD
-        return USE_OWN_WGRAD and self.vnni and own_kernel(self.p)
+        return USE_OWN_WGRAD and self.vnni and cpu_wgrad.own_kernel(self.p)
 
     @cached_property
     def segments(self) -> tuple[torch.Tensor, torch.Tensor]:
