@@ -245,10 +245,15 @@ def _log2_safe(m: torch.Tensor) -> torch.Tensor:
     (f32 / bf16 finfo.min, a common "masked" value) overflowed to -inf there, a row of them then
     fully masked (NaN) where torch gives the softmax of equal scores; they are raised to that
     bound (a copy, only when there are any). -inf stays."""
-    if m.dtype == torch.bool or m.dtype == torch.float16:
+    if m.dtype == torch.bool or m.dtype == torch.float16 or m.numel() == 0:
         return m
     lo = -torch.finfo(F32).max / LOG2E
-    low = (m < lo) & (m > _NEG_INF)
+    least = float(m.amin())             # one reduction over the mask's own storage
+    if least >= lo:                     # the common case: nothing to raise
+        return m
+    if least > _NEG_INF:
+        return m.clamp(min=lo)
+    low = (m < lo) & (m > _NEG_INF)     # -inf present: are there finite values past the bound too?
     return m.masked_fill(low, lo) if bool(low.any()) else m
 
 
