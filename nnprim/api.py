@@ -20,7 +20,9 @@ from .args import AttnArgs, ConvArgs
 from .errors import BadParameterError, NotSupportedError
 from .ops import _PLAIN, eager
 from .ops import attention as attn_ops
+from .ops import check_transforms as _check_transforms
 from .ops import conv as conv_ops
+from .ops import forward_ad_level as _forward_ad_level
 from .ops import tracing_state as _tracing_state
 from .ops import transforms_active as _transforms_active
 from .ops.attention import quant_parts
@@ -129,7 +131,7 @@ def _autocast(device_type: str, *ts):
     """Inside torch.autocast, floating tensors in the autocast dtype, as torch casts them for
     its own convolution and attention (both run in lower precision there); anything else
     (None, a KVQuant cache) as it is."""
-    if not torch.is_autocast_enabled(device_type):
+    if device_type == "meta" or not torch.is_autocast_enabled(device_type):    # meta: no autocast key
         return ts
     dt = torch.get_autocast_dtype(device_type)
     return tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.dtype != dt and t.is_floating_point() else t
@@ -155,14 +157,14 @@ def _fast_path_open() -> bool:
     (no compiler tracing, no dispatch mode). Under autocast the forward calls cast their
     inputs first (_autocast), as the general path does, and key the cast tensors."""
     return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or _transforms_active()
-                or _tracing_state() is not None)
+                or _tracing_state() is not None or _forward_ad_level() >= 0)
 
 
 def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
                  stride=1, padding=0, dilation=1, groups: int = 1, post_ops=(),
                  out_dtype: torch.dtype | None = None, solver=None) -> torch.Tensor:
     """y = post_ops(conv(x, w) + bias), cast to out_dtype, in x's layout."""
-    fast = type(x) in _PLAIN and type(w) in _PLAIN and _plain(bias) and _fast_path_open()
+    fast = type(x) in _PLAIN and type(w) in _PLAIN and _plain(bias) and _fast_path_open() and not x.is_meta
     if fast and torch._C._is_any_autocast_enabled():  # the cast inputs are what the signature keys
         # (a ResNet under autocast took the general path, ~2x the host time of the memoised call)
         x, w, bias = _autocast(x.device.type, x, w, bias)
@@ -202,6 +204,7 @@ def conv_forward(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     check_tensor("w", w)
     if bias is not None:
         check_tensor("bias", bias)
+    _check_transforms("nnprim.conv_forward", x, w, bias, *(getattr(op, "tensor", None) for op in post_ops or ()))
     x, w, bias = _autocast(x.device.type, x, w, bias)
     st, pad, dl = _conv_args(x, w.shape[2:], stride, padding, dilation)
     ops = _post_ops(post_ops, x.dim(), w.shape[0]) if post_ops else ()
@@ -225,15 +228,20 @@ def _chain_with_grad(x, w, bias, st, pad, dl, groups, ops, spec, post_tensors, o
     """conv_forward with post-ops when a gradient is needed: the conv to the f32 (f64)
     accumulator through autograd, the chain in torch on it; validated (post-op tensors, out_dtype)
     and scanned (NNPRIM_CHECK_NUMERICS) as the fused call is."""
-    p = conv_ops.fwd_problem(x, w, bias, st, pad, dl, groups, spec, post_tensors, out_dtype)
-    if SETTINGS.check_numerics:
+    compiling = torch.compiler.is_compiling()
+    if compiling:       # the ops' fake kernels check what they take; fwd_problem notes the problem
+        odt = out_dtype or x.dtype      # for explain (a ContextVar, which dynamo does not trace)
+    else:
+        odt = conv_ops.fwd_problem(x, w, bias, st, pad, dl, groups, spec, post_tensors, out_dtype).out_dtype
+    checks = SETTINGS.check_numerics and not compiling      # the scans read values
+    if checks:
         for i, t in enumerate(post_tensors):
             numerics.check_tensor(f"post_ops[{i}].tensor", t, "input")
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     y = (conv_ops.conv_function(x, w, bias, (st, pad, dl, groups, acc, solver)) if direct else
          _ops.conv_forward(x, w, bias, st, pad, dl, groups, "", [], acc, solver))
-    y = apply_post_ops(y, ops).to(p.out_dtype)
-    if SETTINGS.check_numerics:
+    y = apply_post_ops(y, ops).to(odt)
+    if checks:
         numerics.check_tensor("out", y, "output")
     return y
 
@@ -396,12 +404,13 @@ def conv_backward_data(dy: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int]
                        padding=0, dilation=1, groups: int = 1, solver=None,
                        out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """dx = the gradient of conv(x, w) with respect to x, given dy (x's layout = dy's)."""
-    if type(dy) in _PLAIN and type(w) in _PLAIN and _fast_path_open():
+    if type(dy) in _PLAIN and type(w) in _PLAIN and _fast_path_open() and not dy.is_meta:
         out = _bwd_hot("bwd_data", dy, w, x_shape, stride, padding, dilation, groups, out_dtype, solver)
         if out is not None:
             return out
     check_tensor("dy", dy)
     check_tensor("w", w)
+    _check_transforms("nnprim.conv_backward_data", dy, w)
     st, pad, dl = _conv_args(dy, w.shape[2:], stride, padding, dilation)
     if _empty_batch(dy):
         xs = _shape("x_shape", x_shape)
@@ -415,12 +424,13 @@ def conv_backward_weights(dy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[i
                           padding=0, dilation=1, groups: int = 1, solver=None,
                           out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """dw = the gradient of conv(x, w) with respect to w, given dy."""
-    if type(dy) in _PLAIN and type(x) in _PLAIN and _fast_path_open():
+    if type(dy) in _PLAIN and type(x) in _PLAIN and _fast_path_open() and not dy.is_meta:
         out = _bwd_hot("bwd_weights", dy, x, w_shape, stride, padding, dilation, groups, out_dtype, solver)
         if out is not None:
             return out
     check_tensor("dy", dy)
     check_tensor("x", x)
+    _check_transforms("nnprim.conv_backward_weights", dy, x)
     ws = _shape("w_shape", w_shape)
     st, pad, dl = _conv_args(x, ws[2:], stride, padding, dilation)
     if _empty_batch(dy) and _empty_batch(x):    # no image: a zero gradient
@@ -600,7 +610,7 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
             and (kv_lens is None or (kv_lens.is_cuda and not SETTINGS.check_numerics))
             and (scale is None or type(scale) in (int, float)) and type(dropout_p) in (int, float)
             and dropout_p == 0 and type(seed) is int and (attn_mask is None or not attn_mask.requires_grad)
-            and _fast_path_open()):
+            and _fast_path_open() and not q.is_meta):
         if torch._C._is_any_autocast_enabled():
             q, k, v = _autocast(q.device.type, q, k, v)
         try:
@@ -615,6 +625,7 @@ def sdpa(q: torch.Tensor, k, v, *, attn_mask: torch.Tensor | None = None, causal
     check_tensor("q", q)
     kd, ks, kz, kspec = _kv("k", k)
     vd, vs, vz, vspec = _kv("v", v)
+    _check_transforms("nnprim.sdpa", q, kd, vd, vmap_ok=True)
     if _no_queries(q) and not (kspec or vspec) and block_table is None:
         return _no_queries_sdpa(q, kd, vd, attn_mask, kv_lens, return_lse)
     fp8 = _fp8_args(q, (q_descale, k_descale, v_descale), out_dtype)
@@ -668,6 +679,7 @@ def sdpa_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
             raise NotSupportedError("sdpa_backward with quantized K/V is not supported: "
                                     "quantized K/V have no gradient; dequantize first")
         check_tensor(name, t)
+    _check_transforms("nnprim.sdpa_backward", do, q, k, v, vmap_ok=True)
     opts = _options(attn_mask, causal, scale, invert_scale, dropout_p, seed, offset, kv_lens, softmax_inf_as_zero)
     fn = attn_ops._sdpa_backward if eager(do, q, k, v, o, lse, attn_mask, opts[1], kv_lens) else _ops.sdpa_backward
     opts, kw = attn_ops.split_seed(opts, 7)

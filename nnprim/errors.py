@@ -13,6 +13,11 @@ class NotSupportedError(NnprimError, NotImplementedError):
     """A valid combination that no solver (or the forced solver) supports."""
 
 
+class SolverUnavailableError(NotSupportedError):
+    """A chosen solver cannot run here after all (its native library failed to build): a default
+    call falls back to the next solver; a forced one raises this."""
+
+
 class NumericsError(NnprimError, ArithmeticError):
     """NNPRIM_CHECK_NUMERICS found NaN or Inf in a named tensor."""
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import SolverUnavailableError
+
 log = logging.getLogger("nnprim")
 ENV = "NNPRIM_CPU_NATIVE"
 # C++ helpers several sources share, prepended to their text (a build compiles one file)
@@ -91,6 +93,16 @@ class NativeLibrary:
         if self.expected():
             return []
         return [f"the {self.what} cannot be built here (no C++ compiler, not Linux, or {ENV}=0)"]
+
+    def required(self):
+        """ops(), for solvers that have no torch-op path: a library that failed to build (after
+        the solver was found applicable: the build is lazy) raises SolverUnavailableError, which
+        the search treats as this solver failing, not an AttributeError from inside it."""
+        ops = self.ops()
+        if ops is None:
+            raise SolverUnavailableError(f"the {self.what} is unavailable (its build failed or {ENV}=0; the warning "
+                                    "logged at the build says why)")
+        return ops
 
     def ops(self):
         """torch.ops.<namespace> once built and loaded (first call: compiles, ~15-40 s), or

@@ -96,9 +96,22 @@ inline float row_max(const float* s, int64_t n, float scale) {
 // exp(scale x - m): f32 with ATen's exp_u20 (o within ~4e-7 of float64); bf16 with its faster
 // fexp_u20 (a degree-3 polynomial of 2^frac: ~5e-5 relative, far below bf16's rounding of P
 // and o; 20 % of the bf16 forward's time on the suite's problems)
+// min(x, 0), NaN kept (min's second operand is returned when one is NaN): scale s - m (or - lse)
+// is <= 0 in exact arithmetic, but m is the rounded product max(s) scale while fmsub subtracts from
+// the exact one, off by up to half an ulp of the score (128 at 3e9: exp overflowed, o became NaN)
+inline fVec non_positive(const fVec& x) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return fVec(_mm512_min_ps(_mm512_setzero_ps(), static_cast<__m512>(x)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return fVec(_mm256_min_ps(_mm256_setzero_ps(), static_cast<__m256>(x)));
+#else
+  return at::vec::minimum(x, fVec(0.f));
+#endif
+}
+
 template <bool FAST>
 inline fVec exp_scaled(const float* s, const fVec& vs, const fVec& vm) {
-  fVec x = at::vec::fmsub(fVec::loadu(s), vs, vm);
+  fVec x = non_positive(at::vec::fmsub(fVec::loadu(s), vs, vm));
   if constexpr (FAST) return x.fexp_u20();
   else return x.exp_u20();
 }
@@ -127,7 +140,7 @@ inline float exp_row(const float* s, T* p, int64_t n, int64_t width, float scale
   }
   float total = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, sum);
   for (; j < n; ++j) {
-    float x = std::exp(s[j] * scale - m);
+    float x = std::exp(std::min(s[j] * scale - m, 0.f));
     total += x;
     p[j] = static_cast<T>(x);
   }
@@ -446,23 +459,24 @@ void flash_bwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
               if (drop.on()) {   // dV takes the kept P (scaled); dS = P (dP kept, scaled - D)
                 drop.factors(drop.row_base(bhq * Sq + r0 + i, Sk) + static_cast<uint64_t>(k0), n, keep.data());
                 for (; j + fVec::size() <= n; j += fVec::size()) {
-                  const fVec p = at::vec::fmsub(fVec::loadu(srow + j), vs, vl).exp_u20(), f = fVec::loadu(keep.data() + j);
+                  const fVec p = non_positive(at::vec::fmsub(fVec::loadu(srow + j), vs, vl)).exp_u20();
+                  const fVec f = fVec::loadu(keep.data() + j);
                   (p * f).store(srow + j);
                   (p * (fVec::loadu(prow + j) * f - vd)).store(prow + j);
                 }
                 for (; j < n; ++j) {
-                  const float p = std::exp(srow[j] * scale - l), f = keep[j];
+                  const float p = std::exp(std::min(srow[j] * scale - l, 0.f)), f = keep[j];
                   srow[j] = p * f;
                   prow[j] = p * (prow[j] * f - di);
                 }
               }
               for (; j + fVec::size() <= n; j += fVec::size()) {   // P = exp(scale S - lse), dS = P (dP - D)
-                fVec p = at::vec::fmsub(fVec::loadu(srow + j), vs, vl).exp_u20();
+                fVec p = non_positive(at::vec::fmsub(fVec::loadu(srow + j), vs, vl)).exp_u20();
                 p.store(srow + j);
                 (p * (fVec::loadu(prow + j) - vd)).store(prow + j);
               }
               for (; j < n; ++j) {
-                const float p = std::exp(srow[j] * scale - l);
+                const float p = std::exp(std::min(srow[j] * scale - l, 0.f));
                 srow[j] = p;
                 prow[j] = p * (prow[j] - di);
               }

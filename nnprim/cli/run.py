@@ -21,6 +21,8 @@ from .problem_args import (
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--solver", default=None, help="force a solver by name or id")
+    p.add_argument("--verify", dest="verify", action="store_true", default=True,
+                   help="check against the float64 reference (the default)")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip the float64 check")
     p.add_argument("--time", action="store_true", help="time the call (median of repeats)")
     p.add_argument("--reps", type=positive_int, default=30, help="timed repeats (default 30)")
@@ -75,6 +77,9 @@ def report(case: cases.Case, args, direction: str) -> int:
 
 def run_conv(args) -> int:
     post = tuple(p for p in args.post.split(",") if p)
+    if post and args.direction != "fwd":
+        from ..errors import BadParameterError
+        raise BadParameterError(f"--post {args.post} applies to --direction fwd only, not {args.direction}")
     device = pick_device(args.device)
     case = cases.conv_case(conv_spec(args), dtype=default_dtype(args.dtype, device), device=device,
                            direction=args.direction, bias=args.bias, post_ops=post, solver=args.solver,

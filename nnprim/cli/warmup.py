@@ -15,7 +15,7 @@ def add_parser(sub) -> None:
     w.add_argument("--models", default=None, help="held-out model families (comma list or 'all')")
     w.add_argument("--count", type=int, default=40, help="model layers (with --models)")
     w.add_argument("--seed", type=int, default=1000)
-    w.add_argument("--scale", default="full", choices=("full", "tiny"))
+    w.add_argument("--scale", default="full", choices=("full", "tiny"), help="model layers' sizes (--models only)")
     w.add_argument("--direction", default=None, help="comma list (default: every conv direction; fwd,bwd for training "
                                                       "attention problems)")
     w.add_argument("--dtype", default=None)
@@ -33,6 +33,8 @@ def run_warmup(args) -> int:
     from .db import build_problems
     if not args.suite and not args.models:
         raise BadParameterError("give --suite and/or --models")
+    if args.scale != "full" and not args.models:    # a suite's problems have their own sizes
+        raise BadParameterError(f"--scale {args.scale} applies to --models only; a suite's problems keep their sizes")
     models = None if not args.models else (list(FAMILIES) if args.models == "all" else args.models.split(","))
     probs = [p for _, p in build_problems(args.suite or [], models, count=args.count, seed=args.seed,
                                           dtype=args.dtype, device=args.device, direction=args.direction,

@@ -466,7 +466,7 @@ def row_post_ops(p: ConvProblem, post_ops) -> dict | None:
 
 def _fwd_weights(plan: _Plan, w: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
     """The forward's B operand: VNNI blocks (bf16) or plain rows, in the run table's row order."""
-    p, ops = plan.p, LIBRARY.ops()
+    p, ops = plan.p, LIBRARY.required()
     if plan.vnni and plan.natural_rows and p.groups == 1 and not physical(w, "nhwc").is_contiguous():
         return ops.pack_taps(w.to(p.dtype).flatten(2), False)     # nchw weights: no permuted copy first
     if plan.vnni and plan.natural_rows:     # rows (f, c) in order: channel pairs are 32-bit words
@@ -477,7 +477,7 @@ def _fwd_weights(plan: _Plan, w: torch.Tensor, gather: torch.Tensor) -> torch.Te
 
 def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor, wp: torch.Tensor | None = None) -> torch.Tensor:
     """The forward; wp: the weights already in VNNI blocks (the backward data's twin)."""
-    p, ops = plan.p, LIBRARY.ops()
+    p, ops = plan.p, LIBRARY.required()
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
     table, gather, lo, hi, _ = plan.calls[0]
     # y first: allocated after the packed weights it lands past the hole the last call's y left
@@ -519,7 +519,7 @@ def brgemm_fwd(plan: _Plan, args: ConvArgs, ws: torch.Tensor, wp: torch.Tensor |
 
 
 def brgemm_bwd_data(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
-    p, ops = plan.p, LIBRARY.ops()
+    p, ops = plan.p, LIBRARY.required()
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
     dys = plan.dy_stage(ops, args.dy, p.K, p.dtype, ws)
     src, tr = _weight_source(p, args.w, False)
@@ -568,7 +568,7 @@ def wgrad_chunks(p: ConvProblem) -> torch.Tensor:
 
 
 def brgemm_bwd_weights(plan: _Plan, args: ConvArgs, ws: torch.Tensor) -> torch.Tensor:
-    p, ops = plan.p, LIBRARY.ops()
+    p, ops = plan.p, LIBRARY.required()
     G, Kg, Cg = p.groups, p.K // p.groups, p.C // p.groups
     odt = p.out_dtype if p.out_dtype in (p.dtype, F32) else F32
     if plan.own_wgrad:     # avx512_bf16 without AMX: cpu_wgrad's kernel; x channel-major, dy packed as it is
@@ -708,7 +708,7 @@ class _CpuBrgemmBase(Solver):
             def invoke_twin(args: ConvArgs) -> torch.Tensor:
                 # the twin's weights (W transposed, rotated) packed in one pass (in place: rows in
                 # filter order); brgemm_fwd then leaves args.w alone
-                wp = LIBRARY.ops().pack_taps(args.w.to(p.dtype).flatten(2), True)
+                wp = LIBRARY.required().pack_taps(args.w.to(p.dtype).flatten(2), True)
                 with workspace(tplan.workspace_bytes) as ws:
                     return brgemm_fwd(tplan, ConvArgs(x=args.dy, w=args.w), ws, wp)
             return invoke_twin

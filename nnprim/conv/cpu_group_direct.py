@@ -137,7 +137,7 @@ def direct_fwd(p: ConvProblem, args: ConvArgs, twin: bool = False) -> torch.Tens
     dil = [1, *p.dilation][-2:]
     stride = [1, *p.stride][-2:]
     bias = args.bias.to(F32).contiguous() if args.bias is not None else None
-    ops, w = LIBRARY.ops(), _four(args.w.to(p.dtype)).contiguous()
+    ops, w = LIBRARY.required(), _four(args.w.to(p.dtype)).contiguous()
     kb = vector_block(p) or channel_block(Kg)
     y = y4.view(p.N, p.K, *p.out_size)
     epi = epilogue(p, args.post_ops) if args.post_ops else None
@@ -166,7 +166,7 @@ def direct_bwd_weights(p: ConvProblem, args: ConvArgs) -> torch.Tensor:
     x = _four(args.x.to(F32).contiguous())
     dy = _four(args.dy.to(F32).contiguous())
     dw4 = empty_in_layout((p.K, p.C // p.groups, *([1] if p.ndim == 1 else []), *p.filter), "nchw", dtype=F32)
-    LIBRARY.ops().group_direct_wgrad(x, dy, dw4, p.groups, [0, *p.pad_before][-2:], [1, *p.dilation][-2:])
+    LIBRARY.required().group_direct_wgrad(x, dy, dw4, p.groups, [0, *p.pad_before][-2:], [1, *p.dilation][-2:])
     dw = dw4.view(p.w_shape)
     if p.layout == "nchw" and p.out_dtype == F32:
         return dw

@@ -9,7 +9,10 @@ opaque ops with known outputs; solver choice happens when an op runs, never whil
 tracing. In eager mode the public functions call the same implementations directly
 (`eager`), with autograd Functions that share the ops' backward formulas."""
 import torch
+import torch.autograd.forward_ad as _forward_ad
 from torch.library import Library
+
+from ..errors import NotSupportedError
 
 LIB = Library("nnprim", "DEF")
 # the compiler must hand the ops their inputs in the eager strides (a layout is part of a
@@ -28,9 +31,40 @@ def eager(*tensors) -> bool:
             or tracing_state() is not None):
         return False
     for t in tensors:
-        if t is not None and type(t) not in _PLAIN:
+        if t is not None and (type(t) not in _PLAIN or t.is_meta):   # meta: the op's fake kernel
             return False
     return True
+
+
+def forward_ad_level() -> int:
+    """The innermost torch.autograd.forward_ad level (-1: none entered)."""
+    return _forward_ad._current_level
+
+
+def check_transforms(name: str, *tensors, vmap_ok: bool = False) -> None:
+    """NotSupportedError for what nnprim's ops cannot serve: torch.func's grad / jacrev / jvp /
+    jacfwd / hessian (the ops' autograd is torch.autograd's; under jvp the tangent was dropped
+    and jacfwd returned zeros), vmap where the op has no batching (vmap_ok: torch's per-sample
+    fallback serves it), and forward-mode AD on dual tensors (no JVP rule). Not while compiling
+    (the compiler traces the ops themselves)."""
+    if torch.compiler.is_compiling():
+        return
+    if transforms_active():
+        from torch._C._functorch import TransformType
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+        keys = {i.key() for i in retrieve_all_functorch_interpreters()}
+        bad = [k.name for k in (TransformType.Grad, TransformType.Jvp) if k in keys]
+        if TransformType.Vmap in keys and not vmap_ok:
+            bad.append("Vmap")
+        if bad:
+            raise NotSupportedError(f"{name} under torch.func transforms ({', '.join(bad)}) is not supported: use "
+                                    "torch.autograd (loss.backward(), torch.autograd.grad) for gradients, and "
+                                    "batched calls for vmap")
+    if forward_ad_level() >= 0:
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and _forward_ad.unpack_dual(t).tangent is not None:
+                raise NotSupportedError(f"{name}: forward-mode AD (dual tensors) is not supported; use "
+                                        "reverse mode (torch.autograd)")
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

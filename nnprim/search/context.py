@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import alloc
-from ..errors import BadParameterError, NotSupportedError, NumericsError
+from ..errors import BadParameterError, NotSupportedError, NumericsError, SolverUnavailableError
 from . import finddb, numerics
 from .capture import capturing
 from .find import PerfResult
@@ -260,6 +260,10 @@ class Context:
                     out = b.invoker(args)
             else:
                 out = b.invoker(args)
+        except SolverUnavailableError as e:
+            if b.forced or SETTINGS.strict or capturing(self.device):
+                raise
+            return self._fall_back(b, args, e)
         except _USER_ERRORS:
             raise
         except Exception as e:

@@ -291,7 +291,9 @@ def _add_missing(problem, prepare: Prepare, c: Constraints, hit: list[PerfResult
     for rec in records:  # this run's outcome replaces the recorded one (a failure drops it)
         by_id.pop(rec.solver_id, None)
     by_id.update({r.solver_id: r for r in results})
-    merged = sorted(by_id.values(), key=lambda r: (r.time_ms, r.solver_id))
+    # the reference last, as _from_records ranks it (a record left by a find under workspace_limit=0,
+    # or with every family disabled, held only the reference: it won on time against the new)
+    merged = sorted(by_id.values(), key=lambda r: (r.family == "reference", r.time_ms, r.solver_id))
     if not merged:  # the recorded fastest failed now and nothing new ran: the record as it was
         return hit
     log.info("find: selected %s after adding %d solver(s): %.4f ms", merged[0].solver, len(new), merged[0].time_ms)

@@ -45,8 +45,17 @@ _MODE_ALIASES = {"1": "normal", "2": "fast", "3": "hybrid", "5": "dynamic_hybrid
 log = logging.getLogger("nnprim")
 
 
-def _flag(v: str | None) -> bool:
-    return (v or "").strip().lower() in ("1", "true", "yes", "on")
+_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def _flag(v: str | None, name: str = "") -> bool:
+    """An on/off variable; another non-empty value (NNPRIM_STRICT=enabled, NNPRIM_DETERMINISTIC=2)
+    is taken as on, with a warning: setting the variable says the user wants it."""
+    t = (v or "").strip().lower()
+    if t in _ON or t in _OFF:
+        return t in _ON
+    log.warning("%s=%r is not one of 1/0, true/false, yes/no, on/off; taken as on", name or "flag", v)
+    return True
 
 
 def _parse_mode(v: str, source: str) -> str:
@@ -57,12 +66,23 @@ def _parse_mode(v: str, source: str) -> str:
     return m
 
 
-def _parse_families(v) -> frozenset[str]:
+def _parse_families(v, strict: bool = True) -> frozenset[str]:
+    """Family names; an unknown one raises (a typo would otherwise disable nothing), or with
+    strict=False (the environment) warns and is left out."""
+    from .solver import ATTN_FAMILIES, CONV_FAMILIES
     if v is None:
         return frozenset()
     if isinstance(v, str):
         v = v.split(",")
-    return frozenset(f.strip().lower() for f in v if f and f.strip())
+    out = frozenset(f.strip().lower() for f in v if f and f.strip())
+    unknown = sorted(out - set(CONV_FAMILIES) - set(ATTN_FAMILIES))
+    if unknown and not strict:
+        log.warning("NNPRIM_DISABLE: ignoring unknown solver families %s", unknown)
+        return out - set(unknown)
+    if unknown:
+        raise BadParameterError(f"unknown solver families {unknown}; known: "
+                                f"{sorted(set(CONV_FAMILIES) | set(ATTN_FAMILIES))}")
+    return out
 
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
@@ -121,20 +141,32 @@ class Settings:
         return self
 
     def _load(self, env) -> None:
-        mode = env.get("NNPRIM_FIND_MODE")
-        self.find_mode = _parse_mode(mode, "NNPRIM_FIND_MODE") if mode else "hybrid"
-        self.disabled = _parse_families(env.get("NNPRIM_DISABLE"))
-        self.strict = _flag(env.get("NNPRIM_STRICT"))
-        self.find_budget_ms = _positive_float("NNPRIM_FIND_BUDGET_MS", env.get("NNPRIM_FIND_BUDGET_MS"), None)
-        mc = _positive_float("NNPRIM_FIND_MAX_CANDIDATES", env.get("NNPRIM_FIND_MAX_CANDIDATES"), None)
-        self.find_max_candidates = None if mc is None else int(mc)
-        rep = _positive_float("NNPRIM_FIND_REPEATS", env.get("NNPRIM_FIND_REPEATS"), None)
-        self.find_repeats = None if rep is None else int(rep)
-        self.check_numerics = _flag(env.get("NNPRIM_CHECK_NUMERICS"))
-        self.deterministic = _flag(env.get("NNPRIM_DETERMINISTIC"))
-        self.workspace_limit = parse_bytes("NNPRIM_WORKSPACE_LIMIT", env.get("NNPRIM_WORKSPACE_LIMIT"))
+        """Each variable on its own: a bad value warns, naming it, and leaves that setting at its
+        default; the others still apply (one typo dropped NNPRIM_DETERMINISTIC and NNPRIM_STRICT)."""
         self.log_level = env.get("NNPRIM_LOG_LEVEL") or None
         self.apply_log_level()
+
+        def read(name: str, parse, default):
+            v = env.get(name)
+            try:
+                return parse(v)
+            except BadParameterError as e:
+                log.warning("ignoring %s: %s", name, e)
+                return default
+
+        self.find_mode = read("NNPRIM_FIND_MODE", lambda v: _parse_mode(v, "NNPRIM_FIND_MODE") if v else "hybrid",
+                              "hybrid")
+        self.disabled = _parse_families(env.get("NNPRIM_DISABLE"), strict=False)
+        self.strict = _flag(env.get("NNPRIM_STRICT"), "NNPRIM_STRICT")
+        self.find_budget_ms = read("NNPRIM_FIND_BUDGET_MS", lambda v: _positive_float("NNPRIM_FIND_BUDGET_MS", v, None),
+                                   None)
+        mc = read("NNPRIM_FIND_MAX_CANDIDATES", lambda v: _positive_float("NNPRIM_FIND_MAX_CANDIDATES", v, None), None)
+        self.find_max_candidates = None if mc is None else int(mc)
+        rep = read("NNPRIM_FIND_REPEATS", lambda v: _positive_float("NNPRIM_FIND_REPEATS", v, None), None)
+        self.find_repeats = None if rep is None else int(rep)
+        self.check_numerics = _flag(env.get("NNPRIM_CHECK_NUMERICS"), "NNPRIM_CHECK_NUMERICS")
+        self.deterministic = _flag(env.get("NNPRIM_DETERMINISTIC"), "NNPRIM_DETERMINISTIC")
+        self.workspace_limit = read("NNPRIM_WORKSPACE_LIMIT", lambda v: parse_bytes("NNPRIM_WORKSPACE_LIMIT", v), None)
 
     def apply_log_level(self) -> None:
         if not self.log_level:
@@ -167,10 +199,7 @@ class Settings:
 
 
 SETTINGS = Settings()
-try:
-    SETTINGS._load(os.environ)
-except BadParameterError as e:  # a typo in the environment must not break `import nnprim`
-    log.warning("ignoring the environment's search settings: %s", e)
+SETTINGS._load(os.environ)      # a typo in the environment warns (it must not break `import nnprim`)
 
 
 def _changed() -> None:
