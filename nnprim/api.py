@@ -27,6 +27,7 @@ from .ops import tracing_state as _tracing_state
 from .ops import transforms_active as _transforms_active
 from .ops.attention import quant_parts
 from .ops.conv import bias_grad, post_op_spec
+from .paged import contiguous_table
 from .post_ops import Binary, Eltwise, PostOp, Sum, apply_post_ops
 from .problems.attention import normalize_causal
 from .problems.common import check_tensor
@@ -560,7 +561,7 @@ def _sdpa_fast(q, k, v, attn_mask, causal, scale, invert_scale, seed, offset, kv
         return attn_ops.problem("fwd", q, k, v, *opts, return_lse, block_table=block_table)
 
     args = AttnArgs(q=q, k=k, v=v, attn_mask=attn_mask, scale=None if scale is None else float(scale), seed=seed,
-                    offset=offset, kv_lens=kv_lens, block_table=block_table)
+                    offset=offset, kv_lens=kv_lens, block_table=contiguous_table(block_table))
     o, lse = context(q.device).call(sig, make, args, sv)
     return (o, lse) if return_lse else o
 

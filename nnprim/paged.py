@@ -234,6 +234,12 @@ def _parts(t, pool) -> list[torch.Tensor]:
     return [t]
 
 
+def contiguous_table(block_table: torch.Tensor | None) -> torch.Tensor | None:
+    """The table the kernels index: they take its row stride only (a column-strided view,
+    bt[:, ::2], was read as contiguous: wrong pages, and append_kv wrote past the pool)."""
+    return block_table if block_table is None or block_table.is_contiguous() else block_table.contiguous()
+
+
 def append_kv(k_pages, v_pages, block_table: torch.Tensor, kv_lens: torch.Tensor, k_new: torch.Tensor,
               v_new: torch.Tensor, *, symmetric: bool | None = None, check: bool = True) -> torch.Tensor:
     """Write new tokens k_new (B, Hkv, S_new, D) and v_new (B, Hkv, S_new, Dv) into the
@@ -265,6 +271,7 @@ def append_kv(k_pages, v_pages, block_table: torch.Tensor, kv_lens: torch.Tensor
         if t.device != dev:
             raise BadParameterError(f"{name} is on {t.device} but k_new is on {dev}")
     check_block_table(block_table, B, dev)
+    block_table = contiguous_table(block_table)
     if not isinstance(kv_lens, torch.Tensor) or kv_lens.dtype not in (torch.int32, torch.int64):
         raise BadParameterError(f"kv_lens must be an int32/int64 tensor (B,), got "
                                 f"{getattr(kv_lens, 'dtype', type(kv_lens).__name__)}")

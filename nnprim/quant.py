@@ -69,6 +69,9 @@ class KVQuant:
     def __post_init__(self) -> None:
         if self.dtype not in QUANT_DTYPES:
             raise BadParameterError(f"KVQuant dtype={self.dtype!r} is not one of {QUANT_DTYPES}")
+        gs = self.group_size
+        if gs is not None and (isinstance(gs, bool) or not isinstance(gs, int)):
+            raise BadParameterError(f"KVQuant group_size={gs!r} must be an int or None")
         want = _DATA_DTYPES[self.dtype]
         if not isinstance(self.data, torch.Tensor) or self.data.dtype != want:
             got = getattr(self.data, "dtype", type(self.data).__name__)
@@ -260,7 +263,13 @@ def _round_up(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     s = scale.to(dtype)
     low = s.to(scale.dtype) < scale
     s = torch.where(low, torch.nextafter(s, torch.full_like(s, float("inf"))), s)
-    return s.clamp(min=torch.finfo(dtype).tiny)
+    # at least the smallest normal of dtype AND of f32 (the codes divide by the scale in f32: a
+    # float64 scale of 2.2e-308 was 0 there, its codes 0 / 0 = NaN)
+    s = s.clamp(min=max(torch.finfo(dtype).tiny, torch.finfo(torch.float32).tiny))
+    if not bool(torch.isfinite(s).all()):
+        raise BadParameterError(f"quantize_kv: a scale ({float(scale.max()):.3g}) does not fit scale_dtype={dtype}: "
+                                "use a wider scale_dtype (float32)")
+    return s
 
 
 _SCALE_PER = ("group", "head", "tensor")
@@ -300,7 +309,9 @@ def quantize_kv(k: torch.Tensor, dtype: str = "s4", group_size: int | None = 64,
         raise BadParameterError(f"quantize_kv: scale_per={scale_per!r} must be one of "
                                 f"{_SCALE_PER[1:] if fp8 else _SCALE_PER}" + (" for fp8_e4m3" if fp8 else ""))
     B, H, S, D = k.shape
-    g = D if (group_size is None or per != "group") else int(group_size)
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)):
+        raise BadParameterError(f"quantize_kv: group_size={group_size!r} must be an int or None")
+    g = D if (group_size is None or per != "group") else group_size
     if g < 1 or D % g:
         raise BadParameterError(f"quantize_kv: group_size={group_size} must divide head dim D={D}")
     four = dtype in ("s4", "u4")
@@ -312,6 +323,11 @@ def quantize_kv(k: torch.Tensor, dtype: str = "s4", group_size: int | None = 64,
         raise BadParameterError(f"quantize_kv: layout={layout!r} must be one of {LAYOUTS}")
     elif layout == 1 and four and D % 8:
         raise BadParameterError(f"quantize_kv: layout=1 of 4-bit codes needs D % 8 == 0, got D={D}")
+    if scale_dtype is not None and scale_dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise BadParameterError(f"quantize_kv: scale_dtype={scale_dtype!r} must be torch.float32, float16, bfloat16 "
+                                "or float64")
+    if not isinstance(symmetric, bool):
+        raise BadParameterError(f"quantize_kv: symmetric={symmetric!r} must be a bool")
     sdt = scale_dtype or (k.dtype if k.dtype in (torch.float16, torch.bfloat16) else torch.float32)
     if fp8 and scale_dtype is None:
         sdt = torch.float32

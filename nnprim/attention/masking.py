@@ -59,6 +59,9 @@ def _mask_block(attn_mask: torch.Tensor, Sk: int, bs: range, hs: range, rs: rang
     return m.expand(len(bs), len(hs), len(rs), Sk)
 
 
+MASK_FLOOR = -torch.finfo(torch.float32).max / 1.4426950408889634   # -FMAX / log2(e)
+
+
 def score_bias(B: int, Hq: int, Sq: int, Sk: int, *, causal: str | None = None,
                attn_mask: torch.Tensor | None = None, kv_lens: torch.Tensor | None = None,
                device=None, batches: slice | None = None, heads: slice | None = None,
@@ -70,6 +73,9 @@ def score_bias(B: int, Hq: int, Sq: int, Sk: int, *, causal: str | None = None,
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         bs, hs, rs = _sub(range(B), batches), _sub(range(Hq), heads), _sub(range(Sq), rows)
         bias += _mask_block(attn_mask, Sk, bs, hs, rs).to(device=vis.device, dtype=dtype)
+        # finite values past -FMAX / log2(e) act as that bound, as in the log2-domain kernels
+        # (cpu_flash._log2_safe): finfo.min there overflowed to -inf; the same lse follows
+        bias.clamp_(min=MASK_FLOOR)
     return bias.masked_fill_(~vis, float("-inf"))
 
 

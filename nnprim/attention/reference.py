@@ -88,23 +88,27 @@ def _chunks(problem: AttentionProblem):
 def _probs(problem, args, q, k, blk, scale, zero_dead, lse=None):
     """Scores of block `blk` -> (P (1, nq, nr, Sk), lse (1, nq, nr), dropout multiplier or
     None); P of a fully masked row is NaN, or 0 when `zero_dead`. A given `lse` (the block's
-    rows of a saved one) is returned and tells the fully masked rows (-inf); P is the scores'
-    own softmax either way."""
+    rows of a saved one) normalises P instead of the scores' own logsumexp."""
     b, kvs, qs, rows = blk
     kb = k[b:b + 1, kvs].repeat_interleave(problem.group, dim=1)
     s = torch.matmul(q[b:b + 1, qs, rows], kb.transpose(-1, -2)) * scale
     if problem.causal or problem.mask != "none" or problem.has_kv_lens:
         s = s + problem_bias(problem, args, batches=slice(b, b + 1), heads=qs, rows=rows)
-    # the softmax normalised by its own row sum, not exp(s - lse): with a huge finite mask (-1e30)
-    # lse = max + log(sum) loses the log-sum to rounding (those rows summed to Sk), and a saved lse
-    # of a huge-mask row may be a kernel's bounded one (cpu_flash._log2_safe)
-    mx = s.amax(dim=-1, keepdim=True)
-    mx = torch.where(torch.isneginf(mx), torch.zeros((), dtype=_F64, device=s.device), mx)
-    p = torch.exp(s - mx)
-    tot = p.sum(dim=-1, keepdim=True)
+    # with a huge finite mask (-1e30) lse = max + log(sum) loses the log-sum to rounding, and
+    # exp(s - lse) rows summed to Sk: the forward normalises by its own row sum; a given lse is
+    # used as it is (context parallel's per-block gradients take the global lse: rows below 1)
+    # except for rows past 1, which only that rounding makes
     if lse is None:
+        mx = s.amax(dim=-1, keepdim=True)
+        mx = torch.where(torch.isneginf(mx), torch.zeros((), dtype=_F64, device=s.device), mx)
+        p = torch.exp(s - mx)
+        tot = p.sum(dim=-1, keepdim=True)
         lse = (mx + torch.log(tot)).squeeze(-1)
-    p = p / tot                                      # a fully masked row: 0 / 0 = NaN
+        p = p / tot                                  # a fully masked row: 0 / 0 = NaN
+    else:
+        p = torch.exp(s - lse.unsqueeze(-1))
+        tot = p.sum(dim=-1, keepdim=True)
+        p = torch.where(tot > 1, p / tot, p)
     if zero_dead:
         p = torch.where(torch.isneginf(lse).unsqueeze(-1), torch.zeros((), dtype=_F64, device=p.device), p)
     drop = None

@@ -18,7 +18,7 @@ from .. import fp8 as _fp8
 from ..args import AttnArgs
 from ..dropout import check_device_seed
 from ..errors import BadParameterError, NotSupportedError
-from ..paged import check_page_values
+from ..paged import check_page_values, contiguous_table
 from ..problems.attention import AttentionProblem, check_kv_lens_values
 from ..quant import KVQuant
 from ..search.capture import capturing
@@ -111,6 +111,9 @@ def _check_lens(kv_lens, k: torch.Tensor, block_table=None) -> None:
         if block_table is None:
             check_kv_lens_values(kv_lens, k.shape[2])
         elif isinstance(block_table, torch.Tensor) and block_table.dim() == 2 and k.dim() == 4:
+            for name, t in (("kv_lens", kv_lens), ("block_table", block_table)):
+                if t.device != k.device:     # before the page check reads them together
+                    raise BadParameterError(f"{name} is on {t.device} but the page pools are on {k.device}")
             check_kv_lens_values(kv_lens, block_table.shape[1] * k.shape[2])
             check_page_values(block_table, kv_lens, k.shape[0], k.shape[2])
 
@@ -155,7 +158,7 @@ def sdpa_forward(q, k, v, k_scales, k_zero_points, v_scales, v_zero_points, k_qu
                        block_table=block_table, descales=descales, out_dtype=out_dtype)
 
     args = AttnArgs(q=q, k=kk, v=vv, attn_mask=attn_mask, scale=_scale_arg(scale, scale_tensor), seed=seed,
-                    offset=offset, kv_lens=kv_lens, block_table=block_table, q_descale=q_descale,
+                    offset=offset, kv_lens=kv_lens, block_table=contiguous_table(block_table), q_descale=q_descale,
                     k_descale=k_descale, v_descale=v_descale)
     return context(q.device).call(key, make, args, solver)
 

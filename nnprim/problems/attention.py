@@ -195,9 +195,9 @@ class AttentionProblem:
             if not scale.is_floating_point():
                 raise BadParameterError(f"scale tensor dtype={scale.dtype} must be floating point")
             if scale.device.type == "cpu":      # read without a device sync (later values: scale_value)
-                v = float(scale.detach().to(torch.float64).reshape(()))
-                if not math.isfinite(v) or v == 0:
-                    raise BadParameterError(f"scale={v!r} (a tensor's value) must be finite and non-zero")
+                sv = float(scale.detach().to(torch.float64).reshape(()))
+                if not math.isfinite(sv) or sv == 0:
+                    raise BadParameterError(f"scale={sv!r} (a tensor's value) must be finite and non-zero")
             scale_kind = "tensor"
         elif isinstance(scale, (int, float)) and not isinstance(scale, bool):
             if not math.isfinite(scale) or scale == 0:

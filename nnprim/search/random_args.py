@@ -74,12 +74,18 @@ def _kv_quant(sig: tuple, shape, device, gen) -> KVQuant:
     gshape = (B, H, S, D // group)
     sdtype = _SCALE_DTYPES.get(sdt, torch.float32)
     span = {"s8": 127.0, "u8": 127.0, "s4": 7.0, "u4": 7.0, "fp8_e4m3": 448.0}[qdt]
-    kshape = {"g": gshape, "h": (B, H), "t": (1,)}
-    scales = ((0.5 + torch.rand(kshape[sc], generator=gen)) / span).to(sdtype)
+    # per-head values shared by the batch entries: a static per-head cache's (a paged pool holds
+    # one per head, and to_pages refused (B, H) values that differ between entries: find failed)
+    kshape = {"g": gshape, "h": (1, H), "t": (1,)}
+
+    def full(t: torch.Tensor, kind: str) -> torch.Tensor:
+        return t.expand(B, H).contiguous() if kind == "h" else t
+
+    scales = full(((0.5 + torch.rand(kshape[sc], generator=gen)) / span).to(sdtype), sc)
     zps = None
     if zp is not None:
         mid = {"s8": 0.0, "u8": 128.0, "s4": 0.0, "u4": 8.0}[qdt]
-        zps = (mid + torch.randint(-2, 3, kshape[zp], generator=gen)).to(torch.float32)
+        zps = full((mid + torch.randint(-2, 3, kshape[zp], generator=gen)).to(torch.float32), zp)
     if "keys" in sig[5:]:   # keys-contiguous codes, as quantize_kv(..., order="keys") stores them
         data = data.transpose(-1, -2).contiguous().transpose(-1, -2)
     return KVQuant(data.to(device), scales.to(device), None if zps is None else zps.to(device), qdt,
