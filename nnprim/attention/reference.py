@@ -98,17 +98,20 @@ def _probs(problem, args, q, k, blk, scale, zero_dead, lse=None):
     # exp(s - lse) rows summed to Sk: the forward normalises by its own row sum; a given lse is
     # used as it is (context parallel's per-block gradients take the global lse: rows below 1)
     # except for rows past 1, which only that rounding makes
+    mx = s.amax(dim=-1, keepdim=True)
+    mx = torch.where(torch.isneginf(mx), torch.zeros((), dtype=_F64, device=s.device), mx)
+    own = torch.exp(s - mx)
+    own_tot = own.sum(dim=-1, keepdim=True)
     if lse is None:
-        mx = s.amax(dim=-1, keepdim=True)
-        mx = torch.where(torch.isneginf(mx), torch.zeros((), dtype=_F64, device=s.device), mx)
-        p = torch.exp(s - mx)
-        tot = p.sum(dim=-1, keepdim=True)
-        lse = (mx + torch.log(tot)).squeeze(-1)
-        p = p / tot                                  # a fully masked row: 0 / 0 = NaN
+        lse = (mx + torch.log(own_tot)).squeeze(-1)
+        p = own / own_tot                            # a fully masked row: 0 / 0 = NaN
     else:
         p = torch.exp(s - lse.unsqueeze(-1))
         tot = p.sum(dim=-1, keepdim=True)
         p = torch.where(tot > 1, p / tot, p)
+        # a saved f32 lse of ~-2e38 is off by its ulp (1e31): exp under- or overflows the whole row
+        lost = ((tot == 0) | torch.isinf(tot)) & torch.isfinite(lse).unsqueeze(-1)
+        p = torch.where(lost, own / own_tot, p)
     if zero_dead:
         p = torch.where(torch.isneginf(lse).unsqueeze(-1), torch.zeros((), dtype=_F64, device=p.device), p)
     drop = None
