@@ -200,3 +200,24 @@ def test_cuda_graph_decode_step():
         torch.cuda.synchronize()
         want = nnprim.sdpa(q, kp, vp, block_table=bt, kv_lens=lens + 1)
     assert torch.equal(o, want)
+
+
+@pytest.mark.parametrize("solver", [None, 120, 110])
+def test_column_strided_block_table(solver):
+    """A block_table sliced by columns (bt[:, ::2]) was read as contiguous by the Triton kernels:
+    wrong pages (error 3e19), and append_kv wrote past the pool."""
+    torch.manual_seed(0)
+    B, H, P, D, N = 2, 2, 16, 64, 8
+    q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.bfloat16)
+    kp, vp = (torch.randn(N, H, P, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    wide = torch.tensor([[5, 99, 2, 99, 7, 99], [1, 99, 4, 99, 0, 99]], dtype=torch.int32, device="cuda")
+    bt = wide[:, ::2]
+    lens = torch.tensor([40, 33], dtype=torch.int32, device="cuda")
+    o = nnprim.sdpa(q, kp, vp, block_table=bt, kv_lens=lens, causal="bottom_right", solver=solver)
+    ref = nnprim.sdpa(q, kp, vp, block_table=bt.contiguous(), kv_lens=lens, causal="bottom_right", solver=solver)
+    assert torch.equal(o, ref)
+    k_new, v_new = (torch.randn(B, H, 3, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    kp2, vp2 = kp.clone(), vp.clone()
+    append_kv(kp, vp, bt, lens, k_new, v_new)
+    append_kv(kp2, vp2, bt.contiguous(), lens, k_new, v_new)
+    assert torch.equal(kp, kp2) and torch.equal(vp, vp2)
