@@ -54,6 +54,8 @@ def test_bad_values_and_paths_exit_2_in_one_line(tmp_path, capsys):
              ([*conv, "-g", "0"], "positive int"), ([*conv, "--time", "--reps", "0"], "positive int"),
              ([*conv, "--json", str(tmp_path / "no" / "r.json")], "No such file"),
              (["attn", "--hq", "2", "--sq", "4", "-d", "8", "--sk", "0"], "positive int"),
+             ([*conv, "--direction", "bwd_data", "--post", "relu"], "--post relu applies to --direction fwd"),
+             (["warmup", "--suite", "conv_cpu", "--scale", "tiny"], "--models only"),
              (["bench", "--suite", str(tmp_path)], "Is a directory"),
              (["bench", "--suite", "conv_cpu", "--only", "nosuch"], "nosuch"),
              (["db", "import", str(tmp_path)], "Is a directory")]

@@ -222,3 +222,19 @@ def test_dequantize_matches_nibble_reference(dtype, layout):
             if t.zero_points is not None:
                 ref = ref - ex(t.zero_points)
             assert torch.equal(t.dequantize(out), ref * ex(t.scales))
+
+
+def test_quantize_kv_scale_dtype_edges():
+    """A float64 scale of a zero row was 2.2e-308 (0 in f32: NaN codes); a scale past f16's range
+    was inf; group_size / scale_dtype / symmetric of the wrong type were truncated or a torch error."""
+    z = torch.zeros(1, 2, 4, 32)
+    kq = quantize_kv(z, "fp8_e4m3", None, scale_dtype=torch.float64)
+    assert torch.equal(kq.dequantize(), z)
+    with pytest.raises(BadParameterError, match="scale_dtype"):
+        quantize_kv(torch.full((1, 2, 4, 32), 1e7), "s8", None, scale_dtype=torch.float16)
+    for bad in (dict(group_size=2.5), dict(group_size=True), dict(scale_dtype=torch.int32), dict(symmetric="no")):
+        with pytest.raises(BadParameterError):
+            quantize_kv(torch.randn(1, 2, 4, 32), "s8", **bad)
+    kq = quantize_kv(torch.randn(1, 2, 4, 32), "s8", 8)
+    with pytest.raises(BadParameterError, match="group_size"):
+        KVQuant(kq.data, kq.scales, None, "s8", 8.5)

@@ -278,16 +278,24 @@ void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
           int64_t n = nk;
           if (causal) n = std::min(nk, std::max<int64_t>(r0 + i + shift + 1 - k0, 0));
           float* srow = S.data() + i * KB;
-          const float mi = n > 0 ? std::max(m[i], row_max(srow, n, scale)) : m[i];
+          // scores past ~1e8: the rounded products stored first, so that the max and exp's argument
+          // agree (fmsub's exact product is half an ulp off the rounded max: 128 at 3e9, and the
+          // whole row underflowed to 0 or overflowed); below, one multiply fewer a score
+          // (max(s) scale rounded is the max of the rounded products: the same mi either way)
+          const float rmax = n > 0 ? row_max(srow, n, scale) : NEG_INF;
+          const bool rounded = std::fabs(rmax) > 1e7f && rmax != NEG_INF;
+          if (rounded) scale_row(srow, n, scale);
+          const float sc = rounded ? 1.f : scale;
+          const float mi = n > 0 ? std::max(m[i], rmax) : m[i];
           const float alpha = (mi == NEG_INF) ? 1.f : std::exp(m[i] - mi);
           float sum = 0.f;
           if constexpr (BF) {
             T* prow = P.data() + i * KB;
             if (mi == NEG_INF) std::fill(prow, prow + width, static_cast<T>(0.f));
-            else sum = exp_row(srow, prow, n, width, scale, mi);
+            else sum = exp_row(srow, prow, n, width, sc, mi);
           } else {
             if (mi == NEG_INF) std::fill(srow, srow + width, 0.f);
-            else sum = exp_row(srow, srow, n, width, scale, mi);
+            else sum = exp_row(srow, srow, n, width, sc, mi);
           }
           if (drop.on() && mi != NEG_INF) {   // l sums the kept and the dropped; P V takes the kept, scaled
             drop.factors(drop.row_base(bhq * Sq + r0 + i, Sk) + static_cast<uint64_t>(k0), n, keep.data());

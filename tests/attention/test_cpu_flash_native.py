@@ -266,3 +266,14 @@ def test_vnni_packs_with_avx512_bf16():
     from nnprim.conv.cpu_gemm import cpu_has_native_bf16
     ops = cfn.LIBRARY.ops()
     assert cfn.vnni_packs(ops) == (bool(ops.vnni_packs()) or cpu_has_native_bf16())
+
+
+def test_scores_past_1e9_stay_finite():
+    """exp's argument bounded at 0: the row max is the rounded product max(s) scale, fmsub takes
+    the exact one, half an ulp of the score apart (128 at 3e9): exp overflowed, o became NaN."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 64, generator=g) for _ in range(3))
+    o = nnprim.sdpa(q, k, v, scale=1e8, solver="cpu_flash_fwd_native")
+    ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=1e8)
+    assert torch.isfinite(o).all()
+    assert ((o.double() - ref).norm() / ref.norm()).item() < 1e-5
