@@ -69,12 +69,14 @@ def test_environment_settings_read_one_by_one(caplog):
         s._load({"NNPRIM_FIND_MODE": "hybird", "NNPRIM_DETERMINISTIC": "1", "NNPRIM_STRICT": "enabled",
                  "NNPRIM_DISABLE": "winogard,gemm", "NNPRIM_WORKSPACE_LIMIT": "lots"})
     assert (s.find_mode, s.deterministic, s.strict, s.disabled, s.workspace_limit) == \
-        ("hybrid", True, True, frozenset({"gemm"}), None)
+        ("hybrid", True, True, frozenset({"winogard", "gemm"}), None)
     text = "\n".join(caplog.messages)
     for needle in ("NNPRIM_FIND_MODE", "NNPRIM_STRICT", "winogard", "NNPRIM_WORKSPACE_LIMIT"):
         assert needle in text
     with pytest.raises(nnprim.BadParameterError, match="no_such_family"):
         nnprim.disable_families("no_such_family")
+    with pytest.raises(nnprim.BadParameterError, match="NNPRIM_FIND_MODE"):     # reload: from Python, raises
+        Settings().reload({"NNPRIM_FIND_MODE": "hybird"})
 
 
 def test_a_native_library_that_failed_to_build(monkeypatch):

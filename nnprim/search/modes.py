@@ -67,18 +67,19 @@ def _parse_mode(v: str, source: str) -> str:
 
 
 def _parse_families(v, strict: bool = True) -> frozenset[str]:
-    """Family names; an unknown one raises (a typo would otherwise disable nothing), or with
-    strict=False (the environment) warns and is left out."""
-    from .solver import ATTN_FAMILIES, CONV_FAMILIES
+    """Family names; one neither built in nor of a registered solver raises (a typo would
+    otherwise disable nothing), or with strict=False (the environment at import, before any
+    solver of a user's own family registers) is kept with a warning."""
+    from .solver import ATTN_FAMILIES, CONV_FAMILIES, REGISTRY
     if v is None:
         return frozenset()
     if isinstance(v, str):
         v = v.split(",")
     out = frozenset(f.strip().lower() for f in v if f and f.strip())
-    unknown = sorted(out - set(CONV_FAMILIES) - set(ATTN_FAMILIES))
+    unknown = sorted(out - set(CONV_FAMILIES) - set(ATTN_FAMILIES) - {s.family for s in REGISTRY.all()})
     if unknown and not strict:
-        log.warning("NNPRIM_DISABLE: ignoring unknown solver families %s", unknown)
-        return out - set(unknown)
+        log.warning("NNPRIM_DISABLE: unknown solver families %s (no built-in solver has them)", unknown)
+        return out
     if unknown:
         raise BadParameterError(f"unknown solver families {unknown}; known: "
                                 f"{sorted(set(CONV_FAMILIES) | set(ATTN_FAMILIES))}")
@@ -135,14 +136,16 @@ class Settings:
 
     # ---- environment -----------------------------------------------------------------
     def reload(self, environ=None) -> Settings:
-        """Re-read every setting from the environment (Python overrides are dropped)."""
-        self._load(os.environ if environ is None else environ)
+        """Re-read every setting from the environment (Python overrides are dropped); a bad value
+        raises here (at import it warns: `import nnprim` must not fail on a typo)."""
+        self._load(os.environ if environ is None else environ, strict=True)
         self.changed()
         return self
 
-    def _load(self, env) -> None:
+    def _load(self, env, strict: bool = False) -> None:
         """Each variable on its own: a bad value warns, naming it, and leaves that setting at its
-        default; the others still apply (one typo dropped NNPRIM_DETERMINISTIC and NNPRIM_STRICT)."""
+        default; the others still apply (one typo dropped NNPRIM_DETERMINISTIC and NNPRIM_STRICT).
+        strict: a bad value raises instead (reload, called from Python)."""
         self.log_level = env.get("NNPRIM_LOG_LEVEL") or None
         self.apply_log_level()
 
@@ -151,12 +154,14 @@ class Settings:
             try:
                 return parse(v)
             except BadParameterError as e:
+                if strict:
+                    raise
                 log.warning("ignoring %s: %s", name, e)
                 return default
 
         self.find_mode = read("NNPRIM_FIND_MODE", lambda v: _parse_mode(v, "NNPRIM_FIND_MODE") if v else "hybrid",
                               "hybrid")
-        self.disabled = _parse_families(env.get("NNPRIM_DISABLE"), strict=False)
+        self.disabled = _parse_families(env.get("NNPRIM_DISABLE"), strict=strict)
         self.strict = _flag(env.get("NNPRIM_STRICT"), "NNPRIM_STRICT")
         self.find_budget_ms = read("NNPRIM_FIND_BUDGET_MS", lambda v: _positive_float("NNPRIM_FIND_BUDGET_MS", v, None),
                                    None)
