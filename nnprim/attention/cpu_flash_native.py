@@ -96,9 +96,9 @@ inline float row_max(const float* s, int64_t n, float scale) {
 // exp(scale x - m): f32 with ATen's exp_u20 (o within ~4e-7 of float64); bf16 with its faster
 // fexp_u20 (a degree-3 polynomial of 2^frac: ~5e-5 relative, far below bf16's rounding of P
 // and o; 20 % of the bf16 forward's time on the suite's problems)
-// min(x, 0), NaN kept (min's second operand is returned when one is NaN): scale s - m (or - lse)
-// is <= 0 in exact arithmetic, but m is the rounded product max(s) scale while fmsub subtracts from
-// the exact one, off by up to half an ulp of the score (128 at 3e9: exp overflowed, o became NaN)
+// min(x, 0), NaN kept (min's second operand is returned when one is NaN): the backward's scale s -
+// lse is <= 0 in exact arithmetic, but lse holds rounded products while fmsub subtracts from the
+// exact one, off by up to half an ulp of the score (128 at 3e9: exp overflowed)
 inline fVec non_positive(const fVec& x) {
 #if defined(CPU_CAPABILITY_AVX512)
   return fVec(_mm512_min_ps(_mm512_setzero_ps(), static_cast<__m512>(x)));
@@ -111,7 +111,7 @@ inline fVec non_positive(const fVec& x) {
 
 template <bool FAST>
 inline fVec exp_scaled(const float* s, const fVec& vs, const fVec& vm) {
-  fVec x = non_positive(at::vec::fmsub(fVec::loadu(s), vs, vm));
+  fVec x = at::vec::fmsub(fVec::loadu(s), vs, vm);   // |x| off by <= 0.5 here: rows past 1e7 come rounded
   if constexpr (FAST) return x.fexp_u20();
   else return x.exp_u20();
 }
@@ -140,7 +140,7 @@ inline float exp_row(const float* s, T* p, int64_t n, int64_t width, float scale
   }
   float total = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, sum);
   for (; j < n; ++j) {
-    float x = std::exp(std::min(s[j] * scale - m, 0.f));
+    float x = std::exp(s[j] * scale - m);
     total += x;
     p[j] = static_cast<T>(x);
   }
