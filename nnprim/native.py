@@ -100,8 +100,8 @@ class NativeLibrary:
         the search treats as this solver failing, not an AttributeError from inside it."""
         ops = self.ops()
         if ops is None:
-            raise SolverUnavailableError(f"the {self.what} is unavailable (its build failed or {ENV}=0; the warning "
-                                    "logged at the build says why)")
+            raise SolverUnavailableError(f"the {self.what} is unavailable (its build failed or {ENV}=0; the "
+                                         "warning logged at the build says why)")
         return ops
 
     def ops(self):

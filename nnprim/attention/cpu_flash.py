@@ -61,6 +61,7 @@ from ..paged import gathering
 from ..problems.attention import AttentionProblem
 from ..quant import KVQuant
 from ..search.solver import Solver, register
+from .masking import MASK_FLOOR
 
 F32 = torch.float32
 _NEG_INF = float("-inf")
@@ -131,18 +132,13 @@ def _chunks(problem: AttentionProblem, pl: Plan):
             yield slice(b0, min(problem.B, b0 + pl.nb)), slice(h0, min(problem.Hkv, h0 + pl.nh))
 
 
-def _scale(problem: AttentionProblem, args: AttnArgs) -> float:
-    """Multiplier of q.k (a tensor scale is read once and inverted in float64)."""
-    return args.scale_value(problem.invert_scale)
-
-
 class _Ctx:
     """Per-call state shared by forward and backward: scale, kv lengths, mask view,
     dropout parameters and the causal/kv_lens block classification."""
 
     def __init__(self, problem: AttentionProblem, args: AttnArgs) -> None:
         self.p, self.a = problem, args
-        self.scale = _scale(problem, args)
+        self.scale = args.scale_value(problem.invert_scale)
         self.dev = args.q.device
         self.lens = args.kv_lens.tolist() if args.kv_lens is not None else None
         self.kv_lens = args.kv_lens.to(torch.int64) if args.kv_lens is not None else None
@@ -247,14 +243,13 @@ def _log2_safe(m: torch.Tensor) -> torch.Tensor:
     bound (a copy, only when there are any). -inf stays."""
     if m.dtype == torch.bool or m.dtype == torch.float16 or m.numel() == 0:
         return m
-    lo = -torch.finfo(F32).max / LOG2E
     least = float(m.amin())             # one reduction over the mask's own storage
-    if least >= lo:                     # the common case: nothing to raise
+    if least >= MASK_FLOOR:             # the common case: nothing to raise
         return m
     if least > _NEG_INF:
-        return m.clamp(min=lo)
-    low = (m < lo) & (m > _NEG_INF)     # -inf present: are there finite values past the bound too?
-    return m.masked_fill(low, lo) if bool(low.any()) else m
+        return m.clamp(min=MASK_FLOOR)
+    low = (m < MASK_FLOOR) & (m > _NEG_INF)     # -inf present: finite values past the bound too?
+    return m.masked_fill(low, MASK_FLOOR) if bool(low.any()) else m
 
 
 # |lse| past this: its f32 ulp (2^-9 at 2^14) shows in exp2(s - lse), whose rows no longer sum to 1

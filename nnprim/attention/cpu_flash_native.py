@@ -92,10 +92,6 @@ inline float row_max(const float* s, int64_t n, float scale) {
   return m * scale;   // scale > 0 here (a negative scale is folded into q by the caller)
 }
 
-// p[j] = exp(scale s[j] - m) for j < n, 0 for n <= j < width; returns the sum
-// exp(scale x - m): f32 with ATen's exp_u20 (o within ~4e-7 of float64); bf16 with its faster
-// fexp_u20 (a degree-3 polynomial of 2^frac: ~5e-5 relative, far below bf16's rounding of P
-// and o; 20 % of the bf16 forward's time on the suite's problems)
 // min(x, 0), NaN kept (min's second operand is returned when one is NaN): the backward's scale s -
 // lse is <= 0 in exact arithmetic, but lse holds rounded products while fmsub subtracts from the
 // exact one, off by up to half an ulp of the score (128 at 3e9: exp overflowed)
@@ -109,6 +105,10 @@ inline fVec non_positive(const fVec& x) {
 #endif
 }
 
+// p[j] = exp(scale s[j] - m) for j < n, 0 for n <= j < width; returns the sum
+// exp(scale x - m): f32 with ATen's exp_u20 (o within ~4e-7 of float64); bf16 with its faster
+// fexp_u20 (a degree-3 polynomial of 2^frac: ~5e-5 relative, far below bf16's rounding of P
+// and o; 20 % of the bf16 forward's time on the suite's problems)
 template <bool FAST>
 inline fVec exp_scaled(const float* s, const fVec& vs, const fVec& vm) {
   fVec x = at::vec::fmsub(fVec::loadu(s), vs, vm);   // |x| off by <= 0.5 here: rows past 1e7 come rounded
@@ -278,10 +278,10 @@ void flash_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
           int64_t n = nk;
           if (causal) n = std::min(nk, std::max<int64_t>(r0 + i + shift + 1 - k0, 0));
           float* srow = S.data() + i * KB;
-          // scores past ~1e8: the rounded products stored first, so that the max and exp's argument
-          // agree (fmsub's exact product is half an ulp off the rounded max: 128 at 3e9, and the
-          // whole row underflowed to 0 or overflowed); below, one multiply fewer a score
-          // (max(s) scale rounded is the max of the rounded products: the same mi either way)
+          // scores past 1e7: the rounded products stored first, so that exp's argument agrees with
+          // the max (fmsub's exact product is up to half an ulp off it: 128 at 3e9, and the row
+          // underflowed to 0 or overflowed). rmax, max(s) scale rounded, is the max of the
+          // rounded products: the same mi either way
           const float rmax = n > 0 ? row_max(srow, n, scale) : NEG_INF;
           const bool rounded = std::fabs(rmax) > 1e7f && rmax != NEG_INF;
           if (rounded) scale_row(srow, n, scale);

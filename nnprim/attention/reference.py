@@ -67,11 +67,6 @@ def _as64(t, descale=None) -> torch.Tensor:
     return fp8.dequantize(t, descale, _F64)
 
 
-def _scale64(problem: AttentionProblem, args: AttnArgs) -> float:
-    """Multiplier of q.k in float64 (a tensor scale is read once, inverted in float64)."""
-    return args.scale_value(problem.invert_scale)
-
-
 def _chunks(problem: AttentionProblem):
     """Yield (b, kv-head slice, q-head slice, row slice) blocks of ~_CHUNK_ELEMS scores at
     most (one query row of one K/V head group at least)."""
@@ -95,23 +90,20 @@ def _probs(problem, args, q, k, blk, scale, zero_dead, lse=None):
     if problem.causal or problem.mask != "none" or problem.has_kv_lens:
         s = s + problem_bias(problem, args, batches=slice(b, b + 1), heads=qs, rows=rows)
     # with a huge finite mask (-1e30) lse = max + log(sum) loses the log-sum to rounding, and
-    # exp(s - lse) rows summed to Sk: the forward normalises by its own row sum; a given lse is
-    # used as it is (context parallel's per-block gradients take the global lse: rows below 1)
-    # except for rows past 1, which only that rounding makes
-    mx = s.amax(dim=-1, keepdim=True)
-    mx = torch.where(torch.isneginf(mx), torch.zeros((), dtype=_F64, device=s.device), mx)
-    own = torch.exp(s - mx)
-    own_tot = own.sum(dim=-1, keepdim=True)
+    # exp(s - lse) rows summed to Sk: the forward takes softmax itself; a given lse is used as it
+    # is (context parallel's per-block gradients take the global lse: rows below 1) except rows
+    # past 1, which only that rounding makes, and rows it under- or overflows whole (a saved f32
+    # lse of ~-2e38 is off by its ulp, 1e31): those take softmax
     if lse is None:
-        lse = (mx + torch.log(own_tot)).squeeze(-1)
-        p = own / own_tot                            # a fully masked row: 0 / 0 = NaN
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.softmax(s, dim=-1)                 # a fully masked row: NaN
     else:
         p = torch.exp(s - lse.unsqueeze(-1))
         tot = p.sum(dim=-1, keepdim=True)
         p = torch.where(tot > 1, p / tot, p)
-        # a saved f32 lse of ~-2e38 is off by its ulp (1e31): exp under- or overflows the whole row
         lost = ((tot == 0) | torch.isinf(tot)) & torch.isfinite(lse).unsqueeze(-1)
-        p = torch.where(lost, own / own_tot, p)
+        if bool(lost.any()):
+            p = torch.where(lost, torch.softmax(s, dim=-1), p)
     if zero_dead:
         p = torch.where(torch.isneginf(lse).unsqueeze(-1), torch.zeros((), dtype=_F64, device=p.device), p)
     drop = None
@@ -128,7 +120,7 @@ def reference_forward(problem: AttentionProblem, args: AttnArgs) -> tuple[torch.
     if args.block_table is not None:
         args = gathered(args)
     q, k, v = _as64(args.q, args.q_descale), _as64(args.k, args.k_descale), _as64(args.v, args.v_descale)
-    scale = _scale64(problem, args)
+    scale = args.scale_value(problem.invert_scale)
     o = _empty((problem.B, problem.Hq, problem.Sq, problem.Dv), q.device)
     lse = _empty((problem.B, problem.Hq, problem.Sq), q.device)
     for blk in _chunks(problem):
@@ -153,7 +145,7 @@ def reference_backward(problem: AttentionProblem, args: AttnArgs, *, saved: bool
     do = args.do.to(_F64)
     lse_all = args.lse.to(_F64) if saved else None
     o_all = args.o.to(_F64) if saved else None
-    scale = _scale64(problem, args)
+    scale = args.scale_value(problem.invert_scale)
     G = problem.group
     dq, dk, dv = (_empty(t.shape, q.device) for t in (q, k, v))
     for blk in _chunks(problem):
